@@ -1,0 +1,25 @@
+# Two entry points: `make demo` (set up + run the main job) and `make test` (set up + run the tests).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.fbt-installed
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+# torch is installed first, pinned to the CPU build that lies on local disk on these machines;
+# an unpinned torch can pull a multi-GB CUDA build. The package itself only asks for a range.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/fbt-probe demo
+
+test: setup
+	$(PY) -m pytest -m "not gpu" -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info

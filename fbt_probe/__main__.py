@@ -1,0 +1,3 @@
+from fbt_probe.cli import main
+
+main()

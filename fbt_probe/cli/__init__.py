@@ -1,0 +1,41 @@
+"""The `fbt-probe` command line. Each sub-command lives in its own module; this file only wires them.
+
+Errors raised as `FbtError` print one line (`error: ...`) and exit with code 2.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from fbt_probe.errors import FbtError
+
+app = typer.Typer(
+    help="fbt-probe: build, train, probe and intervene on latent-feedback transformers.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+# (name, module): each module exposes either `app` (a typer.Typer, added as a group) or
+# `register(app)` (adds plain commands to the root app).
+_SUBCOMMANDS = [
+    ("model", "fbt_probe.cli.model"),
+    ("demo", "fbt_probe.cli.demo"),
+]
+
+for _name, _module in _SUBCOMMANDS:
+    _mod = importlib.import_module(_module)
+    if hasattr(_mod, "register"):
+        _mod.register(app)
+    else:
+        app.add_typer(_mod.app, name=_name)
+
+
+def main() -> None:
+    try:
+        app()
+    except FbtError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,79 @@
+"""Atomic, non-clobbering file output shared by every stage.
+
+Every writer goes through `atomic_path`: data lands in a temporary file next to the target and is
+renamed into place only when complete, so an interrupted run never leaves a half-written output.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from fbt_probe.errors import FbtError
+
+
+def refuse_existing(path: Path, force: bool = False, hint: str = "--force") -> None:
+    """Raise unless `path` is absent (or `force` is set, in which case it is left for replacement)."""
+    if Path(path).exists() and not force:
+        raise FbtError(f"{path}: already exists; refusing to overwrite (pass {hint} to replace it)")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path, force: bool = False) -> Iterator[Path]:
+    """Yield a temporary folder beside `path`; it replaces `path` only if the block succeeds."""
+    path = Path(path)
+    refuse_existing(path, force)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+def write_json(path: str | Path, obj) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: str | Path, what: str = "JSON file") -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise FbtError(f"{path}: {what} not found")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise FbtError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
