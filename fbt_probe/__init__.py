@@ -1,0 +1,31 @@
+"""fbt-probe: interpretability toolkit for latent-feedback ("full-bandwidth") transformers."""
+from __future__ import annotations
+
+from pathlib import Path
+
+__version__ = "0.1.0"
+
+
+def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrides):
+    """A preset name (random init from `seed`, config fields overridable), a checkpoint folder of
+    ours, or a Qwen3-format folder (config.json + safetensors; fresh fusion weights are added)."""
+    import torch
+
+    from fbt_probe.config import PRESETS, preset
+    from fbt_probe.errors import FbtError
+    from fbt_probe.model.checkpoint import is_own_checkpoint, load_checkpoint
+    from fbt_probe.model.transformer import FeedbackTransformer
+
+    if isinstance(source, str) and source in PRESETS:
+        cfg = preset(source, device=device, **overrides)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return FeedbackTransformer(cfg).to(device)
+    folder = Path(source)
+    if not folder.is_dir():
+        raise FbtError(f"{source}: neither a preset ({', '.join(sorted(PRESETS))}) nor a model folder")
+    if is_own_checkpoint(folder):
+        return load_checkpoint(folder, device=device)
+    from fbt_probe.model.hf import import_qwen3
+
+    return import_qwen3(folder, seed=seed).to(device)
