@@ -1,0 +1,120 @@
+"""Typed, frozen configuration of the model. Presets are named instances."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from fbt_probe.errors import FbtError
+
+DEPTH_SCALING_RULES = ("none", "1/sqrt(2L)")
+FEEDBACK_SOURCES = ("pre_norm", "post_norm")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Backbone (Qwen3-shaped) plus the latent-feedback fusion.
+
+    Field names follow TransformerLens where it has one, because `transformer_lens.patching`
+    reads `n_layers`, `n_heads`, `n_key_value_heads`, `d_model`, `d_head` and `device` from `model.cfg`.
+    """
+
+    d_vocab: int = 128
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_key_value_heads: int = 2  # grouped-query attention: query head h reads KV head h // (n_heads / n_kv)
+    d_head: int = 32
+    d_mlp: int = 384  # SiLU-GLU hidden size
+    n_ctx: int = 2048
+    window: int | None = 256  # sliding attention: a query sees itself and the window-1 keys before it
+    global_every: int = 2  # every global_every-th layer (1-based) attends globally
+    layer_types: tuple[str, ...] | None = None  # explicit per-layer pattern (e.g. from a Qwen3 import); overrides window/global_every
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    depth_scaling: str = "1/sqrt(2L)"
+    """Residual-branch scaling: "1/sqrt(2L)" multiplies every attention and MLP output by
+    1/sqrt(2·n_layers), keeping the top residual O(1) rather than O(L); "none" is plain Qwen3."""
+    feedback_source: str = "post_norm"
+    """Which top-layer state is carried: "pre_norm" is h^L (the residual stream before the final
+    norm, the paper's definition); "post_norm" is RMSNorm_final(h^L). The prototype measured that
+    h^L's RMS grows to 9-40 during training even with depth scaling, while the normed state stays ~1
+    and trains faster, so the tiny preset carries the post-norm state."""
+    feedback_noise: float = 0.02  # U[-σ, σ] added to every carried state, in training mode only
+    fast_fusion: bool = True  # use the CUDA kernel for the fusion epilogue when on CUDA and available
+    init_std: float = 0.02
+    dtype: str = "float32"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        check = _checker("model config")
+        check(self.n_heads % self.n_key_value_heads == 0, "n_heads", "a multiple of n_key_value_heads")
+        check(self.depth_scaling in DEPTH_SCALING_RULES, "depth_scaling", f"one of {DEPTH_SCALING_RULES}")
+        check(self.feedback_source in FEEDBACK_SOURCES, "feedback_source", f"one of {FEEDBACK_SOURCES}")
+        check(self.window is None or self.window >= 1, "window", "a positive integer or null")
+        check(self.global_every >= 1, "global_every", ">= 1")
+        if self.layer_types is not None:
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
+            check(len(self.layer_types) == self.n_layers, "layer_types", f"{self.n_layers} entries")
+            check(all(t in LAYER_TYPES for t in self.layer_types), "layer_types", f"entries from {LAYER_TYPES}")
+            check(self.window is not None or "sliding_attention" not in self.layer_types, "window", "set when a layer is sliding")
+
+    @property
+    def resolved_layer_types(self) -> tuple[str, ...]:
+        if self.layer_types is not None:
+            return self.layer_types
+        if self.window is None:
+            return ("full_attention",) * self.n_layers
+        return tuple("full_attention" if (l + 1) % self.global_every == 0 else "sliding_attention" for l in range(self.n_layers))
+
+    @property
+    def residual_scale(self) -> float:
+        return 1.0 / math.sqrt(2 * self.n_layers) if self.depth_scaling == "1/sqrt(2L)" else 1.0
+
+    @property
+    def n_fusion_params(self) -> int:
+        return 2 * self.d_model * self.d_model  # W_U and W_G (the fusion norm's D weights aside)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["layer_types"] = list(self.layer_types) if self.layer_types is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "config") -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise FbtError(f"{source}: unknown model config field(s) {unknown}")
+        try:
+            return cls(**d)
+        except TypeError as exc:
+            raise FbtError(f"{source}: {exc}") from None
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _checker(source: str):
+    def check(ok: bool, name: str, expected: str) -> None:
+        if not ok:
+            raise FbtError(f"{source}: field '{name}' must be {expected}")
+    return check
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # 4 layers, d_model 128: trains on a 2-core CPU in minutes (PROTOTYPE-NOTES: L=2 never learns completion).
+    "tiny": ModelConfig(),
+    # The paper's 1B: 24 layers, D=1536, 16/8 heads, FFN 6656, vocab 100,352, ctx 8192, window 2048, every 6th global.
+    "paper-1b": ModelConfig(
+        d_vocab=100_352, d_model=1536, n_layers=24, n_heads=16, n_key_value_heads=8, d_head=96,
+        d_mlp=6656, n_ctx=8192, window=2048, global_every=6, rope_theta=1_000_000.0,
+    ),
+}
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    if name not in PRESETS:
+        raise FbtError(f"unknown preset '{name}'; expected one of {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides)

@@ -1,0 +1,73 @@
+"""Checkpoint folders of our own: config.json (+ `fbt_probe_format`), model.safetensors, tokenizer.json."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from fbt_probe.config import ModelConfig
+from fbt_probe.errors import FbtError
+from fbt_probe.io import atomic_path, read_json, sha256_file, write_json
+
+FORMAT = "fbt-probe/1"
+
+
+def save_checkpoint(model, folder: str | Path, tokenizer_path: str | Path | None = None, extra: dict | None = None) -> Path:
+    """Write (atomically, file by file) config.json, model.safetensors and, if given, tokenizer.json."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    with atomic_path(folder / "model.safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata={"format": FORMAT})
+    if tokenizer_path is not None:
+        src = Path(tokenizer_path)
+        if src.resolve() != (folder / "tokenizer.json").resolve():
+            with atomic_path(folder / "tokenizer.json") as tmp:
+                tmp.write_bytes(src.read_bytes())
+    write_json(folder / "config.json", {"fbt_probe_format": FORMAT, "model": model.cfg.to_dict(), **(extra or {})})
+    return folder
+
+
+def is_own_checkpoint(folder: Path) -> bool:
+    cfg = folder / "config.json"
+    return cfg.is_file() and json.loads(cfg.read_text()).get("fbt_probe_format") == FORMAT
+
+
+def load_checkpoint(folder: str | Path, device: str = "cpu"):
+    from fbt_probe.model.transformer import FeedbackTransformer
+
+    folder = Path(folder)
+    meta = read_json(folder / "config.json", "checkpoint config")
+    if "model" not in meta:
+        raise FbtError(f"{folder / 'config.json'}: field 'model' missing (not an fbt-probe checkpoint)")
+    cfg = ModelConfig.from_dict(meta["model"], source=str(folder / "config.json")).replace(device=device)
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        raise FbtError(f"{weights}: model weights not found")
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError, RuntimeError) as exc:
+        raise FbtError(f"{weights}: corrupt safetensors file ({exc})") from None
+    model = FeedbackTransformer(cfg)
+    _load_state(model, state, weights)
+    return model.to(device)
+
+
+def _load_state(model, state: dict[str, torch.Tensor], source: Path) -> None:
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise FbtError(f"{source}: tensors do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for name, t in state.items():
+        if t.shape != expected[name].shape:
+            raise FbtError(f"{source}: tensor '{name}' has shape {tuple(t.shape)}, config expects {tuple(expected[name].shape)}")
+    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
+
+
+def checkpoint_hash(folder: str | Path) -> str:
+    """sha256 of model.safetensors: the model identity recorded in every result's provenance."""
+    return sha256_file(Path(folder) / "model.safetensors")

@@ -1,0 +1,38 @@
+"""Greedy generation under the paper's three decoding modes (same weights):
+
+- Std:   standard prefill, plain embeddings while generating;
+- Soft:  standard prefill, then every generated token is fused with the previous position's state;
+- Fused: `jacobi:2` prefill (the KV cache holds pass 2), then as Soft.
+"""
+from __future__ import annotations
+
+import torch
+
+from fbt_probe.errors import FbtError
+
+DECODINGS = ("std", "soft", "fused")
+
+
+@torch.no_grad()
+def generate(model, tokens: torch.Tensor, n_new: int, decoding: str = "std") -> torch.Tensor:
+    """Greedy continuation. tokens: [batch, pos] -> [batch, n_new] new token ids."""
+    decoding = decoding.lower()
+    if decoding not in DECODINGS:
+        raise FbtError(f"decoding '{decoding}': expected one of {DECODINGS}")
+    cache, state, logits = _prefill(model, tokens, decoding)
+    state, logits = state[:, -1], logits[:, -1]
+    out = []
+    for _ in range(n_new):
+        nxt = logits.argmax(-1)
+        out.append(nxt)
+        if len(out) == n_new:
+            break
+        logits, state = model.step(nxt, cache, None if decoding == "std" else state)
+    return torch.stack(out, dim=1)
+
+
+def _prefill(model, tokens: torch.Tensor, decoding: str):
+    if decoding != "fused" or tokens.shape[1] < 2:
+        return model.prefill_cache(tokens)
+    states, has = model.carried_states(tokens, "jacobi:2")
+    return model.prefill_cache(tokens, states, has)

@@ -1,0 +1,64 @@
+"""The GLU cross fusion (eq. 3-4): u_t = RMSNorm_f((W_U h_{t-1}) ⊙ σ(W_G e_t)).
+
+The carried state is on the value path and the token on the gate, so dropping the state drops
+the whole input (a symmetric e + W h could learn W -> 0 and ignore the feedback).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformer_lens.hook_points import HookPoint
+
+from fbt_probe.config import ModelConfig
+from fbt_probe.model.components import Hk, RMSNorm
+
+
+def fusion_reference(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm(value ⊙ gate) · weight, Qwen3-style (float32 statistics for half types). The pure-PyTorch
+    reference the CUDA kernel is checked against; always used on CPU."""
+    dtype = value.dtype
+    x = value * gate
+    x = x.float() if dtype in (torch.float16, torch.bfloat16) else x
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def _fast_path(x: torch.Tensor):
+    """The Triton kernel entry point when it can run on this tensor, else None."""
+    if not x.is_cuda:
+        return None
+    try:
+        import fbt_probe_kernels
+    except ImportError:
+        return None
+    return fbt_probe_kernels.glu_fusion if fbt_probe_kernels.fast_fusion_available(x.device) else None
+
+
+class Fusion(nn.Module):
+    """New parameters: W_U, W_G (2·D², no bias) and the fusion norm's D weights.
+
+    Initialisation: W_U, W_G ~ N(0, init_std) like every other matrix (so σ(W_G e) starts near 0.5);
+    the fusion norm's weight starts at the mean RMS of the embedding rows (set by the model after
+    the embedding is initialised), so a fused input starts at the scale of a plain embedding.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.W_U = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # value path: the carried state
+        self.W_G = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # gate path: the token embedding
+        self.norm = RMSNorm(cfg.d_model, cfg.rms_eps)
+        self.hook_feedback = HookPoint()  # [batch, pos, d_model]  carried h_{t-1}; zeros where none
+        self.hook_value = HookPoint()  # [batch, pos, d_model]  W_U h_{t-1}
+        self.hook_gate = HookPoint()  # [batch, pos, d_model]  σ(W_G e_t)
+        self.hook_out = HookPoint()  # [batch, pos, d_model]  u_t (plain e_t where no state is carried)
+
+    def forward(self, state: torch.Tensor, embed: torch.Tensor, has_state: torch.Tensor, hk: Hk) -> torch.Tensor:
+        """state, embed: [batch, pos, d_model]; has_state: bool [pos] or [batch, pos]."""
+        state = hk(self.hook_feedback, state)
+        value = hk(self.hook_value, self.W_U(state))
+        gate = hk(self.hook_gate, torch.sigmoid(self.W_G(embed)))
+        fast = _fast_path(value) if self.cfg.fast_fusion else None
+        fused = (fast or fusion_reference)(value, gate, self.norm.weight, self.norm.eps)
+        mask = has_state if has_state.dim() == 2 else has_state[None, :]
+        return hk(self.hook_out, torch.where(mask[..., None], fused, embed))

@@ -1,0 +1,151 @@
+"""Conversion between this model (depth scaling off) and Qwen3-format checkpoint folders
+(`config.json` + safetensors, as written by `transformers.Qwen3ForCausalLM.save_pretrained`).
+
+Import adds fresh fusion weights (see `Fusion` for their initialisation) unless the folder carries a
+`fusion.safetensors` written by our export, and sets `feedback_source="post_norm"`: an imported
+checkpoint has no depth scaling, so its pre-norm top state is not O(1).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from fbt_probe.config import ModelConfig
+from fbt_probe.errors import FbtError
+from fbt_probe.io import atomic_path, read_json, write_json
+
+_BLOCK_MAP = {  # ours -> Qwen3, inside a layer
+    "attn.q_proj.weight": "self_attn.q_proj.weight",
+    "attn.k_proj.weight": "self_attn.k_proj.weight",
+    "attn.v_proj.weight": "self_attn.v_proj.weight",
+    "attn.o_proj.weight": "self_attn.o_proj.weight",
+    "attn.q_norm.weight": "self_attn.q_norm.weight",
+    "attn.k_norm.weight": "self_attn.k_norm.weight",
+    "ln1.weight": "input_layernorm.weight",
+    "ln2.weight": "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight": "mlp.gate_proj.weight",
+    "mlp.up_proj.weight": "mlp.up_proj.weight",
+    "mlp.down_proj.weight": "mlp.down_proj.weight",
+}
+
+
+def _name_map(n_layers: int) -> dict[str, str]:
+    names = {"embed.weight": "model.embed_tokens.weight", "ln_final.weight": "model.norm.weight"}
+    for l in range(n_layers):
+        for ours, theirs in _BLOCK_MAP.items():
+            names[f"blocks.{l}.{ours}"] = f"model.layers.{l}.{theirs}"
+    return names
+
+
+def config_from_qwen3(hf: dict, source: str = "config.json") -> ModelConfig:
+    """Translate a Qwen3 config dict; refuse what this model cannot represent."""
+    def refuse(field: str, why: str):
+        raise FbtError(f"{source}: field '{field}' {why}")
+
+    if hf.get("model_type") != "qwen3":
+        refuse("model_type", f"is {hf.get('model_type')!r}; only 'qwen3' can be imported")
+    if not hf.get("tie_word_embeddings", False):
+        refuse("tie_word_embeddings", "must be true (this model ties input and output embeddings)")
+    if hf.get("attention_bias", False):
+        refuse("attention_bias", "must be false (no attention biases in this model)")
+    if hf.get("hidden_act", "silu") != "silu":
+        refuse("hidden_act", f"is {hf.get('hidden_act')!r}; only 'silu' is supported")
+    rope = hf.get("rope_parameters") or {}
+    if hf.get("rope_scaling") or rope.get("rope_type", "default") != "default":
+        refuse("rope_parameters", "uses RoPE scaling; only plain RoPE ('default') is supported")
+    theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+    n_layers = hf["num_hidden_layers"]
+    window = hf.get("sliding_window") if hf.get("use_sliding_window", False) else None
+    layer_types = hf.get("layer_types")
+    if layer_types is None:
+        layer_types = ["sliding_attention" if window is not None and i >= hf.get("max_window_layers", 28) else "full_attention" for i in range(n_layers)]
+    if "sliding_attention" in layer_types and window is None:
+        window = hf.get("sliding_window")
+        if window is None:
+            refuse("sliding_window", "is null but layer_types has sliding layers")
+    return ModelConfig(
+        d_vocab=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=n_layers,
+        n_heads=hf["num_attention_heads"], n_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        d_head=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"], d_mlp=hf["intermediate_size"],
+        n_ctx=hf.get("max_position_embeddings", 2048), window=window, layer_types=tuple(layer_types),
+        rope_theta=float(theta), rms_eps=hf.get("rms_norm_eps", 1e-6), depth_scaling="none", feedback_source="post_norm",
+    )
+
+
+def config_to_qwen3(cfg: ModelConfig) -> dict:
+    if cfg.depth_scaling != "none":
+        raise FbtError(f"model config: field 'depth_scaling' is {cfg.depth_scaling!r}; only 'none' is a Qwen3 function")
+    types = list(cfg.resolved_layer_types)
+    return {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": cfg.d_vocab,
+        "hidden_size": cfg.d_model, "intermediate_size": cfg.d_mlp, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_key_value_heads, "head_dim": cfg.d_head,
+        "hidden_act": "silu", "max_position_embeddings": cfg.n_ctx, "rms_norm_eps": cfg.rms_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta}, "rope_theta": cfg.rope_theta,
+        "tie_word_embeddings": True, "attention_bias": False, "attention_dropout": 0.0,
+        "use_sliding_window": "sliding_attention" in types, "sliding_window": cfg.window,
+        "max_window_layers": cfg.n_layers, "layer_types": types, "torch_dtype": cfg.dtype,
+    }
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(read_json(index)["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    state = {}
+    for name in files:
+        path = folder / name
+        if not path.is_file():
+            raise FbtError(f"{path}: weights file not found")
+        try:
+            state.update(load_file(str(path)))
+        except (SafetensorError, OSError) as exc:
+            raise FbtError(f"{path}: corrupt safetensors file ({exc})") from None
+    return state
+
+
+def import_qwen3(folder: str | Path, seed: int = 0):
+    from fbt_probe.model.transformer import FeedbackTransformer
+
+    folder = Path(folder)
+    cfg = config_from_qwen3(read_json(folder / "config.json", "Qwen3 config"), str(folder / "config.json"))
+    state = _read_weights(folder)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = FeedbackTransformer(cfg)
+    ours = {}
+    for mine, theirs in _name_map(cfg.n_layers).items():
+        if theirs not in state:
+            raise FbtError(f"{folder}: tensor '{theirs}' missing from the safetensors files")
+        ours[mine] = state[theirs]
+    if "lm_head.weight" in state and not torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"]):
+        raise FbtError(f"{folder}: 'lm_head.weight' differs from the embedding although embeddings are tied")
+    model.load_state_dict({k: v.to(model.embed.weight.dtype) for k, v in ours.items()}, strict=False)
+    fusion = folder / "fusion.safetensors"
+    if fusion.is_file():
+        model.fusion.load_state_dict(load_file(str(fusion)))
+    else:
+        model.reset_fusion_norm()
+    return model
+
+
+def export_qwen3(model, folder: str | Path, force: bool = False) -> Path:
+    """Write a Qwen3-format folder; the fusion weights go to `fusion.safetensors` beside it
+    (ignored by transformers, restored by our import)."""
+    folder = Path(folder)
+    if folder.exists() and any(folder.iterdir()) and not force:
+        raise FbtError(f"{folder}: already exists and is not empty; refusing to overwrite (pass --force)")
+    hf_cfg = config_to_qwen3(model.cfg)
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = model.state_dict()
+    tensors = {theirs: sd[mine].detach().contiguous().cpu() for mine, theirs in _name_map(model.cfg.n_layers).items()}
+    with atomic_path(folder / "model.safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+    fusion = {k: v.detach().contiguous().cpu() for k, v in model.fusion.state_dict().items()}
+    with atomic_path(folder / "fusion.safetensors") as tmp:
+        save_file(fusion, str(tmp))
+    write_json(folder / "config.json", hf_cfg)
+    return folder

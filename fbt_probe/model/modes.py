@@ -1,0 +1,73 @@
+"""Prefill modes, parsed in one place (DESIGN.md §2).
+
+| mode          | carried states                                                                   |
+|---------------|----------------------------------------------------------------------------------|
+| standard      | none: every input is a plain embedding                                           |
+| recurrent:k   | standard prefill of x_1..x_{T-k}, then the last k tokens one at a time, each fused |
+|               | with the previous position's top state of this same run                          |
+| full          | every position t >= 2 fused with h_{t-1} of the same serial run (= recurrent:T-1) |
+| jacobi:K      | pass 1 standard; pass k fuses the right-shifted top states of pass k-1 everywhere |
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from fbt_probe.errors import FbtError
+
+_PATTERN = re.compile(r"^(standard|full|recurrent:(\d+)|jacobi:(\d+))$")
+MODE_HELP = "standard | recurrent:k (k >= 1) | full | jacobi:K (K >= 1)"
+
+
+@dataclass(frozen=True)
+class Mode:
+    kind: str  # "standard" | "recurrent" | "full" | "jacobi"
+    k: int = 0  # recurrent: number of serial steps; jacobi: number of passes
+
+    def __str__(self) -> str:
+        return self.kind if self.kind in ("standard", "full") else f"{self.kind}:{self.k}"
+
+    def n_serial(self, T: int) -> int:
+        """How many trailing positions are computed one at a time (recurrent/full)."""
+        if self.kind == "full":
+            return T - 1
+        return self.k if self.kind == "recurrent" else 0
+
+    def check_length(self, T: int) -> None:
+        if self.kind == "recurrent" and self.k >= T:
+            raise FbtError(f"mode '{self}': k must be < the sequence length {T} (recurrent:{T - 1} is 'full')")
+
+    def first_fed_position(self, T: int) -> int:
+        """The first (0-based) position that receives a carried state; T if none."""
+        if self.kind == "standard" or (self.kind == "jacobi" and self.k == 1):
+            return T
+        if self.kind == "jacobi":
+            return 1
+        return T - self.n_serial(T)
+
+
+def parse_mode(mode: "str | Mode") -> Mode:
+    if isinstance(mode, Mode):
+        return mode
+    m = _PATTERN.match(str(mode).strip())
+    if not m:
+        raise FbtError(f"mode '{mode}': expected {MODE_HELP}")
+    if m.group(2) is not None:
+        k = int(m.group(2))
+        if k < 1:
+            raise FbtError(f"mode '{mode}': recurrent:k needs k >= 1")
+        return Mode("recurrent", k)
+    if m.group(3) is not None:
+        k = int(m.group(3))
+        if k < 1:
+            raise FbtError(f"mode '{mode}': jacobi:K needs K >= 1")
+        return Mode("jacobi", k)
+    return Mode(m.group(1))
+
+
+def parse_modes(spec: str) -> list[Mode]:
+    """A comma-separated list, e.g. 'standard,recurrent:1,full'."""
+    modes = [parse_mode(s) for s in spec.split(",") if s.strip()]
+    if not modes:
+        raise FbtError(f"modes '{spec}': expected a comma-separated list of {MODE_HELP}")
+    return modes

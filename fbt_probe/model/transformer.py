@@ -1,0 +1,204 @@
+"""The latent-feedback transformer as a TransformerLens `HookedRootModule` (wiring only).
+
+Hook rule (all modes): `model(tokens, mode=...)` computes the carried states first with hooks off,
+then runs ONE hooked pass over the whole sequence whose inputs are exactly the mode's inputs (plain
+e_t, or u_t = fusion(h_{t-1}, e_t) where a state is carried). Every hook therefore fires once with a
+full [batch, pos, ...] tensor, `run_with_cache` / `run_with_hooks` behave as in TransformerLens, and
+the activations at position t are those of the computation that produced position t's output: the
+pass is exact, its top states at fed-back positions equal the carried states it was given. The
+`fusion.*` hooks fire whenever the mode carries any state (not under `standard` or `jacobi:1`);
+`fusion.hook_feedback` is zero at positions that take a plain embedding.
+
+An intervention in that pass cannot reach carried states computed before it. For experiments whose
+change must ripple forward through the feedback, call with `serial=True` (recurrent/full/jacobi):
+hooks then fire in every chunk of the real computation — the standard prefix, then each serial step
+([batch, 1, ...] tensors), or each Jacobi pass — and `model.hook_context` names the chunk
+(`phase`, `positions`, `pass_index`) while its hooks run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from fbt_probe.config import ModelConfig
+from fbt_probe.model.components import Block, Hk, HookedRMSNorm, KVCache, hooked, silent
+from fbt_probe.model.fusion import Fusion
+from fbt_probe.model.modes import Mode, parse_mode
+
+
+@dataclass(frozen=True)
+class HookContext:
+    phase: str  # "final" (the one hooked pass), "prefix", "step" or "pass" (serial runs)
+    positions: range  # the sequence positions the firing tensors cover
+    pass_index: int = 1  # Jacobi pass (1-based); 1 elsewhere
+
+
+class FeedbackTransformer(HookedRootModule):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)  # tied: also the unembedding
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]  plain token embedding e_t
+        self.fusion = Fusion(cfg)
+        self.blocks = nn.ModuleList(Block(cfg, l) for l in range(cfg.n_layers))
+        self.ln_final = HookedRMSNorm(cfg.d_model, cfg.rms_eps)  # hook_normalized: [batch, pos, d_model]
+        self.hook_context: HookContext | None = None
+        self.init_weights()
+        self.setup()
+        self.to(dtype=getattr(torch, cfg.dtype))
+
+    # ----------------------------------------------------------------- parameters
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=self.cfg.init_std)
+        self.reset_fusion_norm()
+
+    @torch.no_grad()
+    def reset_fusion_norm(self) -> None:
+        """Fusion norm weight = mean RMS of the embedding rows (fused inputs start at embedding scale)."""
+        rms = self.embed.weight.pow(2).mean(-1).sqrt().mean()
+        self.fusion.norm.weight.copy_(rms.expand_as(self.fusion.norm.weight))
+
+    @property
+    def W_E(self) -> torch.Tensor:
+        return self.embed.weight
+
+    # ----------------------------------------------------------------- primitives
+    def _input(self, tokens: torch.Tensor, states: torch.Tensor | None, has_state: torch.Tensor | None, hk: Hk) -> torch.Tensor:
+        e = hk(self.hook_embed, self.embed(tokens))
+        if states is None:
+            return e
+        return self.fusion(states, e, has_state, hk)
+
+    def _trunk(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, hk: Hk) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x, positions, cache, hk)
+        return x
+
+    def _top(self, h: torch.Tensor, hk: Hk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h^L -> (carried state, normed, logits)."""
+        normed = self.ln_final(h, hk)
+        logits = F.linear(normed, self.embed.weight)
+        state = h if self.cfg.feedback_source == "pre_norm" else normed
+        if self.training and self.cfg.feedback_noise > 0:
+            state = state + (torch.rand_like(state) * 2 - 1) * self.cfg.feedback_noise
+        return state, normed, logits
+
+    def _with_context(self, ctx: HookContext, fn, *args):
+        self.hook_context = ctx
+        try:
+            return fn(*args)
+        finally:
+            self.hook_context = None
+
+    def prefill_cache(self, tokens: torch.Tensor, states: torch.Tensor | None = None, has_state: torch.Tensor | None = None, hk: Hk = silent):
+        """One pass over `tokens` (plain or fused inputs) that fills a KV cache.
+        Returns (cache, carried state [batch, pos, d_model], logits [batch, pos, d_vocab])."""
+        cache = KVCache.empty(self.cfg.n_layers)
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        h = self._trunk(self._input(tokens, states, has_state, hk), positions, cache, hk)
+        state, _, logits = self._top(h, hk)
+        return cache, state, logits
+
+    def step(self, token: torch.Tensor, cache: KVCache, state: torch.Tensor | None, hk: Hk = silent):
+        """One position with the KV cache. token: [batch]; state: [batch, d_model] carried from the
+        previous position, or None for a plain embedding. Returns (logits [batch, d_vocab], state)."""
+        t = cache.length
+        positions = torch.tensor([t], device=token.device)
+        fed = None if state is None else state[:, None, :]
+        has = None if state is None else torch.ones(1, dtype=torch.bool, device=token.device)
+        h = self._trunk(self._input(token[:, None], fed, has, hk), positions, cache, hk)
+        new_state, _, logits = self._top(h, hk)
+        return logits[:, 0], new_state[:, 0]
+
+    @staticmethod
+    def shift_states(state: torch.Tensor) -> torch.Tensor:
+        """Right-shift carried states by one position (position 0 gets zeros: no state)."""
+        return torch.cat([torch.zeros_like(state[:, :1]), state[:, :-1]], dim=1)
+
+    # ----------------------------------------------------------------- modes
+    def jacobi_passes(self, tokens: torch.Tensor, K: int, serial_hooks: bool = False) -> list[torch.Tensor]:
+        """Logits of every pass 1..K of `jacobi:K` (training uses all of them, eq. 12).
+        Hooks fire only in pass K unless `serial_hooks` (then in every pass, with `hook_context`)."""
+        T = tokens.shape[1]
+        positions = torch.arange(T, device=tokens.device)
+        has = positions >= 1
+        states, out = None, []
+        for k in range(1, K + 1):
+            hk = hooked if (k == K or serial_hooks) else silent
+            phase = "pass" if serial_hooks else "final"
+            self.hook_context = HookContext(phase, range(T), k) if hk is hooked else None
+            try:
+                h = self._trunk(self._input(tokens, states, None if states is None else has, hk), positions, None, hk)
+                state, _, logits = self._top(h, hk)
+            finally:
+                self.hook_context = None
+            out.append(logits)
+            states = self.shift_states(state)
+        return out
+
+    def serial_states(self, tokens: torch.Tensor, n_serial: int, hooks: bool = False):
+        """The exact recurrence over the last `n_serial` positions (standard prefix before them).
+        Returns (carried states [batch, pos, d_model] with zeros where none, has_state [pos], logits)."""
+        B, T = tokens.shape
+        P = T - n_serial
+        hk = hooked if hooks else silent
+        ctx = HookContext("prefix", range(P)) if hooks else None
+        cache, state, logits = self._with_context(ctx, self.prefill_cache, tokens[:, :P], None, None, hk)
+        carried, step_logits, prev = [], [logits], state[:, -1]
+        for t in range(P, T):
+            carried.append(prev)
+            ctx = HookContext("step", range(t, t + 1)) if hooks else None
+            lg, prev = self._with_context(ctx, self.step, tokens[:, t], cache, prev, hk)
+            step_logits.append(lg[:, None])
+        zeros = torch.zeros(B, P, self.cfg.d_model, dtype=state.dtype, device=state.device)
+        states = torch.cat([zeros] + [s[:, None] for s in carried], dim=1)
+        has = torch.arange(T, device=tokens.device) >= P
+        return states, has, torch.cat(step_logits, dim=1)
+
+    def carried_states(self, tokens: torch.Tensor, mode: "str | Mode"):
+        """(states, has_state) that `mode` feeds into its final pass; (None, None) for no feedback."""
+        mode = parse_mode(mode)
+        T = tokens.shape[1]
+        mode.check_length(T)
+        if mode.first_fed_position(T) >= T:
+            return None, None
+        if mode.kind == "jacobi":
+            return self._jacobi_states(tokens, mode.k), torch.arange(T, device=tokens.device) >= 1
+        states, has, _ = self.serial_states(tokens, mode.n_serial(T))
+        return states, has
+
+    def _jacobi_states(self, tokens: torch.Tensor, K: int) -> torch.Tensor:
+        T = tokens.shape[1]
+        positions = torch.arange(T, device=tokens.device)
+        has, states = positions >= 1, None
+        for _ in range(K - 1):
+            h = self._trunk(self._input(tokens, states, None if states is None else has, silent), positions, None, silent)
+            states = self.shift_states(self._top(h, silent)[0])
+        return states
+
+    def forward(self, tokens: torch.Tensor, mode: "str | Mode" = "standard", serial: bool = False) -> torch.Tensor:
+        """tokens: LongTensor [batch, pos] -> logits [batch, pos, d_vocab] under `mode` (see module doc)."""
+        mode = parse_mode(mode)
+        T = tokens.shape[1]
+        mode.check_length(T)
+        if serial and mode.kind == "jacobi":
+            return self.jacobi_passes(tokens, mode.k, serial_hooks=True)[-1]
+        if serial and mode.kind in ("recurrent", "full"):
+            return self.serial_states(tokens, mode.n_serial(T), hooks=True)[2]
+        states, has = self.carried_states(tokens, mode)
+        positions = torch.arange(T, device=tokens.device)
+        self.hook_context = HookContext("final", range(T), mode.k if mode.kind == "jacobi" else 1)
+        try:
+            h = self._trunk(self._input(tokens, states, has, hooked), positions, None, hooked)
+            return self._top(h, hooked)[2]
+        finally:
+            self.hook_context = None
+

@@ -1,0 +1,23 @@
+"""Small configs and models for tests (factories, SAELens-style)."""
+from __future__ import annotations
+
+import torch
+
+from fbt_probe.config import ModelConfig
+from fbt_probe.model.transformer import FeedbackTransformer
+
+
+def make_cfg(**overrides) -> ModelConfig:
+    base = dict(d_vocab=37, d_model=32, n_layers=3, n_heads=4, n_key_value_heads=2, d_head=8, d_mlp=48,
+                n_ctx=128, window=5, global_every=3)
+    base.update(overrides)
+    return ModelConfig(**base)
+
+
+def make_model(seed: int = 0, dtype=torch.float64, **overrides) -> FeedbackTransformer:
+    torch.manual_seed(seed)
+    return FeedbackTransformer(make_cfg(**overrides)).to(dtype).eval()
+
+
+def tokens(batch: int, T: int, vocab: int = 37, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, T), generator=torch.Generator().manual_seed(seed))
