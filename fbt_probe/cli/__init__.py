@@ -23,6 +23,7 @@ app = typer.Typer(
 _SUBCOMMANDS = [
     ("model", "fbt_probe.cli.model"),
     ("demo", "fbt_probe.cli.demo"),
+    ("tasks", "fbt_probe.cli.tasks"),
 ]
 
 for _name, _module in _SUBCOMMANDS:

@@ -1,0 +1,95 @@
+"""An independent label checker: a tiny interpreter for the task language.
+
+A sample is a program: one statement per line (`name = 3`, `name += 0`, `name ^= 1`), then one
+query line ending in ':'. The interpreter runs the statements into an environment and answers the
+query from it, using only the text and the spec's declarative fields (query template, relation,
+answer variable) — never the generator's own values — so that a generator bug shows up as a
+disagreement. Generation runs it on every sample; a mismatch is a hard error.
+"""
+from __future__ import annotations
+
+import re
+
+from fbt_probe.errors import FbtError
+
+_LINE = re.compile(r"^\s*([A-Za-z_]\w*)\s*(\+=|-=|\^=|=)\s*(-?\d+)\s*$")
+_CMP = re.compile(r"^\s*(\w+)\s*(==|!=|<=|>=|<|>)\s*(\w+)\s*$")
+
+
+def run_program(text: str) -> tuple[dict, str]:
+    """Execute every line but the last; return (environment, query line)."""
+    *body, query = text.split("\n")
+    env: dict[str, int] = {}
+    for n, line in enumerate(body, 1):
+        m = _LINE.match(line)
+        if m is None:
+            raise FbtError(f"line {n}: {line!r} is not a statement of the task language")
+        name, op, value = m.group(1), m.group(2), int(m.group(3))
+        if op == "=":
+            env[name] = value
+            continue
+        if name not in env:
+            raise FbtError(f"line {n}: {name} is updated before it is assigned")
+        env[name] = env[name] + value if op == "+=" else env[name] - value if op == "-=" else env[name] ^ value
+    if not query.rstrip().endswith(":"):
+        raise FbtError(f"last line {query!r} is not a query ending in ':'")
+    return env, query
+
+
+def _compare(left: int, op: str, right: int) -> bool:
+    if op == "==":
+        return left == right
+    if op == "!=":
+        return left != right
+    if op == "<":
+        return left < right
+    if op == "<=":
+        return left <= right
+    if op == ">":
+        return left > right
+    return left >= right
+
+
+def _lookup(env: dict, name: str) -> int:
+    if name not in env:
+        raise FbtError(f"query asks for {name}, which is never assigned")
+    return env[name]
+
+
+def _query_pattern(template: str) -> re.Pattern:
+    parts = re.split(r"\{i\}", template)
+    return re.compile("^" + r"(\d+)".join(re.escape(p) for p in parts) + "$")
+
+
+def interpret(spec, text: str) -> int:
+    """The label (0/1) of `text` under the task format of `spec`, derived from the text alone."""
+    env, query = run_program(text)
+    tpl = spec.template
+    if spec.kind == "registers":
+        m = _query_pattern(tpl["query"]).match(query)
+        if m is None:
+            raise FbtError(f"query {query!r} does not match template {tpl['query']!r}")
+        register = _LINE.match(tpl["write"].format(i=m.group(1), v=0)).group(1)
+        value = _lookup(env, register)
+    else:
+        if query != tpl["query"]:
+            raise FbtError(f"query {query!r} is not {tpl['query']!r}")
+        if spec.kind == "completion":
+            left, op, right = _CMP.match(spec.relation).groups()
+            value = int(_compare(_lookup(env, left), op, _lookup(env, right)))
+        else:
+            value = _lookup(env, spec.answer)
+    if value not in (0, 1):
+        raise FbtError(f"query value {value} is not a binary label")
+    return value
+
+
+def check_sample(spec, text: str, label: int, label_word: str, where: str) -> None:
+    """Raise unless the interpreter agrees with the generator's label and label word."""
+    try:
+        got = interpret(spec, text)
+    except FbtError as exc:
+        raise FbtError(f"{where}: label checker cannot read the sample: {exc.message}") from None
+    if got != label or spec.label_words[got] != label_word:
+        raise FbtError(f"{where}: label checker says {got} ({spec.label_words[got]}) but the generator "
+                       f"wrote {label} ({label_word}); refusing to write an inconsistent dataset")

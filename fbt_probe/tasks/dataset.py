@@ -1,0 +1,121 @@
+"""Dataset files: `DIR/<task>.parquet`, `DIR/<task>.manifest.json` and the `DIR/tokenizer.json` used.
+
+The Parquet file is byte-identical for the same spec, seed, tokenizer and library versions. The
+manifest (written last, so a dataset without one is incomplete) records the spec, the Parquet
+sha256, the tokenizer sha256, counts per cell, the package version and provenance.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from fbt_probe.errors import FbtError
+from fbt_probe.io import atomic_path, read_json, refuse_existing, sha256_file, write_json
+from fbt_probe.tasks.generators import COLUMNS
+
+FORMAT = "fbt-probe.tasks.dataset/1"
+
+
+def arrow_schema():
+    import pyarrow as pa
+
+    types = {"task": pa.string(), "text": pa.string(), "token_ids": pa.list_(pa.field("element", pa.int32())), "label": pa.int64(),
+             "label_word": pa.string(), "pair_id": pa.int64(), "group_id": pa.string(), "context_id": pa.string(),
+             "length_knob": pa.int64(), "n_tokens": pa.int64(), "seed": pa.int64()}
+    return pa.schema([(c, types[c]) for c in COLUMNS])
+
+
+def schema_record() -> dict:
+    return {f.name: str(f.type) for f in arrow_schema()}
+
+
+def dataset_paths(out_dir, task: str) -> tuple[Path, Path, Path]:
+    out_dir = Path(out_dir)
+    return out_dir / f"{task}.parquet", out_dir / f"{task}.manifest.json", out_dir / "tokenizer.json"
+
+
+def _label_token_ids(tok, query_line: str, words) -> dict:
+    """The answer token id of each label word after the query line (None if it is not one token)."""
+    from fbt_probe.tasks.tokenizer import answer_ids
+
+    out = {}
+    for word in words:
+        ids, pos = answer_ids(tok, query_line, word)
+        out[word] = None if pos is None else ids[pos]
+    return out
+
+
+def write_dataset(df: pd.DataFrame, out_dir, tokenizer, force: bool = False, tokenizer_source: str = "builtin") -> Path:
+    """Write `df` (from `generate`) and its manifest into `out_dir`; return the Parquet path.
+
+    Refuses to replace an existing Parquet/manifest, or a different `tokenizer.json`, without `force`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fbt_probe import __version__
+    from fbt_probe.provenance import provenance
+    from fbt_probe.tasks.tokenizer import save_tokenizer, tokenizer_sha256
+
+    task = df.attrs["spec"]["task"]
+    parquet, manifest, tok_path = dataset_paths(out_dir, task)
+    refuse_existing(parquet, force)
+    refuse_existing(manifest, force)
+    tok_sha = tokenizer_sha256(tokenizer)
+    if tok_path.exists() and sha256_file(tok_path) != tok_sha:
+        refuse_existing(tok_path, force, hint="--force, or another --out folder, for a dataset with a different tokenizer")
+    if not tok_path.exists() or sha256_file(tok_path) != tok_sha:
+        save_tokenizer(tokenizer, tok_path)
+    table = pa.Table.from_pydict({c: df[c].tolist() for c in COLUMNS}, schema=arrow_schema())
+    with atomic_path(parquet) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+    write_json(manifest, {
+        "format": FORMAT, "task": task, "file": parquet.name, "sha256": sha256_file(parquet),
+        "rows": len(df), "pairs": len(df) // 2, "schema": schema_record(),
+        "spec": df.attrs["spec"], "seed": df.attrs["seed"], "pairs_per_cell": df.attrs["pairs_per_cell"],
+        "knob": "writes_per_register" if df.attrs["spec"]["kind"] == "registers" else "distractors",
+        "counts": df.attrs["counts"],
+        "tokenizer": {"file": tok_path.name, "sha256": tok_sha, "source": tokenizer_source,
+                      "vocab_size": tokenizer.get_vocab_size(), "final_token_id": df.attrs["final_token_id"],
+                      "final_token": df.attrs["final_token"],
+                      "label_token_ids": _label_token_ids(
+                          tokenizer, df.text.iloc[0].rsplit("\n", 1)[-1], df.attrs["spec"]["label_words"].values())},
+        "package_version": __version__,
+        "provenance": provenance(),
+    })
+    return parquet
+
+
+def _manifest_for(path: Path) -> tuple[Path, Path]:
+    """(parquet, manifest) from either file's path."""
+    if path.name.endswith(".manifest.json"):
+        return path.with_name(path.name[: -len(".manifest.json")] + ".parquet"), path
+    return path, path.with_name(path.stem + ".manifest.json")
+
+
+def load_dataset(path) -> pd.DataFrame:
+    """A dataset written by `write_dataset` (the .parquet or its .manifest.json), checked against its
+    manifest: sha256, schema and row count. `df.attrs['manifest']` holds the manifest."""
+    import pyarrow.parquet as pq
+
+    parquet, manifest_path = _manifest_for(Path(path))
+    if not parquet.is_file():
+        raise FbtError(f"{parquet}: dataset file not found")
+    manifest = read_json(manifest_path, what="dataset manifest (written beside the .parquet by `fbt-probe tasks generate`)")
+    if manifest.get("format") != FORMAT:
+        raise FbtError(f"{manifest_path}: field 'format': expected {FORMAT!r}, got {manifest.get('format')!r}")
+    if manifest.get("sha256") != sha256_file(parquet):
+        raise FbtError(f"{parquet}: sha256 does not match field 'sha256' of {manifest_path.name} (file changed or truncated)")
+    try:
+        table = pq.read_table(parquet)
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise FbtError(f"{parquet}: not a readable Parquet file ({exc})") from None
+    got = {f.name: str(f.type) for f in table.schema}
+    if got != schema_record() or manifest.get("schema") != schema_record():
+        diff = sorted(set(schema_record().items()) ^ set(got.items()))
+        raise FbtError(f"{parquet}: schema does not match the dataset schema (differs in {diff or 'manifest field schema'})")
+    if table.num_rows != manifest.get("rows"):
+        raise FbtError(f"{parquet}: {table.num_rows} rows but field 'rows' of {manifest_path.name} says {manifest.get('rows')}")
+    df = table.to_pandas()
+    df.attrs["manifest"] = manifest
+    return df

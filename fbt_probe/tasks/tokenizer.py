@@ -1,0 +1,155 @@
+"""The word-level tokenizer of the task language, saved as a Hugging Face `tokenizer.json`.
+
+Words are split on spaces; a newline and a colon are tokens of their own, so every query line
+(`Status:`, `# final state:`, `# r3:`) ends in the same ':' token. The vocabulary is a fixed list
+(ids never move when a spec file is edited); words a variant spec introduces are appended in sorted
+order. No special tokens are added when encoding, with this or any other tokenizer.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from fbt_probe.errors import FbtError
+from fbt_probe.io import atomic_path
+
+PAD, UNK = "<pad>", "<unk>"
+# Order is the id: <pad> = 0. Covers the three built-in specs and their answer words.
+BASE_VOCAB = (
+    PAD, UNK, "\n", ":", "=", "+=", "-=", "^=", "#",
+    *(str(d) for d in range(10)),
+    "required", "completed", "scratch", "Status", "state", "final",
+    *(f"r{i}" for i in range(8)),
+    "DONE", "MORE", "ZERO", "ONE",
+)
+
+
+def words_of(text: str) -> list[str]:
+    """The word-level tokens of `text` (the same split the tokenizer's pre-tokenizer makes)."""
+    out: list[str] = []
+    for i, line in enumerate(text.split("\n")):
+        if i:
+            out.append("\n")
+        for word in line.split():
+            pieces = word.split(":")
+            for j, piece in enumerate(pieces):
+                if j:
+                    out.append(":")
+                if piece:
+                    out.append(piece)
+    return out
+
+
+def build_tokenizer(specs=None):
+    """The task-language tokenizer: `BASE_VOCAB`, plus (sorted) any word the given specs can
+    produce that it lacks. With the built-in specs the result is always the same file."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    from fbt_probe.tasks.spec import load_spec
+
+    vocab = {w: i for i, w in enumerate(BASE_VOCAB)}
+    extra = set()
+    for spec in specs or ():
+        extra |= spec_words(load_spec(spec))
+    for word in sorted(extra - set(vocab)):
+        vocab[word] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"[ \t\r]+"), "removed"),
+        pre_tokenizers.Split("\n", "isolated"),
+        pre_tokenizers.Split(":", "isolated"),
+    ])
+    tok.add_special_tokens([PAD, UNK])
+    return tok
+
+
+def spec_words(spec) -> set[str]:
+    """Every word a spec's samples and answers can contain."""
+    tpl = spec.template
+    lines: list[str] = []
+    if spec.kind == "completion":
+        lo, hi = spec.value_range
+        vals = [str(v) for v in range(lo, hi + 1)]
+        lines += [h.format(R=v, C=v, S=v) for h in tpl["header"] for v in vals]
+        lines += [tpl["distractor"], tpl["query"]]
+    elif spec.kind == "memory":
+        lines += [h.format(B=b) for h in tpl["header"] for b in (0, 1)]
+        lines += [tpl["distractor"].format(X=b) for b in (0, 1)] + [tpl["query"]]
+    else:
+        for i in range(spec.registers):
+            lines += [tpl["write"].format(i=i, v=v) for v in (0, 1)] + [tpl["query"].format(i=i)]
+    return {w for line in lines for w in words_of(line)} | set(spec.label_words) | {"\n"}
+
+
+def tokenizer_json(tok) -> str:
+    return tok.to_str(pretty=True)
+
+
+def tokenizer_sha256(tok) -> str:
+    """sha256 of the `tokenizer.json` that `save_tokenizer` writes for `tok`."""
+    return hashlib.sha256(tokenizer_json(tok).encode()).hexdigest()
+
+
+def save_tokenizer(tok, path) -> Path:
+    """Write `tok` as a Hugging Face `tokenizer.json` (atomically)."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(tokenizer_json(tok))
+    return path
+
+
+def load_tokenizer(path):
+    """Any Hugging Face `tokenizer.json` (a file, or a folder holding one)."""
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        raise FbtError(f"{path}: tokenizer file not found (expected a Hugging Face tokenizer.json)")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # the Rust side raises a bare Exception for every parse failure
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise FbtError(f"{path}: not a valid Hugging Face tokenizer.json ({first})") from None
+
+
+def encode(tok, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, without special tokens."""
+    return [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=False)]
+
+
+def token_name(tok, token_id: int) -> str:
+    name = tok.id_to_token(token_id)
+    return repr(name) if name is not None else f"<id {token_id}>"
+
+
+def check_encoded(tok, task: str, ids: list[list[int]], describe) -> int:
+    """Refuse unknown words and differing final tokens; return the shared final token id.
+
+    `describe(i)` names sample i for the message (e.g. 'pair 3, DONE, distractors=8')."""
+    unk = tok.token_to_id(UNK)
+    for i, row in enumerate(ids):
+        if not row:
+            raise FbtError(f"{task}: sample {i} ({describe(i)}) encodes to no tokens")
+        if unk is not None and unk in row:
+            raise FbtError(f"{task}: sample {i} ({describe(i)}) has words outside the tokenizer's vocabulary "
+                           f"(encoded as {UNK}); build the tokenizer from this spec or use another one")
+    final = ids[0][-1]
+    for i, row in enumerate(ids):
+        if row[-1] != final:
+            raise FbtError(
+                f"{task}: sample {i} ({describe(i)}) ends with token {token_name(tok, row[-1])} (id {row[-1]}) but "
+                f"sample 0 ends with {token_name(tok, final)} (id {final}); every sample of a task must end "
+                "with the same token under the tokenizer in use")
+    return final
+
+
+def answer_ids(tok, text: str, word: str) -> tuple[list[int], int | None]:
+    """(ids of `text + ' ' + word + '\\n'`, index of the answer token) — the index is None unless
+    the text's own ids are a prefix and the word is exactly one token there."""
+    prefix = tok.encode(text, add_special_tokens=False).ids
+    full = tok.encode(f"{text} {word}\n", add_special_tokens=False).ids
+    bare = tok.encode(f"{text} {word}", add_special_tokens=False).ids
+    ok = full[: len(prefix)] == prefix and len(bare) == len(prefix) + 1 and full[: len(bare)] == bare
+    return full, (len(prefix) if ok else None)
