@@ -16,6 +16,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,  # plain help and plain one-line errors (FbtError.show)
 )
 
 # (name, module): each module exposes either `app` (a typer.Typer, added as a group) or
@@ -24,6 +25,7 @@ _SUBCOMMANDS = [
     ("model", "fbt_probe.cli.model"),
     ("demo", "fbt_probe.cli.demo"),
     ("tasks", "fbt_probe.cli.tasks"),
+    ("train", "fbt_probe.cli.train"),
 ]
 
 for _name, _module in _SUBCOMMANDS:

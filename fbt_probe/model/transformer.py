@@ -124,22 +124,26 @@ class FeedbackTransformer(HookedRootModule):
         return torch.cat([torch.zeros_like(state[:, :1]), state[:, :-1]], dim=1)
 
     # ----------------------------------------------------------------- modes
-    def jacobi_passes(self, tokens: torch.Tensor, K: int, serial_hooks: bool = False) -> list[torch.Tensor]:
+    def feedback_pass(self, tokens: torch.Tensor, states: torch.Tensor | None = None, has_state: torch.Tensor | None = None, hk: Hk = silent):
+        """One parallel pass over the whole sequence with the given carried states (None: standard).
+        Returns (this pass's carried state [batch, pos, d_model] before shifting, logits)."""
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        h = self._trunk(self._input(tokens, states, has_state, hk), positions, None, hk)
+        state, _, logits = self._top(h, hk)
+        return state, logits
+
+    def jacobi_passes(self, tokens: torch.Tensor, K: int, serial_hooks: bool = False, has_state: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Logits of every pass 1..K of `jacobi:K` (training uses all of them, eq. 12).
-        Hooks fire only in pass K unless `serial_hooks` (then in every pass, with `hook_context`)."""
+        Hooks fire only in pass K unless `serial_hooks` (then in every pass, with `hook_context`).
+        `has_state` ([pos] or [batch, pos]) limits which positions take the carried state (default
+        every position >= 1; training's prefix mixin keeps a prompt prefix plain)."""
         T = tokens.shape[1]
-        positions = torch.arange(T, device=tokens.device)
-        has = positions >= 1
+        has = torch.arange(T, device=tokens.device) >= 1 if has_state is None else has_state
         states, out = None, []
         for k in range(1, K + 1):
             hk = hooked if (k == K or serial_hooks) else silent
-            phase = "pass" if serial_hooks else "final"
-            self.hook_context = HookContext(phase, range(T), k) if hk is hooked else None
-            try:
-                h = self._trunk(self._input(tokens, states, None if states is None else has, hk), positions, None, hk)
-                state, _, logits = self._top(h, hk)
-            finally:
-                self.hook_context = None
+            ctx = HookContext("pass" if serial_hooks else "final", range(T), k) if hk is hooked else None
+            state, logits = self._with_context(ctx, self.feedback_pass, tokens, states, None if states is None else has, hk)
             out.append(logits)
             states = self.shift_states(state)
         return out
@@ -176,12 +180,9 @@ class FeedbackTransformer(HookedRootModule):
         return states, has
 
     def _jacobi_states(self, tokens: torch.Tensor, K: int) -> torch.Tensor:
-        T = tokens.shape[1]
-        positions = torch.arange(T, device=tokens.device)
-        has, states = positions >= 1, None
+        has, states = torch.arange(tokens.shape[1], device=tokens.device) >= 1, None
         for _ in range(K - 1):
-            h = self._trunk(self._input(tokens, states, None if states is None else has, silent), positions, None, silent)
-            states = self.shift_states(self._top(h, silent)[0])
+            states = self.shift_states(self.feedback_pass(tokens, states, None if states is None else has)[0])
         return states
 
     def forward(self, tokens: torch.Tensor, mode: "str | Mode" = "standard", serial: bool = False) -> torch.Tensor:
@@ -194,11 +195,6 @@ class FeedbackTransformer(HookedRootModule):
         if serial and mode.kind in ("recurrent", "full"):
             return self.serial_states(tokens, mode.n_serial(T), hooks=True)[2]
         states, has = self.carried_states(tokens, mode)
-        positions = torch.arange(T, device=tokens.device)
-        self.hook_context = HookContext("final", range(T), mode.k if mode.kind == "jacobi" else 1)
-        try:
-            h = self._trunk(self._input(tokens, states, has, hooked), positions, None, hooked)
-            return self._top(h, hooked)[2]
-        finally:
-            self.hook_context = None
+        ctx = HookContext("final", range(T), mode.k if mode.kind == "jacobi" else 1)
+        return self._with_context(ctx, self.feedback_pass, tokens, states, has, hooked)[1]
 

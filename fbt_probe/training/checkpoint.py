@@ -1,0 +1,59 @@
+"""Run folders: config.json (model + train config + provenance), model.safetensors, tokenizer.json,
+train_state.pt (optimizer state and step, for resume) and metrics.jsonl."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from fbt_probe.errors import FbtError
+from fbt_probe.io import atomic_path, read_json
+from fbt_probe.model.checkpoint import load_checkpoint, save_checkpoint
+from fbt_probe.provenance import provenance
+from fbt_probe.training.config import TrainConfig
+
+
+def save_run(model, opt, cfg: TrainConfig, out: Path, step: int) -> None:
+    with atomic_path(out / "train_state.pt") as tmp:
+        torch.save({"step": step, "optimizer": opt.state_dict()}, tmp)
+    tok = out / "tokenizer.json"
+    save_checkpoint(model, out, None, extra={"train": cfg.to_dict(), "step": step,
+                                             "tokenizer_sha256": _sha(tok), "provenance": provenance(seed=cfg.seed)})
+
+
+def _sha(path: Path) -> str | None:
+    from fbt_probe.io import sha256_file
+
+    return sha256_file(path) if path.is_file() else None
+
+
+def load_run(out: Path):
+    """(model, TrainConfig, optimizer state dict, step) of a run folder, checked for consistency."""
+    meta = read_json(out / "config.json", "run config")
+    if "train" not in meta:
+        raise FbtError(f"{out / 'config.json'}: field 'train' missing (not a training run folder)")
+    cfg = TrainConfig.from_dict(meta["train"])
+    model = load_checkpoint(out)
+    state_path = out / "train_state.pt"
+    if not state_path.is_file():
+        raise FbtError(f"{state_path}: train state not found (cannot resume)")
+    try:
+        state = torch.load(state_path, weights_only=True)
+    except Exception as exc:  # torch raises several types for a corrupt pickle/zip
+        raise FbtError(f"{state_path}: corrupt train state ({type(exc).__name__})") from None
+    if state["step"] != meta.get("step"):
+        raise FbtError(f"{out}: train_state.pt is at step {state['step']} but config.json at {meta.get('step')}")
+    if meta.get("tokenizer_sha256") != _sha(out / "tokenizer.json"):
+        raise FbtError(f"{out / 'tokenizer.json'}: does not match the tokenizer the run was trained with")
+    return model, cfg, state["optimizer"], state["step"]
+
+
+def truncate_metrics(out: Path, step: int) -> None:
+    """Drop log lines past `step` (written after the last checkpoint of an interrupted run)."""
+    path = out / "metrics.jsonl"
+    if not path.is_file():
+        return
+    keep = [l for l in path.read_text().splitlines() if l and json.loads(l)["step"] <= step]
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(l + "\n" for l in keep))

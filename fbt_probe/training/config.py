@@ -1,0 +1,112 @@
+"""Training configuration and the pass-count schedule (DESIGN.md §3)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from fbt_probe.errors import FbtError
+
+PAPER_SCHEDULE = "1:0.75,2:0.22,3:0.03"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """K (number of feedback passes of a batch) -> probability."""
+
+    probs: tuple[tuple[int, float], ...]
+
+    @property
+    def max_passes(self) -> int:
+        return max(k for k, _ in self.probs)
+
+    def draw(self, u: float) -> int:
+        """K for a uniform draw u in [0, 1)."""
+        cum = np.cumsum([p for _, p in self.probs])
+        return self.probs[min(int(np.searchsorted(cum, u, side="right")), len(self.probs) - 1)][0]
+
+    def __str__(self) -> str:
+        if len(self.probs) == 1:
+            return f"constant:{self.probs[0][0]}"
+        return ",".join(f"{k}:{p:g}" for k, p in self.probs)
+
+
+def parse_schedule(text: str) -> Schedule:
+    """'1:.75,2:.22,3:.03' (K:probability, summing to 1), 'constant:K', or 'paper'."""
+    text = text.strip()
+    if text == "paper":
+        text = PAPER_SCHEDULE
+    if text.startswith("constant:"):
+        k = text.split(":", 1)[1]
+        if not k.isdigit() or int(k) < 1:
+            raise FbtError(f"schedule '{text}': constant:K needs an integer K >= 1")
+        return Schedule(((int(k), 1.0),))
+    probs = {}
+    for item in text.split(","):
+        try:
+            k, p = item.split(":")
+            k, p = int(k), float(p)
+        except ValueError:
+            raise FbtError(f"schedule '{text}': expected 'K:p,K:p,...' (e.g. {PAPER_SCHEDULE}) or 'constant:K'") from None
+        if k < 1 or p < 0 or k in probs:
+            raise FbtError(f"schedule '{text}': each K must be a distinct integer >= 1 with p >= 0")
+        probs[k] = p
+    if abs(sum(probs.values()) - 1.0) > 1e-6:
+        raise FbtError(f"schedule '{text}': probabilities sum to {sum(probs.values()):g}, expected 1")
+    return Schedule(tuple(sorted(probs.items())))
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    preset: str = "tiny"
+    tasks: tuple[str, ...] = ("completion", "memory", "registers")
+    knobs: dict | None = None  # task -> training length-grid values; None = TRAIN_KNOBS
+    steps: int = 1000
+    rows: int = 8  # sequences per batch
+    ctx: int = 272  # packed row length (whole documents only; registers at 8 writes are 261 tokens)
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1  # cosine decay to 10 % (constant lr made accuracy oscillate in the prototype)
+    warmup: int = 100
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = 0.01  # on matrices only
+    clip: float = 1.0
+    schedule: str = PAPER_SCHEDULE
+    lam: float = 1.0  # λ of eq. 12
+    noise: float = 0.02  # σ of the uniform noise on carried states
+    prefix_mix: float = 0.25  # share of rows whose random prompt prefix keeps plain embeddings
+    answer_weight: float = 5.0  # the answer token is ~1/70 of the loss; ×5 roughly halved the steps
+    baseline: bool = False  # no-feedback baseline: 1 pass only, fusion never used
+    heldout_fraction: float = 0.2  # contexts kept out of training (probe/eval time only)
+    dtype: str = "float32"  # or "bfloat16" (CPU autocast)
+    seed: int = 0
+    eval_every: int = 100
+    save_every: int = 100
+
+    def __post_init__(self) -> None:
+        sched = self.schedule_obj  # validates
+        if self.baseline and str(sched) != "constant:1":
+            object.__setattr__(self, "schedule", "constant:1")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise FbtError(f"train config: field 'dtype' must be float32 or bfloat16, got {self.dtype!r}")
+        for name in ("steps", "rows", "ctx"):
+            if getattr(self, name) < 1:
+                raise FbtError(f"train config: field '{name}' must be >= 1")
+
+    @property
+    def schedule_obj(self) -> Schedule:
+        return parse_schedule(self.schedule)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["tasks"], d["betas"] = list(self.tasks), list(self.betas)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        d = dict(d)
+        d["tasks"], d["betas"] = tuple(d["tasks"]), tuple(d["betas"])
+        return cls(**d)
+
+
+TRAIN_KNOBS = {"completion": [0, 8, 32], "memory": [0, 8, 32], "registers": [2, 4, 8]}

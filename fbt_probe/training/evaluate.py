@@ -1,0 +1,81 @@
+"""Evaluation of a trained model: answer accuracy per task × length × decoding mode, validation loss
+per pass, and the contraction diagnostic of Fig. 3.
+
+Answer accuracy reads the greedy prediction at the shared final colon (the answer word is the
+first generated token). For that first token Std and Soft decoding are identical by definition
+(both prefill the prompt without feedback; Soft only feeds back from the first generated token on),
+so the table reports the prefill modes: `standard` (= Std = Soft), `jacobi:2` (= Fused),
+`recurrent:1` (the paper's probing mode), and `jacobi:3`, `full` (past the trained depth)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import torch
+
+from fbt_probe.tasks import generate, load_spec
+from fbt_probe.training.config import TRAIN_KNOBS, TrainConfig
+from fbt_probe.training.data import batch_for_step, heldout
+from fbt_probe.training.loop import weighted_ce
+
+EVAL_MODES = ("standard", "jacobi:2", "recurrent:1", "jacobi:3", "full")
+DECODING_OF_MODE = {"standard": "Std/Soft", "jacobi:2": "Fused", "recurrent:1": "recurrent:1", "jacobi:3": "jacobi:3", "full": "full"}
+
+
+def eval_samples(cfg: TrainConfig, tokenizer, pairs: int = 32, knobs: dict | None = None, seed: int = 10_000) -> pd.DataFrame:
+    """Minimal pairs drawn only from contexts held out of training."""
+    knobs = knobs or cfg.knobs or TRAIN_KNOBS
+    frames = []
+    for task in cfg.tasks:
+        spec = dataclasses.replace(load_spec(task), length_grid=tuple(knobs[task]))
+        frames.append(generate(spec, pairs=pairs, seed=seed, tokenizer=tokenizer, contexts=heldout(cfg)))
+    return pd.concat(frames, ignore_index=True)
+
+
+@torch.no_grad()
+def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, batch: int = 64) -> pd.DataFrame:
+    """One row per task × length_knob × mode: accuracy of the greedy answer at the final colon."""
+    answer = samples["label_word"].map(tokenizer.token_to_id).to_numpy()
+    rows = []
+    for (task, knob, n_tok), cell in samples.groupby(["task", "length_knob", "n_tokens"], sort=True):
+        toks = torch.tensor(cell["token_ids"].tolist(), dtype=torch.long)
+        for mode in modes:
+            preds = torch.cat([model(toks[i: i + batch], mode=mode)[:, -1].argmax(-1) for i in range(0, len(toks), batch)])
+            hits = (preds.numpy() == answer[cell.index.to_numpy()])
+            rows.append({"task": task, "length_knob": int(knob), "mode": mode, "decoding": DECODING_OF_MODE.get(mode, mode),
+                         "correct": int(hits.sum()), "n": len(hits)})
+    df = pd.DataFrame(rows).groupby(["task", "length_knob", "mode", "decoding"], as_index=False)[["correct", "n"]].sum()
+    df["accuracy"] = df["correct"] / df["n"]
+    return df
+
+
+@torch.no_grad()
+def contraction(model, tokens: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, n_passes: int = 32) -> pd.DataFrame:
+    """Validation loss after k = 1..N Jacobi feedback passes and ‖s^(k) − s^(k−1)‖ (mean over
+    positions of the L2 norm of the change of the carried state). A contracting map's loss stays
+    flat and its state change decays; a diverging one oscillates."""
+    answer = weights > 1.0
+    has = torch.arange(tokens.shape[1]) >= 1
+    states, prev, rows = None, None, []
+    for k in range(1, n_passes + 1):
+        state, logits = model.feedback_pass(tokens, states, None if states is None else has)
+        delta = float("nan") if prev is None else (state - prev).norm(dim=-1).mean().item()
+        rows.append({
+            "pass": k, "val_loss": weighted_ce(logits, targets, (weights > 0).float()).item(),
+            "answer_loss": weighted_ce(logits, targets, answer.float()).item(),
+            "answer_accuracy": (logits.argmax(-1) == targets)[answer].float().mean().item(),
+            "state_change": delta, "state_norm": state.norm(dim=-1).mean().item(),
+        })
+        prev, states = state, model.shift_states(state)
+    return pd.DataFrame(rows)
+
+
+def validation_batch(cfg: TrainConfig, tokenizer, rows: int = 16):
+    """Packed documents from held-out contexts only."""
+    return batch_for_step(dataclasses.replace(cfg, rows=rows), tokenizer, step=0, split="val")
+
+
+@torch.no_grad()
+def loss_per_pass(model, cfg: TrainConfig, tokenizer, max_passes: int = 3) -> dict:
+    table = contraction(model, *validation_batch(cfg, tokenizer), n_passes=max_passes)
+    return {f"val_loss_pass{int(r['pass'])}": r["val_loss"] for _, r in table.iterrows()}

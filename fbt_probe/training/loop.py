@@ -1,0 +1,122 @@
+"""One straight-line training loop (nanoGPT-sized) with the multi-pass objective of eq. 12:
+
+    L = L_1 + λ/(K-1) Σ_{k=2..K} L_k         (gradients not detached; K ~ schedule per batch)
+
+where pass 1 is standard and pass k fuses the right-shifted carried states of pass k-1 (jacobi:K).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from fbt_probe.errors import FbtError
+from fbt_probe.training.config import TrainConfig
+from fbt_probe.training.data import batch_for_step, step_seed
+
+
+def weighted_ce(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="none")
+    w = weights.reshape(-1).to(ce.dtype)
+    return (ce * w).sum() / w.sum()
+
+
+def multipass_loss(model, tokens, targets, weights, K: int, lam: float = 1.0, has_state=None):
+    """Eq. 12 on one batch; returns (total loss, [L_1..L_K])."""
+    losses = [weighted_ce(lg, targets, weights) for lg in model.jacobi_passes(tokens, K, has_state=has_state)]
+    total = losses[0] if K == 1 else losses[0] + lam / (K - 1) * sum(losses[1:])
+    return total, losses
+
+
+def prefix_mask(rows: int, ctx: int, share: float, gen: torch.Generator) -> torch.Tensor:
+    """has_state [rows, ctx]: position >= 1, except that a `share` of rows keep a random prompt
+    prefix plain (as at inference, where the prompt is prefilled without feedback)."""
+    pos = torch.arange(ctx)[None, :].expand(rows, ctx)
+    prefix = torch.randint(1, ctx, (rows, 1), generator=gen)
+    keep = torch.rand(rows, 1, generator=gen) < share
+    start = torch.where(keep, prefix, torch.ones_like(prefix))
+    return pos >= start
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
+
+
+def make_optimizer(model, cfg: TrainConfig) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+
+
+def train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int = 0, optimizer=None, progress=True, on_eval=None) -> dict:
+    """Train `model` in place from `start_step` to `cfg.steps`, checkpointing into `out`."""
+    from fbt_probe.training.checkpoint import save_run
+
+    opt = optimizer or make_optimizer(model, cfg)
+    sched = cfg.schedule_obj
+    log_path = out / "metrics.jsonl"
+    model.train()
+    bar = _progress(cfg.steps, start_step) if progress else None
+    t0, tokens_seen = time.perf_counter(), 0
+    try:
+        for step in range(start_step, cfg.steps):
+            # every random draw of a step derives from (seed, step): a resumed run continues bit for bit
+            torch.manual_seed(step_seed(cfg.seed, step, "noise"))
+            gen = torch.Generator().manual_seed(step_seed(cfg.seed, step, "draws"))
+            K = 1 if cfg.baseline else sched.draw(float(torch.rand(1, generator=gen)))
+            tokens, targets, weights = batch_for_step(cfg, tokenizer, step)
+            has = prefix_mask(cfg.rows, cfg.ctx, cfg.prefix_mix, gen)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(cfg, step)
+            ts = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
+                loss, parts = multipass_loss(model, tokens, targets, weights, K, cfg.lam, has)
+            if not torch.isfinite(loss):
+                raise FbtError(f"training diverged at step {step}: loss is {loss.item()}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+            opt.step()
+            n_tok = int(weights.gt(0).sum()) * K
+            tokens_seen += n_tok
+            rec = {"step": step + 1, "loss": loss.item(), "passes": K, "pass_losses": [p.item() for p in parts],
+                   "lr": lr_at(cfg, step), "grad_norm": float(gnorm), "step_s": time.perf_counter() - ts,
+                   "tokens_per_s": n_tok / max(time.perf_counter() - ts, 1e-9)}
+            if on_eval is not None and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+                model.eval()
+                rec.update(on_eval(model))
+                model.train()
+            _append(log_path, rec)
+            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+                save_run(model, opt, cfg, out, step + 1)
+            if bar:
+                bar[0].update(bar[1], completed=step + 1, loss=rec["loss"], tps=tokens_seen / (time.perf_counter() - t0))
+    finally:
+        model.eval()
+        if bar:
+            bar[0].stop()
+    return {"seconds": time.perf_counter() - t0, "tokens": tokens_seen}
+
+
+def _append(path: Path, rec: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def _progress(total: int, done: int):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    prog = Progress(TextColumn("train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[tps]:,.0f} tok/s"),
+                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), transient=False)
+    prog.start()
+    return prog, prog.add_task("train", total=total, completed=done, loss=float("nan"), tps=0.0)
+
