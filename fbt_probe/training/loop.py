@@ -20,7 +20,8 @@ from fbt_probe.training.data import batch_for_step, step_seed
 
 
 def weighted_ce(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="none")
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
     w = weights.reshape(-1).to(ce.dtype)
     return (ce * w).sum() / w.sum()
 

@@ -1,0 +1,159 @@
+"""Multi-pass training: the objective of eq. 12, gradients, noise, resume, checkpoints, CLI errors."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from typer.testing import CliRunner
+
+import fbt_probe as fp
+from fbt_probe.cli import app
+from fbt_probe.errors import FbtError
+from fbt_probe.training import TrainConfig, multipass_loss, parse_schedule, run_training
+from fbt_probe.training.data import pack
+from tests.helpers import make_model, tokens
+
+runner = CliRunner()
+SMALL = dict(rows=2, ctx=160, warmup=2, eval_every=10_000, save_every=2,
+             knobs={"completion": [0, 8], "memory": [8], "registers": [2]})
+
+
+def _batch(T=14, seed=3):
+    toks = tokens(2, T, seed=seed)
+    targets = tokens(2, T, seed=seed + 1)
+    weights = torch.rand(2, T, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return toks, targets, weights
+
+
+def _reference_ce(logits, targets, weights):
+    logp = torch.log_softmax(logits.double(), -1)
+    nll = -logp.gather(-1, targets[..., None])[..., 0]
+    return (nll * weights).sum() / weights.sum()
+
+
+@pytest.mark.parametrize("K,lam", [(1, 1.0), (2, 1.0), (3, 1.0), (3, 0.5)])
+def test_multipass_loss_equals_hand_written_reference(K, lam):
+    model = make_model()
+    toks, targets, weights = _batch()
+    total, parts = multipass_loss(model, toks, targets, weights, K, lam)
+    ref_parts = [_reference_ce(model(toks, mode=f"jacobi:{k}"), targets, weights) for k in range(1, K + 1)]
+    ref = ref_parts[0] + (lam / (K - 1) * sum(ref_parts[1:]) if K > 1 else 0)
+    torch.testing.assert_close(total.double(), ref, rtol=0, atol=1e-10)
+    for p, r in zip(parts, ref_parts):
+        torch.testing.assert_close(p.double(), r, rtol=0, atol=1e-10)
+
+
+def test_gradient_reaches_fusion_only_with_two_or_more_passes():
+    model = make_model()
+    toks, targets, weights = _batch()
+    for K in (1, 2):
+        model.zero_grad(set_to_none=True)
+        multipass_loss(model, toks, targets, weights, K)[0].backward()
+        g = model.fusion.W_U.weight.grad, model.fusion.W_G.weight.grad
+        if K == 1:
+            assert g[0] is None and g[1] is None
+        else:
+            assert g[0].abs().sum() > 0 and g[1].abs().sum() > 0
+    # not detached: pass 2's loss sends gradient through pass 1's states into the backbone
+    model.zero_grad(set_to_none=True)
+    parts = multipass_loss(model, toks, targets, weights, 2)[1]
+    parts[1].backward()
+    assert model.blocks[0].mlp.down_proj.weight.grad.abs().sum() > 0
+
+
+def test_noise_only_in_training_mode():
+    model = make_model()
+    toks, targets, weights = _batch()
+    eval_a = multipass_loss(model, toks, targets, weights, 2)[0]
+    eval_b = multipass_loss(model, toks, targets, weights, 2)[0]
+    assert torch.equal(eval_a, eval_b)
+    model.train()
+    train_a = multipass_loss(model, toks, targets, weights, 2)[0]
+    one_pass = [multipass_loss(model, toks, targets, weights, 1)[0] for _ in range(2)]
+    model.eval()
+    assert not torch.equal(train_a, eval_a)
+    assert torch.equal(one_pass[0], one_pass[1])  # no carried state, no noise
+
+
+def test_pack_keeps_documents_whole_and_weights_the_answer():
+    docs = [{"token_ids": [5, 6, 3, 9, 2], "answer_pos": 3}, {"token_ids": [7] * 8, "answer_pos": 4},
+            {"token_ids": [8, 3, 4, 2], "answer_pos": 2}]
+    toks, targets, weights = pack(docs, rows=2, ctx=9, answer_weight=5.0)
+    assert toks[0].tolist() == [5, 6, 3, 9, 2, 0, 0, 0, 0] and toks[1].tolist() == [7] * 8 + [0]
+    assert weights[0].tolist() == [1, 1, 5, 1, 0, 0, 0, 0, 0]  # position 2 predicts the answer (index 3)
+    assert targets[0, 2] == 9
+
+
+@pytest.mark.parametrize("text,ok", [("paper", True), ("constant:3", True), ("1:.5,2:.5", True),
+                                     ("1:.5,2:.4", False), ("constant:0", False), ("1:a", False), ("1:.5,1:.5", False)])
+def test_schedule_parsing(text, ok):
+    if ok:
+        s = parse_schedule(text)
+        assert s.draw(0.0) == s.probs[0][0] and s.draw(0.999) == s.probs[-1][0]
+    else:
+        with pytest.raises(FbtError, match="schedule"):
+            parse_schedule(text)
+
+
+def test_resume_is_bit_for_bit(tmp_path):
+    cfg = TrainConfig(steps=4, **SMALL)
+    run_training(cfg, tmp_path / "straight", progress=False, eval_pairs=2)
+    run_training(TrainConfig(steps=2, **SMALL), tmp_path / "split", progress=False, eval_pairs=2)
+    run_training(cfg, tmp_path / "split", resume=True, progress=False, eval_pairs=2)
+    a, b = fp.load_model(str(tmp_path / "straight")), fp.load_model(str(tmp_path / "split"))
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+    log = [json.loads(l) for l in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4]
+
+
+def test_checkpoint_round_trip_is_exact(tmp_path):
+    from fbt_probe.model.checkpoint import save_checkpoint
+
+    model = fp.load_model("tiny", seed=4)
+    save_checkpoint(model, tmp_path)
+    again = fp.load_model(str(tmp_path))
+    assert again.cfg == model.cfg
+    assert all(torch.equal(x, y) for x, y in zip(model.state_dict().values(), again.state_dict().values()))
+
+
+@pytest.mark.slow
+def test_smoke_training_lowers_the_loss(tmp_path):
+    run_training(TrainConfig(steps=40, **{**SMALL, "rows": 4, "warmup": 5}), tmp_path / "r", progress=False, eval_pairs=2)
+    log = [json.loads(l) for l in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    first = sum(r["pass_losses"][0] for r in log[:5]) / 5
+    last = sum(r["pass_losses"][0] for r in log[-5:]) / 5
+    assert last < 0.6 * first
+
+
+def test_baseline_never_uses_more_than_one_pass(tmp_path):
+    run_training(TrainConfig(steps=3, baseline=True, **SMALL), tmp_path / "b", progress=False, eval_pairs=2)
+    log = [json.loads(l) for l in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert {r["passes"] for r in log} == {1}
+    meta = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert meta["train"]["schedule"] == "constant:1" and meta["train"]["baseline"] is True
+
+
+def test_cli_errors(tmp_path):
+    (tmp_path / "exists").mkdir()
+    (tmp_path / "exists" / "x").write_text("keep me")
+    cases = [
+        (["train", "--out", str(tmp_path / "a"), "--preset", "huge"], "unknown preset"),
+        (["train", "--out", str(tmp_path / "a"), "--schedule", "1:.5,2:.3"], "sum to 0.8"),
+        (["train", "--out", str(tmp_path / "exists")], "refusing to overwrite"),
+        (["train", "--out", str(tmp_path / "a"), "--resume"], "no run to resume"),
+        (["eval", str(tmp_path / "exists")], "run config not found"),
+    ]
+    for args, message in cases:
+        res = runner.invoke(app, args)
+        assert res.exit_code == 2, (args, res.output)
+        assert message in res.output and res.output.strip().count("\n") == 0
+    assert (tmp_path / "exists" / "x").read_text() == "keep me" and not (tmp_path / "a").exists()
+
+
+def test_warm_start_refuses_a_mismatched_checkpoint(tmp_path):
+    from fbt_probe.model.checkpoint import save_checkpoint
+
+    save_checkpoint(fp.load_model("tiny"), tmp_path / "wrong-vocab")  # 128 tokens vs the task tokenizer's 37
+    with pytest.raises(FbtError, match="vocabulary"):
+        run_training(TrainConfig(steps=1, **SMALL), tmp_path / "r", init=tmp_path / "wrong-vocab", progress=False)
