@@ -24,6 +24,7 @@ app = typer.Typer(
 _SUBCOMMANDS = [
     ("model", "fbt_probe.cli.model"),
     ("demo", "fbt_probe.cli.demo"),
+    ("bench", "fbt_probe.cli.bench"),
     ("tasks", "fbt_probe.cli.tasks"),
     ("train", "fbt_probe.cli.train"),
 ]

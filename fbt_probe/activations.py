@@ -1,0 +1,391 @@
+"""Residual-stream extraction at the final position, written as resumable safetensors shards.
+
+`extract(model, dataset, modes, out_dir)` runs every sample under every prefill mode, batched by
+exact token length (no padding), and keeps the final position of each probe depth d = 0..L
+(`fbt_probe.hooks.depth_name`) plus any extra hooks. The pseudo-mode `carried-state` is always added
+(unless `reference=False`): the state `recurrent:1` carries into the last position, h^L at position
+T-2 under `standard` (`ln_final.hook_normalized` when the model carries the post-norm state),
+probed as the reference line of DESIGN.md §5.
+
+Layout of `out_dir`: `plan.json` (written first: what will be extracted), `samples.parquet`,
+`shards/<mode>/<task>-T<len>-<i>.safetensors` (each written atomically, never rewritten), and
+`manifest.json` (written last, with every shard's sha256). A folder with a plan but no manifest is
+an interrupted extraction: calling `extract` again with the same inputs continues it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import resource
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fbt_probe.errors import FbtError
+from fbt_probe.hooks import depth_name
+from fbt_probe.io import atomic_path, read_json, sha256_file, write_json
+
+FORMAT = "fbt-probe.activations/1"
+REFERENCE_MODE = "carried-state"
+SAMPLE_COLUMNS = ("task", "pair_id", "group_id", "label", "label_word", "length_knob", "n_tokens")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class Target:
+    key: str  # tensor name in the shard
+    hook: str
+    position: int  # -1 = final token, -2 = the one before
+    depth: int | None  # probe depth, None for an extra hook
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "hook": self.hook, "position": self.position, "depth": self.depth}
+
+
+class _Stop(Exception):
+    """Raised by the last collecting hook: nothing after it (final norm, unembedding) is needed."""
+
+
+def _mode_slug(mode: str) -> str:
+    return mode.replace(":", "-")
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
+
+
+# ----------------------------------------------------------------------------- inputs
+def _load_model(model, device: str | None):
+    """(model, source label, model hash, tokenizer path or None)."""
+    if isinstance(model, (str, Path)):
+        import fbt_probe
+
+        src = str(model)
+        folder = Path(src)
+        loaded = fbt_probe.load_model(src, device=device or "cpu")
+        if (folder / "model.safetensors").is_file():
+            from fbt_probe.model.checkpoint import checkpoint_hash
+
+            tok = folder / "tokenizer.json"
+            return loaded, src, checkpoint_hash(folder), tok if tok.is_file() else None
+        return loaded, src, f"preset:{src}:{state_hash(loaded)}", None
+    if device is not None:
+        model = model.to(device)
+    return model, type(model).__name__, state_hash(model), None
+
+
+def state_hash(model) -> str:
+    """sha256 over parameter names, shapes, dtypes and bytes (identity of a model without a file)."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _load_dataset(dataset) -> tuple[pd.DataFrame, str, str | None, list[str]]:
+    """(frame, dataset hash, tokenizer sha256 from its manifest or None, source paths)."""
+    if isinstance(dataset, pd.DataFrame):
+        df = dataset.reset_index(drop=True)
+        blob = json.dumps({c: df[c].map(lambda v: list(map(int, v)) if c == "token_ids" else v).tolist()
+                           for c in ("token_ids",) + SAMPLE_COLUMNS}, default=str, sort_keys=True)
+        tok = (df.attrs.get("manifest") or {}).get("tokenizer", {}).get("sha256")
+        return df, hashlib.sha256(blob.encode()).hexdigest(), tok, ["<DataFrame>"]
+    from fbt_probe.tasks import load_dataset
+
+    path = Path(dataset)
+    files = sorted(path.glob("*.manifest.json")) if path.is_dir() else [path]
+    if not files:
+        raise FbtError(f"{path}: no dataset (*.parquet with its .manifest.json) in this folder")
+    frames = [load_dataset(f) for f in files]
+    toks = {(fr.attrs["manifest"].get("tokenizer") or {}).get("sha256") for fr in frames}
+    if len(toks) > 1:
+        raise FbtError(f"{path}: its datasets were tokenized with different tokenizers")
+    digest = hashlib.sha256("".join(fr.attrs["manifest"]["sha256"] for fr in frames).encode()).hexdigest()
+    return pd.concat(frames, ignore_index=True), digest, toks.pop(), [str(f) for f in files]
+
+
+def _check_tokens(df: pd.DataFrame, model, tok_path: Path | None, data_tok: str | None, where: str) -> None:
+    missing = {"token_ids", *SAMPLE_COLUMNS} - set(df.columns)
+    if missing:
+        raise FbtError(f"{where}: dataset lacks column(s) {sorted(missing)}")
+    top = max(max(ids) for ids in df["token_ids"])
+    if top >= model.cfg.d_vocab:
+        raise FbtError(f"{where}: token id {top} is outside the model's vocabulary of {model.cfg.d_vocab} "
+                       f"(dataset and model use different tokenizers)")
+    if tok_path is None:
+        return
+    from fbt_probe.tasks.tokenizer import encode, load_tokenizer, tokenizer_sha256
+
+    tok = load_tokenizer(tok_path)
+    if data_tok is not None and tokenizer_sha256(tok) == data_tok:
+        return
+    probe_rows = df.groupby("task").head(2)  # re-encode a few samples per task under the model's tokenizer
+    for i, ids in zip(probe_rows.index, encode(tok, probe_rows["text"].tolist())):
+        if list(ids) != list(map(int, df.at[i, "token_ids"])):
+            raise FbtError(f"{where}: sample {i} ({df.at[i, 'task']}) has token ids that {tok_path} does not "
+                           f"produce: the dataset was made with another tokenizer (regenerate it with "
+                           f"--tokenizer {tok_path})")
+
+
+def targets_for(mode: str, model, extra_hooks=()) -> list[Target]:
+    """What a mode's shards hold: every depth 0..L at the final position, plus extra hooks
+    ('name' = final position, 'name@-2' = the position before)."""
+    L = model.cfg.n_layers
+    if mode == REFERENCE_MODE:
+        post = getattr(model.cfg, "feedback_source", "pre_norm") == "post_norm"
+        hook = "ln_final.hook_normalized" if post else depth_name(L)
+        return [Target("carried", hook, -2, L)]
+    out = [Target(f"depth.{d}", depth_name(d), -1, d) for d in range(L + 1)]
+    for spec in extra_hooks:
+        hook, _, pos = spec.partition("@")
+        try:
+            position = int(pos) if pos else -1
+        except ValueError:
+            raise FbtError(f"hook '{spec}': expected NAME or NAME@POSITION (e.g. @-2)") from None
+        out.append(Target(f"{hook}@{position}", hook, position, None))
+    return out
+
+
+# ----------------------------------------------------------------------------- running
+@torch.no_grad()
+def collect(model, tokens: torch.Tensor, mode: str, targets: list[Target], dtype=torch.float32) -> dict[str, torch.Tensor]:
+    """{key: [batch, d]} on CPU for `tokens` [batch, pos]; stops the forward once every hook fired."""
+    run_mode = "standard" if mode == REFERENCE_MODE else mode
+    by_hook: dict[str, list[Target]] = {}
+    for t in targets:
+        by_hook.setdefault(t.hook, []).append(t)
+    out: dict[str, torch.Tensor] = {}
+
+    def grab(act, hook):
+        for t in by_hook[hook.name]:
+            out[t.key] = act[:, t.position].detach().to("cpu", dtype).clone()
+        if len(out) == len(targets):
+            raise _Stop
+        return act
+
+    try:
+        model.run_with_hooks(tokens, mode=run_mode, fwd_hooks=[(h, grab) for h in by_hook])
+    except _Stop:
+        pass
+    missing = [t.hook for t in targets if t.key not in out]
+    if missing:
+        raise FbtError(f"mode '{mode}': hook(s) {missing[:3]} never fired (unknown hook names?)")
+    return out
+
+
+def _preflight(model, df: pd.DataFrame, modes: list[str], targets: dict, dtype) -> None:
+    """Run each mode once on the shortest sample: a mode the model cannot run fails before any write."""
+    i = int(df["n_tokens"].idxmin())
+    tokens = torch.tensor([list(df.at[i, "token_ids"])], dtype=torch.long, device=_device(model))
+    for mode in modes:
+        try:
+            collect(model, tokens, mode, targets[mode], dtype)
+        except FbtError as exc:
+            raise FbtError(f"mode '{mode}': {exc.format_message()}") from None
+        except Exception as exc:  # any failure inside the model means it cannot run this mode
+            raise FbtError(f"mode '{mode}': the model cannot run it ({type(exc).__name__}: {exc})") from None
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _plan(df: pd.DataFrame, modes: list[str], shard_rows: int) -> list[dict]:
+    shards = []
+    for mode in modes:
+        for (T, task), rows in df.groupby(["n_tokens", "task"], sort=True).groups.items():  # lengths ascending
+            rows = sorted(int(r) for r in rows)
+            for i in range(0, len(rows), shard_rows):
+                name = f"shards/{_mode_slug(mode)}/{task}-T{int(T):05d}-{i // shard_rows:03d}.safetensors"
+                shards.append({"file": name, "mode": mode, "task": task, "n_tokens": int(T),
+                               "rows": rows[i: i + shard_rows]})
+    return shards
+
+
+def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int, dtype, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    parts: dict[str, list[torch.Tensor]] = {t.key: [] for t in targets}
+    rows = shard["rows"]
+    for i in range(0, len(rows), batch_size):
+        batch = rows[i: i + batch_size]
+        tokens = torch.tensor(np.stack([np.asarray(df.at[r, "token_ids"]) for r in batch]), dtype=torch.long,
+                              device=_device(model))
+        for key, value in collect(model, tokens, shard["mode"], targets, dtype).items():
+            parts[key].append(value)
+    tensors = {k: torch.cat(v).contiguous() for k, v in parts.items()}
+    for key, value in tensors.items():
+        if not torch.isfinite(value.float()).all():
+            raise FbtError(f"mode '{shard['mode']}', {shard['task']} T={shard['n_tokens']}: non-finite "
+                           f"activations at '{key}' (NaN/inf in the model); nothing written for this shard")
+    tensors["row"] = torch.tensor(rows, dtype=torch.int64)
+    with atomic_path(path) as tmp:
+        # one metadata key: safetensors does not keep the order of several, and shards must be byte-stable
+        save_file(tensors, str(tmp), metadata={"fbt_probe": json.dumps({"format": FORMAT, "mode": shard["mode"]})})
+
+
+def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool = True, batch_size: int = 16,
+            shard_rows: int = 256, dtype: str = "float32", device: str | None = None, force: bool = False,
+            progress=None, on_shard=None) -> "ActivationStore":
+    """Extract activations (see module doc); returns the finished `ActivationStore`.
+
+    `model`: a model object, preset name or checkpoint folder; `dataset`: a dataset file, a folder of
+    them or a DataFrame; `modes`: list or comma-separated string. `progress(done, total, shard)` and
+    `on_shard(shard)` are called after each shard (the latter lets tests interrupt an extraction).
+    """
+    from fbt_probe.model.modes import parse_mode
+
+    out_dir = Path(out_dir)
+    modes = [m.strip() for m in (modes.split(",") if isinstance(modes, str) else modes) if str(m).strip()]
+    modes = [m if m == REFERENCE_MODE else str(parse_mode(m)) for m in modes]
+    if reference and REFERENCE_MODE not in modes:
+        modes.append(REFERENCE_MODE)
+    if dtype not in DTYPES:
+        raise FbtError(f"dtype '{dtype}': expected one of {sorted(DTYPES)}")
+    if batch_size < 1 or shard_rows < 1:
+        raise FbtError("batch size and shard rows must be >= 1")
+    model, source, model_hash, tok_path = _load_model(model, device)
+    model.eval()  # training mode adds noise to the carried states
+    df, data_hash, data_tok, data_paths = _load_dataset(dataset)
+    _check_tokens(df, model, tok_path, data_tok, where=str(data_paths[0]) if len(data_paths) == 1 else str(dataset))
+    targets = {m: targets_for(m, model, extra_hooks) for m in modes}
+    plan = {"format": FORMAT, "model": {"source": source, "hash": model_hash, "n_layers": model.cfg.n_layers,
+                                        "d_model": model.cfg.d_model},
+            "dataset": {"paths": data_paths, "hash": data_hash, "tokenizer_sha256": data_tok},
+            "modes": modes, "dtype": dtype, "shard_rows": shard_rows, "batch_size": batch_size,
+            "targets": {m: [t.to_dict() for t in ts] for m, ts in targets.items()},
+            "shards": _plan(df, modes, shard_rows)}
+    resume = _check_dir(out_dir, plan, force)
+    _preflight(model, df, modes, targets, DTYPES[dtype])  # before anything is written or removed
+    if not resume:
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        out_dir.mkdir(parents=True)
+        samples = df[list(SAMPLE_COLUMNS)].copy()
+        samples.insert(0, "row", np.arange(len(df), dtype=np.int64))
+        with atomic_path(out_dir / "samples.parquet") as tmp:
+            samples.to_parquet(tmp, index=False)
+        write_json(out_dir / "plan.json", plan)
+    written = []
+    for n, shard in enumerate(plan["shards"]):
+        path = out_dir / shard["file"]
+        if path.exists():
+            _read_shard(path)  # a finished shard is kept as it is; only check it is readable
+        else:
+            _write_shard(model, df, shard, targets[shard["mode"]], batch_size, DTYPES[dtype], path)
+        written.append({**shard, "sha256": sha256_file(path), "rss_mb": round(_rss_mb(), 1)})
+        if progress is not None:
+            progress(n + 1, len(plan["shards"]), shard)
+        if on_shard is not None:
+            on_shard(shard)
+    # ru_maxrss is the process's high-water mark; lengths ascend within a mode, so the value after
+    # the first mode's largest length bounds the memory that length needed.
+    largest = max(s["n_tokens"] for s in written)
+    first_largest = next(s for s in written if s["n_tokens"] == largest)
+    manifest = {**plan, "shards": written, "n_samples": len(df),
+                "peak_rss_mb": {"largest_length": largest, "after_largest_length": first_largest["rss_mb"],
+                                "overall": round(_rss_mb(), 1)}}
+    from fbt_probe.provenance import provenance
+
+    manifest["provenance"] = provenance(model_hash=model_hash, dataset_hash=data_hash)
+    write_json(out_dir / "manifest.json", manifest)
+    return ActivationStore(out_dir)
+
+
+def _check_dir(out_dir: Path, plan: dict, force: bool) -> bool:
+    """True to continue an interrupted extraction of the same plan, False to start fresh (the
+    folder is absent, empty or `force`d); refuses anything else."""
+    if force or not out_dir.exists() or not any(out_dir.iterdir()):
+        return False
+    if (out_dir / "manifest.json").exists():
+        raise FbtError(f"{out_dir}: already holds a finished extraction; refusing to overwrite (pass --force)")
+    if not (out_dir / "plan.json").exists():
+        raise FbtError(f"{out_dir}: exists and is not an extraction folder; refusing to write into it (pass --force)")
+    old = read_json(out_dir / "plan.json", "extraction plan")
+    if json.dumps(old, sort_keys=True) != json.dumps(json.loads(json.dumps(plan)), sort_keys=True):
+        diff = [k for k in plan if old.get(k) != json.loads(json.dumps(plan[k]))]
+        raise FbtError(f"{out_dir}: holds an unfinished extraction with a different {', '.join(diff)}; "
+                       f"pass --force to start over")
+    return True
+
+
+def _read_shard(path: Path, expect_sha: str | None = None) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise FbtError(f"{path}: unreadable shard ({exc})") from None
+    if expect_sha is not None and hashlib.sha256(data).hexdigest() != expect_sha:
+        raise FbtError(f"{path}: corrupt shard (sha256 differs from the manifest); re-extract it "
+                       f"(delete the file and manifest.json, then run extract again)")
+    try:
+        return load(data)
+    except Exception as exc:  # safetensors raises its own error type for a damaged file
+        raise FbtError(f"{path}: corrupt shard ({type(exc).__name__}: {exc}); delete it and run extract again") from None
+
+
+# ----------------------------------------------------------------------------- reading
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return (t if t.dtype in (torch.float32, torch.float64) else t.float()).numpy()
+
+
+class ActivationStore:
+    """A finished extraction folder: `samples`, `modes`, `targets(mode)`, `load(mode, task, length)`."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not (self.path / "manifest.json").exists():
+            hint = " (unfinished: run extract again to resume it)" if (self.path / "plan.json").exists() else ""
+            raise FbtError(f"{self.path}: no manifest.json, not a finished activation folder{hint}")
+        self.manifest = read_json(self.path / "manifest.json", "activation manifest")
+        if self.manifest.get("format") != FORMAT:
+            raise FbtError(f"{self.path / 'manifest.json'}: field 'format': expected {FORMAT!r}")
+        try:
+            self.samples = pd.read_parquet(self.path / "samples.parquet")
+        except Exception as exc:
+            raise FbtError(f"{self.path / 'samples.parquet'}: unreadable ({exc})") from None
+
+    @property
+    def modes(self) -> list[str]:
+        return list(self.manifest["modes"])
+
+    def targets(self, mode: str) -> list[Target]:
+        return [Target(**t) for t in self.manifest["targets"][mode]]
+
+    def conditions(self) -> list[tuple[str, str, int]]:
+        """(mode, task, length knob) cells in a stable order."""
+        cells = self.samples[["task", "length_knob"]].drop_duplicates().sort_values(["task", "length_knob"])
+        return [(m, str(t), int(k)) for m in self.modes for t, k in cells.itertuples(index=False)]
+
+    def load(self, mode: str, task: str, length: int) -> tuple[np.ndarray, pd.DataFrame, list[Target]]:
+        """(X [n_targets, n, d], sample rows in row order, targets) of one cell; X is float32 unless
+        the activations were stored as float64."""
+        if mode not in self.manifest["targets"]:
+            raise FbtError(f"{self.path}: no activations for mode '{mode}' (have {', '.join(self.modes)})")
+        rows = self.samples[(self.samples.task == task) & (self.samples.length_knob == length)]
+        wanted = set(rows["row"].tolist())
+        targets = self.targets(mode)
+        parts, got_rows = [], []
+        for shard in self.manifest["shards"]:
+            if shard["mode"] != mode or shard["task"] != task or not wanted.intersection(shard["rows"]):
+                continue
+            data = _read_shard(self.path / shard["file"], shard["sha256"])
+            keep = np.isin(data["row"].numpy(), list(wanted))
+            parts.append(np.stack([_numpy(data[t.key])[keep] for t in targets]))
+            got_rows.append(data["row"].numpy()[keep])
+        if not parts:
+            raise FbtError(f"{self.path}: no shards hold {task} length {length} under mode '{mode}'")
+        row_ids = np.concatenate(got_rows)
+        order = np.argsort(row_ids)
+        X = np.concatenate(parts, axis=1)[:, order]
+        if len(row_ids) != len(wanted):
+            raise FbtError(f"{self.path}: {task} length {length}, mode '{mode}': shards hold {len(row_ids)} of "
+                           f"{len(wanted)} samples")
+        return X, rows.set_index("row").loc[row_ids[order]].reset_index(), targets

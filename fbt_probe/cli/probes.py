@@ -1,0 +1,121 @@
+"""`fbt-probe extract | probe | figures`: activations -> probe table -> figures."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+
+
+def _figure_help() -> str:
+    from fbt_probe.figures import FIGURES
+
+    return "; ".join(f"{name}: {e.help}" for name, e in sorted(FIGURES.items()))
+
+
+def extract(
+    run: Annotated[str, typer.Argument(help="Checkpoint folder (config.json, model.safetensors, tokenizer.json) or preset name.", show_default=False)],
+    dataset: Annotated[Path, typer.Argument(help="A dataset .parquet (with its .manifest.json) or a folder of them.", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", help="Activation folder (shards + manifest).")],
+    modes: Annotated[str, typer.Option(help="Comma-separated prefill modes: standard, recurrent:k, full, jacobi:K.")] = "standard,recurrent:1",
+    hooks: Annotated[Optional[str], typer.Option(help="Extra hook names, comma-separated; NAME@-2 takes the position before the last.")] = None,
+    reference: Annotated[bool, typer.Option(help="Also extract the carried state h(T-1) (pseudo-mode carried-state).")] = True,
+    batch_size: Annotated[int, typer.Option(help="Samples per forward (all of one exact length).")] = 16,
+    shard_rows: Annotated[int, typer.Option(help="Samples per shard file.")] = 256,
+    dtype: Annotated[str, typer.Option(help="Stored dtype: float32, float16, bfloat16, float64.")] = "float32",
+    device: Annotated[Optional[str], typer.Option(help="Device to run the model on (default cpu).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Delete an existing activation folder and start over.")] = False,
+) -> None:
+    """Extract the final-position residual stream at every depth for each prefill mode.
+
+    An interrupted extraction continues when the same command is run again.
+
+    Example: fbt-probe extract runs/tiny data/tasks --modes standard,recurrent:1 --out runs/tiny/acts
+    """
+    from fbt_probe.activations import extract as run_extract
+
+    def progress(done: int, total: int, shard: dict) -> None:
+        typer.echo(f"[{done}/{total}] {shard['mode']:<14} {shard['task']:<11} T={shard['n_tokens']:<5} "
+                   f"{len(shard['rows'])} samples", err=True)
+
+    extra = [h.strip() for h in hooks.split(",") if h.strip()] if hooks else []
+    store = run_extract(run, dataset, modes, out, extra_hooks=extra, reference=reference, batch_size=batch_size,
+                        shard_rows=shard_rows, dtype=dtype, device=device, force=force, progress=progress)
+    rss = store.manifest["peak_rss_mb"]
+    typer.echo(f"wrote {len(store.manifest['shards'])} shards for {store.manifest['n_samples']} samples x "
+               f"{len(store.modes)} modes to {out} (peak RSS {rss['after_largest_length']:.0f} MB up to the "
+               f"largest length T={rss['largest_length']})")
+
+
+def probe(
+    acts: Annotated[Path, typer.Argument(help="Activation folder written by `fbt-probe extract`.", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", help="Results folder: probes.parquet, probes.csv, probes_summary.csv, probes.provenance.json.")],
+    folds: Annotated[int, typer.Option(help="Folds of grouped K-fold CV.")] = 5,
+    cv: Annotated[str, typer.Option(help="group (GroupKFold) or stratified-group (StratifiedGroupKFold).")] = "group",
+    c: Annotated[float, typer.Option("--C", help="Inverse L2 strength of the logistic regression.")] = 1.0,
+    backend: Annotated[str, typer.Option(help="auto | sklearn | torch (auto: torch on CUDA, else sklearn).")] = "auto",
+    jobs: Annotated[int, typer.Option(help="Worker processes of the sklearn backend (-1: all cores).")] = -1,
+    device: Annotated[Optional[str], typer.Option(help="Device of the torch backend.")] = None,
+    control: Annotated[bool, typer.Option(help="Fit the control task (labels permuted across groups).")] = True,
+    seed: Annotated[int, typer.Option(help="Seed of the control permutation and stratified folds.")] = 0,
+    strict: Annotated[bool, typer.Option("--strict", help="Fail on a cell with fewer groups than folds instead of skipping it.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace existing result files.")] = False,
+) -> None:
+    """Fit grouped-CV probes at every depth for each task x mode x length.
+
+    Example: fbt-probe probe runs/tiny/acts --out runs/tiny/results
+    """
+    from fbt_probe.io import refuse_existing
+    from fbt_probe.probes import ProbeConfig, probe_sweep, write_results
+    from fbt_probe.probes.sweep import CSV_FILE, PROVENANCE_FILE, SUMMARY_FILE, TABLE_FILE
+
+    cfg = ProbeConfig(n_splits=folds, cv=cv, C=c, backend=backend, n_jobs=jobs, device=device, control=control,
+                      seed=seed, skip_small_cells=not strict)
+    for name in (TABLE_FILE, CSV_FILE, SUMMARY_FILE, PROVENANCE_FILE):  # refuse before hours of fitting
+        refuse_existing(out / name, force)
+
+    def progress(done: int, total: int, cell: tuple) -> None:
+        typer.echo(f"[{done}/{total}] {cell[1]:<11} {cell[0]:<14} length {cell[2]}", err=True)
+
+    result = probe_sweep(acts, cfg, progress=progress)
+    paths = write_results(result, out, force=force)
+    for flag in result.flags:
+        typer.echo(f"warning: {flag['task']} {flag['mode']} length {flag['length']}: {flag['message']}", err=True)
+    typer.echo(f"wrote {len(result.table)} rows to {paths['table']} (+ {paths['csv'].name}, "
+               f"{paths['summary'].name}, {paths['provenance'].name})")
+
+
+def figures(
+    name: Annotated[str, typer.Argument(help="Figure name.", show_default=False)],
+    results: Annotated[Path, typer.Argument(help="A results table (.parquet/.csv) or a results folder.", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", help="Folder for NAME.png and NAME.svg.")],
+    baseline: Annotated[Optional[Path], typer.Option(help="Table of the no-feedback baseline model (figures that take one).")] = None,
+    option: Annotated[Optional[List[str]], typer.Option("--option", help="KEY=VALUE passed to the figure function (repeatable).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace existing figure files.")] = False,
+) -> None:
+    """Draw a figure from a results table (never runs a model).
+
+    Example: fbt-probe figures fig7a runs/tiny/results --out reports/tiny
+    """
+    from fbt_probe.errors import FbtError
+    from fbt_probe.figures import draw, get_figure, save_figure
+
+    get_figure(name)  # unknown name: one clear line before anything is read
+    options: dict = {}
+    for item in option or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise FbtError(f"--option '{item}': expected KEY=VALUE")
+        options[key.strip()] = value
+    if baseline is not None:
+        options["baseline"] = baseline
+    fig = draw(name, results, **options)
+    paths = save_figure(fig, out, name, force=force)
+    typer.echo("wrote " + ", ".join(str(p) for p in paths))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("extract")(extract)
+    app.command("probe")(probe)
+    app.command("figures", help=f"Draw a figure from a results table (never runs a model). Figures: {_figure_help()}."
+                f"\n\nExample: fbt-probe figures fig7a runs/tiny/results --out reports/tiny")(figures)

@@ -1,0 +1,110 @@
+"""Figures: one function per figure, `table -> matplotlib Figure`; a figure never runs a model.
+
+Each figure is registered here by name; `fbt-probe figures NAME RESULTS --out DIR` looks it up, loads
+its table (a Parquet/CSV file, or the entry's default file inside a results folder), calls the
+function and writes NAME.png and NAME.svg. To add a figure: write a module in this package with a
+function `my_fig(table: pd.DataFrame, **options) -> Figure`, then add one line to `FIGURES` (or call
+`register_figure` from your own code). Options are keyword arguments of the function; a DataFrame
+option (e.g. `baseline`) is passed on the command line as a table path.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from fbt_probe.errors import FbtError
+from fbt_probe.io import atomic_path, refuse_existing
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+@dataclass(frozen=True)
+class FigureEntry:
+    module: str
+    """Module holding the figure function (imported only when the figure is drawn)."""
+    function: str
+    table: str
+    """File name looked for when RESULTS is a folder."""
+    help: str = ""
+
+
+FIGURES: dict[str, FigureEntry] = {
+    "fig7a": FigureEntry("fbt_probe.figures.probes", "fig7a", "probes.parquet",
+                         "probe accuracy vs depth; panels task x {standard, recurrent:1}; colour = length"),
+    "fig7b": FigureEntry("fbt_probe.figures.probes", "fig7b", "probes.parquet",
+                         "registers: probe accuracy vs depth per writes-per-register; lines = prefill modes"),
+}
+
+
+def register_figure(name: str, entry: FigureEntry, replace: bool = False) -> None:
+    if name in FIGURES and not replace:
+        raise ValueError(f"figure '{name}' is already registered")
+    FIGURES[name] = entry
+
+
+def figure_names() -> list[str]:
+    return sorted(FIGURES)
+
+
+def get_figure(name: str) -> Callable[..., "object"]:
+    if name not in FIGURES:
+        raise FbtError(f"figure '{name}': unknown (available: {', '.join(figure_names())})")
+    entry = FIGURES[name]
+    return getattr(importlib.import_module(entry.module), entry.function)
+
+
+def load_table(path: str | Path, default_file: str | None = None) -> pd.DataFrame:
+    """A results table from a .parquet or .csv file, or `default_file` inside a folder."""
+    import pandas as pd
+
+    path = Path(path)
+    if path.is_dir():
+        if default_file is None or not (path / default_file).is_file():
+            raise FbtError(f"{path}: no {default_file or 'results table'} in this folder")
+        path = path / default_file
+    if not path.is_file():
+        raise FbtError(f"{path}: results table not found")
+    try:
+        if path.suffix == ".csv":
+            return pd.read_csv(path)
+        return pd.read_parquet(path)
+    except Exception as exc:  # pyarrow / pandas raise several types for a damaged file
+        raise FbtError(f"{path}: not a readable results table ({type(exc).__name__}: {exc})") from None
+
+
+def draw(name: str, results, **options):
+    """The Figure `name` drawn from `results` (a DataFrame, a table file or a results folder)."""
+    import pandas as pd
+
+    fn = get_figure(name)
+    table = results if isinstance(results, pd.DataFrame) else load_table(results, FIGURES[name].table)
+    params = inspect.signature(fn).parameters
+    unknown = sorted(set(options) - set(params) - {"table"})
+    if unknown:
+        known = [p for p in params if p != "table"]
+        raise FbtError(f"figure '{name}': no option {unknown} (options: {', '.join(known) or 'none'})")
+    for key, value in list(options.items()):  # table-valued options may be given as paths
+        if "DataFrame" in str(params[key].annotation) and isinstance(value, (str, Path)):
+            options[key] = load_table(value, FIGURES[name].table)
+    return fn(table, **options)
+
+
+def save_figure(fig, out_dir: str | Path, stem: str, force: bool = False,
+                formats: tuple[str, ...] = ("png", "svg"), dpi: int = 200) -> list[Path]:
+    """Write `stem.png` / `stem.svg` into `out_dir` (atomically; existing files need `force`)."""
+    out_dir = Path(out_dir)
+    paths = [out_dir / f"{stem}.{fmt}" for fmt in formats]
+    for p in paths:
+        refuse_existing(p, force)
+    for p, fmt in zip(paths, formats):
+        with atomic_path(p) as tmp:
+            fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
+    return paths
+
+
+__all__ = ["FIGURES", "FigureEntry", "draw", "figure_names", "get_figure", "load_table", "register_figure",
+           "save_figure"]

@@ -1,0 +1,178 @@
+"""Probe figures drawn from the tidy probe table (`fbt_probe.probes.write_results`).
+
+fig7a: held-out accuracy vs depth, panels task x {standard, recurrent:1}, one colour per length.
+fig7b: the registers task, one panel per writes-per-register, one line per prefill mode.
+Both show the 0.5 chance line, the majority baseline on the same splits, and the fold spread
+(shaded min-max over folds).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fbt_probe.errors import FbtError
+from fbt_probe.figures.style import paper_style, subplots
+
+REFERENCE_MODE = "carried-state"
+MODE_ORDER = ("standard", "recurrent:1", "recurrent:2", "recurrent:4", "full")
+MODE_WORDS = {"standard": "standard prefill", "recurrent:1": "one-step recurrent prefill (recurrent:1)",
+              "full": "full recurrence", REFERENCE_MODE: "carried state h(T-1)"}
+LENGTH_WORDS = {"registers": "Writes per register"}
+
+
+def _task_words(task: str) -> str:
+    return task.replace("_", " ").capitalize()
+
+
+def _one_model(table: pd.DataFrame, model: str | None, what: str) -> pd.DataFrame:
+    need = {"task", "mode", "length", "depth", "fold", "metric", "value"}
+    if not need <= set(table.columns):
+        raise FbtError(f"{what}: not a probe table (missing columns {sorted(need - set(table.columns))})")
+    if "model" in table.columns:
+        models = sorted(table["model"].astype(str).unique())
+        if model is not None:
+            if model not in models:
+                raise FbtError(f"{what}: no rows for model '{model}' (have {', '.join(models)})")
+            table = table[table["model"].astype(str) == model]
+        elif len(models) > 1:
+            raise FbtError(f"{what}: holds several models ({', '.join(models)}); choose one with model=NAME")
+    return table[table["depth"] >= 0]
+
+
+def _curves(table: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
+    """Mean and min/max over folds per (length, depth)."""
+    t = table[table["metric"] == metric]
+    return (t.groupby(["length", "depth"])["value"].agg(["mean", "min", "max"]).reset_index()
+            .sort_values(["length", "depth"]))
+
+
+def _mean(table: pd.DataFrame, metric: str) -> float | None:
+    v = table.loc[table["metric"] == metric, "value"]
+    return float(v.mean()) if len(v) else None
+
+
+def _decorate(ax, depths, majority: float | None) -> None:
+    ax.axhline(0.5, color="black", lw=0.8, ls="--", label="chance (0.5)")
+    if majority is not None:
+        ax.axhline(majority, color="0.45", lw=1.0, ls=":", label=f"majority baseline, same splits ({majority:.2f})")
+    ax.set_ylim(-0.02, 1.04)
+    ax.set_xticks(sorted(depths))
+    ax.set_xlim(min(depths) - 0.3, max(depths) + 0.3)
+
+
+def _band(ax, c: pd.DataFrame, color, label: str, **kw) -> None:
+    ax.plot(c["depth"], c["mean"], marker="o", color=color, label=label, **kw)
+    ax.fill_between(c["depth"], c["min"], c["max"], color=color, alpha=0.15, lw=0)
+
+
+def _legend(fig, axes, skip=()) -> None:
+    handles, labels = {}, {}
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab in skip:
+                continue
+            key = lab.split(" (")[0] if lab.startswith("majority") else lab
+            handles.setdefault(key, h)
+            labels.setdefault(key, lab if not lab.startswith("majority") else "majority baseline, same splits")
+    fig.legend(list(handles.values()), list(labels.values()), loc="outside lower center",
+               ncol=min(len(handles), 4), frameon=False)
+
+
+def fig7a(table: pd.DataFrame, tasks: str | None = None, modes: str = "standard,recurrent:1",
+          baseline: pd.DataFrame | None = None, model: str | None = None):
+    """Probe accuracy vs depth; rows = tasks (default: completion, memory), columns = modes.
+
+    `baseline`: a probe table of the no-feedback baseline model; its `recurrent:1` curve (mean over
+    lengths) is drawn dashed in the recurrent:1 panels. The carried-state reference (the state that
+    recurrent:1 feeds into depth 0) is drawn as a horizontal line in those panels.
+    """
+    table = _one_model(table, model, "fig7a")
+    present = list(dict.fromkeys(table["task"]))
+    task_list = tasks.split(",") if tasks else [t for t in ("completion", "memory") if t in present] or \
+        [t for t in present if t != "registers"]
+    mode_list = modes.split(",")
+    if not task_list or not (table["task"].isin(task_list) & table["mode"].isin(mode_list)).any():
+        raise FbtError(f"fig7a: the table has no rows for tasks {task_list or '(none)'} under modes {mode_list}")
+    if baseline is not None:
+        baseline = _one_model(baseline, None, "fig7a baseline")
+    lengths = sorted(table.loc[table["task"].isin(task_list), "length"].unique())
+    colors = dict(zip(lengths, _viridis(len(lengths))))
+    with paper_style():
+        fig, axes = subplots(len(task_list), len(mode_list), panel_height_in=2.1, sharey=True)
+        for i, task in enumerate(task_list):
+            tt = table[table["task"] == task]
+            majority = _mean(tt[tt["mode"].isin(mode_list)], "majority_baseline")
+            for j, mode in enumerate(mode_list):
+                ax = axes[i, j]
+                cell = tt[tt["mode"] == mode]
+                curves = _curves(cell)
+                for length, c in curves.groupby("length"):
+                    _band(ax, c, colors[length], f"{int(length)}")
+                if mode == "recurrent:1":
+                    ref = _mean(tt[tt["mode"] == REFERENCE_MODE], "accuracy")
+                    if ref is not None:
+                        ax.axhline(ref, color="tab:red", lw=1.0, ls="-.", label="probe on carried state h(T-1)")
+                    if baseline is not None:
+                        b = _curves(baseline[(baseline["task"] == task) & (baseline["mode"] == mode)])
+                        b = b.groupby("depth")["mean"].mean().reset_index()
+                        ax.plot(b["depth"], b["mean"], color="black", ls="--", marker="s", lw=1.1,
+                                label="no-feedback baseline (mean over lengths)")
+                depths = sorted(table.loc[table["task"].isin(task_list), "depth"].unique())
+                _decorate(ax, depths, majority)
+                ax.set_title(f"{_task_words(task)}: {MODE_WORDS.get(mode, mode)}")
+                if curves.empty:
+                    ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", color="0.5")
+                if i == len(task_list) - 1:
+                    ax.set_xlabel("Depth (0 = model input, L = top layer)")
+                if j == 0:
+                    ax.set_ylabel("Held-out probe accuracy")
+        _length_legend(fig, colors, LENGTH_WORDS.get(task_list[0], "Distractor lines"))
+        _legend(fig, axes, skip={f"{int(k)}" for k in lengths})
+        fig.suptitle("Where the label becomes linearly readable, by depth and prefill mode")
+    return fig
+
+
+def _length_legend(fig, colors: dict, title: str) -> None:
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=c, marker="o", label=str(int(k))) for k, c in colors.items()]
+    fig.legend(handles=handles, title=title, loc="outside right center", frameon=False)
+
+
+def _viridis(n: int):
+    import matplotlib
+
+    cmap = matplotlib.colormaps["viridis"]
+    return [cmap(x) for x in np.linspace(0.0, 0.85, max(n, 1))][:n]
+
+
+def fig7b(table: pd.DataFrame, task: str = "registers", modes: str | None = None, model: str | None = None):
+    """Registers: one panel per writes-per-register (the length knob), one line per prefill mode
+    (default order: standard, recurrent:1/2/4, full, then any other mode in the table)."""
+    table = _one_model(table, model, "fig7b")
+    tt = table[table["task"] == task]
+    if tt.empty:
+        raise FbtError(f"fig7b: the table has no rows for task '{task}' (has {', '.join(sorted(table['task'].unique()))})")
+    present = [m for m in dict.fromkeys(tt["mode"]) if m != REFERENCE_MODE]
+    mode_list = modes.split(",") if modes else [m for m in MODE_ORDER if m in present] + \
+        [m for m in present if m not in MODE_ORDER]
+    lengths = sorted(tt["length"].unique())
+    depths = sorted(tt["depth"].unique())
+    majority = _mean(tt, "majority_baseline")
+    palette = dict(zip(mode_list, ["#222222", "#1f77b4", "#17becf", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]))
+    with paper_style():
+        fig, axes = subplots(1, len(lengths), panel_height_in=2.4, sharey=True)
+        for j, length in enumerate(lengths):
+            ax = axes[0, j]
+            for mode in mode_list:
+                c = _curves(tt[(tt["mode"] == mode) & (tt["length"] == length)])
+                if not c.empty:
+                    _band(ax, c, palette.get(mode, None), mode)
+            _decorate(ax, depths, majority)
+            ax.set_title(f"{int(length)} writes per register")
+            ax.set_xlabel("Depth (0 = model input, L = top layer)")
+            if j == 0:
+                ax.set_ylabel("Held-out probe accuracy")
+        _legend(fig, axes)
+        fig.suptitle("Registers: probe accuracy by depth under each prefill mode")
+    return fig

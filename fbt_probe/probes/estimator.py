@@ -1,0 +1,76 @@
+"""The linear probe: StandardScaler + L2 logistic regression, with the scikit-learn estimator contract
+(usable in `cross_val_score`, `GridSearchCV`, `clone`)."""
+from __future__ import annotations
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from fbt_probe.probes.direction import ProbeDirection
+
+
+class LinearProbe(ClassifierMixin, BaseEstimator):
+    """Logistic-regression probe on standardized features (DESIGN.md §5).
+
+    Parameters
+    ----------
+    C : inverse L2 strength, as in `LogisticRegression` (objective `C·Σ loss + ½‖w‖²`).
+    max_iter, tol : lbfgs stopping rule.
+    standardize : fit a `StandardScaler` first (constant features get scale 1).
+    """
+
+    def __init__(self, C: float = 1.0, max_iter: int = 1000, tol: float = 1e-4, standardize: bool = True):
+        self.C = C
+        self.max_iter = max_iter
+        self.tol = tol
+        self.standardize = standardize
+
+    def fit(self, X, y):
+        X, y = validate_data(self, X, y, dtype=[np.float64, np.float32])
+        check_classification_targets(y)
+        self.scaler_ = StandardScaler().fit(X) if self.standardize else None
+        self.logreg_ = LogisticRegression(C=self.C, max_iter=self.max_iter, tol=self.tol)
+        self.logreg_.fit(self._transform(X), y)
+        self.classes_ = self.logreg_.classes_
+        self.coef_ = self.logreg_.coef_
+        self.intercept_ = self.logreg_.intercept_
+        self.n_iter_ = int(np.max(self.logreg_.n_iter_))
+        return self
+
+    def _transform(self, X):
+        return self.scaler_.transform(X) if self.scaler_ is not None else X
+
+    def _checked(self, X):
+        check_is_fitted(self)
+        return self._transform(validate_data(self, X, reset=False, dtype=[np.float64, np.float32]))
+
+    def decision_function(self, X):
+        Xs = self._checked(X)  # checks fitted-ness before logreg_ is touched
+        return self.logreg_.decision_function(Xs)
+
+    def predict(self, X):
+        Xs = self._checked(X)  # checks fitted-ness before logreg_ is touched
+        return self.logreg_.predict(Xs)
+
+    def predict_proba(self, X):
+        Xs = self._checked(X)  # checks fitted-ness before logreg_ is touched
+        return self.logreg_.predict_proba(Xs)
+
+    def export(self, hook: str | None = None, **meta) -> ProbeDirection:
+        """The fitted binary probe as a frozen `ProbeDirection` in the raw activation space."""
+        check_is_fitted(self)
+        if len(self.classes_) != 2:
+            raise ValueError(f"export needs a binary probe, this one has classes {list(self.classes_)}")
+        d = self.n_features_in_
+        mean = self.scaler_.mean_ if self.scaler_ is not None else np.zeros(d)
+        scale = self.scaler_.scale_ if self.scaler_ is not None else np.ones(d)
+        return ProbeDirection(weights=self.coef_[0], bias=float(self.intercept_[0]), mean=mean, scale=scale,
+                              classes=tuple(self.classes_.tolist()), hook=hook, meta=meta)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = False
+        return tags

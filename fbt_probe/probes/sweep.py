@@ -1,0 +1,206 @@
+"""The probe sweep: for each task x mode x length, a probe at every depth x fold, with controls,
+written as one tidy table (one row per model, task, mode, length, depth, fold, metric)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fbt_probe.errors import FbtError
+from fbt_probe.io import atomic_path, refuse_existing, write_json
+from fbt_probe.probes.fit_cpu import fit_cells_sklearn
+from fbt_probe.probes.splits import (CV_KINDS, TooFewGroupsError, control_labels, grouped_splits,
+                                     majority_baseline)
+
+BACKENDS = ("auto", "sklearn", "torch")
+METRICS = ("accuracy", "train_accuracy", "majority_baseline", "control_accuracy", "selectivity")
+KEY_COLUMNS = ("model", "task", "mode", "length", "depth", "hook", "fold")
+TABLE_FILE, CSV_FILE, SUMMARY_FILE, PROVENANCE_FILE = ("probes.parquet", "probes.csv", "probes_summary.csv",
+                                                         "probes.provenance.json")
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    n_splits: int = 5
+    """Folds of grouped K-fold CV."""
+    cv: str = "group"
+    """"group" (GroupKFold) or "stratified-group" (StratifiedGroupKFold: majority baseline near 0.5)."""
+    C: float = 1.0
+    """Inverse L2 strength of the logistic regression."""
+    max_iter: int = 1000
+    tol: float = 1e-4
+    """Stop when max |gradient| of the mean-normalized objective is below this (as sklearn's lbfgs)."""
+    backend: str = "auto"
+    """"sklearn" (lbfgs, 1 BLAS thread per fit, joblib over cores), "torch" (all depths x folds of a
+    condition in one batched L-BFGS, on CUDA when present), "auto" (torch on CUDA, else sklearn)."""
+    n_jobs: int = -1
+    """Worker processes of the sklearn backend (-1: every core this process may use)."""
+    device: str | None = None
+    """Device of the torch backend (default: cuda if available, else cpu)."""
+    control: bool = True
+    """Also fit the control task (labels permuted across groups) and report selectivity."""
+    seed: int = 0
+    chance_tolerance: float = 0.05
+    """Depth 0 under `standard` is flagged when its mean accuracy differs from the majority baseline by more."""
+    skip_small_cells: bool = True
+    """In a sweep, skip (and flag) a cell with fewer groups than folds instead of failing; e.g. memory
+    with 0 distractors has a single scratch context. A sweep where every cell is skipped fails."""
+
+    def __post_init__(self) -> None:
+        if self.cv not in CV_KINDS:
+            raise FbtError(f"probe config: field 'cv' must be one of {CV_KINDS}, got {self.cv!r}")
+        if self.backend not in BACKENDS:
+            raise FbtError(f"probe config: field 'backend' must be one of {BACKENDS}, got {self.backend!r}")
+        if self.C <= 0 or self.max_iter < 1 or self.tol <= 0:
+            raise FbtError("probe config: C, max_iter and tol must be positive")
+
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        import torch
+
+        return "torch" if torch.cuda.is_available() else "sklearn"
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    table: pd.DataFrame
+    """Tidy: KEY_COLUMNS + metric, value, n_train, n_test."""
+    flags: tuple = ()
+    """Problems a reader must see (dicts with task, mode, length, depth, message)."""
+    config: ProbeConfig = field(default_factory=ProbeConfig)
+    provenance: dict = field(default_factory=dict)
+
+    def summary(self) -> pd.DataFrame:
+        return summarize(self.table)
+
+
+def fit_cells(X, labels, splits, cfg: ProbeConfig) -> dict[str, np.ndarray]:
+    """Dispatch to the configured backend; arrays [P, S, F]."""
+    if cfg.resolved_backend() == "torch":
+        from fbt_probe.probes.fit_torch import fit_cells_torch
+
+        return fit_cells_torch(X, labels, splits, C=cfg.C, max_iter=cfg.max_iter, tol=cfg.tol, device=cfg.device)
+    return fit_cells_sklearn(X, labels, splits, C=cfg.C, max_iter=cfg.max_iter, tol=cfg.tol, n_jobs=cfg.n_jobs)
+
+
+def probe_condition(X, y, groups, cfg: ProbeConfig = ProbeConfig(), *, depths=None, hooks=None,
+                    key: dict | None = None) -> tuple[pd.DataFrame, list[dict]]:
+    """Probe one cell's activations X [P, N, D] (P depths) against labels y [N] with group ids.
+
+    Returns (tidy rows, flags). `key` fills the model/task/mode/length columns.
+    """
+    key = {"model": "", "task": "", "mode": "", "length": -1, **(key or {})}
+    where = f"{key['task']} {key['mode']} length {key['length']}".strip()
+    X = np.asarray(X)
+    if X.ndim != 3 or X.shape[1] != len(y):
+        raise FbtError(f"{where}: activations must be [depths, samples, d] with {len(y)} samples, got {X.shape}")
+    depths = list(range(X.shape[0])) if depths is None else list(depths)
+    hooks = [""] * len(depths) if hooks is None else list(hooks)
+    bad = ~np.isfinite(X).all(axis=(1, 2))
+    if bad.any():
+        raise FbtError(f"{where}: NaN/inf activations at depth {depths[int(np.argmax(bad))]} "
+                       f"({hooks[int(np.argmax(bad))] or 'no hook name'})")
+    y, groups = np.asarray(y), np.asarray(groups).astype(str)
+    splits = grouped_splits(y, groups, cfg.n_splits, cfg.cv, cfg.seed, where=where)
+    labels = np.stack([y, control_labels(y, groups, cfg.seed)]) if cfg.control else y[None]
+    fits = fit_cells(X, labels, splits, cfg)
+    majority = majority_baseline(y, splits)
+    rows = []
+    for p, (depth, hook) in enumerate(zip(depths, hooks)):
+        for f, (train, test) in enumerate(splits):
+            metrics = {"accuracy": fits["accuracy"][p, 0, f], "train_accuracy": fits["train_accuracy"][p, 0, f],
+                       "majority_baseline": majority[f]}
+            if cfg.control:
+                metrics["control_accuracy"] = fits["accuracy"][p, 1, f]
+                metrics["selectivity"] = metrics["accuracy"] - metrics["control_accuracy"]
+            for metric, value in metrics.items():
+                rows.append({**key, "depth": int(depth), "hook": hook, "fold": f, "metric": metric,
+                             "value": float(value), "n_train": len(train), "n_test": len(test)})
+    table = pd.DataFrame(rows, columns=[*KEY_COLUMNS, "metric", "value", "n_train", "n_test"])
+    flags = _depth0_flags(X, depths, fits["accuracy"][:, 0].mean(-1), majority.mean(), key, cfg)
+    if not fits["converged"].all():
+        flags.append({**_flag_key(key), "depth": None, "message": f"{int((~fits['converged']).sum())} of "
+                      f"{fits['converged'].size} fits did not converge within max_iter={cfg.max_iter}"})
+    return table, flags
+
+
+def _flag_key(key: dict) -> dict:
+    return {k: key[k] for k in ("model", "task", "mode", "length")}
+
+
+def _depth0_flags(X, depths, acc_mean, majority_mean, key, cfg) -> list[dict]:
+    """Depth 0 under `standard` is chance by construction (every sample ends with the same token)."""
+    if key["mode"] != "standard" or 0 not in depths:
+        return []
+    p = depths.index(0)
+    flags = []
+    spread = float(np.ptp(X[p], axis=0).max())
+    if spread > 0:
+        flags.append({**_flag_key(key), "depth": 0, "message": f"depth-0 vectors under standard differ across "
+                      f"samples (max spread {spread:.3g}): do all samples end with the same token?"})
+    if abs(acc_mean[p] - majority_mean) > cfg.chance_tolerance:
+        flags.append({**_flag_key(key), "depth": 0, "message": f"depth-0 standard accuracy {acc_mean[p]:.3f} is "
+                      f"not at chance (majority baseline {majority_mean:.3f})"})
+    return flags
+
+
+def probe_sweep(store, cfg: ProbeConfig = ProbeConfig(), *, modes=None, progress=None) -> SweepResult:
+    """Probe every (mode, task, length) cell of an `ActivationStore` (or its folder)."""
+    from fbt_probe.activations import ActivationStore
+    from fbt_probe.provenance import provenance
+
+    store = store if isinstance(store, ActivationStore) else ActivationStore(store)
+    model = store.manifest["model"]["source"]
+    cells = [c for c in store.conditions() if modes is None or c[0] in modes]
+    tables, flags = [], []
+    for n, (mode, task, length) in enumerate(cells):
+        X, rows, targets = store.load(mode, task, length)
+        key = {"model": model, "task": task, "mode": mode, "length": length}
+        depths = [t.depth if t.depth is not None else -1 for t in targets]
+        try:
+            table, cell_flags = probe_condition(X, rows["label"].to_numpy(), rows["group_id"].to_numpy(), cfg,
+                                                depths=depths, hooks=[t.hook for t in targets], key=key)
+        except TooFewGroupsError as exc:
+            if not cfg.skip_small_cells:
+                raise
+            flags.append({**_flag_key(key), "depth": None, "message": "skipped: " + exc.format_message().split(": ", 1)[-1]})
+            continue
+        tables.append(table)
+        flags.extend(cell_flags)
+        if progress is not None:
+            progress(n + 1, len(cells), (mode, task, length))
+    if not tables:
+        raise FbtError(f"{store.path}: no cell could be probed ({flags[0]['message'] if flags else 'no cells'})")
+    prov = provenance(config=dataclasses.asdict(cfg), seed=cfg.seed, backend=cfg.resolved_backend(),
+                      activations=str(store.path), model_hash=store.manifest["model"]["hash"],
+                      dataset_hash=store.manifest["dataset"]["hash"], flags=flags)
+    return SweepResult(pd.concat(tables, ignore_index=True), tuple(flags), cfg, prov)
+
+
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """Mean, spread (std, min, max) and fold count of each metric over folds."""
+    keys = [c for c in KEY_COLUMNS if c != "fold"] + ["metric"]
+    g = table.groupby(keys, sort=True, dropna=False)["value"]
+    return g.agg(mean="mean", std="std", min="min", max="max", n_folds="count").reset_index()
+
+
+def write_results(result: SweepResult, out_dir: str | Path, force: bool = False) -> dict[str, Path]:
+    """probes.parquet, probes.csv, probes_summary.csv and probes.provenance.json in `out_dir`
+    (which other stages may share); existing files are refused without `force`."""
+    out_dir = Path(out_dir)
+    paths = {"table": out_dir / TABLE_FILE, "csv": out_dir / CSV_FILE, "summary": out_dir / SUMMARY_FILE,
+             "provenance": out_dir / PROVENANCE_FILE}
+    for p in paths.values():
+        refuse_existing(p, force)
+    with atomic_path(paths["table"]) as tmp:
+        result.table.to_parquet(tmp, index=False)
+    with atomic_path(paths["csv"]) as tmp:
+        result.table.to_csv(tmp, index=False)
+    with atomic_path(paths["summary"]) as tmp:
+        result.summary().to_csv(tmp, index=False)
+    write_json(paths["provenance"], {**result.provenance, "files": {k: v.name for k, v in paths.items()}})
+    return paths

@@ -1,0 +1,115 @@
+"""Figures are drawn from tables only: registry, Fig. 7a / 7b content, files, bad input."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fbt_probe.errors import FbtError
+from fbt_probe.figures import FIGURES, FigureEntry, draw, figure_names, load_table, register_figure, save_figure
+
+L = 4
+
+
+def probe_table(model="feedback", tasks=("completion", "memory", "registers"), seed=0) -> pd.DataFrame:
+    """A tidy probe table shaped like `probe_sweep`'s output (values are made up)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    modes = {"completion": ("standard", "recurrent:1", "carried-state"), "memory": ("standard", "recurrent:1"),
+             "registers": ("standard", "recurrent:1", "recurrent:2", "recurrent:4", "full")}
+    lengths = {"completion": (0, 8, 32), "memory": (8, 32), "registers": (2, 4, 8)}
+    for task in tasks:
+        for mode in modes[task]:
+            for length in lengths[task]:
+                for depth in ([L] if mode == "carried-state" else range(L + 1)):
+                    for fold in range(5):
+                        acc = 0.95 if mode != "standard" else 0.4 + 0.15 * depth
+                        for metric, value in (("accuracy", acc + rng.normal(0, 0.02)), ("majority_baseline", 0.37),
+                                              ("control_accuracy", 0.5)):
+                            rows.append({"model": model, "task": task, "mode": mode, "length": length,
+                                         "depth": depth, "hook": "", "fold": fold, "metric": metric,
+                                         "value": value, "n_train": 80, "n_test": 20})
+    return pd.DataFrame(rows)
+
+
+def lines(ax) -> list[str]:
+    return [ln.get_label() for ln in ax.get_lines()]
+
+
+def test_registry_lists_the_probe_figures():
+    assert {"fig7a", "fig7b"} <= set(figure_names())
+    with pytest.raises(FbtError, match="unknown .*fig7a"):
+        draw("fig99", probe_table())
+
+
+def test_fig7a_panels_colours_and_reference_lines():
+    fig = draw("fig7a", probe_table(), baseline=probe_table(model="baseline"))
+    axes = fig.axes[:4]
+    assert [ax.get_title() for ax in axes] == [
+        "Completion: standard prefill", "Completion: one-step recurrent prefill (recurrent:1)",
+        "Memory: standard prefill", "Memory: one-step recurrent prefill (recurrent:1)"]
+    assert lines(axes[0])[:3] == ["0", "8", "32"]  # one line per length
+    assert "chance (0.5)" in lines(axes[0])
+    assert any(lab.startswith("majority baseline") for lab in lines(axes[0]))
+    assert "probe on carried state h(T-1)" in lines(axes[1])
+    assert "no-feedback baseline (mean over lengths)" in lines(axes[1])
+    assert "probe on carried state h(T-1)" not in lines(axes[0])
+    ys = axes[0].get_lines()[0].get_ydata()
+    assert ys[0] < 0.5 < ys[-1]  # standard climbs with depth in this table
+    assert axes[2].get_xlabel().startswith("Depth") and axes[0].get_ylabel() == "Held-out probe accuracy"
+
+
+def test_fig7b_one_panel_per_writes_and_a_line_per_mode():
+    fig = draw("fig7b", probe_table())
+    axes = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in axes] == ["2 writes per register", "4 writes per register", "8 writes per register"]
+    assert lines(axes[0])[:5] == ["standard", "recurrent:1", "recurrent:2", "recurrent:4", "full"]
+
+
+def test_figures_are_written_as_png_and_svg_and_not_overwritten(tmp_path):
+    fig = draw("fig7a", probe_table())
+    paths = save_figure(fig, tmp_path, "fig7a")
+    assert [p.name for p in paths] == ["fig7a.png", "fig7a.svg"]
+    assert paths[0].read_bytes()[:4] == b"\x89PNG" and b"<svg" in paths[1].read_bytes()[:400]
+    width, height = fig.get_size_inches()
+    assert width <= 7.5  # fits a paper page
+    with pytest.raises(FbtError, match="already exists"):
+        save_figure(fig, tmp_path, "fig7a")
+    save_figure(fig, tmp_path, "fig7a", force=True)
+
+
+def test_tables_load_from_parquet_csv_or_a_results_folder(tmp_path):
+    table = probe_table()
+    table.to_parquet(tmp_path / "probes.parquet")
+    table.to_csv(tmp_path / "t.csv", index=False)
+    assert len(load_table(tmp_path, "probes.parquet")) == len(table)
+    assert len(load_table(tmp_path / "t.csv")) == len(table)
+    draw("fig7b", tmp_path / "t.csv")
+    (tmp_path / "bad.parquet").write_bytes(b"nope")
+    with pytest.raises(FbtError, match="not a readable results table"):
+        load_table(tmp_path / "bad.parquet")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FbtError, match="no probes.parquet"):
+        load_table(tmp_path / "empty", "probes.parquet")
+
+
+def test_bad_tables_and_options_are_refused():
+    with pytest.raises(FbtError, match="no rows for task 'registers'"):
+        draw("fig7b", probe_table(tasks=("completion",)))
+    with pytest.raises(FbtError, match="no rows for tasks"):
+        draw("fig7a", probe_table(tasks=("registers",)), tasks="completion")
+    with pytest.raises(FbtError, match="several models"):
+        draw("fig7a", pd.concat([probe_table(), probe_table(model="other")]))
+    draw("fig7a", pd.concat([probe_table(), probe_table(model="other")]), model="other")
+    with pytest.raises(FbtError, match="no option"):
+        draw("fig7a", probe_table(), colour="red")
+    with pytest.raises(FbtError, match="not a probe table"):
+        draw("fig7a", pd.DataFrame({"x": [1]}))
+
+
+def test_a_new_figure_is_one_registry_entry(monkeypatch):
+    monkeypatch.setitem(FIGURES, "fig7a_copy", FigureEntry("fbt_probe.figures.probes", "fig7a", "probes.parquet"))
+    assert "fig7a_copy" in figure_names()
+    draw("fig7a_copy", probe_table())
+    with pytest.raises(ValueError, match="already registered"):
+        register_figure("fig7a", FIGURES["fig7a"])

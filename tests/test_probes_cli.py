@@ -1,0 +1,83 @@
+"""`fbt-probe extract | probe | figures` end to end on a tiny checkpoint, and their bad-input exits."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fbt_probe.cli import app
+from tests.helpers import make_model
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """A checkpoint folder and a dataset folder (completion 0/8 distractors, memory 0 distractors)."""
+    from fbt_probe.model.checkpoint import save_checkpoint
+    from fbt_probe.tasks import build_tokenizer, generate, load_spec, write_dataset
+
+    root = tmp_path_factory.mktemp("study")
+    tok = build_tokenizer()
+    for task, grid in (("completion", [0, 8]), ("memory", [0])):
+        spec = load_spec(task).replace(length_grid=grid)
+        with warnings.catch_warnings():  # memory with 0 distractors has a single distinct pair: wanted here
+            warnings.simplefilter("ignore", UserWarning)
+            write_dataset(generate(spec, pairs=10, seed=0, tokenizer=tok), root / "data", tok)
+    save_checkpoint(make_model(dtype=torch.float32), root / "ckpt", tokenizer_path=root / "data" / "tokenizer.json")
+    return root
+
+
+def test_extract_probe_figures_end_to_end(study, tmp_path):
+    from fbt_probe.model.checkpoint import checkpoint_hash
+
+    acts, results, figs = tmp_path / "acts", tmp_path / "results", tmp_path / "figs"
+    r = run("extract", study / "ckpt", study / "data", "--modes", "standard,recurrent:1", "--out", acts)
+    assert r.exit_code == 0, r.output
+    assert "wrote" in r.output and "peak RSS" in r.output
+    r = run("probe", acts, "--out", results, "--jobs", "1")
+    assert r.exit_code == 0, r.output
+    assert "memory standard length 0: skipped: 1 groups" in r.output  # one scratch context: flagged, not fatal
+    table = pd.read_parquet(results / "probes.parquet")
+    assert set(table["mode"]) == {"standard", "recurrent:1", "carried-state"}
+    assert set(table["task"]) == {"completion"} and set(table["length"]) == {0, 8}
+    assert len(pd.read_csv(results / "probes.csv")) == len(table)
+    prov = json.loads((results / "probes.provenance.json").read_text())
+    assert prov["model_hash"] == checkpoint_hash(study / "ckpt") and prov["dataset_hash"]
+    assert prov["config"]["n_splits"] == 5 and prov["seed"] == 0 and prov["git_commit"]
+    r = run("figures", "fig7a", results, "--out", figs)
+    assert r.exit_code == 0, r.output
+    assert (figs / "fig7a.png").is_file() and (figs / "fig7a.svg").is_file()
+
+    # nothing is overwritten without --force
+    for args in (("extract", study / "ckpt", study / "data", "--out", acts), ("probe", acts, "--out", results),
+                 ("figures", "fig7a", results, "--out", figs)):
+        r = run(*args)
+        assert r.exit_code == 2 and "--force" in r.output, r.output
+    assert run("figures", "fig7a", results, "--out", figs, "--force").exit_code == 0
+    r = run("probe", acts, "--out", results, "--jobs", "1", "--strict", "--force")
+    assert r.exit_code == 2 and "fewer than the 5 folds" in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (("extract", "{ckpt}", "{data}", "--modes", "standard,recurrent:x", "--out", "{tmp}/a"), "mode 'recurrent:x'"),
+    (("extract", "{ckpt}", "{data}", "--modes", "recurrent:40", "--out", "{tmp}/a"), "k must be < the sequence length"),
+    (("extract", "{tmp}/nowhere", "{data}", "--out", "{tmp}/a"), "neither a preset"),
+    (("probe", "{tmp}", "--out", "{tmp}/r"), "no manifest.json"),
+    (("figures", "fig99", "{tmp}", "--out", "{tmp}/f"), "unknown (available: fig7a, fig7b"),
+    (("figures", "fig7a", "{tmp}", "--out", "{tmp}/f"), "no probes.parquet"),
+])
+def test_bad_input_is_one_line_and_exit_2(study, tmp_path, args, message):
+    fill = {"ckpt": study / "ckpt", "data": study / "data", "tmp": tmp_path}
+    r = run(*(a.format(**fill) for a in args))
+    assert r.exit_code == 2, r.output
+    assert message in r.output and r.output.count("\n") == 1 and r.output.startswith("error: ")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "r").exists()
