@@ -1,0 +1,570 @@
+"""Benchmark of the fusion epilogue (issue 7, DESIGN.md §8).
+
+For D = 1536 and 1..64k rows (batch × positions) it times `RMSNorm(value ⊙ gate) · w` as
+  eager      the pure-PyTorch reference (what the model runs on CPU),
+  compile    `torch.compile` of that same reference (CUDA only),
+  fused      the Triton kernel (`fbt_probe_kernels.glu_fusion`, CUDA only),
+  table      the kernel gathering the gate from the V×D gate table by token id (CUDA only),
+and reports achieved memory bandwidth (the fewest bytes the epilogue must move: value, gate and out
+once each) against the device's peak and a measured device-to-device copy, the speed-ups, the
+kernel's error against a float64 reference, and the fusion's share of a `paper-1b` decode step.
+
+On CPU only the reference path is timed (the kernel is CUDA-only; interpreted timings mean
+nothing) and the report says so. Every number is a median over repeated calls after warm-up:
+CUDA timings use `triton.testing.do_bench` (device events, L2 flushed between calls).
+"""
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from fbt_probe.errors import FbtError
+from fbt_probe.io import atomic_path, refuse_existing
+from fbt_probe.provenance import provenance
+
+DEFAULT_ROWS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class FusionBenchConfig:
+    rows: tuple[int, ...] = DEFAULT_ROWS  # batch × positions fused per call
+    d_model: int = 1536
+    device: str = "auto"  # "auto": cuda when available, else cpu
+    dtype: str = "auto"  # "auto": bfloat16 on cuda, float32 on cpu
+    eps: float = 1e-6
+    vocab: int = 100_352  # gate-table rows (paper-1b vocabulary)
+    compile: bool = True  # time torch.compile of the reference (CUDA only)
+    decode: bool | None = None  # decode-step share; None: on CUDA only
+    decode_preset: str = "paper-1b"
+    decode_batches: tuple[int, ...] = (1, 8, 64)  # sequences decoded together (= fusion rows per step)
+    decode_ctx: int = 2048  # tokens already in the KV cache
+    model_step: bool | None = None  # also time the real FeedbackTransformer.step; None: on CUDA only
+    budget_ms: float = 100.0  # timing budget per measurement
+    seed: int = 0
+    interpreted_kernel: bool = False  # tests only: run the kernel on CPU under TRITON_INTERPRET (timings meaningless)
+
+    def __post_init__(self) -> None:
+        if not self.rows or any(int(r) < 1 for r in self.rows):
+            raise FbtError(f"bench fusion: rows must be positive integers, got {list(self.rows)}")
+        if self.d_model < 1:
+            raise FbtError(f"bench fusion: d_model must be >= 1, got {self.d_model}")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise FbtError(f"bench fusion: dtype '{self.dtype}': expected auto or one of {sorted(DTYPES)}")
+        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+            raise FbtError(f"bench fusion: device '{self.device}': expected auto, cpu or cuda[:N]")
+        if any(int(b) < 1 for b in self.decode_batches) or self.decode_ctx < 1:
+            raise FbtError("bench fusion: decode batches and decode context must be positive")
+        from fbt_probe.config import PRESETS
+
+        if self.decode_preset not in PRESETS:
+            raise FbtError(f"bench fusion: decode preset '{self.decode_preset}': expected one of {sorted(PRESETS)}")
+
+
+# --------------------------------------------------------------------------------- timing
+
+def make_timer(device: torch.device, budget_ms: float) -> Callable[[Callable[[], object]], float]:
+    """A function timing `fn()` in seconds (median after warm-up)."""
+    if device.type == "cuda":
+        try:
+            from triton.testing import do_bench
+        except ImportError:
+            return lambda fn: _time_events(fn, budget_ms)
+        return lambda fn: do_bench(fn, warmup=max(5.0, budget_ms / 4), rep=budget_ms, return_mode="median") / 1e3
+
+    def cpu_time(fn):
+        fn()  # warm-up
+        times: list[float] = []
+        start = time.perf_counter()
+        while len(times) < 3 or (time.perf_counter() - start) * 1e3 < budget_ms and len(times) < 1000:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    return cpu_time
+
+
+def _time_events(fn, budget_ms: float) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    start = time.perf_counter()
+    while len(times) < 5 or (time.perf_counter() - start) * 1e3 < budget_ms and len(times) < 1000:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
+
+
+def _graph_timer(device: torch.device, budget_ms: float):
+    """Timing of CUDA-graph replays (what a serving decoder sees), or None off CUDA."""
+    if device.type != "cuda":
+        return None
+    try:
+        from triton.testing import do_bench_cudagraph
+    except ImportError:
+        return None
+    return lambda fn: do_bench_cudagraph(fn, rep=budget_ms, return_mode="median") / 1e3
+
+
+# --------------------------------------------------------------------------------- device
+
+def device_bandwidth(device: torch.device, timer) -> dict:
+    """Datasheet-style peak (memory clock × bus width, CUDA only) and a measured copy."""
+    out: dict = {"peak_gbps": None, "peak_source": None}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        clock_khz, bus_bits = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
+        if clock_khz and bus_bits:
+            out["peak_gbps"] = 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9
+            out["peak_source"] = "2 × memory clock × bus width (cudaDeviceProp)"
+    n_bytes = (1 << 30) if device.type == "cuda" else (1 << 28)
+    src = torch.randn(n_bytes // 4, device=device)
+    dst = torch.empty_like(src)
+    out["copy_gbps"] = 2 * n_bytes / timer(lambda: dst.copy_(src)) / 1e9  # bytes read + written
+    del src, dst
+    return out
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+# --------------------------------------------------------------------------------- the rows sweep
+
+def _reference():
+    """The model's reference when it imports (it needs transformer-lens), else the kernels' copy."""
+    try:
+        from fbt_probe.model.fusion import fusion_reference
+    except ImportError:
+        from fbt_probe_kernels import fusion_reference
+    return fusion_reference
+
+
+def _rel_err(out: torch.Tensor, value, gate, weight, eps) -> float:
+    x = value.double() * gate.double()
+    ref = weight.double() * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    err = (out.double() - ref).norm() / ref.norm()
+    return float("nan") if not torch.isfinite(out).all() else float(err)
+
+
+def bench_rows(cfg: FusionBenchConfig, device: torch.device, dtype: torch.dtype, timer, fused: bool) -> list[dict]:
+    import fbt_probe_kernels as K
+
+    reference = _reference()
+    compiled = None
+    if cfg.compile and device.type == "cuda":
+        compiled = torch.compile(reference, dynamic=True)
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    d, eps = cfg.d_model, cfg.eps
+    weight = (1 + 0.1 * torch.randn(d, device=device, generator=gen)).to(dtype)
+    table = torch.sigmoid(torch.randn(cfg.vocab, d, device=device, generator=gen)).to(dtype)
+    records = []
+    for n in cfg.rows:
+        value = torch.randn(n, d, device=device, generator=gen).to(dtype)
+        gate = table[torch.randint(0, cfg.vocab, (n,), device=device, generator=gen)]
+        ids = torch.randint(0, cfg.vocab, (n,), device=device, generator=gen)
+        elt = value.element_size()
+        rec: dict = {"rows": n, "bytes": n * d * 3 * elt + d * weight.element_size()}
+        rec["eager_s"] = timer(lambda: reference(value, gate, weight, eps))
+        rec["eager_table_s"] = timer(lambda: reference(value, table[ids], weight, eps))
+        if compiled is not None:
+            try:
+                compiled(value, gate, weight, eps)
+                rec["compile_s"] = timer(lambda: compiled(value, gate, weight, eps))
+            except Exception as exc:  # a compile failure is a result to report, not a crash
+                rec["compile_error"] = _one_line(exc)
+        if fused:
+            rec["rel_err"] = _rel_err(K.glu_fusion(value, gate, weight, eps), value, gate, weight, eps)
+            rec["table_rel_err"] = _rel_err(K.glu_fusion_table(value, ids, table, weight, eps), value, table[ids], weight, eps)
+            rec["fused_s"] = timer(lambda: K.glu_fusion(value, gate, weight, eps))
+            rec["table_s"] = timer(lambda: K.glu_fusion_table(value, ids, table, weight, eps))
+        records.append(rec)
+        del value, gate, ids
+    return records
+
+
+# --------------------------------------------------------------------------------- decode share
+
+@dataclass(frozen=True)
+class DecodeDims:
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_mlp: int
+    d_vocab: int
+    windows: tuple[int | None, ...]  # per layer: the sliding window, None for global attention
+
+    @classmethod
+    def from_preset(cls, name: str) -> "DecodeDims":
+        from fbt_probe.config import preset
+
+        c = preset(name)
+        windows = tuple(c.window if t == "sliding_attention" else None for t in c.resolved_layer_types)
+        return cls(c.n_layers, c.d_model, c.n_heads, c.n_key_value_heads, c.d_head, c.d_mlp, c.d_vocab, windows)
+
+
+class SyntheticDecodeStep:
+    """One decode step of `batch` sequences with `ctx` cached tokens, at the preset's shapes: per
+    layer the QKV, output, gate/up and down GEMMs, SDPA over that layer's KV cache (the window on
+    sliding layers), SiLU-GLU and the residual adds; then the tied LM head. RMSNorms, RoPE and
+    the KV-cache write are left out, so the step is slightly underestimated and the fusion's share
+    slightly overestimated. Every layer has its own weights and cache (no cache reuse across layers).
+    The fusion runs in front: `W_U h` on cuBLAS, then either the fused table kernel or the eager
+    two-product path (`σ(W_G e)` GEMM + reference epilogue)."""
+
+    def __init__(self, dims: DecodeDims, batch: int, ctx: int, device, dtype, eps: float, seed: int = 0):
+        import fbt_probe_kernels as K
+
+        gen = torch.Generator(device=device).manual_seed(seed)
+
+        def w(*shape):
+            return (0.02 * torch.randn(*shape, device=device, generator=gen)).to(dtype)
+
+        D, H, KV, dh, Fm = dims.d_model, dims.n_heads, dims.n_kv_heads, dims.d_head, dims.d_mlp
+        self.dims, self.batch, self.eps = dims, batch, eps
+        self.layers = []
+        for window in dims.windows:
+            n_keys = min(ctx, window) if window else ctx
+            self.layers.append(dict(
+                qkv=w((H + 2 * KV) * dh, D), o=w(D, H * dh), gate_up=w(2 * Fm, D), down=w(D, Fm),
+                k=torch.randn(batch, KV, n_keys, dh, device=device, generator=gen).to(dtype),
+                v=torch.randn(batch, KV, n_keys, dh, device=device, generator=gen).to(dtype),
+            ))
+        self.embed = w(dims.d_vocab, D)
+        self.W_U, self.W_G = w(D, D), w(D, D)
+        self.norm_w = (1 + 0.1 * torch.randn(D, device=device, generator=gen)).to(dtype)
+        self.gate_table = K.build_gate_table(self.embed, self.W_G)
+        self.h = torch.randn(batch, D, device=device, generator=gen).to(dtype)  # carried state
+        self.ids = torch.randint(0, dims.d_vocab, (batch,), device=device, generator=gen)
+        self.value = F.linear(self.h, self.W_U)
+        self.gate = torch.sigmoid(F.linear(self.embed[self.ids], self.W_G))
+
+    def backbone(self, x: torch.Tensor) -> torch.Tensor:
+        b, (H, KV, dh) = self.batch, (self.dims.n_heads, self.dims.n_kv_heads, self.dims.d_head)
+        for layer in self.layers:
+            q = F.linear(x, layer["qkv"])[:, : H * dh].view(b, H, 1, dh)  # [batch, heads, 1, d_head]
+            a = F.scaled_dot_product_attention(q, layer["k"], layer["v"], enable_gqa=H != KV)
+            x = x + F.linear(a.reshape(b, H * dh), layer["o"])
+            g, u = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(g) * u, layer["down"])
+        return F.linear(x, self.embed)  # [batch, d_vocab]
+
+    def fusion_fused(self) -> torch.Tensor:
+        import fbt_probe_kernels as K
+
+        return K.glu_fusion_table(F.linear(self.h, self.W_U), self.ids, self.gate_table, self.norm_w, self.eps)
+
+    def fusion_eager(self) -> torch.Tensor:
+        gate = torch.sigmoid(F.linear(self.embed[self.ids], self.W_G))
+        return _reference()(F.linear(self.h, self.W_U), gate, self.norm_w, self.eps)
+
+    def epilogue_fused(self) -> torch.Tensor:
+        import fbt_probe_kernels as K
+
+        return K.glu_fusion_table(self.value, self.ids, self.gate_table, self.norm_w, self.eps)
+
+    def epilogue_eager(self) -> torch.Tensor:
+        return _reference()(self.value, self.gate, self.norm_w, self.eps)
+
+
+def bench_decode(cfg: FusionBenchConfig, device, dtype, timer, graph_timer, fused: bool) -> list[dict]:
+    dims = DecodeDims.from_preset(cfg.decode_preset)
+    records = []
+    for batch in cfg.decode_batches:
+        rec: dict = {"batch": batch, "ctx": cfg.decode_ctx}
+        try:
+            s = SyntheticDecodeStep(dims, batch, cfg.decode_ctx, device, dtype, cfg.eps, cfg.seed)
+            rec["step_eager_s"] = timer(lambda: s.backbone(s.fusion_eager()))
+            rec["fusion_eager_s"] = timer(s.fusion_eager)
+            rec["epilogue_eager_s"] = timer(s.epilogue_eager)
+            if fused:
+                rec["step_fused_s"] = timer(lambda: s.backbone(s.fusion_fused()))
+                rec["fusion_fused_s"] = timer(s.fusion_fused)
+                rec["epilogue_fused_s"] = timer(s.epilogue_fused)
+                if graph_timer is not None:
+                    rec["graph_step_fused_s"] = graph_timer(lambda: s.backbone(s.fusion_fused()))
+                    rec["graph_epilogue_fused_s"] = graph_timer(s.epilogue_fused)
+            del s
+        except Exception as exc:  # e.g. out of memory at a large batch: report it, keep going
+            rec["error"] = _one_line(exc)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        records.append(rec)
+    return records
+
+
+def bench_model_step(cfg: FusionBenchConfig, device, dtype_name: str, timer) -> list[dict]:
+    """The real `FeedbackTransformer.step` (fed-back state, KV cache of decode_ctx tokens) at the
+    preset, random weights. Its cache grows by torch.cat (a research implementation, not a serving
+    one), so this step is slower than a tuned decoder's and the share smaller."""
+    try:
+        import fbt_probe as fp
+
+        model = fp.load_model(cfg.decode_preset, device=str(device), seed=cfg.seed, dtype=dtype_name).eval()
+    except Exception as exc:  # e.g. transformer-lens missing on a bare GPU image
+        return [{"batch": b, "ctx": cfg.decode_ctx, "error": _one_line(exc)} for b in cfg.decode_batches]
+    records = []
+    for batch in cfg.decode_batches:
+        rec: dict = {"batch": batch, "ctx": cfg.decode_ctx}
+        try:
+            rec.update(_model_step_once(model, cfg, batch, device, timer))
+        except Exception as exc:  # e.g. out of memory in the prefill at a large batch
+            rec["error"] = _one_line(exc)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        records.append(rec)
+    del model
+    return records
+
+
+def _one_line(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+
+
+@torch.no_grad()
+def _model_step_once(model, cfg, batch, device, timer) -> dict:
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    tokens = torch.randint(0, model.cfg.d_vocab, (batch, cfg.decode_ctx), device=device, generator=gen)
+    cache, state, logits = model.prefill_cache(tokens)
+    token, state = logits[:, -1].argmax(-1), state[:, -1]
+    del logits
+    keys, values = list(cache.keys), list(cache.values)
+
+    def step():
+        cache.keys[:], cache.values[:] = keys, values  # the same cache length at every call
+        return model.step(token, cache, state)
+
+    out = {"model_step_s": timer(step), "fast_fusion_used": _model_uses_fast_path(model, device)}
+    fusion, d = model.fusion, model.cfg.d_model
+    value = torch.randn(batch, 1, d, device=device, generator=gen).to(state.dtype)
+    gate = torch.rand(batch, 1, d, device=device, generator=gen).to(state.dtype)
+    if out["fast_fusion_used"]:
+        import fbt_probe_kernels as K
+
+        epilogue = lambda: K.glu_fusion(value, gate, fusion.norm.weight, fusion.norm.eps)  # noqa: E731
+    else:
+        epilogue = lambda: _reference()(value, gate, fusion.norm.weight, fusion.norm.eps)  # noqa: E731
+    out["model_epilogue_s"] = timer(epilogue)
+    x = torch.randn(batch, 1, d, device=device, generator=gen).to(state.dtype)
+    has_state = torch.ones(1, dtype=torch.bool, device=device)
+    out["model_fusion_s"] = timer(lambda: fusion(x, x, has_state, lambda hook, t: t))  # both products + epilogue
+    return out
+
+
+def _model_uses_fast_path(model, device) -> bool:
+    try:
+        import fbt_probe_kernels as K
+    except ImportError:
+        return False
+    return bool(model.cfg.fast_fusion and device.type == "cuda" and K.fast_fusion_available(device))
+
+
+# --------------------------------------------------------------------------------- driver
+
+def resolve(cfg: FusionBenchConfig) -> tuple[torch.device, torch.dtype]:
+    if cfg.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(cfg.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise FbtError(f"bench fusion: device '{cfg.device}' requested but CUDA is not available")
+    if cfg.dtype == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    else:
+        dtype = DTYPES[cfg.dtype]
+    return device, dtype
+
+
+def run_fusion_bench(cfg: FusionBenchConfig = FusionBenchConfig()) -> dict:
+    """Run the benchmark; returns a JSON-able dict (see `to_markdown`)."""
+    import fbt_probe_kernels as K
+
+    device, dtype = resolve(cfg)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # do_bench times the current device
+    timer = make_timer(device, cfg.budget_ms)
+    fused = K.fast_fusion_available(device) and (device.type == "cuda" or cfg.interpreted_kernel)
+    torch.manual_seed(cfg.seed)
+    result: dict = {
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+        "device": str(device), "device_name": describe_device(device), "dtype": str(dtype).removeprefix("torch."),
+        "fused_available": fused,
+        "path": _path_label(device, fused),
+        "triton": _triton_version(),
+    }
+    result["bandwidth"] = device_bandwidth(device, timer)
+    result["rows"] = bench_rows(cfg, device, dtype, timer, fused)
+    on_gpu = device.type == "cuda"
+    if cfg.decode if cfg.decode is not None else on_gpu:
+        result["decode"] = bench_decode(cfg, device, dtype, timer, _graph_timer(device, cfg.budget_ms), fused)
+    if cfg.model_step if cfg.model_step is not None else on_gpu:
+        result["model_step"] = bench_model_step(cfg, device, result["dtype"], timer)
+    result["provenance"] = provenance(bench="fusion", device_name=result["device_name"])
+    return result
+
+
+def _path_label(device: torch.device, fused: bool) -> str:
+    if not fused:
+        return "reference path only (eager PyTorch)"
+    if device.type != "cuda":
+        return "Triton kernel INTERPRETED on CPU (a code-path check: its timings mean nothing)"
+    return "fused Triton kernel vs eager and torch.compile"
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
+# --------------------------------------------------------------------------------- report
+
+def _us(s) -> str:
+    return "–" if s is None else f"{s * 1e6:.1f}" if s < 1e-1 else f"{s * 1e6:.0f}"
+
+
+def _ratio(a, b) -> str:
+    return "–" if a is None or b is None else f"{a / b:.2f}×"
+
+
+def _peak_text(peak, source) -> str:
+    return f"{peak:.0f} GB/s ({source})" if peak else "n/a"
+
+
+def _pct(a, b) -> str:
+    return "–" if a is None or b is None else f"{100 * a / b:.2f} %"
+
+
+def to_markdown(result: dict) -> str:
+    bw = result["bandwidth"]
+    peak, copy = bw.get("peak_gbps"), bw.get("copy_gbps")
+    cfg = result["config"]
+    lines = [
+        f"### Fusion epilogue, D = {cfg['d_model']}, {result['dtype']}, {result['device_name']}",
+        "",
+        f"- path: **{result['path']}**" + ("" if result["fused_available"] else
+                                             " — the Triton kernel and torch.compile are timed on CUDA only"),
+        f"- peak memory bandwidth: {_peak_text(peak, bw.get('peak_source'))}; measured device copy "
+        f"(read + write): {copy:.0f} GB/s",
+        "- bytes counted: value, gate and out once each (+ the weight); GB/s = those bytes / median time",
+        f"- torch {result['provenance']['versions'].get('torch')}, triton {result['triton'] or 'not installed'}, "
+        f"git {result['provenance']['git_commit']}",
+        "",
+    ]
+    fused = result["fused_available"]
+    if fused:
+        lines += ["| rows | eager µs | compile µs | fused µs | fused GB/s | % of peak | × eager | × compile | table µs | table × eager-gather | rel. err |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    else:
+        lines += ["| rows | eager µs | eager GB/s | % of copy | eager + gather µs |", "|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        gbps = lambda s: None if s is None else r["bytes"] / s / 1e9  # noqa: E731
+        if fused:
+            g = gbps(r.get("fused_s"))
+            compile_cell = _us(r.get("compile_s")) if "compile_error" not in r else "error"
+            lines.append(
+                f"| {r['rows']} | {_us(r['eager_s'])} | {compile_cell} | {_us(r['fused_s'])} | {g:.0f} | "
+                f"{_pct(g, peak)} | {_ratio(r['eager_s'], r['fused_s'])} | {_ratio(r.get('compile_s'), r['fused_s'])} | "
+                f"{_us(r['table_s'])} | {_ratio(r['eager_table_s'], r['table_s'])} | {r['rel_err']:.1e} |"
+            )
+        else:
+            g = gbps(r["eager_s"])
+            lines.append(f"| {r['rows']} | {_us(r['eager_s'])} | {g:.1f} | {_pct(g, copy)} | {_us(r['eager_table_s'])} |")
+    errors = sorted({r["compile_error"] for r in result["rows"] if "compile_error" in r})
+    lines += [f"\ntorch.compile failed: {e}" for e in errors]
+    lines += _decode_markdown(result)
+    return "\n".join(lines) + "\n"
+
+
+def _decode_markdown(result: dict) -> list[str]:
+    lines: list[str] = []
+    cfg = result["config"]
+    if "decode" in result:
+        lines += [
+            "",
+            f"#### Share of a `{cfg['decode_preset']}` decode step (synthetic: per-layer GEMMs + SDPA over a "
+            f"{cfg['decode_ctx']}-token KV cache + LM head; norms and RoPE left out, so the shares are upper bounds)",
+            "",
+            "| batch | fusion path | timing | step µs | epilogue µs | epilogue share | fusion µs (GEMMs + epilogue) | fusion share |",
+            "|---:|---|---|---:|---:|---:|---:|---:|",
+        ]
+        variants = [("eager two-product", "launches", "step_eager_s", "epilogue_eager_s", "fusion_eager_s"),
+                    ("fused table", "launches", "step_fused_s", "epilogue_fused_s", "fusion_fused_s"),
+                    ("fused table", "CUDA graph", "graph_step_fused_s", "graph_epilogue_fused_s", None)]
+        for r in result["decode"]:
+            if "error" in r:
+                lines.append(f"| {r['batch']} | error: {r['error']} | | | | | | |")
+                continue
+            for name, timing, step_k, epi_k, fus_k in variants:
+                if step_k not in r:
+                    continue
+                step, epi, fus = r[step_k], r.get(epi_k), r.get(fus_k) if fus_k else None
+                lines.append(
+                    f"| {r['batch']} | {name} | {timing} | {_us(step)} | {_us(epi)} | {_pct(epi, step)} | "
+                    f"{_us(fus)} | {_pct(fus, step)} |"
+                )
+    if "model_step" in result:
+        lines += [
+            "",
+            f"#### Share of the real `FeedbackTransformer.step` ({cfg['decode_preset']}, random weights, "
+            f"{cfg['decode_ctx']}-token cache; the cache grows by torch.cat, so the step is slow and the share small)",
+            "",
+            "| batch | step µs | fast path | epilogue µs | epilogue share | fusion module µs | fusion share |",
+            "|---:|---:|---|---:|---:|---:|---:|",
+        ]
+        for r in result["model_step"]:
+            if "error" in r:
+                lines.append(f"| {r['batch']} | error: {r['error']} | | | | | |")
+                continue
+            lines.append(
+                f"| {r['batch']} | {_us(r['model_step_s'])} | {'yes' if r['fast_fusion_used'] else 'no'} | "
+                f"{_us(r['model_epilogue_s'])} | {_pct(r['model_epilogue_s'], r['model_step_s'])} | "
+                f"{_us(r['model_fusion_s'])} | {_pct(r['model_fusion_s'], r['model_step_s'])} |"
+            )
+    return lines
+
+
+def parse_rows(text: str, option: str = "--rows") -> tuple[int, ...]:
+    """'1,16,4k,64k' -> (1, 16, 4096, 65536)."""
+    rows = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        try:
+            rows.append(int(part[:-1]) * 1024 if part.endswith("k") else int(part))
+        except ValueError:
+            raise FbtError(f"{option}: '{part}' is not an integer (e.g. 1,16,4k,64k)") from None
+    return tuple(rows)
+
+
+
+def save_report(result: dict, markdown: str, out: str | Path, force: bool = False) -> tuple[Path, Path]:
+    """Write the Markdown report to `out` and the full result (provenance included) to `out`.json,
+    atomically; refuses to replace either unless `force`."""
+    out = Path(out)
+    side = out.with_name(out.name + ".json")
+    refuse_existing(out, force)
+    refuse_existing(side, force)
+    with atomic_path(side) as tmp:
+        tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    with atomic_path(out) as tmp:
+        tmp.write_text(markdown)
+    return out, side

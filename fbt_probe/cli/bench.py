@@ -1,0 +1,61 @@
+"""`fbt-probe bench fusion` (and later `bench model`): benchmarks that write a Markdown report.
+
+Each command builds its config, calls one library function that returns a JSON-able dict, and hands
+it to `write_report`, which prints the Markdown or writes it to --out (with the full result as JSON
+beside it, provenance included). A new benchmark is one more `@app.command` doing the same.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Callable
+
+import typer
+
+app = typer.Typer(help="Benchmarks (Markdown tables; JSON with provenance beside --out).", no_args_is_help=True)
+
+OutOption = Annotated[Path | None, typer.Option("--out", help="Markdown file to write (FILE.json gets the full result). Default: print.")]
+ForceOption = Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")]
+
+
+def write_report(result: dict, to_markdown: Callable[[dict], str], out: Path | None, force: bool) -> None:
+    """Print the report, or write it atomically to `out` and the result to `out` + '.json'."""
+    from fbt_probe.bench_fusion import save_report
+
+    text = to_markdown(result)
+    if out is None:
+        typer.echo(text)
+        return
+    md, side = save_report(result, text, out, force)
+    typer.echo(f"wrote {md} and {side}")
+
+
+@app.command()
+def fusion(
+    rows: Annotated[str, typer.Option(help="Rows (batch × positions) per call, comma-separated; k = 1024.")] = "1,4,16,64,256,1k,4k,16k,64k",
+    d_model: Annotated[int, typer.Option(help="Width D of the fused rows.")] = 1536,
+    device: Annotated[str, typer.Option(help="auto (cuda if available), cpu or cuda[:N].")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 or float16.")] = "auto",
+    compile: Annotated[bool, typer.Option("--compile/--no-compile", help="Time torch.compile of the reference (CUDA).")] = True,
+    decode: Annotated[bool | None, typer.Option("--decode/--no-decode", help="Share of a paper-1b decode step (default: on CUDA only).")] = None,
+    model_step: Annotated[bool | None, typer.Option("--model-step/--no-model-step", help="Also time the real FeedbackTransformer.step (default: on CUDA only).")] = None,
+    decode_batches: Annotated[str, typer.Option(help="Decode batch sizes, comma-separated.")] = "1,8,64",
+    decode_ctx: Annotated[int, typer.Option(help="Tokens in the KV cache for the decode step.")] = 2048,
+    decode_preset: Annotated[str, typer.Option(help="Model preset whose shapes the decode step uses.")] = "paper-1b",
+    budget_ms: Annotated[float, typer.Option(help="Timing budget per measurement, milliseconds.")] = 100.0,
+    out: OutOption = None,
+    force: ForceOption = False,
+) -> None:
+    """Time the fusion epilogue RMSNorm(value ⊙ gate)·w: fused Triton kernel vs eager PyTorch vs
+    torch.compile, bandwidth vs the device peak, and its share of a paper-1b decode step. On CPU only
+    the reference path is timed (labelled as such).
+
+    Example: fbt-probe bench fusion --rows 1,64,4k,64k --out reports/bench/fusion.md
+    """
+    from fbt_probe.bench_fusion import FusionBenchConfig, parse_rows, run_fusion_bench, to_markdown
+
+    cfg = FusionBenchConfig(
+        rows=parse_rows(rows), d_model=d_model, device=device, dtype=dtype, compile=compile, decode=decode,
+        model_step=model_step, decode_batches=parse_rows(decode_batches, "--decode-batches"), decode_ctx=decode_ctx,
+        decode_preset=decode_preset, budget_ms=budget_ms,
+    )
+    write_report(run_fusion_bench(cfg), to_markdown, out, force)
