@@ -26,6 +26,7 @@ _SUBCOMMANDS = [
     ("demo", "fbt_probe.cli.demo"),
     ("bench", "fbt_probe.cli.bench"),
     ("tasks", "fbt_probe.cli.tasks"),
+    ("probes", "fbt_probe.cli.probes"),
     ("train", "fbt_probe.cli.train"),
 ]
 
