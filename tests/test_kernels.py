@@ -356,6 +356,8 @@ class TestBenchInterpreted:
 def test_gpu_kernel_matches_reference(shape, dtype):
     assert K.fast_fusion_available("cuda")
     value, gate, weight = make(shape, dtype, device="cuda")
+    poison = value.new_full(value.shape, float("nan"))  # the output will likely reuse this block:
+    del poison  # an element the kernel failed to write then stays NaN
     out = K.glu_fusion(value, gate, weight, EPS)
     torch.testing.assert_close(out, K.fusion_reference(value, gate, weight, EPS), **TOL[dtype])
     torch.testing.assert_close(out.double(), ref64(value, gate, weight), **TOL[dtype])
@@ -380,6 +382,7 @@ def test_gpu_inductor_compile():
 @needs_triton
 @pytest.mark.parametrize("mode", ["recurrent:1", "full"])
 def test_gpu_model_outputs_unchanged_with_fast_path(mode):
+    pytest.importorskip("transformer_lens")  # absent from the bare GPU image
     import fbt_probe as fp
 
     models = {fast: fp.load_model("tiny", device="cuda", seed=0, fast_fusion=fast).eval() for fast in (False, True)}
