@@ -223,3 +223,19 @@ def test_corrupt_shard_is_refused(model, tmp_path, damage):
     shard.write_bytes(bytes(data))
     with pytest.raises(FbtError, match="corrupt shard"):
         ActivationStore(tmp_path / "acts").load("standard", "alpha", 0)
+
+
+def test_a_direction_fitted_on_a_stored_cell(model, tmp_path):
+    from fbt_probe.probes import fit_direction
+
+    store = extract(model, frame(), "recurrent:1", tmp_path / "acts")
+    direction = fit_direction(store, "recurrent:1", "alpha", 1, depth=2)
+    X, rows, _ = store.load("recurrent:1", "alpha", 1)
+    assert direction.hook == depth_name(2) and direction.d_model == model.cfg.d_model
+    assert direction.meta["depth"] == 2 and direction.meta["model_hash"] == store.manifest["model"]["hash"]
+    accuracy = np.mean(direction.predict(X[2]) == rows["label"].to_numpy())
+    assert accuracy == pytest.approx(direction.meta["train_accuracy"])
+    reference = fit_direction(tmp_path / "acts", REFERENCE_MODE, "alpha", 1, depth=model.cfg.n_layers)
+    assert reference.hook == "ln_final.hook_normalized" and reference.meta["position"] == -2
+    with pytest.raises(FbtError, match="has no depth 0"):
+        fit_direction(store, REFERENCE_MODE, "alpha", 1, depth=0)

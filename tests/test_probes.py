@@ -227,6 +227,8 @@ def test_fewer_groups_than_folds_is_refused():
     X, y, groups = planted(n_pairs=4)
     with pytest.raises(TooFewGroupsError, match="4 groups, fewer than the 5 folds"):
         probe_condition(X, y, groups, CFG, key={"task": "memory", "mode": "standard", "length": 0})
+    with pytest.raises(FbtError, match="needs at least 2"):
+        grouped_splits(y, groups, n_splits=1)
 
 
 def test_single_class_cell_is_refused():

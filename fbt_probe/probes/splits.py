@@ -52,8 +52,10 @@ def grouped_splits(y, groups, n_splits: int = 5, cv: str = "group", seed: int = 
     classes = np.unique(y)
     if classes.size < 2:
         raise FbtError(f"{where}single-class cell (every label is {classes.tolist()}); a probe needs both labels")
+    if n_splits < 2:
+        raise FbtError(f"{where}{n_splits} folds: cross-validation needs at least 2")
     n_groups = np.unique(groups).size
-    if n_splits < 2 or n_groups < n_splits:
+    if n_groups < n_splits:
         raise TooFewGroupsError(f"{where}{n_groups} groups, fewer than the {n_splits} folds asked for "
                        f"(use fewer folds or a dataset with more groups)")
     if cv == "group":

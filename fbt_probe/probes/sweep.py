@@ -181,6 +181,27 @@ def probe_sweep(store, cfg: ProbeConfig = ProbeConfig(), *, modes=None, progress
     return SweepResult(pd.concat(tables, ignore_index=True), tuple(flags), cfg, prov)
 
 
+def fit_direction(store, mode: str, task: str, length: int, depth: int, C: float = 1.0):
+    """A probe fitted on every sample of one cell, as a frozen `ProbeDirection` (for interventions:
+    erase or steer along it). `meta` records the cell and the training accuracy."""
+    from fbt_probe.activations import ActivationStore
+    from fbt_probe.probes.estimator import LinearProbe
+
+    store = store if isinstance(store, ActivationStore) else ActivationStore(store)
+    X, rows, targets = store.load(mode, task, length)
+    depths = [t.depth for t in targets]
+    if depth not in depths:
+        raise FbtError(f"{store.path}: mode '{mode}' has no depth {depth} (has {depths})")
+    p = depths.index(depth)
+    if not np.isfinite(X[p]).all():
+        raise FbtError(f"{store.path}: {task} {mode} length {length}: NaN/inf activations at depth {depth}")
+    y = rows["label"].to_numpy()
+    probe = LinearProbe(C=C).fit(X[p], y)
+    return probe.export(hook=targets[p].hook, task=task, mode=mode, length=int(length), depth=int(depth),
+                        position=targets[p].position, train_accuracy=float(probe.score(X[p], y)),
+                        model_hash=store.manifest["model"]["hash"])
+
+
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
     """Mean, spread (std, min, max) and fold count of each metric over folds."""
     keys = [c for c in KEY_COLUMNS if c != "fold"] + ["metric"]
