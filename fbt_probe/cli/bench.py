@@ -59,3 +59,23 @@ def fusion(
         decode_preset=decode_preset, budget_ms=budget_ms,
     )
     write_report(run_fusion_bench(cfg), to_markdown, out, force)
+
+
+@app.command()
+def model(
+    preset: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
+    batch: Annotated[int, typer.Option(help="Batch of the forward-throughput measurement.")] = 8,
+    seq: Annotated[int, typer.Option(help="Sequence length of the forward-throughput measurement.")] = 256,
+    lengths: Annotated[str, typer.Option(help="Prefill lengths T for full vs standard, comma-separated.")] = "256,1024",
+    out: OutOption = None,
+    force: ForceOption = False,
+) -> None:
+    """Tokens/s of a plain forward vs run_with_cache on the residual hooks, and `full` prefill (KV-cache
+    recurrence) vs `standard` at each T, on this machine's CPU.
+
+    Example: fbt-probe bench model --out reports/bench/model.md
+    """
+    from fbt_probe.bench_model import run_model_bench, to_markdown
+
+    Ts = tuple(int(x) for x in lengths.split(",") if x.strip())
+    write_report(run_model_bench(preset, batch, seq, Ts), to_markdown, out, force)
