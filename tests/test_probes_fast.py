@@ -88,3 +88,11 @@ def test_sweep_backends_give_the_same_table(problem):
               for b in ("sklearn", "torch")]
     diff = np.abs(tables[0].value.to_numpy() - tables[1].value.to_numpy())
     assert diff.max() <= 0.01 + 1e-12
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_batched_torch_path_agrees_on_cuda(problem):
+    X, labels, splits, reference = problem
+    fits = fit_cells_torch(X, labels, splits, tol=TOL, max_iter=2000, device="cuda")
+    assert np.abs(fits["accuracy"] - reference).max() <= 0.01
