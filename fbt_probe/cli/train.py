@@ -28,19 +28,42 @@ def train_cmd(
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (CPU autocast).")] = "float32",
     resume: Annotated[bool, typer.Option(help="Continue an interrupted run in OUT (bit for bit on CPU).")] = False,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+    arch: Annotated[str, typer.Option(help="'feedback' (latent feedback) or 'hidden-decoding' (n streams per token, one pass; fbt_probe.hidden).")] = "feedback",
+    streams: Annotated[int | None, typer.Option(help="hidden-decoding: streams per token n (default 2).")] = None,
+    cross_layers: Annotated[str | None, typer.Option(help="hidden-decoding: comma-separated cross-stream layers (default: the base's global layers).")] = None,
 ) -> None:
-    """Train a latent-feedback model (or its no-feedback baseline) on the three tasks.
+    """Train a latent-feedback model (or its no-feedback baseline, or a Hidden Decoding model) on the three tasks.
 
-    Example: fbt-probe train --preset tiny --out runs/tiny ; fbt-probe train --out runs/tiny-base --baseline
+    Example: fbt-probe train --preset tiny --out runs/tiny ; fbt-probe train --out runs/tiny-base --baseline ;
+    fbt-probe train --arch hidden-decoding --streams 2 --init runs/tiny-base --out runs/tiny-hd2
     """
     from fbt_probe.config import preset as check_preset
     from fbt_probe.training import TrainConfig, parse_schedule, run_training
 
     check_preset(preset)
     parse_schedule(schedule)
-    cfg = TrainConfig(preset=preset, steps=steps, schedule=schedule, baseline=baseline, seed=seed, lam=lam, noise=noise, dtype=dtype)
+    hidden = _hidden_options(arch, streams, cross_layers)
+    cfg = TrainConfig(preset=preset, steps=steps, schedule=schedule, baseline=baseline, seed=seed, lam=lam, noise=noise, dtype=dtype, **hidden)
     res = run_training(cfg, out, init=init, resume=resume, force=force)
     typer.echo(f"trained {res['step']} steps in {res['seconds']:.0f} s ({res['tokens'] / max(res['seconds'], 1e-9):,.0f} tokens/s); run folder: {out}")
+
+
+def _hidden_options(arch: str, streams: int | None, cross_layers: str | None) -> dict:
+    from fbt_probe.errors import FbtError
+
+    if arch == "feedback":
+        if streams is not None or cross_layers is not None:
+            raise FbtError("--streams and --cross-layers need --arch hidden-decoding")
+        return {}
+    if arch != "hidden-decoding":
+        raise FbtError(f"--arch '{arch}': expected 'feedback' or 'hidden-decoding'")
+    if streams is not None and streams < 1:
+        raise FbtError(f"--streams {streams}: expected an integer >= 1")
+    try:
+        layers = None if cross_layers is None else tuple(int(l) for l in cross_layers.split(",") if l.strip())
+    except ValueError:
+        raise FbtError(f"--cross-layers '{cross_layers}': expected comma-separated layer indices (e.g. 1,3)") from None
+    return {"arch": arch, "streams": 2 if streams is None else streams, "cross_stream_layers": layers}
 
 
 def eval_cmd(
@@ -60,8 +83,14 @@ def eval_cmd(
 
     model, cfg, _, _ = load_run(run)
     tok = load_tokenizer(run / "tokenizer.json")
-    acc = answer_accuracy(model, eval_samples(cfg, tok, pairs=pairs), tok)
-    losses = loss_per_pass(model, cfg, tok, max_passes=4)
+    if cfg.arch == "hidden-decoding":  # one pass only: no feedback modes, no per-pass losses
+        from fbt_probe.hidden.train import val_loss
+
+        acc = answer_accuracy(model, eval_samples(cfg, tok, pairs=pairs), tok, modes=("standard",))
+        losses = val_loss(model, cfg, tok)
+    else:
+        acc = answer_accuracy(model, eval_samples(cfg, tok, pairs=pairs), tok)
+        losses = loss_per_pass(model, cfg, tok, max_passes=4)
     dest = out or run / "eval"
     _write_table(acc, dest / "accuracy", run, cfg, force, extra={"val_loss_per_pass": losses})
     typer.echo(acc.pivot_table(index=["task", "length_knob"], columns="decoding", values="accuracy").round(3).to_string())

@@ -37,6 +37,8 @@ FIGURES: dict[str, FigureEntry] = {
                          "probe accuracy vs depth; panels task x {standard, recurrent:1}; colour = length"),
     "fig7b": FigureEntry("fbt_probe.figures.probes", "fig7b", "probes.parquet",
                          "registers: probe accuracy vs depth per writes-per-register; lines = prefill modes"),
+    "hidden": FigureEntry("fbt_probe.figures.hidden", "hidden_streams", "probes.parquet",
+                          "Hidden Decoding: accuracy along (stream, depth), next to the feedback model's depth curve"),
 }
 
 

@@ -16,9 +16,16 @@ def _initial_model(cfg: TrainConfig, tokenizer, init: str | Path | None):
     import fbt_probe as fp
 
     vocab = tokenizer.get_vocab_size()
-    if init is None:
+    if cfg.arch == "hidden-decoding":  # fresh, or warm-started from a standard checkpoint (fbt_probe.hidden)
+        from fbt_probe.hidden.train import initial_model
+
+        model = initial_model(cfg, vocab, init)
+        if init is None:
+            return model
+    elif init is None:
         return fp.load_model(cfg.preset, seed=cfg.seed, d_vocab=vocab, feedback_noise=cfg.noise)
-    model = fp.load_model(str(init))
+    else:
+        model = fp.load_model(str(init))
     if model.cfg.d_vocab != vocab:
         raise FbtError(f"{init}: model vocabulary is {model.cfg.d_vocab} tokens but the task tokenizer has {vocab}")
     init_tok = Path(init) / "tokenizer.json"
@@ -67,7 +74,12 @@ def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = No
     def on_eval(m) -> dict:
         acc = answer_accuracy(m, samples, tokenizer, modes=("standard",))
         rec = {f"acc_{r.task}_{r.length_knob}": r.accuracy for r in acc.itertuples()}
-        rec.update(loss_per_pass(m, cfg, tokenizer, max_passes=min(3, cfg.schedule_obj.max_passes + 1)))
+        if cfg.arch == "hidden-decoding":
+            from fbt_probe.hidden.train import val_loss
+
+            rec.update(val_loss(m, cfg, tokenizer))
+        else:
+            rec.update(loss_per_pass(m, cfg, tokenizer, max_passes=min(3, cfg.schedule_obj.max_passes + 1)))
         return rec
 
     torch.set_num_threads(torch.get_num_threads())

@@ -34,7 +34,12 @@ def load_run(out: Path):
     if "train" not in meta:
         raise FbtError(f"{out / 'config.json'}: field 'train' missing (not a training run folder)")
     cfg = TrainConfig.from_dict(meta["train"])
-    model = load_checkpoint(out)
+    if cfg.arch == "hidden-decoding":
+        from fbt_probe.hidden.checkpoint import load_hidden
+
+        model = load_hidden(out)
+    else:
+        model = load_checkpoint(out)
     state_path = out / "train_state.pt"
     if not state_path.is_file():
         raise FbtError(f"{state_path}: train state not found (cannot resume)")

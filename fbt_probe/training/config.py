@@ -77,6 +77,9 @@ class TrainConfig:
     prefix_mix: float = 0.25  # share of rows whose random prompt prefix keeps plain embeddings
     answer_weight: float = 5.0  # the answer token is ~1/70 of the loss; ×5 roughly halved the steps
     baseline: bool = False  # no-feedback baseline: 1 pass only, fusion never used
+    arch: str = "feedback"  # or "hidden-decoding" (fbt_probe.hidden: n streams per token, one pass, eq. 2 loss)
+    streams: int = 1  # hidden-decoding: streams per token (n)
+    cross_stream_layers: tuple[int, ...] | None = None  # hidden-decoding: None = the base's global layers
     heldout_fraction: float = 0.2  # contexts kept out of training (probe/eval time only)
     dtype: str = "float32"  # or "bfloat16" (CPU autocast)
     seed: int = 0
@@ -85,8 +88,14 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         sched = self.schedule_obj  # validates
-        if self.baseline and str(sched) != "constant:1":
-            object.__setattr__(self, "schedule", "constant:1")
+        if self.arch not in ARCHS:
+            raise FbtError(f"train config: field 'arch' must be one of {ARCHS}, got {self.arch!r}")
+        if self.arch == "feedback" and self.streams != 1:
+            raise FbtError("train config: field 'streams' applies to arch 'hidden-decoding' only")
+        if self.cross_stream_layers is not None:
+            object.__setattr__(self, "cross_stream_layers", tuple(self.cross_stream_layers))
+        if (self.baseline or self.arch == "hidden-decoding") and str(sched) != "constant:1":
+            object.__setattr__(self, "schedule", "constant:1")  # no feedback passes to draw
         if self.dtype not in ("float32", "bfloat16"):
             raise FbtError(f"train config: field 'dtype' must be float32 or bfloat16, got {self.dtype!r}")
         for name in ("steps", "rows", "ctx"):
@@ -109,4 +118,5 @@ class TrainConfig:
         return cls(**d)
 
 
+ARCHS = ("feedback", "hidden-decoding")
 TRAIN_KNOBS = {"completion": [0, 8, 32], "memory": [0, 8, 32], "registers": [2, 4, 8]}

@@ -28,6 +28,11 @@ def weighted_ce(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tens
 
 def multipass_loss(model, tokens, targets, weights, K: int, lam: float = 1.0, has_state=None):
     """Eq. 12 on one batch; returns (total loss, [L_1..L_K])."""
+    if getattr(model.cfg, "arch", "feedback") == "hidden-decoding":  # its eq. 2: one pass, last streams (K = 1)
+        from fbt_probe.hidden import hidden_loss
+
+        loss = hidden_loss(model, tokens, targets, weights)
+        return loss, [loss]
     losses = [weighted_ce(lg, targets, weights) for lg in model.jacobi_passes(tokens, K, has_state=has_state)]
     total = losses[0] if K == 1 else losses[0] + lam / (K - 1) * sum(losses[1:])
     return total, losses
