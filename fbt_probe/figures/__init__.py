@@ -39,6 +39,14 @@ FIGURES: dict[str, FigureEntry] = {
                          "registers: probe accuracy vs depth per writes-per-register; lines = prefill modes"),
     "hidden": FigureEntry("fbt_probe.figures.hidden", "hidden_streams", "probes.parquet",
                           "Hidden Decoding: accuracy along (stream, depth), next to the feedback model's depth curve"),
+    "patching-heatmap": FigureEntry("fbt_probe.figures.interventions", "patching_heatmap", "summary.parquet",
+                                    "residual patching (fbt-probe patch --experiment residual): depth x position"),
+    "ablation-bars": FigureEntry("fbt_probe.figures.interventions", "ablation_bars", "summary.parquet",
+                                 "feedback swap / state replacement / gate ablation: means with bootstrap CIs"),
+    "decodable-vs-used": FigureEntry("fbt_probe.figures.interventions", "decodable_vs_used", "summary.parquet",
+                                     "probe accuracy and causal effect of erasing its direction, per depth"),
+    "steering-sweep": FigureEntry("fbt_probe.figures.interventions", "steering_sweep", "summary.parquet",
+                                  "answer movement vs steering scale, probe vs random direction"),
 }
 
 

@@ -1,0 +1,94 @@
+"""`fbt-probe patch RUN DATASET --experiment NAME`: causal interventions over minimal pairs."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def _ints(spec: Optional[str], what: str) -> tuple[int, ...] | None:
+    from fbt_probe.errors import FbtError
+
+    if spec is None or spec.strip().lower() == "all":
+        return None
+    try:
+        return tuple(int(s) for s in spec.split(",") if s.strip())
+    except ValueError:
+        raise FbtError(f"{what} '{spec}': expected comma-separated integers or 'all'") from None
+
+
+def _floats(spec: str, what: str) -> tuple[float, ...]:
+    from fbt_probe.errors import FbtError
+
+    try:
+        return tuple(float(s) for s in spec.split(",") if s.strip())
+    except ValueError:
+        raise FbtError(f"{what} '{spec}': expected comma-separated numbers") from None
+
+
+def patch(
+    run: Annotated[str, typer.Argument(help="Run / checkpoint folder (config.json, model.safetensors, tokenizer.json) or a preset name (random init).", show_default=False)],
+    dataset: Annotated[Path, typer.Argument(help="A dataset .parquet (with its .manifest.json) or a folder of them.", show_default=False)],
+    experiment: Annotated[str, typer.Option(help="feedback-swap | state-replacement | gate-ablation | residual | probe-direction.")],
+    out: Annotated[Path, typer.Option("--out", help="Results folder; this experiment writes OUT/<experiment>/.")],
+    mode: Annotated[str, typer.Option(help="Prefill mode(s), comma-separated: standard, recurrent:k, full, jacobi:K.")] = "recurrent:1",
+    tasks: Annotated[Optional[str], typer.Option(help="Only these tasks (comma-separated; default all in DATASET).")] = None,
+    lengths: Annotated[Optional[str], typer.Option(help="Length knobs to keep, comma-separated or 'all' (residual default: the shortest per task).")] = None,
+    max_pairs: Annotated[Optional[int], typer.Option(help="Pairs per task x length cell (default all; residual 16).")] = None,
+    depths: Annotated[Optional[str], typer.Option(help="Probe depths for residual / probe-direction, comma-separated or 'all'.")] = None,
+    last_k: Annotated[Optional[int], typer.Option(help="Residual: patch only the last K positions (default all).")] = None,
+    scales: Annotated[str, typer.Option(help="Probe-direction: steering scales (class-mean gaps).")] = "0.5,1,2,4",
+    erase: Annotated[str, typer.Option(help="Probe-direction erasure: auto | leace | orth | leace,orth.")] = "auto",
+    folds: Annotated[int, typer.Option(help="Probe-direction: grouped folds for cross-fitting.")] = 5,
+    min_gap: Annotated[float, typer.Option(help="Pairs with |clean - corrupt| logit difference below this are left out of 'normalized'.")] = 0.1,
+    decoding: Annotated[bool, typer.Option(help="Gate ablation: also Std / Soft decoding answer accuracy.")] = True,
+    batch_size: Annotated[int, typer.Option(help="Samples per forward (pairs stay together).")] = 32,
+    n_boot: Annotated[int, typer.Option(help="Bootstrap resamples over pairs.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Seed (bootstrap, donors, random states, folds; preset init).")] = 0,
+    device: Annotated[str, typer.Option(help="Device to run the model on.")] = "cpu",
+    figures: Annotated[bool, typer.Option(help="Draw the experiment's figures into OUT/<experiment>/figures/.")] = True,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing OUT/<experiment>/.")] = False,
+) -> None:
+    """Run one causal intervention experiment over the minimal pairs of DATASET.
+
+    Writes rows.parquet|csv (one row per sample of a pair x condition x metric), summary.parquet|csv
+    (mean with bootstrap CI over pairs; length_knob -1 = pooled), manifest.json and figures/.
+
+    Example: fbt-probe patch runs/tiny data/tasks --experiment feedback-swap --mode recurrent:1 --out results/
+    """
+    from fbt_probe.interventions import PatchConfig, check_compatible, load_pairs, load_run_model, run as run_patch
+    from fbt_probe.io import refuse_existing
+    from fbt_probe.model.modes import parse_modes
+
+    cfg = PatchConfig(experiment=experiment, modes=tuple(str(m) for m in parse_modes(mode)), batch_size=batch_size,
+                      min_gap=min_gap, n_boot=n_boot, seed=seed, max_pairs=max_pairs, lengths=_ints(lengths, "lengths"),
+                      depths=_ints(depths, "depths"), last_k=last_k, scales=_floats(scales, "scales"), n_folds=folds,
+                      erase=erase, decoding=decoding)
+    refuse_existing(out / experiment, force)  # before loading anything
+    task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+    df = load_pairs(dataset, task_list)
+    model, info, tok = load_run_model(run, device=device, seed=seed)
+    check_compatible(model, df, tok)
+    res = run_patch(model, df, cfg, out=out, force=force, model_info=info, figures=figures)
+    _report(res)
+
+
+def _report(res) -> None:
+    s = res.summary
+    head = s[(s["metric"] == "normalized") & (s["length_knob"] == -1)]
+    for r in head.itertuples():
+        dec = "" if r.decoding == "prefill" else f" [{r.decoding}]"
+        depth = f" depth {r.depth}" if r.depth >= 0 else ""
+        scale = f" α={r.scale:g}" if r.condition.startswith("steer") else ""
+        typer.echo(f"{r.mode:<12} {r.task:<11} {r.condition:<13}{depth}{scale}{dec}: normalized {r.mean:+.3f} "
+                   f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] over {r.n_pairs} pairs ({r.n_excluded} tiny-gap excluded)")
+    for mode, e in res.manifest["tiny_gap"]["by_mode"].items():
+        typer.echo(f"{mode}: {e['excluded']} of {e['pairs']} pairs have |clean - corrupt| < {res.manifest['tiny_gap']['min_gap']}")
+    for note in res.manifest["notes"]:
+        typer.echo(f"note: {note}", err=True)
+    typer.echo(f"wrote {res.out_dir}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("patch")(patch)

@@ -1,0 +1,218 @@
+"""Intervention figures drawn from an experiment's `summary.parquet` (`fbt_probe.interventions`).
+
+patching-heatmap:  residual patching, depth × position, one panel per task × mode × direction.
+ablation-bars:     mean (bootstrap CI over pairs) per condition, for feedback-swap, state-replacement
+                   and gate-ablation (gate ablation: prefill mode and Std / Soft decoding side by side).
+decodable-vs-used: probe-direction, per task: held-out probe accuracy and causal effect of erasing
+                   the probe direction (1 - normalized) per depth on one axis.
+steering-sweep:    probe-direction, the answer's movement (1 - normalized) vs steering scale, probe
+                   direction against a random direction, the cell's probe accuracy in the title.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fbt_probe.errors import FbtError
+from fbt_probe.figures.style import paper_style, subplots
+
+NEED = {"experiment", "condition", "mode", "task", "length_knob", "metric", "mean", "ci_low", "ci_high"}
+POOLED = -1  # length_knob of rows pooled over lengths
+CONDITION_ORDER = ("none", "state", "value", "gate", "zero", "mean", "random", "nonpartner", "ones", "bypass")
+
+
+def _check(table: pd.DataFrame, experiments: tuple[str, ...], what: str) -> pd.DataFrame:
+    missing = NEED - set(table.columns)
+    if missing:
+        raise FbtError(f"{what}: not an interventions summary table (missing columns {sorted(missing)})")
+    t = table[table["experiment"].isin(experiments)]
+    if t.empty:
+        raise FbtError(f"{what}: no rows of experiment {' / '.join(experiments)} in this table")
+    return t
+
+
+def _tasks(t: pd.DataFrame) -> list[str]:
+    return sorted(t["task"].astype(str).unique())
+
+
+def _modes(t: pd.DataFrame) -> list[str]:
+    """standard first, then the feedback modes in name order."""
+    return sorted(t["mode"].astype(str).unique(), key=lambda m: (m != "standard", m))
+
+
+# ----------------------------------------------------------------------------- heatmap
+def patching_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | None = None):
+    """Residual patching: depth (rows) × position (columns) of the mean `metric`; one panel per
+    task × mode × direction, at one length knob per task (`length`, default the shortest)."""
+    t = _check(table, ("residual",), "patching-heatmap")
+    length = None if length is None else int(length)  # options may arrive as strings from the CLI
+    t = t[(t["metric"] == metric) & (t["position"] >= 0)]
+    panels = [(task, mode, d) for task in _tasks(t) for mode in _modes(t)
+              for d in ("denoising", "noising") if not t[(t.task == task) & (t["mode"] == mode) & (t.direction == d)].empty]
+    if not panels:
+        raise FbtError(f"patching-heatmap: no residual rows for metric '{metric}'")
+    n_cols = 2 if len(panels) > 1 else 1
+    n_rows = -(-len(panels) // n_cols)
+    vmin, vmax, cmap = (0.0, 1.0, "viridis") if metric == "normalized" else (None, None, "coolwarm")
+    with paper_style():
+        fig, axes = subplots(n_rows, n_cols, panel_height_in=1.9)
+        for ax, (task, mode, d) in zip(axes.flat, panels):
+            sub = t[(t.task == task) & (t["mode"] == mode) & (t.direction == d)]
+            knob = length if length is not None else int(sub["length_knob"].min())
+            sub = sub[sub["length_knob"] == knob]
+            grid = sub.pivot_table(index="depth", columns="position", values="mean")
+            if vmin is None:
+                lim = float(np.nanmax(np.abs(grid.to_numpy()))) or 1.0
+                lo, hi = -lim, lim
+            else:
+                lo, hi = vmin, vmax
+            im = ax.imshow(grid.to_numpy(), aspect="auto", origin="lower", cmap=cmap, vmin=lo, vmax=hi,
+                           extent=(grid.columns.min() - .5, grid.columns.max() + .5, grid.index.min() - .5, grid.index.max() + .5))
+            rule = sub["hook_rule"].iloc[0] if "hook_rule" in sub else ""
+            ax.set_title(f"{task} · {mode} · {d} (length {knob}, {rule})")
+            ax.set_xlabel("position")
+            ax.set_ylabel("depth")
+            ax.grid(False)
+            fig.colorbar(im, ax=ax, shrink=0.85, label=metric)
+        for ax in list(axes.flat)[len(panels):]:
+            ax.set_visible(False)
+    return fig
+
+
+# ----------------------------------------------------------------------------- bars
+def ablation_bars(table: pd.DataFrame, metric: str = "normalized", length: int = POOLED):
+    """Mean `metric` per condition with its bootstrap CI; bars grouped by task. One panel per
+    experiment × mode × decoding. `length`: a length knob, or -1 = pooled over lengths."""
+    t = _check(table, ("feedback-swap", "state-replacement", "gate-ablation"), "ablation-bars")
+    length = int(length)
+    t = t[(t["metric"] == metric) & (t["length_knob"] == length)]
+    if t.empty:
+        raise FbtError(f"ablation-bars: no rows for metric '{metric}' at length {length}")
+    decoding = t["decoding"] if "decoding" in t else pd.Series("prefill", index=t.index)
+    t = t.assign(decoding=decoding)
+    panels = list(t.groupby(["experiment", "mode", "decoding"], sort=True))
+    tasks = _tasks(t)
+    with paper_style():
+        fig, axes = subplots(1, len(panels), panel_height_in=2.3, sharey=True)
+        for ax, ((exp, mode, dec), sub) in zip(axes.flat, panels):
+            conds = sorted(dict.fromkeys(sub["condition"]), key=lambda c: (
+                CONDITION_ORDER.index(c) if c in CONDITION_ORDER else len(CONDITION_ORDER), c))
+            width = 0.8 / max(len(tasks), 1)
+            for j, task in enumerate(tasks):
+                s = sub[sub.task == task].set_index("condition").reindex(conds)
+                x = np.arange(len(conds)) + (j - (len(tasks) - 1) / 2) * width
+                err = np.vstack([s["mean"] - s["ci_low"], s["ci_high"] - s["mean"]])
+                ax.bar(x, s["mean"], width, yerr=np.nan_to_num(err), capsize=2, label=task)
+            ax.set_xticks(np.arange(len(conds)), conds, rotation=30, ha="right")
+            ax.axhline(0, color="black", lw=0.6)
+            if metric == "normalized":
+                ax.axhline(1, color="0.4", lw=0.6, ls="--")
+            ax.set_title(f"{exp} · {mode if dec == 'prefill' else dec + ' decoding'}")
+        axes.flat[0].set_ylabel(f"{metric} (mean, bootstrap CI over pairs)")
+        axes.flat[0].legend(title="task")
+    return fig
+
+
+# ----------------------------------------------------------------------------- decodable vs used
+def decodable_vs_used(table: pd.DataFrame, length: int = POOLED, mode: str | None = None):
+    """Per task: probe accuracy (held-out, cross-fitted) and the causal effect of erasing its
+    direction, 1 - normalized (0 = the answer did not move, 1 = it moved as far as the partner's),
+    against depth; dotted: probe accuracy re-fitted after erasure."""
+    t = _check(table, ("probe-direction",), "decodable-vs-used")
+    t = t[t["length_knob"] == int(length)]
+    modes = _modes(t) if mode is None else [mode]
+    panels = [(task, m) for task in _tasks(t) for m in modes if not t[(t.task == task) & (t["mode"] == m)].empty]
+    if not panels:
+        raise FbtError(f"decodable-vs-used: no rows at length {length}" + (f" for mode {mode}" if mode else ""))
+    with paper_style():
+        fig, axes = subplots(1, len(panels), panel_height_in=2.4, sharey=True)
+        for ax, (task, m) in zip(axes.flat, panels):
+            sub = t[(t.task == task) & (t["mode"] == m)]
+            _line(ax, sub[(sub.condition == "probe") & (sub.metric == "probe_accuracy")], "probe accuracy (decodable)", "C0")
+            for k, cond in enumerate(sorted(c for c in sub.condition.unique() if c.startswith("erase-"))):
+                eff = sub[(sub.condition == cond) & (sub.metric == "normalized")]
+                _line(ax, eff, f"effect of {cond} (used)", f"C{k + 1}", flip=True)
+                _line(ax, sub[(sub.condition == cond) & (sub.metric == "probe_accuracy")],
+                      f"probe accuracy after {cond}", f"C{k + 1}", ls=":")
+            ax.axhline(0.5, color="black", lw=0.6, ls="--")
+            ax.set_xlabel("depth")
+            ax.set_title(f"{task} · {m}")
+        axes.flat[0].set_ylabel("accuracy / 1 - normalized")
+        handles, labels = axes.flat[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncols=3)
+    return fig
+
+
+def _line(ax, rows: pd.DataFrame, label: str, color: str, flip: bool = False, ls: str = "-", x: str = "depth") -> None:
+    if rows.empty:
+        return
+    rows = rows.sort_values(x)
+    mean, lo, hi = rows["mean"].to_numpy(), rows["ci_low"].to_numpy(), rows["ci_high"].to_numpy()
+    if flip:
+        mean, lo, hi = 1 - mean, 1 - hi, 1 - lo
+    ax.plot(rows[x], mean, marker="o", color=color, ls=ls, label=label)
+    ax.fill_between(rows[x], lo, hi, color=color, alpha=0.15, lw=0)
+
+
+def steering_sweep(table: pd.DataFrame, depth: int = 0, length: int = POOLED):
+    """Answer movement 1 - normalized vs steering scale α at one depth, probe direction vs random."""
+    t = _check(table, ("probe-direction",), "steering-sweep")
+    depth = int(depth)
+    t = t[(t["length_knob"] == int(length)) & (t["depth"] == depth)]
+    panels = [(task, m) for task in _tasks(t) for m in _modes(t)
+              if not t[(t.task == task) & (t["mode"] == m) & t.condition.str.startswith("steer")].empty]
+    if not panels:
+        raise FbtError(f"steering-sweep: no steering rows at depth {depth}, length {length}")
+    with paper_style():
+        fig, axes = subplots(1, len(panels), panel_height_in=2.3, sharey=True)
+        for ax, (task, m) in zip(axes.flat, panels):
+            sub = t[(t.task == task) & (t["mode"] == m)]
+            for cond, color in (("steer", "C3"), ("steer-random", "0.5")):
+                _line(ax, sub[(sub.condition == cond) & (sub.metric == "normalized")], cond, color, flip=True, x="scale")
+            acc = sub[(sub.condition == "probe") & (sub.metric == "probe_accuracy")]["mean"]
+            ax.set_title(f"{task} · {m}\ndepth {depth}" + (f", probe accuracy {acc.iloc[0]:.2f}" if len(acc) else ""))
+            ax.set_xlabel("steering scale α")
+        axes.flat[0].set_ylabel("answer moved (1 - normalized)")
+        axes.flat[0].legend()
+        fig.suptitle("steering along the probe direction by α class-mean gaps toward the other label")
+    return fig
+
+
+# ----------------------------------------------------------------------------- registry glue
+FIGURES = {
+    "patching-heatmap": (patching_heatmap, "residual patching: depth x position heatmaps"),
+    "ablation-bars": (ablation_bars, "feedback swap / state replacement / gate ablation: bars with bootstrap CIs"),
+    "decodable-vs-used": (decodable_vs_used, "probe accuracy and causal effect of erasing its direction, per depth"),
+    "steering-sweep": (steering_sweep, "answer movement vs steering scale, probe vs random direction"),
+}
+BY_EXPERIMENT = {"residual": ("patching-heatmap",), "feedback-swap": ("ablation-bars",),
+                 "state-replacement": ("ablation-bars",), "gate-ablation": ("ablation-bars",),
+                 "probe-direction": ("decodable-vs-used", "steering-sweep")}
+
+
+def register_all() -> None:
+    """Add these figures to the `fbt-probe figures` registry (default table: summary.parquet)."""
+    from fbt_probe.figures import FIGURES as REGISTRY, FigureEntry, register_figure
+
+    for name, (fn, help_) in FIGURES.items():
+        if name not in REGISTRY:
+            register_figure(name, FigureEntry(__name__, fn.__name__, "summary.parquet", help_))
+
+
+def draw_for(summary: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Draw the figures of the experiment(s) in `summary` into `out_dir` as PNG; returns the paths."""
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = dict.fromkeys(n for e in summary["experiment"].unique() for n in BY_EXPERIMENT.get(e, ()))
+    paths = []
+    for name in names:
+        fig = FIGURES[name][0](summary)
+        path = out_dir / f"{name}.png"
+        fig.savefig(path, dpi=150, bbox_inches="tight")
+        plt.close(fig)
+        paths.append(path)
+    return paths

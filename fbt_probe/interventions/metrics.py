@@ -1,0 +1,123 @@
+"""Metrics over minimal pairs, tidy rows, and bootstrap summaries.
+
+Each result row is one sample of a pair (its *clean* run) under one intervention. Its logit
+difference is oriented to that sample's label: LD = logit[own label word] - logit[other label word]
+at the final position. `clean_logit_diff` is LD of the sample's own unpatched run,
+`corrupt_logit_diff` LD (same orientation) of its partner's unpatched run, and
+
+    normalized = (patched - corrupt) / (clean - corrupt)
+
+so 1 = behaves like the clean sample, 0 = like its partner. For denoising-style patches (feedback
+swap, residual denoising) the patched run is the partner's tokens with the clean sample's values
+patched in: 1 = full recovery. For ablations and noising the patched run is the clean sample's own
+tokens: 1 = no effect, 0 = as if it were its partner. Rows whose |clean - corrupt| < min_gap are
+flagged `tiny_gap` and left out of every `normalized` summary (the count is reported).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+METRICS = ("logit_diff", "normalized", "kl", "accuracy", "choice", "probe_accuracy")
+METRIC_HELP = {
+    "logit_diff": "logit[own label word] - logit[other label word] at the final position",
+    "normalized": "(patched - corrupt) / (clean - corrupt) of logit_diff; tiny-gap pairs excluded",
+    "kl": "KL(clean || patched) of the next-token distribution at the final position (nats)",
+    "accuracy": "top-1 over the whole vocabulary is the clean sample's label word",
+    "choice": "the clean sample's label word beats the other label word (logit_diff > 0)",
+    "probe_accuracy": "held-out (cross-fitted) linear probe predicts the sample's label",
+}
+# columns every row carries (defaults where an experiment has no such axis)
+AXES = {"experiment": "", "condition": "", "mode": "", "hook_rule": "", "decoding": "prefill",
+        "direction": "", "method": "", "depth": -1, "position": -1, "scale": 0.0}
+SUMMARY_KEYS = ("experiment", "condition", "mode", "hook_rule", "decoding", "direction", "method",
+                "task", "length_knob", "depth", "position", "scale", "metric")
+
+
+def logit_diff(logits: torch.Tensor, target: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """logits: [N, d_vocab] at the final position -> [N]."""
+    idx = torch.arange(logits.shape[0], device=logits.device)
+    return logits[idx, target] - logits[idx, other]
+
+
+def kl_div(clean: torch.Tensor, patched: torch.Tensor) -> torch.Tensor:
+    """KL(P_clean || P_patched) per row (float64 log-softmax). [N, d_vocab] x2 -> [N]."""
+    lp = torch.log_softmax(clean.double(), -1)
+    lq = torch.log_softmax(patched.double(), -1)
+    return (lp.exp() * (lp - lq)).sum(-1)
+
+
+def score(batch, ref: torch.Tensor, patched: torch.Tensor, min_gap: float, **axes) -> pd.DataFrame:
+    """Wide rows for one intervention of a batch.
+
+    ref: [N, d_vocab] the batch's unpatched final-position logits; patched: [N, d_vocab] the
+    intervened logits of row i's *clean* sample (whatever tokens the patched run used)."""
+    tgt, oth = batch.target.to(ref.device), batch.other.to(ref.device)
+    partner = batch.partner.to(ref.device)
+    clean = logit_diff(ref, tgt, oth)
+    corrupt = logit_diff(ref[partner], tgt, oth)
+    ld = logit_diff(patched, tgt, oth)
+    gap = clean - corrupt
+    tiny = gap.abs() < min_gap
+    safe = torch.where(tiny, torch.ones_like(gap), gap)
+    cols = {
+        "clean_logit_diff": clean, "corrupt_logit_diff": corrupt, "tiny_gap": tiny,
+        "logit_diff": ld, "normalized": torch.where(tiny, torch.full_like(gap, float("nan")), (ld - corrupt) / safe),
+        "kl": kl_div(ref, patched), "accuracy": (patched.argmax(-1) == tgt).double(), "choice": (ld > 0).double(),
+    }
+    data = {c: batch.meta[c].to_numpy() for c in batch.meta.columns}
+    data.update({k: np.full(len(batch.meta), v) for k, v in {**AXES, **axes}.items()})
+    data.update({k: v.cpu().numpy() if v.dtype == torch.bool else v.detach().double().cpu().numpy() for k, v in cols.items()})
+    return pd.DataFrame(data)
+
+
+def to_long(wide: pd.DataFrame, metrics=METRICS) -> pd.DataFrame:
+    """One row per sample × condition × metric (column `metric`, value in `value`)."""
+    metrics = [m for m in metrics if m in wide.columns]
+    ids = [c for c in wide.columns if c not in metrics]
+    long = wide.melt(id_vars=ids, value_vars=metrics, var_name="metric", value_name="value")
+    # a metric a row does not have is NaN; keep NaN only where it means "tiny gap" (normalized)
+    return long[long["value"].notna() | (long["metric"] == "normalized")].reset_index(drop=True)
+
+
+def bootstrap_ci(values, n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high): percentile bootstrap of the mean over the given units (one value per pair)."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    if v.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    if v.size == 1:
+        return float(v[0]), float(v[0]), float(v[0])
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, v.size, size=(n_boot, v.size))].mean(axis=1)
+    a = (1 - ci) / 2
+    lo, hi = np.quantile(means, [a, 1 - a])
+    return float(v.mean()), float(lo), float(hi)
+
+
+def summarize(long: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed: int = 0, pool_lengths: bool = True) -> pd.DataFrame:
+    """Mean and bootstrap CI over pairs for every condition × metric (per length knob, and pooled
+    over lengths as length_knob = -1 for final-position experiments).
+
+    The unit is the pair: a pair's value is the mean over its rows (its two orientations, both
+    samples); tiny-gap rows are dropped from `normalized` first and counted in `n_excluded`."""
+    keys = [k for k in SUMMARY_KEYS if k in long.columns]
+    frames = [long]
+    if pool_lengths:
+        final = long[long["position"] == -1]
+        if len(final):
+            frames.append(final.assign(length_knob=-1))
+    data = pd.concat(frames, ignore_index=True)
+    excluded = (data["metric"] == "normalized") & data["tiny_gap"].astype(bool)
+    n_excl = data[excluded].groupby(keys, sort=True)["pair_id"].nunique()
+    per_pair = data[~excluded].groupby(keys + ["pair_id"], sort=True)["value"].mean()
+    values = {k: v.to_numpy() for k, v in per_pair.groupby(level=list(range(len(keys))), sort=True)}
+    out = []
+    for key in sorted(set(values) | set(n_excl.index), key=str):
+        mean, lo, hi = bootstrap_ci(values.get(key, np.array([])), n_boot, ci, seed)
+        row = dict(zip(keys, key))
+        row.update(mean=mean, ci_low=lo, ci_high=hi, n_pairs=int(np.sum(~np.isnan(values.get(key, np.array([]))))),
+                   n_excluded=int(n_excl.get(key, 0)))
+        out.append(row)
+    return pd.DataFrame(out).sort_values(keys, kind="stable").reset_index(drop=True)

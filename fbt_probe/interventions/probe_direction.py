@@ -1,0 +1,214 @@
+"""Probe-direction tests (DESIGN §6.5): is the linearly decodable label *used*?
+
+For each task × length cell and each probe depth d, probes are cross-fitted with grouped folds
+(no group on both sides): each sample is edited with the probe / eraser fitted on the folds that do
+not hold its group, at the final position of depth d in the one hooked pass (**one-pass** rule,
+exact: nothing later depends on the final position). Conditions:
+- `probe`: the held-out probe's correctness on the unedited activation (probe accuracy of the cell);
+- `erase-leace`: LEACE (EleutherAI `concept-erasure`), the least-squares edit after which no linear
+  classifier beats a constant; `erase-orth`: orthogonal projection off the probe's unit direction
+  around the training mean. Erase rows also carry `probe_accuracy` of a probe re-fitted (grouped
+  CV) on the erased activations;
+- `steer`: x + α·(m_other - m_own)·w, w the unit raw-space probe direction, m the class means of the
+  training folds along w: α = 1 moves a sample by the class-mean gap toward the opposite label;
+  `steer-random`: the same displacement along a random unit direction (control).
+normalized = 1: the answer did not move; 0: it moved as far as the partner's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fbt_probe.errors import FbtError
+from fbt_probe.hooks import depth_name
+from fbt_probe.interventions.experiments import ONE_PASS, _reference, device_of, final_logits
+from fbt_probe.interventions.hooks import edit_at, rank_one_edit
+from fbt_probe.interventions.metrics import score
+
+
+def leace_available() -> bool:
+    try:
+        import concept_erasure  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def erase_methods(requested: str = "auto") -> tuple[str, ...]:
+    """'auto' = LEACE and the orthogonal projection when concept-erasure is installed, else orth only."""
+    if requested == "auto":
+        return ("leace", "orth") if leace_available() else ("orth",)
+    methods = tuple(m.strip() for m in requested.split(",") if m.strip())
+    bad = set(methods) - {"leace", "orth"}
+    if bad or not methods:
+        raise FbtError(f"erase '{requested}': expected auto, leace, orth or leace,orth")
+    if "leace" in methods and not leace_available():
+        raise FbtError("erase 'leace' needs EleutherAI concept-erasure: pip install concept-erasure")
+    return methods
+
+
+# ----------------------------------------------------------------------------- probes (adapter)
+@dataclass(frozen=True)
+class _Fitted:
+    direction: np.ndarray  # [D] unit raw-space direction (score increases toward label 1)
+    raw_weights: np.ndarray
+    raw_bias: float
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return (X @ self.raw_weights + self.raw_bias > 0).astype(np.int64)
+
+
+def fit_probe(X: np.ndarray, y: np.ndarray, C: float = 1.0) -> _Fitted:
+    """Standardized L2 logistic regression as a raw-space direction: `fbt_probe.probes.LinearProbe`
+    when that package is present, else the same model built from scikit-learn here."""
+    try:
+        from fbt_probe.probes.estimator import LinearProbe
+
+        p = LinearProbe(C=C).fit(X, y).export()
+        w, b = np.asarray(p.raw_weights), float(p.raw_bias)
+        if tuple(p.classes) != (0, 1):
+            raise FbtError(f"probe classes {p.classes}: expected (0, 1)")
+    except ImportError:  # pragma: no cover - the probes package is part of fbt-probe
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.preprocessing import StandardScaler
+
+        sc = StandardScaler().fit(X)
+        lr = LogisticRegression(C=C, max_iter=1000).fit(sc.transform(X), y)
+        w = lr.coef_[0] / sc.scale_
+        b = float(lr.intercept_[0] - sc.mean_ @ w)
+    norm = float(np.linalg.norm(w))
+    return _Fitted(w / norm if norm > 0 else w * 0.0, w, b)
+
+
+def folds(y: np.ndarray, groups: np.ndarray, n_folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Grouped K-fold splits, at most as many folds as groups. Stratified (StratifiedGroupKFold) so
+    that training folds stay label-balanced where the label is a function of the group (completion);
+    plain GroupKFold if stratification fails."""
+    k = min(n_folds, len(np.unique(groups)))
+    try:
+        from fbt_probe.probes.splits import grouped_splits
+    except ImportError:  # pragma: no cover - the probes package is part of fbt-probe
+        from sklearn.model_selection import GroupKFold
+
+        return [(tr, te) for tr, te in GroupKFold(n_splits=k).split(y, y, groups)]
+    try:
+        return grouped_splits(y, groups, n_splits=k, cv="stratified-group", seed=seed)
+    except FbtError:
+        return grouped_splits(y, groups, n_splits=k, cv="group", seed=seed)
+
+
+def cv_correct(X: np.ndarray, y: np.ndarray, splits, C: float = 1.0) -> np.ndarray:
+    """[n] 0/1: each sample's label predicted by the probe fitted on the other folds."""
+    out = np.full(len(y), np.nan)
+    for train, test in splits:
+        out[test] = fit_probe(X[train], y[train], C).predict(X[test]) == y[test]
+    return out
+
+
+# ----------------------------------------------------------------------------- edits per row
+def fold_edits(X: np.ndarray, y: np.ndarray, splits, methods, C: float = 1.0, seed: int = 0) -> dict:
+    """Per-row edit parameters from the folds that do not hold the row: for each erase method
+    (r, l, b) of x -> x - ((x-b)·r) l; for steering the unit step toward the opposite label."""
+    n, D = X.shape
+    z = np.zeros((n, D))
+    edits = {m: (z.copy(), z.copy(), z.copy()) for m in methods}
+    edits["step"], edits["random"] = z.copy(), z.copy()
+    edits["probe_correct"] = np.full(n, np.nan)
+    rng = np.random.default_rng(seed)
+    for train, test in splits:
+        probe = fit_probe(X[train], y[train], C)
+        w = probe.direction
+        edits["probe_correct"][test] = probe.predict(X[test]) == y[test]
+        proj = X[train] @ w
+        m = np.array([proj[y[train] == c].mean() for c in (0, 1)])
+        gap = (m[1 - y[test]] - m[y[test]])[:, None]  # [test, 1]
+        edits["step"][test] = gap * w
+        rand = rng.standard_normal(D)
+        edits["random"][test] = np.abs(gap) * (rand / np.linalg.norm(rand))
+        for method in methods:
+            r, l, b = _eraser(method, X[train], y[train], w)
+            for arr, v in zip(edits[method], (r, l, b)):
+                arr[test] = v
+    return edits
+
+
+def _eraser(method: str, X: np.ndarray, y: np.ndarray, w: np.ndarray):
+    if method == "orth":
+        return w, w, X.mean(0)
+    from concept_erasure import LeaceFitter
+
+    e = LeaceFitter.fit(torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(y)).eraser
+    bias = e.bias if e.bias is not None else torch.zeros(X.shape[1], dtype=torch.float64)
+    return e.proj_right[0].numpy(), e.proj_left[:, 0].numpy(), bias.numpy()
+
+
+def apply_edit(X: np.ndarray, r, l, b) -> np.ndarray:
+    return X - ((X - b) * r).sum(-1, keepdims=True) * l
+
+
+# ----------------------------------------------------------------------------- experiment
+def probe_direction(model, batches, mode: str = "recurrent:1", min_gap: float = 0.1, depths=(0,),
+                    scales=(0.5, 1.0, 2.0, 4.0), n_folds: int = 5, erase: str = "auto", C: float = 1.0,
+                    seed: int = 0) -> pd.DataFrame:
+    """Erase / steer the probe direction at the final position of each depth (see module doc).
+    Cells with fewer than two groups are skipped and listed in `df.attrs['notes']`."""
+    methods = erase_methods(erase)
+    depths = list(depths) if depths is not None else list(range(model.cfg.n_layers + 1))
+    names = [depth_name(d) for d in depths]
+    cells: dict = {}
+    for batch in batches:
+        batch = batch.to(device_of(model))
+        _, acts = _reference(model, batch, mode, names)
+        key = (str(batch.meta["task"].iloc[0]), int(batch.meta["length_knob"].iloc[0]))
+        cells.setdefault(key, []).append((batch, acts))
+    out, notes = [], []
+    for (task, knob), items in cells.items():
+        meta = pd.concat([b.meta for b, _ in items], ignore_index=True)
+        y, groups = meta["label"].to_numpy().astype(np.int64), meta["group_id"].astype(str).to_numpy()
+        if len(np.unique(groups)) < 2 or len(np.unique(y)) < 2:
+            notes.append(f"{task} length {knob}: skipped (needs >= 2 groups and both labels)")
+            continue
+        try:
+            splits = folds(y, groups, n_folds, seed)
+        except FbtError as exc:
+            notes.append(f"{task} length {knob}: skipped ({exc})")
+            continue
+        for d, name in zip(depths, names):
+            X = torch.cat([a[name] for _, a in items]).double().cpu().numpy()
+            edits = fold_edits(X, y, splits, methods, C, seed + d)
+            erased_acc = {m: cv_correct(apply_edit(X, *edits[m]), y, splits, C) for m in methods}
+            out.extend(_cell_rows(model, items, mode, d, name, edits, erased_acc, methods, scales, min_gap))
+    df = pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+    df.attrs["notes"] = notes
+    return df
+
+
+def _cell_rows(model, items, mode, d, name, edits, erased_acc, methods, scales, min_gap) -> list[pd.DataFrame]:
+    rows, start = [], 0
+    for batch, _ in items:
+        sl = slice(start, start + batch.n)
+        start += batch.n
+        dev, last = batch.tokens.device, batch.T - 1
+        t = {k: torch.as_tensor(v[sl], device=dev) for k, v in edits.items() if k not in methods}
+        axes = dict(experiment="probe-direction", mode=mode, hook_rule=ONE_PASS, direction="noising", depth=d)
+        ref = final_logits(model, batch.tokens, mode)
+        probe = score(batch, ref, ref, min_gap, condition="probe", method="probe", **axes)
+        probe["probe_accuracy"] = edits["probe_correct"][sl]
+        rows.append(probe)
+        for m in methods:
+            r, l, b = (torch.as_tensor(a[sl], device=dev) for a in edits[m])
+            patched = final_logits(model, batch.tokens, mode, [(name, edit_at(rank_one_edit(r, l, b), last, model))])
+            row = score(batch, ref, patched, min_gap, condition=f"erase-{m}", method=m, **axes)
+            row["probe_accuracy"] = erased_acc[m][sl]
+            rows.append(row)
+        zero = torch.zeros_like(t["step"])
+        for alpha in scales:
+            for cond, step in (("steer", t["step"]), ("steer-random", t["random"])):
+                fn = rank_one_edit(zero, zero, zero, shift=alpha * step)
+                patched = final_logits(model, batch.tokens, mode, [(name, edit_at(fn, last, model))])
+                rows.append(score(batch, ref, patched, min_gap, condition=cond, scale=float(alpha),
+                                  method="probe-direction" if cond == "steer" else "random-direction", **axes))
+    return rows

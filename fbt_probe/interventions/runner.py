@@ -1,0 +1,195 @@
+"""Run one experiment over a dataset's minimal pairs and write its tidy tables with provenance.
+
+Output folder `OUT/<experiment>/`: `rows.parquet|csv` (one row per sample of a pair × condition ×
+metric), `summary.parquet|csv` (mean and bootstrap CI over pairs per condition × metric; length_knob
+-1 = pooled over lengths), `manifest.json` (config, hook rule per experiment, tiny-gap exclusions,
+provenance) and `figures/`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from fbt_probe.errors import FbtError
+from fbt_probe.interventions import experiments as E
+from fbt_probe.interventions.metrics import METRIC_HELP, summarize, to_long
+from fbt_probe.interventions.pairs import label_token_ids, pair_batches
+from fbt_probe.interventions.probe_direction import erase_methods, probe_direction
+from fbt_probe.model.modes import parse_mode
+
+FORMAT = "fbt-probe.interventions/1"
+EXPERIMENTS = ("feedback-swap", "state-replacement", "gate-ablation", "residual", "probe-direction")
+HOOK_RULES = {
+    "feedback-swap": "one-pass: fusion.* replaced at the final position in the one hooked pass (exact)",
+    "state-replacement": "one-pass: fusion.hook_feedback replaced at the final position (exact)",
+    "gate-ablation": "one-pass for the prefill mode; kv-step (model.step with hooks) for Soft decoding",
+    "residual": "serial (serial=True) when the mode carries a state, so patches ripple through the "
+                "feedback; one-pass under standard",
+    "probe-direction": "one-pass: the final position of each probe depth edited in the one hooked pass (exact)",
+}
+
+
+@dataclass(frozen=True)
+class PatchConfig:
+    experiment: str
+    modes: tuple[str, ...] = ("recurrent:1",)
+    batch_size: int = 32
+    """Samples per forward (both samples of a pair always share a batch)."""
+    min_gap: float = 0.1
+    """|clean - corrupt| logit difference below which a pair is left out of `normalized`."""
+    n_boot: int = 1000
+    ci: float = 0.95
+    seed: int = 0
+    max_pairs: int | None = None
+    """Pairs per task × length cell (None = all; residual defaults to 16)."""
+    lengths: tuple[int, ...] | None = None
+    """Length knobs to keep (None = all; residual defaults to the shortest of each task)."""
+    depths: tuple[int, ...] | None = None
+    """Probe depths for residual / probe-direction (None = 0..L)."""
+    last_k: int | None = None
+    """Residual: patch only the last k positions (None = all)."""
+    scales: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
+    n_folds: int = 5
+    erase: str = "auto"
+    decoding: bool = True
+    """Gate ablation: also Std / Soft decoding answer accuracy."""
+
+    def __post_init__(self) -> None:
+        if self.experiment not in EXPERIMENTS:
+            raise FbtError(f"experiment '{self.experiment}': expected one of {', '.join(EXPERIMENTS)}")
+        for m in self.modes:
+            parse_mode(m)
+        if self.min_gap < 0 or not 0 < self.ci < 1 or self.n_boot < 1:
+            raise FbtError("min_gap must be >= 0, ci in (0, 1), n_boot >= 1")
+        if self.experiment == "probe-direction":
+            erase_methods(self.erase)
+
+
+def _cell_filter(df: pd.DataFrame, cfg: PatchConfig):
+    """(lengths, max_pairs) after the residual defaults (shortest knob per task, 16 pairs)."""
+    lengths, max_pairs = cfg.lengths, cfg.max_pairs
+    if cfg.experiment == "residual":
+        if lengths is None:
+            lengths = tuple(sorted(set(int(k) for k in df.groupby("task")["length_knob"].min())))
+        if max_pairs is None:
+            max_pairs = 16
+    return lengths, max_pairs
+
+
+def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | None = None) -> pd.DataFrame:
+    """All modes of one experiment -> wide rows (df.attrs['notes'] lists skipped cells)."""
+    label_ids = label_ids or label_token_ids(df)
+    lengths, max_pairs = _cell_filter(df, cfg)
+    model.eval()
+    out, notes = [], []
+    for mode in cfg.modes:
+        batches = list(pair_batches(df, label_ids, cfg.batch_size, max_pairs, lengths))
+        args = dict(mode=mode, min_gap=cfg.min_gap)
+        if cfg.experiment == "feedback-swap":
+            w = E.feedback_swap(model, batches, **args)
+        elif cfg.experiment == "state-replacement":
+            w = E.state_replacement(model, batches, seed=cfg.seed, **args)
+        elif cfg.experiment == "gate-ablation":
+            w = E.gate_ablation(model, batches, decoding=cfg.decoding, **args)
+        elif cfg.experiment == "residual":
+            w = E.residual_patching(model, batches, depths=cfg.depths, last_k=cfg.last_k,
+                                    batch_size=max(cfg.batch_size, 2), **args)
+        else:
+            w = probe_direction(model, batches, depths=cfg.depths, scales=cfg.scales, n_folds=cfg.n_folds,
+                                erase=cfg.erase, seed=cfg.seed, **args)
+            notes += [f"{mode}: {n}" for n in w.attrs.get("notes", [])]
+        out.append(w)
+    wide = pd.concat(out, ignore_index=True)
+    wide.attrs["notes"] = notes
+    return wide
+
+
+@dataclass
+class Results:
+    rows: pd.DataFrame  # long
+    summary: pd.DataFrame
+    manifest: dict = field(default_factory=dict)
+    out_dir: Path | None = None
+
+
+def analyse(wide: pd.DataFrame, cfg: PatchConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+    long = to_long(wide)
+    return long, summarize(long, cfg.n_boot, cfg.ci, cfg.seed)
+
+
+def exclusions(long: pd.DataFrame) -> dict:
+    """Tiny-gap pairs per mode (left out of every normalized figure)."""
+    sub = long[long["tiny_gap"].astype(bool)]
+    total = long.groupby("mode")[["task", "pair_id"]].apply(lambda g: len(g.drop_duplicates()))
+    excl = sub.groupby("mode")[["task", "pair_id"]].apply(lambda g: len(g.drop_duplicates()))
+    return {m: {"pairs": int(total[m]), "excluded": int(excl.get(m, 0))} for m in total.index}
+
+
+def dataset_hash(df: pd.DataFrame) -> str:
+    shas = df.attrs.get("dataset_sha256")
+    if shas:
+        return hashlib.sha256("".join(shas).encode()).hexdigest()
+    blob = json.dumps([list(map(int, t)) for t in df["token_ids"]] + df["label"].astype(int).tolist())
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def manifest_for(cfg: PatchConfig, long: pd.DataFrame, notes: list[str], model_info: dict, df: pd.DataFrame) -> dict:
+    from fbt_probe.provenance import provenance
+
+    extra = {}
+    if cfg.experiment == "probe-direction":
+        methods = erase_methods(cfg.erase)
+        extra["erase_methods"] = {"leace": _leace_version() if "leace" in methods else None,
+                                  "orth": "orthogonal projection off the probe direction (around the training mean)"}
+    return {
+        "format": FORMAT, "experiment": cfg.experiment, "modes": list(cfg.modes),
+        "hook_rule": HOOK_RULES[cfg.experiment], "metrics": METRIC_HELP,
+        "normalized": "(patched - corrupt) / (clean - corrupt); denoising: 1 = full recovery; "
+                      "noising / ablation: 1 = no effect, 0 = behaves like the partner",
+        "tiny_gap": {"min_gap": cfg.min_gap, "by_mode": exclusions(long)},
+        "notes": notes, "files": ["rows.parquet", "rows.csv", "summary.parquet", "summary.csv"], **extra,
+        "provenance": provenance(config=asdict(cfg), seed=cfg.seed, dataset_hash=dataset_hash(df),
+                                 dataset_files=df.attrs.get("dataset_files", []), **model_info),
+    }
+
+
+def _leace_version() -> str:
+    from importlib import metadata
+
+    return f"LEACE via EleutherAI concept-erasure {metadata.version('concept-erasure')}"
+
+
+def write_results(res: Results, out_dir: Path, force: bool = False, figures: bool = True) -> Path:
+    from fbt_probe.io import atomic_dir, write_json
+
+    with atomic_dir(out_dir, force=force) as tmp:
+        for name, table in (("rows", res.rows), ("summary", res.summary)):
+            table.to_parquet(tmp / f"{name}.parquet", index=False)
+            table.to_csv(tmp / f"{name}.csv", index=False)
+        if figures:
+            from fbt_probe.figures.interventions import draw_for
+
+            res.manifest["figures"] = [p.name for p in draw_for(res.summary, tmp / "figures")]
+        write_json(tmp / "manifest.json", res.manifest)
+    res.out_dir = Path(out_dir)
+    return res.out_dir
+
+
+def run(model, df: pd.DataFrame, cfg: PatchConfig, out: str | Path | None = None, force: bool = False,
+        model_info: dict | None = None, label_ids: dict | None = None, figures: bool = True) -> Results:
+    """Run `cfg.experiment`, summarize, and (with `out`) write `out/<experiment>/`."""
+    target = Path(out) / cfg.experiment if out is not None else None
+    if target is not None and target.exists() and not force:
+        from fbt_probe.io import refuse_existing
+
+        refuse_existing(target, force)
+    wide = run_experiment(model, df, cfg, label_ids)
+    long, summary = analyse(wide, cfg)
+    res = Results(long, summary, manifest_for(cfg, long, wide.attrs.get("notes", []), model_info or {}, df))
+    if target is not None:
+        write_results(res, target, force, figures)
+    return res

@@ -1,0 +1,243 @@
+"""Interventions: hook functions are exact, experiments mean what they say, statistics behave,
+no hook outlives an experiment. Random small models (float64) and a few generated pairs."""
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from threadpoolctl import threadpool_limits
+
+from fbt_probe.errors import FbtError
+from fbt_probe.hooks import depth_name, depth_names
+from fbt_probe.interventions import (bootstrap_ci, capture, edit_at, feedback_swap, final_logits, gate_ablation,
+                                     label_token_ids, pair_batches, patch_all, patch_rows_at, probe_direction,
+                                     rank_one_edit, residual_patching, set_at, soft_answer_logits, state_replacement,
+                                     stitch, summarize, to_long)
+from fbt_probe.interventions.probe_direction import apply_edit, fold_edits, folds
+from fbt_probe.tasks import build_tokenizer, generate, load_spec
+from tests.helpers import make_model, tokens
+
+MODES = ["standard", "recurrent:1"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Several people share 2 cores: one thread is faster than two contended ones."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with threadpool_limits(1):
+        yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model()
+
+
+@pytest.fixture(scope="module")
+def data():
+    tok = build_tokenizer()
+    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(8,)), pairs=4, seed=0, tokenizer=tok)
+              for t in ("completion", "memory")]
+    df = pd.concat(frames, ignore_index=True)
+    return df, label_token_ids(df, tok)
+
+
+@pytest.fixture(scope="module")
+def batches(data):
+    df, ids = data
+    return list(pair_batches(df, ids, batch_size=8))
+
+
+def no_hooks_left(model) -> bool:
+    return all(not hp.fwd_hooks and not hp.bwd_hooks for hp in model.hook_dict.values())
+
+
+def run_cache(model, toks, mode, names, serial):
+    store = {}
+    with torch.no_grad():
+        logits = model.run_with_hooks(toks, mode=mode, serial=serial, fwd_hooks=[(n, capture(store, n, model)) for n in names])
+    return logits, {n: stitch(store[n]) for n in names}
+
+
+# ----------------------------------------------------------------------------- exactness
+@pytest.mark.parametrize("mode,serial", [("standard", False), ("recurrent:1", False), ("recurrent:1", True), ("recurrent:3", True)])
+def test_patching_a_run_with_itself_is_bit_identical(model, mode, serial):
+    toks = tokens(3, 12)
+    names = depth_names(model.cfg.n_layers)
+    clean, acts = run_cache(model, toks, mode, names, serial)
+    T = toks.shape[1]
+    pos = torch.tensor([0, 5, T - 1])
+    for n in names:
+        for hook in (patch_all(acts[n], model), patch_rows_at(acts[n], pos, model), set_at(acts[n][:, T - 1], T - 1, model)):
+            with torch.no_grad():
+                out = model.run_with_hooks(toks, mode=mode, serial=serial, fwd_hooks=[(n, hook)])
+            assert torch.equal(out, clean), n
+    assert no_hooks_left(model)
+
+
+def test_clean_into_corrupt_at_every_position_of_depth0_reproduces_clean_under_standard(model):
+    clean_toks, corrupt_toks = tokens(4, 10, seed=1), tokens(4, 10, seed=2)
+    clean, acts = run_cache(model, clean_toks, "standard", [depth_name(0)], False)
+    with torch.no_grad():
+        corrupt = model(corrupt_toks)
+        patched = model.run_with_hooks(corrupt_toks, fwd_hooks=[(depth_name(0), patch_all(acts[depth_name(0)], model))])
+    assert not torch.allclose(corrupt, clean)
+    assert torch.equal(patched, clean)
+
+
+def test_zero_state_gives_zero_fused_input(model):
+    toks = tokens(3, 9)
+    store, last = {}, 8
+    hooks = [("fusion.hook_feedback", set_at(torch.zeros(3, model.cfg.d_model), last, model))]
+    hooks += [(n, capture(store, n, model, last)) for n in ("fusion.hook_value", "fusion.hook_gate", "fusion.hook_out")]
+    with torch.no_grad():
+        model.run_with_hooks(toks, mode="recurrent:1", fwd_hooks=hooks)
+    assert torch.all(store["fusion.hook_gate"] > 0)  # the gate is untouched ...
+    assert torch.equal(store["fusion.hook_value"] * store["fusion.hook_gate"], torch.zeros(3, model.cfg.d_model))
+    assert torch.equal(store["fusion.hook_out"], torch.zeros(3, model.cfg.d_model))  # ... the input collapses
+
+
+def test_feedback_swap_equals_the_kv_step_with_the_partners_state(model, batches):
+    b = batches[0]
+    T = b.T
+    states, _ = model.carried_states(b.tokens, "recurrent:1")
+    with torch.no_grad():
+        swapped = final_logits(model, b.tokens, "recurrent:1",
+                               [("fusion.hook_feedback", set_at(states[b.partner, T - 1], T - 1, model))])
+        cache, _, _ = model.prefill_cache(b.tokens[:, :-1])
+        step, _ = model.step(b.tokens[:, -1], cache, states[b.partner, T - 1])
+    torch.testing.assert_close(swapped, step, rtol=0, atol=1e-10)
+
+
+def test_soft_answer_equals_recurrent1_and_sees_its_hooks(model, batches):
+    b = batches[0]
+    with torch.no_grad():
+        torch.testing.assert_close(soft_answer_logits(model, b.tokens), final_logits(model, b.tokens, "recurrent:1"),
+                                   rtol=0, atol=1e-10)
+    zero = [("fusion.hook_gate", set_at(torch.zeros(b.n, model.cfg.d_model), b.T - 1, model))]
+    torch.testing.assert_close(soft_answer_logits(model, b.tokens, zero),
+                               final_logits(model, b.tokens, "recurrent:1", zero), rtol=0, atol=1e-10)
+    assert no_hooks_left(model)
+
+
+def test_rank_one_edits():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    w = torch.nn.functional.normalize(torch.randn(5, generator=g, dtype=torch.float64), dim=0).expand(6, 5)
+    mu = X.mean(0).expand(6, 5)
+    erased = rank_one_edit(w, w, mu)(X)
+    torch.testing.assert_close(((erased - mu) * w).sum(-1), torch.zeros(6, dtype=torch.float64))
+    torch.testing.assert_close(rank_one_edit(w, w, mu)(erased), erased)  # idempotent
+    z = torch.zeros(6, 5, dtype=torch.float64)
+    torch.testing.assert_close(rank_one_edit(z, z, z, shift=2 * w)(X), X + 2 * w)
+    hook = edit_at(rank_one_edit(z, z, z, shift=w[:1].expand(6, 5)), 3)
+    out = hook(torch.zeros(6, 4, 5, dtype=torch.float64))
+    assert torch.equal(out[:, 3], w) and torch.equal(out[:, :3], torch.zeros(6, 3, 5, dtype=torch.float64))
+
+
+def test_leace_and_orth_erasure_remove_the_class_mean_difference():
+    pytest.importorskip("concept_erasure")
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1], 20)
+    groups = np.arange(40) // 2
+    X = rng.standard_normal((40, 6)) + 2.0 * y[:, None] * np.array([1, 0, 0, 1, 0, 0])
+    splits = folds(y, groups, 4, 0)
+    edits = fold_edits(X, y, splits, ("leace", "orth"))
+    assert np.nanmean(edits["probe_correct"]) > 0.9  # decodable before
+    for train, _ in splits[:1]:
+        from fbt_probe.interventions.probe_direction import _eraser, fit_probe
+
+        Xe = apply_edit(X[train], *_eraser("leace", X[train], y[train], fit_probe(X[train], y[train]).direction))
+        gap = Xe[y[train] == 1].mean(0) - Xe[y[train] == 0].mean(0)
+        np.testing.assert_allclose(gap, 0, atol=1e-8)  # LEACE: no linear signal on its fitting data
+
+
+# ----------------------------------------------------------------------------- experiments
+def test_feedback_swap_conditions_and_gate_control(model, batches):
+    w = feedback_swap(model, batches[:1], min_gap=0.0)
+    assert set(w["condition"]) == {"state", "value", "gate"} and set(w["hook_rule"]) == {"one-pass"}
+    gate = w[w.condition == "gate"]  # same final token in a pair: the gate swap changes nothing
+    np.testing.assert_allclose(gate["logit_diff"], gate["corrupt_logit_diff"], atol=1e-10)
+    np.testing.assert_allclose(gate["normalized"], 0.0, atol=1e-8)
+    st, va = w[w.condition == "state"], w[w.condition == "value"]
+    np.testing.assert_allclose(st["logit_diff"].to_numpy(), va["logit_diff"].to_numpy(), atol=1e-10)
+    with pytest.raises(FbtError, match="feeds no state"):
+        feedback_swap(model, batches[:1], mode="standard")
+    assert no_hooks_left(model)
+
+
+def test_state_replacement_and_gate_ablation(model, batches):
+    sr = state_replacement(model, batches, min_gap=0.0)
+    assert set(sr["condition"]) == {"none", "zero", "mean", "random", "nonpartner"}
+    np.testing.assert_allclose(sr[sr.condition == "none"]["normalized"], 1.0)
+    ga = gate_ablation(model, batches, min_gap=0.0)
+    assert set(ga["decoding"]) == {"prefill", "std", "soft"}
+    zero_state = sr[sr.condition == "zero"].sort_values("row")["logit_diff"].to_numpy()
+    for dec in ("prefill", "soft"):  # a zero gate and a zero state both give a zero fused input
+        zero_gate = ga[(ga.condition == "zero") & (ga.decoding == dec)].sort_values("row")["logit_diff"].to_numpy()
+        np.testing.assert_allclose(zero_gate, zero_state, atol=1e-9)
+    assert no_hooks_left(model)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_residual_patching_top_of_last_position_is_full_recovery(model, batches, mode):
+    L = model.cfg.n_layers
+    w = residual_patching(model, batches[:1], mode=mode, min_gap=0.0, depths=[0, L], last_k=3, batch_size=24)
+    assert set(w["hook_rule"]) == {"serial" if mode != "standard" else "one-pass"}
+    top = w[(w.depth == L) & (w.position == batches[0].T - 1)]
+    np.testing.assert_allclose(top[top.direction == "denoising"]["normalized"], 1.0, atol=1e-8)
+    np.testing.assert_allclose(top[top.direction == "noising"]["normalized"], 0.0, atol=1e-8)
+    if mode == "standard":  # the last token is shared: its embedding carries no label
+        d0 = w[(w.depth == 0) & (w.position == batches[0].T - 1)]
+        np.testing.assert_allclose(d0["normalized"], d0["direction"].map({"denoising": 0.0, "noising": 1.0}), atol=1e-8)
+    assert no_hooks_left(model)
+
+
+def test_probe_direction_rows(model, batches):
+    w = probe_direction(model, batches, min_gap=0.0, depths=[0, 1], scales=(0.0, 1.0), n_folds=2, erase="orth")
+    assert {"probe", "erase-orth", "steer", "steer-random"} == set(w["condition"])
+    steer0 = w[(w.condition == "steer") & (w.scale == 0.0)]
+    np.testing.assert_allclose(steer0["normalized"], 1.0, atol=1e-8)  # no step, no movement
+    assert w.loc[w.condition == "probe", "probe_accuracy"].notna().all()
+    assert set(w["hook_rule"]) == {"one-pass"}
+    assert no_hooks_left(model)
+
+
+def test_hooks_are_removed_when_an_intervention_fails(model, batches):
+    def boom(x, hook):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        final_logits(model, batches[0].tokens, "recurrent:1", [("fusion.hook_gate", boom)])
+    with pytest.raises(RuntimeError, match="boom"):
+        soft_answer_logits(model, batches[0].tokens, [("fusion.hook_gate", boom)])
+    assert no_hooks_left(model) and model.hook_context is None
+
+
+# ----------------------------------------------------------------------------- statistics
+def test_bootstrap_ci_contains_the_mean_and_shrinks_with_more_pairs():
+    rng = np.random.default_rng(0)
+    widths = []
+    for n in (20, 80, 320):
+        v = rng.normal(0.7, 0.3, size=n)
+        mean, lo, hi = bootstrap_ci(v, n_boot=2000, seed=1)
+        assert lo <= mean <= hi and mean == pytest.approx(v.mean())
+        widths.append(hi - lo)
+    assert widths[0] > widths[1] > widths[2]
+    assert bootstrap_ci([0.5]) == (0.5, 0.5, 0.5)
+
+
+def test_summary_pools_lengths_and_reports_tiny_gap_exclusions(model, batches):
+    w = feedback_swap(model, batches, min_gap=1e9)  # every pair's gap is "tiny"
+    s = summarize(to_long(w), n_boot=50)
+    norm = s[(s.metric == "normalized") & (s.condition == "state")]
+    assert set(norm["length_knob"]) == {8, -1}
+    assert (norm["n_pairs"] == 0).all() and norm["mean"].isna().all()
+    n_pairs = w.groupby("task")["pair_id"].nunique()
+    pooled = norm[norm.length_knob == -1].set_index("task")["n_excluded"]
+    assert pooled.to_dict() == n_pairs.to_dict()
+    ld = s[(s.metric == "logit_diff") & (s.condition == "state") & (s.length_knob == -1)]
+    assert (ld["n_excluded"] == 0).all() and (ld["ci_low"] <= ld["mean"]).all() and (ld["mean"] <= ld["ci_high"]).all()

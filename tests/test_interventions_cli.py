@@ -1,0 +1,92 @@
+"""`fbt-probe patch`: end to end on a saved small checkpoint and a written dataset; outputs, refusals,
+figures drawn from the written tables."""
+import contextlib
+import dataclasses
+import json
+
+import pandas as pd
+import pytest
+import torch
+from threadpoolctl import threadpool_limits
+from typer.testing import CliRunner
+
+from fbt_probe.cli import app
+from fbt_probe.interventions import PatchConfig, load_pairs, run
+from fbt_probe.model.checkpoint import save_checkpoint
+from fbt_probe.tasks import build_tokenizer, generate, load_spec, save_tokenizer, write_dataset
+from tests.helpers import make_model
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with threadpool_limits(1):
+        yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("patch")
+    tok = build_tokenizer()
+    for task in ("completion", "memory"):
+        with pytest.warns(UserWarning) if task == "memory" else contextlib.nullcontext():  # 1 pair at 0 distractors
+            df = generate(dataclasses.replace(load_spec(task), length_grid=(0, 8)), pairs=3, seed=0, tokenizer=tok)
+        write_dataset(df, root / "data", tok)
+    save_tokenizer(tok, root / "tokenizer.json")
+    save_checkpoint(make_model(dtype=torch.float32), root / "run", tokenizer_path=root / "tokenizer.json")
+    return root
+
+
+def test_patch_cli_writes_tables_manifest_and_figures(workdir):
+    out = workdir / "results"
+    args = ["patch", str(workdir / "run"), str(workdir / "data"), "--experiment", "feedback-swap",
+            "--mode", "recurrent:1", "--out", str(out), "--n-boot", "50", "--min-gap", "0"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "normalized" in res.output and "tiny-gap" in res.output
+    folder = out / "feedback-swap"
+    for name in ("rows.parquet", "rows.csv", "summary.parquet", "summary.csv", "manifest.json", "figures/ablation-bars.png"):
+        assert (folder / name).is_file(), name
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["hook_rule"].startswith("one-pass")
+    assert manifest["provenance"]["checkpoint_hash"] and manifest["provenance"]["dataset_hash"]
+    assert manifest["tiny_gap"]["by_mode"]["recurrent:1"]["pairs"] == 10  # completion 3 + 3, memory 1 (one distinct pair at 0) + 3
+    rows = pd.read_parquet(folder / "rows.parquet")
+    assert {"pair_id", "condition", "metric", "value", "hook_rule", "tiny_gap"} <= set(rows.columns)
+    from fbt_probe.figures import draw
+
+    assert draw("ablation-bars", folder, metric="accuracy") is not None  # the registry finds summary.parquet
+    again = runner.invoke(app, args)
+    assert again.exit_code == 2 and "refusing to overwrite" in again.output
+    assert runner.invoke(app, args + ["--force"]).exit_code == 0
+
+
+def test_patch_cli_errors_are_one_line(workdir):
+    res = runner.invoke(app, ["patch", str(workdir / "run"), str(workdir / "data"), "--experiment", "nope",
+                              "--out", str(workdir / "x")])
+    assert res.exit_code == 2 and res.output.strip().count("\n") == 0 and "expected one of" in res.output
+    res = runner.invoke(app, ["patch", str(workdir / "nope"), str(workdir / "data"), "--experiment", "residual",
+                              "--out", str(workdir / "x")])
+    assert res.exit_code == 2 and "neither a preset" in res.output
+
+
+def test_residual_and_probe_direction_figures_from_written_tables(workdir):
+    from fbt_probe.figures.interventions import FIGURES
+
+    model = make_model()
+    df = load_pairs(workdir / "data", ["completion"])
+    res = run(model, df, PatchConfig("residual", modes=("standard", "recurrent:1"), depths=(0, 3), n_boot=50, min_gap=0),
+              out=workdir / "lib")
+    summary = pd.read_parquet(res.out_dir / "summary.parquet")
+    assert set(summary["hook_rule"]) == {"one-pass", "serial"}
+    assert (res.out_dir / "figures" / "patching-heatmap.png").is_file()
+    pd_res = run(model, df, PatchConfig("probe-direction", depths=(0, 1), scales=(1.0,), n_folds=2, erase="orth",
+                                        n_boot=50, min_gap=0))
+    for name in ("decodable-vs-used", "steering-sweep"):
+        FIGURES[name][0](pd_res.summary)
+    with pytest.raises(Exception, match="no rows of experiment"):
+        FIGURES["ablation-bars"][0](pd_res.summary)
