@@ -8,7 +8,8 @@ __version__ = "0.1.0"
 
 def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrides):
     """A preset name (random init from `seed`, config fields overridable), a checkpoint folder of
-    ours, or a Qwen3-format folder (config.json + safetensors; fresh fusion weights are added)."""
+    ours (latent-feedback or Hidden Decoding), or a Qwen3-format folder (config.json + safetensors;
+    fresh fusion weights are added)."""
     import torch
 
     from fbt_probe.config import PRESETS, preset
@@ -24,6 +25,10 @@ def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrid
     folder = Path(source)
     if not folder.is_dir():
         raise FbtError(f"{source}: neither a preset ({', '.join(sorted(PRESETS))}) nor a model folder")
+    from fbt_probe.hidden.checkpoint import is_hidden_checkpoint, load_hidden
+
+    if is_hidden_checkpoint(folder):  # a Hidden Decoding run (DESIGN.md §9)
+        return load_hidden(folder, device=device)
     if is_own_checkpoint(folder):
         return load_checkpoint(folder, device=device)
     from fbt_probe.model.hf import import_qwen3
