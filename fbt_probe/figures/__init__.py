@@ -33,6 +33,8 @@ class FigureEntry:
 
 
 FIGURES: dict[str, FigureEntry] = {
+    "fig3": FigureEntry("fbt_probe.figures.contraction", "fig3", "contraction.parquet",
+                        "contraction diagnostic: validation loss and carried-state change vs feedback passes"),
     "fig7a": FigureEntry("fbt_probe.figures.probes", "fig7a", "probes.parquet",
                          "probe accuracy vs depth; panels task x {standard, recurrent:1}; colour = length"),
     "fig7b": FigureEntry("fbt_probe.figures.probes", "fig7b", "probes.parquet",
