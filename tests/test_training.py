@@ -10,7 +10,7 @@ import fbt_probe as fp
 from fbt_probe.cli import app
 from fbt_probe.errors import FbtError
 from fbt_probe.training import TrainConfig, multipass_loss, parse_schedule, run_training
-from fbt_probe.training.data import pack
+from fbt_probe.training.data import batch_for_step, one_per_row
 from tests.helpers import make_model, tokens
 
 runner = CliRunner()
@@ -75,13 +75,23 @@ def test_noise_only_in_training_mode():
     assert torch.equal(one_pass[0], one_pass[1])  # no carried state, no noise
 
 
-def test_pack_keeps_documents_whole_and_weights_the_answer():
-    docs = [{"token_ids": [5, 6, 3, 9, 2], "answer_pos": 3}, {"token_ids": [7] * 8, "answer_pos": 4},
-            {"token_ids": [8, 3, 4, 2], "answer_pos": 2}]
-    toks, targets, weights = pack(docs, rows=2, ctx=9, answer_weight=5.0)
-    assert toks[0].tolist() == [5, 6, 3, 9, 2, 0, 0, 0, 0] and toks[1].tolist() == [7] * 8 + [0]
-    assert weights[0].tolist() == [1, 1, 5, 1, 0, 0, 0, 0, 0]  # position 2 predicts the answer (index 3)
-    assert targets[0, 2] == 9
+def test_one_document_per_row_weights_the_answer():
+    docs = [{"token_ids": [5, 6, 3, 9, 2], "answer_pos": 3}, {"token_ids": [8, 3, 4, 2], "answer_pos": 2}]
+    toks, targets, weights = one_per_row(docs, answer_weight=5.0)
+    assert toks.tolist() == [[5, 6, 3, 9, 2], [8, 3, 4, 2, 0]]
+    assert weights[0].tolist() == [1, 1, 5, 1, 0]  # position 2 predicts the answer (index 3)
+    assert weights[1].tolist() == [1, 5, 1, 0, 0] and targets[0, 2] == 9
+
+
+def test_a_step_is_one_cell_within_the_token_budget():
+    from fbt_probe.tasks import build_tokenizer
+
+    cfg = TrainConfig(**SMALL)
+    tok = build_tokenizer()
+    for step in range(6):
+        toks, _, weights = batch_for_step(cfg, tok, step)
+        assert toks.shape[0] * toks.shape[1] <= cfg.rows * cfg.ctx and (weights == 5.0).sum(1).eq(1).all()
+        assert (toks != 0).all()  # one cell: equal lengths, no padding
 
 
 @pytest.mark.parametrize("text,ok", [("paper", True), ("constant:3", True), ("1:.5,2:.5", True),

@@ -63,6 +63,10 @@ def patching_heatmap(table: pd.DataFrame, metric: str = "normalized", length: in
             knob = length if length is not None else int(sub["length_knob"].min())
             sub = sub[sub["length_knob"] == knob]
             grid = sub.pivot_table(index="depth", columns="position", values="mean")
+            if grid.empty:  # every pair below the min-gap threshold: nothing to normalise
+                ax.text(0.5, 0.5, "no pair above the clean–corrupt\ngap threshold", ha="center", va="center", transform=ax.transAxes)
+                ax.set_title(f"{task} · {mode} · {d} (length {knob})")
+                continue
             if vmin is None:
                 lim = float(np.nanmax(np.abs(grid.to_numpy()))) or 1.0
                 lo, hi = -lim, lim

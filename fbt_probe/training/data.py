@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
+
 import torch
 
 from fbt_probe.tasks import heldout_groups, training_documents
@@ -19,38 +21,60 @@ def heldout(cfg: TrainConfig):
     return heldout_groups(list(cfg.tasks), cfg.heldout_fraction, cfg.seed)
 
 
-def pack(docs, rows: int, ctx: int, answer_weight: float, pad_id: int = 0):
-    """Whole documents packed greedily into `rows` rows of `ctx` tokens (never split; pad the rest).
-    Returns tokens [rows, ctx], targets [rows, ctx] (next token), loss weights [rows, ctx]
-    (0 on padding and on the last position, `answer_weight` on answer tokens, 1 elsewhere)."""
-    tokens = torch.full((rows, ctx), pad_id, dtype=torch.long)
-    weights = torch.zeros(rows, ctx)
-    r, col = 0, 0
-    for doc in docs:
+def one_per_row(docs, answer_weight: float, pad_id: int = 0, length: int | None = None):
+    """One document per row, starting at position 0 and right-padded to `length` (default the
+    longest): the shape of the probe-time inputs. Returns tokens [rows, length], targets (the next
+    token) and loss weights (0 on padding and on the last token, `answer_weight` on the position that
+    predicts the answer word, 1 elsewhere)."""
+    docs = list(docs)
+    length = length or max(len(d["token_ids"]) for d in docs)
+    tokens = torch.full((len(docs), length), pad_id, dtype=torch.long)
+    weights = torch.zeros(len(docs), length)
+    for r, doc in enumerate(docs):
         ids = doc["token_ids"]
-        if len(ids) > ctx:
-            continue
-        if col + len(ids) > ctx:
-            r, col = r + 1, 0
-            if r == rows:
-                break
-        tokens[r, col: col + len(ids)] = torch.tensor(ids)
-        # the target of position p is token p+1: weight the positions that predict real tokens
-        weights[r, col: col + len(ids) - 1] = 1.0
-        weights[r, col + doc["answer_pos"] - 1] = answer_weight
-        col += len(ids)
-    targets = torch.cat([tokens[:, 1:], torch.full((rows, 1), pad_id, dtype=torch.long)], dim=1)
+        tokens[r, : len(ids)] = torch.tensor(ids)
+        weights[r, : len(ids) - 1] = 1.0
+        weights[r, doc["answer_pos"] - 1] = answer_weight
+    targets = torch.cat([tokens[:, 1:], torch.full((len(docs), 1), pad_id, dtype=torch.long)], dim=1)
     return tokens, targets, weights
 
 
-def batch_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train"):
-    """The batch of `step` (split 'train': held-out contexts excluded; 'val': only held-out ones)."""
-    ho = heldout(cfg)
+def _cells(cfg: TrainConfig) -> list[tuple[str, int]]:
     knobs = cfg.knobs or {t: TRAIN_KNOBS[t] for t in cfg.tasks}
-    exclude = ho if split == "train" else _OnlyHeldOut(ho.fraction, ho.seed, ho.tasks)
-    docs = training_documents(list(cfg.tasks), tokenizer, n=10_000, seed=step_seed(cfg.seed, step, split),
-                              knobs=knobs, exclude_groups=exclude)
-    return pack(docs, cfg.rows, cfg.ctx, cfg.answer_weight)
+    return [(t, k) for t in cfg.tasks for k in knobs[t]]
+
+
+def _exclusion(cfg: TrainConfig, split: str) -> HeldOut:
+    ho = heldout(cfg)
+    return ho if split == "train" else _OnlyHeldOut(ho.fraction, ho.seed, ho.tasks)
+
+
+def batch_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train"):
+    """The batch of `step`: one (task, length) cell drawn uniformly from the training grid, its
+    documents one per row from position 0 (all of a cell's documents have the same length, so
+    there is no padding), as many rows as fit `rows × ctx` tokens. Split 'train' excludes the
+    held-out contexts; 'val' draws only from them. (The prototype trained one document per row;
+    packing several documents into a row made the tiny model fail to learn the tasks at all.)"""
+    cells = _cells(cfg)
+    rng = np.random.default_rng(step_seed(cfg.seed, step, split + "-cell"))
+    task, knob = cells[int(rng.integers(len(cells)))]
+    seed = step_seed(cfg.seed, step, split)
+    first = next(iter(training_documents([task], tokenizer, n=1, seed=seed, knobs={task: [knob]},
+                                         exclude_groups=_exclusion(cfg, split))))
+    n_rows = max(1, (cfg.rows * cfg.ctx) // len(first["token_ids"]))
+    docs = training_documents([task], tokenizer, n=n_rows, seed=seed, knobs={task: [knob]}, exclude_groups=_exclusion(cfg, split))
+    return one_per_row(docs, cfg.answer_weight)
+
+
+def validation_batch(cfg: TrainConfig, tokenizer, rows: int = 16):
+    """About `rows` held-out documents spread over every training cell, one per row (right-padded)."""
+    cells = _cells(cfg)
+    per = max(1, rows // len(cells))
+    docs = []
+    for i, (task, knob) in enumerate(cells):
+        docs += list(training_documents([task], tokenizer, n=per, seed=step_seed(cfg.seed, i, "val"), knobs={task: [knob]},
+                                        exclude_groups=_exclusion(cfg, "val")))
+    return one_per_row(docs, cfg.answer_weight)
 
 
 class _OnlyHeldOut(HeldOut):

@@ -15,7 +15,7 @@ import torch
 
 from fbt_probe.tasks import generate, load_spec
 from fbt_probe.training.config import TRAIN_KNOBS, TrainConfig
-from fbt_probe.training.data import batch_for_step, heldout
+from fbt_probe.training.data import heldout, validation_batch  # noqa: F401 (re-exported)
 from fbt_probe.training.loop import weighted_ce
 
 EVAL_MODES = ("standard", "jacobi:2", "recurrent:1", "jacobi:3", "full")
@@ -68,11 +68,6 @@ def contraction(model, tokens: torch.Tensor, targets: torch.Tensor, weights: tor
         })
         prev, states = state, model.shift_states(state)
     return pd.DataFrame(rows)
-
-
-def validation_batch(cfg: TrainConfig, tokenizer, rows: int = 16):
-    """Packed documents from held-out contexts only."""
-    return batch_for_step(dataclasses.replace(cfg, rows=rows), tokenizer, step=0, split="val")
 
 
 @torch.no_grad()

@@ -42,7 +42,7 @@ def prefix_mask(rows: int, ctx: int, share: float, gen: torch.Generator) -> torc
     """has_state [rows, ctx]: position >= 1, except that a `share` of rows keep a random prompt
     prefix plain (as at inference, where the prompt is prefilled without feedback)."""
     pos = torch.arange(ctx)[None, :].expand(rows, ctx)
-    prefix = torch.randint(1, ctx, (rows, 1), generator=gen)
+    prefix = torch.randint(1, max(2, ctx), (rows, 1), generator=gen)
     keep = torch.rand(rows, 1, generator=gen) < share
     start = torch.where(keep, prefix, torch.ones_like(prefix))
     return pos >= start
@@ -79,7 +79,7 @@ def train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int = 0, op
             gen = torch.Generator().manual_seed(step_seed(cfg.seed, step, "draws"))
             K = 1 if cfg.baseline else sched.draw(float(torch.rand(1, generator=gen)))
             tokens, targets, weights = batch_for_step(cfg, tokenizer, step)
-            has = prefix_mask(cfg.rows, cfg.ctx, cfg.prefix_mix, gen)
+            has = prefix_mask(*tokens.shape, cfg.prefix_mix, gen)
             for group in opt.param_groups:
                 group["lr"] = lr_at(cfg, step)
             ts = time.perf_counter()
