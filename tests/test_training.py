@@ -10,11 +10,11 @@ import fbt_probe as fp
 from fbt_probe.cli import app
 from fbt_probe.errors import FbtError
 from fbt_probe.training import TrainConfig, multipass_loss, parse_schedule, run_training
-from fbt_probe.training.data import batch_for_step, one_per_row
+from fbt_probe.training.data import batches_for_step, one_per_row
 from tests.helpers import make_model, tokens
 
 runner = CliRunner()
-SMALL = dict(rows=2, ctx=160, warmup=2, eval_every=10_000, save_every=2,
+SMALL = dict(docs_per_step=6, warmup=2, eval_every=10_000, save_every=2,
              knobs={"completion": [0, 8], "memory": [8], "registers": [2]})
 
 
@@ -83,15 +83,16 @@ def test_one_document_per_row_weights_the_answer():
     assert weights[1].tolist() == [1, 5, 1, 0, 0] and targets[0, 2] == 9
 
 
-def test_a_step_is_one_cell_within_the_token_budget():
+def test_a_step_mixes_cells_in_unpadded_micro_batches():
     from fbt_probe.tasks import build_tokenizer
 
-    cfg = TrainConfig(**SMALL)
+    cfg = TrainConfig(**{**SMALL, "docs_per_step": 12})
     tok = build_tokenizer()
-    for step in range(6):
-        toks, _, weights = batch_for_step(cfg, tok, step)
-        assert toks.shape[0] * toks.shape[1] <= cfg.rows * cfg.ctx and (weights == 5.0).sum(1).eq(1).all()
-        assert (toks != 0).all()  # one cell: equal lengths, no padding
+    for step in range(4):
+        micro = batches_for_step(cfg, tok, step)
+        assert sum(t.shape[0] for t, _, _ in micro) == 12 and len(micro) >= 2
+        for toks, _, weights in micro:
+            assert (toks != 0).all() and (weights == 5.0).sum(1).eq(1).all()  # no padding, one answer per row
 
 
 @pytest.mark.parametrize("text,ok", [("paper", True), ("constant:3", True), ("1:.5,2:.5", True),
@@ -129,7 +130,7 @@ def test_checkpoint_round_trip_is_exact(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_training_lowers_the_loss(tmp_path):
-    run_training(TrainConfig(steps=40, **{**SMALL, "rows": 4, "warmup": 5}), tmp_path / "r", progress=False, eval_pairs=2)
+    run_training(TrainConfig(steps=40, **{**SMALL, "docs_per_step": 12, "warmup": 5}), tmp_path / "r", progress=False, eval_pairs=2)
     log = [json.loads(l) for l in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     first = sum(r["pass_losses"][0] for r in log[:5]) / 5
     last = sum(r["pass_losses"][0] for r in log[-5:]) / 5

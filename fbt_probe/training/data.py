@@ -49,21 +49,24 @@ def _exclusion(cfg: TrainConfig, split: str) -> HeldOut:
     return ho if split == "train" else _OnlyHeldOut(ho.fraction, ho.seed, ho.tasks)
 
 
-def batch_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train"):
-    """The batch of `step`: one (task, length) cell drawn uniformly from the training grid, its
-    documents one per row from position 0 (all of a cell's documents have the same length, so
-    there is no padding), as many rows as fit `rows × ctx` tokens. Split 'train' excludes the
-    held-out contexts; 'val' draws only from them. (The prototype trained one document per row;
-    packing several documents into a row made the tiny model fail to learn the tasks at all.)"""
+def batches_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train") -> list:
+    """The micro-batches of `step`: `docs_per_step` documents, each from a (task, length) cell drawn
+    uniformly from the training grid, grouped by cell into one-document-per-row micro-batches (a
+    cell's documents all have the same length: no padding). Their gradients are accumulated into one
+    optimizer step, so every step mixes tasks. Split 'train' excludes the held-out contexts; 'val'
+    draws only from them. (Packing documents into shared rows, or one cell per step, kept the tiny
+    model at chance in our runs; the prototype trained one mixed document per row.)"""
     cells = _cells(cfg)
-    rng = np.random.default_rng(step_seed(cfg.seed, step, split + "-cell"))
-    task, knob = cells[int(rng.integers(len(cells)))]
-    seed = step_seed(cfg.seed, step, split)
-    first = next(iter(training_documents([task], tokenizer, n=1, seed=seed, knobs={task: [knob]},
-                                         exclude_groups=_exclusion(cfg, split))))
-    n_rows = max(1, (cfg.rows * cfg.ctx) // len(first["token_ids"]))
-    docs = training_documents([task], tokenizer, n=n_rows, seed=seed, knobs={task: [knob]}, exclude_groups=_exclusion(cfg, split))
-    return one_per_row(docs, cfg.answer_weight)
+    rng = np.random.default_rng(step_seed(cfg.seed, step, split + "-cells"))
+    counts = np.bincount(rng.integers(len(cells), size=cfg.docs_per_step), minlength=len(cells))
+    out = []
+    for i, n in enumerate(counts):
+        if n:
+            task, knob = cells[i]
+            docs = training_documents([task], tokenizer, n=int(n), seed=step_seed(cfg.seed, step * 1000 + i, split),
+                                      knobs={task: [knob]}, exclude_groups=_exclusion(cfg, split))
+            out.append(one_per_row(docs, cfg.answer_weight))
+    return out
 
 
 def validation_batch(cfg: TrainConfig, tokenizer, rows: int = 16):

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from fbt_probe.errors import FbtError
 from fbt_probe.training.config import TrainConfig
-from fbt_probe.training.data import batch_for_step, step_seed
+from fbt_probe.training.data import batches_for_step, step_seed
 
 
 def weighted_ce(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -78,22 +78,28 @@ def train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int = 0, op
             torch.manual_seed(step_seed(cfg.seed, step, "noise"))
             gen = torch.Generator().manual_seed(step_seed(cfg.seed, step, "draws"))
             K = 1 if cfg.baseline else sched.draw(float(torch.rand(1, generator=gen)))
-            tokens, targets, weights = batch_for_step(cfg, tokenizer, step)
-            has = prefix_mask(*tokens.shape, cfg.prefix_mix, gen)
+            micro = batches_for_step(cfg, tokenizer, step)
+            total_w = sum(float(w.sum()) for _, _, w in micro)
             for group in opt.param_groups:
                 group["lr"] = lr_at(cfg, step)
             ts = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
-                loss, parts = multipass_loss(model, tokens, targets, weights, K, cfg.lam, has)
-            if not torch.isfinite(loss):
-                raise FbtError(f"training diverged at step {step}: loss is {loss.item()}")
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss, parts = 0.0, [0.0] * K
+            for tokens, targets, weights in micro:  # gradient accumulation over the step's cells
+                share = float(weights.sum()) / total_w
+                has = prefix_mask(*tokens.shape, cfg.prefix_mix, gen)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
+                    l, ps = multipass_loss(model, tokens, targets, weights, K, cfg.lam, has)
+                if not torch.isfinite(l):
+                    raise FbtError(f"training diverged at step {step}: loss is {l.item()}")
+                (l * share).backward()
+                loss += l.item() * share
+                parts = [a + b.item() * share for a, b in zip(parts, ps)]
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
             opt.step()
-            n_tok = int(weights.gt(0).sum()) * K
+            n_tok = sum(int(w.gt(0).sum()) for _, _, w in micro) * K
             tokens_seen += n_tok
-            rec = {"step": step + 1, "loss": loss.item(), "passes": K, "pass_losses": [p.item() for p in parts],
+            rec = {"step": step + 1, "loss": loss, "passes": K, "pass_losses": parts,
                    "lr": lr_at(cfg, step), "grad_norm": float(gnorm), "step_s": time.perf_counter() - ts,
                    "tokens_per_s": n_tok / max(time.perf_counter() - ts, 1e-9)}
             if on_eval is not None and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
