@@ -28,6 +28,7 @@ _SUBCOMMANDS = [
     ("tasks", "fbt_probe.cli.tasks"),
     ("probes", "fbt_probe.cli.probes"),
     ("train", "fbt_probe.cli.train"),
+    ("reproduce", "fbt_probe.cli.reproduce"),
     ("patch", "fbt_probe.cli.patch"),
 ]
 

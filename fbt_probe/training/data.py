@@ -25,7 +25,8 @@ def one_per_row(docs, answer_weight: float, pad_id: int = 0, length: int | None 
     """One document per row, starting at position 0 and right-padded to `length` (default the
     longest): the shape of the probe-time inputs. Returns tokens [rows, length], targets (the next
     token) and loss weights (0 on padding and on the last token, `answer_weight` on the position that
-    predicts the answer word, 1 elsewhere)."""
+    predicts the answer word, 1 elsewhere; each row then normalised to sum to 1, so a 259-token
+    register history does not outweigh a 14-token completion sample)."""
     docs = list(docs)
     length = length or max(len(d["token_ids"]) for d in docs)
     tokens = torch.full((len(docs), length), pad_id, dtype=torch.long)
@@ -35,6 +36,7 @@ def one_per_row(docs, answer_weight: float, pad_id: int = 0, length: int | None 
         tokens[r, : len(ids)] = torch.tensor(ids)
         weights[r, : len(ids) - 1] = 1.0
         weights[r, doc["answer_pos"] - 1] = answer_weight
+        weights[r] /= weights[r].sum()  # every document counts the same, whatever its length
     targets = torch.cat([tokens[:, 1:], torch.full((len(docs), 1), pad_id, dtype=torch.long)], dim=1)
     return tokens, targets, weights
 

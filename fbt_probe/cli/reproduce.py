@@ -1,0 +1,44 @@
+"""`fbt-probe reproduce`: zero to the paper's probing figures and a report."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("reproduce")(reproduce_cmd)
+
+
+def reproduce_cmd(
+    out: Annotated[Path, typer.Option(help="Study folder (datasets, models, activations, results, figures, report).")] = Path("runs/repro"),
+    preset: Annotated[str, typer.Option(help="tiny (trains on this CPU) or paper-1b (needs --model).")] = "tiny",
+    model: Annotated[Path | None, typer.Option(help="A checkpoint folder to study instead of training (required for paper-1b).")] = None,
+    quick: Annotated[bool, typer.Option(help="A small version of every stage (minutes; for checking the pipeline).")] = False,
+    steps: Annotated[int | None, typer.Option(help="Training steps (default 1000; 60 with --quick).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of data, training and probes.")] = 0,
+    force: Annotated[list[str] | None, typer.Option(help="Redo this stage even if up to date (repeatable).")] = None,
+) -> None:
+    """Generate the task datasets, train the feedback model and its no-feedback baseline, run the
+    contraction diagnostic, extract activations, fit the probe sweep, run the causal experiments,
+    draw every figure and write OUT/report.html and OUT/report.md. Up-to-date stages are skipped.
+
+    Example: fbt-probe reproduce --preset tiny --out runs/repro
+    """
+    import time
+
+    from fbt_probe.config import preset as check_preset
+    from fbt_probe.errors import FbtError
+    from fbt_probe.reproduce import ReproConfig, reproduce
+
+    check_preset(preset)
+    if preset != "tiny" and model is None:
+        raise FbtError(f"--preset {preset}: training it here is not supported; pass --model PATH (a checkpoint folder)")
+    kw = {"preset": preset, "seed": seed, "model": str(model) if model else None}
+    if steps is not None:
+        kw["steps"] = steps
+    cfg = ReproConfig.quick_config(**kw) if quick else ReproConfig(**kw)
+    t0 = time.perf_counter()
+    res = reproduce(cfg, out, set(force or []), echo=typer.echo)
+    typer.echo(f"finished in {time.perf_counter() - t0:.0f} s; report: {res['report']}")

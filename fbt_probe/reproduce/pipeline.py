@@ -1,0 +1,208 @@
+"""`fbt-probe reproduce`: datasets -> training (feedback + no-feedback baseline) -> evaluation and
+contraction diagnostic -> activations -> probe sweep -> causal experiments -> figures -> report."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from fbt_probe.errors import FbtError
+from fbt_probe.reproduce.stages import Runner, Stage
+
+PROBE_KNOBS = {"completion": [0, 8, 32, 128, 256], "memory": [8, 32, 128, 256], "registers": [2, 4, 8]}
+QUICK_KNOBS = {"completion": [8], "memory": [8], "registers": [2]}
+FEEDBACK_MODES = ["standard", "recurrent:1", "jacobi:2"]
+REGISTER_MODES = ["standard", "recurrent:1", "recurrent:2", "recurrent:4", "full", "jacobi:2"]
+EXPERIMENTS = ("feedback-swap", "state-replacement", "gate-ablation", "residual", "probe-direction")
+
+
+@dataclass(frozen=True)
+class ReproConfig:
+    preset: str = "tiny"
+    seed: int = 0
+    steps: int = 1000
+    pairs: int = 64  # probe-set minimal pairs per task × length cell (held-out contexts only)
+    knobs: dict = field(default_factory=lambda: dict(PROBE_KNOBS))
+    modes: dict = field(default_factory=lambda: {"completion": FEEDBACK_MODES, "memory": FEEDBACK_MODES, "registers": REGISTER_MODES})
+    eval_pairs: int = 64
+    passes: int = 32  # contraction diagnostic
+    patch_pairs: int = 32  # pairs per cell in the causal experiments
+    patch_knobs: dict = field(default_factory=lambda: {"completion": [8], "memory": [8], "registers": [2]})
+    model: str | None = None  # a user checkpoint (paper-1b path): no training, no baseline
+    quick: bool = False
+
+    @classmethod
+    def quick_config(cls, **kw) -> "ReproConfig":
+        base = dict(steps=60, pairs=12, knobs=dict(QUICK_KNOBS), eval_pairs=8, passes=6, patch_pairs=5, quick=True,
+                    modes={"completion": ["standard", "recurrent:1"], "memory": ["standard", "recurrent:1"],
+                           "registers": ["standard", "recurrent:1", "full"]})
+        return cls(**{**base, **kw})
+
+    def models(self) -> list[str]:
+        return ["feedback"] if self.model else ["feedback", "baseline"]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def train_config(cfg: ReproConfig, baseline: bool):
+    from fbt_probe.training import TrainConfig
+
+    return TrainConfig(preset=cfg.preset, steps=cfg.steps, seed=cfg.seed, baseline=baseline,
+                       eval_every=max(1, min(100, cfg.steps)), save_every=max(1, min(100, cfg.steps)))
+
+
+def _tokenizer(cfg: ReproConfig):
+    from fbt_probe.tasks import build_tokenizer, load_tokenizer
+
+    if cfg.model and (Path(cfg.model) / "tokenizer.json").is_file():
+        return load_tokenizer(Path(cfg.model) / "tokenizer.json")
+    return build_tokenizer()
+
+
+def stage_data(cfg: ReproConfig, out: Path) -> None:
+    """Probe datasets from contexts held out of training (the same hash split the trainer uses)."""
+    from fbt_probe.io import atomic_dir
+    from fbt_probe.tasks import generate, load_spec, write_dataset
+    from fbt_probe.training.data import heldout
+
+    tok, ho = _tokenizer(cfg), heldout(train_config(cfg, False))
+    with atomic_dir(out / "data", force=True) as tmp:
+        for task, knobs in cfg.knobs.items():
+            spec = dataclasses.replace(load_spec(task), length_grid=tuple(knobs))
+            df = generate(spec, pairs=cfg.pairs, seed=cfg.seed + 101, tokenizer=tok, contexts=ho)
+            write_dataset(df, tmp, tok, force=True)
+
+
+def stage_train(cfg: ReproConfig, out: Path, name: str) -> None:
+    from fbt_probe.training import run_training
+
+    folder = out / "models" / name
+    resume = (folder / "train_state.pt").is_file()
+    run_training(train_config(cfg, name == "baseline"), folder, resume=resume, force=not resume, progress=True)
+
+
+def model_path(cfg: ReproConfig, out: Path, name: str) -> Path:
+    return Path(cfg.model) if cfg.model else out / "models" / name
+
+
+def stage_eval(cfg: ReproConfig, out: Path) -> None:
+    import fbt_probe as fp
+    from fbt_probe.io import atomic_path
+    from fbt_probe.training.evaluate import answer_accuracy, eval_samples
+
+    tok, frames = _tokenizer(cfg), []
+    tcfg = train_config(cfg, False)
+    samples = eval_samples(tcfg, tok, pairs=cfg.eval_pairs, knobs=_train_knobs(cfg))
+    for name in cfg.models():
+        acc = answer_accuracy(fp.load_model(str(model_path(cfg, out, name))), samples, tok)
+        frames.append(acc.assign(model=name))
+    with atomic_path(out / "eval" / "accuracy.parquet") as tmp:
+        pd.concat(frames, ignore_index=True).to_parquet(tmp, index=False)
+
+
+def _train_knobs(cfg: ReproConfig) -> dict:
+    from fbt_probe.training.config import TRAIN_KNOBS
+
+    return {t: [k for k in TRAIN_KNOBS[t] if not cfg.quick or k in cfg.knobs[t]] or TRAIN_KNOBS[t][:1] for t in TRAIN_KNOBS}
+
+
+def stage_contraction(cfg: ReproConfig, out: Path) -> None:
+    import fbt_probe as fp
+    from fbt_probe.io import atomic_path
+    from fbt_probe.training.evaluate import contraction, validation_batch
+
+    tok, frames = _tokenizer(cfg), []
+    batch = validation_batch(train_config(cfg, False), tok, rows=8 if cfg.quick else 16)
+    for name in cfg.models():
+        t = contraction(fp.load_model(str(model_path(cfg, out, name))), *batch, n_passes=cfg.passes)
+        schedule = "constant:1" if name == "baseline" else train_config(cfg, False).schedule
+        frames.append(t.assign(run=name, schedule=schedule))
+    with atomic_path(out / "diagnostics" / "contraction.parquet") as tmp:
+        pd.concat(frames, ignore_index=True).to_parquet(tmp, index=False)
+
+
+def stage_extract(cfg: ReproConfig, out: Path, name: str) -> None:
+    from fbt_probe.activations import extract
+
+    for task, modes in cfg.modes.items():
+        extract(str(model_path(cfg, out, name)), out / "data" / f"{task}.parquet", modes, out / "acts" / name / task, force=True)
+
+
+def stage_probe(cfg: ReproConfig, out: Path, name: str) -> None:
+    from fbt_probe.io import atomic_path
+    from fbt_probe.probes.sweep import ProbeConfig, probe_sweep, write_results
+
+    tables = []
+    for task in cfg.modes:
+        res = probe_sweep(out / "acts" / name / task, ProbeConfig(seed=cfg.seed))
+        write_results(res, out / "results" / "probes" / name / task, force=True)
+        tables.append(res.table)
+    with atomic_path(out / "results" / "probes" / name / "probes.parquet") as tmp:
+        pd.concat(tables, ignore_index=True).to_parquet(tmp, index=False)
+
+
+def stage_patch(cfg: ReproConfig, out: Path, name: str) -> None:
+    import fbt_probe as fp
+    from fbt_probe.interventions.inputs import load_pairs
+    from fbt_probe.interventions.runner import PatchConfig, run
+    from fbt_probe.model.checkpoint import checkpoint_hash
+
+    path = model_path(cfg, out, name)
+    model = fp.load_model(str(path))
+    df = load_pairs(out / "data")
+    info = {"model": str(path), "checkpoint_sha256": checkpoint_hash(path)}
+    lengths = tuple(sorted({k for ks in cfg.patch_knobs.values() for k in ks}))
+    for exp in EXPERIMENTS:
+        modes = ("standard", "recurrent:1") if exp in ("residual", "probe-direction") else ("recurrent:1",)
+        pc = PatchConfig(experiment=exp, modes=modes, max_pairs=cfg.patch_pairs, lengths=lengths, seed=cfg.seed,
+                         n_boot=300 if cfg.quick else 1000, last_k=(3 if cfg.quick else 8) if exp == "residual" else None,
+                         n_folds=3 if cfg.quick else 5)
+        run(model, df, pc, out=out / "results" / "interventions" / name, force=True, model_info=info, figures=False)
+
+
+def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
+    c = cfg.to_dict()
+    ck = {k: c[k] for k in ("preset", "seed", "model")}
+    st = [Stage("data", {**ck, "pairs": cfg.pairs, "knobs": cfg.knobs}, [out / "data"], lambda: stage_data(cfg, out))]
+    trained = []
+    for name in cfg.models():
+        if not cfg.model:
+            st.append(Stage(f"train-{name}", {**ck, "steps": cfg.steps}, [out / "models" / name],
+                            lambda n=name: stage_train(cfg, out, n), resumable=True))
+            trained.append(f"train-{name}")
+    st.append(Stage("eval", {**ck, "eval_pairs": cfg.eval_pairs, "quick": cfg.quick}, [out / "eval"], lambda: stage_eval(cfg, out), after=trained))
+    st.append(Stage("contraction", {**ck, "passes": cfg.passes}, [out / "diagnostics"], lambda: stage_contraction(cfg, out), after=trained))
+    for name in cfg.models():
+        dep = [f"train-{name}"] if not cfg.model else []
+        st.append(Stage(f"extract-{name}", {**ck, "modes": cfg.modes}, [out / "acts" / name],
+                        lambda n=name: stage_extract(cfg, out, n), after=["data"] + dep))
+        st.append(Stage(f"probe-{name}", ck, [out / "results" / "probes" / name], lambda n=name: stage_probe(cfg, out, n),
+                        after=[f"extract-{name}"]))
+        st.append(Stage(f"patch-{name}", {**ck, "patch_pairs": cfg.patch_pairs, "patch_knobs": cfg.patch_knobs},
+                        [out / "results" / "interventions" / name], lambda n=name: stage_patch(cfg, out, n), after=["data"] + dep))
+    return st
+
+
+def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), echo=print) -> dict:
+    from fbt_probe.reproduce.report import stage_figures, stage_report
+
+    out = Path(out)
+    if cfg.model and not Path(cfg.model).is_dir():
+        raise FbtError(f"--model {cfg.model}: checkpoint folder not found")
+    out.mkdir(parents=True, exist_ok=True)
+    stages = build_stages(cfg, out)
+    names = {s.name for s in stages} | {"figures", "report"}
+    unknown = sorted(set(force) - names)
+    if unknown:
+        raise FbtError(f"--force {unknown[0]}: unknown stage (stages: {', '.join(s.name for s in stages)}, figures, report)")
+    runner = Runner(out, force, echo)
+    for s in stages:
+        runner.run(s)
+    all_names = [s.name for s in stages]
+    runner.run(Stage("figures", {}, [out / "figures"], lambda: stage_figures(cfg, out), after=all_names))
+    runner.run(Stage("report", {"v": 1}, [out / "report.md", out / "report.html"],
+                     lambda: stage_report(cfg, out, runner.times), after=all_names + ["figures"]))
+    return {"times": runner.times, "report": out / "report.html"}

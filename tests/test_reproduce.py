@@ -1,0 +1,87 @@
+"""`fbt-probe reproduce`: stage skipping, errors, and (slow) the quick study end to end."""
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+import fbt_probe as fp
+from fbt_probe.cli import app
+from fbt_probe.reproduce.stages import Runner, Stage
+
+runner = CliRunner()
+
+
+def test_stage_runner_skips_up_to_date_stages_and_redoes_forced_ones(tmp_path):
+    calls = []
+
+    def make(name, value):
+        def fn():
+            calls.append(name)
+            (tmp_path / name).write_text(value)
+        return Stage(name, {"value": value}, [tmp_path / name], fn)
+
+    log = []
+    r = Runner(tmp_path, echo=log.append)
+    r.run(make("a", "1"))
+    r.run(Stage("b", {}, [tmp_path / "b"], lambda: (calls.append("b"), (tmp_path / "b").write_text("x")), after=["a"]))
+    assert calls == ["a", "b"]
+    r2 = Runner(tmp_path, echo=log.append)
+    r2.run(make("a", "1"))
+    r2.run(Stage("b", {}, [tmp_path / "b"], lambda: calls.append("b2"), after=["a"]))
+    assert calls == ["a", "b"]  # both up to date
+    r3 = Runner(tmp_path, echo=log.append)
+    r3.run(make("a", "2"))  # changed input: a reruns, and b (whose key includes a's) reruns too
+    r3.run(Stage("b", {}, [tmp_path / "b"], lambda: (calls.append("b3"), (tmp_path / "b").write_text("y")), after=["a"]))
+    assert calls == ["a", "b", "a", "b3"]
+    r4 = Runner(tmp_path, force={"a"}, echo=log.append)
+    r4.run(make("a", "2"))
+    assert calls[-1] == "a" and (tmp_path / "a").read_text() == "2"
+
+
+def test_cli_errors(tmp_path):
+    res = runner.invoke(app, ["reproduce", "--preset", "paper-1b", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2 and "--model" in res.output
+    res = runner.invoke(app, ["reproduce", "--quick", "--out", str(tmp_path / "r"), "--force", "nonsense"])
+    assert res.exit_code == 2 and "unknown stage" in res.output
+    res = runner.invoke(app, ["reproduce", "--preset", "paper-1b", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2 and "not found" in res.output
+
+
+def _depth0_numbers(report: str) -> list[float]:
+    section = report.split("## Depth-0 decodability")[1].split("## ")[0]
+    return [float(x) for x in re.findall(r"\| (\d\.\d{3}) \[", section)]
+
+
+@pytest.mark.slow
+def test_quick_study_end_to_end(tmp_path):
+    out = tmp_path / "repro"
+    res = runner.invoke(app, ["reproduce", "--quick", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    report = (out / "report.md").read_text()
+    html = (out / "report.html").read_text()
+    assert "data:image/png;base64," in html and "fig7a-feedback" in html
+    nums = _depth0_numbers(report)
+    assert len(nums) >= 8 and all(0.0 <= x <= 1.0 for x in nums)
+    state = json.loads((out / "stages.json").read_text())
+    assert all(v["status"] == "done" for v in state.values()) and "train-baseline" in state
+    again = runner.invoke(app, ["reproduce", "--quick", "--out", str(out)])
+    assert again.exit_code == 0 and again.output.count("[skip]") == len(state)
+
+
+@pytest.mark.slow
+def test_checkpoint_path_skips_training(tmp_path):
+    """The paper-1b path on a tiny stand-in checkpoint: the study runs on the given model, no training."""
+    from fbt_probe.model.checkpoint import save_checkpoint
+    from fbt_probe.tasks import build_tokenizer, save_tokenizer
+
+    tok = build_tokenizer()
+    ckpt = tmp_path / "standin"
+    save_tokenizer(tok, ckpt / "tokenizer.json")
+    save_checkpoint(fp.load_model("tiny", d_vocab=tok.get_vocab_size()), ckpt)
+    out = tmp_path / "repro"
+    res = runner.invoke(app, ["reproduce", "--quick", "--preset", "paper-1b", "--model", str(ckpt), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    state = json.loads((out / "stages.json").read_text())
+    assert not any(k.startswith("train") for k in state) and "probe-feedback" in state
+    assert len(_depth0_numbers((out / "report.md").read_text())) >= 4
