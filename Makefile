@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fbt-installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test reference-report clean
 
 setup: $(STAMP)
 
@@ -15,8 +15,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
+# The main job: the whole tiny study (datasets, training, probes, interventions, report), ~15 min on 2 cores.
 demo: setup
-	$(VENV)/bin/fbt-probe demo
+	$(VENV)/bin/fbt-probe reproduce --preset tiny --out runs/repro
+
+# Regenerate the committed reference report of the tiny preset (report.md + PNG figures, no binaries).
+reference-report: setup
+	$(VENV)/bin/fbt-probe reproduce --preset tiny --out runs/reference
+	rm -rf reports/tiny && mkdir -p reports/tiny/figures
+	cp runs/reference/report.md reports/tiny/report.md
+	cp runs/reference/figures/*.png reports/tiny/figures/
 
 test: setup
 	$(PY) -m pytest -m "not gpu" -q
