@@ -6,7 +6,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from threadpoolctl import threadpool_limits
 
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import depth_name, depth_names
@@ -21,14 +20,7 @@ from tests.helpers import make_model, tokens
 MODES = ["standard", "recurrent:1"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Several people share 2 cores: one thread is faster than two contended ones."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with threadpool_limits(1):
-        yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import json
 import pandas as pd
 import pytest
 import torch
-from threadpoolctl import threadpool_limits
 from typer.testing import CliRunner
 
 from fbt_probe.cli import app
@@ -19,13 +18,7 @@ from tests.helpers import make_model
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with threadpool_limits(1):
-        yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -21,11 +21,8 @@ def is_hidden_checkpoint(folder: str | Path) -> bool:
 
 
 def load_hidden(folder: str | Path, device: str = "cpu"):
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     from fbt_probe.hidden.model import HiddenDecodingTransformer
-    from fbt_probe.model.checkpoint import _load_state
+    from fbt_probe.model.checkpoint import _load_state, read_weights
 
     folder = Path(folder)
     meta = read_json(folder / "config.json", "checkpoint config")
@@ -33,10 +30,7 @@ def load_hidden(folder: str | Path, device: str = "cpu"):
         raise FbtError(f"{folder / 'config.json'}: not a hidden-decoding checkpoint (model.arch is not '{ARCH}')")
     cfg = HiddenConfig.from_dict(meta["model"], source=str(folder / "config.json")).replace(device=device)
     weights = folder / "model.safetensors"
-    try:
-        state = load_file(str(weights))
-    except (SafetensorError, OSError, RuntimeError) as exc:
-        raise FbtError(f"{weights}: missing or corrupt safetensors file ({exc})") from None
+    state = read_weights(weights)
     model = HiddenDecodingTransformer(cfg)
     _load_state(model, state, weights)
     return model.to(device).eval()

@@ -45,15 +45,20 @@ def load_checkpoint(folder: str | Path, device: str = "cpu"):
         raise FbtError(f"{folder / 'config.json'}: field 'model' missing (not an fbt-probe checkpoint)")
     cfg = ModelConfig.from_dict(meta["model"], source=str(folder / "config.json")).replace(device=device)
     weights = folder / "model.safetensors"
-    if not weights.is_file():
-        raise FbtError(f"{weights}: model weights not found")
-    try:
-        state = load_file(str(weights))
-    except (SafetensorError, OSError, RuntimeError) as exc:
-        raise FbtError(f"{weights}: corrupt safetensors file ({exc})") from None
+    state = read_weights(weights)
     model = FeedbackTransformer(cfg)
     _load_state(model, state, weights)
     return model.to(device)
+
+
+def read_weights(weights: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a model.safetensors file; a one-line FbtError if it is missing or corrupt."""
+    if not weights.is_file():
+        raise FbtError(f"{weights}: model weights not found")
+    try:
+        return load_file(str(weights))
+    except (SafetensorError, OSError, RuntimeError) as exc:
+        raise FbtError(f"{weights}: corrupt safetensors file ({exc})") from None
 
 
 def _load_state(model, state: dict[str, torch.Tensor], source: Path) -> None:
