@@ -63,8 +63,8 @@ class TrainConfig:
     tasks: tuple[str, ...] = ("completion", "memory", "registers")
     knobs: dict | None = None  # task -> training length-grid values; None = TRAIN_KNOBS
     steps: int = 1000
-    docs_per_step: int = 24  # documents (one per row) in a step, ~2,400 tokens at the default lengths
-    lr: float = 1e-3  # 2e-3 (the prototype's) let the three-task mixture oscillate in our runs
+    tokens_per_step: int = 2048  # documents (one per row, whole) are drawn until this many tokens
+    lr: float = 2e-3
     min_lr_ratio: float = 0.1  # cosine decay to 10 % (constant lr made accuracy oscillate in the prototype)
     warmup: int = 100
     betas: tuple[float, float] = (0.9, 0.98)
@@ -97,7 +97,7 @@ class TrainConfig:
             object.__setattr__(self, "schedule", "constant:1")  # no feedback passes to draw
         if self.dtype not in ("float32", "bfloat16"):
             raise FbtError(f"train config: field 'dtype' must be float32 or bfloat16, got {self.dtype!r}")
-        for name in ("steps", "docs_per_step"):
+        for name in ("steps", "tokens_per_step"):
             if getattr(self, name) < 1:
                 raise FbtError(f"train config: field '{name}' must be >= 1")
 

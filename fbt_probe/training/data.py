@@ -51,16 +51,31 @@ def _exclusion(cfg: TrainConfig, split: str) -> HeldOut:
     return ho if split == "train" else _OnlyHeldOut(ho.fraction, ho.seed, ho.tasks)
 
 
+_LENGTHS: dict = {}
+
+
+def cell_length(task: str, knob: int, tokenizer) -> int:
+    """Tokens of a training document of a cell (every document of a cell has the same length)."""
+    key = (task, knob, id(tokenizer))
+    if key not in _LENGTHS:
+        _LENGTHS[key] = len(next(iter(training_documents([task], tokenizer, n=1, seed=0, knobs={task: [knob]})))["token_ids"])
+    return _LENGTHS[key]
+
+
 def batches_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train") -> list:
-    """The micro-batches of `step`: `docs_per_step` documents, each from a (task, length) cell drawn
-    uniformly from the training grid, grouped by cell into one-document-per-row micro-batches (a
-    cell's documents all have the same length: no padding). Their gradients are accumulated into one
-    optimizer step, so every step mixes tasks. Split 'train' excludes the held-out contexts; 'val'
-    draws only from them. (Packing documents into shared rows, or one cell per step, kept the tiny
-    model at chance in our runs; the prototype trained one mixed document per row.)"""
+    """The micro-batches of `step`: documents drawn one by one, each from a (task, length) cell chosen
+    uniformly from the training grid, until `tokens_per_step` is reached; grouped by cell into
+    one-document-per-row micro-batches (a cell's documents all have the same length: no padding).
+    Their gradients are accumulated into one optimizer step, so every step mixes tasks, and short
+    documents come many to a step. Split 'train' excludes the held-out contexts; 'val' draws only
+    from them."""
     cells = _cells(cfg)
     rng = np.random.default_rng(step_seed(cfg.seed, step, split + "-cells"))
-    counts = np.bincount(rng.integers(len(cells), size=cfg.docs_per_step), minlength=len(cells))
+    counts, used = np.zeros(len(cells), dtype=int), 0
+    while used < cfg.tokens_per_step:
+        i = int(rng.integers(len(cells)))
+        counts[i] += 1
+        used += cell_length(*cells[i], tokenizer)
     out = []
     for i, n in enumerate(counts):
         if n:
