@@ -64,18 +64,21 @@ def cell_length(task: str, knob: int, tokenizer) -> int:
 
 def batches_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train") -> list:
     """The micro-batches of `step`: documents drawn one by one, each from a (task, length) cell chosen
-    uniformly from the training grid, until `tokens_per_step` is reached; grouped by cell into
+    with probability ∝ 1/length (so every cell gets the same expected share of the tokens: short
+    documents come many to a step), until `tokens_per_step` is reached; grouped by cell into
     one-document-per-row micro-batches (a cell's documents all have the same length: no padding).
     Their gradients are accumulated into one optimizer step, so every step mixes tasks, and short
     documents come many to a step. Split 'train' excludes the held-out contexts; 'val' draws only
     from them."""
     cells = _cells(cfg)
+    lengths = np.array([cell_length(t, k, tokenizer) for t, k in cells], dtype=float)
+    p = (1.0 / lengths) / (1.0 / lengths).sum()  # every cell gets the same expected share of tokens
     rng = np.random.default_rng(step_seed(cfg.seed, step, split + "-cells"))
     counts, used = np.zeros(len(cells), dtype=int), 0
     while used < cfg.tokens_per_step:
-        i = int(rng.integers(len(cells)))
+        i = int(rng.choice(len(cells), p=p))
         counts[i] += 1
-        used += cell_length(*cells[i], tokenizer)
+        used += int(lengths[i])
     out = []
     for i, n in enumerate(counts):
         if n:
