@@ -54,7 +54,7 @@ def contraction(model, tokens: torch.Tensor, targets: torch.Tensor, weights: tor
     """Validation loss after k = 1..N Jacobi feedback passes and ‖s^(k) − s^(k−1)‖ (mean over
     positions of the L2 norm of the change of the carried state). A contracting map's loss stays
     flat and its state change decays; a diverging one oscillates."""
-    answer = weights > 1.0
+    answer = (weights > 0) & (weights == weights.max(-1, keepdim=True).values)  # the up-weighted answer position of each row
     has = torch.arange(tokens.shape[1]) >= 1
     states, prev, rows = None, None, []
     for k in range(1, n_passes + 1):
