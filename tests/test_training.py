@@ -171,3 +171,20 @@ def test_warm_start_refuses_a_mismatched_checkpoint(tmp_path):
     save_checkpoint(fp.load_model("tiny"), tmp_path / "wrong-vocab")  # 128 tokens vs the task tokenizer's 37
     with pytest.raises(FbtError, match="vocabulary"):
         run_training(TrainConfig(steps=1, **SMALL), tmp_path / "r", init=tmp_path / "wrong-vocab", progress=False)
+
+
+def test_contraction_table_matches_the_jacobi_modes():
+    from fbt_probe.tasks import build_tokenizer
+    from fbt_probe.training.evaluate import contraction, validation_batch
+
+    tok = build_tokenizer()
+    model = fp.load_model("tiny", d_vocab=tok.get_vocab_size(), seed=2).eval()
+    toks, targets, weights = validation_batch(TrainConfig(**SMALL), tok, rows=4)
+    table = contraction(model, toks, targets, weights, n_passes=3)
+    real = (weights > 0).float()
+    with torch.no_grad():
+        for k in (1, 2, 3):
+            ref = F.cross_entropy(model(toks, mode=f"jacobi:{k}").transpose(1, 2), targets, reduction="none")
+            expected = float((ref * real).sum() / real.sum())
+            assert abs(table.loc[k - 1, "val_loss"] - expected) < 1e-4
+    assert table["answer_accuracy"].notna().all() and table["state_change"].iloc[1:].gt(0).all()
