@@ -38,10 +38,10 @@ class Runner:
 
     def run(self, stage: Stage) -> None:
         key = stage.key(self.keys)
-        self.keys[stage.name] = key
         rec = self.state.get(stage.name, {})
         done = rec.get("key") == key and rec.get("status") == "done" and all(p.exists() for p in stage.outputs)
         if done and stage.name not in self.force:
+            self.keys[stage.name] = _chain(key, rec.get("finished"))
             self.times[stage.name] = rec.get("seconds", 0.0)
             self.echo(f"[skip] {stage.name:22s} up to date ({rec.get('seconds', 0):.0f} s when run)")
             return
@@ -55,6 +55,12 @@ class Runner:
         stage.fn()
         dt = time.perf_counter() - t0
         self.times[stage.name] = dt
-        self.state[stage.name] = {"key": key, "status": "done", "seconds": dt, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        finished = time.strftime("%Y-%m-%dT%H:%M:%S") + f".{time.time_ns() % 10**9:09d}"
+        self.state[stage.name] = {"key": key, "status": "done", "seconds": dt, "finished": finished}
+        self.keys[stage.name] = _chain(key, finished)  # a redone stage invalidates the stages that read it
         write_json(self.state_path, self.state)
         self.echo(f"[done] {stage.name:22s} {dt:6.1f} s")
+
+
+def _chain(key: str, finished: str | None) -> str:
+    return hashlib.sha256(f"{key}:{finished}".encode()).hexdigest()
