@@ -113,7 +113,7 @@ def ablation_bars(table: pd.DataFrame, metric: str = "normalized", length: int =
             ax.axhline(0, color="black", lw=0.6)
             if metric == "normalized":
                 ax.axhline(1, color="0.4", lw=0.6, ls="--")
-            ax.set_title(f"{exp} · {mode if dec == 'prefill' else dec + ' decoding'}")
+            ax.set_title(f"{exp}\n{mode if dec == 'prefill' else dec + ' decoding'}")
         axes.flat[0].set_ylabel(f"{metric} (mean, bootstrap CI over pairs)")
         axes.flat[0].legend(title="task")
     return fig
