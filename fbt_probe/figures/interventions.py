@@ -142,7 +142,7 @@ def decodable_vs_used(table: pd.DataFrame, length: int = POOLED, mode: str | Non
                       f"probe accuracy after {cond}", f"C{k + 1}", ls=":")
             ax.axhline(0.5, color="black", lw=0.6, ls="--")
             ax.set_xlabel("depth")
-            ax.set_title(f"{task} · {m}")
+            ax.set_title(f"{task}\n{m}")
         axes.flat[0].set_ylabel("accuracy / 1 - normalized")
         handles, labels = axes.flat[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncols=3)
