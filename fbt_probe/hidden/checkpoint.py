@@ -22,15 +22,11 @@ def is_hidden_checkpoint(folder: str | Path) -> bool:
 
 def load_hidden(folder: str | Path, device: str = "cpu"):
     from fbt_probe.hidden.model import HiddenDecodingTransformer
-    from fbt_probe.model.checkpoint import _load_state, read_weights
+    from fbt_probe.model.checkpoint import build_from_weights
 
     folder = Path(folder)
     meta = read_json(folder / "config.json", "checkpoint config")
     if (meta.get("model") or {}).get("arch") != ARCH:
         raise FbtError(f"{folder / 'config.json'}: not a hidden-decoding checkpoint (model.arch is not '{ARCH}')")
     cfg = HiddenConfig.from_dict(meta["model"], source=str(folder / "config.json")).replace(device=device)
-    weights = folder / "model.safetensors"
-    state = read_weights(weights)
-    model = HiddenDecodingTransformer(cfg)
-    _load_state(model, state, weights)
-    return model.to(device).eval()
+    return build_from_weights(HiddenDecodingTransformer, cfg, folder / "model.safetensors").to(device).eval()

@@ -44,11 +44,15 @@ def load_checkpoint(folder: str | Path, device: str = "cpu"):
     if "model" not in meta:
         raise FbtError(f"{folder / 'config.json'}: field 'model' missing (not an fbt-probe checkpoint)")
     cfg = ModelConfig.from_dict(meta["model"], source=str(folder / "config.json")).replace(device=device)
-    weights = folder / "model.safetensors"
+    return build_from_weights(FeedbackTransformer, cfg, folder / "model.safetensors").to(device)
+
+
+def build_from_weights(model_cls, cfg, weights: Path):
+    """`model_cls(cfg)` with the tensors of `weights`, checked against the config (one-line errors)."""
     state = read_weights(weights)
-    model = FeedbackTransformer(cfg)
+    model = model_cls(cfg)
     _load_state(model, state, weights)
-    return model.to(device)
+    return model
 
 
 def read_weights(weights: Path) -> dict[str, torch.Tensor]:

@@ -41,8 +41,6 @@ def _initial_model(cfg: TrainConfig, tokenizer, init: str | Path | None):
 def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = None, resume: bool = False,
                  force: bool = False, progress: bool = True, eval_pairs: int = 16) -> dict:
     """Train (or resume) a run folder. Returns {'seconds', 'tokens', 'step'}."""
-    import torch
-
     from fbt_probe.tasks import build_tokenizer, load_tokenizer, save_tokenizer
     from fbt_probe.training.checkpoint import load_run, truncate_metrics
     from fbt_probe.training.evaluate import answer_accuracy, eval_samples, loss_per_pass
@@ -82,6 +80,5 @@ def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = No
             rec.update(loss_per_pass(m, cfg, tokenizer, max_passes=min(3, cfg.schedule_obj.max_passes + 1)))
         return rec
 
-    torch.set_num_threads(torch.get_num_threads())
     result = train(model, tokenizer, cfg, out, start_step=step, optimizer=opt, progress=progress, on_eval=on_eval)
     return {**result, "step": cfg.steps}
