@@ -9,7 +9,8 @@ __version__ = "0.1.0"
 def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrides):
     """A preset name (random init from `seed`, config fields overridable), a checkpoint folder of
     ours (latent-feedback or Hidden Decoding), or a Qwen3-format folder (config.json + safetensors;
-    fresh fusion weights are added)."""
+    fresh fusion weights are added). Returned in eval mode (no training noise on carried states);
+    training calls `.train()` itself."""
     import torch
 
     from fbt_probe.config import PRESETS, preset
@@ -21,7 +22,7 @@ def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrid
         cfg = preset(source, device=device, **overrides)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return FeedbackTransformer(cfg).to(device)
+            return FeedbackTransformer(cfg).to(device).eval()
     folder = Path(source)
     if not folder.is_dir():
         raise FbtError(f"{source}: neither a preset ({', '.join(sorted(PRESETS))}) nor a model folder")
@@ -30,7 +31,7 @@ def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrid
     if is_hidden_checkpoint(folder):  # a Hidden Decoding run (DESIGN.md §9)
         return load_hidden(folder, device=device)
     if is_own_checkpoint(folder):
-        return load_checkpoint(folder, device=device)
+        return load_checkpoint(folder, device=device).eval()
     from fbt_probe.model.hf import import_qwen3
 
-    return import_qwen3(folder, seed=seed).to(device)
+    return import_qwen3(folder, seed=seed).to(device).eval()

@@ -81,3 +81,35 @@ def test_bad_input_is_one_line_and_exit_2(study, tmp_path, args, message):
     assert r.exit_code == 2, r.output
     assert message in r.output and r.output.count("\n") == 1 and r.output.startswith("error: ")
     assert not (tmp_path / "a").exists() and not (tmp_path / "r").exists()
+
+
+def test_extract_takes_a_hidden_decoding_checkpoint(study, tmp_path):
+    """`fbt-probe extract` on a Hidden Decoding checkpoint: streams x depths in mode `standard`, equal
+    to the model's own residual stream at the final token's streams; feedback modes are refused."""
+    import numpy as np
+
+    from fbt_probe.activations import ActivationStore
+    from fbt_probe.hidden import HiddenDecodingTransformer, load_hidden, save_checkpoint, stream_depth, stream_position
+    from fbt_probe.hooks import depth_name
+
+    hd = HiddenDecodingTransformer.from_base(make_model(dtype=torch.float32), n_streams=2).eval()
+    save_checkpoint(hd, tmp_path / "hd", tokenizer_path=study / "data" / "tokenizer.json")
+    r = run("extract", tmp_path / "hd", study / "data", "--modes", "recurrent:1", "--out", tmp_path / "no")
+    assert r.exit_code == 2 and "only mode 'standard'" in r.output and not (tmp_path / "no").exists()
+    r = run("extract", tmp_path / "hd", study / "data", "--out", tmp_path / "acts")
+    assert r.exit_code == 0, r.output
+    L = hd.cfg.n_layers
+    assert f"2 streams x {L + 1} depths" in r.output
+    store = ActivationStore(tmp_path / "acts")
+    assert store.modes == ["standard"] and store.manifest["model"]["arch"] == "hidden-decoding"
+    from fbt_probe.hidden.extract import _dataset
+
+    X, rows, _ = store.load("standard", "completion", 8)
+    data = _dataset(study / "data")[0]  # the rows the store's row ids index
+    toks = torch.tensor(np.stack(data.loc[rows.row, "token_ids"].to_list()), dtype=torch.long)
+    _, cache = load_hidden(tmp_path / "hd").run_with_cache(toks)
+    for k in (1, 2):
+        np.testing.assert_allclose(X[stream_depth(k, L, L)], cache[depth_name(L)][:, stream_position(-1, k, 2)].numpy(),
+                                   rtol=1e-6, atol=1e-6)
+    r = run("probe", tmp_path / "acts", "--out", tmp_path / "res", "--folds", "2", "--no-control")
+    assert r.exit_code == 0, r.output

@@ -40,6 +40,27 @@ def test_stage_runner_skips_up_to_date_stages_and_redoes_forced_ones(tmp_path):
     assert calls[-2:] == ["a", "b4"]  # a forced stage also invalidates what reads it
 
 
+def test_a_stale_trained_model_is_kept_unless_forced(tmp_path):
+    """A resumable stage (training) whose inputs changed refuses to delete its model; --force redoes it;
+    the same inputs resume it (the function runs on the existing folder)."""
+    from fbt_probe.errors import FbtError
+
+    model = tmp_path / "models" / "m"
+
+    def train(tag):
+        def fn():
+            model.mkdir(parents=True, exist_ok=True)
+            (model / "log").open("a").write(tag)
+        return fn
+
+    Runner(tmp_path, echo=lambda _: None).run(Stage("train-m", {"steps": 10}, [model], train("a"), resumable=True))
+    with pytest.raises(FbtError, match="pass --force train-m"):
+        Runner(tmp_path, echo=lambda _: None).run(Stage("train-m", {"steps": 20}, [model], train("b"), resumable=True))
+    assert (model / "log").read_text() == "a"  # untouched
+    Runner(tmp_path, force={"train-m"}, echo=lambda _: None).run(Stage("train-m", {"steps": 20}, [model], train("c"), resumable=True))
+    assert (model / "log").read_text() == "c"  # forced: deleted, then redone
+
+
 def test_cli_errors(tmp_path):
     res = runner.invoke(app, ["reproduce", "--preset", "paper-1b", "--out", str(tmp_path / "r")])
     assert res.exit_code == 2 and "--model" in res.output

@@ -188,3 +188,53 @@ def test_contraction_table_matches_the_jacobi_modes():
             expected = float((ref * real).sum() / real.sum())
             assert abs(table.loc[k - 1, "val_loss"] - expected) < 1e-4
     assert table["answer_accuracy"].notna().all() and table["state_change"].iloc[1:].gt(0).all()
+
+
+def test_diagnose_contraction_compares_several_runs(tmp_path):
+    """Two runs (two schedules) in one table and figure, measured on the same validation rows: each
+    run's rows equal the single-run command's."""
+    import pandas as pd
+
+    run_training(TrainConfig(steps=2, **SMALL), tmp_path / "paper", progress=False, eval_pairs=2)
+    run_training(TrainConfig(steps=2, schedule="1:.75,2:.25", **SMALL), tmp_path / "two", progress=False, eval_pairs=2)
+    res = runner.invoke(app, ["diagnose", "contraction", str(tmp_path / "paper"), str(tmp_path / "two"), "--passes", "4", "--rows", "4"])
+    assert res.exit_code == 2 and "need --out" in res.output
+    res = runner.invoke(app, ["diagnose", "contraction", str(tmp_path / "paper"), str(tmp_path / "two"), "--passes", "4",
+                              "--rows", "4", "--out", str(tmp_path / "cmp")])
+    assert res.exit_code == 0, res.output
+    both = pd.read_parquet(tmp_path / "cmp" / "contraction.parquet")
+    assert list(both.groupby("run", sort=False)["schedule"].first()) == ["1:0.75,2:0.22,3:0.03", "1:0.75,2:0.25"]
+    assert (tmp_path / "cmp" / "contraction.png").is_file()
+    res = runner.invoke(app, ["diagnose", "contraction", str(tmp_path / "two"), "--passes", "4", "--rows", "4"])
+    assert res.exit_code == 0, res.output
+    single = pd.read_parquet(tmp_path / "two" / "diagnostics" / "contraction.parquet")
+    pd.testing.assert_frame_equal(both[both["run"] == "two"].reset_index(drop=True), single)
+    meta = json.loads((tmp_path / "cmp" / "contraction.json").read_text())
+    assert len(meta["checkpoint_sha256"]) == 2
+
+
+def test_qk_norm_gains_start_at_the_configured_value():
+    """The tiny preset starts the QK-norm gains at 3 (see ModelConfig.qk_norm_init); Qwen3's default is 1."""
+    tiny = fp.load_model("tiny", seed=0)
+    assert all(torch.equal(b.attn.q_norm.weight, torch.full_like(b.attn.q_norm.weight, 3.0)) and
+               torch.equal(b.attn.k_norm.weight, torch.full_like(b.attn.k_norm.weight, 3.0)) for b in tiny.blocks)
+    plain = fp.load_model("tiny", seed=0, qk_norm_init=1.0)
+    assert all(torch.equal(b.attn.q_norm.weight, torch.ones_like(b.attn.q_norm.weight)) for b in plain.blocks)
+    # the gains are the only difference: every other parameter is drawn identically
+    for (name, x), y in zip(tiny.state_dict().items(), plain.state_dict().values()):
+        assert torch.equal(x, y) or name.endswith(("q_norm.weight", "k_norm.weight")), name
+
+
+def test_one_pass_steps_follow_the_baseline_exactly(tmp_path):
+    """With one_pass_steps = N the feedback model's first N steps are the baseline's, bit for bit
+    (same data, same draws; the fusion gets no gradient and stays at its initial values); after N,
+    K follows the schedule."""
+    run_training(TrainConfig(steps=3, baseline=True, **SMALL), tmp_path / "base", progress=False, eval_pairs=2)
+    run_training(TrainConfig(steps=3, one_pass_steps=3, **SMALL), tmp_path / "fb", progress=False, eval_pairs=2)
+    base, fb = fp.load_model(str(tmp_path / "base")), fp.load_model(str(tmp_path / "fb"))
+    init = fp.load_model("tiny", seed=0, d_vocab=base.cfg.d_vocab)
+    for (name, x), y, z in zip(fb.state_dict().items(), base.state_dict().values(), init.state_dict().values()):
+        assert torch.equal(x, z if name.startswith("fusion.") else y), name
+    run_training(TrainConfig(steps=12, one_pass_steps=6, schedule="constant:2", **SMALL), tmp_path / "later", progress=False, eval_pairs=2)
+    log = [json.loads(l) for l in (tmp_path / "later" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["passes"] for r in log] == [1] * 6 + [2] * 6

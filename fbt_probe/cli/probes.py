@@ -17,7 +17,7 @@ def extract(
     run: Annotated[str, typer.Argument(help="Checkpoint folder (config.json, model.safetensors, tokenizer.json) or preset name.", show_default=False)],
     dataset: Annotated[Path, typer.Argument(help="A dataset .parquet (with its .manifest.json) or a folder of them.", show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="Activation folder (shards + manifest).")],
-    modes: Annotated[str, typer.Option(help="Comma-separated prefill modes: standard, recurrent:k, full, jacobi:K.")] = "standard,recurrent:1",
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated prefill modes: standard, recurrent:k, full, jacobi:K (default standard,recurrent:1; a Hidden Decoding model has only standard).")] = None,
     hooks: Annotated[Optional[str], typer.Option(help="Extra hook names, comma-separated; NAME@-2 takes the position before the last.")] = None,
     reference: Annotated[bool, typer.Option(help="Also extract the carried state h(T-1) (pseudo-mode carried-state).")] = True,
     batch_size: Annotated[int, typer.Option(help="Samples per forward (all of one exact length).")] = 16,
@@ -39,12 +39,34 @@ def extract(
                    f"{len(shard['rows'])} samples", err=True)
 
     extra = [h.strip() for h in hooks.split(",") if h.strip()] if hooks else []
-    store = run_extract(run, dataset, modes, out, extra_hooks=extra, reference=reference, batch_size=batch_size,
+    from fbt_probe.hidden.checkpoint import is_hidden_checkpoint
+
+    if Path(run).is_dir() and is_hidden_checkpoint(run):  # Hidden Decoding: streams x depths, one mode
+        _extract_hidden(run, dataset, out, modes, extra, batch_size, shard_rows, dtype, device, force)
+        return
+    store = run_extract(run, dataset, modes or "standard,recurrent:1", out, extra_hooks=extra, reference=reference, batch_size=batch_size,
                         shard_rows=shard_rows, dtype=dtype, device=device, force=force, progress=progress)
     rss = store.manifest["peak_rss_mb"]
     typer.echo(f"wrote {len(store.manifest['shards'])} shards for {store.manifest['n_samples']} samples x "
                f"{len(store.modes)} modes to {out} (peak RSS {rss['after_largest_length']:.0f} MB up to the "
                f"largest length T={rss['largest_length']})")
+
+
+def _extract_hidden(run, dataset, out, modes, extra, batch_size, shard_rows, dtype, device, force) -> None:
+    """A Hidden Decoding checkpoint has no feedback modes: its one mode, `standard`, holds the final
+    token's streams 1..n at every layer depth (depth = (stream - 1)(L + 1) + layer depth)."""
+    from fbt_probe.errors import FbtError
+    from fbt_probe.hidden import extract_streams
+
+    if modes is not None and [m.strip() for m in modes.split(",") if m.strip()] != ["standard"]:
+        raise FbtError(f"--modes '{modes}': {run} is a Hidden Decoding model, which has only mode 'standard'")
+    if extra:
+        raise FbtError(f"--hooks: not supported for the Hidden Decoding model {run} (streams x depths are extracted)")
+    store = extract_streams(run, dataset, out, batch_size=batch_size, shard_rows=shard_rows, dtype=dtype,
+                            device=device, force=force)
+    m = store.manifest["model"]
+    typer.echo(f"wrote {len(store.manifest['shards'])} shards for {store.manifest['n_samples']} samples x "
+               f"{m['n_streams']} streams x {m['n_layers'] + 1} depths (mode standard) to {out}")
 
 
 def probe(

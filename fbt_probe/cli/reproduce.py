@@ -16,7 +16,8 @@ def reproduce_cmd(
     preset: Annotated[str, typer.Option(help="tiny (trains on this CPU) or paper-1b (needs --model).")] = "tiny",
     model: Annotated[Path | None, typer.Option(help="A checkpoint folder to study instead of training (required for paper-1b).")] = None,
     quick: Annotated[bool, typer.Option(help="A small version of every stage (minutes; for checking the pipeline).")] = False,
-    steps: Annotated[int | None, typer.Option(help="Training steps (default 1000; 60 with --quick).")] = None,
+    long: Annotated[bool, typer.Option("--long", help="Probe sets also at 128 and 256 distractors, past the training lengths (slower).")] = False,
+    steps: Annotated[int | None, typer.Option(help="Training steps (default 800; 60 with --quick).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of data, training and probes.")] = 0,
     force: Annotated[list[str] | None, typer.Option(help="Redo this stage even if up to date (repeatable).")] = None,
 ) -> None:
@@ -38,7 +39,9 @@ def reproduce_cmd(
     kw = {"preset": preset, "seed": seed, "model": str(model) if model else None}
     if steps is not None:
         kw["steps"] = steps
-    cfg = ReproConfig.quick_config(**kw) if quick else ReproConfig(**kw)
+    if quick and long:
+        raise FbtError("--quick and --long: choose one")
+    cfg = ReproConfig.quick_config(**kw) if quick else ReproConfig.long_config(**kw) if long else ReproConfig(**kw)
     t0 = time.perf_counter()
     res = reproduce(cfg, out, set(force or []), echo=typer.echo)
     typer.echo(f"finished in {time.perf_counter() - t0:.0f} s; report: {res['report']}")

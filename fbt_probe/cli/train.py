@@ -21,6 +21,7 @@ def train_cmd(
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 1000,
     schedule: Annotated[str, typer.Option(help="Passes per batch: 'K:p,...' summing to 1, 'constant:K' or 'paper' (1:.75,2:.22,3:.03).")] = "paper",
     baseline: Annotated[bool, typer.Option(help="No-feedback baseline: same data and steps, 1 pass only, fusion unused.")] = False,
+    one_pass_steps: Annotated[int | None, typer.Option(help="The first N steps train one pass only, then K follows --schedule (default: the training config's).")] = None,
     init: Annotated[Path | None, typer.Option(help="Warm start from a checkpoint folder (ours or Qwen3-format).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the initialisation, data and noise.")] = 0,
     lam: Annotated[float, typer.Option(help="λ of eq. 12 (weight of the passes k >= 2).")] = 1.0,
@@ -43,7 +44,9 @@ def train_cmd(
     check_preset(preset)
     parse_schedule(schedule)
     hidden = _hidden_options(arch, streams, cross_layers)
-    cfg = TrainConfig(preset=preset, steps=steps, schedule=schedule, baseline=baseline, seed=seed, lam=lam, noise=noise, dtype=dtype, **hidden)
+    extra = {} if one_pass_steps is None else {"one_pass_steps": one_pass_steps}
+    cfg = TrainConfig(preset=preset, steps=steps, schedule=schedule, baseline=baseline, seed=seed, lam=lam, noise=noise, dtype=dtype,
+                      **hidden, **extra)
     res = run_training(cfg, out, init=init, resume=resume, force=force)
     typer.echo(f"trained {res['step']} steps in {res['seconds']:.0f} s ({res['tokens'] / max(res['seconds'], 1e-9):,.0f} tokens/s); run folder: {out}")
 
@@ -100,31 +103,51 @@ def eval_cmd(
 
 @diagnose_app.command("contraction")
 def contraction_cmd(
-    run: Annotated[Path, typer.Argument(help="Run folder.")],
+    runs: Annotated[list[Path], typer.Argument(help="Run folder(s); several are drawn in one figure (e.g. two schedules).")],
     passes: Annotated[int, typer.Option(help="Feedback passes N (well past the trained depth).")] = 32,
     rows: Annotated[int, typer.Option(help="Packed validation rows (held-out contexts).")] = 16,
-    out: Annotated[Path | None, typer.Option(help="Output folder (default RUN/diagnostics).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder (default RUN/diagnostics; required for several runs).")] = None,
     force: Annotated[bool, typer.Option(help="Replace existing outputs.")] = False,
 ) -> None:
     """Fig. 3: validation loss after k = 1..N feedback passes and the carried-state change per pass.
 
-    Example: fbt-probe diagnose contraction runs/tiny --passes 32
+    Every run is measured on the same held-out validation rows (those of the first run's config).
+
+    Example: fbt-probe diagnose contraction runs/tiny --passes 32 ;
+    fbt-probe diagnose contraction runs/tiny runs/tiny-1-2 --out runs/schedules
     """
+    import pandas as pd
+
+    from fbt_probe.errors import FbtError
     from fbt_probe.figures import save_figure
     from fbt_probe.figures.contraction import fig3
     from fbt_probe.tasks import load_tokenizer
     from fbt_probe.training.checkpoint import load_run
     from fbt_probe.training.evaluate import contraction, validation_batch
 
-    model, cfg, _, _ = load_run(run)
-    tok = load_tokenizer(run / "tokenizer.json")
-    table = contraction(model, *validation_batch(cfg, tok, rows=rows), n_passes=passes)
-    table.insert(0, "schedule", cfg.schedule)
-    table.insert(0, "run", run.name)
-    dest = out or run / "diagnostics"
-    _write_table(table, dest / "contraction", run, cfg, force)
-    save_figure(fig3(table, trained_passes=cfg.schedule_obj.max_passes), dest, "contraction", force)
-    typer.echo(table[["pass", "val_loss", "answer_accuracy", "state_change"]].round(4).to_string(index=False))
+    if len(runs) > 1 and out is None:
+        raise FbtError("diagnose contraction: several runs need --out (a folder for the shared table and figure)")
+    if len({r.name for r in runs}) < len(runs):
+        raise FbtError("diagnose contraction: run folders must have distinct names (they label the figure)")
+    loaded = [(run, *load_run(run)[:2]) for run in runs]
+    tok = load_tokenizer(runs[0] / "tokenizer.json")
+    for run, _, _ in loaded[1:]:
+        if load_tokenizer(run / "tokenizer.json").get_vocab() != tok.get_vocab():
+            raise FbtError(f"{run / 'tokenizer.json'}: tokenizer differs from {runs[0] / 'tokenizer.json'}")
+    batch = validation_batch(loaded[0][2], tok, rows=rows)
+    tables = []
+    for run, model, cfg in loaded:
+        t = contraction(model, *batch, n_passes=passes)
+        t.insert(0, "schedule", "constant:1 (baseline)" if cfg.baseline else str(cfg.schedule_obj))
+        t.insert(0, "run", run.name)
+        tables.append(t)
+    table = pd.concat(tables, ignore_index=True)
+    dest = out or runs[0] / "diagnostics"
+    cfgs = [c for _, _, c in loaded]
+    deepest = max(c.schedule_obj.max_passes for c in cfgs)
+    _write_table(table, dest / "contraction", runs[0] if len(runs) == 1 else runs, cfgs[0] if len(runs) == 1 else cfgs, force)
+    save_figure(fig3(table, trained_passes=deepest), dest, "contraction", force)
+    typer.echo(table[["run", "pass", "val_loss", "answer_accuracy", "state_change"]].round(4).to_string(index=False))
     typer.echo(f"wrote {dest}/contraction.{{parquet,csv,json,png,svg}}")
 
 
@@ -139,5 +162,9 @@ def _write_table(df, stem: Path, run: Path, cfg, force: bool, extra: dict | None
         df.to_parquet(tmp, index=False)
     with atomic_path(stem.with_suffix(".csv")) as tmp:
         df.to_csv(tmp, index=False)
+    if isinstance(run, list):  # several runs in one table
+        write_json(stem.with_suffix(".json"), provenance(runs=[str(r) for r in run], checkpoint_sha256=[checkpoint_hash(r) for r in run],
+                                                        train_config=[c.to_dict() for c in cfg], seed=[c.seed for c in cfg], **(extra or {})))
+        return
     write_json(stem.with_suffix(".json"), provenance(run=str(run), checkpoint_sha256=checkpoint_hash(run),
                                                     train_config=cfg.to_dict(), seed=cfg.seed, **(extra or {})))

@@ -44,7 +44,7 @@ def load_checkpoint(folder: str | Path, device: str = "cpu"):
     if "model" not in meta:
         raise FbtError(f"{folder / 'config.json'}: field 'model' missing (not an fbt-probe checkpoint)")
     cfg = ModelConfig.from_dict(meta["model"], source=str(folder / "config.json")).replace(device=device)
-    return build_from_weights(FeedbackTransformer, cfg, folder / "model.safetensors").to(device)
+    return build_from_weights(FeedbackTransformer, cfg, folder / "model.safetensors").to(device).eval()
 
 
 def build_from_weights(model_cls, cfg, weights: Path):

@@ -102,6 +102,9 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(H * dh, D, bias=False)
         self.q_norm = RMSNorm(dh, cfg.rms_eps)
         self.k_norm = RMSNorm(dh, cfg.rms_eps)
+        with torch.no_grad():  # QK-norm gains: Qwen3 starts them at 1 (see ModelConfig.qk_norm_init)
+            self.q_norm.weight.fill_(cfg.qk_norm_init)
+            self.k_norm.weight.fill_(cfg.qk_norm_init)
         self.hook_q = HookPoint()  # [batch, pos, n_heads, d_head]  (projection, before QK-norm and RoPE)
         self.hook_k = HookPoint()  # [batch, pos, n_kv_heads, d_head]
         self.hook_v = HookPoint()  # [batch, pos, n_kv_heads, d_head]

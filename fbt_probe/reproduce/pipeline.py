@@ -11,7 +11,8 @@ import pandas as pd
 from fbt_probe.errors import FbtError
 from fbt_probe.reproduce.stages import Runner, Stage
 
-PROBE_KNOBS = {"completion": [0, 8, 32, 128, 256], "memory": [8, 32, 128, 256], "registers": [2, 4, 8]}
+PROBE_KNOBS = {"completion": [0, 8, 32], "memory": [8, 32], "registers": [2, 4, 8]}  # the training lengths
+LONG_KNOBS = {"completion": [0, 8, 32, 128, 256], "memory": [8, 32, 128, 256], "registers": [2, 4, 8]}  # --long: past them
 QUICK_KNOBS = {"completion": [8], "memory": [8], "registers": [2]}
 FEEDBACK_MODES = ["standard", "recurrent:1", "jacobi:2"]
 REGISTER_MODES = ["standard", "recurrent:1", "recurrent:2", "recurrent:4", "full", "jacobi:2"]
@@ -22,11 +23,11 @@ EXPERIMENTS = ("feedback-swap", "state-replacement", "gate-ablation", "residual"
 class ReproConfig:
     preset: str = "tiny"
     seed: int = 0
-    steps: int = 1000
+    steps: int = 800
     pairs: int = 64  # probe-set minimal pairs per task × length cell (held-out contexts only)
     knobs: dict = field(default_factory=lambda: dict(PROBE_KNOBS))
     modes: dict = field(default_factory=lambda: {"completion": FEEDBACK_MODES, "memory": FEEDBACK_MODES, "registers": REGISTER_MODES})
-    eval_pairs: int = 64
+    eval_pairs: int = 32
     passes: int = 32  # contraction diagnostic
     patch_pairs: int = 32  # pairs per cell in the causal experiments
     patch_knobs: dict = field(default_factory=lambda: {"completion": [8], "memory": [8], "registers": [2]})
@@ -39,6 +40,12 @@ class ReproConfig:
                     modes={"completion": ["standard", "recurrent:1"], "memory": ["standard", "recurrent:1"],
                            "registers": ["standard", "recurrent:1", "full"]})
         return cls(**{**base, **kw})
+
+    @classmethod
+    def long_config(cls, **kw) -> "ReproConfig":
+        """Probe sets also at 128 and 256 distractors (up to 1,038 tokens), four to eight times the
+        training lengths: slower (about 12 more minutes of extraction on 2 cores)."""
+        return cls(**{"knobs": dict(LONG_KNOBS), **kw})
 
     def models(self) -> list[str]:
         return ["feedback"] if self.model else ["feedback", "baseline"]
@@ -158,8 +165,8 @@ def stage_patch(cfg: ReproConfig, out: Path, name: str) -> None:
     for exp in EXPERIMENTS:
         modes = ("standard", "recurrent:1") if exp in ("residual", "probe-direction") else ("recurrent:1",)
         pc = PatchConfig(experiment=exp, modes=modes, max_pairs=cfg.patch_pairs, lengths=lengths, seed=cfg.seed,
-                         n_boot=300 if cfg.quick else 1000, last_k=(3 if cfg.quick else 8) if exp == "residual" else None,
-                         n_folds=3 if cfg.quick else 5)
+                         n_boot=300 if cfg.quick else 1000, last_k=(3 if cfg.quick else 4) if exp == "residual" else None,
+                         n_folds=3)  # compute budget of the 15-minute study: the last 4 positions, 3 folds
         run(model, df, pc, out=out / "results" / "interventions" / name, force=True, model_info=info, figures=False)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from fbt_probe.errors import FbtError
 from fbt_probe.io import read_json, write_json
 
 
@@ -45,6 +46,10 @@ class Runner:
             self.times[stage.name] = rec.get("seconds", 0.0)
             self.echo(f"[skip] {stage.name:22s} up to date ({rec.get('seconds', 0):.0f} s when run)")
             return
+        stale_model = stage.resumable and rec.get("key") not in (None, key) and any(p.exists() for p in stage.outputs)
+        if stale_model and stage.name not in self.force:  # never delete a trained model unasked
+            raise FbtError(f"{self.out}: stage {stage.name}'s inputs changed since {stage.outputs[0]} was made; "
+                           f"pass --force {stage.name} to redo it (deletes it) or choose another --out")
         if not (stage.resumable and rec.get("key") == key) or stage.name in self.force:
             for p in stage.outputs:  # stale or forced: start the stage's outputs afresh
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)

@@ -77,7 +77,9 @@ def train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int = 0, op
             # every random draw of a step derives from (seed, step): a resumed run continues bit for bit
             torch.manual_seed(step_seed(cfg.seed, step, "noise"))
             gen = torch.Generator().manual_seed(step_seed(cfg.seed, step, "draws"))
-            K = 1 if cfg.baseline else sched.draw(float(torch.rand(1, generator=gen)))
+            K = sched.draw(float(torch.rand(1, generator=gen)))  # drawn every step, so the stream of draws never shifts
+            if cfg.baseline or step < cfg.one_pass_steps:
+                K = 1
             micro = batches_for_step(cfg, tokenizer, step)
             total_w = sum(float(w.sum()) for _, _, w in micro)
             for group in opt.param_groups:
