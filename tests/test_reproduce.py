@@ -68,6 +68,18 @@ def test_cli_errors(tmp_path):
     assert res.exit_code == 2 and "unknown stage" in res.output
     res = runner.invoke(app, ["reproduce", "--preset", "paper-1b", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "r")])
     assert res.exit_code == 2 and "not found" in res.output
+    res = runner.invoke(app, ["reproduce", "--quick", "--long", "--out", str(tmp_path / "r2")])
+    assert res.exit_code == 2 and "choose one" in res.output and not (tmp_path / "r2").exists()
+
+
+def test_long_config_adds_the_long_lengths_only():
+    from fbt_probe.reproduce.pipeline import LONG_KNOBS, PROBE_KNOBS, ReproConfig
+    from fbt_probe.training.config import TRAIN_KNOBS
+
+    assert ReproConfig().knobs == PROBE_KNOBS == TRAIN_KNOBS  # the default probes the training lengths
+    long = ReproConfig.long_config().knobs
+    assert long == LONG_KNOBS and all(set(PROBE_KNOBS[t]) < set(long[t]) or t == "registers" for t in long)
+    assert {k for t in long for k in long[t]} - {k for t in PROBE_KNOBS for k in PROBE_KNOBS[t]} == {128, 256}
 
 
 def _depth0_numbers(report: str) -> list[float]:

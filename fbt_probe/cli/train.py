@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
 def train_cmd(
     out: Annotated[Path, typer.Option(help="Run folder to write (checkpoint, tokenizer, metrics.jsonl).")],
     preset: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
-    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 1000,
+    steps: Annotated[int | None, typer.Option(help="Optimizer steps (default: TrainConfig.steps, 600).")] = None,
     schedule: Annotated[str, typer.Option(help="Passes per batch: 'K:p,...' summing to 1, 'constant:K' or 'paper' (1:.75,2:.22,3:.03).")] = "paper",
     baseline: Annotated[bool, typer.Option(help="No-feedback baseline: same data and steps, 1 pass only, fusion unused.")] = False,
     one_pass_steps: Annotated[int | None, typer.Option(help="The first N steps train one pass only, then K follows --schedule (default: the training config's).")] = None,
@@ -45,7 +45,9 @@ def train_cmd(
     parse_schedule(schedule)
     hidden = _hidden_options(arch, streams, cross_layers)
     extra = {} if one_pass_steps is None else {"one_pass_steps": one_pass_steps}
-    cfg = TrainConfig(preset=preset, steps=steps, schedule=schedule, baseline=baseline, seed=seed, lam=lam, noise=noise, dtype=dtype,
+    if steps is not None:
+        extra["steps"] = steps
+    cfg = TrainConfig(preset=preset, schedule=schedule, baseline=baseline, seed=seed, lam=lam, noise=noise, dtype=dtype,
                       **hidden, **extra)
     res = run_training(cfg, out, init=init, resume=resume, force=force)
     typer.echo(f"trained {res['step']} steps in {res['seconds']:.0f} s ({res['tokens'] / max(res['seconds'], 1e-9):,.0f} tokens/s); run folder: {out}")
@@ -97,7 +99,8 @@ def eval_cmd(
     dest = out or run / "eval"
     _write_table(acc, dest / "accuracy", run, cfg, force, extra={"val_loss_per_pass": losses})
     typer.echo(acc.pivot_table(index=["task", "length_knob"], columns="decoding", values="accuracy").round(3).to_string())
-    typer.echo("validation loss per pass: " + ", ".join(f"{k[-5:]}={v:.3f}" for k, v in losses.items()))
+    label = "validation loss per pass: " if cfg.arch != "hidden-decoding" else "validation loss (one pass, last streams): "
+    typer.echo(label + ", ".join(f"{k.removeprefix('val_loss_')}={v:.3f}" for k, v in losses.items()))
     typer.echo(f"wrote {dest}/accuracy.{{parquet,csv,json}}")
 
 

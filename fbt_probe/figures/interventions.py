@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 from fbt_probe.errors import FbtError
 from fbt_probe.figures.style import paper_style, subplots
@@ -142,6 +143,7 @@ def decodable_vs_used(table: pd.DataFrame, length: int = POOLED, mode: str | Non
                       f"probe accuracy after {cond}", f"C{k + 1}", ls=":")
             ax.axhline(0.5, color="black", lw=0.6, ls="--")
             ax.set_xlabel("depth")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # depths are layer indices
             ax.set_title(f"{task}\n{m}")
         axes.flat[0].set_ylabel("accuracy / 1 - normalized")
         handles, labels = axes.flat[0].get_legend_handles_labels()

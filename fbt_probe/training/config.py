@@ -62,9 +62,9 @@ class TrainConfig:
     preset: str = "tiny"
     tasks: tuple[str, ...] = ("completion", "memory", "registers")
     knobs: dict | None = None  # task -> training length-grid values; None = TRAIN_KNOBS
-    steps: int = 800
+    steps: int = 600
     tokens_per_step: int = 2048  # documents (one per row, whole) are drawn until this many tokens
-    lr: float = 1e-3  # 2e-3 (the prototype's) learned completion later or not at all in 800 steps (BENCHMARKS.md)
+    lr: float = 1e-3  # 2e-3 (the prototype's) learned completion later or not at all in 800 steps (BENCHMARKS.md, Training)
     min_lr_ratio: float = 0.1  # cosine decay to 10 % (constant lr made accuracy oscillate in the prototype)
     warmup: int = 100
     betas: tuple[float, float] = (0.9, 0.98)
