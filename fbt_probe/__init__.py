@@ -31,7 +31,7 @@ def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrid
     if is_hidden_checkpoint(folder):  # a Hidden Decoding run (DESIGN.md §9)
         return load_hidden(folder, device=device)
     if is_own_checkpoint(folder):
-        return load_checkpoint(folder, device=device).eval()
+        return load_checkpoint(folder, device=device)
     from fbt_probe.model.hf import import_qwen3
 
     return import_qwen3(folder, seed=seed).to(device).eval()

@@ -147,9 +147,11 @@ def contraction_cmd(
     table = pd.concat(tables, ignore_index=True)
     dest = out or runs[0] / "diagnostics"
     cfgs = [c for _, _, c in loaded]
-    deepest = max(c.schedule_obj.max_passes for c in cfgs)
-    _write_table(table, dest / "contraction", runs[0] if len(runs) == 1 else runs, cfgs[0] if len(runs) == 1 else cfgs, force)
-    save_figure(fig3(table, trained_passes=deepest), dest, "contraction", force)
+    if len(runs) == 1:
+        _write_table(table, dest / "contraction", runs[0], cfgs[0], force)
+    else:
+        _write_table(table, dest / "contraction", list(runs), cfgs, force)
+    save_figure(fig3(table, trained_passes=max(c.schedule_obj.max_passes for c in cfgs)), dest, "contraction", force)
     typer.echo(table[["run", "pass", "val_loss", "answer_accuracy", "state_change"]].round(4).to_string(index=False))
     typer.echo(f"wrote {dest}/contraction.{{parquet,csv,json,png,svg}}")
 
@@ -165,9 +167,9 @@ def _write_table(df, stem: Path, run: Path, cfg, force: bool, extra: dict | None
         df.to_parquet(tmp, index=False)
     with atomic_path(stem.with_suffix(".csv")) as tmp:
         df.to_csv(tmp, index=False)
-    if isinstance(run, list):  # several runs in one table
-        write_json(stem.with_suffix(".json"), provenance(runs=[str(r) for r in run], checkpoint_sha256=[checkpoint_hash(r) for r in run],
-                                                        train_config=[c.to_dict() for c in cfg], seed=[c.seed for c in cfg], **(extra or {})))
-        return
-    write_json(stem.with_suffix(".json"), provenance(run=str(run), checkpoint_sha256=checkpoint_hash(run),
-                                                    train_config=cfg.to_dict(), seed=cfg.seed, **(extra or {})))
+    if isinstance(run, list):  # several runs in one table: every field becomes a list
+        fields = {"runs": [str(r) for r in run], "checkpoint_sha256": [checkpoint_hash(r) for r in run],
+                  "train_config": [c.to_dict() for c in cfg], "seed": [c.seed for c in cfg]}
+    else:
+        fields = {"run": str(run), "checkpoint_sha256": checkpoint_hash(run), "train_config": cfg.to_dict(), "seed": cfg.seed}
+    write_json(stem.with_suffix(".json"), provenance(**fields, **(extra or {})))

@@ -35,7 +35,6 @@ def eval_samples(cfg: TrainConfig, tokenizer, pairs: int = 32, knobs: dict | Non
 @torch.no_grad()
 def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, batch: int = 64) -> pd.DataFrame:
     """One row per task × length_knob × mode: accuracy of the greedy answer at the final colon."""
-    model.eval()  # no training noise on the carried states
     answer = samples["label_word"].map(tokenizer.token_to_id).to_numpy()
     rows = []
     for (task, knob, n_tok), cell in samples.groupby(["task", "length_knob", "n_tokens"], sort=True):
@@ -55,7 +54,6 @@ def contraction(model, tokens: torch.Tensor, targets: torch.Tensor, weights: tor
     """Validation loss after k = 1..N Jacobi feedback passes and ‖s^(k) − s^(k−1)‖ (mean over
     positions of the L2 norm of the change of the carried state). A contracting map's loss stays
     flat and its state change decays; a diverging one oscillates."""
-    model.eval()  # no training noise on the carried states
     answer = (weights > 0) & (weights == weights.max(-1, keepdim=True).values)  # the up-weighted answer position of each row
     has = torch.arange(tokens.shape[1]) >= 1
     states, prev, rows = None, None, []
