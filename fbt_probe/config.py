@@ -51,6 +51,10 @@ class ModelConfig:
     Transformers") start the scale above 1 for this reason. The tiny preset starts them at 3: with 1,
     completion stayed at exactly chance for 1,000 steps; with 3 it learned in about 250 steps (see
     BENCHMARKS.md, Training). Loaded weights (checkpoints, Qwen3 imports) override it."""
+    fusion_norm_init: float | None = None
+    """Initial weight of the fusion RMSNorm (every entry). None: the mean RMS of the embedding rows, so
+    a fused input starts at the scale of a plain embedding (right for a warm start from a trained
+    checkpoint, whose layer 0 expects embedding-scale inputs). Loaded weights override it."""
     dtype: str = "float32"
     device: str = "cpu"
 
@@ -112,7 +116,7 @@ def _checker(source: str):
 
 PRESETS: dict[str, ModelConfig] = {
     # 4 layers, d_model 128: trains on a 2-core CPU in minutes (PROTOTYPE-NOTES: L=2 never learns completion).
-    "tiny": ModelConfig(qk_norm_init=3.0),
+    "tiny": ModelConfig(qk_norm_init=3.0, fusion_norm_init=1.0),
     # The paper's 1B: 24 layers, D=1536, 16/8 heads, FFN 6656, vocab 100,352, ctx 8192, window 2048, every 6th global.
     "paper-1b": ModelConfig(
         d_vocab=100_352, d_model=1536, n_layers=24, n_heads=16, n_key_value_heads=8, d_head=96,

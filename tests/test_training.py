@@ -1,6 +1,8 @@
 """Multi-pass training: the objective of eq. 12, gradients, noise, resume, checkpoints, CLI errors."""
 import json
 
+import numpy as np
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -157,6 +159,8 @@ def test_cli_errors(tmp_path):
         (["train", "--out", str(tmp_path / "exists")], "refusing to overwrite"),
         (["train", "--out", str(tmp_path / "a"), "--resume"], "no run to resume"),
         (["eval", str(tmp_path / "exists")], "run config not found"),
+        (["train", "--out", str(tmp_path / "a"), "--task-shares", "completion:.5,memory:x"], "expected 'task:share,...'"),
+        (["train", "--out", str(tmp_path / "a"), "--task-shares", "completion:.5,memory:.5"], "a positive share for each of"),
     ]
     for args, message in cases:
         res = runner.invoke(app, args)
@@ -238,3 +242,88 @@ def test_one_pass_steps_follow_the_baseline_exactly(tmp_path):
     run_training(TrainConfig(steps=12, one_pass_steps=6, schedule="constant:2", **SMALL), tmp_path / "later", progress=False, eval_pairs=2)
     log = [json.loads(l) for l in (tmp_path / "later" / "metrics.jsonl").read_text().splitlines()]
     assert [r["passes"] for r in log] == [1] * 6 + [2] * 6
+
+
+def test_fusion_norm_starts_at_the_configured_value():
+    """fusion_norm_init = None starts the fusion norm at the mean RMS of the embedding rows (fused
+    inputs at embedding scale); a number starts every entry at it. Nothing else changes."""
+    by_rms = fp.load_model("tiny", seed=0, fusion_norm_init=None)
+    rms = by_rms.embed.weight.double().pow(2).mean(-1).sqrt().mean()
+    assert torch.allclose(by_rms.fusion.norm.weight.double(), rms.expand(by_rms.cfg.d_model), rtol=1e-6)
+    ones = fp.load_model("tiny", seed=0, fusion_norm_init=1.0)
+    assert torch.equal(ones.fusion.norm.weight, torch.ones(ones.cfg.d_model))
+    for (name, x), y in zip(by_rms.state_dict().items(), ones.state_dict().values()):
+        assert torch.equal(x, y) or name == "fusion.norm.weight", name
+    # a fused input is RMSNorm'd and scaled by that weight: its RMS is the weight (up to eps)
+    e = ones.embed(tokens(2, 9, seed=1))
+    u = ones.fusion(torch.randn(2, 9, ones.cfg.d_model), e, torch.ones(9, dtype=torch.bool), lambda hp, x: x)
+    assert torch.allclose(u.pow(2).mean(-1).sqrt(), torch.ones(2, 9), atol=1e-4)
+
+
+def test_task_shares_set_each_tasks_share_of_the_tokens():
+    """The draw probability of a cell is ∝ token share / length, so the expected token share of a
+    task is its `task_shares` entry (default .5 / .25 / .25); over many steps the drawn tokens follow it."""
+    from fbt_probe.tasks import build_tokenizer
+    from fbt_probe.training.data import cell_probabilities
+
+    tok = build_tokenizer()
+    shares = {"completion": 0.5, "memory": 0.2, "registers": 0.3}
+    from fbt_probe.training.config import DEFAULT_TASK_SHARES
+
+    two = {"completion": 2 / 3, "memory": 1 / 3}  # the defaults (.5, .25) renormalised over the tasks trained
+    for cfg, want in ((TrainConfig(), DEFAULT_TASK_SHARES), (TrainConfig(task_shares=shares), shares),
+                      (TrainConfig(tasks=("completion", "memory")), two)):
+        assert cfg.task_shares == pytest.approx(want, abs=1e-12)
+        cells, lengths, p = cell_probabilities(cfg, tok)
+        expected = p * lengths / (p * lengths).sum()  # expected share of the tokens per cell
+        for task in cfg.tasks:
+            mine = [i for i, (t, _) in enumerate(cells) if t == task]
+            assert expected[mine].sum() == pytest.approx(want[task], abs=1e-12)
+            assert np.allclose(expected[mine], want[task] / len(mine), atol=1e-12)
+    # a run written before the field existed drew every (task, length) cell with the same share
+    old = TrainConfig().to_dict()
+    del old["task_shares"]
+    assert TrainConfig.from_dict(old).task_shares == pytest.approx({"completion": 3 / 8, "memory": 2 / 8, "registers": 3 / 8})
+    cfg = TrainConfig(task_shares=shares, tokens_per_step=4096)
+    cells, lengths, _ = cell_probabilities(cfg, tok)
+    task_of_length = {int(n): t for (t, _), n in zip(cells, lengths)}
+    assert len(task_of_length) == len(cells)  # a micro-batch's length names its cell
+    drawn = {t: 0 for t in cfg.tasks}
+    for step in range(60):
+        for toks, _, _ in batches_for_step(cfg, tok, step):
+            drawn[task_of_length[toks.shape[1]]] += toks.numel()
+    total = sum(drawn.values())
+    for t in cfg.tasks:
+        assert drawn[t] / total == pytest.approx(shares[t], abs=0.03)
+
+
+@pytest.mark.parametrize("shares, what", [
+    ({"completion": 0.5, "memory": 0.5}, "a positive share for each of"),
+    ({"completion": 0.5, "memory": 0.3, "registers": 0.3}, "sums to 1.1"),
+    ({"completion": 1.0, "memory": 0.0, "registers": 0.0}, "a positive share"),
+])
+def test_bad_task_shares_are_refused(shares, what):
+    with pytest.raises(FbtError, match=what):
+        TrainConfig(task_shares=shares)
+
+
+def test_answer_weighting_per_document():
+    """Every document's weights sum to 1. By default the answer position weighs `answer_weight` text
+    tokens; with `answer_share` it takes exactly that share of every document, whatever its length."""
+    docs = [{"token_ids": list(range(1, 17)), "answer_pos": 14}, {"token_ids": list(range(1, 145)), "answer_pos": 142}]
+    _, targets, w = one_per_row(docs, 20.0)
+    assert torch.allclose(w.sum(1), torch.ones(2)) and w[0, 15:].abs().sum() == 0  # padding and last token: 0
+    for r, doc in enumerate(docs):
+        n = len(doc["token_ids"]) - 1  # weighted positions, the answer's among them
+        assert w[r, doc["answer_pos"] - 1].item() == pytest.approx(20 / (n - 1 + 20))
+        assert targets[r, doc["answer_pos"] - 1] == doc["token_ids"][doc["answer_pos"]]
+    _, _, w = one_per_row(docs, 20.0, answer_share=0.5)
+    assert torch.allclose(w.sum(1), torch.ones(2))
+    assert [w[r, d["answer_pos"] - 1].item() for r, d in enumerate(docs)] == pytest.approx([0.5, 0.5])
+    with pytest.raises(FbtError, match="answer_share"):
+        TrainConfig(answer_share=1.0)
+    # the default is a share of 0.5; a run written before the field existed weighted the answer ×20
+    assert TrainConfig().answer_share == 0.5
+    old = TrainConfig().to_dict()
+    del old["answer_share"]
+    assert TrainConfig.from_dict(old).answer_share is None

@@ -17,7 +17,7 @@ def reproduce_cmd(
     model: Annotated[Path | None, typer.Option(help="A checkpoint folder to study instead of training (required for paper-1b).")] = None,
     quick: Annotated[bool, typer.Option(help="A small version of every stage (minutes; for checking the pipeline).")] = False,
     long: Annotated[bool, typer.Option("--long", help="Probe sets also at 128 and 256 distractors, past the training lengths (slower).")] = False,
-    steps: Annotated[int | None, typer.Option(help="Training steps (default 600; 60 with --quick).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Training steps (default 800; 60 with --quick).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of data, training and probes.")] = 0,
     force: Annotated[list[str] | None, typer.Option(help="Redo this stage even if up to date (repeatable).")] = None,
 ) -> None:

@@ -18,13 +18,14 @@ def register(app: typer.Typer) -> None:
 def train_cmd(
     out: Annotated[Path, typer.Option(help="Run folder to write (checkpoint, tokenizer, metrics.jsonl).")],
     preset: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
-    steps: Annotated[int | None, typer.Option(help="Optimizer steps (default: TrainConfig.steps, 600).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Optimizer steps (default: TrainConfig.steps, 800).")] = None,
     schedule: Annotated[str, typer.Option(help="Passes per batch: 'K:p,...' summing to 1, 'constant:K' or 'paper' (1:.75,2:.22,3:.03).")] = "paper",
     baseline: Annotated[bool, typer.Option(help="No-feedback baseline: same data and steps, 1 pass only, fusion unused.")] = False,
     one_pass_steps: Annotated[int | None, typer.Option(help="The first N steps train one pass only, then K follows --schedule (default: the training config's).")] = None,
     init: Annotated[Path | None, typer.Option(help="Warm start from a checkpoint folder (ours or Qwen3-format).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the initialisation, data and noise.")] = 0,
     lam: Annotated[float, typer.Option(help="λ of eq. 12 (weight of the passes k >= 2).")] = 1.0,
+    task_shares: Annotated[str | None, typer.Option(help="Share of each step's tokens per task, 'task:share,...' summing to 1 (default: the training config's).")] = None,
     noise: Annotated[float, typer.Option(help="σ of the uniform noise on carried states.")] = 0.02,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (CPU autocast).")] = "float32",
     resume: Annotated[bool, typer.Option(help="Continue an interrupted run in OUT (bit for bit on CPU).")] = False,
@@ -47,10 +48,26 @@ def train_cmd(
     extra = {} if one_pass_steps is None else {"one_pass_steps": one_pass_steps}
     if steps is not None:
         extra["steps"] = steps
+    if task_shares is not None:
+        extra["task_shares"] = parse_task_shares(task_shares)
     cfg = TrainConfig(preset=preset, schedule=schedule, baseline=baseline, seed=seed, lam=lam, noise=noise, dtype=dtype,
                       **hidden, **extra)
     res = run_training(cfg, out, init=init, resume=resume, force=force)
     typer.echo(f"trained {res['step']} steps in {res['seconds']:.0f} s ({res['tokens'] / max(res['seconds'], 1e-9):,.0f} tokens/s); run folder: {out}")
+
+
+def parse_task_shares(text: str) -> dict:
+    """'completion:.5,memory:.25,registers:.25' -> {task: share} (checked by TrainConfig)."""
+    from fbt_probe.errors import FbtError
+
+    shares = {}
+    for item in text.split(","):
+        name, _, value = item.partition(":")
+        try:
+            shares[name.strip()] = float(value)
+        except ValueError:
+            raise FbtError(f"--task-shares '{text}': expected 'task:share,...' (e.g. completion:.5,memory:.25,registers:.25)") from None
+    return shares
 
 
 def _hidden_options(arch: str, streams: int | None, cross_layers: str | None) -> dict:

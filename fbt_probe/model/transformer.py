@@ -62,8 +62,10 @@ class FeedbackTransformer(HookedRootModule):
 
     @torch.no_grad()
     def reset_fusion_norm(self) -> None:
-        """Fusion norm weight = mean RMS of the embedding rows (fused inputs start at embedding scale)."""
-        rms = self.embed.weight.pow(2).mean(-1).sqrt().mean()
+        """Fusion norm weight = `cfg.fusion_norm_init`, or (None) the mean RMS of the embedding rows
+        (fused inputs start at embedding scale)."""
+        init = self.cfg.fusion_norm_init
+        rms = self.embed.weight.pow(2).mean(-1).sqrt().mean() if init is None else torch.tensor(float(init))
         self.fusion.norm.weight.copy_(rms.expand_as(self.fusion.norm.weight))
 
     @property

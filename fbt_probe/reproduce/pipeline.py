@@ -23,7 +23,7 @@ EXPERIMENTS = ("feedback-swap", "state-replacement", "gate-ablation", "residual"
 class ReproConfig:
     preset: str = "tiny"
     seed: int = 0
-    steps: int = 600
+    steps: int = 800
     pairs: int = 64  # probe-set minimal pairs per task × length cell (held-out contexts only)
     knobs: dict = field(default_factory=lambda: dict(PROBE_KNOBS))
     modes: dict = field(default_factory=lambda: {"completion": FEEDBACK_MODES, "memory": FEEDBACK_MODES, "registers": REGISTER_MODES})

@@ -64,7 +64,19 @@ class Draw:
     swap: bool  # row order within the pair
 
 
+_TRUTH_TABLES: dict = {}
+
+
 def _truth_table(spec: TaskSpec) -> dict:
+    """(R -> ([C making the relation true], [C making it false])), for every R with both kinds.
+    Memoised per spec content (training draws documents every step)."""
+    key = repr(spec)
+    if key not in _TRUTH_TABLES:
+        _TRUTH_TABLES[key] = _build_truth_table(spec)
+    return _TRUTH_TABLES[key]
+
+
+def _build_truth_table(spec: TaskSpec) -> dict:
     lo, hi = spec.value_range
     vals = range(lo, hi + 1)
     table = {r: ([c for c in vals if completion_truth(spec, r, c)], [c for c in vals if not completion_truth(spec, r, c)]) for r in vals}

@@ -62,7 +62,13 @@ class TrainConfig:
     preset: str = "tiny"
     tasks: tuple[str, ...] = ("completion", "memory", "registers")
     knobs: dict | None = None  # task -> training length-grid values; None = TRAIN_KNOBS
-    steps: int = 600
+    task_shares: dict | None = None
+    """task -> expected share of a step's tokens, split equally over the task's (length) cells.
+    None: DEFAULT_TASK_SHARES over the configured tasks, renormalised (resolved at construction, so
+    config.json records the shares used). Half on completion: with every cell the same share
+    (3/8 completion, 2/8 memory, 3/8 registers) completion was learned at every length in 600 steps
+    on 1 seed of 3 (BENCHMARKS.md, Training); registers, at chance either way, took the rest."""
+    steps: int = 800
     tokens_per_step: int = 2048  # documents (one per row, whole) are drawn until this many tokens
     lr: float = 1e-3  # 2e-3 (the prototype's) learned completion later or not at all in 800 steps (BENCHMARKS.md, Training)
     min_lr_ratio: float = 0.1  # cosine decay to 10 % (constant lr made accuracy oscillate in the prototype)
@@ -74,7 +80,11 @@ class TrainConfig:
     lam: float = 1.0  # λ of eq. 12
     noise: float = 0.02  # σ of the uniform noise on carried states
     prefix_mix: float = 0.25  # share of rows whose random prompt prefix keeps plain embeddings
-    answer_weight: float = 20.0  # the answer is one token of 14-259; ×5 left the three-task mixture at chance for 900 steps
+    answer_weight: float = 20.0  # with answer_share None: the answer weighs this many text tokens (×5 left the mixture at chance for 900 steps)
+    answer_share: float | None = 0.5
+    """The answer's share of every document's loss weight, whatever the document's length (None:
+    `answer_weight` instead). With answer_weight 20 the answer is 57 % of a 16-token completion
+    document but 12 % of a 144-token one, and completion at 32 distractors was the slowest cell to learn."""
     baseline: bool = False  # no-feedback baseline: 1 pass only, fusion never used
     one_pass_steps: int = 0  # the first steps train one pass only (K = 1), then K follows the schedule
     arch: str = "feedback"  # or "hidden-decoding" (fbt_probe.hidden: n streams per token, one pass, eq. 2 loss)
@@ -101,6 +111,21 @@ class TrainConfig:
         for name in ("steps", "tokens_per_step"):
             if getattr(self, name) < 1:
                 raise FbtError(f"train config: field '{name}' must be >= 1")
+        if self.task_shares is None:
+            default = {t: DEFAULT_TASK_SHARES.get(t, 0.0) for t in self.tasks}
+            total = sum(default.values())
+            if total <= 0:
+                raise FbtError(f"train config: no default task shares for {list(self.tasks)}; set field 'task_shares'")
+            object.__setattr__(self, "task_shares", {t: v / total for t, v in default.items()})
+        else:
+            object.__setattr__(self, "task_shares", dict(self.task_shares))
+        shares = self.task_shares
+        if sorted(shares) != sorted(self.tasks) or any(not isinstance(v, (int, float)) or v <= 0 for v in shares.values()):
+            raise FbtError(f"train config: field 'task_shares' needs a positive share for each of {list(self.tasks)}, got {shares}")
+        if abs(sum(shares.values()) - 1.0) > 1e-6:
+            raise FbtError(f"train config: field 'task_shares' sums to {sum(shares.values()):g}, expected 1")
+        if self.answer_share is not None and not 0 < self.answer_share < 1:
+            raise FbtError(f"train config: field 'answer_share' must be in (0, 1), got {self.answer_share}")
         if self.one_pass_steps < 0:
             raise FbtError("train config: field 'one_pass_steps' must be >= 0")
 
@@ -120,10 +145,16 @@ class TrainConfig:
         if unknown:
             raise FbtError(f"train config: unknown field(s) {unknown} (written by another version of fbt-probe?)")
         d["tasks"], d["betas"] = tuple(d["tasks"]), tuple(d["betas"])
+        d.setdefault("answer_share", None)  # written before the field existed: answer_weight
+        if "task_shares" not in d:  # written before the field existed: every (task, length) cell the same share
+            knobs = d.get("knobs") or TRAIN_KNOBS
+            n = {t: len(knobs[t]) for t in d["tasks"]}
+            d["task_shares"] = {t: n[t] / sum(n.values()) for t in d["tasks"]}
         return cls(**d)
 
 
 ARCHS = ("feedback", "hidden-decoding")
+DEFAULT_TASK_SHARES = {"completion": 0.5, "memory": 0.25, "registers": 0.25}
 # memory at 0 distractors is a single context (state = 0|1, scratch = 0): it cannot be split into
 # training and held-out contexts, so it is left out of training and evaluation.
 TRAIN_KNOBS = {"completion": [0, 8, 32], "memory": [8, 32], "registers": [2, 4, 8]}
