@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-# The main job: the whole tiny study (datasets, training, probes, interventions, report), ~13 min on 2 cores.
+# The main job: the whole tiny study (datasets, training, probes, interventions, report), ~12 min on 2 cores.
 demo: setup
 	$(VENV)/bin/fbt-probe reproduce --preset tiny --out runs/repro
 

@@ -54,7 +54,10 @@ class ModelConfig:
     fusion_norm_init: float | None = None
     """Initial weight of the fusion RMSNorm (every entry). None: the mean RMS of the embedding rows, so
     a fused input starts at the scale of a plain embedding (right for a warm start from a trained
-    checkpoint, whose layer 0 expects embedding-scale inputs). Loaded weights override it."""
+    checkpoint, whose layer 0 expects embedding-scale inputs). The tiny preset sets 1: trained from
+    scratch, fused inputs at the embedding scale (0.02) made a two-pass step's backbone gradient
+    12.6x a one-pass step's at initialisation (QK-norm attention is very sensitive to the direction
+    of so small an input); at 1 it is 1.6x (benchmarks/train_grad_norms.py, BENCHMARKS.md, Training). Loaded weights override it."""
     dtype: str = "float32"
     device: str = "cpu"
 
