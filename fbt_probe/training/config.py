@@ -68,7 +68,7 @@ class TrainConfig:
     config.json records the shares used). Half on completion: with every cell the same share
     (3/8 completion, 2/8 memory, 3/8 registers) completion was learned at every length in 600 steps
     on 1 seed of 3; registers, at chance in every run, took 3/8 of the tokens. With these shares,
-    answer_share 0.5 and the tiny preset's fusion norm at 1: 3 seeds of 4 in 800 steps
+    answer_share 0.5 and the tiny preset's fusion norm at 1: 5 seeds of 6 in 800 steps
     (BENCHMARKS.md, Training, W1-W9)."""
     steps: int = 800
     tokens_per_step: int = 2048  # documents (one per row, whole) are drawn until this many tokens
