@@ -62,14 +62,12 @@ def main(argv=None) -> int:
         return 0
     import fbt_probe.config as C
     from fbt_probe.training import TrainConfig, run_training
-    from fbt_probe.training.config import TRAIN_KNOBS
+    from fbt_probe.training.config import equal_cell_shares
 
     train, model, _ = EXPERIMENTS[args.name]
     C.PRESETS["tiny"] = C.PRESETS["tiny"].replace(**model)
     if "task_shares" not in train:  # every run before W4 drew every (task, length) cell with the same share of tokens
-        knobs = train.get("knobs") or TRAIN_KNOBS
-        n = {t: len(knobs[t]) for t in train["tasks"]}
-        train = {**train, "task_shares": {t: n[t] / sum(n.values()) for t in n}}
+        train = {**train, "task_shares": equal_cell_shares(train["tasks"], train.get("knobs"))}
     train = {"answer_share": None, **train}  # every run before W8 weighted the answer as 20 text tokens
     cfg = TrainConfig(**{"eval_every": 50, "save_every": 10**9, **train, "seed": args.seed})
     out = args.out / (args.name if args.seed == 0 else f"{args.name}-s{args.seed}")

@@ -264,12 +264,11 @@ def test_task_shares_set_each_tasks_share_of_the_tokens():
     """The draw probability of a cell is ∝ token share / length, so the expected token share of a
     task is its `task_shares` entry (default .5 / .25 / .25); over many steps the drawn tokens follow it."""
     from fbt_probe.tasks import build_tokenizer
+    from fbt_probe.training.config import DEFAULT_TASK_SHARES
     from fbt_probe.training.data import cell_probabilities
 
     tok = build_tokenizer()
     shares = {"completion": 0.5, "memory": 0.2, "registers": 0.3}
-    from fbt_probe.training.config import DEFAULT_TASK_SHARES
-
     two = {"completion": 2 / 3, "memory": 1 / 3}  # the defaults (.5, .25) renormalised over the tasks trained
     for cfg, want in ((TrainConfig(), DEFAULT_TASK_SHARES), (TrainConfig(task_shares=shares), shares),
                       (TrainConfig(tasks=("completion", "memory")), two)):

@@ -149,10 +149,16 @@ class TrainConfig:
         d["tasks"], d["betas"] = tuple(d["tasks"]), tuple(d["betas"])
         d.setdefault("answer_share", None)  # written before the field existed: answer_weight
         if "task_shares" not in d:  # written before the field existed: every (task, length) cell the same share
-            knobs = d.get("knobs") or TRAIN_KNOBS
-            n = {t: len(knobs[t]) for t in d["tasks"]}
-            d["task_shares"] = {t: n[t] / sum(n.values()) for t in d["tasks"]}
+            d["task_shares"] = equal_cell_shares(d["tasks"], d.get("knobs"))
         return cls(**d)
+
+
+def equal_cell_shares(tasks, knobs: dict | None = None) -> dict:
+    """Task shares that give every (task, length) cell the same share of the tokens (the rule
+    before `task_shares` existed): a task's share is its number of lengths over all cells."""
+    knobs = knobs or TRAIN_KNOBS
+    n = {t: len(knobs[t]) for t in tasks}
+    return {t: n[t] / sum(n.values()) for t in tasks}
 
 
 ARCHS = ("feedback", "hidden-decoding")
