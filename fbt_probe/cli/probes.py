@@ -72,7 +72,7 @@ def _extract_hidden(run, dataset, out, modes, extra, batch_size, shard_rows, dty
 def probe(
     acts: Annotated[Path, typer.Argument(help="Activation folder written by `fbt-probe extract`.", show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="Results folder: probes.parquet, probes.csv, probes_summary.csv, probes.provenance.json.")],
-    folds: Annotated[int, typer.Option(help="Folds of grouped K-fold CV.")] = 5,
+    folds: Annotated[int, typer.Option(help="Folds of grouped K-fold CV (4: the paper's appendix F).")] = 4,
     cv: Annotated[str, typer.Option(help="group (GroupKFold) or stratified-group (StratifiedGroupKFold).")] = "group",
     c: Annotated[float, typer.Option("--C", help="Inverse L2 strength of the logistic regression.")] = 1.0,
     backend: Annotated[str, typer.Option(help="auto | sklearn | torch (auto: torch on CUDA, else sklearn).")] = "auto",

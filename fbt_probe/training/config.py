@@ -60,7 +60,7 @@ def parse_schedule(text: str) -> Schedule:
 @dataclass(frozen=True)
 class TrainConfig:
     preset: str = "tiny"
-    tasks: tuple[str, ...] = ("completion", "memory", "registers")
+    tasks: tuple[str, ...] = ("completion", "memory", "registers", "registers-count")
     knobs: dict | None = None  # task -> training length-grid values; None = TRAIN_KNOBS
     task_shares: dict | None = None
     """task -> expected share of a step's tokens, split equally over the task's (length) cells.
@@ -162,7 +162,6 @@ def equal_cell_shares(tasks, knobs: dict | None = None) -> dict:
 
 
 ARCHS = ("feedback", "hidden-decoding")
-DEFAULT_TASK_SHARES = {"completion": 0.5, "memory": 0.25, "registers": 0.25}
-# memory at 0 distractors is a single context (state = 0|1, scratch = 0): it cannot be split into
-# training and held-out contexts, so it is left out of training and evaluation.
-TRAIN_KNOBS = {"completion": [0, 8, 32], "memory": [8, 32], "registers": [2, 4, 8]}
+DEFAULT_TASK_SHARES = {"completion": 0.5, "memory": 0.25, "registers": 0.25, "registers-count": 0.25}
+# The training lengths: the short end of each task's grid (probe sets go past them with --long).
+TRAIN_KNOBS = {"completion": [0, 8, 32], "memory": [0, 8, 32], "registers": [2, 4, 8], "registers-count": [1, 2, 4, 8]}
