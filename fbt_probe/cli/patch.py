@@ -40,7 +40,7 @@ def patch(
     last_k: Annotated[Optional[int], typer.Option(help="Residual: patch only the last K positions (default all).")] = None,
     scales: Annotated[str, typer.Option(help="Probe-direction: steering scales (class-mean gaps).")] = "0.5,1,2,4",
     erase: Annotated[str, typer.Option(help="Probe-direction erasure: auto | leace | orth | leace,orth.")] = "auto",
-    folds: Annotated[int, typer.Option(help="Probe-direction: grouped folds for cross-fitting.")] = 5,
+    folds: Annotated[int, typer.Option(help="Probe-direction: grouped folds for cross-fitting (4, as the probes).")] = 4,
     min_gap: Annotated[float, typer.Option(help="Pairs with |clean - corrupt| logit difference below this are left out of 'normalized'.")] = 0.1,
     decoding: Annotated[bool, typer.Option(help="Gate ablation: also Std / Soft decoding answer accuracy.")] = True,
     batch_size: Annotated[int, typer.Option(help="Samples per forward (pairs stay together).")] = 32,

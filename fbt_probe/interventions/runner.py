@@ -53,7 +53,7 @@ class PatchConfig:
     last_k: int | None = None
     """Residual: patch only the last k positions (None = all)."""
     scales: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
-    n_folds: int = 5
+    n_folds: int = 4
     erase: str = "auto"
     decoding: bool = True
     """Gate ablation: also Std / Soft decoding answer accuracy."""
