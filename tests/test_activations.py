@@ -176,8 +176,8 @@ def test_a_mode_the_model_cannot_run_is_refused_before_writing(model, tmp_path, 
 
 def test_token_ids_outside_the_vocabulary_are_refused(model, tmp_path):
     df = frame()
-    df.at[3, "token_ids"] = np.array([1, 2, 99, FINAL, 4, FINAL], dtype=np.int32)
-    with pytest.raises(FbtError, match="token id 99 is outside the model's vocabulary of 37"):
+    df.at[3, "token_ids"] = np.array([1, 2, 199, FINAL, 4, FINAL], dtype=np.int32)
+    with pytest.raises(FbtError, match="token id 199 is outside the model's vocabulary of 128"):
         extract(model, df, "standard", tmp_path / "acts")
 
 
@@ -187,7 +187,7 @@ def test_checkpoint_with_another_tokenizer_is_refused(model, tmp_path):
 
     tok = build_tokenizer()
     spec = load_spec("completion").replace(length_grid=[0])
-    data = write_dataset(generate(spec, pairs=6, seed=0, tokenizer=tok), tmp_path / "data", tok)
+    data = write_dataset(generate(spec, groups=6, seed=0, tokenizer=tok), tmp_path / "data", tok)
     same = save_checkpoint(model, tmp_path / "same", tokenizer_path=tmp_path / "data" / "tokenizer.json")
     store = extract(str(same), data, "standard", tmp_path / "ok", reference=False)
     assert store.manifest["model"]["hash"] and store.manifest["dataset"]["tokenizer_sha256"]

@@ -18,7 +18,7 @@ from fbt_probe.training import TrainConfig, run_training
 from tests.helpers import make_model
 
 runner = CliRunner()
-SMALL = dict(tokens_per_step=400, warmup=2, eval_every=10_000, save_every=2,
+SMALL = dict(tokens_per_step=400, warmup=2, eval_every=10_000, save_every=2, tasks=("completion", "memory", "registers"),
              knobs={"completion": [0, 8], "memory": [8], "registers": [2]})
 
 

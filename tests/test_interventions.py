@@ -31,7 +31,7 @@ def model():
 @pytest.fixture(scope="module")
 def data():
     tok = build_tokenizer()
-    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(8,)), pairs=4, seed=0, tokenizer=tok)
+    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(8,)), groups=4, seed=0, tokenizer=tok)
               for t in ("completion", "memory")]
     df = pd.concat(frames, ignore_index=True)
     return df, label_token_ids(df, tok)
