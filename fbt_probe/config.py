@@ -63,6 +63,17 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check = _checker("model config")
+        for name in POSITIVE_INTS:
+            check(_is_int(getattr(self, name)) and getattr(self, name) >= 1, name, "an integer >= 1")
+        check(self.window is None or _is_int(self.window), "window", "a positive integer or null")
+        for name, low in (("rope_theta", 0), ("rms_eps", 0), ("init_std", 0), ("feedback_noise", None), ("qk_norm_init", None)):
+            value = getattr(self, name)
+            check(_is_number(value) and (low is None or value > low), name, "a number" + (f" > {low}" if low is not None else ""))
+        check(self.feedback_noise >= 0, "feedback_noise", "a number >= 0")
+        check(self.fusion_norm_init is None or _is_number(self.fusion_norm_init), "fusion_norm_init", "a number or null")
+        check(isinstance(self.fast_fusion, bool), "fast_fusion", "true or false")
+        check(self.dtype in DTYPES, "dtype", f"one of {DTYPES}")
+        check(isinstance(self.device, str), "device", "a device name such as 'cpu' or 'cuda'")
         check(self.n_heads % self.n_key_value_heads == 0, "n_heads", "a multiple of n_key_value_heads")
         check(self.depth_scaling in DEPTH_SCALING_RULES, "depth_scaling", f"one of {DEPTH_SCALING_RULES}")
         check(self.feedback_source in FEEDBACK_SOURCES, "feedback_source", f"one of {FEEDBACK_SOURCES}")
@@ -96,11 +107,21 @@ class ModelConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict, source: str = "config") -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
+    def from_dict(cls, d: dict, source: str = "config", legacy: bool = False) -> "ModelConfig":
+        """The config a checkpoint recorded. Every field must be present: a missing one is an error,
+        never a silent default. `legacy` (a checkpoint of format fbt-probe/1, written before some
+        initialisation-only fields existed) fills in `LEGACY_MODEL_DEFAULTS` and nothing else."""
+        if not isinstance(d, dict):
+            raise FbtError(f"{source}: field 'model': expected an object of model config fields")
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(d) - set(known))
         if unknown:
             raise FbtError(f"{source}: unknown model config field(s) {unknown}")
+        d = {**LEGACY_MODEL_DEFAULTS, **d} if legacy else d
+        missing = [name for name in known if name not in d]
+        if missing:
+            raise FbtError(f"{source}: model config field '{missing[0]}' missing (a checkpoint records every "
+                           f"field{'' if len(missing) == 1 else f'; also missing: {missing[1:]}'})")
         try:
             return cls(**d)
         except TypeError as exc:
@@ -108,6 +129,22 @@ class ModelConfig:
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
+
+
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+POSITIVE_INTS = ("d_vocab", "d_model", "n_layers", "n_heads", "n_key_value_heads", "d_head", "d_mlp", "n_ctx", "global_every")
+# Checkpoints of format fbt-probe/1 were written before these fields existed. Both only set the
+# initial value of weights that a checkpoint stores (QK-norm gains, fusion norm), so the values at
+# the time (Qwen3's gain 1; the mean embedding RMS) change nothing a loaded model computes.
+LEGACY_MODEL_DEFAULTS = {"qk_norm_init": 1.0, "fusion_norm_init": None}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _checker(source: str):
