@@ -8,9 +8,12 @@ T-2 under `standard` (`ln_final.hook_normalized` when the model carries the post
 probed as the reference line of DESIGN.md §5.
 
 Layout of `out_dir`: `plan.json` (written first: what will be extracted), `samples.parquet`,
-`shards/<mode>/<task>-T<len>-<i>.safetensors` (each written atomically, never rewritten), and
+`shards/<mode>/<task>-T<len>-<i>.safetensors` (each written atomically, never rewritten) with its
+sha256 beside it (`<shard>.sha256`, written before the shard is renamed into place), and
 `manifest.json` (written last, with every shard's sha256). A folder with a plan but no manifest is
-an interrupted extraction: calling `extract` again with the same inputs continues it.
+an interrupted extraction: calling `extract` again with the same inputs continues it, after checking
+every finished shard against its recorded sha256. With `force`, an existing activation folder (and
+only that) is replaced: the new one is extracted in a temporary sibling and swapped in when done.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import torch
 
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import depth_name
-from fbt_probe.io import atomic_path, read_json, sha256_file, write_json
+from fbt_probe.io import atomic_path, read_json, sha256_file, swap_in, temp_sibling, write_json
 
 FORMAT = "fbt-probe.activations/1"
 REFERENCE_MODE = "carried-state"
@@ -114,6 +117,13 @@ def _check_tokens(df: pd.DataFrame, model, tok_path: Path | None, data_tok: str 
     missing = {"token_ids", *SAMPLE_COLUMNS} - set(df.columns)
     if missing:
         raise FbtError(f"{where}: dataset lacks column(s) {sorted(missing)}")
+    if df.empty:
+        raise FbtError(f"{where}: the dataset has no rows; nothing to extract")
+    if min(len(ids) for ids in df["token_ids"]) == 0:
+        raise FbtError(f"{where}: a sample has no tokens")
+    longest = max(len(ids) for ids in df["token_ids"])
+    if longest > model.cfg.n_ctx:
+        raise FbtError(f"{where}: a sample of {longest} tokens exceeds the model's context n_ctx = {model.cfg.n_ctx}")
     top = max(max(ids) for ids in df["token_ids"])
     if top >= model.cfg.d_vocab:
         raise FbtError(f"{where}: token id {top} is outside the model's vocabulary of {model.cfg.d_vocab} "
@@ -208,7 +218,13 @@ def _plan(df: pd.DataFrame, modes: list[str], shard_rows: int) -> list[dict]:
     return shards
 
 
-def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int, dtype, path: Path) -> None:
+def sidecar(path: Path) -> Path:
+    """Where a shard's sha256 is recorded when it is written."""
+    return path.with_name(path.name + ".sha256")
+
+
+def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int, dtype, path: Path) -> str:
+    """Write one shard (atomically) and its sha256 sidecar; returns the sha256."""
     from safetensors.torch import save_file
 
     parts: dict[str, list[torch.Tensor]] = {t.key: [] for t in targets}
@@ -228,6 +244,25 @@ def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int,
     with atomic_path(path) as tmp:
         # one metadata key: safetensors does not keep the order of several, and shards must be byte-stable
         save_file(tensors, str(tmp), metadata={"fbt_probe": json.dumps({"format": FORMAT, "mode": shard["mode"]})})
+        digest = sha256_file(tmp)
+        with atomic_path(sidecar(path)) as side:  # recorded before the shard itself appears
+            side.write_text(digest + "\n")
+    return digest
+
+
+def _verify_finished(path: Path) -> str:
+    """The sha256 of a shard an interrupted extraction left, checked against the one recorded when it
+    was written; a shard without a record, or whose bytes changed since, is refused."""
+    side = sidecar(path)
+    recorded = side.read_text().strip() if side.is_file() else None
+    if recorded is None:
+        raise FbtError(f"{path}: no recorded sha256 ({side.name} missing), so this shard cannot be trusted; "
+                       f"delete it and run the same extract command again")
+    digest = sha256_file(path)
+    if digest != recorded:
+        raise FbtError(f"{path}: corrupt shard (its sha256 differs from the one recorded when it was written); "
+                       f"delete it and run the same extract command again")
+    return digest
 
 
 def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool = True, batch_size: int = 16,
@@ -241,9 +276,17 @@ def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool =
     """
     from fbt_probe.model.modes import parse_mode
 
+    from fbt_probe.config import check_device
+    from fbt_probe.model.modes import check_distinct
+
     out_dir = Path(out_dir)
-    modes = [m.strip() for m in (modes.split(",") if isinstance(modes, str) else modes) if str(m).strip()]
+    spec = modes
+    modes = [str(m).strip() for m in (modes.split(",") if isinstance(modes, str) else modes) if str(m).strip()]
     modes = [m if m == REFERENCE_MODE else str(parse_mode(m)) for m in modes]
+    if not modes:
+        raise FbtError(f"modes '{spec}': expected a comma-separated list of prefill modes")
+    check_distinct(modes, spec)
+    check_device(device)
     if reference and REFERENCE_MODE not in modes:
         modes.append(REFERENCE_MODE)
     if dtype not in DTYPES:
@@ -261,12 +304,25 @@ def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool =
             "modes": modes, "dtype": dtype, "shard_rows": shard_rows, "batch_size": batch_size,
             "targets": {m: [t.to_dict() for t in ts] for m, ts in targets.items()},
             "shards": _plan(df, modes, shard_rows)}
-    resume = _check_dir(out_dir, plan, force)
+    action = _check_dir(out_dir, plan, force)
     _preflight(model, df, modes, targets, DTYPES[dtype])  # before anything is written or removed
-    if not resume:
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        out_dir.mkdir(parents=True)
+    if action == "replace":  # a forced run over an earlier extraction: built beside it, swapped in when done
+        target, out_dir = out_dir, temp_sibling(out_dir)
+        try:
+            _run_plan(model, df, plan, targets, out_dir, "fresh", batch_size, dtype, progress, on_shard, model_hash, data_hash)
+            swap_in(out_dir, target)
+        finally:
+            if out_dir.exists():
+                shutil.rmtree(out_dir)
+        return ActivationStore(target)
+    _run_plan(model, df, plan, targets, out_dir, action, batch_size, dtype, progress, on_shard, model_hash, data_hash)
+    return ActivationStore(out_dir)
+
+
+def _run_plan(model, df, plan: dict, targets: dict, out_dir: Path, action: str, batch_size: int, dtype: str,
+              progress, on_shard, model_hash: str, data_hash: str) -> None:
+    if action == "fresh":
+        out_dir.mkdir(parents=True, exist_ok=True)
         samples = df[list(SAMPLE_COLUMNS)].copy()
         samples.insert(0, "row", np.arange(len(df), dtype=np.int64))
         with atomic_path(out_dir / "samples.parquet") as tmp:
@@ -275,11 +331,11 @@ def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool =
     written = []
     for n, shard in enumerate(plan["shards"]):
         path = out_dir / shard["file"]
-        if path.exists():
-            _read_shard(path)  # a finished shard is kept as it is; only check it is readable
+        if path.exists():  # a finished shard is kept as it is, once its bytes match the recorded sha256
+            digest = _verify_finished(path)
         else:
-            _write_shard(model, df, shard, targets[shard["mode"]], batch_size, DTYPES[dtype], path)
-        written.append({**shard, "sha256": sha256_file(path), "rss_mb": round(_rss_mb(), 1)})
+            digest = _write_shard(model, df, shard, targets[shard["mode"]], batch_size, DTYPES[dtype], path)
+        written.append({**shard, "sha256": digest, "rss_mb": round(_rss_mb(), 1)})
         if progress is not None:
             progress(n + 1, len(plan["shards"]), shard)
         if on_shard is not None:
@@ -295,24 +351,39 @@ def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool =
 
     manifest["provenance"] = provenance(model_hash=model_hash, dataset_hash=data_hash)
     write_json(out_dir / "manifest.json", manifest)
-    return ActivationStore(out_dir)
 
 
-def _check_dir(out_dir: Path, plan: dict, force: bool) -> bool:
-    """True to continue an interrupted extraction of the same plan, False to start fresh (the
-    folder is absent, empty or `force`d); refuses anything else."""
-    if force or not out_dir.exists() or not any(out_dir.iterdir()):
-        return False
+def is_activation_folder(path: Path) -> bool:
+    """A folder written by `extract` (finished or not): its plan or manifest has our format."""
+    for name in ("manifest.json", "plan.json"):
+        f = Path(path) / name
+        if f.is_file():
+            try:
+                meta = read_json(f)
+            except FbtError:
+                return False
+            return isinstance(meta, dict) and meta.get("format") == FORMAT
+    return False
+
+
+def _check_dir(out_dir: Path, plan: dict, force: bool) -> str:
+    """"fresh" (absent or empty), "resume" (an interrupted extraction of the same plan) or, with
+    `force`, "replace" (an activation folder); refuses anything else."""
+    if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())):
+        return "fresh"
+    if not out_dir.is_dir() or not is_activation_folder(out_dir):
+        raise FbtError(f"{out_dir}: exists and is not an activation folder; refusing to write into or replace it, "
+                       f"even with --force (choose another --out)")
+    if force:
+        return "replace"
     if (out_dir / "manifest.json").exists():
-        raise FbtError(f"{out_dir}: already holds a finished extraction; refusing to overwrite (pass --force)")
-    if not (out_dir / "plan.json").exists():
-        raise FbtError(f"{out_dir}: exists and is not an extraction folder; refusing to write into it (pass --force)")
+        raise FbtError(f"{out_dir}: already holds a finished extraction; refusing to overwrite (pass --force to replace it)")
     old = read_json(out_dir / "plan.json", "extraction plan")
     if json.dumps(old, sort_keys=True) != json.dumps(json.loads(json.dumps(plan)), sort_keys=True):
         diff = [k for k in plan if old.get(k) != json.loads(json.dumps(plan[k]))]
         raise FbtError(f"{out_dir}: holds an unfinished extraction with a different {', '.join(diff)}; "
                        f"pass --force to start over")
-    return True
+    return "resume"
 
 
 def _read_shard(path: Path, expect_sha: str | None = None) -> dict[str, torch.Tensor]:
@@ -355,6 +426,16 @@ class ActivationStore:
     @property
     def modes(self) -> list[str]:
         return list(self.manifest["modes"])
+
+    def verify(self) -> None:
+        """Check every shard against the sha256 in the manifest (before hours of fitting, not during)."""
+        for shard in self.manifest["shards"]:
+            path = self.path / shard["file"]
+            if not path.is_file():
+                raise FbtError(f"{path}: shard missing (listed in {self.path / 'manifest.json'})")
+            if sha256_file(path) != shard["sha256"]:
+                raise FbtError(f"{path}: corrupt shard (sha256 differs from the manifest); re-extract it "
+                               f"(delete the file and manifest.json, then run extract again)")
 
     def targets(self, mode: str) -> list[Target]:
         return [Target(**t) for t in self.manifest["targets"][mode]]

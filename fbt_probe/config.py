@@ -147,6 +147,28 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def check_device(device: str | None) -> str | None:
+    """`device` if torch can use it on this machine (None passes), else a one-line FbtError."""
+    if device is None:
+        return None
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise FbtError(f"device '{device}': expected cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "" if torch.version.cuda else ", a CPU-only build"
+            raise FbtError(f"device '{device}': CUDA is not available on this machine (torch {torch.__version__}{build}); "
+                           "use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise FbtError(f"device '{device}': this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise FbtError(f"device '{device}': MPS is not available on this machine; use --device cpu")
+    return device
+
+
 def _checker(source: str):
     def check(ok: bool, name: str, expected: str) -> None:
         if not ok:
