@@ -124,6 +124,9 @@ def _check_tokens(df: pd.DataFrame, model, tok_path: Path | None, data_tok: str 
     longest = max(len(ids) for ids in df["token_ids"])
     if longest > model.cfg.n_ctx:
         raise FbtError(f"{where}: a sample of {longest} tokens exceeds the model's context n_ctx = {model.cfg.n_ctx}")
+    low = min(min(ids) for ids in df["token_ids"])
+    if low < 0:
+        raise FbtError(f"{where}: token id {low} is outside the model's vocabulary 0..{model.cfg.d_vocab - 1}")
     top = max(max(ids) for ids in df["token_ids"])
     if top >= model.cfg.d_vocab:
         raise FbtError(f"{where}: token id {top} is outside the model's vocabulary of {model.cfg.d_vocab} "

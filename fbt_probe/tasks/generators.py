@@ -22,7 +22,7 @@ import pandas as pd
 
 from fbt_probe.errors import FbtError
 from fbt_probe.tasks.checker import check_sample
-from fbt_probe.tasks.spec import TaskSpec, check_knob, completion_truth, load_spec, placeholders
+from fbt_probe.tasks.spec import TaskSpec, check_knob, completion_truth_table, load_spec, placeholders
 
 
 class StableRng:
@@ -78,8 +78,9 @@ def _truth_table(spec: TaskSpec) -> dict:
 
 def _build_truth_table(spec: TaskSpec) -> dict:
     lo, hi = spec.value_range
-    vals = range(lo, hi + 1)
-    table = {r: ([c for c in vals if completion_truth(spec, r, c)], [c for c in vals if not completion_truth(spec, r, c)]) for r in vals}
+    vals = list(range(lo, hi + 1))
+    truth = completion_truth_table(spec)
+    table = {r: ([c for c, t in zip(vals, row) if t], [c for c, t in zip(vals, row) if not t]) for r, row in zip(vals, truth.tolist())}
     return {r: tc for r, tc in table.items() if tc[0] and tc[1]}
 
 
@@ -165,15 +166,18 @@ COLUMNS = ("task", "text", "token_ids", "label", "label_word", "pair_id", "group
            "length_knob", "n_tokens", "seed")
 
 
-def generate(spec, pairs: int | None = None, seed: int | None = None, tokenizer=None, contexts=None) -> pd.DataFrame:
+def generate(spec, pairs: int | None = None, seed: int | None = None, tokenizer=None, contexts=None,
+             tokenizer_name: str | None = None) -> pd.DataFrame:
     """One row per sample, both samples of a pair adjacent, cells in length-grid order.
 
     `pairs` and `seed` override the spec's `pairs_per_cell` and `seed`; `tokenizer` defaults to
     `build_tokenizer([spec])`; `contexts` (a set of context ids or a `HeldOut`) restricts sampling
     to those contexts, e.g. to draw a probe set only from contexts held out of training. Every
     label is re-derived by the independent checker, and every sample must end in the same token.
+    Each label word must be one token of `tokenizer` (`tokenizer_name` names it in errors).
     `df.attrs` carries the spec, seed, per-cell counts and the shared final token."""
-    from fbt_probe.tasks.tokenizer import build_tokenizer, check_encoded, encode, tokenizer_sha256
+    from fbt_probe.tasks.tokenizer import (build_tokenizer, check_encoded, check_label_words, encode,
+                                           tokenizer_sha256)
 
     spec = load_spec(spec)
     n_pairs = spec.pairs_per_cell if pairs is None else pairs
@@ -207,6 +211,8 @@ def generate(spec, pairs: int | None = None, seed: int | None = None, tokenizer=
         check_sample(spec, r["text"], r["label"], r["label_word"], f"{spec.task}: sample {i} ({describe(i)})")
     ids = encode(tok, [r["text"] for r in rows])
     final = check_encoded(tok, spec.task, ids, describe)
+    name = tokenizer_name or ("the given tokenizer" if tokenizer is not None else "the built-in tokenizer")
+    check_label_words(tok, spec.task, rows[0]["text"].rsplit("\n", 1)[-1], spec.label_words, name)
     for r, row_ids in zip(rows, ids):
         r["token_ids"], r["n_tokens"] = row_ids, len(row_ids)
     df = pd.DataFrame(rows, columns=list(COLUMNS))

@@ -20,6 +20,7 @@ KNOB_NAMES = {"completion": "distractors", "memory": "distractors", "registers":
 MAX_DISTRACTORS = 4096  # ~16k tokens: past any context a CPU model or the paper (1,350 tokens) uses
 MAX_WRITES = 64
 MAX_REGISTERS = 64
+MAX_VALUE = 999  # completion values: each is a word of the tokenizer, and the relation is checked on every (R, C)
 
 # Template keys and the placeholders each may use: name -> (allowed, required exactly once).
 _TEMPLATE_FIELDS = {
@@ -220,8 +221,9 @@ def _assigned(line: str, values: dict, bad, key: str) -> str:
 def _check_extra(raw, kind, tpl, bad) -> dict:
     if kind == "completion":
         vr = raw["value_range"]
-        if not (isinstance(vr, list) and len(vr) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in vr) and vr[0] <= vr[1]):
-            raise bad("value_range", "[low, high] with 0 <= low <= high", vr)
+        if not (isinstance(vr, list) and len(vr) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in vr)
+                and vr[0] <= vr[1] <= MAX_VALUE):
+            raise bad("value_range", f"[low, high] with 0 <= low <= high <= {MAX_VALUE}", vr)
         vals = {"R": vr[0], "C": vr[0], "S": vr[0]}
         owner = {}
         for line in tpl["header"]:
@@ -233,7 +235,8 @@ def _check_extra(raw, kind, tpl, bad) -> dict:
             raise bad("relation", f"'<var> <op> <var>' comparing {owner['C']} and {owner['R']} with ==, !=, <, <=, > or >=", raw["relation"])
         if _assigned(tpl["distractor"], {}, bad, "template.distractor") in (owner["R"], owner["C"]):
             raise bad("template.distractor", "a statement that does not change the compared variables", tpl["distractor"])
-        if not any(len({_truth(raw["relation"], owner, r, c) for c in range(vr[0], vr[1] + 1)}) == 2 for r in range(vr[0], vr[1] + 1)):
+        table = _truth_matrix(raw["relation"], owner, vr[0], vr[1])
+        if not (table.any(1) & ~table.all(1)).any():
             raise bad("relation", "a relation that is true for some values and false for others in value_range", raw["relation"])
         return {"relation": raw["relation"].strip(), "value_range": tuple(vr)}
     if kind == "memory":
@@ -272,6 +275,21 @@ def _truth(relation: str, owner: dict, r: int, c: int) -> bool:
     left, op, right = _RELATION.match(relation).groups()
     val = {owner["R"]: r, owner["C"]: c}
     return _OPS[op](val[left], val[right])
+
+
+def _truth_matrix(relation: str, owner: dict, lo: int, hi: int):
+    """[R, C] booleans of the relation for every R, C in lo..hi (row R - lo, column C - lo)."""
+    import numpy as np
+
+    vals = np.arange(lo, hi + 1)
+    left, op, right = _RELATION.match(relation).groups()
+    val = {owner["R"]: vals[:, None], owner["C"]: vals[None, :]}
+    return np.broadcast_to(_OPS[op](val[left], val[right]), (len(vals), len(vals)))
+
+
+def completion_truth_table(spec: TaskSpec):
+    """`completion_truth` for every (R, C) of the value range at once: bool [R, C]."""
+    return _truth_matrix(spec.relation, relation_owner(spec), *spec.value_range)
 
 
 def completion_truth(spec: TaskSpec, r: int, c: int) -> bool:

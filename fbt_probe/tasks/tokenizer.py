@@ -145,6 +145,27 @@ def check_encoded(tok, task: str, ids: list[list[int]], describe) -> int:
     return final
 
 
+def unk_id(tok) -> int | None:
+    """The id of the tokenizer's unknown token, if it has one."""
+    name = getattr(tok.model, "unk_token", None) or UNK
+    return tok.token_to_id(name)
+
+
+def check_label_words(tok, task: str, query_line: str, words, tokenizer_name: str) -> None:
+    """Each label word must be exactly one known token after the query line (where the answer is
+    read); else a one-line FbtError naming the word and the tokenizer."""
+    unk = unk_id(tok)
+    for word in words:
+        full, pos = answer_ids(tok, query_line, word)
+        if pos is None:
+            n = len(tok.encode(f" {word}", add_special_tokens=False).ids)
+            raise FbtError(f"{task}: label word {word!r} is {n if n > 1 else 'not one'} token{'s' if n > 1 else ''} "
+                           f"after the query under {tokenizer_name}; label words must be single tokens")
+        if unk is not None and full[pos] == unk:
+            raise FbtError(f"{task}: label word {word!r} is not in the vocabulary of {tokenizer_name} "
+                           f"(it encodes as {tok.id_to_token(unk)!r}); use a tokenizer that has it")
+
+
 def answer_ids(tok, text: str, word: str) -> tuple[list[int], int | None]:
     """(ids of `text + ' ' + word + '\\n'`, index of the answer token) — the index is None unless
     the text's own ids are a prefix and the word is exactly one token there."""
