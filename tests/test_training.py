@@ -118,7 +118,11 @@ def test_resume_is_bit_for_bit(tmp_path):
     run_training(cfg, tmp_path / "split", resume=True, progress=False, eval_pairs=2)
     a, b = fp.load_model(str(tmp_path / "straight")), fp.load_model(str(tmp_path / "split"))
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
-        assert torch.equal(x, y), name
+        assert torch.equal(x, y), name  # the same steps on the same shapes: bit for bit
+    assert (tmp_path / "straight" / "model.safetensors").read_bytes() == (tmp_path / "split" / "model.safetensors").read_bytes()
+    run_training(cfg, tmp_path / "again", progress=False, eval_pairs=2)
+    for name in ("train_state.pt", "model.safetensors"):  # before: train_state.pt's zip named a random temp file
+        assert (tmp_path / "straight" / name).read_bytes() == (tmp_path / "again" / name).read_bytes(), name
     log = [json.loads(l) for l in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3, 4]
 

@@ -2,6 +2,7 @@
 train_state.pt (optimizer state and step, for resume) and metrics.jsonl."""
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -15,8 +16,12 @@ from fbt_probe.training.config import TrainConfig
 
 
 def save_run(model, opt, cfg: TrainConfig, out: Path, step: int) -> None:
+    # torch.save names the zip's records after the file it writes to (here a random temporary name);
+    # a buffer's records are always "archive/...", so identical runs write identical bytes
+    buffer = io.BytesIO()
+    torch.save({"step": step, "optimizer": opt.state_dict()}, buffer)
     with atomic_path(out / "train_state.pt") as tmp:
-        torch.save({"step": step, "optimizer": opt.state_dict()}, tmp)
+        tmp.write_bytes(buffer.getvalue())
     tok = out / "tokenizer.json"
     save_checkpoint(model, out, None, extra={"train": cfg.to_dict(), "step": step,
                                              "tokenizer_sha256": _sha(tok), "provenance": provenance(seed=cfg.seed)})
