@@ -200,7 +200,8 @@ def _preflight(model, df: pd.DataFrame, modes: list[str], targets: dict, dtype) 
         try:
             collect(model, tokens, mode, targets[mode], dtype)
         except FbtError as exc:
-            raise FbtError(f"mode '{mode}': {exc.format_message()}") from None
+            msg = exc.format_message()
+            raise FbtError(msg if msg.startswith(f"mode '{mode}'") else f"mode '{mode}': {msg}") from None
         except Exception as exc:  # any failure inside the model means it cannot run this mode
             raise FbtError(f"mode '{mode}': the model cannot run it ({type(exc).__name__}: {exc})") from None
 

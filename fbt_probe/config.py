@@ -126,6 +126,8 @@ class ModelConfig:
             return cls(**d)
         except TypeError as exc:
             raise FbtError(f"{source}: {exc}") from None
+        except FbtError as exc:  # name the file as well as the field
+            raise FbtError(f"{source}: {exc.format_message()}") from None
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)

@@ -115,6 +115,13 @@ def test_interrupted_extract_says_how_to_resume(tmp_path, monkeypatch):
     monkeypatch.setattr(acts, "_write_shard", real)
     res = runner.invoke(app, ["extract", "tiny", str(tmp_path / "data"), "--out", str(tmp_path / "acts"), "--modes", "standard"])
     assert res.exit_code == 0, res.output
+    before = snapshot(tmp_path / "acts")
+    calls.clear()
+    monkeypatch.setattr(acts, "_write_shard", write_then_stop)
+    res = runner.invoke(app, ["extract", "tiny", str(tmp_path / "data"), "--out", str(tmp_path / "acts"), "--modes",
+                              "recurrent:1", "--force"])
+    assert res.exit_code == 130 and f"interrupted: {tmp_path / 'acts'} is unchanged" in res.output
+    assert snapshot(tmp_path / "acts") == before
 
 
 @pytest.mark.parametrize("args, match", [

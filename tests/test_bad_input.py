@@ -88,6 +88,20 @@ def test_an_empty_dataset_into_patch(workdir, tmp_path):
     one_line_error(res, "no rows")
 
 
+def test_an_older_dataset_with_an_unknown_label_word_is_refused_by_patch(workdir, tmp_path):
+    """Datasets written before generation refused such words: their manifest maps the word to <unk>."""
+    import shutil
+
+    shutil.copytree(workdir / "data", tmp_path / "data")
+    path = tmp_path / "data" / "completion.manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["tokenizer"]["label_token_ids"]["DONE"] = 1  # <unk> in the built-in tokenizer
+    path.write_text(json.dumps(manifest))
+    res = runner.invoke(app, ["patch", str(workdir / "run"), str(tmp_path / "data"), "--experiment", "feedback-swap",
+                              "--out", str(tmp_path / "res")])
+    one_line_error(res, "label word 'DONE' is the unknown token of")
+
+
 # ----------------------------------------------------------------------------- task specs
 def spec_file(tmp_path, **changes):
     raw = {**load_spec("completion").to_dict(), "task": "variant", "length_grid": [0], **changes}

@@ -33,7 +33,7 @@ def test_train_force_with_a_bad_init_keeps_the_old_run(trained):
     """Before: R was deleted before --init was read, and an empty folder was left."""
     before = snapshot(trained)
     res = runner.invoke(app, ["train", "--out", str(trained), "--force", "--init", str(trained.parent / "nope")])
-    assert res.exit_code == 2 and res.output.count("\n") == 1 and "nope" in res.output, res.output
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "nope: neither a preset" in res.output, res.output
     assert snapshot(trained) == before and no_temp_left(trained.parent)
 
 
