@@ -99,9 +99,9 @@ def _cell_filter(df: pd.DataFrame, cfg: PatchConfig):
 
 def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | None = None) -> pd.DataFrame:
     """All modes of one experiment -> wide rows (df.attrs['notes'] lists skipped cells)."""
-    label_ids = label_ids or label_token_ids(df)
     if df.empty:
         raise FbtError("dataset: no rows; nothing to patch")
+    label_ids = label_ids or label_token_ids(df)
     E.check_depths(cfg.depths, model)
     lengths, max_pairs = _cell_filter(df, cfg)
     model.eval()
