@@ -30,9 +30,10 @@ import torch
 
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import depth_name
-from fbt_probe.io import atomic_path, read_json, sha256_file, swap_in, temp_sibling, write_json
+from fbt_probe.io import atomic_path, read_json, swap_in, temp_sibling, write_json
+from fbt_probe.shards import FORMAT, check_out_dir, read_shard, record_sha256, verify_finished, verify_shards
+from fbt_probe.shards import is_activation_folder, sidecar  # noqa: F401  (re-exported: the CLI and tests use them from here)
 
-FORMAT = "fbt-probe.activations/1"
 REFERENCE_MODE = "carried-state"
 SAMPLE_COLUMNS = ("task", "pair_id", "group_id", "label", "label_word", "length_knob", "n_tokens")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -222,11 +223,6 @@ def _plan(df: pd.DataFrame, modes: list[str], shard_rows: int) -> list[dict]:
     return shards
 
 
-def sidecar(path: Path) -> Path:
-    """Where a shard's sha256 is recorded when it is written."""
-    return path.with_name(path.name + ".sha256")
-
-
 def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int, dtype, path: Path) -> str:
     """Write one shard (atomically) and its sha256 sidecar; returns the sha256."""
     from safetensors.torch import save_file
@@ -248,25 +244,7 @@ def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int,
     with atomic_path(path) as tmp:
         # one metadata key: safetensors does not keep the order of several, and shards must be byte-stable
         save_file(tensors, str(tmp), metadata={"fbt_probe": json.dumps({"format": FORMAT, "mode": shard["mode"]})})
-        digest = sha256_file(tmp)
-        with atomic_path(sidecar(path)) as side:  # recorded before the shard itself appears
-            side.write_text(digest + "\n")
-    return digest
-
-
-def _verify_finished(path: Path) -> str:
-    """The sha256 of a shard an interrupted extraction left, checked against the one recorded when it
-    was written; a shard without a record, or whose bytes changed since, is refused."""
-    side = sidecar(path)
-    recorded = side.read_text().strip() if side.is_file() else None
-    if recorded is None:
-        raise FbtError(f"{path}: no recorded sha256 ({side.name} missing), so this shard cannot be trusted; "
-                       f"delete it and run the same extract command again")
-    digest = sha256_file(path)
-    if digest != recorded:
-        raise FbtError(f"{path}: corrupt shard (its sha256 differs from the one recorded when it was written); "
-                       f"delete it and run the same extract command again")
-    return digest
+        return record_sha256(tmp, path)  # recorded before the shard itself appears
 
 
 def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool = True, batch_size: int = 16,
@@ -308,7 +286,7 @@ def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool =
             "modes": modes, "dtype": dtype, "shard_rows": shard_rows, "batch_size": batch_size,
             "targets": {m: [t.to_dict() for t in ts] for m, ts in targets.items()},
             "shards": _plan(df, modes, shard_rows)}
-    action = _check_dir(out_dir, plan, force)
+    action = check_out_dir(out_dir, plan, force)
     _preflight(model, df, modes, targets, DTYPES[dtype])  # before anything is written or removed
     if action == "replace":  # a forced run over an earlier extraction: built beside it, swapped in when done
         target, out_dir = out_dir, temp_sibling(out_dir)
@@ -336,7 +314,7 @@ def _run_plan(model, df, plan: dict, targets: dict, out_dir: Path, action: str, 
     for n, shard in enumerate(plan["shards"]):
         path = out_dir / shard["file"]
         if path.exists():  # a finished shard is kept as it is, once its bytes match the recorded sha256
-            digest = _verify_finished(path)
+            digest = verify_finished(path)
         else:
             digest = _write_shard(model, df, shard, targets[shard["mode"]], batch_size, DTYPES[dtype], path)
         written.append({**shard, "sha256": digest, "rss_mb": round(_rss_mb(), 1)})
@@ -355,55 +333,6 @@ def _run_plan(model, df, plan: dict, targets: dict, out_dir: Path, action: str, 
 
     manifest["provenance"] = provenance(model_hash=model_hash, dataset_hash=data_hash)
     write_json(out_dir / "manifest.json", manifest)
-
-
-def is_activation_folder(path: Path) -> bool:
-    """A folder written by `extract` (finished or not): its plan or manifest has our format."""
-    for name in ("manifest.json", "plan.json"):
-        f = Path(path) / name
-        if f.is_file():
-            try:
-                meta = read_json(f)
-            except FbtError:
-                return False
-            return isinstance(meta, dict) and meta.get("format") == FORMAT
-    return False
-
-
-def _check_dir(out_dir: Path, plan: dict, force: bool) -> str:
-    """"fresh" (absent or empty), "resume" (an interrupted extraction of the same plan) or, with
-    `force`, "replace" (an activation folder); refuses anything else."""
-    if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())):
-        return "fresh"
-    if not out_dir.is_dir() or not is_activation_folder(out_dir):
-        raise FbtError(f"{out_dir}: exists and is not an activation folder; refusing to write into or replace it, "
-                       f"even with --force (choose another --out)")
-    if force:
-        return "replace"
-    if (out_dir / "manifest.json").exists():
-        raise FbtError(f"{out_dir}: already holds a finished extraction; refusing to overwrite (pass --force to replace it)")
-    old = read_json(out_dir / "plan.json", "extraction plan")
-    if json.dumps(old, sort_keys=True) != json.dumps(json.loads(json.dumps(plan)), sort_keys=True):
-        diff = [k for k in plan if old.get(k) != json.loads(json.dumps(plan[k]))]
-        raise FbtError(f"{out_dir}: holds an unfinished extraction with a different {', '.join(diff)}; "
-                       f"pass --force to start over")
-    return "resume"
-
-
-def _read_shard(path: Path, expect_sha: str | None = None) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load
-
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise FbtError(f"{path}: unreadable shard ({exc})") from None
-    if expect_sha is not None and hashlib.sha256(data).hexdigest() != expect_sha:
-        raise FbtError(f"{path}: corrupt shard (sha256 differs from the manifest); re-extract it "
-                       f"(delete the file and manifest.json, then run extract again)")
-    try:
-        return load(data)
-    except Exception as exc:  # safetensors raises its own error type for a damaged file
-        raise FbtError(f"{path}: corrupt shard ({type(exc).__name__}: {exc}); delete it and run extract again") from None
 
 
 # ----------------------------------------------------------------------------- reading
@@ -433,13 +362,7 @@ class ActivationStore:
 
     def verify(self) -> None:
         """Check every shard against the sha256 in the manifest (before hours of fitting, not during)."""
-        for shard in self.manifest["shards"]:
-            path = self.path / shard["file"]
-            if not path.is_file():
-                raise FbtError(f"{path}: shard missing (listed in {self.path / 'manifest.json'})")
-            if sha256_file(path) != shard["sha256"]:
-                raise FbtError(f"{path}: corrupt shard (sha256 differs from the manifest); re-extract it "
-                               f"(delete the file and manifest.json, then run extract again)")
+        verify_shards(self.path, self.manifest["shards"])
 
     def targets(self, mode: str) -> list[Target]:
         return [Target(**t) for t in self.manifest["targets"][mode]]
@@ -461,7 +384,7 @@ class ActivationStore:
         for shard in self.manifest["shards"]:
             if shard["mode"] != mode or shard["task"] != task or not wanted.intersection(shard["rows"]):
                 continue
-            data = _read_shard(self.path / shard["file"], shard["sha256"])
+            data = read_shard(self.path / shard["file"], shard["sha256"])
             keep = np.isin(data["row"].numpy(), list(wanted))
             parts.append(np.stack([_numpy(data[t.key])[keep] for t in targets]))
             got_rows.append(data["row"].numpy()[keep])
