@@ -63,7 +63,7 @@ def test_extraction_equals_a_manual_forward(model, tmp_path):
     X, rows, targets = store.load(REFERENCE_MODE, "beta", 1)
     tokens = torch.tensor(np.stack(df.loc[rows.row, "token_ids"].to_list()), dtype=torch.long)
     _, cache = model.run_with_cache(tokens, mode="recurrent:1", names_filter=["fusion.hook_feedback"])
-    np.testing.assert_allclose(X[0], cache["fusion.hook_feedback"][:, -1].numpy(), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(X[0], cache["fusion.hook_feedback"][:, -1].numpy(), rtol=0, atol=1e-12)
     assert targets[0].position == -2 and targets[0].depth == model.cfg.n_layers
 
 
@@ -150,8 +150,10 @@ def test_existing_output_is_kept_without_force(model, tmp_path):
     assert store.modes == ["recurrent:1"]
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
-    with pytest.raises(FbtError, match="not an extraction folder"):
-        extract(model, df, "standard", tmp_path / "other")
+    for force in (False, True):  # before: --force deleted any folder (and the message suggested it)
+        with pytest.raises(FbtError, match="not an activation folder; refusing to write into or replace it, even with --force"):
+            extract(model, df, "standard", tmp_path / "other", force=force)
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
 
 
 def test_unfinished_extraction_of_other_inputs_is_not_resumed(model, tmp_path):

@@ -65,13 +65,17 @@ def patch(
                       min_gap=min_gap, n_boot=n_boot, seed=seed, max_pairs=max_pairs, lengths=_ints(lengths, "lengths"),
                       depths=_ints(depths, "depths"), last_k=last_k, scales=_floats(scales, "scales"), n_folds=folds,
                       erase=erase, decoding=decoding)
-    refuse_existing(out / experiment, force)  # before loading anything
+    from fbt_probe.interventions.runner import RESULTS_KIND, is_results_folder
+
+    replacing = refuse_existing(out / experiment, force, own=is_results_folder, kind=RESULTS_KIND)  # before loading anything
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
     df = load_pairs(dataset, task_list)
     model, info, tok = load_run_model(run, device=device, seed=seed)
     check_compatible(model, df, tok)
     res = run_patch(model, df, cfg, out=out, force=force, model_info=info, figures=figures)
     _report(res)
+    if replacing:
+        typer.echo(f"replaced the earlier results in {out / experiment}")
 
 
 def _report(res) -> None:

@@ -57,7 +57,8 @@ def generate(
         contexts = heldout_groups(s, heldout, heldout_seed) if heldout is not None else None
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            frames.append(gen(s, groups=groups, seed=seed, tokenizer=tok, contexts=contexts))
+            frames.append(gen(s, groups=groups, seed=seed, tokenizer=tok, contexts=contexts,
+                              tokenizer_name=f"tokenizer {tokenizer}" if tokenizer else "the built-in tokenizer"))
         for w in caught:
             typer.echo(f"note: {w.message}", err=True)
     for s, df in zip(loaded, frames):

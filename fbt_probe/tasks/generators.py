@@ -56,11 +56,13 @@ def _cells(spec: TaskSpec, n_groups: int, seed: int, contexts) -> list[tuple[int
     return [(knob, [s for g in groups for s in render(knob, g)]) for knob in spec.length_grid]
 
 
-def generate(spec, groups: int | None = None, seed: int | None = None, tokenizer=None, contexts=None) -> pd.DataFrame:
+def generate(spec, groups: int | None = None, seed: int | None = None, tokenizer=None, contexts=None,
+             tokenizer_name: str | None = None) -> pd.DataFrame:
     """One row per sample, the two samples of a pair adjacent, cells in length-grid order.
 
     `groups` and `seed` override the spec's; `tokenizer` defaults to `build_tokenizer([spec])`;
     `contexts` (a container of context ids, e.g. a `HeldOut`) restricts sampling to those contexts.
+    Each label word must be one token of `tokenizer` after the query (`tokenizer_name` names it in errors).
     `df.attrs` carries the spec, seed, per-cell counts, the shared final token and, for register
     specs with `suffix_spans`, how many tokens each paper k covers (`suffix_tokens`)."""
     from fbt_probe.tasks.tokenizer import build_tokenizer, check_encoded, check_label_words, encode, tokenizer_sha256
@@ -95,10 +97,11 @@ def generate(spec, groups: int | None = None, seed: int | None = None, tokenizer
 
     for i, r in enumerate(rows):
         check_sample(spec, r["text"], r["label"], r["label_word"], f"{spec.task}: sample {i} ({describe(i)})")
-    check_label_words(tok, spec, rows[0]["text"])
     ids = encode(tok, [r["text"] for r in rows])
     target = _pad(spec, tok, rows, ids)
     final = check_encoded(tok, spec.task, ids, describe)
+    name = tokenizer_name or ("the given tokenizer" if tokenizer is not None else "the built-in tokenizer")
+    check_label_words(tok, spec.task, rows[0]["text"].rsplit("\n", 1)[-1], spec.label_words, name)
     for r, row_ids in zip(rows, ids):
         r["token_ids"], r["n_tokens"] = row_ids, len(row_ids)
     suffix = _suffix_tokens(spec, tok, rows) if spec.suffix_spans else None

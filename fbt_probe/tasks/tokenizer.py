@@ -153,6 +153,27 @@ def check_encoded(tok, task: str, ids: list[list[int]], describe) -> int:
     return final
 
 
+def unk_id(tok) -> int | None:
+    """The id of the tokenizer's unknown token, if it has one."""
+    name = getattr(tok.model, "unk_token", None) or UNK
+    return tok.token_to_id(name)
+
+
+def check_label_words(tok, task: str, query_line: str, words, tokenizer_name: str) -> None:
+    """Each label word must be exactly one known token after the query line (where the answer is
+    read); else a one-line FbtError naming the word and the tokenizer."""
+    unk = unk_id(tok)
+    for word in words:
+        full, pos = answer_ids(tok, query_line, word)
+        if pos is None:
+            n = len(tok.encode(f" {word}", add_special_tokens=False).ids)
+            raise FbtError(f"{task}: label word {word!r} is {n if n > 1 else 'not one'} token{'s' if n > 1 else ''} "
+                           f"after the query under {tokenizer_name}; label words must be single tokens")
+        if unk is not None and full[pos] == unk:
+            raise FbtError(f"{task}: label word {word!r} is not in the vocabulary of {tokenizer_name} "
+                           f"(it encodes as {tok.id_to_token(unk)!r}); use a tokenizer that has it")
+
+
 def answer_ids(tok, text: str, word: str) -> tuple[list[int], int | None]:
     """(ids of `text + ' ' + word + '\\n'`, index of the answer token) — the index is None unless
     the text's own ids are a prefix and the word is exactly one token there."""
@@ -161,14 +182,3 @@ def answer_ids(tok, text: str, word: str) -> tuple[list[int], int | None]:
     bare = tok.encode(f"{text} {word}", add_special_tokens=False).ids
     ok = full[: len(prefix)] == prefix and len(bare) == len(prefix) + 1 and full[: len(bare)] == bare
     return full, (len(prefix) if ok else None)
-
-
-def check_label_words(tok, spec, text: str) -> None:
-    """Refuse label words that are not one known token after the query under `tok`."""
-    unk = tok.token_to_id(UNK)
-    for word in spec.label_words:
-        ids, pos = answer_ids(tok, text, word)
-        if pos is None or (unk is not None and ids[pos] == unk):
-            what = "is not in the tokenizer's vocabulary" if pos is not None else "is not a single token after the query"
-            raise FbtError(f"{spec.source or spec.task}: field 'label_words': {word!r} {what} (tokenizer: "
-                           f"{tok.get_vocab_size()} tokens, sha256 {tokenizer_sha256(tok)[:12]}); every answer must be one token")
