@@ -7,7 +7,8 @@ __version__ = "0.1.0"
 
 
 def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrides):
-    """A preset name (random init from `seed`, config fields overridable), a checkpoint folder of
+    """A preset name (random init from `seed`, config fields overridable), `ref:<name>` (a reference
+    model shipped with the package, `fbt-probe model refs`), a checkpoint folder of
     ours (latent-feedback or Hidden Decoding), or a Qwen3-format folder (config.json + safetensors;
     fresh fusion weights are added). Returned in eval mode (no training noise on carried states);
     training calls `.train()` itself."""
@@ -19,6 +20,9 @@ def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrid
     from fbt_probe.model.transformer import FeedbackTransformer
 
     check_device(device)
+    from fbt_probe.reference import resolve
+
+    source = resolve(source)  # ref:<name>: a shipped reference model, hashes verified
     if isinstance(source, str) and source in PRESETS:
         cfg = preset(source, device=device, **overrides)
         with torch.random.fork_rng(devices=[]):

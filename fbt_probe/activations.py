@@ -68,9 +68,11 @@ def _load_model(model, device: str | None):
     if isinstance(model, (str, Path)):
         import fbt_probe
 
+        from fbt_probe.reference import resolve
+
         src = str(model)
-        folder = Path(src)
-        loaded = fbt_probe.load_model(src, device=device or "cpu")
+        folder = Path(resolve(src))  # ref:<name> -> its verified folder (src stays the name, for provenance)
+        loaded = fbt_probe.load_model(str(folder), device=device or "cpu")
         if (folder / "model.safetensors").is_file():
             from fbt_probe.model.checkpoint import checkpoint_hash
 

@@ -98,3 +98,51 @@ def export_hf(
     with atomic_dir(out, force, **own) as tmp:
         export_qwen3(model, tmp, force=True)
     typer.echo(f"{'replaced the earlier export in' if replacing else 'wrote'} {out}")
+
+
+@app.command()
+def refs() -> None:
+    """The reference models shipped with the package (load them as ref:<name> wherever a model is read).
+
+    Example: fbt-probe model refs
+    """
+    from fbt_probe import reference
+
+    for name in reference.names():
+        rec = reference.record(name)
+        std = [r for r in rec["accuracy"]["rows"] if r["mode"] == "standard"]
+        per_task = {}
+        for r in std:
+            c, n = per_task.get(r["task"], (0, 0))
+            per_task[r["task"]] = (c + r["correct"], n + r["n"])
+        accs = ", ".join(f"{t} {c / n:.2f}" for t, (c, n) in per_task.items())
+        typer.echo(f"ref:{name:<16} {rec['arch']}{' baseline' if rec['baseline'] else ''}, seed {rec['seed']}, "
+                   f"{rec['steps']} steps, {rec['train_seconds'] / 60:.1f} min; held-out standard accuracy: {accs}")
+    typer.echo(f"cards: {reference.ROOT}/<name>/card.md")
+
+
+@app.command()
+def pack(
+    run: Annotated[Path, typer.Argument(help="A finished training run folder (fbt-probe train).")],
+    name: Annotated[str, typer.Option(help="Reference name (lower case, digits, '-').")],
+    out: Annotated[Path | None, typer.Option(help="Folder of reference models (default: the package's).")] = None,
+    eval_pairs: Annotated[int, typer.Option(help="Held-out minimal pairs per task x length for the model card.")] = 16,
+    force: Annotated[bool, typer.Option(help="Replace a reference model of the same name.")] = False,
+) -> None:
+    """Make RUN a reference model: copy its checkpoint, evaluate it on held-out contexts, write its
+    model card (card.md) and the sha256 record every load verifies (reference.json).
+
+    Example: fbt-probe model pack runs/reference/models/feedback --name tiny-feedback --force
+    """
+    import re
+
+    from fbt_probe.errors import FbtError
+    from fbt_probe.reference import ROOT
+    from fbt_probe.reference.pack import pack as do_pack
+
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
+        raise FbtError(f"--name {name!r}: expected lower-case letters, digits and '-'")
+    if eval_pairs < 1:
+        raise FbtError(f"--eval-pairs {eval_pairs}: expected an integer >= 1")
+    dest = do_pack(run, name, out or ROOT, eval_pairs=eval_pairs, force=force)
+    typer.echo(f"wrote {dest} (ref:{name}; card: {dest / 'card.md'})")

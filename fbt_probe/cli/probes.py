@@ -14,7 +14,7 @@ def _figure_help() -> str:
 
 
 def extract(
-    run: Annotated[str, typer.Argument(help="Checkpoint folder (config.json, model.safetensors, tokenizer.json) or preset name.", show_default=False)],
+    run: Annotated[str, typer.Argument(help="Checkpoint folder (config.json, model.safetensors, tokenizer.json), ref:<name> (a shipped reference model) or preset name.", show_default=False)],
     dataset: Annotated[Path, typer.Argument(help="A dataset .parquet (with its .manifest.json) or a folder of them.", show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="Activation folder (shards + manifest).")],
     modes: Annotated[Optional[str], typer.Option(help="Comma-separated prefill modes: standard, recurrent:k, full, jacobi:K (default standard,recurrent:1; a Hidden Decoding model has only standard).")] = None,
@@ -45,7 +45,9 @@ def extract(
 
     replacing = force and out.is_dir() and is_activation_folder(out)
     try:
-        if Path(run).is_dir() and is_hidden_checkpoint(run):  # Hidden Decoding: streams x depths, one mode
+        from fbt_probe.reference import resolve
+
+        if Path(resolve(run)).is_dir() and is_hidden_checkpoint(resolve(run)):  # Hidden Decoding: streams x depths, one mode
             _extract_hidden(run, dataset, out, modes, extra, batch_size, shard_rows, dtype, device, force)
             store = None
         else:

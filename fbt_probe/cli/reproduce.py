@@ -15,17 +15,19 @@ def reproduce_cmd(
     out: Annotated[Path, typer.Option(help="Study folder (datasets, models, activations, results, figures, report).")] = Path("runs/repro"),
     preset: Annotated[str, typer.Option(help="tiny (trains on this CPU) or paper-1b (needs --model).")] = "tiny",
     model: Annotated[Path | None, typer.Option(help="A checkpoint folder to study instead of training (required for paper-1b).")] = None,
-    quick: Annotated[bool, typer.Option(help="A small version of every stage (minutes; for checking the pipeline).")] = False,
+    train: Annotated[bool, typer.Option("--train", help="Train the feedback model and its baseline from scratch (default: study the reference models shipped with the package, ref:<preset>-feedback and -baseline).")] = False,
+    quick: Annotated[bool, typer.Option(help="A small version of every stage, training small models (minutes; for checking the pipeline).")] = False,
     long: Annotated[bool, typer.Option("--long", help="Probe sets also at 128 and 256 distractors, past the training lengths (slower).")] = False,
     steps: Annotated[int | None, typer.Option(help="Training steps (default 800; 60 with --quick).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of data, training and probes.")] = 0,
     force: Annotated[list[str] | None, typer.Option(help="Redo this stage even if up to date (repeatable).")] = None,
 ) -> None:
-    """Generate the task datasets, train the feedback model and its no-feedback baseline, run the
-    contraction diagnostic, extract activations, fit the probe sweep, run the causal experiments,
+    """Generate the task datasets, take the shipped feedback model and its no-feedback baseline (or
+    train them: --train), run the contraction diagnostic, extract activations, fit the probe sweep, run the causal experiments,
     draw every figure and write OUT/report.html and OUT/report.md. Up-to-date stages are skipped.
 
-    Example: fbt-probe reproduce --preset tiny --out runs/repro
+    Example: fbt-probe reproduce --preset tiny --out runs/repro          (the shipped models)
+             fbt-probe reproduce --preset tiny --train --out runs/retrained (from scratch)
     """
     import time
 
@@ -36,7 +38,8 @@ def reproduce_cmd(
     check_preset(preset)
     if preset != "tiny" and model is None:
         raise FbtError(f"--preset {preset}: training it here is not supported; pass --model PATH (a checkpoint folder)")
-    kw = {"preset": preset, "seed": seed, "model": str(model) if model else None}
+    kw = {"preset": preset, "seed": seed, "model": str(model) if model else None,
+          "shipped": not (train or quick or model is not None)}
     if steps is not None:
         kw["steps"] = steps
     if quick and long:

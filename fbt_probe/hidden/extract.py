@@ -68,7 +68,10 @@ def _model(model, device: str | None):
         from fbt_probe.hidden.checkpoint import load_hidden
         from fbt_probe.model.checkpoint import checkpoint_hash
 
-        return load_hidden(model, device=device or "cpu"), str(model), checkpoint_hash(model)
+        from fbt_probe.reference import resolve
+
+        folder = resolve(str(model))
+        return load_hidden(folder, device=device or "cpu"), str(model), checkpoint_hash(folder)
     if device is not None:
         model = model.to(device)
     return model, type(model).__name__, state_hash(model)

@@ -28,17 +28,20 @@ def load_run_model(run: str | Path, device: str = "cpu", seed: int = 0):
     import fbt_probe
     from fbt_probe.config import PRESETS
 
+    from fbt_probe.reference import is_reference, resolve
+
     if str(run) in PRESETS:
         model = fbt_probe.load_model(str(run), device=device, seed=seed)
         return model, {"model_source": f"preset:{run}", "model_seed": seed, "model_config": model.cfg.to_dict()}, None
-    folder = resolve_checkpoint(run)
+    name = str(run)
+    folder = resolve_checkpoint(resolve(name))
     if folder is None:
         raise FbtError(f"{run}: neither a preset nor a folder with a checkpoint "
                        f"(config.json in it or in {', '.join(s for s in CHECKPOINT_SUBDIRS if s)}/)")
     from fbt_probe.model.checkpoint import checkpoint_hash
 
     model = fbt_probe.load_model(folder, device=device)
-    info = {"model_source": str(folder), "checkpoint_hash": checkpoint_hash(folder), "model_config": model.cfg.to_dict()}
+    info = {"model_source": name if is_reference(name) else str(folder), "checkpoint_hash": checkpoint_hash(folder), "model_config": model.cfg.to_dict()}
     tok = folder / "tokenizer.json"
     return model, info, tok if tok.is_file() else None
 

@@ -40,6 +40,9 @@ class ReproConfig:
     """Task -> lengths of the causal experiments (a task not named is left out)."""
     model: str | None = None  # a user checkpoint (paper-1b path): no training, no baseline
     quick: bool = False
+    shipped: bool = False
+    """Study the reference models shipped with the package (ref:<preset>-feedback, ref:<preset>-baseline)
+    instead of training them; `fbt-probe reproduce` does unless --train."""
 
     @classmethod
     def quick_config(cls, **kw) -> "ReproConfig":
@@ -100,7 +103,32 @@ def stage_train(cfg: ReproConfig, out: Path, name: str) -> None:
 
 
 def model_path(cfg: ReproConfig, out: Path, name: str) -> Path:
-    return Path(cfg.model) if cfg.model else out / "models" / name
+    if cfg.model:
+        return Path(cfg.model)
+    if cfg.shipped:
+        from fbt_probe.reference import folder
+
+        return folder(shipped_name(cfg, name))
+    return out / "models" / name
+
+
+def shipped_name(cfg: ReproConfig, name: str) -> str:
+    return f"ref:{cfg.preset}-{name}"
+
+
+def check_shipped(cfg: ReproConfig) -> None:
+    """A shipped study needs shipped models of this preset trained with this seed and step count."""
+    from fbt_probe.reference import names, record
+
+    for name in cfg.models():
+        ref = shipped_name(cfg, name)
+        if ref[len("ref:"):] not in names():
+            raise FbtError(f"--preset {cfg.preset}: no shipped reference model {ref} (shipped: "
+                           f"{', '.join('ref:' + n for n in names()) or 'none'}); pass --train to train one")
+        rec = record(ref[len("ref:"):])
+        if (rec["seed"], rec["steps"]) != (cfg.seed, cfg.steps):
+            raise FbtError(f"--seed {cfg.seed} --steps {cfg.steps}: the shipped {ref} was trained with seed "
+                           f"{rec['seed']} and {rec['steps']} steps; pass --train to train these")
 
 
 def stage_eval(cfg: ReproConfig, out: Path) -> None:
@@ -193,18 +221,22 @@ def stage_patch(cfg: ReproConfig, out: Path, name: str) -> None:
 def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
     c = cfg.to_dict()
     ck = {k: c[k] for k in ("preset", "seed", "model")}
+    if cfg.shipped:  # a new shipped model (another package version) redoes every stage that reads it
+        from fbt_probe.reference import record
+
+        ck["shipped"] = {n: record(shipped_name(cfg, n)[4:])["checkpoint_sha256"] for n in cfg.models()}
     st = [Stage("data", {**ck, "groups": cfg.groups, "knobs": cfg.knobs, "protocol": "appendix-F"}, [out / "data"],
                 lambda: stage_data(cfg, out))]
     trained = []
     for name in cfg.models():
-        if not cfg.model:
+        if not cfg.model and not cfg.shipped:
             st.append(Stage(f"train-{name}", {**ck, "steps": cfg.steps}, [out / "models" / name],
                             lambda n=name: stage_train(cfg, out, n), resumable=True))
             trained.append(f"train-{name}")
     st.append(Stage("eval", {**ck, "eval_pairs": cfg.eval_pairs, "quick": cfg.quick}, [out / "eval"], lambda: stage_eval(cfg, out), after=trained))
     st.append(Stage("contraction", {**ck, "passes": cfg.passes}, [out / "diagnostics"], lambda: stage_contraction(cfg, out), after=trained))
     for name in cfg.models():
-        dep = [f"train-{name}"] if not cfg.model else []
+        dep = [f"train-{name}"] if not cfg.model and not cfg.shipped else []
         st.append(Stage(f"extract-{name}", {**ck, "modes": cfg.modes}, [out / "acts" / name],
                         lambda n=name: stage_extract(cfg, out, n), after=["data"] + dep))
         st.append(Stage(f"probe-{name}", ck, [out / "results" / "probes" / name], lambda n=name: stage_probe(cfg, out, n),
@@ -220,6 +252,8 @@ def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), 
     out = Path(out)
     if cfg.model and not Path(cfg.model).is_dir():
         raise FbtError(f"--model {cfg.model}: checkpoint folder not found")
+    if cfg.shipped:
+        check_shipped(cfg)
     out.mkdir(parents=True, exist_ok=True)
     stages = build_stages(cfg, out)
     names = {s.name for s in stages} | {"figures", "report"}

@@ -1,0 +1,111 @@
+"""Make a shipped reference model from a finished training run: copy its checkpoint, evaluate it on
+contexts held out of training, write the model card and the hash record (`fbt-probe model pack`)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+from fbt_probe.reference import FILES, RECORD, ROOT
+
+CHECK_PAIRS = 4  # pairs per task x length cell of the check slice the tests recompute
+CHECK_SEED = 10_000  # eval_samples' default seed: contexts held out of training
+
+
+def check_slice(model, cfg, tok) -> pd.DataFrame:
+    """Held-out answer accuracy under standard prefill on the small check slice (task x length)."""
+    from fbt_probe.training.evaluate import answer_accuracy, eval_samples
+
+    acc = answer_accuracy(model, eval_samples(cfg, tok, pairs=CHECK_PAIRS, seed=CHECK_SEED), tok, modes=("standard",))
+    return acc[["task", "length_knob", "correct", "n"]]
+
+
+def cpu_name() -> str:
+    """The CPU model (Linux /proc/cpuinfo) and its core count: training time means something only with it."""
+    import os
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+    except OSError:
+        pass
+    import platform
+
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+def retrain_command(cfg, name: str) -> str:
+    """The `fbt-probe train` line that retrains the run from scratch (hidden-decoding: from its init)."""
+    parts = ["fbt-probe train", f"--preset {cfg.preset}", f"--steps {cfg.steps}", f"--seed {cfg.seed}"]
+    if cfg.arch == "hidden-decoding":
+        parts += ["--arch hidden-decoding", f"--streams {cfg.streams}", f"--init {cfg.init}"]
+    elif cfg.baseline:
+        parts.append("--baseline")
+    return " ".join(parts + [f"--out runs/{name}"])
+
+
+def pack(run: str | Path, name: str, out_root: str | Path = ROOT, eval_pairs: int = 16, force: bool = False,
+         command: str | None = None) -> Path:
+    from fbt_probe.io import atomic_dir, sha256_file, write_json
+    from fbt_probe.model.checkpoint import checkpoint_hash
+    from fbt_probe.provenance import provenance
+    from fbt_probe.tasks import load_tokenizer
+    from fbt_probe.training.checkpoint import load_run
+    from fbt_probe.training.config import TRAIN_KNOBS
+    from fbt_probe.training.evaluate import EVAL_MODES, answer_accuracy, eval_samples
+
+    run = Path(run)
+    model, cfg, _, step = load_run(run)  # verifies the run (config, weights, tokenizer, train state)
+    tok = load_tokenizer(run / "tokenizer.json")
+    modes = ("standard",) if cfg.arch == "hidden-decoding" else EVAL_MODES
+    acc = answer_accuracy(model, eval_samples(cfg, tok, pairs=eval_pairs), tok, modes=modes)
+    check = check_slice(model, cfg, tok)
+    metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    seconds = sum(m.get("step_s", 0.0) for m in metrics)
+    rec = {
+        "name": name, "arch": cfg.arch, "baseline": cfg.baseline, "seed": cfg.seed, "steps": step,
+        "train": cfg.to_dict(), "train_seconds": round(seconds, 1), "checkpoint_sha256": checkpoint_hash(run),
+        "command": command or retrain_command(cfg, name), "cpu": cpu_name(),
+        "knobs": {task: list((cfg.knobs or TRAIN_KNOBS)[task]) for task in cfg.tasks},
+        "check": {"pairs": CHECK_PAIRS, "seed": CHECK_SEED, "mode": "standard", "rows": check.to_dict("records")},
+        "accuracy": {"pairs": eval_pairs, "rows": acc[["task", "length_knob", "mode", "correct", "n", "accuracy"]].to_dict("records")},
+        "provenance": provenance(seed=cfg.seed),
+    }
+    dest = Path(out_root) / name
+    with atomic_dir(dest, force=force, own=lambda p: (p / RECORD).is_file(), kind="a reference model folder") as tmp:
+        for f in ("config.json", "model.safetensors", "tokenizer.json", "metrics.jsonl"):
+            shutil.copyfile(run / f, tmp / f)
+        (tmp / "card.md").write_text(card(rec, acc))
+        rec["sha256"] = {f: sha256_file(tmp / f) for f in FILES}
+        write_json(tmp / RECORD, rec)
+    return dest
+
+
+def card(rec: dict, acc: pd.DataFrame) -> str:
+    t = rec["train"]
+    kind = {"hidden-decoding": "Hidden Decoding (n streams per token, one pass)"}.get(
+        rec["arch"], "no-feedback baseline (one pass, fusion unused)" if rec["baseline"] else "latent feedback")
+    table = acc.pivot_table(index=["task", "length_knob"], columns="mode", values="accuracy").round(3)
+    lines = [
+        f"# ref:{rec['name']}", "",
+        f"A {t['preset']} model, {kind}, trained from scratch on the task mix below ({rec['steps']} steps, seed {rec['seed']}, "
+        f"{rec['train_seconds'] / 60:.1f} min of optimizer steps on {rec['cpu']}).", "",
+        f"- checkpoint sha256: `{rec['checkpoint_sha256']}`",
+        f"- tasks and training lengths: {json.dumps(rec['knobs'])}; token shares {json.dumps(t['task_shares'])}",
+        f"- schedule {t['schedule']!r}, lr {t['lr']}, tokens/step {t['tokens_per_step']}, seed {rec['seed']}",
+        f"- retrain: `{rec['command']}`",
+        f"- commit {rec['provenance']['git_commit']}, torch {rec['provenance']['versions'].get('torch')}", "",
+        f"## Held-out answer accuracy ({rec['accuracy']['pairs']} minimal pairs per task x length, contexts held out of training)", "",
+        _md(table.reset_index()), "",
+        "Chance is 0.5 everywhere (the two samples of a pair have opposite answers).", "",
+    ]
+    return "\n".join(lines)
+
+
+def _md(df: pd.DataFrame) -> str:
+    cols = [str(c) for c in df.columns]
+    rows = ["| " + " | ".join(str(v) for v in r) + " |" for r in df.itertuples(index=False)]
+    return "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + rows)

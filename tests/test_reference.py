@@ -1,0 +1,101 @@
+"""Reference models shipped inside the package: loadable by name, verified by hash, and their held-out
+accuracy on the check slice recomputed from the weights (an independent oracle for the recorded numbers)."""
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import fbt_probe as fp
+from fbt_probe import reference
+from fbt_probe.cli import app
+from fbt_probe.errors import FbtError
+from fbt_probe.io import sha256_file
+from fbt_probe.model.checkpoint import checkpoint_hash
+from fbt_probe.training import TrainConfig, run_training
+from fbt_probe.training.config import TrainConfig as TC
+
+runner = CliRunner()
+SMALL = dict(tokens_per_step=300, warmup=1, eval_every=10_000, save_every=1, tasks=("completion", "memory"),
+             knobs={"completion": [0], "memory": [8]})
+
+
+def test_the_package_ships_the_feedback_model_its_baseline_and_a_hidden_decoding_model():
+    shipped = reference.names()
+    recs = [reference.record(n) for n in shipped]
+    kinds = {(r["arch"], r["baseline"]) for r in recs}
+    assert {("feedback", False), ("feedback", True), ("hidden-decoding", False)} <= kinds, shipped
+
+
+@pytest.mark.parametrize("name", reference.names())
+def test_a_shipped_model_loads_by_name_with_its_recorded_hash_and_check_accuracy(name):
+    from fbt_probe.reference.pack import check_slice
+    from fbt_probe.tasks import load_tokenizer
+
+    rec = reference.record(name)
+    folder = reference.folder(f"ref:{name}")
+    assert checkpoint_hash(folder) == rec["checkpoint_sha256"] == rec["sha256"]["model.safetensors"]
+    model = fp.load_model(f"ref:{name}")
+    cfg = TC.from_dict(json.loads((folder / "config.json").read_text())["train"])
+    got = check_slice(model, cfg, load_tokenizer(folder / "tokenizer.json"))
+    want = {(r["task"], r["length_knob"]): (r["correct"], r["n"]) for r in rec["check"]["rows"]}
+    assert set(want) == {(r.task, r.length_knob) for r in got.itertuples()}
+    for r in got.itertuples():
+        correct, n = want[(r.task, r.length_knob)]
+        assert r.n == n
+        # the same weights and inputs; a logit tie broken differently by another CPU's BLAS may move
+        # one answer of a cell, a different model or a different slice moves many
+        assert abs(r.correct - correct) <= 1, (name, r.task, r.length_knob, r.correct, correct)
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("refs")
+    run = root.parent / "run"
+    run_training(TrainConfig(steps=2, **SMALL), run, progress=False, eval_pairs=2)
+    res = runner.invoke(app, ["model", "pack", str(run), "--name", "toy", "--out", str(root), "--eval-pairs", "2"])
+    assert res.exit_code == 0, res.output
+    return root
+
+
+def test_pack_records_every_file_hash_and_a_card(packed):
+    rec = reference.record("toy", packed)
+    assert set(rec["sha256"]) == set(reference.FILES)
+    for f, h in rec["sha256"].items():
+        assert sha256_file(packed / "toy" / f) == h
+    card = (packed / "toy" / "card.md").read_text()
+    assert rec["checkpoint_sha256"] in card and "fbt-probe train --preset tiny --steps 2 --seed 0" in card
+    assert reference.folder("ref:toy", packed) == packed / "toy"
+
+
+def test_a_missing_or_corrupted_shipped_file_is_a_one_line_error(packed, tmp_path, monkeypatch):
+    import shutil
+
+    root = tmp_path / "refs"
+    shutil.copytree(packed, root)
+    monkeypatch.setattr(reference, "ROOT", root)
+    assert fp.load_model("ref:toy").cfg.d_model > 0
+    weights = root / "toy" / "model.safetensors"
+    good = weights.read_bytes()
+    data = bytearray(good)
+    data[-3] ^= 0xFF  # one flipped bit pattern inside a tensor: the file still parses
+    weights.write_bytes(bytes(data))
+    with pytest.raises(FbtError, match="ref:toy: shipped file model.safetensors is corrupted"):
+        fp.load_model("ref:toy")
+    res = runner.invoke(app, ["model", "info", "ref:toy"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "is corrupted" in res.output, res.output
+    weights.write_bytes(good)
+    (root / "toy" / "tokenizer.json").unlink()
+    res = runner.invoke(app, ["extract", "ref:toy", str(tmp_path), "--out", str(tmp_path / "acts")])
+    assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+    assert "shipped file tokenizer.json is missing" in res.output and not (tmp_path / "acts").exists()
+    with pytest.raises(FbtError, match=r"ref:nope: no such reference model \(shipped: ref:toy\)"):
+        fp.load_model("ref:nope")
+
+
+def test_pack_refuses_to_replace_a_folder_that_is_not_a_reference_model(packed, tmp_path):
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy" / "mine.txt").write_text("keep")
+    run = packed.parent / "run"
+    res = runner.invoke(app, ["model", "pack", str(run), "--name", "toy", "--out", str(tmp_path), "--force"])
+    assert res.exit_code == 2 and "is not a reference model folder" in res.output, res.output
+    assert (tmp_path / "toy" / "mine.txt").read_text() == "keep"
