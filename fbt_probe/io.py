@@ -42,7 +42,9 @@ def temp_sibling(path: Path) -> Path:
     """A new empty folder beside `path` (hidden, `.tmp` suffix) to build a replacement in."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a swapped-in output folder gets the usual permissions
+    return tmp
 
 
 def swap_in(tmp: Path, path: Path) -> None:

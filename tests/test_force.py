@@ -79,3 +79,17 @@ def test_atomic_dir_replaces_only_its_own_kind(tmp_path):
         (tmp / "half.txt").write_text("half")
         raise RuntimeError("failed half-way")
     assert snapshot(target) == {"precious.txt": b"keep"} and no_temp_left(tmp_path)
+
+
+def test_a_swapped_in_folder_gets_the_usual_permissions(tmp_path):
+    """Before: mkdtemp's 0700 stayed on every output folder built beside its target (datasets,
+    activations, shipped reference models), unreadable to the other users of a shared machine."""
+    import os
+
+    mask = os.umask(0o022)
+    try:
+        with atomic_dir(tmp_path / "out") as tmp:
+            (tmp / "f").write_text("x")
+    finally:
+        os.umask(mask)
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o755

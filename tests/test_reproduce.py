@@ -70,6 +70,23 @@ def test_cli_errors(tmp_path):
     assert res.exit_code == 2 and "not found" in res.output
     res = runner.invoke(app, ["reproduce", "--quick", "--long", "--out", str(tmp_path / "r2")])
     assert res.exit_code == 2 and "choose one" in res.output and not (tmp_path / "r2").exists()
+    # the default studies the shipped models: a seed or step count they were not trained with is refused
+    for args, match in ((["--seed", "5"], "trained with seed 0 and 800 steps; pass --train"),
+                        (["--steps", "10"], "trained with seed 0 and 800 steps; pass --train")):
+        res = runner.invoke(app, ["reproduce", *args, "--out", str(tmp_path / "r3")])
+        assert res.exit_code == 2 and res.output.count("\n") == 1 and match in res.output, res.output
+        assert not (tmp_path / "r3").exists()
+
+
+def test_wilson_interval_is_scipys():
+    from scipy.stats import binomtest
+
+    from fbt_probe.reproduce.findings import wilson
+
+    for k, n in ((0, 10), (3, 10), (10, 10), (187, 200), (1, 1)):
+        p, lo, hi = wilson(k, n)
+        ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+        assert p == k / n and abs(lo - ci.low) < 2e-4 and abs(hi - ci.high) < 2e-4  # z = 1.96 vs the exact quantile
 
 
 def test_long_config_adds_the_long_lengths_only():
@@ -97,6 +114,20 @@ def test_quick_study_end_to_end(tmp_path):
     assert "data:image/png;base64," in html and "fig7a-feedback" in html
     nums = _depth0_numbers(report)
     assert len(nums) >= 8 and all(0.0 <= x <= 1.0 for x in nums)
+    # findings first, then figures, then the tables (collapsed in the HTML)
+    assert report.index("## Findings") < report.index("## Figures") < report.index("## Tables")
+    assert html.count("<details>") >= 4 and html.index("<h2>Findings</h2>") < html.index("<h2>Figures</h2>")
+    # the first finding's numbers are the eval table's, recomputed here
+    import pandas as pd
+
+    from fbt_probe.reproduce.findings import wilson
+
+    acc = pd.read_parquet(out / "eval" / "accuracy.parquet")
+    g = acc[(acc["model"] == "feedback") & (acc["task"] == "completion") & (acc["mode"] == "standard")]
+    p, lo, hi = wilson(int(g["correct"].sum()), int(g["n"].sum()))
+    assert f"completion **{p:.2f}** [{lo:.2f}, {hi:.2f}]" in report.split("## Figures")[0]
+    # a retrained study says how it compares with the shipped models
+    assert "differs from the shipped `ref:tiny-feedback`" in report
     state = json.loads((out / "stages.json").read_text())
     assert all(v["status"] == "done" for v in state.values()) and "train-baseline" in state
     again = runner.invoke(app, ["reproduce", "--quick", "--out", str(out)])

@@ -22,7 +22,7 @@ def train_cmd(
     schedule: Annotated[str, typer.Option(help="Passes per batch: 'K:p,...' summing to 1, 'constant:K' or 'paper' (1:.75,2:.22,3:.03).")] = "paper",
     baseline: Annotated[bool, typer.Option(help="No-feedback baseline: same data and steps, 1 pass only, fusion unused.")] = False,
     one_pass_steps: Annotated[int | None, typer.Option(help="The first N steps train one pass only, then K follows --schedule (default: the training config's).")] = None,
-    init: Annotated[Path | None, typer.Option(help="Warm start from a checkpoint folder (ours or Qwen3-format).")] = None,
+    init: Annotated[Path | None, typer.Option(help="Warm start from a checkpoint folder (ours or Qwen3-format) or a shipped ref:<name>.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the initialisation, data and noise.")] = 0,
     lam: Annotated[float, typer.Option(help="λ of eq. 12 (weight of the passes k >= 2).")] = 1.0,
     task_shares: Annotated[str | None, typer.Option(help="Share of each step's tokens per task, 'task:share,...' summing to 1 (default: the training config's).")] = None,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from fbt_probe.errors import FbtError
 from fbt_probe.reference import FILES, RECORD, ROOT
 
 CHECK_PAIRS = 4  # pairs per task x length cell of the check slice the tests recompute
@@ -41,8 +42,8 @@ def retrain_command(cfg, name: str) -> str:
     """The `fbt-probe train` line that retrains the run from scratch (hidden-decoding: from its init)."""
     parts = ["fbt-probe train", f"--preset {cfg.preset}", f"--steps {cfg.steps}", f"--seed {cfg.seed}"]
     if cfg.arch == "hidden-decoding":
-        parts += ["--arch hidden-decoding", f"--streams {cfg.streams}", f"--init {cfg.init}"]
-    elif cfg.baseline:
+        raise FbtError("a Hidden Decoding run records no --init: pass --command (the line that trained it)")
+    if cfg.baseline:
         parts.append("--baseline")
     return " ".join(parts + [f"--out runs/{name}"])
 
@@ -60,6 +61,7 @@ def pack(run: str | Path, name: str, out_root: str | Path = ROOT, eval_pairs: in
     run = Path(run)
     model, cfg, _, step = load_run(run)  # verifies the run (config, weights, tokenizer, train state)
     tok = load_tokenizer(run / "tokenizer.json")
+    command = command or retrain_command(cfg, name)
     modes = ("standard",) if cfg.arch == "hidden-decoding" else EVAL_MODES
     acc = answer_accuracy(model, eval_samples(cfg, tok, pairs=eval_pairs), tok, modes=modes)
     check = check_slice(model, cfg, tok)
@@ -68,7 +70,7 @@ def pack(run: str | Path, name: str, out_root: str | Path = ROOT, eval_pairs: in
     rec = {
         "name": name, "arch": cfg.arch, "baseline": cfg.baseline, "seed": cfg.seed, "steps": step,
         "train": cfg.to_dict(), "train_seconds": round(seconds, 1), "checkpoint_sha256": checkpoint_hash(run),
-        "command": command or retrain_command(cfg, name), "cpu": cpu_name(),
+        "command": command, "cpu": cpu_name(),
         "knobs": {task: list((cfg.knobs or TRAIN_KNOBS)[task]) for task in cfg.tasks},
         "check": {"pairs": CHECK_PAIRS, "seed": CHECK_SEED, "mode": "standard", "rows": check.to_dict("records")},
         "accuracy": {"pairs": eval_pairs, "rows": acc[["task", "length_knob", "mode", "correct", "n", "accuracy"]].to_dict("records")},
@@ -91,7 +93,8 @@ def card(rec: dict, acc: pd.DataFrame) -> str:
     table = acc.pivot_table(index=["task", "length_knob"], columns="mode", values="accuracy").round(3)
     lines = [
         f"# ref:{rec['name']}", "",
-        f"A {t['preset']} model, {kind}, trained from scratch on the task mix below ({rec['steps']} steps, seed {rec['seed']}, "
+        f"A {t['preset']} model, {kind}, trained {'from the checkpoint named in the retrain command' if rec['arch'] == 'hidden-decoding' else 'from scratch'} "
+        f"on the task mix below ({rec['steps']} steps, seed {rec['seed']}, "
         f"{rec['train_seconds'] / 60:.1f} min of optimizer steps on {rec['cpu']}).", "",
         f"- checkpoint sha256: `{rec['checkpoint_sha256']}`",
         f"- tasks and training lengths: {json.dumps(rec['knobs'])}; token shares {json.dumps(t['task_shares'])}",

@@ -160,25 +160,53 @@ def _sections(cfg, out: Path, times: dict) -> list[tuple[str, str, list[str]]]:
 
 
 def stage_report(cfg, out: Path, times: dict) -> None:
+    """Findings first (one sentence each, number, CI, figure), then every figure, then the full tables
+    (collapsed in the HTML), then what was run."""
+    from fbt_probe.reproduce.findings import findings, shipped_comparison
+
     title = f"fbt-probe reproduction — preset {cfg.preset}{' (quick)' if cfg.quick else ''}"
     sections = _sections(cfg, out, times)
-    md = [f"# {title}\n", "Stage times: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()) + "\n"]
-    body = [f"<h1>{html.escape(title)}</h1>", "<p>Stage times: " + html.escape(", ".join(f"{k} {v:.0f} s" for k, v in times.items())) + "</p>"]
-    for head, text, figs in sections:
-        md.append(f"## {head}\n\n{text}")
-        md += [f"![{f}](figures/{f}.png)\n" for f in figs]
-        body.append(f"<h2>{html.escape(head)}</h2>" + _md_to_html(text))
+    tables, (prov_head, prov_text, _) = sections[:-1], sections[-1]
+    source = ("the reference models shipped with the package (" + ", ".join(f"`ref:{cfg.preset}-{n}`" for n in cfg.models())
+              + "); `fbt-probe reproduce --train` retrains them") if cfg.shipped else \
+        (f"the checkpoint `{cfg.model}`" if cfg.model else "models trained from scratch in this study")
+    intro = f"Models: {source}. Stage times: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()) + "."
+    found = findings(cfg, out) + shipped_comparison(cfg, out)
+    md = [f"# {title}\n", intro + "\n", "## Findings\n", "\n".join(f"- {f}" for f in found) + "\n", "## Figures\n"]
+    body = [f"<h1>{html.escape(title)}</h1>", _md_to_html(intro), "<h2>Findings</h2>",
+            "<ul>" + "".join(f"<li>{_inline(f)}</li>" for f in found) + "</ul>", "<h2>Figures</h2>"]
+    for head, _, figs in tables:
         for f in figs:
+            md.append(f"![{f}](figures/{f}.png)\n\n*{f}* ({head})\n")
             data = base64.b64encode((out / "figures" / f"{f}.png").read_bytes()).decode()
-            body.append(f'<figure><img alt="{f}" src="data:image/png;base64,{data}"><figcaption>{f}</figcaption></figure>')
+            body.append(f'<figure><img alt="{f}" src="data:image/png;base64,{data}"><figcaption>{html.escape(f)} '
+                        f'({html.escape(head)})</figcaption></figure>')
+    md.append("## Tables\n")
+    body.append("<h2>Tables</h2>")
+    for head, text, _ in tables:
+        md.append(f"### {head}\n\n{text}")
+        body.append(f"<details><summary>{html.escape(head)}</summary>{_md_to_html(text)}</details>")
+    md.append(f"## {prov_head}\n\n{prov_text}")
+    body.append(f"<h2>{html.escape(prov_head)}</h2>" + _md_to_html(prov_text))
     with atomic_path(out / "report.md") as tmp:
         tmp.write_text("\n".join(md))
     page = ("<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title><style>"
             "body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}table{border-collapse:collapse;font-size:13px}"
             "td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:11px}"
+            "li{margin:.4em 0}details{margin:.6em 0}summary{cursor:pointer;font-weight:bold}"
             "</style></head><body>" + "\n".join(body) + "</body></html>")
     with atomic_path(out / "report.html") as tmp:
         tmp.write_text(page)
+
+
+def _inline(text: str) -> str:
+    """Markdown **bold**, `code` and *emphasis* of one finding as HTML (the rest escaped)."""
+    import re
+
+    t = html.escape(text)
+    t = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", t)
+    t = re.sub(r"`(.+?)`", r"<code>\1</code>", t)
+    return re.sub(r"\*(.+?)\*", r"<i>\1</i>", t)
 
 
 def _md_to_html(text: str) -> str:

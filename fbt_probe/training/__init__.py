@@ -13,6 +13,9 @@ __all__ = ["PAPER_SCHEDULE", "TRAIN_KNOBS", "Schedule", "TrainConfig", "multipas
 
 
 def _initial_model(cfg: TrainConfig, tokenizer, init: str | Path | None):
+    from fbt_probe.reference import resolve
+
+    init = None if init is None else resolve(str(init))  # ref:<name>: a shipped model, hashes verified
     import fbt_probe as fp
 
     vocab = tokenizer.get_vocab_size()

@@ -1,0 +1,156 @@
+"""The report's opening section: each finding one sentence with its number, its 95 % CI and the figure
+or table that shows it, computed from the tables earlier stages wrote (nothing here runs a model)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fbt_probe.reproduce.report import PAPER_DEPTH0, _summary
+
+CHANCE = 0.5
+
+
+def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float, float]:
+    """Proportion and its Wilson score interval (exact enough at n of a few hundred, sane at 0 and 1)."""
+    if n == 0:
+        return float("nan"), float("nan"), float("nan")
+    p = correct / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return p, max(0.0, mid - half), min(1.0, mid + half)
+
+
+def cells_ci(values) -> tuple[float, float, float]:
+    """Mean over cells (length x fold) and a normal 95 % interval over them, clipped to [0, 1]."""
+    v = np.asarray(values, dtype=float)
+    if len(v) == 0:
+        return float("nan"), float("nan"), float("nan")
+    if len(v) < 2:
+        return v.mean(), v.mean(), v.mean()
+    half = 1.96 * v.std(ddof=1) / math.sqrt(len(v))
+    return v.mean(), max(0.0, v.mean() - half), min(1.0, v.mean() + half)
+
+
+def fmt(m, lo, hi) -> str:
+    return "n/a" if m != m else f"**{m:.2f}** [{lo:.2f}, {hi:.2f}]"
+
+
+def answer_accuracy(out: Path, model: str, task: str, mode: str = "standard") -> tuple[float, float, float, int]:
+    acc = pd.read_parquet(out / "eval" / "accuracy.parquet")
+    g = acc[(acc["model"] == model) & (acc["task"] == task) & (acc["mode"] == mode)]
+    c, n = int(g["correct"].sum()), int(g["n"].sum())
+    return (*wilson(c, n), n)
+
+
+def depth0(out: Path, model: str, task: str, mode: str) -> tuple[float, float, float]:
+    p = out / "results" / "probes" / model / "probes.parquet"
+    if not p.is_file():
+        return float("nan"), float("nan"), float("nan")
+    t = pd.read_parquet(p)
+    g = t[(t["task"] == task) & (t["mode"] == mode) & (t["depth"] == 0) & (t["metric"] == "accuracy")]
+    return cells_ci(g["value"].to_numpy())
+
+
+def swap_effect(out: Path, model: str, task: str, condition: str = "state") -> tuple[float, float, float] | None:
+    s = _summary(out, model, "feedback-swap")
+    if s is None:
+        return None
+    g = s[(s["length_knob"] == -1) & (s["metric"] == "normalized") & (s["task"] == task) & (s["condition"] == condition)]
+    if g.empty or g["mean"].isna().all():
+        return None
+    r = g.iloc[0]
+    return float(r["mean"]), float(r["ci_low"]), float(r["ci_high"])
+
+
+def findings(cfg, out: Path) -> list[str]:
+    """One sentence per finding (markdown), in reading order."""
+    out = Path(out)
+    models = cfg.models()
+    tasks = list(cfg.modes)
+    lines = []
+    learned = {}
+    for m in models:
+        parts = []
+        for task in tasks:
+            p, lo, hi, n = answer_accuracy(out, m, task)
+            learned[(m, task)] = lo > CHANCE
+            parts.append(f"{task} {fmt(p, lo, hi)}")
+        what = "The feedback model" if m == "feedback" else "The no-feedback baseline"
+        lines.append(f"{what} answers held-out samples under standard prefill with accuracy " + ", ".join(parts)
+                     + " (chance 0.50; Wilson 95 % CI over samples; table *Answer accuracy*).")
+    for task in [t for t in ("completion", "memory") if t in tasks]:
+        rec, std = depth0(out, "feedback", task, "recurrent:1"), depth0(out, "feedback", task, "standard")
+        if rec[0] == rec[0]:
+            paper = PAPER_DEPTH0.get(task)
+            lines.append(f"At depth 0, {task}'s label is linearly decodable at {fmt(*rec)} after one recurrent prefill "
+                         f"step (`recurrent:1`) against {fmt(*std)} under standard prefill"
+                         + (f" (paper: {paper:.3f} and chance)" if paper else "") + "; mean over length x fold cells, "
+                         "normal 95 % CI (Fig. 7a).")
+        if "baseline" in models:
+            b = depth0(out, "baseline", task, "recurrent:1")
+            if b[0] == b[0]:
+                lines.append(f"The baseline, whose fusion weights were never trained, reads {fmt(*b)} at depth 0 under "
+                             f"`recurrent:1` on {task}: a random map of a state that already encodes the label, so "
+                             "decodability alone does not show that the feedback was learned (Fig. 7a, dashed).")
+        eff = swap_effect(out, "feedback", task)
+        if eff is not None:
+            lines.append(f"Swapping the carried state at the final position with the partner sample's moves {task}'s "
+                         f"answer by a normalized {fmt(*eff)} (1 = the answer follows the swapped-in state, 0 = ignores "
+                         "it; bootstrap 95 % CI over pairs; Fig. *ablation-bars-feedback*).")
+    regs = [t for t in tasks if t.startswith("registers")]
+    if regs:
+        dead = [t for t in regs if not learned.get(("feedback", t), False)]
+        if dead:
+            lines.append(f"{' and '.join(dead).capitalize()}: the feedback model's answer accuracy is not above chance "
+                         "(first finding), so Fig. 7b's panels probe a model that has not learned the task; a flat line "
+                         "there says nothing about what latent feedback can carry.")
+    c = out / "diagnostics" / "contraction.parquet"
+    if c.is_file() and "feedback" in models:
+        t = pd.read_parquet(c)
+        t = t[t["run"] == "feedback"].set_index("pass")
+        last = int(t.index.max())
+        d2, dl = float(t.loc[2, "state_change"]), float(t.loc[last, "state_change"])
+        verdict = "contracts" if dl < 0.1 * d2 else "does not contract"
+        full = answer_accuracy(out, "feedback", tasks[0], "full")
+        lines.append(f"The feedback iteration {verdict}: the carried state changes by {d2:.3g} at pass 2 and {dl:.3g} at "
+                     f"pass {last}, and validation loss goes from {t.loc[1, 'val_loss']:.3f} to {t.loc[last, 'val_loss']:.3f} "
+                     f"(Fig. 3); under `full` recurrence {tasks[0]} is answered at {fmt(*full[:3])}.")
+    lines.append(f"Every number is one training seed ({cfg.seed}); the CIs are within the run (samples, folds or pairs), "
+                 "not over training seeds.")
+    return lines
+
+
+def shipped_comparison(cfg, out: Path) -> list[str]:
+    """For a study that trained its own models (--train): how they compare with the shipped ones of
+    the same preset -- identical bytes, or held-out standard accuracy side by side."""
+    from fbt_probe.model.checkpoint import checkpoint_hash
+    from fbt_probe.reference import names, record
+
+    if cfg.shipped or cfg.model:
+        return []
+    lines = []
+    for m in cfg.models():
+        name = f"{cfg.preset}-{m}"
+        if name not in names():
+            continue
+        rec = record(name)
+        mine = checkpoint_hash(out / "models" / m)
+        if mine == rec["checkpoint_sha256"]:
+            lines.append(f"The retrained {m} model is byte-identical to the shipped `ref:{name}` (sha256 {mine[:12]}...).")
+            continue
+        ship = pd.DataFrame(rec["accuracy"]["rows"])
+        ship = ship[ship["mode"] == "standard"].groupby("task")[["correct", "n"]].sum()
+        parts = []
+        for task in [t for t in cfg.modes if t in ship.index]:
+            p, lo, hi, _ = answer_accuracy(out, m, task)
+            s = ship.loc[task, "correct"] / ship.loc[task, "n"]
+            parts.append(f"{task} {p:.2f} [{lo:.2f}, {hi:.2f}] vs {s:.2f}" + ("" if lo <= s <= hi else " (outside)"))
+        same = "seed and steps" if (rec["seed"], rec["steps"]) == (cfg.seed, cfg.steps) else \
+            f"seed {rec['seed']} and {rec['steps']} steps (here {cfg.seed} and {cfg.steps})"
+        lines.append(f"The retrained {m} model differs from the shipped `ref:{name}` (trained with {same} on "
+                     f"{rec.get('cpu', 'another machine')}); held-out standard accuracy here vs shipped: " + "; ".join(parts) + ".")
+    return lines
