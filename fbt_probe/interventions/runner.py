@@ -16,13 +16,15 @@ import pandas as pd
 
 from fbt_probe.errors import FbtError
 from fbt_probe.interventions import experiments as E
+from fbt_probe.interventions.atp_parity import attribution, parity_table
+from fbt_probe.interventions.das_experiment import das
 from fbt_probe.interventions.metrics import METRIC_HELP, summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.probe_direction import erase_methods, probe_direction
 from fbt_probe.model.modes import parse_mode
 
 FORMAT = "fbt-probe.interventions/1"
-EXPERIMENTS = ("feedback-swap", "state-replacement", "gate-ablation", "residual", "probe-direction")
+EXPERIMENTS = ("feedback-swap", "state-replacement", "gate-ablation", "residual", "probe-direction", "attribution", "das")
 HOOK_RULES = {
     "feedback-swap": "one-pass: fusion.* replaced at the final position in the one hooked pass (exact)",
     "state-replacement": "one-pass: fusion.hook_feedback replaced at the final position (exact)",
@@ -30,6 +32,9 @@ HOOK_RULES = {
     "residual": "serial (serial=True) when the mode carries a state, so patches ripple through the "
                 "feedback; one-pass under standard",
     "probe-direction": "one-pass: the final position of each probe depth edited in the one hooked pass (exact)",
+    "attribution": "as residual: serial (serial=True) when the mode carries a state, so gradients flow through the "
+                   "carried states (and Jacobi passes); one-pass under standard",
+    "das": "one-pass: the final position's activation interchanged in the mode's final pass (exact)",
 }
 
 
@@ -57,6 +62,16 @@ class PatchConfig:
     erase: str = "auto"
     decoding: bool = True
     """Gate ablation: also Std / Soft decoding answer accuracy."""
+    check: int = 0
+    """Attribution: exact patching on the K cells AtP ranks highest plus K random cells (0 = no check)."""
+    hooks: tuple[str, ...] | None = None
+    """Attribution / DAS: hook names (None = each experiment's default set)."""
+    ks: tuple[int, ...] = (1, 2, 4, 8)
+    """DAS: subspace dimensions."""
+    steps: int = 200
+    """DAS: optimizer steps per rotation."""
+    lr: float = 1e-2
+    """DAS: Adam learning rate of the rotation."""
 
     def __post_init__(self) -> None:
         if self.experiment not in EXPERIMENTS:
@@ -72,7 +87,7 @@ class PatchConfig:
 def _cell_filter(df: pd.DataFrame, cfg: PatchConfig):
     """(lengths, max_pairs) after the residual defaults (shortest knob per task, 16 pairs)."""
     lengths, max_pairs = cfg.lengths, cfg.max_pairs
-    if cfg.experiment == "residual":
+    if cfg.experiment in ("residual", "attribution"):
         if lengths is None:
             lengths = tuple(sorted(set(int(k) for k in df.groupby("task")["length_knob"].min())))
         if max_pairs is None:
@@ -85,7 +100,7 @@ def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | 
     label_ids = label_ids or label_token_ids(df)
     lengths, max_pairs = _cell_filter(df, cfg)
     model.eval()
-    out, notes = [], []
+    out, notes, tables = [], [], {}
     for mode in cfg.modes:
         batches = list(pair_batches(df, label_ids, cfg.batch_size, max_pairs, lengths))
         args = dict(mode=mode, min_gap=cfg.min_gap)
@@ -98,13 +113,23 @@ def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | 
         elif cfg.experiment == "residual":
             w = E.residual_patching(model, batches, depths=cfg.depths, last_k=cfg.last_k,
                                     batch_size=max(cfg.batch_size, 2), **args)
+        elif cfg.experiment == "attribution":
+            w = attribution(model, batches, hooks=cfg.hooks, last_k=cfg.last_k, check=cfg.check, seed=cfg.seed,
+                            batch_size=max(cfg.batch_size, 2), **args)
+            w.attrs["tables"] = {"parity": parity_table(w, cfg.n_boot, cfg.ci, cfg.seed)}
+        elif cfg.experiment == "das":
+            w = das(model, batches, hooks=cfg.hooks, ks=cfg.ks, steps=cfg.steps, lr=cfg.lr, n_folds=cfg.n_folds,
+                    seed=cfg.seed, **args)
         else:
             w = probe_direction(model, batches, depths=cfg.depths, scales=cfg.scales, n_folds=cfg.n_folds,
                                 erase=cfg.erase, seed=cfg.seed, **args)
-            notes += [f"{mode}: {n}" for n in w.attrs.get("notes", [])]
+        notes += [f"{mode}: {n}" for n in w.attrs.get("notes", [])]
+        for name, t in w.attrs.pop("tables", {}).items():  # DataFrames in attrs would break pd.concat
+            tables.setdefault(name, []).append(t)
         out.append(w)
     wide = pd.concat(out, ignore_index=True)
     wide.attrs["notes"] = notes
+    wide.attrs["tables"] = {k: pd.concat(v, ignore_index=True) for k, v in tables.items()}
     return wide
 
 
@@ -114,9 +139,13 @@ class Results:
     summary: pd.DataFrame
     manifest: dict = field(default_factory=dict)
     out_dir: Path | None = None
+    tables: dict = field(default_factory=dict)  # experiment-specific tables (attribution: parity; das: das_folds)
 
 
 def analyse(wide: pd.DataFrame, cfg: PatchConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+    if "tables" in wide.attrs:  # DataFrames in attrs break pd.concat's attrs comparison
+        wide = wide.copy(deep=False)
+        wide.attrs = {k: v for k, v in wide.attrs.items() if k != "tables"}
     long = to_long(wide)
     return long, summarize(long, cfg.n_boot, cfg.ci, cfg.seed)
 
@@ -167,7 +196,7 @@ def write_results(res: Results, out_dir: Path, force: bool = False, figures: boo
     from fbt_probe.io import atomic_dir, write_json
 
     with atomic_dir(out_dir, force=force) as tmp:
-        for name, table in (("rows", res.rows), ("summary", res.summary)):
+        for name, table in (("rows", res.rows), ("summary", res.summary), *res.tables.items()):
             table.to_parquet(tmp / f"{name}.parquet", index=False)
             table.to_csv(tmp / f"{name}.csv", index=False)
         if figures:
@@ -188,8 +217,10 @@ def run(model, df: pd.DataFrame, cfg: PatchConfig, out: str | Path | None = None
 
         refuse_existing(target, force)
     wide = run_experiment(model, df, cfg, label_ids)
+    tables = wide.attrs.pop("tables", {})
     long, summary = analyse(wide, cfg)
-    res = Results(long, summary, manifest_for(cfg, long, wide.attrs.get("notes", []), model_info or {}, df))
+    res = Results(long, summary, manifest_for(cfg, long, wide.attrs.get("notes", []), model_info or {}, df), tables=tables)
+    res.manifest["files"] += [f"{n}.{ext}" for n in tables for ext in ("parquet", "csv")]
     if target is not None:
         write_results(res, target, force, figures)
     return res
