@@ -52,6 +52,15 @@ def default_hooks(model, mode: str, T: int) -> list[str]:
     return names + list(FUSION_HOOKS) if parse_mode(mode).first_fed_position(T) < T else names
 
 
+def check_hooks(model, names) -> list[str]:
+    """The names, refused with one line if the model has no such hook."""
+    names = list(names)
+    unknown = [n for n in names if n not in model.hook_dict]
+    if unknown:
+        raise FbtError(f"hooks: unknown hook '{unknown[0]}' (`fbt-probe model info` lists the model's hook names)")
+    return names
+
+
 def depth_of(name: str, n_layers: int) -> int:
     """The probe depth of a hook name, -1 if it is not a probe depth."""
     return {depth_name(d): d for d in range(n_layers + 1)}.get(name, -1)
@@ -176,7 +185,7 @@ def traced_attribution(model, batches, mode, min_gap, hooks, last_k, directions,
         batch = batch.to(device_of(model))
         T = batch.T
         use_serial = parse_mode(mode).first_fed_position(T) < T if serial is None else serial
-        names = list(hooks) if hooks is not None else default_hooks(model, mode, T)
+        names = check_hooks(model, hooks) if hooks is not None else default_hooks(model, mode, T)
         tr = trace(model, batch, mode, names, use_serial)
         if keep:
             traces.append((batch, tr, use_serial))

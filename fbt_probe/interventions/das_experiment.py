@@ -15,7 +15,7 @@ import torch
 
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import act_name, depth_name
-from fbt_probe.interventions.attribution import depth_of
+from fbt_probe.interventions.attribution import check_hooks, depth_of
 from fbt_probe.interventions.das import Examples, FinalStep, fit_rotation, haar, intervened_logits, iia, subspace_cosine
 from fbt_probe.interventions.experiments import ONE_PASS, device_of
 from fbt_probe.interventions.metrics import score
@@ -102,7 +102,7 @@ def das(model, batches, mode: str = "recurrent:1", min_gap: float = 0.1, hooks=N
         step = FinalStep.build(model, batch.tokens, mode)
         with torch.no_grad():
             ref = step()
-        names = list(hooks) if hooks is not None else das_hooks(model, mode, T)
+        names = check_hooks(model, hooks) if hooks is not None else das_hooks(model, mode, T)
         y = batch.meta["label"].to_numpy()
         for name in names:
             acts = step.activation(name)

@@ -82,6 +82,8 @@ class PatchConfig:
             raise FbtError("min_gap must be >= 0, ci in (0, 1), n_boot >= 1")
         if self.experiment == "probe-direction":
             erase_methods(self.erase)
+        if self.check < 0 or self.steps < 1 or self.lr <= 0 or not self.ks or min(self.ks) < 1:
+            raise FbtError("check must be >= 0, steps >= 1, lr > 0 and every k >= 1")
 
 
 def _cell_filter(df: pd.DataFrame, cfg: PatchConfig):
