@@ -95,6 +95,7 @@ def test_quick_study_end_to_end(tmp_path):
     report = (out / "report.md").read_text()
     html = (out / "report.html").read_text()
     assert "data:image/png;base64," in html and "fig7a-feedback" in html
+    assert "## Attribution patching, DAS and the lens" in report and "atp-parity-feedback" in html and "lens-baseline" in html
     nums = _depth0_numbers(report)
     assert len(nums) >= 8 and all(0.0 <= x <= 1.0 for x in nums)
     state = json.loads((out / "stages.json").read_text())

@@ -45,13 +45,19 @@ def _atp_rows(table: pd.DataFrame, metric: str) -> pd.DataFrame:
     return t.assign(pass_index=t["pass_index"] if "pass_index" in t else 1)
 
 
-def atp_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | None = None):
-    """AtP map: rows are (pass, hook) in forward order, columns positions."""
+def atp_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | None = None,
+                direction: str | None = None, mode: str | None = None):
+    """AtP map: rows are (pass, hook) in forward order, columns positions. `direction` / `mode`: only
+    those panels (with both samples of every pair in the table, noising is 1 - denoising of the partner)."""
     t = _atp_rows(table, metric)
     atp, exact = t[t["method"] == "atp"], t[t["method"] == "exact"]
-    panels = [(task, mode, d) for task in _tasks(atp) for mode in _modes(atp) for d in ("denoising", "noising")
-              if not atp[(atp.task == task) & (atp["mode"] == mode) & (atp.direction == d)].empty]
-    n_cols = 2 if len(panels) > 1 else 1
+    dirs = ("denoising", "noising") if direction is None else (direction,)
+    modes = _modes(atp) if mode is None else [m.strip() for m in str(mode).split(",")]
+    panels = [(task, m, d) for task in _tasks(atp) for m in modes for d in dirs
+              if not atp[(atp.task == task) & (atp["mode"] == m) & (atp.direction == d)].empty]
+    if not panels:
+        raise FbtError(f"atp-heatmap: no AtP rows for direction {direction or 'any'} and mode {mode or 'any'}")
+    n_cols = min(len(panels), 3 if direction is not None else 2)
     n_rows = -(-len(panels) // n_cols)
     heights = [len(atp[(atp.task == p[0]) & (atp["mode"] == p[1])][["condition", "pass_index"]].drop_duplicates()) for p in panels]
     with paper_style():
