@@ -84,6 +84,7 @@ def test_lens_sweep_tables_and_held_out_split(model, pair_df):
     for task, sub in rows.groupby("task"):  # held-out pairs: no group on both sides, both sides present
         held, train = sub[sub["eval"]], sub[~sub["eval"]]
         assert len(held) and len(train) and not set(held["group_id"]) & set(train["group_id"])
+    assert (rows.groupby(["task", "pair_id"])["eval"].nunique() == 1).all()  # a pair is on one side
     top = rows[(rows.depth == L) & (rows.metric == "kl_to_final")]
     np.testing.assert_allclose(top["value"], 0.0, atol=1e-12)
     p = s[(s.metric == "p_correct") & (s.length_knob == -1)]

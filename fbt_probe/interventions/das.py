@@ -111,6 +111,11 @@ class FinalStep:
             return x
 
         self([(name, grab)])
+        if "x" not in store:
+            from fbt_probe.errors import FbtError
+
+            raise FbtError(f"das: hook {name} does not fire at the final position under this mode "
+                           "(fusion hooks need a mode that feeds the final position)")
         return store["x"]
 
 

@@ -55,7 +55,7 @@ def pair_components(meta: pd.DataFrame) -> np.ndarray:
             g = parent[g]
         return g
 
-    for _, sub in meta.groupby("pair_id"):
+    for _, sub in meta.groupby(["task", "pair_id"] if "task" in meta else "pair_id"):
         a, *rest = [find(str(g)) for g in sub["group_id"]]
         for b in rest:
             parent[b] = a

@@ -96,14 +96,19 @@ def pass_activations(model, tokens: torch.Tensor, mode: str) -> dict[int, dict]:
     return out
 
 
-def eval_rows(meta: pd.DataFrame, fraction: float, seed: int) -> np.ndarray:
-    """Bool per row: its pair group (connected through pairs, `pair_components`) is held out of training."""
-    comp = pair_components(meta)
-    units = sorted(set(comp))
+def eval_rows(df: pd.DataFrame, fraction: float, seed: int) -> np.ndarray:
+    """Bool per row of `df`: its pair group (groups joined through pairs, `pair_components`) is held out of
+    tuned-lens training. Per task, round(fraction × units) units, at least one on each side."""
+    comp = pair_components(df)
+    held = np.zeros(len(df), dtype=bool)
     rng = np.random.default_rng(seed)
-    n_eval = min(len(units) - 1, max(1, int(round(fraction * len(units))))) if len(units) > 1 else 1
-    held = set(np.asarray(units, dtype=object)[rng.permutation(len(units))[:n_eval]])
-    return np.array([c in held for c in comp])
+    for task in sorted(df["task"].unique()):
+        mask = (df["task"] == task).to_numpy()
+        units = sorted(set(comp[mask]))
+        n_eval = min(len(units) - 1, max(1, int(round(fraction * len(units))))) if len(units) > 1 else 1
+        chosen = {units[i] for i in rng.permutation(len(units))[:n_eval]}
+        held |= mask & np.array([c in chosen for c in comp])
+    return held
 
 
 def _final_metrics(logits: torch.Tensor, final: torch.Tensor, target, other) -> dict[str, np.ndarray]:
@@ -120,8 +125,9 @@ def run_lens(model, df: pd.DataFrame, cfg: LensConfig, label_ids: dict | None = 
     L = model.cfg.n_layers
     gen = torch.Generator().manual_seed(cfg.seed)
     finals, train_x, train_y = [], {d: [] for d in range(L + 1)}, []
+    held_all = eval_rows(df.reset_index(drop=True), cfg.eval_fraction, cfg.seed)  # `meta.row` indexes this
     for batch in pair_batches(df, label_ids, cfg.batch_size, cfg.max_pairs, cfg.lengths):
-        held = eval_rows(batch.meta, cfg.eval_fraction, cfg.seed)
+        held = held_all[batch.meta["row"].to_numpy()]
         tokens = batch.tokens.to(dev)
         for mode in cfg.modes:
             for k, acts in pass_activations(model, tokens, mode).items():

@@ -48,7 +48,7 @@ def stage_methods(cfg, out: Path, name: str) -> None:
     s = methods_settings(cfg)
     common = dict(max_pairs=cfg.patch_pairs, lengths=_lengths(cfg), seed=cfg.seed, n_boot=300 if cfg.quick else 1000)
     target = out / "results" / "methods" / name
-    run(model, df, PatchConfig("attribution", modes=ATP_MODES, check=s["check"], batch_size=64, **common),
+    run(model, df, PatchConfig("attribution", modes=ATP_MODES, check=s["check"], batch_size=160, **common),  # 4 cells a forward
         out=target, force=True, model_info=info, figures=False)
     run(model, df, PatchConfig("das", modes=("recurrent:1",), ks=tuple(s["das_ks"]), steps=s["das_steps"],
                                n_folds=s["das_folds"], **common), out=target, force=True, model_info=info, figures=False)
@@ -201,12 +201,13 @@ def lens_rows(out: Path, models: list[str]) -> pd.DataFrame:
         s = s[(s["metric"] == "p_correct") & (s["length_knob"] == -1)]
         last = s.groupby("mode")["pass_index"].transform("max")
         s = s[s["pass_index"] == last]
-        mid = int(s["depth"].max()) // 2
+        top = int(s["depth"].max())
         for (task, mode), g in s.groupby(["task", "mode"], sort=True):
             row = {"model": n, "task": task, "mode": mode}
             for kind in ("logit", "tuned"):
-                for d in (0, mid):
+                for d in (0, top // 2):
                     row[f"{kind} lens, depth {d}"] = _fmt(*_summary_value(g, lens=kind, depth=d))
+            row[f"depth {top} (the model)"] = _fmt(*_summary_value(g, lens="logit", depth=top))
             rows.append(row)
     return pd.DataFrame(rows)
 
