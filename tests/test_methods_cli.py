@@ -39,10 +39,18 @@ def test_attribution_cli_with_check(workdir):
     assert res.exit_code == 0, res.output
     assert "AtP vs exact on 6 cells" in res.output and "Spearman" in res.output
     folder = workdir / "res" / "attribution"
-    for f in ("rows.parquet", "summary.csv", "parity.parquet", "parity.csv", "figures/atp-heatmap.png", "figures/atp-parity.png"):
+    for f in ("rows.parquet", "summary.csv", "parity.parquet", "parity.csv", "atp_rows.parquet", "figures/atp-heatmap.png",
+              "figures/atp-parity.png"):
         assert (folder / f).is_file(), f
+    assert not (folder / "atp_rows.csv").exists()
+    rows, every = pd.read_parquet(folder / "rows.parquet"), pd.read_parquet(folder / "atp_rows.parquet")
+    assert set(rows["method"]) == {"atp", "exact"} and set(every["method"]) == {"atp"}
+    cells = ["task", "mode", "direction", "hook", "pass_index", "position"]
+    assert len(rows[cells].drop_duplicates()) == 2 * 2 * 2 * 6  # tasks × modes × directions × (3 top + 3 random)
+    assert len(every[cells].drop_duplicates()) > 4 * len(rows[cells].drop_duplicates())
     man = json.loads((folder / "manifest.json").read_text())
-    assert "parity.csv" in man["files"] and man["provenance"]["config"]["check"] == 3
+    assert "parity.csv" in man["files"] and "atp_rows.parquet" in man["files"] and "atp_rows.csv" not in man["files"]
+    assert man["provenance"]["config"]["check"] == 3
     par = pd.read_parquet(folder / "parity.parquet")
     assert set(par["mode"]) == {"standard", "jacobi:2"} and set(par["hook_rule"]) == {"one-pass", "serial"}
     s = pd.read_parquet(folder / "summary.parquet")

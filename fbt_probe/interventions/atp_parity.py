@@ -18,6 +18,7 @@ from scipy.stats import rankdata
 from fbt_probe.interventions.attribution import exact_cells, traced_attribution
 
 GROUP = ["task", "length_knob", "mode", "hook_rule", "direction"]
+PARQUET_ONLY = ("atp_rows",)  # every sample × cell: ~200 bytes a row as CSV, a million rows in the tiny study
 CELL = ["hook", "pass_index", "position"]
 DIRECTIONS = ("denoising", "noising")
 
@@ -148,3 +149,10 @@ def parity_table(wide: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed:
 def _q(values: np.ndarray, q: float) -> float:
     v = values[~np.isnan(values)]
     return float(np.quantile(v, q)) if v.size else float("nan")
+
+
+def split_rows(long: pd.DataFrame, tables: dict) -> tuple[pd.DataFrame, dict]:
+    """(rows of the checked cells, both methods, for `rows.*`; tables + `atp_rows`: every AtP row)."""
+    checked = long[long["method"] == "exact"][GROUP + CELL].drop_duplicates()
+    small = long.merge(checked, on=GROUP + CELL) if len(checked) else long.iloc[:0]
+    return small.reset_index(drop=True), {**tables, "atp_rows": long[long["method"] == "atp"].reset_index(drop=True)}

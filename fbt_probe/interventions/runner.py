@@ -16,7 +16,7 @@ import pandas as pd
 
 from fbt_probe.errors import FbtError
 from fbt_probe.interventions import experiments as E
-from fbt_probe.interventions.atp_parity import attribution, parity_table
+from fbt_probe.interventions.atp_parity import PARQUET_ONLY, attribution, parity_table, split_rows
 from fbt_probe.interventions.das_experiment import das
 from fbt_probe.interventions.metrics import METRIC_HELP, summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
@@ -200,7 +200,8 @@ def write_results(res: Results, out_dir: Path, force: bool = False, figures: boo
     with atomic_dir(out_dir, force=force) as tmp:
         for name, table in (("rows", res.rows), ("summary", res.summary), *res.tables.items()):
             table.to_parquet(tmp / f"{name}.parquet", index=False)
-            table.to_csv(tmp / f"{name}.csv", index=False)
+            if name not in PARQUET_ONLY:
+                table.to_csv(tmp / f"{name}.csv", index=False)
         if figures:
             from fbt_probe.figures.interventions import draw_for
 
@@ -221,8 +222,11 @@ def run(model, df: pd.DataFrame, cfg: PatchConfig, out: str | Path | None = None
     wide = run_experiment(model, df, cfg, label_ids)
     tables = wide.attrs.pop("tables", {})
     long, summary = analyse(wide, cfg)
-    res = Results(long, summary, manifest_for(cfg, long, wide.attrs.get("notes", []), model_info or {}, df), tables=tables)
-    res.manifest["files"] += [f"{n}.{ext}" for n in tables for ext in ("parquet", "csv")]
+    manifest = manifest_for(cfg, long, wide.attrs.get("notes", []), model_info or {}, df)
+    if cfg.experiment == "attribution":  # rows.*: the checked cells; atp_rows.parquet: the whole map
+        long, tables = split_rows(long, tables)
+    res = Results(long, summary, manifest, tables=tables)
+    res.manifest["files"] += [f"{n}.{ext}" for n in tables for ext in ("parquet", "csv") if ext == "parquet" or n not in PARQUET_ONLY]
     if target is not None:
         write_results(res, target, force, figures)
     return res
