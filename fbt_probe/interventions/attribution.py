@@ -66,12 +66,6 @@ def depth_of(name: str, n_layers: int) -> int:
     return {depth_name(d): d for d in range(n_layers + 1)}.get(name, -1)
 
 
-def hook_order(model) -> dict[str, int]:
-    """Sort key of hook names (forward order) for tables and figures."""
-    names = list(FUSION_HOOKS) + residual_hooks(model.cfg.n_layers)
-    return {n: i for i, n in enumerate(names)}
-
-
 # ----------------------------------------------------------------------------- one forward, one backward
 @dataclass
 class Traced:
@@ -92,6 +86,9 @@ def _leaf_embed(x, hook=None):
 def trace(model, batch: PairBatch, mode: str, names: Iterable[str], serial: bool) -> Traced:
     """One forward of the batch (hooks record every chunk, with the graph) and one backward of Σ LD."""
     names = list(dict.fromkeys(names))
+    bad = [n for n in names if n.endswith("hook_pattern")]
+    if bad:
+        raise FbtError(f"attribution: hook {bad[0]} is not [batch, pos, ...]; use residual, fusion, attn_out or mlp_out hooks")
     chunks: list[tuple[str, int, int, torch.Tensor]] = []
 
     def recorder(name):
@@ -112,8 +109,6 @@ def trace(model, batch: PairBatch, mode: str, names: Iterable[str], serial: bool
     N, T = batch.tokens.shape
     acts, grs, covered = {}, {}, {}
     for (name, k, start, x), g in zip(chunks, grads):
-        if x.dim() < 2 or name.endswith("hook_pattern"):
-            raise FbtError(f"attribution: hook {name} is not [batch, pos, ...]; use residual, fusion, attn_out or mlp_out hooks")
         key = (name, k)
         if key not in acts:
             acts[key] = x.new_zeros((N, T) + tuple(x.shape[2:])).detach()
