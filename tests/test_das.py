@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from fbt_probe.interventions import feedback_swap, final_logits, label_token_ids, pair_batches, set_at
-from fbt_probe.interventions.das import (Examples, FinalStep, Rotation, fit_rotation, haar, iia, interchange,
+from fbt_probe.interventions.das import (Examples, FinalStep, Rotation, fit_rotation, fit_rotations, haar, iia, interchange,
                                          intervened_logits, subspace_cosine)
 from fbt_probe.interventions.das_experiment import FEEDBACK, das, merge, pair_components
 from fbt_probe.tasks import build_tokenizer, generate, load_spec
@@ -76,6 +76,9 @@ class PlantedStep:
     def __init__(self, acts: torch.Tensor, v: torch.Tensor):
         self.acts, self.v = acts, v
 
+    def repeat(self, m: int):
+        return PlantedStep(self.acts.repeat(m, 1), self.v)
+
     def __call__(self, hooks=()):
         x = self.acts[:, None]
         for _, fn in hooks:
@@ -108,7 +111,7 @@ def test_das_recovers_a_planted_one_dimensional_variable():
     v, u = basis[0], basis[1]
     train, y = planted(24, 0, v, u)
     test, _ = planted(24, 1, v, u)
-    rot, loss = fit_rotation([train], "x", 1, steps=300, lr=0.05, seed=3, model=nn.Module())
+    rot, loss = fit_rotation(train, "x", 1, steps=300, lr=0.05, seed=3, model=nn.Module())
     R = rot.R.detach()
     assert abs(float(R[0] @ v)) > 0.97, float(R[0] @ v)  # v itself, not a mix with the decodable u
     assert iia([test], R, 1, "x").mean() == 1.0 and loss < 0.01
@@ -147,3 +150,18 @@ def test_das_experiment_rows_and_fold_table(model, data):
     assert folds.loc[folds.method == "random-rotation", "train_loss"].isna().all()
     assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
     assert all(p.requires_grad for p in model.parameters())  # frozen only while a rotation trains
+
+
+def test_rotations_trained_side_by_side_train_as_they_would_alone(model, data):
+    b = data[1][0]
+    step = FinalStep.build(model, b.tokens, "recurrent:1")
+    acts = step.activation(FEEDBACK)
+    half = torch.arange(b.n) % 3 != 0
+    ex = Examples(step, acts, b.partner, b.target[b.partner], b.other[b.partner], torch.ones(b.n, dtype=torch.bool))
+    jobs = [(half, 1, 5), (~half, 4, 6)]
+    together = fit_rotations(ex, FEEDBACK, jobs, steps=8, lr=0.05)
+    for (rows, k, seed), (rot, loss) in zip(jobs, together):
+        alone, alone_loss = fit_rotation(dataclasses.replace(ex, rows=rows), FEEDBACK, k, steps=8, lr=0.05, seed=seed)
+        # bigger batch, same per-row arithmetic: float64 agreement after 8 Adam steps
+        torch.testing.assert_close(rot.R.detach(), alone.R.detach(), rtol=0, atol=1e-9)
+        assert loss == pytest.approx(alone_loss, abs=1e-9)

@@ -101,6 +101,14 @@ class FinalStep:
             finally:
                 m.hook_context = None
 
+    def repeat(self, m: int) -> "FinalStep":
+        """The same computation for m stacked copies of the batch (block j = rows j·N .. (j+1)·N - 1)."""
+        if m == 1:
+            return self
+        rep = lambda t: None if t is None else t.repeat((m,) + (1,) * (t.dim() - 1))  # noqa: E731
+        return FinalStep(self.model, KVCache([rep(k) for k in self.cache.keys], [rep(v) for v in self.cache.values]),
+                         rep(self.token), rep(self.state), self.T)
+
     @torch.no_grad()
     def activation(self, name: str) -> torch.Tensor:
         """[N, ...] the unpatched activation of hook `name` at the final position."""
@@ -160,32 +168,42 @@ def intervened_logits(ex: Examples, R: torch.Tensor, k: int, name: str) -> torch
     return ex.step([(name, replace_hook(lambda: new))])
 
 
-def das_loss(logits: torch.Tensor, ex: Examples) -> torch.Tensor:
-    """Mean over the used rows of −log σ(logit[source label] − logit[other label word])."""
-    idx = torch.arange(logits.shape[0], device=logits.device)
-    ld = logits[idx, ex.target] - logits[idx, ex.other]
-    return nn.functional.softplus(-ld)[ex.rows].sum()
-
-
-def fit_rotation(examples: list[Examples], name: str, k: int, steps: int = 200, lr: float = 1e-2, seed: int = 0,
-                 model=None) -> tuple[Rotation, float]:
-    """Train R (from a seeded random rotation) so that the k-dim interchange gives the source's label.
-    Returns (rotation, final training loss per example)."""
-    D = examples[0].acts.shape[-1]
-    dtype = examples[0].acts.dtype
-    rot = Rotation(D, "random", seed, dtype).to(examples[0].acts.device)
-    opt = torch.optim.Adam(rot.parameters(), lr=lr)
-    n = sum(int(ex.rows.sum()) for ex in examples)
-    loss_value = float("nan")
-    with frozen(model or examples[0].step.model), torch.enable_grad():
+def fit_rotations(ex: Examples, name: str, jobs: list[tuple[torch.Tensor, int, int]], steps: int = 200,
+                  lr: float = 1e-2, model=None) -> list[tuple[Rotation, float]]:
+    """Train one rotation per job (rows: bool [N], the rows it trains on; k; seed of its random start) so
+    that its k-dim interchange gives the source's label: loss = mean over the job's rows of
+    −log σ(logit[source label] − logit[other label word]). The jobs share one forward and one
+    backward per step (the batch repeated once per job); their losses are independent and Adam is
+    elementwise, so each rotation trains as it would alone. Returns [(rotation, final loss)]."""
+    M, (N, D) = len(jobs), ex.acts.shape
+    rots = [Rotation(D, "random", seed, ex.acts.dtype).to(ex.acts.device) for _, _, seed in jobs]
+    opt = torch.optim.Adam([p for r in rots for p in r.parameters()], lr=lr)
+    step = ex.step.repeat(M)
+    masks = torch.stack([rows for rows, _, _ in jobs]).to(ex.acts.device)  # [M, N]
+    weight = (masks / masks.sum(1, keepdim=True).clamp(min=1)).reshape(-1)
+    idx = torch.arange(M * N, device=ex.acts.device)
+    tgt, oth = ex.target.repeat(M), ex.other.repeat(M)
+    losses = torch.full((M,), float("nan"))
+    with frozen(model or ex.step.model), torch.enable_grad():
         for _ in range(steps):
             opt.zero_grad()
-            R = rot.R
-            loss = sum(das_loss(intervened_logits(ex, R, k, name), ex) for ex in examples) / max(n, 1)
-            loss.backward()
+            new = ex.acts.repeat(M, 1)
+            for j, (rows, k, _) in enumerate(jobs):
+                r = torch.nonzero(rows, as_tuple=True)[0]
+                new[j * N + r] = interchange(ex.acts[r], ex.acts[ex.src[r]], rots[j].R, k).to(new.dtype)
+            logits = step([(name, replace_hook(lambda: new))])
+            ld = logits[idx, tgt] - logits[idx, oth]
+            per_job = (nn.functional.softplus(-ld) * weight).view(M, N).sum(1)
+            per_job.sum().backward()
             opt.step()
-            loss_value = float(loss.detach())
-    return rot, loss_value
+            losses = per_job.detach()
+    return [(rot, float(loss)) for rot, loss in zip(rots, losses)]
+
+
+def fit_rotation(ex: Examples, name: str, k: int, steps: int = 200, lr: float = 1e-2, seed: int = 0,
+                 model=None) -> tuple[Rotation, float]:
+    """One rotation on the rows `ex.rows` (see `fit_rotations`)."""
+    return fit_rotations(ex, name, [(ex.rows, k, seed)], steps, lr, model)[0]
 
 
 @torch.no_grad()

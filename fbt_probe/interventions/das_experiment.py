@@ -16,7 +16,7 @@ import torch
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import act_name, depth_name
 from fbt_probe.interventions.attribution import check_hooks, depth_of
-from fbt_probe.interventions.das import Examples, FinalStep, fit_rotation, haar, intervened_logits, iia, subspace_cosine
+from fbt_probe.interventions.das import Examples, FinalStep, fit_rotations, haar, intervened_logits, iia, subspace_cosine
 from fbt_probe.interventions.experiments import ONE_PASS, device_of
 from fbt_probe.interventions.metrics import score
 from fbt_probe.interventions.pairs import PairBatch
@@ -77,10 +77,26 @@ def _rows(batch: PairBatch, ref, patched, test: np.ndarray, min_gap: float, **ax
     return w[test]
 
 
+def _fit_all(step: FinalStep, batch: PairBatch, acts, name: str, train_masks: list, ks, steps: int, lr: float,
+             seed: int, model, max_rows: int) -> dict:
+    """{(fold, k): (rotation, loss)}: every fold × k of one hook, trained together in chunks of at most
+    `max_rows` repeated rows (one forward and backward per step per chunk; see `fit_rotations`)."""
+    N, D = acts.shape
+    jobs = [(f, k) for f in range(len(train_masks)) for k in ks if k <= D]
+    ex = _examples(step, batch, acts, np.ones(N, dtype=bool))
+    per, out = max(1, max_rows // N), {}
+    for s in range(0, len(jobs), per):
+        chunk = jobs[s:s + per]
+        spec = [(torch.as_tensor(np.array(train_masks[f]), device=acts.device), k, seed + f) for f, k in chunk]
+        out.update(zip(chunk, fit_rotations(ex, name, spec, steps, lr, model)))
+    return out
+
+
 def das(model, batches, mode: str = "recurrent:1", min_gap: float = 0.1, hooks=None, ks=KS, steps: int = 200,
-        lr: float = 1e-2, n_folds: int = 5, seed: int = 0) -> pd.DataFrame:
+        lr: float = 1e-2, n_folds: int = 5, seed: int = 0, max_rows: int = 512) -> pd.DataFrame:
     """Wide rows (held-out interchanges; metrics iia, iia_choice and the usual `score` columns) with
-    methods `das`, `random-rotation`, `full-interchange`; attrs: `notes`, `tables` {"das_folds": ...}."""
+    methods `das`, `random-rotation`, `full-interchange`; attrs: `notes`, `tables` {"das_folds": ...}.
+    `max_rows`: rows per training forward (the (fold, k) rotations of a hook train side by side)."""
     cells: dict = {}
     for b in batches:
         b = b.to(device_of(model))
@@ -104,33 +120,34 @@ def das(model, batches, mode: str = "recurrent:1", min_gap: float = 0.1, hooks=N
             ref = step()
         names = check_hooks(model, hooks) if hooks is not None else das_hooks(model, mode, T)
         y = batch.meta["label"].to_numpy()
+        masks = [(batch.meta["pair_id"].isin(pair_ids[tr]).to_numpy(), batch.meta["pair_id"].isin(pair_ids[te]).to_numpy())
+                 for tr, te in splits]
         for name in names:
             acts = step.activation(name)
             D = acts.shape[-1]
             X = acts.double().cpu().numpy()
-            for f, (tr_p, te_p) in enumerate(splits):
-                train = batch.meta["pair_id"].isin(pair_ids[tr_p]).to_numpy()
-                test = batch.meta["pair_id"].isin(pair_ids[te_p]).to_numpy()
+            fitted = _fit_all(step, batch, acts, name, [m[0] for m in masks], ks, steps, lr, seed, model, max_rows)
+            for f, (train, test) in enumerate(masks):
                 probe = fit_probe(X[train], y[train])
                 w = torch.as_tensor(probe.direction)
                 axes = dict(mode=mode, condition=name, depth=depth_of(name, model.cfg.n_layers), fold=f)
-                ex_test = [_examples(step, batch, acts, test)]
-                full = intervened_logits(ex_test[0], torch.eye(D, dtype=acts.dtype, device=acts.device), D, name)
+                ex_train, ex_test = _examples(step, batch, acts, train), _examples(step, batch, acts, test)
+                full = intervened_logits(ex_test, torch.eye(D, dtype=acts.dtype, device=acts.device), D, name)
                 out.append(_rows(batch, ref, full, test, min_gap, method="full-interchange", subspace_dim=D, **axes))
                 for k in [k for k in ks if k <= D]:
-                    rot, loss = fit_rotation([_examples(step, batch, acts, train)], name, k, steps, lr, seed + f, model)
+                    rot, loss = fitted[(f, k)]
                     for method, R in (("das", rot.R.detach()), ("random-rotation", haar(D, seed + f, acts.dtype).to(acts.device))):
                         with torch.no_grad():
-                            logits = intervened_logits(ex_test[0], R, k, name)
+                            logits = intervened_logits(ex_test, R, k, name)
                         out.append(_rows(batch, ref, logits, test, min_gap, method=method, subspace_dim=k, **axes))
                         fold_rows.append(dict(task=task, length_knob=knob, mode=mode, hook=name, depth=axes["depth"],
                                               subspace_dim=k, fold=f, method=method,
                                               train_loss=loss if method == "das" else np.nan,
-                                              train_iia=float(iia([_examples(step, batch, acts, train)], R, k, name).mean()),
-                                              test_iia=float(iia(ex_test, R, k, name).mean()),
+                                              train_iia=float(iia([ex_train], R, k, name).mean()),
+                                              test_iia=float(iia([ex_test], R, k, name).mean()),
                                               probe_cosine=subspace_cosine(R[:k], w),
                                               probe_accuracy=float(np.mean(probe.predict(X[test]) == y[test])),
-                                              n_train_pairs=len(tr_p), n_test_pairs=len(te_p)))
+                                              n_train_pairs=int(train.sum() // 2), n_test_pairs=int(test.sum() // 2)))
     df = pd.concat(out, ignore_index=True) if out else pd.DataFrame()
     df.attrs["notes"] = notes
     df.attrs["tables"] = {"das_folds": pd.DataFrame(fold_rows)}

@@ -33,7 +33,8 @@ def _lengths(cfg) -> tuple[int, ...]:
 def methods_settings(cfg) -> dict:
     """What the stages run (part of their keys)."""
     return {"atp_modes": list(ATP_MODES), "check": 3 if cfg.quick else 10, "das_ks": [1, 2] if cfg.quick else [1, 2, 4, 8],
-            "das_steps": 20 if cfg.quick else 100, "das_folds": 2 if cfg.quick else 3,
+            "das_hooks": [FEEDBACK, "blocks.0.hook_resid_pre"],  # the feedback channel and the fused input it makes
+            "das_steps": 20 if cfg.quick else 60, "das_lr": 0.02, "das_folds": 2 if cfg.quick else 3,
             "lens_modes": ["standard", "recurrent:1", "jacobi:2"] if cfg.quick else list(LENS_MODES),
             "lens_steps": 30 if cfg.quick else 300}
 
@@ -50,8 +51,9 @@ def stage_methods(cfg, out: Path, name: str) -> None:
     target = out / "results" / "methods" / name
     run(model, df, PatchConfig("attribution", modes=ATP_MODES, check=s["check"], batch_size=160, **common),  # 4 cells a forward
         out=target, force=True, model_info=info, figures=False)
-    run(model, df, PatchConfig("das", modes=("recurrent:1",), ks=tuple(s["das_ks"]), steps=s["das_steps"],
-                               n_folds=s["das_folds"], **common), out=target, force=True, model_info=info, figures=False)
+    run(model, df, PatchConfig("das", modes=("recurrent:1",), ks=tuple(s["das_ks"]), steps=s["das_steps"], lr=s["das_lr"],
+                               hooks=tuple(s["das_hooks"]), n_folds=s["das_folds"], **common),
+        out=target, force=True, model_info=info, figures=False)
 
 
 def stage_lens(cfg, out: Path, name: str) -> None:
