@@ -35,17 +35,15 @@ class Rotation(nn.Module):
 
     def __init__(self, d: int, init: str = "random", seed: int = 0, dtype=torch.float32):
         super().__init__()
-        self.lin = orthogonal(nn.Linear(d, d, bias=False, dtype=dtype), orthogonal_map="cayley")  # 3x faster than matrix_exp at D=128
+        # Cayley map: a training step took a third of matrix_exp's time at D = 128
+        self.lin = orthogonal(nn.Linear(d, d, bias=False, dtype=dtype), orthogonal_map="cayley")
         with torch.no_grad():
             self.lin.weight = torch.eye(d, dtype=dtype) if init == "identity" else haar(d, seed, dtype)
 
     @property
     def R(self) -> torch.Tensor:
+        """[D, D]; rows are the new basis, the first k span the interchanged subspace."""
         return self.lin.weight
-
-    def subspace(self, k: int) -> torch.Tensor:
-        """[k, D] orthonormal rows spanning the interchanged subspace."""
-        return self.R[:k]
 
 
 def haar(d: int, seed: int, dtype=torch.float32) -> torch.Tensor:
