@@ -11,6 +11,8 @@ from fbt_probe.figures.style import paper_style, subplots
 
 NEED = {"task", "length_knob", "mode", "pass_index", "lens", "depth", "metric", "mean", "ci_low", "ci_high"}
 LENS_WORDS = {"logit": "logit lens", "tuned": "tuned lens"}
+MARKERS = ("o", "s", "D", "^", "v", "P", "X")
+DODGE = 0.05  # depth units between neighbouring lines
 
 
 def _line_key(mode: str) -> tuple:
@@ -34,15 +36,17 @@ def lens_depth(table: pd.DataFrame, metric: str = "p_correct", length: int = -1)
             for j, kind in enumerate(kinds):
                 ax = axes[i, j]
                 sub = t[(t.task == task) & (t.lens == kind)]
-                for c, mode in enumerate(modes):
-                    passes = sorted(sub.loc[sub["mode"] == mode, "pass_index"].unique())
-                    for n, k in enumerate(passes):
-                        r = sub[(sub["mode"] == mode) & (sub.pass_index == k)].sort_values("depth")
-                        alpha = 1.0 if len(passes) == 1 else 0.35 + 0.65 * (n + 1) / len(passes)
-                        label = mode if len(passes) == 1 else f"{mode} pass {k}"
-                        ls = "-" if n == len(passes) - 1 else "--"
-                        ax.plot(r["depth"], r["mean"], marker="o", color=f"C{c}", alpha=alpha, ls=ls, label=label)
-                        ax.fill_between(r["depth"], r["ci_low"], r["ci_high"], color=f"C{c}", alpha=0.1 * alpha, lw=0)
+                lines = [(c, mode, n, k, len(passes)) for c, mode in enumerate(modes)
+                         for passes in [sorted(sub.loc[sub["mode"] == mode, "pass_index"].unique())]
+                         for n, k in enumerate(passes)]
+                for j, (c, mode, n, k, n_passes) in enumerate(lines):
+                    r = sub[(sub["mode"] == mode) & (sub.pass_index == k)].sort_values("depth")
+                    x = r["depth"] + DODGE * (j - (len(lines) - 1) / 2)  # coincident lines (e.g. jacobi pass 1 = standard) stay visible
+                    alpha = 1.0 if n_passes == 1 else 0.35 + 0.65 * (n + 1) / n_passes
+                    label = mode if n_passes == 1 else f"{mode} pass {k}"
+                    ls = "-" if n == n_passes - 1 else "--"
+                    ax.plot(x, r["mean"], marker=MARKERS[j % len(MARKERS)], color=f"C{c}", alpha=alpha, ls=ls, label=label)
+                    ax.fill_between(x, r["ci_low"], r["ci_high"], color=f"C{c}", alpha=0.1 * alpha, lw=0)
                 depths = np.sort(sub["depth"].unique())
                 ax.set_xticks(depths)
                 ax.set_xlabel("depth (0 = model input)")

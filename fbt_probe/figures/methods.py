@@ -57,7 +57,7 @@ def atp_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | N
               if not atp[(atp.task == task) & (atp["mode"] == m) & (atp.direction == d)].empty]
     if not panels:
         raise FbtError(f"atp-heatmap: no AtP rows for direction {direction or 'any'} and mode {mode or 'any'}")
-    n_cols = min(len(panels), 3 if direction is not None else 2)
+    n_cols = min(len(panels), 2)
     n_rows = -(-len(panels) // n_cols)
     heights = [len(atp[(atp.task == p[0]) & (atp["mode"] == p[1])][["condition", "pass_index"]].drop_duplicates()) for p in panels]
     with paper_style():
@@ -69,9 +69,12 @@ def atp_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | N
             grid = sub.pivot_table(index=["pass_index", "condition"], columns="position", values="mean")
             grid = grid.reindex(sorted(grid.index, key=lambda ix: (ix[0], _hook_rank(ix[1]))))
             values = grid.to_numpy(float)
+            title = f"{task} · {mode}\n{d}, length {knob}"
             if np.all(np.isnan(values)):
                 ax.text(0.5, 0.5, "no pair above the clean–corrupt\ngap threshold", ha="center", va="center", transform=ax.transAxes)
-                ax.set_title(f"{task} · {mode} · {d}")
+                ax.set_title(title)
+                ax.set_xticks([])
+                ax.set_yticks([])
                 continue
             base = 0.0 if (metric != "normalized" or d == "denoising") else 1.0
             lim = float(np.nanmax(np.abs(values - base))) or 1.0
@@ -84,11 +87,11 @@ def atp_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | N
                     ax.scatter(cols[r.position], rows[(r.pass_index, r.condition)], s=14, facecolors="none", edgecolors="black", lw=0.7)
             multi = grid.index.get_level_values(0).nunique() > 1
             ax.set_yticks(range(len(grid.index)), [(f"p{k} " if multi else "") + short_hook(h) for k, h in grid.index], fontsize=5.5)
-            step = max(1, -(-len(grid.columns) // 8))
+            step = max(1, -(-len(grid.columns) // 6))
             ax.set_xticks(range(0, len(grid.columns), step), [str(p) for p in grid.columns[::step]])
             ax.set_xlabel("position")
             ax.grid(False)
-            ax.set_title(f"{task} · {mode} · {d} (length {knob})")
+            ax.set_title(title)
             fig.colorbar(im, ax=ax, shrink=0.85, label=f"AtP {metric}")
         for ax in list(axes.flat)[len(panels):]:
             ax.set_visible(False)
@@ -96,23 +99,35 @@ def atp_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | N
     return fig
 
 
-def atp_parity(table: pd.DataFrame, metric: str = "normalized"):
-    """AtP vs exact patching on the checked cells (per-cell means over pairs)."""
-    t = _atp_rows(table, metric)
+def _parity_points(t: pd.DataFrame, metric: str) -> pd.DataFrame:
     keys = ["task", "mode", "direction", "length_knob", "pass_index", "condition", "position"]
-    exact = t[t["method"] == "exact"][keys + ["mean"]]
-    if exact.empty:
+    t = t[t["metric"] == metric]
+    both = t[t["method"] == "exact"][keys + ["mean"]].merge(t[t["method"] == "atp"][keys + ["mean"]], on=keys,
+                                                            suffixes=("_exact", "_atp"))
+    return both.dropna(subset=["mean_exact", "mean_atp"])
+
+
+def atp_parity(table: pd.DataFrame, metric: str = "normalized"):
+    """AtP vs exact patching on the checked cells (per-cell means over pairs). A panel without any pair
+    above the gap threshold falls back from normalized to logit-difference units."""
+    t = _check(table, ("attribution",), "atp-parity")
+    t = t.assign(pass_index=t["pass_index"] if "pass_index" in t else 1)
+    if not (t["method"] == "exact").any():
         raise FbtError("atp-parity: no exact rows (run the attribution experiment with --check K)")
-    both = exact.merge(t[t["method"] == "atp"][keys + ["mean"]], on=keys, suffixes=("_exact", "_atp"))
-    panels = [(task, mode) for task in _tasks(both) for mode in _modes(both)
-              if not both[(both.task == task) & (both["mode"] == mode)].empty]
+    points = {m: _parity_points(t, m) for m in dict.fromkeys([metric, "logit_diff"])}
+    cells = t[t["method"] == "exact"]
+    panels = [(task, mode) for task in _tasks(cells) for mode in _modes(cells)
+              if not cells[(cells.task == task) & (cells["mode"] == mode)].empty]
     n_cols = min(3, len(panels))
     with paper_style():
         fig, axes = subplots(-(-len(panels) // n_cols), n_cols, panel_height_in=2.3)
         for ax in list(axes.flat)[len(panels):]:
             ax.set_visible(False)
         for ax, (task, mode) in zip(axes.flat, panels):
-            sub = both[(both.task == task) & (both["mode"] == mode)].dropna(subset=["mean_exact", "mean_atp"])
+            for m, pts in points.items():
+                sub = pts[(pts.task == task) & (pts["mode"] == mode)]
+                if len(sub):
+                    break
             for d, marker in (("denoising", "o"), ("noising", "s")):
                 s = sub[sub.direction == d]
                 ax.scatter(s["mean_exact"], s["mean_atp"], marker=marker, s=14, label=d, alpha=0.8)
@@ -122,14 +137,13 @@ def atp_parity(table: pd.DataFrame, metric: str = "normalized"):
                 ax.plot([lo, hi], [lo, hi], color="black", lw=0.6, ls="--")
                 rho = sub["mean_exact"].rank().corr(sub["mean_atp"].rank())
                 worst = float((sub["mean_exact"] - sub["mean_atp"]).abs().max())
-                ax.set_title(f"{task} · {mode}\nSpearman {rho:.2f} · worst |err| {worst:.2f}")
-            else:
-                ax.set_title(f"{task} · {mode}\nno pair above the gap threshold")
-            ax.set_xlabel(f"exact patching ({metric})")
-        for row in axes:
-            row[0].set_ylabel(f"AtP ({metric})")
+                units = "" if m == metric else " (LD units)"
+                ax.set_title(f"{task} · {mode}{units}\nSpearman {rho:.2f} · worst |err| {worst:.2g}")
+            ax.set_xlabel(f"exact patching ({m})")
+            ax.set_ylabel(f"AtP ({m})")
         axes.flat[0].legend()
-        fig.suptitle("attribution patching against exact patching on the checked cells (mean over pairs)")
+        fig.suptitle("attribution patching against exact patching on the checked cells (mean over pairs)\n"
+                     "LD units: no pair above the clean–corrupt gap threshold, so no normalized value")
     return fig
 
 

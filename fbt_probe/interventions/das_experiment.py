@@ -9,6 +9,8 @@ channel (DESIGN §5).
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import torch
@@ -107,11 +109,15 @@ def das(model, batches, mode: str = "recurrent:1", min_gap: float = 0.1, hooks=N
         comp = pair_components(batch.meta)
         first = batch.meta.groupby("pair_id", sort=True).head(1)
         y_pairs, g_pairs, pair_ids = first["label"].to_numpy(), comp[first.index], first["pair_id"].to_numpy()
-        if len(np.unique(g_pairs)) < 2 or len(np.unique(y_pairs)) < 2:
+        if len(np.unique(g_pairs)) < 2:
             notes.append(f"das {mode} {task} length {knob}: skipped (needs pairs from >= 2 groups)")
             continue
+        if len(np.unique(y_pairs)) < 2:  # y only balances the folds: every pair trains in both directions
+            y_pairs = np.arange(len(y_pairs)) % 2
         try:
-            splits = folds(y_pairs, g_pairs, n_folds, seed)
+            with warnings.catch_warnings():  # few groups per label class: sklearn warns, folds stay valid
+                warnings.simplefilter("ignore", UserWarning)
+                splits = folds(y_pairs, g_pairs, n_folds, seed)
         except FbtError as exc:
             notes.append(f"das {mode} {task} length {knob}: skipped ({exc})")
             continue
