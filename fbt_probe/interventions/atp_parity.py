@@ -104,7 +104,8 @@ def _matrices(ex: pd.DataFrame, at: pd.DataFrame, metric: str):
     E = per_pair[f"{metric}_exact"].unstack("pair_id")
     A = per_pair[f"{metric}_atp"].unstack("pair_id").reindex(index=E.index, columns=E.columns)
     reasons = merged.drop_duplicates(CELL).set_index(CELL)["check_cell"].reindex(E.index)
-    worst_rows = float(np.nanmax(np.abs(merged[f"{metric}_exact"] - merged[f"{metric}_atp"]))) if len(merged) else float("nan")
+    diff = (merged[f"{metric}_exact"] - merged[f"{metric}_atp"]).abs()
+    worst_rows = float(diff.max()) if diff.notna().any() else float("nan")  # NaN: no pair above the gap
     return A.to_numpy(float), E.to_numpy(float), reasons.to_numpy(), E.index, E.columns.to_numpy(), worst_rows
 
 
