@@ -17,7 +17,7 @@ def parity_lines(parity: pd.DataFrame) -> list[str]:
         r = g.set_index("metric")
         m = "normalized" if "normalized" in r.index and not pd.isna(r.loc["normalized", "spearman"]) else "logit_diff"
         r = r.loc[m]
-        out.append(f"{key[0]:<12} {key[1]:<11} {key[3]:<9} AtP vs exact on {int(r.n_cells)} cells ({m}): Spearman "
+        out.append(f"{key[0]:<12} {key[1]:<11} length {key[2]:<3} {key[3]:<9} AtP vs exact on {int(r.n_cells)} cells ({m}): Spearman "
                    f"{_ci(r.spearman, r.get('spearman_ci_low'), r.get('spearman_ci_high'))}, worst |error| "
                    f"{r.worst_abs_error:.3g} at {r.get('worst_cell', '?')}, top-{int(r.n_top)} sign agreement "
                    f"{r.get('sign_agreement_top', float('nan')):.2f}")
