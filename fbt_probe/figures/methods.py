@@ -118,7 +118,7 @@ def atp_parity(table: pd.DataFrame, metric: str = "normalized"):
     cells = t[t["method"] == "exact"]
     panels = [(task, mode) for task in _tasks(cells) for mode in _modes(cells)
               if not cells[(cells.task == task) & (cells["mode"] == mode)].empty]
-    n_cols = min(3, len(panels))
+    n_cols, fallback = min(3, len(panels)), False
     with paper_style():
         fig, axes = subplots(-(-len(panels) // n_cols), n_cols, panel_height_in=2.3)
         for ax in list(axes.flat)[len(panels):]:
@@ -138,12 +138,13 @@ def atp_parity(table: pd.DataFrame, metric: str = "normalized"):
                 rho = sub["mean_exact"].rank().corr(sub["mean_atp"].rank())
                 worst = float((sub["mean_exact"] - sub["mean_atp"]).abs().max())
                 units = "" if m == metric else " (LD units)"
+                fallback |= m != metric
                 ax.set_title(f"{task} · {mode}{units}\nSpearman {rho:.2f} · worst |err| {worst:.2g}")
             ax.set_xlabel(f"exact patching ({m})")
             ax.set_ylabel(f"AtP ({m})")
         axes.flat[0].legend()
-        fig.suptitle("attribution patching against exact patching on the checked cells (mean over pairs)\n"
-                     "LD units: no pair above the clean–corrupt gap threshold, so no normalized value")
+        note = "\nLD units: no pair above the clean–corrupt gap threshold, so no normalized value" if fallback else ""
+        fig.suptitle("attribution patching against exact patching on the checked cells (mean over pairs)" + note)
     return fig
 
 
