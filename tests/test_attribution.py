@@ -45,7 +45,7 @@ def linear_model(seed: int = 0):
 @pytest.fixture(scope="module")
 def pairs():
     tok = build_tokenizer()
-    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(k,)), pairs=3, seed=0, tokenizer=tok)
+    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(k,)), groups=3, seed=0, tokenizer=tok)
               for t, k in (("completion", 0), ("memory", 8))]
     df = pd.concat(frames, ignore_index=True)
     return list(pair_batches(df, label_token_ids(df, tok), batch_size=6))
@@ -110,12 +110,23 @@ def test_exact_cells_are_residual_patching(pairs, mode):
 
 @pytest.mark.parametrize("mode", ["standard", "recurrent:1", "jacobi:2"])
 def test_atp_sign_matches_exact_on_the_tiny_models_top_cells(pairs, mode):
-    model = fp.load_model("tiny", d_vocab=37).double()
+    model = fp.load_model("tiny", d_vocab=128).double()
     w = attribution(model, pairs, mode, min_gap=0.0, check=8, last_k=6)
     par = parity_table(w, n_boot=50)
     assert len(par) == 2 * 2 * 2  # tasks × directions × metrics
     assert (par["n_top"] == 8).all() and (par["n_cells"] == 16).all()
-    assert (par["sign_agreement_top"] == 1.0).all(), par
+    # AtP is first order: on a top cell whose exact effect is ~0 (here 0.001 LD against AtP's -0.04 on
+    # completion) the signs can differ. Every top cell with a real exact effect (>= 10% of the largest)
+    # must agree; a wrong sign convention, direction or partner flips all of them.
+    cells = ["task", "direction", "hook", "pass_index", "position"]
+    top = w.merge(w.loc[w["check_cell"] == "top", cells].drop_duplicates(), on=cells)
+    top["base"] = np.where(top["direction"] == "denoising", top["corrupt_logit_diff"], top["clean_logit_diff"])
+    top["effect"] = top["logit_diff"] - top["base"]
+    eff = top.groupby(["task", "direction", "hook", "pass_index", "position", "method"])["effect"].mean().unstack("method")
+    for (task, direction), g in eff.groupby(level=["task", "direction"]):
+        big = g[g["exact"].abs() >= 0.1 * g["exact"].abs().max()]
+        assert len(big) >= 2 and (np.sign(big["atp"]) == np.sign(big["exact"])).all(), (task, direction, g)
+    assert (par["sign_agreement_top"] >= 0.5).all(), par
     assert (par["spearman"] > 0).all(), par[["task", "direction", "metric", "spearman"]]  # random cells: ~0 effects, noisy ranks
     assert (par["spearman_ci_low"] <= par["spearman"] + 1e-12).all() and (par["spearman"] <= par["spearman_ci_high"] + 1e-12).all()
 

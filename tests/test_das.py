@@ -27,7 +27,7 @@ def model():
 @pytest.fixture(scope="module")
 def data():
     tok = build_tokenizer()
-    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(8,)), pairs=6, seed=0, tokenizer=tok)
+    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(8,)), groups=6, seed=0, tokenizer=tok)
               for t in ("completion", "memory")]
     df = pd.concat(frames, ignore_index=True)
     return df, list(pair_batches(df, label_token_ids(df, tok), batch_size=12))

@@ -68,7 +68,7 @@ def test_tuned_lens_training_lowers_the_kl_and_keeps_the_top_depth(model):
 @pytest.fixture(scope="module")
 def pair_df():
     tok = build_tokenizer()
-    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(8,)), pairs=6, seed=0, tokenizer=tok)
+    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(8,)), groups=6, seed=0, tokenizer=tok)
               for t in ("completion", "memory")]
     df = pd.concat(frames, ignore_index=True)
     return df, label_token_ids(df, tok)
@@ -96,7 +96,7 @@ def test_lens_sweep_tables_and_held_out_split(model, pair_df):
 
 def test_lens_cli_writes_tables_and_figure_and_refuses_to_overwrite(tmp_path):
     tok = build_tokenizer()
-    df = generate(dataclasses.replace(load_spec("memory"), length_grid=(8,)), pairs=4, seed=0, tokenizer=tok)
+    df = generate(dataclasses.replace(load_spec("memory"), length_grid=(8,)), groups=4, seed=0, tokenizer=tok)
     write_dataset(df, tmp_path / "data", tok)
     save_tokenizer(tok, tmp_path / "tokenizer.json")
     save_checkpoint(make_model(dtype=torch.float32), tmp_path / "run", tokenizer_path=tmp_path / "tokenizer.json")

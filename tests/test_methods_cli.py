@@ -22,7 +22,7 @@ def workdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("methods")
     tok = build_tokenizer()
     for task in ("completion", "memory"):
-        df = generate(dataclasses.replace(load_spec(task), length_grid=(8,)), pairs=4, seed=0, tokenizer=tok)
+        df = generate(dataclasses.replace(load_spec(task), length_grid=(8,)), groups=4, seed=0, tokenizer=tok)
         write_dataset(df, root / "data", tok)
     save_tokenizer(tok, root / "tokenizer.json")
     save_checkpoint(make_model(dtype=torch.float32), root / "run", tokenizer_path=root / "tokenizer.json")
@@ -71,7 +71,7 @@ def test_das_cli(workdir):
 
 def test_methods_cli_refusals(workdir):
     res = _patch(workdir, "--experiment", "das", "--ks", "0", "--out", str(workdir / "x"))
-    assert res.exit_code == 2 and "every k >= 1" in res.output
+    assert res.exit_code == 2 and "--ks 0: expected distinct subspace dimensions >= 1" in res.output
     res = _patch(workdir, "--experiment", "attribution", "--hooks", "blocks.9.hook_resid_pre", "--out", str(workdir / "y"))
     assert res.exit_code == 2 and "unknown hook" in res.output and res.output.strip().count("\n") == 0
     assert not (workdir / "y").exists()

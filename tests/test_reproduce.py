@@ -78,7 +78,7 @@ def test_long_config_adds_the_long_lengths_only():
 
     assert ReproConfig().knobs == PROBE_KNOBS == TRAIN_KNOBS  # the default probes the training lengths
     long = ReproConfig.long_config().knobs
-    assert long == LONG_KNOBS and all(set(PROBE_KNOBS[t]) < set(long[t]) or t == "registers" for t in long)
+    assert long == LONG_KNOBS and all(set(PROBE_KNOBS[t]) < set(long[t]) or t.startswith("registers") for t in long)
     assert {k for t in long for k in long[t]} - {k for t in PROBE_KNOBS for k in PROBE_KNOBS[t]} == {128, 256}
 
 
@@ -120,3 +120,26 @@ def test_checkpoint_path_skips_training(tmp_path):
     state = json.loads((out / "stages.json").read_text())
     assert not any(k.startswith("train") for k in state) and "probe-feedback" in state
     assert len(_depth0_numbers((out / "report.md").read_text())) >= 4
+
+
+def test_methods_run_every_task_and_report_the_papers_suffix_modes(tmp_path):
+    """The methods/lens stages cover the four tasks (registers-count, which the exact experiments leave
+    out, at its shortest length), and per-task tables come back under the paper's recurrent:k."""
+    import pandas as pd
+
+    from fbt_probe.io import write_json
+    from fbt_probe.reproduce.methods import methods_knobs, tables
+    from fbt_probe.reproduce.pipeline import ReproConfig
+
+    cfg = ReproConfig()
+    assert methods_knobs(cfg) == {"completion": [8], "memory": [8], "registers": [2], "registers-count": [1]}
+    assert methods_knobs(ReproConfig.quick_config())["registers-count"] == [2]
+    for task, suffix in (("memory", None), ("registers", {"1": 3, "2": 5, "4": 9})):
+        folder = tmp_path / "results" / "lens" / "feedback" / task
+        folder.mkdir(parents=True)
+        modes = ["standard", "recurrent:1", "full"] if suffix is None else ["standard", "recurrent:3", "full"]  # as the stage runs them
+        pd.DataFrame({"task": task, "mode": modes}).to_parquet(folder / "lens_summary.parquet")
+        write_json(tmp_path / "data" / f"{task}.manifest.json", {"task": task, **({"suffix_tokens": suffix} if suffix else {})})
+    lens = tables(tmp_path, "feedback")["lens"].set_index("task")["mode"]
+    assert list(lens["memory"]) == ["standard", "recurrent:1", "full"]  # built-in tokenizer: identity
+    assert list(lens["registers"]) == ["standard", "recurrent:1", "full"]  # recurrent:3 = the paper's 1-token suffix here

@@ -38,13 +38,13 @@ def lens(
     from fbt_probe.cli.patch import _ints
     from fbt_probe.interventions import check_compatible, load_pairs, load_run_model
     from fbt_probe.io import refuse_existing
-    from fbt_probe.lens.sweep import LensConfig, run_lens, write_lens
+    from fbt_probe.lens.sweep import LENS_KIND, LensConfig, is_lens_folder, run_lens, write_lens
     from fbt_probe.model.modes import parse_modes
 
     cfg = LensConfig(modes=tuple(str(m) for m in parse_modes(mode)), steps=steps, lr=lr, positions=positions,
                      eval_fraction=eval_fraction, max_pairs=max_pairs, lengths=_ints(lengths, "lengths"),
                      batch_size=batch_size, n_boot=n_boot, seed=seed)
-    refuse_existing(out, force)  # before loading anything
+    replacing = refuse_existing(out, force, own=is_lens_folder, kind=LENS_KIND)  # before loading anything
     df = load_pairs(dataset, [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None)
     model, info, tok = load_run_model(run, device=device, seed=seed)
     check_compatible(model, df, tok)
@@ -57,6 +57,8 @@ def lens(
                    f"[{r.ci_low:.3f}, {r.ci_high:.3f}] over {r.n_pairs} pairs")
     if len(res.training):
         typer.echo(f"tuned lens: KL {res.training['kl'].iloc[0]:.4f} -> {res.training['kl'].iloc[-1]:.4f} nats over {len(res.training)} steps")
+    if replacing:
+        typer.echo(f"replaced the earlier lens results in {out}")
     typer.echo(f"wrote {out}")
 
 

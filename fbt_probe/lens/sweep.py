@@ -26,7 +26,10 @@ from fbt_probe.interventions.hooks import span
 from fbt_probe.interventions.metrics import bootstrap_ci
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.lens.lenses import TunedLens, fit_tuned_lens, kl_to, logit_lens
-from fbt_probe.model.modes import parse_mode
+from fbt_probe.model.modes import check_distinct, parse_mode
+
+FORMAT = "fbt-probe.lens/1"
+LENS_KIND = "a lens results folder (manifest.json of format fbt-probe.lens/1)"
 
 LENS_METRICS = {
     "p_correct": "softmax probability (whole vocabulary) of the sample's label word at the final position",
@@ -54,10 +57,36 @@ class LensConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for m in self.modes:
-            parse_mode(m)
-        if not 0 < self.eval_fraction < 1 or self.steps < 0 or self.positions < 1 or self.lr <= 0:
-            raise FbtError("lens: eval_fraction in (0, 1), steps >= 0, positions >= 1, lr > 0")
+        check_distinct([str(parse_mode(m)) for m in self.modes], list(self.modes))
+        if not (_number(self.eval_fraction) and 0 < self.eval_fraction < 1):
+            raise FbtError(f"--eval-fraction {self.eval_fraction}: expected a number in (0, 1)")
+        if not (_number(self.lr) and self.lr > 0):
+            raise FbtError(f"--lr {self.lr}: expected a finite number > 0")
+        if not (_number(self.ci) and 0 < self.ci < 1):
+            raise FbtError(f"ci {self.ci}: expected a number in (0, 1)")
+        for name, low in (("steps", 0), ("positions", 1), ("batch_size", 1), ("n_boot", 1), ("max_pairs", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if value is None and name == "max_pairs":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise FbtError(f"--{name.replace('_', '-')} {value}: expected an integer >= {low}")
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+
+
+def is_lens_folder(path) -> bool:
+    """A folder written by `write_lens` (its manifest has our format)."""
+    from pathlib import Path
+
+    from fbt_probe.io import read_json
+
+    try:
+        meta = read_json(Path(path) / "manifest.json")
+    except FbtError:
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT
 
 
 @dataclass
@@ -119,6 +148,8 @@ def _final_metrics(logits: torch.Tensor, final: torch.Tensor, target, other) -> 
 
 
 def run_lens(model, df: pd.DataFrame, cfg: LensConfig, label_ids: dict | None = None) -> LensResult:
+    if df.empty:
+        raise FbtError("dataset: no rows; nothing to run the lens on")
     label_ids = label_ids or label_token_ids(df)
     model.eval()
     dev = next(model.parameters()).device
@@ -198,7 +229,7 @@ def write_lens(res: LensResult, out_dir, df: pd.DataFrame, model_info: dict | No
     from fbt_probe.provenance import provenance
 
     files = []
-    with atomic_dir(Path(out_dir), force=force) as tmp:
+    with atomic_dir(Path(out_dir), force=force, own=is_lens_folder, kind=LENS_KIND) as tmp:
         for name, table in (("rows", res.rows), ("lens_summary", res.summary), ("training", res.training)):
             table.to_parquet(tmp / f"{name}.parquet", index=False)
             table.to_csv(tmp / f"{name}.csv", index=False)
@@ -220,7 +251,7 @@ def write_lens(res: LensResult, out_dir, df: pd.DataFrame, model_info: dict | No
             files.append("figures/lens.png")
         cfg = res.manifest["config"]
         write_json(tmp / "manifest.json", {
-            "format": "fbt-probe.lens/1", **res.manifest, "files": files,
+            "format": FORMAT, **res.manifest, "files": files,
             "hook_rule": "one-pass (the mode's hooked pass); jacobi:K: serial, every pass",
             "tuned_lens": "one affine translator per depth < L, identity init, KL to the same pass's logits, "
                           "fitted on lens-train pairs of every mode and pass; metrics on lens-eval pairs only",

@@ -135,7 +135,8 @@ class Attention(nn.Module):
         v = v.repeat_interleave(rep, dim=2)
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * dh**-0.5
         scores = scores.masked_fill(~self.mask(positions, k_pos), float("-inf"))
-        pattern = hk(self.hook_pattern, torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype))
+        work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # upcast half types only
+        pattern = hk(self.hook_pattern, torch.softmax(scores, dim=-1, dtype=work).to(q.dtype))
         z = hk(self.hook_z, torch.einsum("bhqk,bkhd->bqhd", pattern, v))
         return self.o_proj(z.reshape(B, P, H * dh))
 

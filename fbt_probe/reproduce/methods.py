@@ -26,8 +26,10 @@ def _model(cfg, out: Path, name: str):
     return fp.load_model(str(path)), {"model": str(path), "checkpoint_sha256": checkpoint_hash(path)}
 
 
-def _lengths(cfg) -> tuple[int, ...]:
-    return tuple(sorted({k for ks in cfg.patch_knobs.values() for k in ks}))
+def methods_knobs(cfg) -> dict:
+    """Task -> lengths: every task of the study, at its causal-experiment lengths (`patch_knobs`) or,
+    for a task the exact experiments leave out, its shortest probe length."""
+    return {t: list(cfg.patch_knobs.get(t, [min(knobs)])) for t, knobs in cfg.knobs.items()}
 
 
 def methods_settings(cfg) -> dict:
@@ -36,36 +38,56 @@ def methods_settings(cfg) -> dict:
             "das_hooks": [FEEDBACK, "blocks.0.hook_resid_pre"],  # the feedback channel and the fused input it makes
             "das_steps": 20 if cfg.quick else 60, "das_lr": 0.02, "das_folds": 2 if cfg.quick else 3,
             "lens_modes": ["standard", "recurrent:1", "jacobi:2"] if cfg.quick else list(LENS_MODES),
-            "lens_steps": 30 if cfg.quick else 300}
+            "lens_steps": 30 if cfg.quick else 300, "knobs": methods_knobs(cfg)}
+
+
+def _task_pairs(cfg, out: Path):
+    """task -> (its pairs at its lengths, the paper-mode -> dataset-mode map of its suffixes)."""
+    from fbt_probe.interventions.inputs import load_pairs
+    from fbt_probe.io import read_json
+    from fbt_probe.tasks.generators import suffix_modes
+
+    knobs = methods_knobs(cfg)
+    df = load_pairs(out / "data", tasks=set(knobs))
+    for task in sorted(knobs):
+        sel = df[(df["task"] == task) & df["length_knob"].isin(knobs[task])].reset_index(drop=True).__finalize__(df)
+        if len(sel):
+            yield task, sel, suffix_modes(read_json(out / "data" / f"{task}.manifest.json"))
+
+
+def _mapped(modes, mapping: dict) -> tuple[str, ...]:
+    return tuple(mapping.get(m, m) for m in modes)
 
 
 def stage_methods(cfg, out: Path, name: str) -> None:
-    """AtP with its parity check (`check` top + random cells) and DAS, on the patch lengths and pairs."""
-    from fbt_probe.interventions.inputs import load_pairs
+    """Per task: AtP with its parity check (`check` top + random cells) and DAS, at the task's lengths,
+    the paper's recurrent:k mapped to the dataset's suffix (OUT/results/methods/NAME/TASK/)."""
     from fbt_probe.interventions.runner import PatchConfig, run
+    from fbt_probe.io import atomic_dir
 
     model, info = _model(cfg, out, name)
-    df = load_pairs(out / "data")
     s = methods_settings(cfg)
-    common = dict(max_pairs=cfg.patch_pairs, lengths=_lengths(cfg), seed=cfg.seed, n_boot=300 if cfg.quick else 1000)
-    target = out / "results" / "methods" / name
-    run(model, df, PatchConfig("attribution", modes=ATP_MODES, check=s["check"], batch_size=160, **common),  # 4 cells a forward
-        out=target, force=True, model_info=info, figures=False)
-    run(model, df, PatchConfig("das", modes=("recurrent:1",), ks=tuple(s["das_ks"]), steps=s["das_steps"], lr=s["das_lr"],
-                               hooks=tuple(s["das_hooks"]), n_folds=s["das_folds"], **common),
-        out=target, force=True, model_info=info, figures=False)
+    with atomic_dir(out / "results" / "methods" / name, force=True) as tmp:
+        for task, df, mapping in _task_pairs(cfg, out):
+            common = dict(max_pairs=cfg.patch_pairs, lengths=tuple(s["knobs"][task]), seed=cfg.seed, n_boot=300 if cfg.quick else 1000)
+            run(model, df, PatchConfig("attribution", modes=_mapped(ATP_MODES, mapping), check=s["check"], batch_size=160, **common),
+                out=tmp / task, model_info=info, figures=False)  # batch 160: 4 cells a forward
+            run(model, df, PatchConfig("das", modes=_mapped(("recurrent:1",), mapping), ks=tuple(s["das_ks"]), steps=s["das_steps"],
+                                       lr=s["das_lr"], hooks=tuple(s["das_hooks"]), n_folds=s["das_folds"], **common),
+                out=tmp / task, model_info=info, figures=False)
 
 
 def stage_lens(cfg, out: Path, name: str) -> None:
-    from fbt_probe.interventions.inputs import load_pairs
+    from fbt_probe.io import atomic_dir
     from fbt_probe.lens.sweep import LensConfig, run_lens, write_lens
 
     model, info = _model(cfg, out, name)
-    df = load_pairs(out / "data")
     s = methods_settings(cfg)
-    lc = LensConfig(modes=tuple(s["lens_modes"]), steps=s["lens_steps"], lengths=_lengths(cfg), seed=cfg.seed,
-                    n_boot=300 if cfg.quick else 1000)
-    write_lens(run_lens(model, df, lc), out / "results" / "lens" / name, df, info, force=True, figures=False)
+    with atomic_dir(out / "results" / "lens" / name, force=True) as tmp:
+        for task, df, mapping in _task_pairs(cfg, out):
+            lc = LensConfig(modes=_mapped(s["lens_modes"], mapping), steps=s["lens_steps"], lengths=tuple(s["knobs"][task]),
+                            seed=cfg.seed, n_boot=300 if cfg.quick else 1000)
+            write_lens(run_lens(model, df, lc), tmp / task, df, info, figures=False)
 
 
 # ----------------------------------------------------------------------------- figures and report
@@ -73,11 +95,29 @@ def _read(path: Path) -> pd.DataFrame | None:
     return pd.read_parquet(path) if path.is_file() else None
 
 
+def _per_task(folder: Path, rel: str, out: Path) -> pd.DataFrame | None:
+    """FOLDER/<task>/REL of every task, concatenated, with each dataset mode renamed to the paper's
+    recurrent:k it stands for (identity under the built-in tokenizer)."""
+    from fbt_probe.io import read_json
+    from fbt_probe.tasks.generators import suffix_modes
+
+    frames = []
+    for path in sorted(folder.glob(f"*/{rel}")):
+        t = pd.read_parquet(path)
+        task = path.relative_to(folder).parts[0]
+        manifest = out / "data" / f"{task}.manifest.json"
+        if "mode" in t and manifest.is_file():
+            back = {v: k for k, v in suffix_modes(read_json(manifest)).items() if v != k}
+            t["mode"] = t["mode"].replace(back)
+        frames.append(t)
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
 def tables(out: Path, name: str) -> dict:
     m = out / "results" / "methods" / name
-    return {"atp": _read(m / "attribution" / "summary.parquet"), "parity": _read(m / "attribution" / "parity.parquet"),
-            "das": _read(m / "das" / "summary.parquet"), "das_folds": _read(m / "das" / "das_folds.parquet"),
-            "lens": _read(out / "results" / "lens" / name / "lens_summary.parquet")}
+    return {"atp": _per_task(m, "attribution/summary.parquet", out), "parity": _per_task(m, "attribution/parity.parquet", out),
+            "das": _per_task(m, "das/summary.parquet", out), "das_folds": _per_task(m, "das/das_folds.parquet", out),
+            "lens": _per_task(out / "results" / "lens" / name, "lens_summary.parquet", out)}
 
 
 def figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
@@ -237,7 +277,7 @@ def methods_section(cfg, out: Path, md_table, figures: list[str]) -> tuple[str, 
         "rotation and the full-vector swap; `cos(probe, DAS k=1)` is the cosine between the probe's direction and the "
         "learned subspace (a random direction gives about sqrt(1/D)). Run on the no-feedback baseline, DAS is the "
         "untrained-fusion control. The last two columns give where exact residual patching (last positions only) "
-        "and AtP (every cell) put the largest denoising effect.\n\n" + md_table(side_by_side(out, models, cfg.patch_knobs)) +
+        "and AtP (every cell) put the largest denoising effect.\n\n" + md_table(side_by_side(out, models, methods_knobs(cfg))) +
         "\n**Lens**: probability of the correct label word at the final position read through the logit lens "
         "(final norm + tied unembedding) and a tuned lens (one affine translator per depth, identity init, KL to "
         "the final logits on half of the pair groups; shown on the other half), per prefill mode (Jacobi: its last "
