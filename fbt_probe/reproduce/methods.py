@@ -269,7 +269,8 @@ def methods_section(cfg, out: Path, md_table, figures: list[str]) -> tuple[str, 
         "exact patching (percentile bootstrap over pairs), in normalized units, or logit-difference units where "
         "no pair separates. Only denoising is shown: with both samples of each pair in the table, noising is "
         "1 − denoising of the partner.\n\n" + md_table(parity_rows(out, models)) +
-        "\n**Decodable versus used, side by side** (`recurrent:1`, the patching length of each task): the depth-0 "
+        "\n**Decodable versus used, side by side** (`recurrent:1`, the patching length of each task; registers-count, which the "
+        "exact experiments leave out, at its shortest probe length, so its exact columns read n/a): the depth-0 "
         "probe says the label is linearly *present* in the fused input; the exact feedback swap says the answer "
         "follows the carried state; **DAS** asks whether a learned k-dimensional subspace of `fusion.hook_feedback` "
         "carries the label the model uses: interchange intervention accuracy (top-1 is the source sample's label "
