@@ -143,3 +143,18 @@ def test_methods_run_every_task_and_report_the_papers_suffix_modes(tmp_path):
     lens = tables(tmp_path, "feedback")["lens"].set_index("task")["mode"]
     assert list(lens["memory"]) == ["standard", "recurrent:1", "full"]  # built-in tokenizer: identity
     assert list(lens["registers"]) == ["standard", "recurrent:1", "full"]  # recurrent:3 = the paper's 1-token suffix here
+
+
+def test_methods_pairs_are_spread_over_groups():
+    """A register group holds several pairs: the methods stages take pairs round-robin over groups so
+    that DAS's grouped folds have several groups (the first pair ids would all be one group)."""
+    import pandas as pd
+
+    from fbt_probe.reproduce.methods import pairs_over_groups
+
+    pair = [p for p in range(12) for _ in range(2)]
+    df = pd.DataFrame({"pair_id": pair, "group_id": [f"g{p // 4}" for p in pair], "length_knob": 2})
+    got = pairs_over_groups(df, 5)
+    assert sorted(set(got["pair_id"])) == [0, 1, 4, 5, 8]  # round 1: 0, 4, 8; round 2: 1, 5
+    assert list(got.index) == sorted(got.index) and (got.groupby("pair_id").size() == 2).all()
+    assert len(pairs_over_groups(df, 100)) == len(df)

@@ -155,6 +155,8 @@ def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | 
             tables.setdefault(name, []).append(t)
         out.append(w)
     wide = pd.concat(out, ignore_index=True)
+    if wide.empty:  # every cell skipped: say why instead of failing in the summary
+        raise FbtError(f"{cfg.experiment}: no cell could run ({'; '.join(notes[:2]) or 'no pairs'})")
     wide.attrs["notes"] = notes
     wide.attrs["tables"] = {k: pd.concat(v, ignore_index=True) for k, v in tables.items()}
     return wide
