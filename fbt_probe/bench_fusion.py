@@ -312,8 +312,8 @@ def bench_decode(cfg: FusionBenchConfig, device, dtype, timer, graph_timer, fuse
 
 def bench_model_step(cfg: FusionBenchConfig, device, dtype_name: str, timer) -> list[dict]:
     """The real `FeedbackTransformer.step` (fed-back state, KV cache of decode_ctx tokens) at the
-    preset, random weights. Its cache grows by torch.cat (a research implementation, not a serving
-    one), so this step is slower than a tuned decoder's and the share smaller."""
+    preset, random weights: eager PyTorch, one kernel launch per op (no CUDA graph), so the step is
+    slower than a tuned decoder's and the share smaller."""
     try:
         import fbt_probe as fp
 
@@ -342,13 +342,12 @@ def _one_line(exc: Exception) -> str:
 def _model_step_once(model, cfg, batch, device, timer) -> dict:
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     tokens = torch.randint(0, model.cfg.d_vocab, (batch, cfg.decode_ctx), device=device, generator=gen)
-    cache, state, logits = model.prefill_cache(tokens)
+    cache, state, logits = model.prefill_cache(tokens, capacity=cfg.decode_ctx + 1)
     token, state = logits[:, -1].argmax(-1), state[:, -1]
     del logits
-    keys, values = list(cache.keys), list(cache.values)
 
     def step():
-        cache.keys[:], cache.values[:] = keys, values  # the same cache length at every call
+        cache.rewind(cfg.decode_ctx)  # the same cache length at every call (the step writes in place)
         return model.step(token, cache, state)
 
     out = {"model_step_s": timer(step), "fast_fusion_used": _model_uses_fast_path(model, device)}
@@ -526,7 +525,7 @@ def _decode_markdown(result: dict) -> list[str]:
         lines += [
             "",
             f"#### Share of the real `FeedbackTransformer.step` ({cfg['decode_preset']}, random weights, "
-            f"{cfg['decode_ctx']}-token cache; the cache grows by torch.cat, so the step is slow and the share small)",
+            f"{cfg['decode_ctx']}-token preallocated cache; eager launches, no CUDA graph)",
             "",
             "| batch | step µs | fast path | epilogue µs | epilogue share | fusion module µs | fusion share |",
             "|---:|---:|---|---:|---:|---:|---:|",

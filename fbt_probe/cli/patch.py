@@ -44,6 +44,7 @@ def patch(
     min_gap: Annotated[float, typer.Option(help="Pairs with |clean - corrupt| logit difference below this are left out of 'normalized'.")] = 0.1,
     decoding: Annotated[bool, typer.Option(help="Gate ablation: also Std / Soft decoding answer accuracy.")] = True,
     batch_size: Annotated[int, typer.Option(help="Samples per forward (pairs stay together).")] = 32,
+    prefix_reuse: Annotated[bool, typer.Option("--prefix-reuse/--no-prefix-reuse", help="Compute the positions before the edited one once per batch and run only the rest per condition (default); --no-prefix-reuse re-runs the whole sequence each time (same tables up to float rounding, slower).")] = True,
     n_boot: Annotated[int, typer.Option(help="Bootstrap resamples over pairs.")] = 1000,
     seed: Annotated[int, typer.Option(help="Seed (bootstrap, donors, random states, folds; preset init).")] = 0,
     device: Annotated[str, typer.Option(help="Device to run the model on.")] = "cpu",
@@ -64,7 +65,7 @@ def patch(
     cfg = PatchConfig(experiment=experiment, modes=tuple(str(m) for m in parse_modes(mode)), batch_size=batch_size,
                       min_gap=min_gap, n_boot=n_boot, seed=seed, max_pairs=max_pairs, lengths=_ints(lengths, "lengths"),
                       depths=_ints(depths, "depths"), last_k=last_k, scales=_floats(scales, "scales"), n_folds=folds,
-                      erase=erase, decoding=decoding)
+                      erase=erase, decoding=decoding, prefix_reuse=prefix_reuse)
     refuse_existing(out / experiment, force)  # before loading anything
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
     df = load_pairs(dataset, task_list)

@@ -31,6 +31,8 @@ HOOK_RULES = {
                 "feedback; one-pass under standard",
     "probe-direction": "one-pass: the final position of each probe depth edited in the one hooked pass (exact)",
 }
+PREFIX_REUSE = ("positions before the first edited one (T-1; residual: each run's first patched position) "
+                "computed once per batch with hooks off, the rest per condition under the same hook rule")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,10 @@ class PatchConfig:
     erase: str = "auto"
     decoding: bool = True
     """Gate ablation: also Std / Soft decoding answer accuracy."""
+    prefix_reuse: bool = True
+    """Compute the positions before the first edited one once per batch (hooks off) and run only the
+    rest per condition (`fbt_probe.model.prefix`); False re-runs the whole sequence each time (the
+    reference path: same tables up to float rounding)."""
 
     def __post_init__(self) -> None:
         if self.experiment not in EXPERIMENTS:
@@ -88,7 +94,7 @@ def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | 
     out, notes = [], []
     for mode in cfg.modes:
         batches = list(pair_batches(df, label_ids, cfg.batch_size, max_pairs, lengths))
-        args = dict(mode=mode, min_gap=cfg.min_gap)
+        args = dict(mode=mode, min_gap=cfg.min_gap, reuse=cfg.prefix_reuse)
         if cfg.experiment == "feedback-swap":
             w = E.feedback_swap(model, batches, **args)
         elif cfg.experiment == "state-replacement":
@@ -148,6 +154,7 @@ def manifest_for(cfg: PatchConfig, long: pd.DataFrame, notes: list[str], model_i
     return {
         "format": FORMAT, "experiment": cfg.experiment, "modes": list(cfg.modes),
         "hook_rule": HOOK_RULES[cfg.experiment], "metrics": METRIC_HELP,
+        "prefix_reuse": PREFIX_REUSE if cfg.prefix_reuse else "off: every condition re-runs the whole sequence",
         "normalized": "(patched - corrupt) / (clean - corrupt); denoising: 1 = full recovery; "
                       "noising / ablation: 1 = no effect, 0 = behaves like the partner",
         "tiny_gap": {"min_gap": cfg.min_gap, "by_mode": exclusions(long)},

@@ -5,7 +5,7 @@ identity in a silent pass (carried-state computations run with hooks off, DESIGN
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from contextlib import contextmanager
 from typing import Callable
 
 import torch
@@ -19,7 +19,7 @@ Hk = Callable[[HookPoint, torch.Tensor], torch.Tensor]
 
 
 def hooked(hp: HookPoint, x: torch.Tensor) -> torch.Tensor:
-    return hp(x)
+    return hp(x) if has_hooks(hp) else x  # no module dispatch where nothing is attached
 
 
 def silent(hp: HookPoint, x: torch.Tensor) -> torch.Tensor:
@@ -59,6 +59,25 @@ def rotary(positions: torch.Tensor, d_head: int, theta: float, dtype: torch.dtyp
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+class RotaryTable:
+    """`rotary` for positions 0..n-1 computed once per (dtype, device) and sliced per call (grown
+    when a call reaches past it). Plain attribute, not a buffer: not in the state dict."""
+
+    def __init__(self, d_head: int, theta: float, n_ctx: int):
+        self.d_head, self.theta, self.n_ctx = d_head, theta, n_ctx
+        self._tables: dict = {}
+
+    def __call__(self, start: int, length: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (dtype, device)
+        table = self._tables.get(key)
+        if table is None or table[0].shape[0] < start + length:
+            n = max(start + length, self.n_ctx, 2 * table[0].shape[0] if table is not None else 0)
+            with torch.inference_mode(False), torch.no_grad():  # a normal tensor even if first built in inference mode
+                table = rotary(torch.arange(n, device=device), self.d_head, self.theta, dtype)
+            self._tables[key] = table
+        return table[0][start:start + length], table[1][start:start + length]
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # x: [batch, pos, heads, d_head]; cos/sin: [pos, d_head]
     half = x.shape[-1] // 2
@@ -66,35 +85,140 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos[None, :, None, :] + rotated * sin[None, :, None, :]
 
 
-@dataclass
-class KVCache:
-    """Keys (after QK-norm and RoPE) and values per layer, [batch, pos, n_kv_heads, d_head].
-    The layout is the same with or without feedback: only the inputs that produced them differ."""
+def _halves(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float16, torch.bfloat16)
 
-    keys: list[torch.Tensor | None] = field(default_factory=list)
-    values: list[torch.Tensor | None] = field(default_factory=list)
+
+class KVCache:
+    """Keys (after QK-norm and RoPE) and values per layer, in buffers [batch, n_kv_heads, capacity,
+    d_head] allocated once (capacity known up front; doubled if a write reaches past it) and written
+    in place; positions < `length` are valid. The layout is the same with or without feedback: only
+    the inputs that produced the entries differ. Not for autograd through several steps (in-place)."""
+
+    def __init__(self, n_layers: int, capacity: int = 0):
+        self.keys: list[torch.Tensor | None] = [None] * n_layers
+        self.values: list[torch.Tensor | None] = [None] * n_layers
+        self.lengths = [0] * n_layers  # per layer: a pass writes layer by layer
+        self.capacity = capacity
 
     @classmethod
-    def empty(cls, n_layers: int) -> "KVCache":
-        return cls([None] * n_layers, [None] * n_layers)
+    def empty(cls, n_layers: int, capacity: int = 0) -> "KVCache":
+        return cls(n_layers, capacity)
 
     @property
     def length(self) -> int:
-        return 0 if self.keys[0] is None else self.keys[0].shape[1]
+        return self.lengths[0]
+
+    def rewind(self, length: int) -> "KVCache":
+        """Forget positions >= `length` (their slots are overwritten by the next writes)."""
+        if length > min(self.lengths):
+            raise ValueError(f"rewind to {length}: the cache holds {min(self.lengths)} positions")
+        self.lengths = [length] * len(self.lengths)
+        return self
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.keys[layer] is not None:
-            k = torch.cat([self.keys[layer], k], dim=1)
-            v = torch.cat([self.values[layer], v], dim=1)
-        self.keys[layer], self.values[layer] = k, v
-        return k, v
+        """k, v: [batch, new_pos, n_kv_heads, d_head] -> every valid key and value [batch, n_kv_heads,
+        pos, d_head] (views of the buffers)."""
+        B, P, KV, dh = k.shape
+        L = self.lengths[layer]
+        buf = self.keys[layer]
+        if buf is None or buf.shape[2] < L + P:
+            cap = max(L + P, self.capacity, 2 * buf.shape[2] if buf is not None else 0)
+            self.keys[layer], self.values[layer] = (self._grow(old, (B, KV, cap, dh), k, L)
+                                                    for old in (self.keys[layer], self.values[layer]))
+            self.capacity = cap
+        keys, values = self.keys[layer], self.values[layer]
+        keys[:, :, L:L + P] = k.transpose(1, 2)
+        values[:, :, L:L + P] = v.transpose(1, 2)
+        self.lengths[layer] = L + P
+        return keys[:, :, :L + P], values[:, :, :L + P]
+
+    @staticmethod
+    def _grow(old: torch.Tensor | None, shape: tuple, like: torch.Tensor, keep: int) -> torch.Tensor:
+        new = torch.empty(shape, dtype=like.dtype, device=like.device)
+        if old is not None and keep:
+            new[:, :, :keep] = old[:, :, :keep]
+        return new
+
+    def _map(self, fn) -> "KVCache":
+        """A new cache whose buffers are fn(valid part) (same capacity; fn may change the batch)."""
+        out = KVCache(len(self.keys), self.capacity)
+        for i, (k, v) in enumerate(zip(self.keys, self.values)):
+            if k is None:
+                continue
+            n = self.lengths[i]
+            for src, dst in ((k, out.keys), (v, out.values)):
+                part = fn(src[:, :, :n])
+                buf = torch.empty((part.shape[0],) + tuple(src.shape[1:]), dtype=src.dtype, device=src.device)
+                buf[:, :, :n] = part
+                dst[i] = buf
+            out.lengths[i] = n
+        return out
+
+    def fork(self) -> "KVCache":
+        """An independent copy (writes to one do not reach the other)."""
+        return self._map(lambda t: t)
+
+    def select(self, rows: torch.Tensor) -> "KVCache":
+        """The cache of batch rows `rows` (e.g. each row's pair partner), as a new cache."""
+        return self._map(lambda t: t.index_select(0, rows))
+
+    def repeat(self, n: int) -> "KVCache":
+        """n replicas of the batch, replica-major (the order of `tokens.repeat(n, 1)`)."""
+        return self._map(lambda t: t.repeat(n, 1, 1, 1))
+
+    def copy_from(self, other: "KVCache", lo: int, hi: int) -> None:
+        """Positions lo..hi-1 of every layer from `other` (same batch and layout)."""
+        for mine, theirs in ((self.keys, other.keys), (self.values, other.values)):
+            for a, b in zip(mine, theirs):
+                if a is not None:
+                    a[:, :, lo:hi] = b[:, :, lo:hi]
+
+
+def has_hooks(hp: nn.Module) -> bool:
+    """Whether calling `hp` would run any hook (its own, or a global module hook)."""
+    from torch.nn.modules import module as M
+
+    return bool(hp._forward_hooks or hp._forward_pre_hooks or hp._backward_hooks or hp._backward_pre_hooks
+                or M._global_forward_hooks or M._global_forward_pre_hooks or M._global_backward_hooks
+                or M._global_backward_pre_hooks)
+
+
+ATTENTION_IMPLS = ("auto", "explicit")
+
+
+@contextmanager
+def use_attention(model: nn.Module, impl: str):
+    """Every `Attention` of `model` on path `impl` ("auto" or "explicit") inside the block."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention path '{impl}': expected one of {ATTENTION_IMPLS}")
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    before = [m.impl for m in layers]
+    for m in layers:
+        m.impl = impl
+    try:
+        yield model
+    finally:
+        for m, old in zip(layers, before):
+            m.impl = old
 
 
 class Attention(nn.Module):
+    """Grouped-query attention with per-head QK-norm and RoPE.
+
+    Two paths compute the same function: `F.scaled_dot_product_attention` (no [T, T] scores are
+    materialised, no copies of the KV heads) and the explicit einsum + softmax that `hook_pattern`
+    reads. `impl = "auto"` takes the explicit path only when `hook_pattern` will fire with a hook
+    attached (TransformerLens-style: the HookPoint's registered hooks decide); `"explicit"` always
+    (training uses it, see `fbt_probe.training.loop.train`). Softmax runs in float32 for half types
+    and in the input's dtype otherwise.
+    """
+
     def __init__(self, cfg: ModelConfig, layer_type: str):
         super().__init__()
         self.cfg = cfg
         self.window = cfg.window if layer_type == "sliding_attention" else None
+        self.impl = "auto"
         D, H, KV, dh = cfg.d_model, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
         self.q_proj = nn.Linear(D, H * dh, bias=False)
         self.k_proj = nn.Linear(D, KV * dh, bias=False)
@@ -105,6 +229,7 @@ class Attention(nn.Module):
         with torch.no_grad():  # QK-norm gains: Qwen3 starts them at 1 (see ModelConfig.qk_norm_init)
             self.q_norm.weight.fill_(cfg.qk_norm_init)
             self.k_norm.weight.fill_(cfg.qk_norm_init)
+        self.rope = RotaryTable(dh, cfg.rope_theta, cfg.n_ctx)
         self.hook_q = HookPoint()  # [batch, pos, n_heads, d_head]  (projection, before QK-norm and RoPE)
         self.hook_k = HookPoint()  # [batch, pos, n_kv_heads, d_head]
         self.hook_v = HookPoint()  # [batch, pos, n_kv_heads, d_head]
@@ -117,27 +242,67 @@ class Attention(nn.Module):
             allowed &= (q_pos[:, None] - k_pos[None, :]) < self.window
         return allowed
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, layer: int, hk: Hk) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int, cache: KVCache | None, layer: int, hk: Hk) -> torch.Tensor:
+        """x: [batch, pos, d_model] at positions start..start+pos-1; with a cache, the keys are the
+        cache's positions 0..start-1 followed by these."""
         B, P, _ = x.shape
         H, KV, dh = self.cfg.n_heads, self.cfg.n_key_value_heads, self.cfg.d_head
         q = hk(self.hook_q, self.q_proj(x).view(B, P, H, dh))
         k = hk(self.hook_k, self.k_proj(x).view(B, P, KV, dh))
         v = hk(self.hook_v, self.v_proj(x).view(B, P, KV, dh))
-        cos, sin = rotary(positions, dh, self.cfg.rope_theta, x.dtype)
+        cos, sin = self.rope(start, P, x.dtype, x.device)
         q = apply_rotary(self.q_norm(q), cos, sin)
         k = apply_rotary(self.k_norm(k), cos, sin)
-        k_pos = positions
         if cache is not None:
-            k, v = cache.append(layer, k, v)
-            k_pos = torch.arange(k.shape[1], device=x.device)
-        rep = H // KV
-        k = k.repeat_interleave(rep, dim=2)  # [batch, key_pos, n_heads, d_head]
-        v = v.repeat_interleave(rep, dim=2)
-        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * dh**-0.5
-        scores = scores.masked_fill(~self.mask(positions, k_pos), float("-inf"))
-        pattern = hk(self.hook_pattern, torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype))
-        z = hk(self.hook_z, torch.einsum("bhqk,bkhd->bqhd", pattern, v))
+            k, v = cache.append(layer, k, v)  # [batch, n_kv_heads, key_pos, d_head]
+            k_start = 0
+        else:
+            k, v, k_start = k.transpose(1, 2), v.transpose(1, 2), start
+        if self.impl == "explicit" or (hk is not silent and has_hooks(self.hook_pattern)):
+            z = self._explicit(q, k, v, start, k_start, hk)
+        else:
+            z = self._sdpa(q, k, v, start, k_start)
+        z = hk(self.hook_z, z)
         return self.o_proj(z.reshape(B, P, H * dh))
+
+    @staticmethod
+    def _positions(P: int, K: int, start: int, k_start: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.arange(start, start + P, device=device), torch.arange(k_start, k_start + K, device=device)
+
+    def _explicit(self, q, k, v, start: int, k_start: int, hk: Hk) -> torch.Tensor:
+        """The reference arithmetic (every score materialised); q: [batch, pos, n_heads, d_head],
+        k, v: [batch, n_kv_heads, key_pos, d_head] -> z [batch, pos, n_heads, d_head]."""
+        rep = self.cfg.n_heads // self.cfg.n_key_value_heads
+        k = k.transpose(1, 2).repeat_interleave(rep, dim=2)  # [batch, key_pos, n_heads, d_head]
+        v = v.transpose(1, 2).repeat_interleave(rep, dim=2)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * self.cfg.d_head**-0.5
+        q_pos, k_pos = self._positions(q.shape[1], k.shape[1], start, k_start, q.device)
+        scores = scores.masked_fill(~self.mask(q_pos, k_pos), float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32 if _halves(q.dtype) else None)
+        pattern = hk(self.hook_pattern, probs.to(q.dtype))
+        return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
+
+    def _sdpa(self, q, k, v, start: int, k_start: int) -> torch.Tensor:
+        """The same function through scaled_dot_product_attention (shapes as `_explicit`)."""
+        B, P, H, dh = q.shape
+        KV, K = k.shape[1], k.shape[2]
+        plain = type(self).mask is Attention.mask  # a subclass (Hidden Decoding) brings its own mask
+        if plain and P == 1 and k_start + K == start + 1:
+            # one query that sees every key up to itself (the decode step): heads of a KV group
+            # become its queries, so nothing is repeated and no mask is needed
+            if self.window is not None and K > self.window:
+                k, v = k[:, :, K - self.window:], v[:, :, K - self.window:]
+            z = F.scaled_dot_product_attention(q.view(B, KV, H // KV, dh), k, v)
+            return z.view(B, 1, H, dh)
+        mask, causal = None, False
+        last = start + P - 1  # the latest query; the earliest key is k_start
+        if plain and start == k_start and (self.window is None or last - k_start < self.window):
+            causal = True  # queries and keys start together and no window bites: the top-left causal mask
+        else:
+            mask = self.mask(*self._positions(P, K, start, k_start, q.device))
+        z = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, is_causal=causal,
+                                           enable_gqa=H != KV)
+        return z.transpose(1, 2)
 
 
 class MLP(nn.Module):
@@ -171,9 +336,10 @@ class Block(nn.Module):
         self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]  (after depth scaling)
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, hk: Hk) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int, cache: KVCache | None, hk: Hk) -> torch.Tensor:
+        """x: [batch, pos, d_model] at positions start..start+pos-1."""
         resid_pre = hk(self.hook_resid_pre, x)
-        attn_out = self.attn(self.ln1(resid_pre), positions, cache, self.layer, hk)
+        attn_out = self.attn(self.ln1(resid_pre), start, cache, self.layer, hk)
         attn_out = hk(self.hook_attn_out, attn_out * self.scale if self.scale != 1.0 else attn_out)
         resid_mid = hk(self.hook_resid_mid, resid_pre + attn_out)
         mlp_out = self.mlp(self.ln2(resid_mid), hk)

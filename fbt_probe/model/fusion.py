@@ -54,11 +54,14 @@ class Fusion(nn.Module):
         self.hook_out = HookPoint()  # [batch, pos, d_model]  u_t (plain e_t where no state is carried)
 
     def forward(self, state: torch.Tensor, embed: torch.Tensor, has_state: torch.Tensor, hk: Hk) -> torch.Tensor:
-        """state, embed: [batch, pos, d_model]; has_state: bool [pos] or [batch, pos]."""
+        """state, embed: [batch, pos, d_model]; has_state: bool [pos] or [batch, pos], or None when
+        every position takes the carried state (a decode step)."""
         state = hk(self.hook_feedback, state)
         value = hk(self.hook_value, self.W_U(state))
         gate = hk(self.hook_gate, torch.sigmoid(self.W_G(embed)))
         fast = _fast_path(value) if self.cfg.fast_fusion else None
         fused = (fast or fusion_reference)(value, gate, self.norm.weight, self.norm.eps)
+        if has_state is None:
+            return hk(self.hook_out, fused)
         mask = has_state if has_state.dim() == 2 else has_state[None, :]
         return hk(self.hook_out, torch.where(mask[..., None], fused, embed))
