@@ -2,7 +2,6 @@
 reads) compute the same function; the explicit one runs only when a hook needs the pattern."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 from fbt_probe.model.components import Attention, RotaryTable, rotary, use_attention
 from fbt_probe.model.prefix import build_prefix
@@ -46,16 +45,18 @@ def test_sdpa_equals_explicit_in_every_mode_and_with_the_kv_cache(shape, dtype):
 def test_sdpa_path_is_taken_unless_the_pattern_is_hooked(monkeypatch):
     model, x = make_model(), tokens(2, T)
     calls = []
-    real = F.scaled_dot_product_attention
-    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for path in ("_sdpa", "_explicit"):
+        real = getattr(Attention, path)
+        monkeypatch.setattr(Attention, path, lambda self, *a, _p=path, _r=real: calls.append(_p) or _r(self, *a))
+    L = model.cfg.n_layers
     plain = model(x)
-    assert len(calls) == model.cfg.n_layers
+    assert calls == ["_sdpa"] * L
     calls.clear()
     logits, cache = model.run_with_cache(x, names_filter=lambda n: "resid" in n)
-    assert len(calls) == model.cfg.n_layers and torch.equal(logits, plain)
+    assert calls == ["_sdpa"] * L and torch.equal(logits, plain)
     calls.clear()
     logits, cache = model.run_with_cache(x, names_filter=lambda n: n.endswith("hook_pattern"))
-    assert not calls  # the pattern is hooked in every layer: the explicit path everywhere
+    assert calls == ["_explicit"] * L  # the pattern is hooked in every layer
     torch.testing.assert_close(logits, plain, **TOL[torch.float64])
     p = cache["blocks.0.attn.hook_pattern"]  # [batch, heads, q, k]: rows sum to 1, causal, windowed (5)
     assert p.shape == (2, 4, T, T)
@@ -64,7 +65,10 @@ def test_sdpa_path_is_taken_unless_the_pattern_is_hooked(monkeypatch):
     assert (p[..., (k > q) | (q - k >= 5)] == 0).all()
     calls.clear()
     model.run_with_hooks(x, fwd_hooks=[("blocks.1.attn.hook_pattern", lambda a, hook: a)])
-    assert len(calls) == model.cfg.n_layers - 1  # only the hooked layer takes the explicit path
+    assert calls == ["_sdpa", "_explicit", "_sdpa"]  # only the hooked layer takes the explicit path
+    calls.clear()
+    model(x, mode="recurrent:2")  # silent carried-state passes never need the pattern
+    assert set(calls) == {"_sdpa"}
 
 
 @torch.no_grad()

@@ -94,3 +94,22 @@ def test_select_repeat_and_views(model, toks):
         build_prefix(model, toks, "full").standard_view()
     with pytest.raises(ValueError, match="serves starts"):
         pre.run(T)
+
+
+@torch.no_grad()
+def test_silent_passes_through_the_cache_run_in_chunks_with_the_same_result(model, toks, monkeypatch):
+    """Long silent prefills are cut into chunks (memory); a chunk attends to the cache before it,
+    across the sliding window (5) and the global layer."""
+    import fbt_probe.model.transformer as tr
+
+    ref = {m: model(toks, mode=m) for m in ("standard", "recurrent:1", "recurrent:3", "full")}
+    pre = build_prefix(model, toks, "recurrent:1")
+    monkeypatch.setattr(tr, "SILENT_CHUNK_TOKENS", 3 * 4)  # 4 positions per chunk at batch 3
+    cache, _, logits = model.prefill_cache(toks)
+    torch.testing.assert_close(logits, ref["standard"], **TOL)
+    for mode, want in ref.items():
+        torch.testing.assert_close(model(toks, mode=mode), want, **TOL)
+    chunked = build_prefix(model, toks, "recurrent:1")
+    for a, b in zip(chunked.caches[0].keys, pre.caches[0].keys):
+        torch.testing.assert_close(a[:, :, :T - 1], b[:, :, :T - 1], **TOL)
+    torch.testing.assert_close(chunked.run(), ref["recurrent:1"][:, -1:], **TOL)

@@ -90,3 +90,36 @@ def model(
         raise FbtError("--batch, --full-batches, --cache-batch, --cache-seq and --repeats must be >= 1, --seq >= 2")
     result = run_model_bench(preset, batch, seq, fb, cache_batch, cache_seq, repeats, memory)
     write_report(result, to_markdown, out, force)
+
+
+@app.command()
+def patch(
+    run: Annotated[str, typer.Option(help="Run / checkpoint folder or preset (random weights: same cost).")] = "tiny",
+    dataset: Annotated[Path | None, typer.Option(help="Dataset file or folder (default: `tasks generate completion` into a temporary folder).")] = None,
+    experiments: Annotated[str, typer.Option(help="Experiments, comma-separated, or 'all'.")] = "all",
+    mode: Annotated[str, typer.Option(help="Prefill mode of the patch commands.")] = "recurrent:1",
+    compare_pairs: Annotated[int, typer.Option(help="Pairs per cell for the reuse-vs-full-re-run comparison (0: skip it).")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed of the patch commands (and of a preset's weights).")] = 0,
+    out: OutOption = None,
+    force: ForceOption = False,
+) -> None:
+    """Wall time and peak RSS of `fbt-probe patch` per experiment (each command in its own
+    process), and on a subset the speed-up of prefix reuse over the full re-run with the largest
+    difference between their summary tables.
+
+    Example: fbt-probe bench patch --out reports/bench/patch.md
+    """
+    from fbt_probe.bench_patch import EXPERIMENTS, run_patch_bench, to_markdown
+    from fbt_probe.errors import FbtError
+    from fbt_probe.model.modes import parse_mode
+
+    names = EXPERIMENTS if experiments.strip() == "all" else tuple(e.strip() for e in experiments.split(",") if e.strip())
+    bad = [e for e in names if e not in EXPERIMENTS]
+    if bad or not names:
+        raise FbtError(f"--experiments '{experiments}': expected 'all' or a comma-separated subset of {', '.join(EXPERIMENTS)}")
+    parse_mode(mode)
+    if compare_pairs < 0:
+        raise FbtError("--compare-pairs must be >= 0")
+    if dataset is not None and not dataset.exists():
+        raise FbtError(f"{dataset}: no such dataset file or folder")
+    write_report(run_patch_bench(run, dataset, names, str(parse_mode(mode)), compare_pairs, seed), to_markdown, out, force)

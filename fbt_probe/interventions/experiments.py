@@ -76,18 +76,23 @@ def feedback_swap(model, batches: Iterable[PairBatch], mode: str = "recurrent:1"
     normalized = 1: the answer fully follows it. The gate depends on the token only and both
     samples of a pair end in the same token, so `gate` is an exact no-op control (normalized 0)."""
     out = []
-    for batch in batches:
-        batch = batch.to(device_of(model))
-        require_feedback(mode, batch.T, "feedback-swap")
-        pre = last_prefix(model, batch.tokens, mode, reuse)
-        ref, own = _reference(model, batch, mode, (FEEDBACK, VALUE, GATE), pre)
-        base = batch.tokens[batch.partner]
-        base_pre = None if pre is None else pre.select(batch.partner)  # partners are rows of the same batch
-        for condition, name in (("state", FEEDBACK), ("value", VALUE), ("gate", GATE)):
-            patched = final_logits(model, base, mode, [(name, set_at(own[name], batch.T - 1, model))], prefix=base_pre)
-            out.append(score(batch, ref, patched, min_gap, experiment="feedback-swap", condition=condition,
-                             mode=mode, hook_rule=ONE_PASS, direction="denoising"))
+    for batch in batches:  # one function per batch: its prefix is freed before the next is built
+        out += _swap_batch(model, batch.to(device_of(model)), mode, min_gap, reuse)
     return pd.concat(out, ignore_index=True)
+
+
+def _swap_batch(model, batch: PairBatch, mode: str, min_gap: float, reuse: bool) -> list[pd.DataFrame]:
+    require_feedback(mode, batch.T, "feedback-swap")
+    pre = last_prefix(model, batch.tokens, mode, reuse)
+    ref, own = _reference(model, batch, mode, (FEEDBACK, VALUE, GATE), pre)
+    base = batch.tokens[batch.partner]
+    base_pre = None if pre is None else pre.select(batch.partner)  # partners are rows of the same batch
+    rows = []
+    for condition, name in (("state", FEEDBACK), ("value", VALUE), ("gate", GATE)):
+        patched = final_logits(model, base, mode, [(name, set_at(own[name], batch.T - 1, model))], prefix=base_pre)
+        rows.append(score(batch, ref, patched, min_gap, experiment="feedback-swap", condition=condition,
+                          mode=mode, hook_rule=ONE_PASS, direction="denoising"))
+    return rows
 
 
 # ----------------------------------------------------------------------------- state replacement
@@ -132,7 +137,7 @@ def state_replacement(model, batches: Iterable[PairBatch], mode: str = "recurren
     out, start = [], 0
     for batch in batches:
         batch = batch.to(device_of(model))
-        n, last = batch.n, batch.T - 1
+        n = batch.n
         own = states[start:start + n]
         gen = torch.Generator().manual_seed(seed * 1_000_003 + int(batch.meta["row"].min()))
         noise = torch.randn(own.shape, generator=gen, dtype=torch.float64).to(own)
@@ -143,15 +148,19 @@ def state_replacement(model, batches: Iterable[PairBatch], mode: str = "recurren
             "nonpartner": states[donors[start:start + n]],
         }
         start += n
-        pre = last_prefix(model, batch.tokens, mode, reuse)
-        ref = final_logits(model, batch.tokens, mode, prefix=pre)
-        out.append(score(batch, ref, ref, min_gap, experiment="state-replacement", condition="none", mode=mode,
-                         hook_rule=ONE_PASS, direction="noising"))
-        for condition, values in replacements.items():
-            patched = final_logits(model, batch.tokens, mode, [(FEEDBACK, set_at(values, last, model))], prefix=pre)
-            out.append(score(batch, ref, patched, min_gap, experiment="state-replacement", condition=condition,
-                             mode=mode, hook_rule=ONE_PASS, direction="noising"))
+        out += _replacement_batch(model, batch, mode, min_gap, reuse, replacements)
     return pd.concat(out, ignore_index=True)
+
+
+def _replacement_batch(model, batch: PairBatch, mode: str, min_gap: float, reuse: bool, replacements: dict) -> list[pd.DataFrame]:
+    axes = dict(experiment="state-replacement", mode=mode, hook_rule=ONE_PASS, direction="noising")
+    pre = last_prefix(model, batch.tokens, mode, reuse)
+    ref = final_logits(model, batch.tokens, mode, prefix=pre)
+    rows = [score(batch, ref, ref, min_gap, condition="none", **axes)]
+    for condition, values in replacements.items():
+        patched = final_logits(model, batch.tokens, mode, [(FEEDBACK, set_at(values, batch.T - 1, model))], prefix=pre)
+        rows.append(score(batch, ref, patched, min_gap, condition=condition, **axes))
+    return rows
 
 
 # ----------------------------------------------------------------------------- gate ablation
@@ -196,22 +205,27 @@ def gate_ablation(model, batches: Iterable[PairBatch], mode: str = "recurrent:1"
     out = []
     for batch in batches:
         batch = batch.to(device_of(model))
-        require_feedback(mode, batch.T, "gate-ablation")
-        mean_gate = means[str(batch.meta["task"].iloc[0])]
-        axes = dict(experiment="gate-ablation", direction="noising")
-        pre = last_prefix(model, batch.tokens, mode, reuse)
-        ref = final_logits(model, batch.tokens, mode, prefix=pre)
-        out.append(score(batch, ref, ref, min_gap, condition="none", mode=mode, hook_rule=ONE_PASS, **axes))
-        for condition in GATE_CONDITIONS:
-            hooks = _gate_hooks(model, condition, batch, mean_gate, batch.T - 1)
-            patched = final_logits(model, batch.tokens, mode, hooks, prefix=pre)
-            out.append(score(batch, ref, patched, min_gap, condition=condition, mode=mode, hook_rule=ONE_PASS, **axes))
-        if decoding:
-            soft = None
-            if reuse:  # Soft decoding's prompt is a standard prefill of x_1..x_{T-1}: recurrent:1's prefix
-                soft = pre.serial_view() if str(pre.mode) == "recurrent:1" else build_prefix(model, batch.tokens, "recurrent:1", serial=True)
-            out.extend(_decoding_rows(model, batch, mean_gate, min_gap, axes, soft))
+        out += _gate_batch(model, batch, mode, min_gap, decoding, reuse, means[str(batch.meta["task"].iloc[0])])
     return pd.concat(out, ignore_index=True)
+
+
+def _gate_batch(model, batch: PairBatch, mode: str, min_gap: float, decoding: bool, reuse: bool,
+                mean_gate: torch.Tensor) -> list[pd.DataFrame]:
+    require_feedback(mode, batch.T, "gate-ablation")
+    axes = dict(experiment="gate-ablation", direction="noising")
+    pre = last_prefix(model, batch.tokens, mode, reuse)
+    ref = final_logits(model, batch.tokens, mode, prefix=pre)
+    rows = [score(batch, ref, ref, min_gap, condition="none", mode=mode, hook_rule=ONE_PASS, **axes)]
+    for condition in GATE_CONDITIONS:
+        hooks = _gate_hooks(model, condition, batch, mean_gate, batch.T - 1)
+        patched = final_logits(model, batch.tokens, mode, hooks, prefix=pre)
+        rows.append(score(batch, ref, patched, min_gap, condition=condition, mode=mode, hook_rule=ONE_PASS, **axes))
+    if decoding:
+        soft = None
+        if reuse:  # Soft decoding's prompt is a standard prefill of x_1..x_{T-1}: recurrent:1's prefix
+            soft = pre.serial_view() if str(pre.mode) == "recurrent:1" else build_prefix(model, batch.tokens, "recurrent:1", serial=True)
+        rows += _decoding_rows(model, batch, mean_gate, min_gap, axes, soft)
+    return rows
 
 
 @torch.no_grad()
@@ -262,40 +276,48 @@ def residual_patching(model, batches: Iterable[PairBatch], mode: str = "standard
     k positions. `serial` defaults to True when the mode carries a state (see module doc). With
     `reuse`, each run starts at its first patched position from one silent run of the batch."""
     depths = list(range(model.cfg.n_layers + 1)) if depths is None else list(depths)
+    bad = [d for d in directions if d not in ("denoising", "noising")]
+    if bad:
+        raise FbtError(f"residual: direction '{bad[0]}': expected denoising or noising")
     out = []
     for batch in batches:
-        batch = batch.to(device_of(model))
-        T, N = batch.T, batch.n
-        fed = parse_mode(mode).first_fed_position(T) < T
-        use_serial = fed if serial is None else serial
-        rule = SERIAL if use_serial else ONE_PASS
-        names = [depth_name(d) for d in depths]
-        store: dict = {}
-        with torch.no_grad():
-            ref = model.run_with_hooks(batch.tokens, mode=mode, serial=use_serial,
-                                       fwd_hooks=[(n, capture(store, n, model)) for n in names])[:, -1]
-        acts = {n: stitch(store[n]) for n in names}
-        positions = list(range(T - last_k, T) if last_k else range(T))
-        per = max(1, batch_size // N)
-        pre = build_prefix(model, batch.tokens, mode, serial=use_serial) if reuse else None  # serves every start
-        for direction in directions:
-            if direction not in ("denoising", "noising"):
-                raise FbtError(f"residual: direction '{direction}': expected denoising or noising")
-            own = torch.arange(N, device=batch.tokens.device)
-            base, src_rows = (batch.tokens[batch.partner], own) if direction == "denoising" else (batch.tokens, batch.partner)
-            base_pre = pre if pre is None or direction == "noising" else pre.select(batch.partner)
-            replicas: dict = {}  # number of replicas -> the base prefix repeated that often
-            for d, name in zip(depths, names):
-                for s in range(0, len(positions), per):
-                    chunk = positions[s:s + per]
-                    pos = torch.tensor(chunk, device=base.device).repeat_interleave(N)
-                    hook = patch_rows_at(acts[name], pos, model, src_rows=src_rows.repeat(len(chunk)))
-                    if base_pre is not None and len(chunk) not in replicas:
-                        replicas[len(chunk)] = base_pre.repeat(len(chunk)) if len(chunk) > 1 else base_pre
-                    logits = final_logits(model, base.repeat(len(chunk), 1), mode, [(name, hook)], use_serial,
-                                          prefix=replicas.get(len(chunk)), start=chunk[0])
-                    for j, p in enumerate(chunk):
-                        out.append(score(batch, ref, logits[j * N:(j + 1) * N], min_gap, experiment="residual",
-                                         condition=f"depth{d}", mode=mode, hook_rule=rule, direction=direction,
-                                         depth=d, position=p))
+        out += _residual_batch(model, batch.to(device_of(model)), mode, min_gap, depths, last_k, directions,
+                               batch_size, serial, reuse)
     return pd.concat(out, ignore_index=True)
+
+
+def _residual_batch(model, batch: PairBatch, mode: str, min_gap: float, depths: list[int], last_k: int | None,
+                    directions, batch_size: int, serial: bool | None, reuse: bool) -> list[pd.DataFrame]:
+    T, N = batch.T, batch.n
+    fed = parse_mode(mode).first_fed_position(T) < T
+    use_serial = fed if serial is None else serial
+    rule = SERIAL if use_serial else ONE_PASS
+    names = [depth_name(d) for d in depths]
+    store: dict = {}
+    with torch.no_grad():
+        ref = model.run_with_hooks(batch.tokens, mode=mode, serial=use_serial,
+                                   fwd_hooks=[(n, capture(store, n, model)) for n in names])[:, -1]
+    acts = {n: stitch(store[n]) for n in names}
+    positions = list(range(T - last_k, T) if last_k else range(T))
+    per = max(1, batch_size // N)
+    pre = build_prefix(model, batch.tokens, mode, serial=use_serial) if reuse else None  # serves every start
+    rows = []
+    for direction in directions:
+        own = torch.arange(N, device=batch.tokens.device)
+        base, src_rows = (batch.tokens[batch.partner], own) if direction == "denoising" else (batch.tokens, batch.partner)
+        base_pre = pre if pre is None or direction == "noising" else pre.select(batch.partner)
+        replicas: dict = {}  # number of replicas -> the base prefix repeated that often
+        for d, name in zip(depths, names):
+            for s in range(0, len(positions), per):
+                chunk = positions[s:s + per]
+                pos = torch.tensor(chunk, device=base.device).repeat_interleave(N)
+                hook = patch_rows_at(acts[name], pos, model, src_rows=src_rows.repeat(len(chunk)))
+                if base_pre is not None and len(chunk) not in replicas:
+                    replicas[len(chunk)] = base_pre.repeat(len(chunk)) if len(chunk) > 1 else base_pre
+                logits = final_logits(model, base.repeat(len(chunk), 1), mode, [(name, hook)], use_serial,
+                                      prefix=replicas.get(len(chunk)), start=chunk[0])
+                for j, p in enumerate(chunk):
+                    rows.append(score(batch, ref, logits[j * N:(j + 1) * N], min_gap, experiment="residual",
+                                      condition=f"depth{d}", mode=mode, hook_rule=rule, direction=direction,
+                                      depth=d, position=p))
+    return rows

@@ -294,15 +294,30 @@ class Attention(nn.Module):
                 k, v = k[:, :, K - self.window:], v[:, :, K - self.window:]
             z = F.scaled_dot_product_attention(q.view(B, KV, H // KV, dh), k, v)
             return z.view(B, 1, H, dh)
-        mask, causal = None, False
         last = start + P - 1  # the latest query; the earliest key is k_start
-        if plain and start == k_start and (self.window is None or last - k_start < self.window):
+        if plain and self.window is not None and last - k_start >= self.window:
+            return self._sdpa_windowed(q, k, v, start, k_start)
+        mask, causal = None, False
+        if plain and start == k_start:
             causal = True  # queries and keys start together and no window bites: the top-left causal mask
         else:
             mask = self.mask(*self._positions(P, K, start, k_start, q.device))
         z = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, is_causal=causal,
                                            enable_gqa=H != KV)
         return z.transpose(1, 2)
+
+    def _sdpa_windowed(self, q, k, v, start: int, k_start: int) -> torch.Tensor:
+        """A sliding window that bites: blocks of `window` queries, each over only the (at most
+        2 * window - 1) keys it can see, so the work is O(pos * window), not O(pos * keys)."""
+        W, (P, K), H, KV = self.window, (q.shape[1], k.shape[2]), q.shape[2], k.shape[1]
+        out = []
+        for a in range(0, P, W):
+            first, last = start + a, start + min(a + W, P) - 1  # the block's query positions
+            lo, hi = max(k_start, first - W + 1), min(k_start + K, last + 1)  # the keys they can see
+            mask = self.mask(*self._positions(last + 1 - first, hi - lo, first, lo, q.device))
+            out.append(F.scaled_dot_product_attention(q[:, a:a + W].transpose(1, 2), k[:, :, lo - k_start:hi - k_start],
+                                                      v[:, :, lo - k_start:hi - k_start], attn_mask=mask, enable_gqa=H != KV))
+        return (out[0] if len(out) == 1 else torch.cat(out, dim=2)).transpose(1, 2)
 
 
 class MLP(nn.Module):

@@ -31,6 +31,9 @@ from fbt_probe.model.fusion import Fusion
 from fbt_probe.model.modes import Mode, parse_mode
 
 
+SILENT_CHUNK_TOKENS = 8192  # batch x positions per chunk of a silent pass through the KV cache (memory bound)
+
+
 @dataclass(frozen=True)
 class HookContext:
     phase: str  # "final" (the one hooked pass), "prefix", "step" or "pass" (serial runs)
@@ -104,7 +107,16 @@ class FeedbackTransformer(HookedRootModule):
                has_state: torch.Tensor | None = None, hk: Hk = silent):
         """Run `tokens` [batch, pos] at positions cache.length.. through the KV cache (written in
         place), plain or fused inputs (`has_state` None with states: every position is fused).
-        Returns (carried state [batch, pos, d_model], logits [batch, pos, d_vocab])."""
+        Returns (carried state [batch, pos, d_model], logits [batch, pos, d_vocab]).
+
+        With hooks off a long `tokens` runs in chunks of about SILENT_CHUNK_TOKENS tokens through
+        the cache: the same function (up to float rounding), with activations held for one chunk."""
+        B, P = tokens.shape
+        size = max(1, SILENT_CHUNK_TOKENS // max(B, 1))
+        if hk is silent and P > size:
+            parts = [self.extend(tokens[:, a:a + size], cache, None if states is None else states[:, a:a + size],
+                                 None if has_state is None else has_state[..., a:a + size], hk) for a in range(0, P, size)]
+            return torch.cat([s for s, _ in parts], dim=1), torch.cat([lg for _, lg in parts], dim=1)
         h = self._trunk(self._input(tokens, states, has_state, hk), cache.length, cache, hk)
         state, _, logits = self._top(h, hk)
         return state, logits
