@@ -165,6 +165,8 @@ def _rel_err(out: torch.Tensor, value, gate, weight, eps) -> float:
 def bench_rows(cfg: FusionBenchConfig, device: torch.device, dtype: torch.dtype, timer, fused: bool) -> list[dict]:
     import fbt_probe_kernels as K
 
+    from fbt_probe.model.fusion import _fast_path, epilogue
+
     reference = _reference()
     compiled = None
     if cfg.compile and device.type == "cuda":
@@ -188,6 +190,8 @@ def bench_rows(cfg: FusionBenchConfig, device: torch.device, dtype: torch.dtype,
                 rec["compile_s"] = timer(lambda: compiled(value, gate, weight, eps))
             except Exception as exc:  # a compile failure is a result to report, not a crash
                 rec["compile_error"] = _one_line(exc)
+        rec["dispatch_kernel"] = _fast_path(value) is not None  # the model's size dispatch at this row count
+        rec["dispatch_s"] = timer(lambda: epilogue(value, gate, weight, eps))
         if fused:
             rec["rel_err"] = _rel_err(K.glu_fusion(value, gate, weight, eps), value, gate, weight, eps)
             rec["table_rel_err"] = _rel_err(K.glu_fusion_table(value, ids, table, weight, eps), value, table[ids], weight, eps)
@@ -441,6 +445,12 @@ def _us(s) -> str:
     return "–" if s is None else f"{s * 1e6:.1f}" if s < 1e-1 else f"{s * 1e6:.0f}"
 
 
+def _best_other(r: dict) -> float:
+    """The fastest path the size dispatch did not pick at this row count (eager, compile, kernel)."""
+    others = (r.get("compile_s"), r["eager_s"] if r["dispatch_kernel"] else r.get("fused_s"))
+    return min(x for x in others if x is not None)
+
+
 def _ratio(a, b) -> str:
     return "–" if a is None or b is None else f"{a / b:.2f}×"
 
@@ -471,8 +481,8 @@ def to_markdown(result: dict) -> str:
     ]
     fused = result["fused_available"]
     if fused:
-        lines += ["| rows | eager µs | compile µs | fused µs | fused GB/s | % of peak | × eager | × compile | table µs | table × eager-gather | rel. err |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += ["| rows | eager µs | compile µs | fused µs | fused GB/s | % of peak | × eager | × compile | table µs | table × eager-gather | rel. err | dispatch µs (path) | dispatch × best other |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     else:
         lines += ["| rows | eager µs | eager GB/s | % of copy | eager + gather µs |", "|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
@@ -483,7 +493,9 @@ def to_markdown(result: dict) -> str:
             lines.append(
                 f"| {r['rows']} | {_us(r['eager_s'])} | {compile_cell} | {_us(r['fused_s'])} | {g:.0f} | "
                 f"{_pct(g, peak)} | {_ratio(r['eager_s'], r['fused_s'])} | {_ratio(r.get('compile_s'), r['fused_s'])} | "
-                f"{_us(r['table_s'])} | {_ratio(r['eager_table_s'], r['table_s'])} | {r['rel_err']:.1e} |"
+                f"{_us(r['table_s'])} | {_ratio(r['eager_table_s'], r['table_s'])} | {r['rel_err']:.1e} | "
+                f"{_us(r['dispatch_s'])} ({'kernel' if r['dispatch_kernel'] else 'eager'}) | "
+                f"{_ratio(_best_other(r), r['dispatch_s'])} |"
             )
         else:
             g = gbps(r["eager_s"])

@@ -23,15 +23,33 @@ def fusion_reference(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tens
     return weight * x.to(dtype)
 
 
+FUSED_MIN_ROWS = 16_384
+"""Rows (batch x positions) from which the epilogue runs the Triton kernel; fewer take the eager
+reference. On the H200 (reports/bench/fusion-gpu.md) the kernel is launch-bound below that: 0.31-0.99x
+eager from 1 to 4,096 rows, 7.3x at 16,384 and 9.9x at 65,536. The crossover between 4,096 and
+16,384 rows, and other GPUs, are not measured yet: `fbt-probe bench fusion` reports the dispatched
+path beside the others (column `dispatch`) so a GPU session can set this from its own numbers."""
+
+
+def use_kernel(rows: int, kernel_runs_here: bool) -> bool:
+    """The size dispatch: the fused kernel only where it runs and the call is large enough to win."""
+    return kernel_runs_here and rows >= FUSED_MIN_ROWS
+
+
 def _fast_path(x: torch.Tensor):
-    """The Triton kernel entry point when it can run on this tensor, else None."""
-    if not x.is_cuda:
+    """The Triton kernel entry point when it can run on this tensor and wins at its size, else None."""
+    if not x.is_cuda or not use_kernel(x.numel() // max(x.shape[-1], 1), True):
         return None
     try:
         import fbt_probe_kernels
     except ImportError:
         return None
     return fbt_probe_kernels.glu_fusion if fbt_probe_kernels.fast_fusion_available(x.device) else None
+
+
+def epilogue(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm(value ⊙ gate) · weight by the path the model takes for this call (size dispatch)."""
+    return (_fast_path(value) or fusion_reference)(value, gate, weight, eps)
 
 
 class Fusion(nn.Module):
