@@ -3,7 +3,7 @@ reads) compute the same function; the explicit one runs only when a hook needs t
 import pytest
 import torch
 
-from fbt_probe.model.components import Attention, RotaryTable, rotary, use_attention
+from fbt_probe.model.components import Attention, RotaryTable, apply_rotary, rotary, use_attention
 from fbt_probe.model.prefix import build_prefix
 from tests.helpers import make_model, tokens
 
@@ -105,6 +105,10 @@ def test_rotary_table_equals_the_direct_computation():
             ref = rotary(torch.arange(start, start + n), 8, 10000.0, dtype)
             torch.testing.assert_close(cos, ref[0], rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-15)
             torch.testing.assert_close(sin, ref[1], rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-15)
+    x = torch.randn(2, 5, 3, 8, dtype=torch.float64)
+    cos, sin = table(7, 5, torch.float64, torch.device("cpu"))
+    # the signs of rotate_half folded into sin: elementwise the same products, so bitwise equal
+    assert torch.equal(table.apply(x, 7), apply_rotary(x, cos, sin))
     with torch.inference_mode():
         fresh = RotaryTable(8, 10000.0, n_ctx=16)
         cos, _ = fresh(0, 4, torch.float32, torch.device("cpu"))

@@ -26,6 +26,14 @@ def silent(hp: HookPoint, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3RMSNorm: normalise the last dim in float32 for half types, cast back, then scale."""
+    dtype = x.dtype
+    h = x.float() if dtype in (torch.float16, torch.bfloat16) else x
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
 class RMSNorm(nn.Module):
     """Qwen3RMSNorm: normalise in float32, cast back, then scale."""
 
@@ -35,10 +43,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float() if dtype in (torch.float16, torch.bfloat16) else x
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class HookedRMSNorm(RMSNorm):
@@ -67,15 +72,30 @@ class RotaryTable:
         self.d_head, self.theta, self.n_ctx = d_head, theta, n_ctx
         self._tables: dict = {}
 
-    def __call__(self, start: int, length: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _table(self, n: int, dtype: torch.dtype, device: torch.device):
         key = (dtype, device)
         table = self._tables.get(key)
-        if table is None or table[0].shape[0] < start + length:
-            n = max(start + length, self.n_ctx, 2 * table[0].shape[0] if table is not None else 0)
+        if table is None or table[0].shape[0] < n:
+            n = max(n, self.n_ctx, 2 * table[0].shape[0] if table is not None else 0)
             with torch.inference_mode(False), torch.no_grad():  # a normal tensor even if first built in inference mode
-                table = rotary(torch.arange(n, device=device), self.d_head, self.theta, dtype)
-            self._tables[key] = table
-        return table[0][start:start + length], table[1][start:start + length]
+                cos, sin = rotary(torch.arange(n, device=device), self.d_head, self.theta, dtype)
+                half = self.d_head // 2
+                signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # rotate-half's signs folded in
+            table = self._tables[key] = (cos, sin, cos[:, None, :], signed[:, None, :])
+        return table
+
+    def __call__(self, start: int, length: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [length, d_head] of positions start..start+length-1."""
+        cos, sin, _, _ = self._table(start + length, dtype, device)
+        return cos[start:start + length], sin[start:start + length]
+
+    def apply(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """`apply_rotary` for x [batch, pos, heads, d_head] at positions start..: the same products
+        (x·cos + rotate_half(x)·sin, the sign of rotate_half moved onto sin: bitwise the same) in
+        three ops and a roll."""
+        P = x.shape[1]
+        _, _, cos, signed = self._table(start + P, x.dtype, x.device)
+        return x * cos[start:start + P] + x.roll(self.d_head // 2, dims=-1) * signed[start:start + P]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -250,9 +270,13 @@ class Attention(nn.Module):
         q = hk(self.hook_q, self.q_proj(x).view(B, P, H, dh))
         k = hk(self.hook_k, self.k_proj(x).view(B, P, KV, dh))
         v = hk(self.hook_v, self.v_proj(x).view(B, P, KV, dh))
-        cos, sin = self.rope(start, P, x.dtype, x.device)
-        q = apply_rotary(self.q_norm(q), cos, sin)
-        k = apply_rotary(self.k_norm(k), cos, sin)
+        if self.impl == "explicit":  # the reference arithmetic, op for op
+            q = self.rope.apply(self.q_norm(q), start)
+            k = self.rope.apply(self.k_norm(k), start)
+        else:  # query and key heads normed and rotated together: the same arithmetic per row, fewer ops
+            w = torch.cat((self.q_norm.weight.expand(H, dh), self.k_norm.weight.expand(KV, dh)))
+            qk = self.rope.apply(rms_norm(torch.cat((q, k), dim=2), w, self.q_norm.eps), start)
+            q, k = qk[:, :, :H], qk[:, :, H:]
         if cache is not None:
             k, v = cache.append(layer, k, v)  # [batch, n_kv_heads, key_pos, d_head]
             k_start = 0
@@ -292,7 +316,7 @@ class Attention(nn.Module):
             # become its queries, so nothing is repeated and no mask is needed
             if self.window is not None and K > self.window:
                 k, v = k[:, :, K - self.window:], v[:, :, K - self.window:]
-            z = F.scaled_dot_product_attention(q.view(B, KV, H // KV, dh), k, v)
+            z = F.scaled_dot_product_attention(q.reshape(B, KV, H // KV, dh), k, v)
             return z.view(B, 1, H, dh)
         last = start + P - 1  # the latest query; the earliest key is k_start
         if plain and self.window is not None and last - k_start >= self.window:
