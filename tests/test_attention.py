@@ -3,7 +3,7 @@ reads) compute the same function; the explicit one runs only when a hook needs t
 import pytest
 import torch
 
-from fbt_probe.model.components import Attention, RotaryTable, apply_rotary, rotary, use_attention
+from fbt_probe.model.components import MLP, Attention, RotaryTable, apply_rotary, rotary, use_path
 from fbt_probe.model.prefix import build_prefix
 from tests.helpers import make_model, tokens
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def both(model, fn):
-    with use_attention(model, "explicit"):
+    with use_path(model, "explicit"):
         ref = fn()
     return fn(), ref
 
@@ -75,7 +75,7 @@ def test_sdpa_path_is_taken_unless_the_pattern_is_hooked(monkeypatch):
 def test_softmax_stays_float64_and_half_types_upcast():
     """float64 attention is float64 throughout (a float32 softmax would cost ~1e-8 here)."""
     model, x = make_model(), tokens(2, T)
-    with use_attention(model, "explicit"):
+    with use_path(model, "explicit"):
         _, cache = model.run_with_cache(x, names_filter=lambda n: n.endswith("hook_pattern"))
     assert cache["blocks.0.attn.hook_pattern"].dtype == torch.float64
     half = make_model(dtype=torch.bfloat16)
@@ -115,11 +115,31 @@ def test_rotary_table_equals_the_direct_computation():
     assert not cos.is_inference()  # usable later in a pass that records gradients
 
 
-def test_use_attention_restores_and_refuses_unknown():
+def test_use_path_restores_and_refuses_unknown():
     model = make_model()
-    with use_attention(model, "explicit"):
-        assert {m.impl for m in model.modules() if isinstance(m, Attention)} == {"explicit"}
-    assert {m.impl for m in model.modules() if isinstance(m, Attention)} == {"auto"}
-    with pytest.raises(ValueError, match="attention"):
-        with use_attention(model, "flash"):
+    paths = lambda: {m.path for m in model.modules() if isinstance(m, (Attention, MLP))}  # noqa: E731
+    with use_path(model, "explicit"):
+        assert paths() == {"explicit"}
+    assert paths() == {"auto"}
+    with pytest.raises(ValueError, match="path"):
+        with use_path(model, "flash"):
             pass
+
+
+@torch.no_grad()
+def test_fused_projections_follow_weight_updates_and_hooks():
+    """The one-GEMM q/k/v and gate/up weights are rebuilt when a parameter changes in place, and a
+    hook that replaces q still reaches the attention."""
+    model, x = make_model(), tokens(2, T)
+    before = model(x)
+    model.blocks[1].attn.k_proj.weight.mul_(1.5)
+    model.blocks[2].mlp.up_proj.weight.add_(0.01)
+    after = model(x)
+    with use_path(model, "explicit"):
+        torch.testing.assert_close(after, model(x), **TOL[torch.float64])
+    assert not torch.allclose(after, before)
+    zero_q = [("blocks.0.attn.hook_q", lambda q, hook: torch.zeros_like(q))]
+    edited = model.run_with_hooks(x, fwd_hooks=zero_q)
+    with use_path(model, "explicit"):
+        torch.testing.assert_close(edited, model.run_with_hooks(x, fwd_hooks=zero_q), **TOL[torch.float64])
+    assert not torch.allclose(edited, after)

@@ -204,23 +204,44 @@ def has_hooks(hp: nn.Module) -> bool:
                 or M._global_backward_pre_hooks)
 
 
-ATTENTION_IMPLS = ("auto", "explicit")
+PATHS = ("auto", "explicit")
 
 
 @contextmanager
-def use_attention(model: nn.Module, impl: str):
-    """Every `Attention` of `model` on path `impl` ("auto" or "explicit") inside the block."""
-    if impl not in ATTENTION_IMPLS:
-        raise ValueError(f"attention path '{impl}': expected one of {ATTENTION_IMPLS}")
-    layers = [m for m in model.modules() if isinstance(m, Attention)]
-    before = [m.impl for m in layers]
-    for m in layers:
-        m.impl = impl
+def use_path(model: nn.Module, path: str):
+    """Every attention and MLP of `model` on `path` inside the block: "auto" (the fast paths where
+    they apply) or "explicit" (the reference arithmetic, op for op: einsum attention, one GEMM per
+    projection)."""
+    if path not in PATHS:
+        raise ValueError(f"path '{path}': expected one of {PATHS}")
+    mods = [m for m in model.modules() if isinstance(m, (Attention, MLP))]
+    before = [m.path for m in mods]
+    for m in mods:
+        m.path = path
     try:
         yield model
     finally:
-        for m, old in zip(layers, before):
-            m.impl = old
+        for m, old in zip(mods, before):
+            m.path = old
+
+
+class FusedWeight:
+    """cat(weights) along the output dim for one GEMM instead of several, rebuilt whenever a weight
+    changes (data pointer or in-place version). Detached: for passes without autograd only."""
+
+    def __init__(self):
+        self.key, self.weight = None, None
+
+    def __call__(self, *weights: torch.Tensor) -> torch.Tensor:
+        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
+        if key != self.key:
+            self.weight, self.key = torch.cat([w.detach() for w in weights]), key
+        return self.weight
+
+
+def _fast(module) -> bool:
+    """The fused-GEMM path: "auto" and no autograd graph being recorded."""
+    return module.path == "auto" and not torch.is_grad_enabled()
 
 
 class Attention(nn.Module):
@@ -228,17 +249,20 @@ class Attention(nn.Module):
 
     Two paths compute the same function: `F.scaled_dot_product_attention` (no [T, T] scores are
     materialised, no copies of the KV heads) and the explicit einsum + softmax that `hook_pattern`
-    reads. `impl = "auto"` takes the explicit path only when `hook_pattern` will fire with a hook
+    reads. `path = "auto"` takes the explicit path only when `hook_pattern` will fire with a hook
     attached (TransformerLens-style: the HookPoint's registered hooks decide); `"explicit"` always
     (training uses it, see `fbt_probe.training.loop.train`). Softmax runs in float32 for half types
-    and in the input's dtype otherwise.
+    and in the input's dtype otherwise. On "auto" without autograd the q/k/v projections are one
+    GEMM and the query and key heads are normed and rotated together (module hooks on q_proj,
+    k_proj, v_proj do not fire there; the HookPoints do).
     """
 
     def __init__(self, cfg: ModelConfig, layer_type: str):
         super().__init__()
         self.cfg = cfg
         self.window = cfg.window if layer_type == "sliding_attention" else None
-        self.impl = "auto"
+        self.path = "auto"
+        self.qkv = FusedWeight()
         D, H, KV, dh = cfg.d_model, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
         self.q_proj = nn.Linear(D, H * dh, bias=False)
         self.k_proj = nn.Linear(D, KV * dh, bias=False)
@@ -267,22 +291,29 @@ class Attention(nn.Module):
         cache's positions 0..start-1 followed by these."""
         B, P, _ = x.shape
         H, KV, dh = self.cfg.n_heads, self.cfg.n_key_value_heads, self.cfg.d_head
-        q = hk(self.hook_q, self.q_proj(x).view(B, P, H, dh))
-        k = hk(self.hook_k, self.k_proj(x).view(B, P, KV, dh))
-        v = hk(self.hook_v, self.v_proj(x).view(B, P, KV, dh))
-        if self.impl == "explicit":  # the reference arithmetic, op for op
+        if _fast(self):  # one GEMM; q, k, v are views of its output
+            proj = F.linear(x, self.qkv(self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)).view(B, P, H + 2 * KV, dh)
+            q0, k0 = proj[:, :, :H], proj[:, :, H:H + KV]
+            q, k, v = hk(self.hook_q, q0), hk(self.hook_k, k0), hk(self.hook_v, proj[:, :, H + KV:])
+            qk = proj[:, :, :H + KV] if q is q0 and k is k0 else torch.cat((q, k), dim=2)  # unless a hook replaced one
+        else:
+            q = hk(self.hook_q, self.q_proj(x).view(B, P, H, dh))
+            k = hk(self.hook_k, self.k_proj(x).view(B, P, KV, dh))
+            v = hk(self.hook_v, self.v_proj(x).view(B, P, KV, dh))
+            qk = None if self.path == "explicit" else torch.cat((q, k), dim=2)
+        if qk is None:  # the reference arithmetic, op for op
             q = self.rope.apply(self.q_norm(q), start)
             k = self.rope.apply(self.k_norm(k), start)
         else:  # query and key heads normed and rotated together: the same arithmetic per row, fewer ops
             w = torch.cat((self.q_norm.weight.expand(H, dh), self.k_norm.weight.expand(KV, dh)))
-            qk = self.rope.apply(rms_norm(torch.cat((q, k), dim=2), w, self.q_norm.eps), start)
+            qk = self.rope.apply(rms_norm(qk, w, self.q_norm.eps), start)
             q, k = qk[:, :, :H], qk[:, :, H:]
         if cache is not None:
             k, v = cache.append(layer, k, v)  # [batch, n_kv_heads, key_pos, d_head]
             k_start = 0
         else:
             k, v, k_start = k.transpose(1, 2), v.transpose(1, 2), start
-        if self.impl == "explicit" or (hk is not silent and has_hooks(self.hook_pattern)):
+        if self.path == "explicit" or (hk is not silent and has_hooks(self.hook_pattern)):
             z = self._explicit(q, k, v, start, k_start, hk)
         else:
             z = self._sdpa(q, k, v, start, k_start)
@@ -345,8 +376,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """SiLU-GLU; on path "auto" without autograd the gate and up projections are one GEMM."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.path = "auto"
+        self.gate_up = FusedWeight()
         self.gate_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
         self.up_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
         self.down_proj = nn.Linear(cfg.d_mlp, cfg.d_model, bias=False)
@@ -355,8 +390,13 @@ class MLP(nn.Module):
         self.hook_post = HookPoint()  # [batch, pos, d_mlp]  silu(pre) * pre_linear
 
     def forward(self, x: torch.Tensor, hk: Hk) -> torch.Tensor:
-        pre = hk(self.hook_pre, self.gate_proj(x))
-        lin = hk(self.hook_pre_linear, self.up_proj(x))
+        if _fast(self):
+            both = F.linear(x, self.gate_up(self.gate_proj.weight, self.up_proj.weight))
+            pre, lin = both.chunk(2, dim=-1)
+            pre, lin = hk(self.hook_pre, pre), hk(self.hook_pre_linear, lin)
+        else:
+            pre = hk(self.hook_pre, self.gate_proj(x))
+            lin = hk(self.hook_pre_linear, self.up_proj(x))
         return self.down_proj(hk(self.hook_post, F.silu(pre) * lin))
 
 

@@ -69,9 +69,9 @@ def train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int = 0, op
     recorded runs were trained with, so a seed still gives the checkpoint BENCHMARKS.md and the
     reference report describe, byte for byte (the SDPA path would differ in the last float bits,
     and training amplifies that into a different model)."""
-    from fbt_probe.model.components import use_attention
+    from fbt_probe.model.components import use_path
 
-    with use_attention(model, "explicit"):
+    with use_path(model, "explicit"):
         return _train(model, tokenizer, cfg, out, start_step, optimizer, progress, on_eval)
 
 
