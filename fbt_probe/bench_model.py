@@ -12,10 +12,11 @@ loaded and warmed up on a short input), so one measurement's peak does not hide 
 """
 from __future__ import annotations
 
-import multiprocessing as mp
+import json
 import platform
-import resource
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -35,31 +36,28 @@ def _tokens(V: int, batch: int, T: int, seed: int) -> torch.Tensor:
     return torch.randint(0, V, (batch, T), generator=torch.Generator().manual_seed(seed))
 
 
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
-
-
-def _peak_child(preset: str, mode: str, batch: int, T: int, threads: int, queue) -> None:
-    import fbt_probe as fp
-
-    torch.set_num_threads(threads)
-    model = fp.load_model(preset).eval()
-    with torch.no_grad():
-        model(_tokens(model.cfg.d_vocab, batch, 8, 0), mode=mode)
-        before = _rss_mb()
-        model(_tokens(model.cfg.d_vocab, batch, T, 0), mode=mode)
-    queue.put({"rss_mb": _rss_mb(), "added_mb": _rss_mb() - before})
+_PEAK_CHILD = """
+import json, resource, sys, torch
+import fbt_probe as fp
+preset, mode, batch, T, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+torch.set_num_threads(threads)
+rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+model = fp.load_model(preset).eval()
+tokens = lambda n: torch.randint(0, model.cfg.d_vocab, (batch, n), generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    model(tokens(8), mode=mode)
+    before = rss()
+    model(tokens(T), mode=mode)
+print(json.dumps({"rss_mb": rss(), "added_mb": rss() - before}))
+"""
 
 
 def peak_memory(preset: str, mode: str, batch: int, T: int) -> dict:
-    """Peak RSS of one `model(tokens, mode=mode)` call, in a fresh spawned process."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_peak_child, args=(preset, mode, batch, T, torch.get_num_threads(), queue))
-    proc.start()
-    out = queue.get(timeout=3600)
-    proc.join()
-    return {k: round(v, 1) for k, v in out.items()}
+    """Peak RSS of one `model(tokens, mode=mode)` call, in a fresh Python process: its ru_maxrss,
+    and how far the call raised it above the loaded, warmed-up model."""
+    args = [sys.executable, "-c", _PEAK_CHILD, preset, mode, str(batch), str(T), str(torch.get_num_threads())]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return {k: round(v, 1) for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 
 @torch.no_grad()

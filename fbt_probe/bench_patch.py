@@ -72,19 +72,24 @@ def compare_reuse(run: str, dataset: Path, experiments, mode: str, pairs: int, s
     rows = []
     for exp in experiments:
         times, summaries = {}, {}
-        for reuse in (True, False):
-            cfg = PatchConfig(experiment=exp, modes=(mode,), max_pairs=pairs, seed=seed, prefix_reuse=reuse)
-            t0 = time.perf_counter()
-            wide = run_experiment(model, df, cfg)
-            times[reuse] = time.perf_counter() - t0
-            summaries[reuse] = analyse(wide, cfg)[1]
+        try:
+            for reuse in (True, False):
+                cfg = PatchConfig(experiment=exp, modes=(mode,), max_pairs=pairs, seed=seed, prefix_reuse=reuse)
+                t0 = time.perf_counter()
+                wide = run_experiment(model, df, cfg)
+                times[reuse] = time.perf_counter() - t0
+                summaries[reuse] = analyse(wide, cfg)[1]
+        except Exception as exc:  # a failure is a result to report; the other experiments still run
+            rows.append({"experiment": exp, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]})
+            continue
         rows.append({"experiment": exp, "reuse_s": times[True], "rerun_s": times[False],
                      "speedup": times[False] / times[True], "max_summary_diff": _summary_diff(summaries[True], summaries[False])})
     return rows
 
 
 def run_patch_bench(run: str = "tiny", dataset: Path | None = None, experiments=EXPERIMENTS, mode: str = "recurrent:1",
-                    compare_pairs: int = 2, seed: int = 0) -> dict:
+                    compare_pairs: int = 2, seed: int = 0, progress=None) -> dict:
+    """`progress(line)` hears each command's result as it finishes."""
     import torch
 
     from fbt_probe.provenance import provenance
@@ -99,6 +104,9 @@ def run_patch_bench(run: str = "tiny", dataset: Path | None = None, experiments=
             args = [sys.executable, "-m", "fbt_probe", "patch", str(run), str(data), "--experiment", exp,
                     "--mode", mode, "--out", str(tmp / "out"), "--seed", str(seed)]
             commands.append({"experiment": exp, "command": " ".join(["fbt-probe"] + args[3:]), **run_command(args)})
+            if progress is not None:
+                c = commands[-1]
+                progress(f"{exp}: {c['seconds']:.1f} s, peak RSS {c['peak_rss_mb']:.0f} MB, exit {c['exit_code']}")
         compare = compare_reuse(run, data, experiments, mode, compare_pairs, seed) if compare_pairs > 0 else []
     return {
         "run": str(run), "mode": mode, "dataset": str(dataset) if dataset is not None else "fbt-probe tasks generate completion (defaults)",
@@ -116,11 +124,15 @@ def to_markdown(r: dict) -> str:
         "| experiment | wall time | peak RSS | exit |", "|---|---:|---:|---:|",
     ]
     for c in r["commands"]:
-        lines.append(f"| {c['experiment']} | {c['seconds']:.1f} s | {c['peak_rss_mb']:,.0f} MB | {c['exit_code']} |")
+        note = f" ({c['error'][0]})" if c.get("error") else ""
+        lines.append(f"| {c['experiment']} | {c['seconds']:.1f} s | {c['peak_rss_mb']:,.0f} MB | {c['exit_code']}{note} |")
     lines.append(f"| **all {len(r['commands'])}** | **{r['total_s']:.1f} s** | max {max(c['peak_rss_mb'] for c in r['commands']):,.0f} MB | |")
     if r["compare"]:
         lines += ["", f"Prefix reuse vs the full re-run per condition ({r['compare_pairs']} pairs per cell, compute only):", "",
                   "| experiment | reuse | full re-run | speed-up | largest summary difference |", "|---|---:|---:|---:|---:|"]
         for c in r["compare"]:
+            if "error" in c:
+                lines.append(f"| {c['experiment']} | error: {c['error']} | | | |")
+                continue
             lines.append(f"| {c['experiment']} | {c['reuse_s']:.1f} s | {c['rerun_s']:.1f} s | {c['speedup']:.1f}× | {c['max_summary_diff']:.1e} |")
     return "\n".join(lines) + "\n"

@@ -1,5 +1,6 @@
-"""The two attention paths (scaled_dot_product_attention and the explicit einsum that hook_pattern
-reads) compute the same function; the explicit one runs only when a hook needs the pattern."""
+"""The attention paths (scaled_dot_product_attention; the materialised scores hook_pattern reads;
+the explicit reference einsum) compute the same function; the materialised one runs only when a
+hook needs the pattern, the explicit one only when asked for (training)."""
 import pytest
 import torch
 
@@ -33,9 +34,11 @@ def both(model, fn):
 def test_sdpa_equals_explicit_in_every_mode_and_with_the_kv_cache(shape, dtype):
     model = make_model(dtype=dtype, **SHAPES[shape])
     x = tokens(3, T)
+    patterns = [(lambda n: n.endswith("hook_pattern"), lambda a, hook: a)]  # the materialised path
     for mode in ("standard", "recurrent:2", "full", "jacobi:2"):
         fast, ref = both(model, lambda: model(x, mode=mode))
         torch.testing.assert_close(fast, ref, **TOL[dtype])
+        torch.testing.assert_close(model.run_with_hooks(x, mode=mode, fwd_hooks=patterns), ref, **TOL[dtype])
     pre = build_prefix(model, x, "standard", upto=9)  # queries 9.. over a cache of 0..8: the offset mask
     fast, ref = both(model, lambda: pre.run(9))
     torch.testing.assert_close(fast, ref, **TOL[dtype])
@@ -45,7 +48,7 @@ def test_sdpa_equals_explicit_in_every_mode_and_with_the_kv_cache(shape, dtype):
 def test_sdpa_path_is_taken_unless_the_pattern_is_hooked(monkeypatch):
     model, x = make_model(), tokens(2, T)
     calls = []
-    for path in ("_sdpa", "_explicit"):
+    for path in ("_sdpa", "_materialized", "_explicit"):
         real = getattr(Attention, path)
         monkeypatch.setattr(Attention, path, lambda self, *a, _p=path, _r=real: calls.append(_p) or _r(self, *a))
     L = model.cfg.n_layers
@@ -56,7 +59,7 @@ def test_sdpa_path_is_taken_unless_the_pattern_is_hooked(monkeypatch):
     assert calls == ["_sdpa"] * L and torch.equal(logits, plain)
     calls.clear()
     logits, cache = model.run_with_cache(x, names_filter=lambda n: n.endswith("hook_pattern"))
-    assert calls == ["_explicit"] * L  # the pattern is hooked in every layer
+    assert calls == ["_materialized"] * L  # the pattern is hooked in every layer
     torch.testing.assert_close(logits, plain, **TOL[torch.float64])
     p = cache["blocks.0.attn.hook_pattern"]  # [batch, heads, q, k]: rows sum to 1, causal, windowed (5)
     assert p.shape == (2, 4, T, T)
@@ -65,7 +68,11 @@ def test_sdpa_path_is_taken_unless_the_pattern_is_hooked(monkeypatch):
     assert (p[..., (k > q) | (q - k >= 5)] == 0).all()
     calls.clear()
     model.run_with_hooks(x, fwd_hooks=[("blocks.1.attn.hook_pattern", lambda a, hook: a)])
-    assert calls == ["_sdpa", "_explicit", "_sdpa"]  # only the hooked layer takes the explicit path
+    assert calls == ["_sdpa", "_materialized", "_sdpa"]  # only the hooked layer materialises its scores
+    calls.clear()
+    with use_path(model, "explicit"):
+        model(x)
+    assert calls == ["_explicit"] * L
     calls.clear()
     model(x, mode="recurrent:2")  # silent carried-state passes never need the pattern
     assert set(calls) == {"_sdpa"}
@@ -143,3 +150,16 @@ def test_fused_projections_follow_weight_updates_and_hooks():
     with use_path(model, "explicit"):
         torch.testing.assert_close(edited, model.run_with_hooks(x, fwd_hooks=zero_q), **TOL[torch.float64])
     assert not torch.allclose(edited, after)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rms_norm_in_one_call_is_bitwise_the_qwen3_ops(dtype):
+    """F.rms_norm runs these very ops (same shapes, same kernels), so equality is exact; were a
+    torch release to change that, training checkpoints would change too, and this test says so."""
+    from fbt_probe.model.components import rms_norm
+
+    g = torch.Generator().manual_seed(0)
+    for shape in [(8, 1, 128), (4, 300, 128), (3, 7, 6, 32)]:
+        x = (torch.randn(shape, generator=g, dtype=torch.float64) * 3).to(dtype)
+        w = torch.randn(shape[-1], generator=g, dtype=torch.float64).to(dtype)
+        assert torch.equal(rms_norm(x, w, 1e-6), w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)))

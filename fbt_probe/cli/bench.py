@@ -122,4 +122,6 @@ def patch(
         raise FbtError("--compare-pairs must be >= 0")
     if dataset is not None and not dataset.exists():
         raise FbtError(f"{dataset}: no such dataset file or folder")
-    write_report(run_patch_bench(run, dataset, names, str(parse_mode(mode)), compare_pairs, seed), to_markdown, out, force)
+    result = run_patch_bench(run, dataset, names, str(parse_mode(mode)), compare_pairs, seed,
+                             progress=lambda line: typer.echo(line, err=True))
+    write_report(result, to_markdown, out, force)

@@ -96,7 +96,7 @@ def folds(y: np.ndarray, groups: np.ndarray, n_folds: int, seed: int) -> list[tu
         return [(tr, te) for tr, te in GroupKFold(n_splits=k).split(y, y, groups)]
     try:
         return grouped_splits(y, groups, n_splits=k, cv="stratified-group", seed=seed)
-    except FbtError:
+    except (FbtError, ValueError):  # scikit-learn's ValueError: a class has fewer members than folds
         return grouped_splits(y, groups, n_splits=k, cv="group", seed=seed)
 
 

@@ -27,8 +27,16 @@ def silent(hp: HookPoint, x: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Qwen3RMSNorm: normalise the last dim in float32 for half types, cast back, then scale."""
+    """Qwen3RMSNorm: normalise the last dim in float32 for half types, cast back, then scale.
+
+    For float32 / float64 with a weight of the same dtype `F.rms_norm` computes these very ops
+    (x * rsqrt(mean(x²) + eps), times the weight) in one call: bitwise the same (tested), fewer
+    dispatches. Half types keep the explicit form (its casts differ from F.rms_norm's)."""
     dtype = x.dtype
+    if dtype in (torch.float32, torch.float64) and weight.dtype == dtype:
+        if weight.dim() == 1:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return weight * F.rms_norm(x, (x.shape[-1],), None, eps)  # a gain per head: [heads, d_head]
     h = x.float() if dtype in (torch.float16, torch.bfloat16) else x
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(dtype)
@@ -148,10 +156,10 @@ class KVCache:
                                                     for old in (self.keys[layer], self.values[layer]))
             self.capacity = cap
         keys, values = self.keys[layer], self.values[layer]
-        keys[:, :, L:L + P] = k.transpose(1, 2)
-        values[:, :, L:L + P] = v.transpose(1, 2)
+        keys.narrow(2, L, P).copy_(k.transpose(1, 2))
+        values.narrow(2, L, P).copy_(v.transpose(1, 2))
         self.lengths[layer] = L + P
-        return keys[:, :, :L + P], values[:, :, :L + P]
+        return keys.narrow(2, 0, L + P), values.narrow(2, 0, L + P)
 
     @staticmethod
     def _grow(old: torch.Tensor | None, shape: tuple, like: torch.Tensor, keep: int) -> torch.Tensor:
@@ -247,11 +255,12 @@ def _fast(module) -> bool:
 class Attention(nn.Module):
     """Grouped-query attention with per-head QK-norm and RoPE.
 
-    Two paths compute the same function: `F.scaled_dot_product_attention` (no [T, T] scores are
-    materialised, no copies of the KV heads) and the explicit einsum + softmax that `hook_pattern`
-    reads. `path = "auto"` takes the explicit path only when `hook_pattern` will fire with a hook
-    attached (TransformerLens-style: the HookPoint's registered hooks decide); `"explicit"` always
-    (training uses it, see `fbt_probe.training.loop.train`). Softmax runs in float32 for half types
+    Three paths compute the same function: `F.scaled_dot_product_attention` (no [T, T] scores are
+    materialised, no copies of the KV heads); the materialised scores and softmax that
+    `hook_pattern` reads, taken on `path = "auto"` only while a hook is attached to `hook_pattern`
+    (TransformerLens-style: the HookPoint's registered hooks decide); and on `path = "explicit"`
+    the reference arithmetic, op for op (einsum over repeated KV heads; training uses it, see
+    `fbt_probe.training.loop.train`). Softmax runs in float32 for half types
     and in the input's dtype otherwise. On "auto" without autograd the q/k/v projections are one
     GEMM and the query and key heads are normed and rotated together (module hooks on q_proj,
     k_proj, v_proj do not fire there; the HookPoints do).
@@ -262,7 +271,7 @@ class Attention(nn.Module):
         self.cfg = cfg
         self.window = cfg.window if layer_type == "sliding_attention" else None
         self.path = "auto"
-        self.qkv = FusedWeight()
+        self.qkv, self.qk_gain = FusedWeight(), FusedWeight()
         D, H, KV, dh = cfg.d_model, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
         self.q_proj = nn.Linear(D, H * dh, bias=False)
         self.k_proj = nn.Linear(D, KV * dh, bias=False)
@@ -293,9 +302,11 @@ class Attention(nn.Module):
         H, KV, dh = self.cfg.n_heads, self.cfg.n_key_value_heads, self.cfg.d_head
         if _fast(self):  # one GEMM; q, k, v are views of its output
             proj = F.linear(x, self.qkv(self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)).view(B, P, H + 2 * KV, dh)
-            q0, k0 = proj[:, :, :H], proj[:, :, H:H + KV]
-            q, k, v = hk(self.hook_q, q0), hk(self.hook_k, k0), hk(self.hook_v, proj[:, :, H + KV:])
-            qk = proj[:, :, :H + KV] if q is q0 and k is k0 else torch.cat((q, k), dim=2)  # unless a hook replaced one
+            qk, v = proj.split((H + KV, KV), dim=2)
+            q0, k0 = qk.split((H, KV), dim=2)
+            q, k, v = hk(self.hook_q, q0), hk(self.hook_k, k0), hk(self.hook_v, v)
+            if q is not q0 or k is not k0:  # a hook replaced one
+                qk = torch.cat((q, k), dim=2)
         else:
             q = hk(self.hook_q, self.q_proj(x).view(B, P, H, dh))
             k = hk(self.hook_k, self.k_proj(x).view(B, P, KV, dh))
@@ -305,16 +316,18 @@ class Attention(nn.Module):
             q = self.rope.apply(self.q_norm(q), start)
             k = self.rope.apply(self.k_norm(k), start)
         else:  # query and key heads normed and rotated together: the same arithmetic per row, fewer ops
-            w = torch.cat((self.q_norm.weight.expand(H, dh), self.k_norm.weight.expand(KV, dh)))
-            qk = self.rope.apply(rms_norm(qk, w, self.q_norm.eps), start)
-            q, k = qk[:, :, :H], qk[:, :, H:]
+            gains = (self.q_norm.weight.expand(H, dh), self.k_norm.weight.expand(KV, dh))
+            w = torch.cat(gains) if torch.is_grad_enabled() else self.qk_gain(*gains)  # [H + KV, d_head]
+            q, k = self.rope.apply(rms_norm(qk, w, self.q_norm.eps), start).split((H, KV), dim=2)
         if cache is not None:
             k, v = cache.append(layer, k, v)  # [batch, n_kv_heads, key_pos, d_head]
             k_start = 0
         else:
             k, v, k_start = k.transpose(1, 2), v.transpose(1, 2), start
-        if self.path == "explicit" or (hk is not silent and has_hooks(self.hook_pattern)):
+        if self.path == "explicit":
             z = self._explicit(q, k, v, start, k_start, hk)
+        elif hk is not silent and has_hooks(self.hook_pattern):
+            z = self._materialized(q, k, v, start, k_start, hk)
         else:
             z = self._sdpa(q, k, v, start, k_start)
         z = hk(self.hook_z, z)
@@ -336,6 +349,21 @@ class Attention(nn.Module):
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32 if _halves(q.dtype) else None)
         pattern = hk(self.hook_pattern, probs.to(q.dtype))
         return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
+
+    def _materialized(self, q, k, v, start: int, k_start: int, hk: Hk) -> torch.Tensor:
+        """Every score materialised for `hook_pattern`, with fewer passes over the [T, T] scores
+        than `_explicit`: a KV group's query heads share one matmul with its keys (no copies of the
+        KV heads), the scale and the mask are applied in place. Shapes as `_explicit`."""
+        B, P, H, dh = q.shape
+        KV, K = k.shape[1], k.shape[2]
+        grouped = q.transpose(1, 2).reshape(B, KV, (H // KV) * P, dh)  # heads h = kv * rep + r
+        scores = torch.matmul(grouped, k.transpose(-1, -2)).mul_(dh**-0.5).view(B, H, P, K)
+        q_pos, k_pos = self._positions(P, K, start, k_start, q.device)
+        scores.masked_fill_(~self.mask(q_pos, k_pos), float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32 if _halves(q.dtype) else None)
+        pattern = hk(self.hook_pattern, probs.to(q.dtype))
+        z = torch.matmul(pattern.reshape(B, KV, (H // KV) * P, K), v)  # [batch, n_kv_heads, rep * pos, d_head]
+        return z.view(B, H, P, dh).transpose(1, 2)
 
     def _sdpa(self, q, k, v, start: int, k_start: int) -> torch.Tensor:
         """The same function through scaled_dot_product_attention (shapes as `_explicit`)."""
