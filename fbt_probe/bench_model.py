@@ -7,8 +7,9 @@
   (every hook includes `hook_pattern`, which takes the explicit attention path).
 
 Times are medians of `repeats` runs after one warm-up; ratios come from the same run. Peak memory
-is measured in a fresh child process per shape (ru_maxrss after the call minus before it, the model
-loaded and warmed up on a short input), so one measurement's peak does not hide another's.
+is measured in a fresh child process per shape (its VmHWM after the call, and how far the call
+raised it above the loaded model warmed up on a short input), so one measurement's peak does not
+hide another's.
 """
 from __future__ import annotations
 
@@ -36,12 +37,26 @@ def _tokens(V: int, batch: int, T: int, seed: int) -> torch.Tensor:
     return torch.randint(0, V, (batch, T), generator=torch.Generator().manual_seed(seed))
 
 
+def peak_rss_mb() -> float:
+    """This process's peak RSS in MB: VmHWM (Linux: the high-water mark of this process image
+    only; ru_maxrss would also count the RSS of the parent that started it), else ru_maxrss."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
 _PEAK_CHILD = """
-import json, resource, sys, torch
+import json, sys, torch
 import fbt_probe as fp
+from fbt_probe.bench_model import peak_rss_mb as rss
 preset, mode, batch, T, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(threads)
-rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 model = fp.load_model(preset).eval()
 tokens = lambda n: torch.randint(0, model.cfg.d_vocab, (batch, n), generator=torch.Generator().manual_seed(0))
 with torch.no_grad():

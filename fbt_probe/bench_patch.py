@@ -1,8 +1,8 @@
 """`fbt-probe bench patch`: what a researcher waits for in `fbt-probe patch`, on this machine's CPU.
 
-1. Each experiment as the command a researcher runs (`python -m fbt_probe patch RUN DATASET
-   --experiment E --mode M --out TMP`, figures included), one process each: wall time and that
-   process's peak RSS (`os.wait4`).
+1. Each experiment as the command a researcher runs (`fbt-probe patch RUN DATASET --experiment E
+   --mode M --out TMP`, figures included), one process each: wall time and that process's peak
+   RSS (its VmHWM, written on exit).
 2. On a subset (`compare_pairs` pairs per task x length cell), each experiment in this process with
    prefix reuse on and off (`--no-prefix-reuse`, the full re-run per condition): the ratio of their
    compute times, and the largest difference between their summary tables (they must agree up to
@@ -13,7 +13,6 @@ The default dataset is what `fbt-probe tasks generate completion` writes (1,280 
 """
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 import sys
@@ -37,16 +36,28 @@ def default_dataset(folder: Path) -> Path:
     return folder
 
 
-def run_command(args: list[str]) -> dict:
-    """Wall seconds, peak RSS (MB) and exit code of one child process."""
+# `python -m fbt_probe ARGS` that writes its own peak RSS to a file on exit (the child's ru_maxrss,
+# as os.wait4 reports it, would also count the RSS of this process at the fork)
+_CLI_WITH_PEAK = """
+import atexit, sys
+from fbt_probe.bench_model import peak_rss_mb
+peak_file = sys.argv.pop(1)
+atexit.register(lambda: open(peak_file, "w").write(str(peak_rss_mb())))
+sys.argv[0] = "fbt-probe"
+from fbt_probe.cli import main
+main()
+"""
+
+
+def run_command(cli_args: list[str], peak_file: Path) -> dict:
+    """Wall seconds, peak RSS (MB) and exit code of `fbt-probe CLI_ARGS` in a child process."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    rec = {"seconds": time.perf_counter() - t0, "peak_rss_mb": usage.ru_maxrss / 1024.0, "exit_code": proc.returncode}
+    proc = subprocess.run([sys.executable, "-c", _CLI_WITH_PEAK, str(peak_file), *cli_args],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    peak = float(peak_file.read_text()) if peak_file.is_file() else float("nan")
+    rec = {"seconds": time.perf_counter() - t0, "peak_rss_mb": peak, "exit_code": proc.returncode}
     if proc.returncode != 0:
-        rec["error"] = out.decode(errors="replace").strip().splitlines()[-1:]
+        rec["error"] = proc.stdout.decode(errors="replace").strip().splitlines()[-1:]
     return rec
 
 
@@ -101,9 +112,10 @@ def run_patch_bench(run: str = "tiny", dataset: Path | None = None, experiments=
                           else [pd.read_parquet(data)], ignore_index=True)
         commands = []
         for exp in experiments:
-            args = [sys.executable, "-m", "fbt_probe", "patch", str(run), str(data), "--experiment", exp,
-                    "--mode", mode, "--out", str(tmp / "out"), "--seed", str(seed)]
-            commands.append({"experiment": exp, "command": " ".join(["fbt-probe"] + args[3:]), **run_command(args)})
+            args = ["patch", str(run), str(data), "--experiment", exp, "--mode", mode, "--out", str(tmp / "out"),
+                    "--seed", str(seed)]
+            commands.append({"experiment": exp, "command": " ".join(["fbt-probe"] + args),
+                             **run_command(args, tmp / f"peak-{exp}.txt")})
             if progress is not None:
                 c = commands[-1]
                 progress(f"{exp}: {c['seconds']:.1f} s, peak RSS {c['peak_rss_mb']:.0f} MB, exit {c['exit_code']}")
