@@ -1,6 +1,8 @@
 """The attention paths (scaled_dot_product_attention; the materialised scores hook_pattern reads;
 the explicit reference einsum) compute the same function; the materialised one runs only when a
 hook needs the pattern, the explicit one only when asked for (training)."""
+import pickle
+
 import pytest
 import torch
 
@@ -150,6 +152,8 @@ def test_fused_projections_follow_weight_updates_and_hooks():
     with use_path(model, "explicit"):
         torch.testing.assert_close(edited, model.run_with_hooks(x, fwd_hooks=zero_q), **TOL[torch.float64])
     assert not torch.allclose(edited, after)
+    again = pickle.loads(pickle.dumps(model))  # the cached fused weights do not stop pickling
+    assert torch.equal(again(x), after)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -6,6 +6,7 @@ identity in a silent pass (carried-state computations run with hooks off, DESIGN
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 from typing import Callable
 
 import torch
@@ -234,17 +235,29 @@ def use_path(model: nn.Module, path: str):
 
 
 class FusedWeight:
-    """cat(weights) along the output dim for one GEMM instead of several, rebuilt whenever a weight
-    changes (data pointer or in-place version). Detached: for passes without autograd only."""
+    """A weight derived from parameters (default: cat along the output dim, one GEMM instead of
+    several), rebuilt whenever one of them changes (data pointer or in-place version). Detached:
+    for passes without autograd only."""
 
-    def __init__(self):
+    def __init__(self, build=None):
+        self.build = build or _cat  # module-level functions and partials: the model stays picklable
         self.key, self.weight = None, None
 
     def __call__(self, *weights: torch.Tensor) -> torch.Tensor:
         key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
         if key != self.key:
-            self.weight, self.key = torch.cat([w.detach() for w in weights]), key
+            with torch.no_grad():
+                self.weight, self.key = self.build(*(w.detach() for w in weights)), key
         return self.weight
+
+
+def _cat(*weights: torch.Tensor) -> torch.Tensor:
+    return torch.cat(weights)
+
+
+def _expand_cat(*weights: torch.Tensor, rows: tuple[int, ...]) -> torch.Tensor:
+    """[d] gains -> [sum(rows), d]: gain i repeated rows[i] times (one per head)."""
+    return torch.cat([w.expand(n, w.shape[-1]) for w, n in zip(weights, rows)])
 
 
 def _fast(module) -> bool:
@@ -271,8 +284,11 @@ class Attention(nn.Module):
         self.cfg = cfg
         self.window = cfg.window if layer_type == "sliding_attention" else None
         self.path = "auto"
-        self.qkv, self.qk_gain = FusedWeight(), FusedWeight()
         D, H, KV, dh = cfg.d_model, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
+        self.out_scale = cfg.residual_scale  # depth scaling of the branch output (hook_attn_out is after it)
+        self.qkv = FusedWeight()
+        self.qk_gain = FusedWeight(partial(_expand_cat, rows=(H, KV)))  # [H + KV, d_head]
+        self.o_scaled = FusedWeight(partial(torch.mul, other=self.out_scale))
         self.q_proj = nn.Linear(D, H * dh, bias=False)
         self.k_proj = nn.Linear(D, KV * dh, bias=False)
         self.v_proj = nn.Linear(D, KV * dh, bias=False)
@@ -316,8 +332,8 @@ class Attention(nn.Module):
             q = self.rope.apply(self.q_norm(q), start)
             k = self.rope.apply(self.k_norm(k), start)
         else:  # query and key heads normed and rotated together: the same arithmetic per row, fewer ops
-            gains = (self.q_norm.weight.expand(H, dh), self.k_norm.weight.expand(KV, dh))
-            w = torch.cat(gains) if torch.is_grad_enabled() else self.qk_gain(*gains)  # [H + KV, d_head]
+            gains = (self.q_norm.weight, self.k_norm.weight)
+            w = self.qk_gain.build(*gains) if torch.is_grad_enabled() else self.qk_gain(*gains)
             q, k = self.rope.apply(rms_norm(qk, w, self.q_norm.eps), start).split((H, KV), dim=2)
         if cache is not None:
             k, v = cache.append(layer, k, v)  # [batch, n_kv_heads, key_pos, d_head]
@@ -330,8 +346,12 @@ class Attention(nn.Module):
             z = self._materialized(q, k, v, start, k_start, hk)
         else:
             z = self._sdpa(q, k, v, start, k_start)
-        z = hk(self.hook_z, z)
-        return self.o_proj(z.reshape(B, P, H * dh))
+        z = hk(self.hook_z, z).reshape(B, P, H * dh)
+        if self.out_scale == 1.0:
+            return self.o_proj(z)
+        if _fast(self):  # the depth scale folded into the weight: one op fewer per layer
+            return F.linear(z, self.o_scaled(self.o_proj.weight))
+        return self.o_proj(z) * self.out_scale
 
     @staticmethod
     def _positions(P: int, K: int, start: int, k_start: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -409,7 +429,9 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.path = "auto"
+        self.out_scale = cfg.residual_scale  # depth scaling of the branch output (hook_mlp_out is after it)
         self.gate_up = FusedWeight()
+        self.down_scaled = FusedWeight(partial(torch.mul, other=self.out_scale))
         self.gate_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
         self.up_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
         self.down_proj = nn.Linear(cfg.d_mlp, cfg.d_model, bias=False)
@@ -425,14 +447,18 @@ class MLP(nn.Module):
         else:
             pre = hk(self.hook_pre, self.gate_proj(x))
             lin = hk(self.hook_pre_linear, self.up_proj(x))
-        return self.down_proj(hk(self.hook_post, F.silu(pre) * lin))
+        post = hk(self.hook_post, F.silu(pre) * lin)
+        if self.out_scale == 1.0:
+            return self.down_proj(post)
+        if _fast(self):  # the depth scale folded into the weight
+            return F.linear(post, self.down_scaled(self.down_proj.weight))
+        return self.down_proj(post) * self.out_scale
 
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.scale = cfg.residual_scale
         self.ln1 = RMSNorm(cfg.d_model, cfg.rms_eps)
         self.attn = Attention(cfg, cfg.resolved_layer_types[layer])
         self.ln2 = RMSNorm(cfg.d_model, cfg.rms_eps)
@@ -446,9 +472,7 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, start: int, cache: KVCache | None, hk: Hk) -> torch.Tensor:
         """x: [batch, pos, d_model] at positions start..start+pos-1."""
         resid_pre = hk(self.hook_resid_pre, x)
-        attn_out = self.attn(self.ln1(resid_pre), start, cache, self.layer, hk)
-        attn_out = hk(self.hook_attn_out, attn_out * self.scale if self.scale != 1.0 else attn_out)
+        attn_out = hk(self.hook_attn_out, self.attn(self.ln1(resid_pre), start, cache, self.layer, hk))
         resid_mid = hk(self.hook_resid_mid, resid_pre + attn_out)
-        mlp_out = self.mlp(self.ln2(resid_mid), hk)
-        mlp_out = hk(self.hook_mlp_out, mlp_out * self.scale if self.scale != 1.0 else mlp_out)
+        mlp_out = hk(self.hook_mlp_out, self.mlp(self.ln2(resid_mid), hk))
         return hk(self.hook_resid_post, resid_mid + mlp_out)
