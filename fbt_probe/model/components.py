@@ -373,11 +373,12 @@ class Attention(nn.Module):
     def _materialized(self, q, k, v, start: int, k_start: int, hk: Hk) -> torch.Tensor:
         """Every score materialised for `hook_pattern`, with fewer passes over the [T, T] scores
         than `_explicit`: a KV group's query heads share one matmul with its keys (no copies of the
-        KV heads), the scale and the mask are applied in place. Shapes as `_explicit`."""
+        KV heads), the scale goes onto the queries and the mask is applied in place. Shapes as
+        `_explicit`."""
         B, P, H, dh = q.shape
         KV, K = k.shape[1], k.shape[2]
-        grouped = q.transpose(1, 2).reshape(B, KV, (H // KV) * P, dh)  # heads h = kv * rep + r
-        scores = torch.matmul(grouped, k.transpose(-1, -2)).mul_(dh**-0.5).view(B, H, P, K)
+        grouped = q.transpose(1, 2).reshape(B, KV, (H // KV) * P, dh) * dh**-0.5  # heads h = kv * rep + r
+        scores = torch.matmul(grouped, k.transpose(-1, -2)).view(B, H, P, K)
         q_pos, k_pos = self._positions(P, K, start, k_start, q.device)
         scores.masked_fill_(~self.mask(q_pos, k_pos), float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32 if _halves(q.dtype) else None)
