@@ -13,11 +13,12 @@ def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrid
     training calls `.train()` itself."""
     import torch
 
-    from fbt_probe.config import PRESETS, preset
+    from fbt_probe.config import PRESETS, check_device, preset
     from fbt_probe.errors import FbtError
     from fbt_probe.model.checkpoint import is_own_checkpoint, load_checkpoint
     from fbt_probe.model.transformer import FeedbackTransformer
 
+    check_device(device)
     if isinstance(source, str) and source in PRESETS:
         cfg = preset(source, device=device, **overrides)
         with torch.random.fork_rng(devices=[]):

@@ -8,9 +8,12 @@ T-2 under `standard` (`ln_final.hook_normalized` when the model carries the post
 probed as the reference line of DESIGN.md §5.
 
 Layout of `out_dir`: `plan.json` (written first: what will be extracted), `samples.parquet`,
-`shards/<mode>/<task>-T<len>-<i>.safetensors` (each written atomically, never rewritten), and
+`shards/<mode>/<task>-T<len>-<i>.safetensors` (each written atomically, never rewritten) with its
+sha256 beside it (`<shard>.sha256`, written before the shard is renamed into place), and
 `manifest.json` (written last, with every shard's sha256). A folder with a plan but no manifest is
-an interrupted extraction: calling `extract` again with the same inputs continues it.
+an interrupted extraction: calling `extract` again with the same inputs continues it, after checking
+every finished shard against its recorded sha256. With `force`, an existing activation folder (and
+only that) is replaced: the new one is extracted in a temporary sibling and swapped in when done.
 """
 from __future__ import annotations
 
@@ -27,9 +30,10 @@ import torch
 
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import depth_name
-from fbt_probe.io import atomic_path, read_json, sha256_file, write_json
+from fbt_probe.io import atomic_path, read_json, swap_in, temp_sibling, write_json
+from fbt_probe.shards import FORMAT, check_out_dir, read_shard, record_sha256, verify_finished, verify_shards
+from fbt_probe.shards import is_activation_folder, sidecar  # noqa: F401  (re-exported: the CLI and tests use them from here)
 
-FORMAT = "fbt-probe.activations/1"
 REFERENCE_MODE = "carried-state"
 SAMPLE_COLUMNS = ("task", "pair_id", "group_id", "label", "label_word", "length_knob", "n_tokens")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -114,6 +118,16 @@ def _check_tokens(df: pd.DataFrame, model, tok_path: Path | None, data_tok: str 
     missing = {"token_ids", *SAMPLE_COLUMNS} - set(df.columns)
     if missing:
         raise FbtError(f"{where}: dataset lacks column(s) {sorted(missing)}")
+    if df.empty:
+        raise FbtError(f"{where}: the dataset has no rows; nothing to extract")
+    if min(len(ids) for ids in df["token_ids"]) == 0:
+        raise FbtError(f"{where}: a sample has no tokens")
+    longest = max(len(ids) for ids in df["token_ids"])
+    if longest > model.cfg.n_ctx:
+        raise FbtError(f"{where}: a sample of {longest} tokens exceeds the model's context n_ctx = {model.cfg.n_ctx}")
+    low = min(min(ids) for ids in df["token_ids"])
+    if low < 0:
+        raise FbtError(f"{where}: token id {low} is outside the model's vocabulary 0..{model.cfg.d_vocab - 1}")
     top = max(max(ids) for ids in df["token_ids"])
     if top >= model.cfg.d_vocab:
         raise FbtError(f"{where}: token id {top} is outside the model's vocabulary of {model.cfg.d_vocab} "
@@ -207,7 +221,8 @@ def _preflight(model, df: pd.DataFrame, modes: list[str], targets: dict, dtype) 
         try:
             collect(model, tokens, mode, targets[mode], dtype)
         except FbtError as exc:
-            raise FbtError(f"mode '{mode}': {exc.format_message()}") from None
+            msg = exc.format_message()
+            raise FbtError(msg if msg.startswith(f"mode '{mode}'") else f"mode '{mode}': {msg}") from None
         except Exception as exc:  # any failure inside the model means it cannot run this mode
             raise FbtError(f"mode '{mode}': the model cannot run it ({type(exc).__name__}: {exc})") from None
 
@@ -228,7 +243,8 @@ def _plan(df: pd.DataFrame, modes: list[str], shard_rows: int) -> list[dict]:
     return shards
 
 
-def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int, dtype, path: Path) -> None:
+def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int, dtype, path: Path) -> str:
+    """Write one shard (atomically) and its sha256 sidecar; returns the sha256."""
     from safetensors.torch import save_file
 
     parts: dict[str, list[torch.Tensor]] = {t.key: [] for t in targets}
@@ -248,6 +264,7 @@ def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int,
     with atomic_path(path) as tmp:
         # one metadata key: safetensors does not keep the order of several, and shards must be byte-stable
         save_file(tensors, str(tmp), metadata={"fbt_probe": json.dumps({"format": FORMAT, "mode": shard["mode"]})})
+        return record_sha256(tmp, path)  # recorded before the shard itself appears
 
 
 def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool = True, batch_size: int = 16,
@@ -261,9 +278,17 @@ def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool =
     """
     from fbt_probe.model.modes import parse_mode
 
+    from fbt_probe.config import check_device
+    from fbt_probe.model.modes import check_distinct
+
     out_dir = Path(out_dir)
-    modes = [m.strip() for m in (modes.split(",") if isinstance(modes, str) else modes) if str(m).strip()]
+    spec = modes
+    modes = [str(m).strip() for m in (modes.split(",") if isinstance(modes, str) else modes) if str(m).strip()]
     modes = [m if m == REFERENCE_MODE else str(parse_mode(m)) for m in modes]
+    if not modes:
+        raise FbtError(f"modes '{spec}': expected a comma-separated list of prefill modes")
+    check_distinct(modes, spec)
+    check_device(device)
     if reference and REFERENCE_MODE not in modes:
         modes.append(REFERENCE_MODE)
     if dtype not in DTYPES:
@@ -281,12 +306,25 @@ def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool =
             "modes": modes, "dtype": dtype, "shard_rows": shard_rows, "batch_size": batch_size,
             "targets": {m: [t.to_dict() for t in ts] for m, ts in targets.items()},
             "shards": _plan(df, modes, shard_rows)}
-    resume = _check_dir(out_dir, plan, force)
+    action = check_out_dir(out_dir, plan, force)
     _preflight(model, df, modes, targets, DTYPES[dtype])  # before anything is written or removed
-    if not resume:
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        out_dir.mkdir(parents=True)
+    if action == "replace":  # a forced run over an earlier extraction: built beside it, swapped in when done
+        target, out_dir = out_dir, temp_sibling(out_dir)
+        try:
+            _run_plan(model, df, plan, targets, out_dir, "fresh", batch_size, dtype, progress, on_shard, model_hash, data_hash)
+            swap_in(out_dir, target)
+        finally:
+            if out_dir.exists():
+                shutil.rmtree(out_dir)
+        return ActivationStore(target)
+    _run_plan(model, df, plan, targets, out_dir, action, batch_size, dtype, progress, on_shard, model_hash, data_hash)
+    return ActivationStore(out_dir)
+
+
+def _run_plan(model, df, plan: dict, targets: dict, out_dir: Path, action: str, batch_size: int, dtype: str,
+              progress, on_shard, model_hash: str, data_hash: str) -> None:
+    if action == "fresh":
+        out_dir.mkdir(parents=True, exist_ok=True)
         samples = df[list(SAMPLE_COLUMNS)].copy()
         samples.insert(0, "row", np.arange(len(df), dtype=np.int64))
         with atomic_path(out_dir / "samples.parquet") as tmp:
@@ -295,11 +333,11 @@ def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool =
     written = []
     for n, shard in enumerate(plan["shards"]):
         path = out_dir / shard["file"]
-        if path.exists():
-            _read_shard(path)  # a finished shard is kept as it is; only check it is readable
+        if path.exists():  # a finished shard is kept as it is, once its bytes match the recorded sha256
+            digest = verify_finished(path)
         else:
-            _write_shard(model, df, shard, targets[shard["mode"]], batch_size, DTYPES[dtype], path)
-        written.append({**shard, "sha256": sha256_file(path), "rss_mb": round(_rss_mb(), 1)})
+            digest = _write_shard(model, df, shard, targets[shard["mode"]], batch_size, DTYPES[dtype], path)
+        written.append({**shard, "sha256": digest, "rss_mb": round(_rss_mb(), 1)})
         if progress is not None:
             progress(n + 1, len(plan["shards"]), shard)
         if on_shard is not None:
@@ -315,40 +353,6 @@ def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool =
 
     manifest["provenance"] = provenance(model_hash=model_hash, dataset_hash=data_hash)
     write_json(out_dir / "manifest.json", manifest)
-    return ActivationStore(out_dir)
-
-
-def _check_dir(out_dir: Path, plan: dict, force: bool) -> bool:
-    """True to continue an interrupted extraction of the same plan, False to start fresh (the
-    folder is absent, empty or `force`d); refuses anything else."""
-    if force or not out_dir.exists() or not any(out_dir.iterdir()):
-        return False
-    if (out_dir / "manifest.json").exists():
-        raise FbtError(f"{out_dir}: already holds a finished extraction; refusing to overwrite (pass --force)")
-    if not (out_dir / "plan.json").exists():
-        raise FbtError(f"{out_dir}: exists and is not an extraction folder; refusing to write into it (pass --force)")
-    old = read_json(out_dir / "plan.json", "extraction plan")
-    if json.dumps(old, sort_keys=True) != json.dumps(json.loads(json.dumps(plan)), sort_keys=True):
-        diff = [k for k in plan if old.get(k) != json.loads(json.dumps(plan[k]))]
-        raise FbtError(f"{out_dir}: holds an unfinished extraction with a different {', '.join(diff)}; "
-                       f"pass --force to start over")
-    return True
-
-
-def _read_shard(path: Path, expect_sha: str | None = None) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load
-
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise FbtError(f"{path}: unreadable shard ({exc})") from None
-    if expect_sha is not None and hashlib.sha256(data).hexdigest() != expect_sha:
-        raise FbtError(f"{path}: corrupt shard (sha256 differs from the manifest); re-extract it "
-                       f"(delete the file and manifest.json, then run extract again)")
-    try:
-        return load(data)
-    except Exception as exc:  # safetensors raises its own error type for a damaged file
-        raise FbtError(f"{path}: corrupt shard ({type(exc).__name__}: {exc}); delete it and run extract again") from None
 
 
 # ----------------------------------------------------------------------------- reading
@@ -376,6 +380,10 @@ class ActivationStore:
     def modes(self) -> list[str]:
         return list(self.manifest["modes"])
 
+    def verify(self) -> None:
+        """Check every shard against the sha256 in the manifest (before hours of fitting, not during)."""
+        verify_shards(self.path, self.manifest["shards"])
+
     def targets(self, mode: str) -> list[Target]:
         return [Target(**t) for t in self.manifest["targets"][mode]]
 
@@ -396,7 +404,7 @@ class ActivationStore:
         for shard in self.manifest["shards"]:
             if shard["mode"] != mode or shard["task"] != task or not wanted.intersection(shard["rows"]):
                 continue
-            data = _read_shard(self.path / shard["file"], shard["sha256"])
+            data = read_shard(self.path / shard["file"], shard["sha256"])
             keep = np.isin(data["row"].numpy(), list(wanted))
             parts.append(np.stack([_numpy(data[t.key])[keep] for t in targets]))
             got_rows.append(data["row"].numpy()[keep])

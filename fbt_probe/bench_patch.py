@@ -8,7 +8,7 @@
    compute times, and the largest difference between their summary tables (they must agree up to
    float rounding).
 
-The default dataset is what `fbt-probe tasks generate completion` writes (1,280 samples, 14 to
+The default dataset is what `fbt-probe tasks generate completion` writes (1,600 samples, 14 to
 1,038 tokens), generated into a temporary folder.
 """
 from __future__ import annotations

@@ -63,6 +63,17 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check = _checker("model config")
+        for name in POSITIVE_INTS:
+            check(_is_int(getattr(self, name)) and getattr(self, name) >= 1, name, "an integer >= 1")
+        check(self.window is None or _is_int(self.window), "window", "a positive integer or null")
+        for name, low in (("rope_theta", 0), ("rms_eps", 0), ("init_std", 0), ("feedback_noise", None), ("qk_norm_init", None)):
+            value = getattr(self, name)
+            check(_is_number(value) and (low is None or value > low), name, "a number" + (f" > {low}" if low is not None else ""))
+        check(self.feedback_noise >= 0, "feedback_noise", "a number >= 0")
+        check(self.fusion_norm_init is None or _is_number(self.fusion_norm_init), "fusion_norm_init", "a number or null")
+        check(isinstance(self.fast_fusion, bool), "fast_fusion", "true or false")
+        check(self.dtype in DTYPES, "dtype", f"one of {DTYPES}")
+        check(isinstance(self.device, str), "device", "a device name such as 'cpu' or 'cuda'")
         check(self.n_heads % self.n_key_value_heads == 0, "n_heads", "a multiple of n_key_value_heads")
         check(self.depth_scaling in DEPTH_SCALING_RULES, "depth_scaling", f"one of {DEPTH_SCALING_RULES}")
         check(self.feedback_source in FEEDBACK_SOURCES, "feedback_source", f"one of {FEEDBACK_SOURCES}")
@@ -96,18 +107,68 @@ class ModelConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict, source: str = "config") -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
+    def from_dict(cls, d: dict, source: str = "config", legacy: bool = False) -> "ModelConfig":
+        """The config a checkpoint recorded. Every field must be present: a missing one is an error,
+        never a silent default. `legacy` (a checkpoint of format fbt-probe/1, written before some
+        initialisation-only fields existed) fills in `LEGACY_MODEL_DEFAULTS` and nothing else."""
+        if not isinstance(d, dict):
+            raise FbtError(f"{source}: field 'model': expected an object of model config fields")
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(d) - set(known))
         if unknown:
             raise FbtError(f"{source}: unknown model config field(s) {unknown}")
+        d = {**LEGACY_MODEL_DEFAULTS, **d} if legacy else d
+        missing = [name for name in known if name not in d]
+        if missing:
+            raise FbtError(f"{source}: model config field '{missing[0]}' missing (a checkpoint records every "
+                           f"field{'' if len(missing) == 1 else f'; also missing: {missing[1:]}'})")
         try:
             return cls(**d)
         except TypeError as exc:
             raise FbtError(f"{source}: {exc}") from None
+        except FbtError as exc:  # name the file as well as the field
+            raise FbtError(f"{source}: {exc.format_message()}") from None
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
+
+
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+POSITIVE_INTS = ("d_vocab", "d_model", "n_layers", "n_heads", "n_key_value_heads", "d_head", "d_mlp", "n_ctx", "global_every")
+# Checkpoints of format fbt-probe/1 were written before these fields existed. Both only set the
+# initial value of weights that a checkpoint stores (QK-norm gains, fusion norm), so the values at
+# the time (Qwen3's gain 1; the mean embedding RMS) change nothing a loaded model computes.
+LEGACY_MODEL_DEFAULTS = {"qk_norm_init": 1.0, "fusion_norm_init": None}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_device(device: str | None) -> str | None:
+    """`device` if torch can use it on this machine (None passes), else a one-line FbtError."""
+    if device is None:
+        return None
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise FbtError(f"device '{device}': expected cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "" if torch.version.cuda else ", a CPU-only build"
+            raise FbtError(f"device '{device}': CUDA is not available on this machine (torch {torch.__version__}{build}); "
+                           "use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise FbtError(f"device '{device}': this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise FbtError(f"device '{device}': MPS is not available on this machine; use --device cpu")
+    return device
 
 
 def _checker(source: str):

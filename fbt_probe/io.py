@@ -17,10 +17,45 @@ from typing import Iterator
 from fbt_probe.errors import FbtError
 
 
-def refuse_existing(path: Path, force: bool = False, hint: str = "--force") -> None:
-    """Raise unless `path` is absent (or `force` is set, in which case it is left for replacement)."""
-    if Path(path).exists() and not force:
+def refuse_existing(path: Path, force: bool = False, hint: str = "--force", own=None, kind: str = "") -> bool:
+    """Raise unless `path` is absent, or `force` is set and the path may be replaced: with `own`
+    given, only an empty folder or one that `own(path)` recognises as this command's output (`kind`
+    names it in the message). Returns True when an existing, non-empty path will be replaced."""
+    path = Path(path)
+    if not path.exists():
+        return False
+    if not force:
         raise FbtError(f"{path}: already exists; refusing to overwrite (pass {hint} to replace it)")
+    if is_empty_dir(path):
+        return False
+    if own is not None and not own(path):
+        raise FbtError(f"{path}: exists and is not {kind or 'an output of this command'}; refusing to replace it, "
+                       "even with --force (choose another output path, or move it away yourself)")
+    return True
+
+
+def is_empty_dir(path: Path) -> bool:
+    return Path(path).is_dir() and not any(Path(path).iterdir())
+
+
+def temp_sibling(path: Path) -> Path:
+    """A new empty folder beside `path` (hidden, `.tmp` suffix) to build a replacement in."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+
+
+def swap_in(tmp: Path, path: Path) -> None:
+    """Put the finished folder `tmp` at `path`; an old `path` is moved aside first and deleted only
+    once the new one is in place, so at every moment one of them is complete."""
+    path = Path(path)
+    old = None
+    if path.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+        os.replace(path, old / "x")
+    os.replace(tmp, path)
+    if old is not None:
+        shutil.rmtree(old)
 
 
 @contextlib.contextmanager
@@ -41,17 +76,15 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | Path, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary folder beside `path`; it replaces `path` only if the block succeeds."""
+def atomic_dir(path: str | Path, force: bool = False, own=None, kind: str = "") -> Iterator[Path]:
+    """Yield a temporary folder beside `path`; it replaces `path` only if the block succeeds.
+    `force`, `own` and `kind` as in `refuse_existing` (checked before the block runs)."""
     path = Path(path)
-    refuse_existing(path, force)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    refuse_existing(path, force, own=own, kind=kind)
+    tmp = temp_sibling(path)
     try:
         yield tmp
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        swap_in(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

@@ -8,7 +8,7 @@ from fbt_probe.model.transformer import FeedbackTransformer
 
 
 def make_cfg(**overrides) -> ModelConfig:
-    base = dict(d_vocab=37, d_model=32, n_layers=3, n_heads=4, n_key_value_heads=2, d_head=8, d_mlp=48,
+    base = dict(d_vocab=128, d_model=32, n_layers=3, n_heads=4, n_key_value_heads=2, d_head=8, d_mlp=48,
                 n_ctx=128, window=5, global_every=3)
     base.update(overrides)
     return ModelConfig(**base)

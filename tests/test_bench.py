@@ -27,7 +27,7 @@ def test_bench_model_reports_ratios(tmp_path):
 @pytest.mark.slow
 def test_bench_patch_runs_the_commands_and_compares_reuse(tmp_path):
     data = tmp_path / "data"
-    assert runner.invoke(app, ["tasks", "generate", "completion", "--pairs", "2", "--out", str(data)]).exit_code == 0
+    assert runner.invoke(app, ["tasks", "generate", "completion", "--groups", "1", "--out", str(data)]).exit_code == 0
     res = runner.invoke(app, ["bench", "patch", "--dataset", str(data), "--experiments", "feedback-swap,residual",
                               "--compare-pairs", "1", "--out", str(tmp_path / "patch.md")])
     assert res.exit_code == 0, res.output

@@ -11,18 +11,19 @@ from fbt_probe.figures import FIGURES, FigureEntry, draw, figure_names, load_tab
 L = 4
 
 
-def probe_table(model="feedback", tasks=("completion", "memory", "registers"), seed=0) -> pd.DataFrame:
+def probe_table(model="feedback", tasks=("completion", "memory", "registers", "registers-count"), seed=0) -> pd.DataFrame:
     """A tidy probe table shaped like `probe_sweep`'s output (values are made up)."""
     rng = np.random.default_rng(seed)
     rows = []
     modes = {"completion": ("standard", "recurrent:1", "carried-state"), "memory": ("standard", "recurrent:1"),
              "registers": ("standard", "recurrent:1", "recurrent:2", "recurrent:4", "full")}
-    lengths = {"completion": (0, 8, 32), "memory": (8, 32), "registers": (2, 4, 8)}
+    modes["registers-count"] = modes["registers"]
+    lengths = {"completion": (0, 8, 32), "memory": (8, 32), "registers": (2, 4, 8), "registers-count": (1, 2, 4, 8)}
     for task in tasks:
         for mode in modes[task]:
             for length in lengths[task]:
                 for depth in ([L] if mode == "carried-state" else range(L + 1)):
-                    for fold in range(5):
+                    for fold in range(4):
                         acc = 0.95 if mode != "standard" else 0.4 + 0.15 * depth
                         for metric, value in (("accuracy", acc + rng.normal(0, 0.02)), ("majority_baseline", 0.37),
                                               ("control_accuracy", 0.5)):
@@ -59,11 +60,29 @@ def test_fig7a_panels_colours_and_reference_lines():
     assert axes[2].get_xlabel().startswith("Depth") and axes[0].get_ylabel() == "Held-out probe accuracy"
 
 
-def test_fig7b_one_panel_per_writes_and_a_line_per_mode():
+def test_fig7b_one_panel_per_register_count_and_writes_and_a_line_per_mode():
     fig = draw("fig7b", probe_table())
-    axes = [ax for ax in fig.axes if ax.get_title()]
-    assert [ax.get_title() for ax in axes] == ["2 writes per register", "4 writes per register", "8 writes per register"]
+    axes = [ax for ax in fig.axes if ax.get_visible() and ax.get_title()]
+    assert [ax.get_title() for ax in axes] == [
+        "m = 1 register, 16 writes each", "m = 2 registers, 8 writes each", "m = 4 registers, 4 writes each",
+        "m = 8 registers, 2 writes each", "m = 8, 2 writes per register", "m = 8, 4 writes per register",
+        "m = 8, 8 writes per register"]
     assert lines(axes[0])[:5] == ["standard", "recurrent:1", "recurrent:2", "recurrent:4", "full"]
+    assert "chance (0.5)" in lines(axes[0]) and any(s.startswith("majority baseline") for s in lines(axes[0]))
+    one = draw("fig7b", probe_table(tasks=("registers",)))  # one sweep alone: one row
+    assert len([ax for ax in one.axes if ax.get_visible() and ax.get_title()]) == 3
+
+
+def test_fold_ci_is_a_t_interval_over_folds():
+    from scipy import stats
+
+    from fbt_probe.figures.probes import fold_ci
+
+    t = pd.DataFrame({"length": 2, "depth": 0, "metric": "accuracy", "value": [0.6, 0.7, 0.8, 0.9]})
+    row = fold_ci(t).iloc[0]
+    half = stats.t.ppf(0.975, 3) * np.std([0.6, 0.7, 0.8, 0.9], ddof=1) / 2
+    assert row["mean"] == pytest.approx(0.75) and row["low"] == pytest.approx(0.75 - half)
+    assert row["high"] == pytest.approx(min(1.0, 0.75 + half))
 
 
 def test_figures_are_written_as_png_and_svg_and_not_overwritten(tmp_path):
@@ -94,10 +113,10 @@ def test_tables_load_from_parquet_csv_or_a_results_folder(tmp_path):
 
 
 def test_bad_tables_and_options_are_refused():
-    with pytest.raises(FbtError, match="no rows for task 'registers'"):
+    with pytest.raises(FbtError, match="no rows for task\\(s\\) registers-count,registers"):
         draw("fig7b", probe_table(tasks=("completion",)))
     with pytest.raises(FbtError, match="no rows for tasks"):
-        draw("fig7a", probe_table(tasks=("registers",)), tasks="completion")
+        draw("fig7a", probe_table(tasks=("registers", "registers-count")), tasks="completion")
     with pytest.raises(FbtError, match="several models"):
         draw("fig7a", pd.concat([probe_table(), probe_table(model="other")]))
     draw("fig7a", pd.concat([probe_table(), probe_table(model="other")]), model="other")

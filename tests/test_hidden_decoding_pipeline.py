@@ -18,7 +18,7 @@ from fbt_probe.training import TrainConfig, run_training
 from tests.helpers import make_model
 
 runner = CliRunner()
-SMALL = dict(tokens_per_step=400, warmup=2, eval_every=10_000, save_every=2,
+SMALL = dict(tokens_per_step=400, warmup=2, eval_every=10_000, save_every=2, tasks=("completion", "memory", "registers"),
              knobs={"completion": [0, 8], "memory": [8], "registers": [2]})
 
 
@@ -96,8 +96,7 @@ def test_extraction_holds_every_stream_at_every_depth(hidden, tmp_path):
         for d in range(L + 1):
             p = stream_depth(k, d, L)
             assert split_stream_depth(p, L) == (k, d) and targets[p].hook == depth_name(d)
-            # extraction ran batches of 4, this cache one batch of every row: different shapes,
-            # so float64 closeness (a wrong stream or depth differs at order 1e-2), not equality
+            # extraction ran batches of 4 and 2, the cache one batch of 6: float64 to 1e-12, not bitwise
             np.testing.assert_allclose(X[p], cache[depth_name(d)][:, stream_position(-1, k, n)].numpy(), rtol=0, atol=1e-12)
     with pytest.raises(FbtError, match="refusing to overwrite"):
         extract_streams(hidden, df, tmp_path / "acts")

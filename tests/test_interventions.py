@@ -32,7 +32,7 @@ def model():
 @pytest.fixture(scope="module")
 def data():
     tok = build_tokenizer()
-    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(8,)), pairs=4, seed=0, tokenizer=tok)
+    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(8,)), groups=4, seed=0, tokenizer=tok)
               for t in ("completion", "memory")]
     df = pd.concat(frames, ignore_index=True)
     return df, label_token_ids(df, tok)
@@ -102,17 +102,17 @@ def test_feedback_swap_equals_the_kv_step_with_the_partners_state(model, batches
                                [("fusion.hook_feedback", set_at(states[b.partner, T - 1], T - 1, model))])
         cache, _, _ = model.prefill_cache(b.tokens[:, :-1])
         step, _ = model.step(b.tokens[:, -1], cache, states[b.partner, T - 1])
-    torch.testing.assert_close(swapped, step, rtol=0, atol=1e-10)
+    torch.testing.assert_close(swapped, step, rtol=0, atol=1e-12)
 
 
 def test_soft_answer_equals_recurrent1_and_sees_its_hooks(model, batches):
     b = batches[0]
     with torch.no_grad():
         torch.testing.assert_close(soft_answer_logits(model, b.tokens), final_logits(model, b.tokens, "recurrent:1"),
-                                   rtol=0, atol=1e-10)
+                                   rtol=0, atol=1e-12)
     zero = [("fusion.hook_gate", set_at(torch.zeros(b.n, model.cfg.d_model), b.T - 1, model))]
     torch.testing.assert_close(soft_answer_logits(model, b.tokens, zero),
-                               final_logits(model, b.tokens, "recurrent:1", zero), rtol=0, atol=1e-10)
+                               final_logits(model, b.tokens, "recurrent:1", zero), rtol=0, atol=1e-12)
     assert no_hooks_left(model)
 
 

@@ -1,6 +1,5 @@
 """`fbt-probe patch`: end to end on a saved small checkpoint and a written dataset; outputs, refusals,
 figures drawn from the written tables."""
-import contextlib
 import dataclasses
 import json
 
@@ -26,8 +25,7 @@ def workdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("patch")
     tok = build_tokenizer()
     for task in ("completion", "memory"):
-        with pytest.warns(UserWarning) if task == "memory" else contextlib.nullcontext():  # 1 pair at 0 distractors
-            df = generate(dataclasses.replace(load_spec(task), length_grid=(0, 8)), pairs=3, seed=0, tokenizer=tok)
+        df = generate(dataclasses.replace(load_spec(task), length_grid=(0, 8)), groups=3, seed=0, tokenizer=tok)
         write_dataset(df, root / "data", tok)
     save_tokenizer(tok, root / "tokenizer.json")
     save_checkpoint(make_model(dtype=torch.float32), root / "run", tokenizer_path=root / "tokenizer.json")
@@ -47,7 +45,7 @@ def test_patch_cli_writes_tables_manifest_and_figures(workdir):
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["hook_rule"].startswith("one-pass")
     assert manifest["provenance"]["checkpoint_hash"] and manifest["provenance"]["dataset_hash"]
-    assert manifest["tiny_gap"]["by_mode"]["recurrent:1"]["pairs"] == 10  # completion 3 + 3, memory 1 (one distinct pair at 0) + 3
+    assert manifest["tiny_gap"]["by_mode"]["recurrent:1"]["pairs"] == 18  # completion 3 groups x 2 pairs x 2 lengths, memory 3 x 2
     rows = pd.read_parquet(folder / "rows.parquet")
     assert {"pair_id", "condition", "metric", "value", "hook_rule", "tiny_gap"} <= set(rows.columns)
     from fbt_probe.figures import draw

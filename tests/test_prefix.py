@@ -8,7 +8,7 @@ from fbt_probe.model.prefix import build_prefix
 from tests.helpers import make_model, tokens
 
 T = 12
-MODES = ["standard", "recurrent:1", "recurrent:3", "full", "jacobi:1", "jacobi:2", "jacobi:3"]
+MODES = ["standard", "recurrent:1", "recurrent:3", "full", "jacobi:1", "jacobi:2", "jacobi:3", "jacobi:40"]  # 40 > T: capped at T passes
 # float64 with a window (5) shorter than T: prefix and full run differ only by rounding (~1e-16); a
 # wrong cache slot, carried state or pass index moves the logits at order 1e-2
 TOL = dict(rtol=0, atol=1e-12)

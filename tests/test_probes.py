@@ -195,12 +195,12 @@ def test_sweep_table_is_tidy():
                                key={"model": "m", "task": "t", "mode": "standard", "length": 8})
     assert list(table.columns) == ["model", "task", "mode", "length", "depth", "hook", "fold", "metric", "value",
                                    "n_train", "n_test"]
-    assert len(table) == 3 * 5 * 5  # depths x folds x metrics
+    assert len(table) == 3 * 4 * 5  # depths x folds x metrics
     assert not table.duplicated(["depth", "fold", "metric"]).any()
     assert set(table.metric) == {"accuracy", "train_accuracy", "majority_baseline", "control_accuracy", "selectivity"}
     summary = summarize(table)
     row = summary[(summary.depth == 5) & (summary.metric == "accuracy")].iloc[0]
-    assert row.n_folds == 5 and row["min"] <= row["mean"] <= row["max"]
+    assert row.n_folds == 4 and row["min"] <= row["mean"] <= row["max"]
 
 
 def test_depth0_standard_at_chance_is_not_flagged_and_violation_is():
@@ -224,8 +224,8 @@ def test_control_can_be_turned_off():
 
 # ----------------------------------------------------------------------------- bad input
 def test_fewer_groups_than_folds_is_refused():
-    X, y, groups = planted(n_pairs=4)
-    with pytest.raises(TooFewGroupsError, match="4 groups, fewer than the 5 folds"):
+    X, y, groups = planted(n_pairs=3)
+    with pytest.raises(TooFewGroupsError, match="3 groups, fewer than the 4 folds"):
         probe_condition(X, y, groups, CFG, key={"task": "memory", "mode": "standard", "length": 0})
     with pytest.raises(FbtError, match="needs at least 2"):
         grouped_splits(y, groups, n_splits=1)

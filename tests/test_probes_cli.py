@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 
 import pandas as pd
 import pytest
@@ -21,17 +20,15 @@ def run(*args):
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """A checkpoint folder and a dataset folder (completion 0/8 distractors, memory 0 distractors)."""
+    """A checkpoint folder and a dataset folder (completion 0/8 distractors, memory 0 distractors in 3 groups)."""
     from fbt_probe.model.checkpoint import save_checkpoint
     from fbt_probe.tasks import build_tokenizer, generate, load_spec, write_dataset
 
     root = tmp_path_factory.mktemp("study")
     tok = build_tokenizer()
-    for task, grid in (("completion", [0, 8]), ("memory", [0])):
+    for task, grid, groups in (("completion", [0, 8], 10), ("memory", [0], 3)):  # memory: fewer groups than folds
         spec = load_spec(task).replace(length_grid=grid)
-        with warnings.catch_warnings():  # memory with 0 distractors has a single distinct pair: wanted here
-            warnings.simplefilter("ignore", UserWarning)
-            write_dataset(generate(spec, pairs=10, seed=0, tokenizer=tok), root / "data", tok)
+        write_dataset(generate(spec, groups=groups, seed=0, tokenizer=tok), root / "data", tok)
     save_checkpoint(make_model(dtype=torch.float32), root / "ckpt", tokenizer_path=root / "data" / "tokenizer.json")
     return root
 
@@ -45,14 +42,14 @@ def test_extract_probe_figures_end_to_end(study, tmp_path):
     assert "wrote" in r.output and "peak RSS" in r.output
     r = run("probe", acts, "--out", results, "--jobs", "1")
     assert r.exit_code == 0, r.output
-    assert "memory standard length 0: skipped: 1 groups" in r.output  # one scratch context: flagged, not fatal
+    assert "memory standard length 0: skipped: 3 groups" in r.output  # fewer groups than folds: flagged, not fatal
     table = pd.read_parquet(results / "probes.parquet")
     assert set(table["mode"]) == {"standard", "recurrent:1", "carried-state"}
     assert set(table["task"]) == {"completion"} and set(table["length"]) == {0, 8}
     assert len(pd.read_csv(results / "probes.csv")) == len(table)
     prov = json.loads((results / "probes.provenance.json").read_text())
     assert prov["model_hash"] == checkpoint_hash(study / "ckpt") and prov["dataset_hash"]
-    assert prov["config"]["n_splits"] == 5 and prov["seed"] == 0 and prov["git_commit"]
+    assert prov["config"]["n_splits"] == 4 and prov["seed"] == 0 and prov["git_commit"]
     r = run("figures", "fig7a", results, "--out", figs)
     assert r.exit_code == 0, r.output
     assert (figs / "fig7a.png").is_file() and (figs / "fig7a.svg").is_file()
@@ -64,7 +61,7 @@ def test_extract_probe_figures_end_to_end(study, tmp_path):
         assert r.exit_code == 2 and "--force" in r.output, r.output
     assert run("figures", "fig7a", results, "--out", figs, "--force").exit_code == 0
     r = run("probe", acts, "--out", results, "--jobs", "1", "--strict", "--force")
-    assert r.exit_code == 2 and "fewer than the 5 folds" in r.output
+    assert r.exit_code == 2 and "fewer than the 4 folds" in r.output
 
 
 @pytest.mark.parametrize("args, message", [

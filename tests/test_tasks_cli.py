@@ -26,32 +26,32 @@ def small_spec(tmp_path):
 def test_list_shows_the_builtin_specs():
     res = run("list")
     assert res.exit_code == 0
-    for name in ("completion", "memory", "registers"):
+    for name in ("completion", "memory", "registers", "registers-count"):
         assert name in res.output
-    assert "0/8/32/128/256" in res.output and "2/4/8" in res.output
+    assert "0/8/32/128/256" in res.output and "2/4/8" in res.output and "1/2/4/8" in res.output
 
 
 def test_generate_show_and_force(tmp_path, small_spec):
     out = tmp_path / "data"
-    res = run("generate", small_spec, "--out", out, "--pairs", 4, "--seed", 2)
+    res = run("generate", small_spec, "--out", out, "--groups", 4, "--seed", 2)
     assert res.exit_code == 0, res.output
-    assert "mem_small: 16 samples (8 pairs)" in res.output
+    assert "mem_small: 16 samples (8 pairs, 4 groups)" in res.output
     df = load_dataset(out / "mem_small.parquet")
     assert len(df) == 16 and set(df.seed) == {2}
     res = run("show", out / "mem_small.parquet", "--n", 2, "--knob", 16)
     assert res.exit_code == 0, res.output
-    assert res.output.count("-> ZERO (0), 76 tokens") == 2 and "state = 0" in res.output and "*|" in res.output
-    res = run("generate", small_spec, "--out", out, "--pairs", 4)
+    assert res.output.count("-> zero (0), 116 tokens") == 2 and "state = 0" in res.output and "*|" in res.output
+    res = run("generate", small_spec, "--out", out, "--groups", 4)
     assert res.exit_code == 2 and res.output.strip().splitlines() == [
         f"error: {out / 'mem_small.parquet'}: already exists; refusing to overwrite (pass --force to replace it)"]
-    res = run("generate", small_spec, "--out", out, "--pairs", 5, "--force")
+    res = run("generate", small_spec, "--out", out, "--groups", 5, "--force")
     assert res.exit_code == 0 and len(load_dataset(out / "mem_small.parquet")) == 20
 
 
 def test_generate_heldout_and_tokenizer(tmp_path, small_spec):
     res = run("tokenizer", "--out", tmp_path / "tok.json")
     assert res.exit_code == 0 and "sha256" in res.output
-    res = run("generate", small_spec, "--out", tmp_path / "d", "--pairs", 3, "--tokenizer", tmp_path / "tok.json",
+    res = run("generate", small_spec, "--out", tmp_path / "d", "--groups", 3, "--tokenizer", tmp_path / "tok.json",
               "--heldout", 0.5, "--heldout-seed", 1)
     assert res.exit_code == 0, res.output
     m = json.loads((tmp_path / "d" / "mem_small.manifest.json").read_text())
@@ -61,7 +61,7 @@ def test_generate_heldout_and_tokenizer(tmp_path, small_spec):
 @pytest.mark.parametrize("args, fragment", [
     (["generate", "stack", "--out", "{tmp}/o"], "stack: unknown task"),
     (["generate", "{spec}", "--out", "{tmp}/o", "--tokenizer", "{tmp}/none.json"], "none.json: tokenizer file not found"),
-    (["generate", "{spec}", "--out", "{tmp}/o", "--pairs", "0"], "pairs: expected an integer >= 1"),
+    (["generate", "{spec}", "--out", "{tmp}/o", "--groups", "0"], "groups: expected an integer >= 1"),
     (["generate", "{bad}", "--out", "{tmp}/o"], "bad.json: field 'length_grid[0]': -4 is not a distractor count"),
     (["show", "{tmp}/missing.parquet"], "missing.parquet: dataset file not found"),
     (["tokenizer", "--out", "{spec}"], "already exists"),

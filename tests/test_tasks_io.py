@@ -14,7 +14,7 @@ from fbt_probe.tasks import (COLUMNS, build_tokenizer, generate, load_dataset, l
                              tokenizer_sha256, write_dataset)
 from fbt_probe.tasks.tokenizer import spec_words
 
-SMALL = {"completion": [0, 8], "memory": [8, 12], "registers": [1, 2]}
+SMALL = {"completion": [0, 8], "memory": [8, 12], "registers": [1, 2], "registers-count": [1, 4]}
 
 
 def small(name: str, **changes):
@@ -26,20 +26,23 @@ def test_tokenizer_vocab():
     vocab = tok.get_vocab()
     assert tok.get_vocab_size() < 128
     assert vocab["<pad>"] == 0 and "<unk>" in vocab and vocab["\n"] == 2 and vocab[":"] == 3
-    for name in ("completion", "memory", "registers"):
+    for name in ("completion", "memory", "registers", "registers-count"):
         assert spec_words(load_spec(name)) <= set(vocab)
-    enc = tok.encode("r3 = 1\n# r3:", add_special_tokens=False)
-    assert enc.tokens == ["r3", "=", "1", "\n", "#", "r3", ":"]
-    assert tokenizer_sha256(tok) == tokenizer_sha256(build_tokenizer(["completion", "memory", "registers"]))
+    enc = tok.encode("r3 = 1\nscratch = 57\nquery = r3\nValue:", add_special_tokens=False)
+    assert enc.tokens == ["r", "3", "=", "1", "\n", "scratch", "=", "57", "\n", "query", "=", "r", "3", "\n", "Value", ":"]
+    assert tokenizer_sha256(tok) == tokenizer_sha256(build_tokenizer(["completion", "memory", "registers", "registers-count"]))
 
 
 def test_tokenizer_grows_for_variant_words():
-    spec = load_spec("completion").replace(task="c2", value_range=[0, 12], label_words={"0": "NO", "1": "YES"})
+    spec = load_spec("completion").replace(task="c2", label_words={"0": "NO", "1": "YES"},
+                                           template={"header": ["need = {R}", "got = {C}", "scratch = {S}"],
+                                                     "distractor": "scratch += 0", "query": "Status:"},
+                                           relation="got == need")
     tok = build_tokenizer([spec])
     base = build_tokenizer().get_vocab()
     vocab = tok.get_vocab()
     assert all(vocab[w] == i for w, i in base.items())  # existing ids never move
-    assert [w for w, _ in sorted(vocab.items(), key=lambda kv: kv[1])][len(base):] == sorted(["10", "11", "12", "NO", "YES"])
+    assert [w for w, _ in sorted(vocab.items(), key=lambda kv: kv[1])][len(base):] == sorted(["NO", "YES", "got", "need"])
 
 
 def test_tokenizer_save_load(tmp_path):
@@ -58,7 +61,7 @@ def test_tokenizer_save_load(tmp_path):
 
 def test_dataset_roundtrip_schema_and_manifest(tmp_path):
     spec = small("registers")
-    df = generate(spec, pairs=10, seed=4)
+    df = generate(spec, groups=2, seed=4)
     tok = build_tokenizer()
     path = write_dataset(df, tmp_path, tok)
     back = load_dataset(path)
@@ -66,11 +69,13 @@ def test_dataset_roundtrip_schema_and_manifest(tmp_path):
     assert back.text.tolist() == df.text.tolist() and back.label.tolist() == df.label.tolist()
     assert [list(x) for x in back.token_ids] == df.token_ids.tolist()
     m = json.loads((tmp_path / "registers.manifest.json").read_text())
-    assert m["sha256"] == sha256_file(path) and m["rows"] == 40 and m["spec"] == spec.to_dict()
-    assert m["counts"]["1"]["pairs"] == 10 and m["tokenizer"]["sha256"] == sha256_file(tmp_path / "tokenizer.json")
+    assert m["sha256"] == sha256_file(path) and m["rows"] == 64 and m["spec"] == spec.to_dict()  # 2 groups x 16 x 2 cells
+    assert m["counts"]["1"]["pairs"] == 16 and m["counts"]["1"]["groups"] == 2 and m["n_groups"] == 4
+    assert m["knob"] == "writes_per_register" and m["suffix_tokens"] == {"1": 1, "2": 2, "4": 4}
+    assert m["tokenizer"]["sha256"] == sha256_file(tmp_path / "tokenizer.json")
     assert m["tokenizer"]["final_token"] == ":" and m["package_version"] and "git_commit" in m["provenance"]
     ids = m["tokenizer"]["label_token_ids"]
-    assert ids == {"ZERO": tok.token_to_id("ZERO"), "ONE": tok.token_to_id("ONE")}
+    assert ids == {"zero": tok.token_to_id("zero"), "one": tok.token_to_id("one")}
     assert load_dataset(tmp_path / "registers.manifest.json").equals(back)
 
 
@@ -84,20 +89,22 @@ def _content_hash(df) -> str:
 def test_determinism_and_pinned_content(tmp_path):
     files = []
     for i in range(2):
-        for name in ("completion", "memory", "registers"):
-            write_dataset(generate(small(name), pairs=6, seed=11), tmp_path / str(i), build_tokenizer())
+        for name in NAMES:
+            write_dataset(generate(small(name), groups=3, seed=11), tmp_path / str(i), build_tokenizer())
         files.append({p.name: sha256_file(p) for p in (tmp_path / str(i)).glob("*.parquet")})
-    assert files[0] == files[1] and len(files[0]) == 3
+    assert files[0] == files[1] and len(files[0]) == 4
     # Pinned so that a change to the generators (which silently changes every dataset) fails here.
-    got = {n: _content_hash(generate(small(n), pairs=6, seed=11))[:16] for n in ("completion", "memory", "registers")}
+    got = {n: _content_hash(generate(small(n), groups=3, seed=11))[:16] for n in NAMES}
     assert got == PINNED
 
 
-PINNED = {"completion": "ff51512d15fb411a", "memory": "5ab36d4bd937a414", "registers": "b6a7eb5b4b36a53f"}
+NAMES = ("completion", "memory", "registers", "registers-count")
+PINNED = {"completion": "04e547165619557a", "memory": "419882f332675154", "registers": "62ad7d1aae80bb56",
+          "registers-count": "f49d2855b38fd62b"}
 
 
 def test_load_dataset_errors(tmp_path):
-    path = write_dataset(generate(small("memory"), pairs=4, seed=0), tmp_path, build_tokenizer())
+    path = write_dataset(generate(small("memory"), groups=4, seed=0), tmp_path, build_tokenizer())
     manifest = tmp_path / "memory.manifest.json"
     with pytest.raises(FbtError, match="nope.parquet: dataset file not found"):
         load_dataset(tmp_path / "nope.parquet")
@@ -126,14 +133,14 @@ def test_load_dataset_errors(tmp_path):
 
 def test_write_refuses_existing_and_is_atomic(tmp_path, monkeypatch):
     tok = build_tokenizer()
-    df = generate(small("completion"), pairs=3, seed=0)
+    df = generate(small("completion"), groups=3, seed=0)
     path = write_dataset(df, tmp_path, tok)
     with pytest.raises(FbtError, match="completion.parquet: already exists"):
         write_dataset(df, tmp_path, tok)
-    write_dataset(generate(small("completion"), pairs=4, seed=0), tmp_path, tok, force=True)
-    assert len(load_dataset(path)) == 16
-    other = build_tokenizer([load_spec("completion").replace(value_range=[0, 11])])
-    df_mem = generate(small("memory"), pairs=3, seed=0, tokenizer=other)
+    write_dataset(generate(small("completion"), groups=4, seed=0), tmp_path, tok, force=True)
+    assert len(load_dataset(path)) == 32  # 4 groups x 4 assignments x 2 lengths
+    other = build_tokenizer([load_spec("memory").replace(label_words={"0": "off", "1": "on"})])
+    df_mem = generate(small("memory"), groups=3, seed=0, tokenizer=other)
     with pytest.raises(FbtError, match="tokenizer.json: already exists"):
         write_dataset(df_mem, tmp_path, other)
 
@@ -154,13 +161,15 @@ def _whitespace_tokenizer(words) -> Tokenizer:
 
 
 def test_foreign_tokenizer_must_give_a_shared_final_token(tmp_path):
-    words = ["=", "0", "1"] + [f"r{i}" for i in range(8)] + ["#"] + [f"r{i}:" for i in range(8)]
-    tok = _whitespace_tokenizer(words)
-    with pytest.raises(FbtError, match=r"registers: sample 1 \(pair 0, \w+, writes_per_register=1\) ends with token 'r\d:'"):
-        generate(small("registers"), pairs=3, seed=0, tokenizer=tok)
-    tok = _whitespace_tokenizer(["=", "0", "1", "state", "scratch", "^=", "#", "final"])  # no 'state:'
+    from fbt_probe.tasks.tokenizer import check_encoded
+
+    tok = build_tokenizer()
+    colon, one = tok.token_to_id(":"), tok.token_to_id("1")
+    with pytest.raises(FbtError, match=r"registers: sample 1 \(pair 0\) ends with token '1' .* every sample of a task must end"):
+        check_encoded(tok, "registers", [[one, colon], [colon, one]], lambda i: f"pair {i // 2}")
+    tok = _whitespace_tokenizer(["=", "0", "1", "state", "scratch", "^=", "+=", "#", "final", "zero", "one"])  # no "state:"
     with pytest.raises(FbtError, match=r"memory: sample 0 .* outside the tokenizer's vocabulary"):
-        generate(small("memory"), pairs=3, seed=0, tokenizer=tok)
+        generate(small("memory"), groups=3, seed=0, tokenizer=tok)
     path = save_tokenizer(build_tokenizer(), tmp_path / "t.json")
-    df = generate(small("memory"), pairs=3, seed=0, tokenizer=load_tokenizer(path))
-    assert df.token_ids.tolist() == generate(small("memory"), pairs=3, seed=0).token_ids.tolist()
+    df = generate(small("memory"), groups=3, seed=0, tokenizer=load_tokenizer(path))
+    assert df.token_ids.tolist() == generate(small("memory"), groups=3, seed=0).token_ids.tolist()

@@ -65,15 +65,17 @@ def import_hf(
 
     Example: fbt-probe model import-hf ./qwen3-small runs/imported
     """
-    from fbt_probe.io import atomic_dir
-    from fbt_probe.model.checkpoint import save_checkpoint
+    from fbt_probe.io import atomic_dir, refuse_existing
+    from fbt_probe.model.checkpoint import is_own_checkpoint, save_checkpoint
     from fbt_probe.model.hf import import_qwen3
 
+    own = dict(own=is_own_checkpoint, kind="an fbt-probe checkpoint folder")
+    replacing = refuse_existing(out, force, **own)  # before the (possibly large) weights are read
     model = import_qwen3(path, seed=seed)
     tok = tokenizer or (path / "tokenizer.json" if (path / "tokenizer.json").is_file() else None)
-    with atomic_dir(out, force) as tmp:
+    with atomic_dir(out, force, **own) as tmp:
         save_checkpoint(model, tmp, tok, extra={"imported_from": str(path), "fusion_seed": seed})
-    typer.echo(f"wrote {out}")
+    typer.echo(f"{'replaced the earlier checkpoint in' if replacing else 'wrote'} {out}")
 
 
 @app.command("export-hf")
@@ -87,10 +89,12 @@ def export_hf(
     Example: fbt-probe model export-hf runs/imported ./qwen3-again
     """
     import fbt_probe as fp
-    from fbt_probe.io import atomic_dir
-    from fbt_probe.model.hf import export_qwen3
+    from fbt_probe.io import atomic_dir, refuse_existing
+    from fbt_probe.model.hf import export_qwen3, is_qwen3_folder
 
+    own = dict(own=is_qwen3_folder, kind="a Qwen3-format folder")
+    replacing = refuse_existing(out, force, **own)
     model = fp.load_model(source)
-    with atomic_dir(out, force) as tmp:
+    with atomic_dir(out, force, **own) as tmp:
         export_qwen3(model, tmp, force=True)
-    typer.echo(f"wrote {out}")
+    typer.echo(f"{'replaced the earlier export in' if replacing else 'wrote'} {out}")

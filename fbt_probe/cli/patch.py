@@ -40,7 +40,7 @@ def patch(
     last_k: Annotated[Optional[int], typer.Option(help="Residual: patch only the last K positions (default all).")] = None,
     scales: Annotated[str, typer.Option(help="Probe-direction: steering scales (class-mean gaps).")] = "0.5,1,2,4",
     erase: Annotated[str, typer.Option(help="Probe-direction erasure: auto | leace | orth | leace,orth.")] = "auto",
-    folds: Annotated[int, typer.Option(help="Probe-direction: grouped folds for cross-fitting.")] = 5,
+    folds: Annotated[int, typer.Option(help="Probe-direction: grouped folds for cross-fitting (4, as the probes).")] = 4,
     min_gap: Annotated[float, typer.Option(help="Pairs with |clean - corrupt| logit difference below this are left out of 'normalized'.")] = 0.1,
     decoding: Annotated[bool, typer.Option(help="Gate ablation: also Std / Soft decoding answer accuracy.")] = True,
     batch_size: Annotated[int, typer.Option(help="Samples per forward (pairs stay together).")] = 32,
@@ -66,13 +66,17 @@ def patch(
                       min_gap=min_gap, n_boot=n_boot, seed=seed, max_pairs=max_pairs, lengths=_ints(lengths, "lengths"),
                       depths=_ints(depths, "depths"), last_k=last_k, scales=_floats(scales, "scales"), n_folds=folds,
                       erase=erase, decoding=decoding, prefix_reuse=prefix_reuse)
-    refuse_existing(out / experiment, force)  # before loading anything
+    from fbt_probe.interventions.runner import RESULTS_KIND, is_results_folder
+
+    replacing = refuse_existing(out / experiment, force, own=is_results_folder, kind=RESULTS_KIND)  # before loading anything
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
     df = load_pairs(dataset, task_list)
     model, info, tok = load_run_model(run, device=device, seed=seed)
     check_compatible(model, df, tok)
     res = run_patch(model, df, cfg, out=out, force=force, model_info=info, figures=figures)
     _report(res)
+    if replacing:
+        typer.echo(f"replaced the earlier results in {out / experiment}")
 
 
 def _report(res) -> None:

@@ -24,15 +24,17 @@ def extract(
     shard_rows: Annotated[int, typer.Option(help="Samples per shard file.")] = 256,
     dtype: Annotated[str, typer.Option(help="Stored dtype: float32, float16, bfloat16, float64.")] = "float32",
     device: Annotated[Optional[str], typer.Option(help="Device to run the model on (default cpu).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Delete an existing activation folder and start over.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing activation folder (and nothing else): the new one is built beside it and swapped in when done.")] = False,
 ) -> None:
     """Extract the final-position residual stream at every depth for each prefill mode.
 
-    An interrupted extraction continues when the same command is run again.
+    An interrupted extraction (Ctrl-C, a killed process) continues when the same command is run
+    again; every finished shard is first checked against the sha256 recorded when it was written.
 
     Example: fbt-probe extract runs/tiny data/tasks --modes standard,recurrent:1 --out runs/tiny/acts
     """
     from fbt_probe.activations import extract as run_extract
+    from fbt_probe.activations import is_activation_folder
 
     def progress(done: int, total: int, shard: dict) -> None:
         typer.echo(f"[{done}/{total}] {shard['mode']:<14} {shard['task']:<11} T={shard['n_tokens']:<5} "
@@ -41,11 +43,24 @@ def extract(
     extra = [h.strip() for h in hooks.split(",") if h.strip()] if hooks else []
     from fbt_probe.hidden.checkpoint import is_hidden_checkpoint
 
-    if Path(run).is_dir() and is_hidden_checkpoint(run):  # Hidden Decoding: streams x depths, one mode
-        _extract_hidden(run, dataset, out, modes, extra, batch_size, shard_rows, dtype, device, force)
+    replacing = force and out.is_dir() and is_activation_folder(out)
+    try:
+        if Path(run).is_dir() and is_hidden_checkpoint(run):  # Hidden Decoding: streams x depths, one mode
+            _extract_hidden(run, dataset, out, modes, extra, batch_size, shard_rows, dtype, device, force)
+            store = None
+        else:
+            store = run_extract(run, dataset, modes or "standard,recurrent:1", out, extra_hooks=extra, reference=reference,
+                                batch_size=batch_size, shard_rows=shard_rows, dtype=dtype, device=device, force=force,
+                                progress=progress)
+    except KeyboardInterrupt:
+        msg = f"{out} is unchanged (a forced extraction replaces it only when done)" if replacing else \
+            "rerun the same command to resume"
+        typer.echo(f"interrupted: {msg}", err=True)
+        raise typer.Exit(130) from None
+    if replacing:
+        typer.echo(f"replaced the earlier activation folder {out}")
+    if store is None:
         return
-    store = run_extract(run, dataset, modes or "standard,recurrent:1", out, extra_hooks=extra, reference=reference, batch_size=batch_size,
-                        shard_rows=shard_rows, dtype=dtype, device=device, force=force, progress=progress)
     rss = store.manifest["peak_rss_mb"]
     typer.echo(f"wrote {len(store.manifest['shards'])} shards for {store.manifest['n_samples']} samples x "
                f"{len(store.modes)} modes to {out} (peak RSS {rss['after_largest_length']:.0f} MB up to the "
@@ -72,7 +87,7 @@ def _extract_hidden(run, dataset, out, modes, extra, batch_size, shard_rows, dty
 def probe(
     acts: Annotated[Path, typer.Argument(help="Activation folder written by `fbt-probe extract`.", show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="Results folder: probes.parquet, probes.csv, probes_summary.csv, probes.provenance.json.")],
-    folds: Annotated[int, typer.Option(help="Folds of grouped K-fold CV.")] = 5,
+    folds: Annotated[int, typer.Option(help="Folds of grouped K-fold CV (4: the paper's appendix F).")] = 4,
     cv: Annotated[str, typer.Option(help="group (GroupKFold) or stratified-group (StratifiedGroupKFold).")] = "group",
     c: Annotated[float, typer.Option("--C", help="Inverse L2 strength of the logistic regression.")] = 1.0,
     backend: Annotated[str, typer.Option(help="auto | sklearn | torch (auto: torch on CUDA, else sklearn).")] = "auto",

@@ -7,7 +7,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-app = typer.Typer(help="Synthetic probe tasks (completion, memory, registers): specs, datasets, tokenizer.",
+app = typer.Typer(help="Synthetic probe tasks (completion, memory, registers, registers-count): specs, datasets, tokenizer.",
                   no_args_is_help=True)
 
 
@@ -22,7 +22,8 @@ def list_cmd() -> None:
     for name, path in builtin_spec_paths().items():
         s = load_spec(path)
         grid = "/".join(str(k) for k in s.length_grid)
-        typer.echo(f"{name:<12} kind={s.kind:<10} {s.knob_name}={grid:<16} pairs/cell={s.pairs_per_cell:<4} "
+        per = "per cell" if s.kind == "registers" else "over the grid"
+        typer.echo(f"{name:<16} kind={s.kind:<10} {s.knob_name}={grid:<16} groups={s.groups} ({per}) "
                    f"seed={s.seed:<3} labels={s.label_words[0]}/{s.label_words[1]}  {path}")
 
 
@@ -30,7 +31,7 @@ def list_cmd() -> None:
 def generate(
     specs: Annotated[List[str], typer.Argument(help="Built-in task names or spec files (.json).", show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="Output folder: <task>.parquet, <task>.manifest.json, tokenizer.json.")],
-    pairs: Annotated[Optional[int], typer.Option(help="Pairs per length-grid cell (default: the spec's).")] = None,
+    groups: Annotated[Optional[int], typer.Option(help="Structural groups: over the whole length grid (completion, memory) or per cell (registers) (default: the spec's, the paper's sizes).")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Random seed (default: the spec's).")] = None,
     tokenizer: Annotated[Optional[Path], typer.Option(help="A Hugging Face tokenizer.json (default: the built-in word-level one).")] = None,
     heldout: Annotated[Optional[float], typer.Option(help="Draw only contexts held out of training by heldout_groups(task, FRACTION, --heldout-seed).")] = None,
@@ -39,7 +40,7 @@ def generate(
 ) -> None:
     """Generate minimal-pair datasets from task specs.
 
-    Example: fbt-probe tasks generate completion memory registers --out data/tasks --pairs 128 --seed 0
+    Example: fbt-probe tasks generate completion memory registers registers-count --out data/tasks
     """
     from fbt_probe.io import refuse_existing
     from fbt_probe.tasks import build_tokenizer, generate as gen, heldout_groups, load_spec, load_tokenizer, write_dataset
@@ -56,19 +57,21 @@ def generate(
         contexts = heldout_groups(s, heldout, heldout_seed) if heldout is not None else None
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            frames.append(gen(s, pairs=pairs, seed=seed, tokenizer=tok, contexts=contexts))
+            frames.append(gen(s, groups=groups, seed=seed, tokenizer=tok, contexts=contexts,
+                              tokenizer_name=f"tokenizer {tokenizer}" if tokenizer else "the built-in tokenizer"))
         for w in caught:
             typer.echo(f"note: {w.message}", err=True)
     for s, df in zip(loaded, frames):
         path = write_dataset(df, out, tok, force=force, tokenizer_source=str(tokenizer) if tokenizer else "builtin")
-        typer.echo(f"{s.task}: {len(df)} samples ({len(df) // 2} pairs), {df.n_tokens.min()}-{df.n_tokens.max()} tokens -> {path}")
+        typer.echo(f"{s.task}: {len(df)} samples ({len(df) // 2} pairs, {df.group_id.nunique()} groups), "
+                   f"{df.n_tokens.min()}-{df.n_tokens.max()} tokens -> {path}")
 
 
 @app.command()
 def show(
     file: Annotated[Path, typer.Argument(help="A dataset .parquet (its manifest must sit beside it).", show_default=False)],
     n: Annotated[int, typer.Option("--n", help="Number of pairs to show.")] = 3,
-    knob: Annotated[Optional[int], typer.Option(help="Only pairs with this distractor count / writes per register.")] = None,
+    knob: Annotated[Optional[int], typer.Option(help="Only pairs with this distractor count / writes per register / register count.")] = None,
     max_lines: Annotated[int, typer.Option(help="Lines shown per sample before eliding the middle.")] = 12,
 ) -> None:
     """Print pairs side by side with labels and token counts ('*' marks lines that differ).

@@ -52,7 +52,15 @@ def train_cmd(
         extra["task_shares"] = parse_task_shares(task_shares)
     cfg = TrainConfig(preset=preset, schedule=schedule, baseline=baseline, seed=seed, lam=lam, noise=noise, dtype=dtype,
                       **hidden, **extra)
-    res = run_training(cfg, out, init=init, resume=resume, force=force)
+    replacing = force and not resume and out.is_dir() and any(out.iterdir())
+    try:
+        res = run_training(cfg, out, init=init, resume=resume, force=force)
+    except KeyboardInterrupt:
+        msg = "the earlier run is unchanged" if replacing else "continue from the last checkpoint with --resume"
+        typer.echo(f"interrupted: {out}: {msg}", err=True)
+        raise typer.Exit(130) from None
+    if res.get("replaced"):
+        typer.echo(f"replaced the earlier run in {out}")
     typer.echo(f"trained {res['step']} steps in {res['seconds']:.0f} s ({res['tokens'] / max(res['seconds'], 1e-9):,.0f} tokens/s); run folder: {out}")
 
 

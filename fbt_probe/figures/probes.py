@@ -1,9 +1,9 @@
 """Probe figures drawn from the tidy probe table (`fbt_probe.probes.write_results`).
 
 fig7a: held-out accuracy vs depth, panels task x {standard, recurrent:1}, one colour per length.
-fig7b: the registers task, one panel per writes-per-register, one line per prefill mode.
-Both show the 0.5 chance line, the majority baseline on the same splits, and the fold spread
-(shaded min-max over folds).
+fig7b: the register sweeps (count m = 1/2/4/8, writes 2/4/8 at m = 8), one line per prefill mode,
+95 % CI over folds. Both show the 0.5 chance line and the majority baseline on the same splits;
+fig7a shades the fold spread (min-max over folds).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ REFERENCE_MODE = "carried-state"
 MODE_ORDER = ("standard", "recurrent:1", "recurrent:2", "recurrent:4", "full")
 MODE_WORDS = {"standard": "standard prefill", "recurrent:1": "one-step recurrent prefill (recurrent:1)",
               "full": "full recurrence", REFERENCE_MODE: "carried state h(T-1)"}
-LENGTH_WORDS = {"registers": "Writes per register"}
+LENGTH_WORDS = {"registers": "Writes per register", "registers-count": "Registers"}
 
 
 def _task_words(task: str) -> str:
@@ -89,7 +89,7 @@ def fig7a(table: pd.DataFrame, tasks: str | None = None, modes: str = "standard,
     table = _one_model(table, model, "fig7a")
     present = list(dict.fromkeys(table["task"]))
     task_list = tasks.split(",") if tasks else [t for t in ("completion", "memory") if t in present] or \
-        [t for t in present if t != "registers"]
+        [t for t in present if not t.startswith("registers")]
     mode_list = modes.split(",")
     if not task_list or not (table["task"].isin(task_list) & table["mode"].isin(mode_list)).any():
         raise FbtError(f"fig7a: the table has no rows for tasks {task_list or '(none)'} under modes {mode_list}")
@@ -146,33 +146,69 @@ def _viridis(n: int):
     return [cmap(x) for x in np.linspace(0.0, 0.85, max(n, 1))][:n]
 
 
-def fig7b(table: pd.DataFrame, task: str = "registers", modes: str | None = None, model: str | None = None):
-    """Registers: one panel per writes-per-register (the length knob), one line per prefill mode
-    (default order: standard, recurrent:1/2/4, full, then any other mode in the table)."""
+def fold_ci(table: pd.DataFrame, metric: str = "accuracy", level: float = 0.95) -> pd.DataFrame:
+    """Mean over folds and a t-interval of that mean per (length, depth): `mean`, `low`, `high`.
+
+    The fold, not the sample, is the unit: grouped folds keep each group's correlated samples
+    together, so a binomial interval over samples would be too narrow."""
+    from scipy import stats
+
+    t = table[table["metric"] == metric]
+    g = t.groupby(["length", "depth"])["value"].agg(["mean", "std", "count"]).reset_index()
+    half = stats.t.ppf(0.5 + level / 2, np.maximum(g["count"] - 1, 1)) * g["std"].fillna(0) / np.sqrt(g["count"])
+    g["low"], g["high"] = (g["mean"] - half).clip(0, 1), (g["mean"] + half).clip(0, 1)
+    return g.sort_values(["length", "depth"])
+
+
+SWEEPS = {"registers-count": ("registers", "register count m (16 assignments)"),
+          "registers": ("writes per register", "writes per register (m = 8)")}
+
+
+def _sweep_title(task: str, length: int) -> str:
+    if task == "registers-count":
+        return f"m = {length} register{'s' if length > 1 else ''}, {16 // length} writes each"
+    return f"m = 8, {length} writes per register"
+
+
+def fig7b(table: pd.DataFrame, tasks: str = "registers-count,registers", modes: str | None = None, model: str | None = None):
+    """The register sweeps as the paper draws Fig. 7b: one panel per register count (task
+    `registers-count`, first row) and per writes-per-register at m = 8 (task `registers`, second
+    row); one line per prefill mode (default: standard, recurrent:1/2/4, full, then any other mode in
+    the table) with its 95 % CI over folds (t-interval); chance and majority-baseline lines."""
     table = _one_model(table, model, "fig7b")
-    tt = table[table["task"] == task]
-    if tt.empty:
-        raise FbtError(f"fig7b: the table has no rows for task '{task}' (has {', '.join(sorted(table['task'].unique()))})")
+    task_list = [t for t in tasks.split(",") if (table["task"] == t).any()]
+    if not task_list:
+        raise FbtError(f"fig7b: the table has no rows for task(s) {tasks} (has {', '.join(sorted(table['task'].unique()))})")
+    tt = table[table["task"].isin(task_list)]
     present = [m for m in dict.fromkeys(tt["mode"]) if m != REFERENCE_MODE]
     mode_list = modes.split(",") if modes else [m for m in MODE_ORDER if m in present] + \
         [m for m in present if m not in MODE_ORDER]
-    lengths = sorted(tt["length"].unique())
+    rows = {t: sorted(tt.loc[tt["task"] == t, "length"].unique()) for t in task_list}
     depths = sorted(tt["depth"].unique())
-    majority = _mean(tt, "majority_baseline")
     palette = dict(zip(mode_list, ["#222222", "#1f77b4", "#17becf", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]))
     with paper_style():
-        fig, axes = subplots(1, len(lengths), panel_height_in=2.4, sharey=True)
-        for j, length in enumerate(lengths):
-            ax = axes[0, j]
-            for mode in mode_list:
-                c = _curves(tt[(tt["mode"] == mode) & (tt["length"] == length)])
-                if not c.empty:
-                    _band(ax, c, palette.get(mode, None), mode)
-            _decorate(ax, depths, majority)
-            ax.set_title(f"{int(length)} writes per register")
-            ax.set_xlabel("Depth (0 = model input, L = top layer)")
-            if j == 0:
-                ax.set_ylabel("Held-out probe accuracy")
+        fig, axes = subplots(len(task_list), max(map(len, rows.values())), panel_height_in=2.0, sharey=True)
+        for i, task in enumerate(task_list):
+            cell = tt[tt["task"] == task]
+            majority = _mean(cell, "majority_baseline")
+            for j in range(axes.shape[1]):
+                ax = axes[i, j]
+                if j >= len(rows[task]):
+                    ax.set_visible(False)
+                    continue
+                length = rows[task][j]
+                for mode in mode_list:
+                    c = fold_ci(cell[(cell["mode"] == mode) & (cell["length"] == length)])
+                    if not c.empty:
+                        ax.plot(c["depth"], c["mean"], marker="o", color=palette.get(mode), label=mode)
+                        ax.fill_between(c["depth"], c["low"], c["high"], color=palette.get(mode), alpha=0.15, lw=0)
+                _decorate(ax, depths, majority)
+                ax.set_title(_sweep_title(task, int(length)))
+                if i == len(task_list) - 1 or j >= len(rows.get(task_list[-1], [])):
+                    ax.set_xlabel("Depth (0 = model input)")
+                if j == 0:
+                    ax.set_ylabel(f"{SWEEPS.get(task, (task,))[0].capitalize()} sweep\nheld-out probe accuracy")
         _legend(fig, axes)
-        fig.suptitle("Registers: probe accuracy by depth under each prefill mode")
+        fig.suptitle("Multi-register latest-write tracking: probe accuracy by depth per prefill mode "
+                     "(bands: 95 % CI over folds)")
     return fig

@@ -7,7 +7,7 @@ from pathlib import Path
 from fbt_probe.errors import FbtError
 from fbt_probe.hidden.config import ARCH, HiddenConfig
 from fbt_probe.io import read_json
-from fbt_probe.model.checkpoint import FORMAT, save_checkpoint
+from fbt_probe.model.checkpoint import FORMATS, read_config, save_checkpoint
 
 __all__ = ["is_hidden_checkpoint", "load_hidden", "save_checkpoint"]
 
@@ -17,7 +17,9 @@ def is_hidden_checkpoint(folder: str | Path) -> bool:
     if not cfg.is_file():
         return False
     meta = read_json(cfg, "checkpoint config")
-    return meta.get("fbt_probe_format") == FORMAT and (meta.get("model") or {}).get("arch") == ARCH
+    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
+        return False
+    return meta.get("fbt_probe_format") in FORMATS and meta["model"].get("arch") == ARCH
 
 
 def load_hidden(folder: str | Path, device: str = "cpu"):
@@ -25,8 +27,7 @@ def load_hidden(folder: str | Path, device: str = "cpu"):
     from fbt_probe.model.checkpoint import build_from_weights
 
     folder = Path(folder)
-    meta = read_json(folder / "config.json", "checkpoint config")
-    if (meta.get("model") or {}).get("arch") != ARCH:
+    if not is_hidden_checkpoint(folder):
         raise FbtError(f"{folder / 'config.json'}: not a hidden-decoding checkpoint (model.arch is not '{ARCH}')")
-    cfg = HiddenConfig.from_dict(meta["model"], source=str(folder / "config.json")).replace(device=device)
+    cfg = read_config(folder, HiddenConfig)[1].replace(device=device)
     return build_from_weights(HiddenDecodingTransformer, cfg, folder / "model.safetensors").to(device).eval()

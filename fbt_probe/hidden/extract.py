@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ import torch
 from fbt_probe.errors import FbtError
 from fbt_probe.hidden.streams import stream_position
 from fbt_probe.hooks import depth_name
-from fbt_probe.io import atomic_path, sha256_file, write_json
+from fbt_probe.io import atomic_dir, atomic_path, refuse_existing, sha256_file, write_json
 
 MODE = "standard"
 
@@ -80,11 +79,13 @@ def extract_streams(model, dataset, out_dir, *, batch_size: int = 16, shard_rows
                     device: str | None = None, force: bool = False):
     """Extract (see module doc) and return the `ActivationStore`. `model`: a hidden-decoding model or
     checkpoint folder; `dataset`: a DataFrame, a dataset file or a folder of them."""
-    from fbt_probe.activations import DTYPES, FORMAT, SAMPLE_COLUMNS, ActivationStore
+    from fbt_probe.activations import DTYPES, FORMAT, SAMPLE_COLUMNS, ActivationStore, is_activation_folder
+    from fbt_probe.config import check_device
 
     out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()) and not force:
-        raise FbtError(f"{out_dir}: already exists; refusing to overwrite (pass force=True)")
+    own = dict(own=is_activation_folder, kind="an activation folder")
+    refuse_existing(out_dir, force, **own)  # before anything is loaded
+    check_device(device)
     if dtype not in DTYPES:
         raise FbtError(f"dtype '{dtype}': expected one of {sorted(DTYPES)}")
     model, source, model_hash = _model(model, device)
@@ -95,10 +96,18 @@ def extract_streams(model, dataset, out_dir, *, batch_size: int = 16, shard_rows
     missing = {"token_ids", *SAMPLE_COLUMNS} - set(df.columns)
     if missing:
         raise FbtError(f"{paths[0]}: dataset lacks column(s) {sorted(missing)}")
+    if df.empty:
+        raise FbtError(f"{paths[0]}: the dataset has no rows; nothing to extract")
+    with atomic_dir(out_dir, force, **own) as tmp:  # built beside OUT, swapped in when complete
+        _extract_into(tmp, model, df, source, model_hash, data_hash, paths, batch_size, shard_rows, dtype)
+    return ActivationStore(out_dir)
+
+
+def _extract_into(out_dir: Path, model, df, source, model_hash, data_hash, paths, batch_size, shard_rows, dtype) -> None:
+    from fbt_probe.activations import DTYPES, FORMAT, SAMPLE_COLUMNS
+
     targets = stream_targets(model)
     dev = next(model.parameters()).device
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
     (out_dir / "shards" / MODE).mkdir(parents=True)
     shards = []
     for (T, task), index in df.groupby(["n_tokens", "task"], sort=True).groups.items():
@@ -126,7 +135,6 @@ def extract_streams(model, dataset, out_dir, *, batch_size: int = 16, shard_rows
         "targets": {MODE: [t.to_dict() for t in targets]},
         "provenance": provenance(model_hash=model_hash, dataset_hash=data_hash),
     })
-    return ActivationStore(out_dir)
 
 
 def _write_shard(model, df, rows, targets, batch_size, dtype, device, path: Path) -> None:

@@ -23,6 +23,7 @@ from fbt_probe.errors import FbtError
 from fbt_probe.hidden.config import HiddenConfig
 from fbt_probe.hidden.streams import stream_mask, stream_slice
 from fbt_probe.model.components import Attention, Block, Hk, HookedRMSNorm, KVCache, hooked, silent
+from fbt_probe.model.transformer import check_tokens
 
 
 class StreamAttention(Attention):
@@ -92,12 +93,12 @@ class HiddenDecodingTransformer(HookedRootModule):
         return self.unembed(normed[:, stream_slice(self.n_streams, self.n_streams)])  # last stream only (eq. 2)
 
     # ----------------------------------------------------------------- public
-    def forward(self, tokens: torch.Tensor, mode: str = "standard") -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, mode: str | None = None) -> torch.Tensor:
         """tokens [batch, pos] -> next-token logits [batch, pos, d_vocab] read at each token's last
         stream (eq. 2), so losses and accuracies use the same targets as the base model."""
-        if str(mode) != "standard":
+        if mode is not None and str(mode) != "standard":
             raise FbtError(f"mode '{mode}': a hidden-decoding model has no feedback modes (only 'standard')")
-        return self._head(self._run(tokens, 0, None, hooked))
+        return self._head(self._run(check_tokens(tokens, self.cfg), 0, None, hooked))
 
     def stream_logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits at every physical position [batch, n*pos, d_vocab] (for inspection; only the
@@ -116,6 +117,9 @@ class HiddenDecodingTransformer(HookedRootModule):
     @torch.no_grad()
     def generate(self, tokens: torch.Tensor, n_new: int) -> torch.Tensor:
         """Greedy continuation with the KV cache: [batch, pos] -> [batch, pos + n_new]."""
+        tokens = check_tokens(tokens, self.cfg)
+        if isinstance(n_new, bool) or not isinstance(n_new, int) or n_new < 0:
+            raise FbtError(f"n_new: expected an integer >= 0, got {n_new!r}")
         cache, logits = self.prefill_cache(tokens)
         out, nxt = [tokens], logits[:, -1].argmax(-1)
         for _ in range(n_new):

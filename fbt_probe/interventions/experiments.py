@@ -54,6 +54,14 @@ def last_prefix(model, tokens: torch.Tensor, mode: str, reuse: bool = True) -> P
     return build_prefix(model, tokens, mode) if reuse else None
 
 
+def check_depths(depths, model) -> None:
+    """Probe depths 0..L of this model, else a one-line error."""
+    L = model.cfg.n_layers
+    bad = [d for d in depths or () if not 0 <= d <= L]
+    if bad:
+        raise FbtError(f"--depths {bad[0]}: this model has probe depths 0..{L} (0 = its input, d = block d-1's output)")
+
+
 def require_feedback(mode: str, T: int, experiment: str) -> None:
     if parse_mode(mode).first_fed_position(T) > T - 1:
         raise FbtError(f"{experiment}: mode '{mode}' feeds no state into the final position; "
@@ -273,9 +281,11 @@ def residual_patching(model, batches: Iterable[PairBatch], mode: str = "standard
     d × p: denoising runs the partner with the row's activation patched in (1 = full recovery);
     noising runs the row with its partner's activation (0 = fully destroyed). Many positions run in
     one forward (replicas of the batch, each patched at its own position). `last_k`: only the last
-    k positions. `serial` defaults to True when the mode carries a state (see module doc). With
-    `reuse`, each run starts at its first patched position from one silent run of the batch."""
+    k positions (every position when k >= T). `serial` defaults to True when the mode carries a state
+    (see module doc). With `reuse`, each run starts at its first patched position from one silent
+    run of the batch."""
     depths = list(range(model.cfg.n_layers + 1)) if depths is None else list(depths)
+    check_depths(depths, model)
     bad = [d for d in directions if d not in ("denoising", "noising")]
     if bad:
         raise FbtError(f"residual: direction '{bad[0]}': expected denoising or noising")
@@ -298,7 +308,7 @@ def _residual_batch(model, batch: PairBatch, mode: str, min_gap: float, depths: 
         ref = model.run_with_hooks(batch.tokens, mode=mode, serial=use_serial,
                                    fwd_hooks=[(n, capture(store, n, model)) for n in names])[:, -1]
     acts = {n: stitch(store[n]) for n in names}
-    positions = list(range(T - last_k, T) if last_k else range(T))
+    positions = list(range(max(0, T - last_k), T) if last_k else range(T))  # last_k >= T: every position
     per = max(1, batch_size // N)
     pre = build_prefix(model, batch.tokens, mode, serial=use_serial) if reuse else None  # serves every start
     rows = []

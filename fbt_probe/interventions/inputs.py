@@ -60,11 +60,14 @@ def load_pairs(dataset: str | Path, tasks=None) -> pd.DataFrame:
         man = df.attrs["manifest"]
         if tasks and man["task"] not in tasks:
             continue
+        if df.empty:
+            raise FbtError(f"{f}: the dataset has no rows; nothing to patch")
         known = (man.get("tokenizer") or {}).get("label_token_ids") or {}
         words = {int(k): v for k, v in man["spec"]["label_words"].items()}
         if any(known.get(words[c]) is None for c in (0, 1)):
             raise FbtError(f"{f}: label words {words} are not single tokens under the dataset's tokenizer")
         ids[man["task"]] = (int(known[words[0]]), int(known[words[1]]))
+        _check_label_ids(f, man, words, ids[man["task"]])
         shas.append(man["sha256"])
         toks.add((man.get("tokenizer") or {}).get("sha256"))
         frames.append(df)
@@ -76,6 +79,23 @@ def load_pairs(dataset: str | Path, tasks=None) -> pd.DataFrame:
     out.attrs = {"label_token_ids": ids, "dataset_sha256": shas, "dataset_files": [str(f) for f in files],
                  "tokenizer_sha256": toks.pop()}
     return out
+
+
+def _check_label_ids(f: Path, manifest: dict, words: dict, ids: tuple[int, int]) -> None:
+    """Refuse label words the dataset's tokenizer maps to its unknown token (datasets written before
+    generation refused them): the logit difference would be taken against <unk>."""
+    from fbt_probe.tasks.tokenizer import load_tokenizer, unk_id
+
+    tok_file = f.parent / ((manifest.get("tokenizer") or {}).get("file") or "tokenizer.json")
+    if ids[0] == ids[1]:
+        raise FbtError(f"{f}: label words {words[0]!r} and {words[1]!r} have the same token id {ids[0]}")
+    if not tok_file.is_file():
+        return
+    unk = unk_id(load_tokenizer(tok_file))
+    for label, tid in enumerate(ids):
+        if unk is not None and tid == unk:
+            raise FbtError(f"{f}: label word {words[label]!r} is the unknown token of {tok_file} "
+                           "(regenerate the dataset with a tokenizer that has it)")
 
 
 def check_compatible(model, df: pd.DataFrame, tokenizer_path: Path | None) -> None:

@@ -151,7 +151,7 @@ def apply_edit(X: np.ndarray, r, l, b) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- experiment
 def probe_direction(model, batches, mode: str = "recurrent:1", min_gap: float = 0.1, depths=(0,),
-                    scales=(0.5, 1.0, 2.0, 4.0), n_folds: int = 5, erase: str = "auto", C: float = 1.0,
+                    scales=(0.5, 1.0, 2.0, 4.0), n_folds: int = 4, erase: str = "auto", C: float = 1.0,
                     seed: int = 0, reuse: bool = True) -> pd.DataFrame:
     """Erase / steer the probe direction at the final position of each depth (see module doc).
     Cells with fewer than two groups are skipped and listed in `df.attrs['notes']`. With `reuse`,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -19,9 +20,10 @@ from fbt_probe.interventions import experiments as E
 from fbt_probe.interventions.metrics import METRIC_HELP, summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.probe_direction import erase_methods, probe_direction
-from fbt_probe.model.modes import parse_mode
+from fbt_probe.model.modes import check_distinct, parse_mode
 
 FORMAT = "fbt-probe.interventions/1"
+RESULTS_KIND = "an interventions results folder (manifest.json of format fbt-probe.interventions/1)"
 EXPERIMENTS = ("feedback-swap", "state-replacement", "gate-ablation", "residual", "probe-direction")
 HOOK_RULES = {
     "feedback-swap": "one-pass: fusion.* replaced at the final position in the one hooked pass (exact)",
@@ -55,7 +57,7 @@ class PatchConfig:
     last_k: int | None = None
     """Residual: patch only the last k positions (None = all)."""
     scales: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
-    n_folds: int = 5
+    n_folds: int = 4
     erase: str = "auto"
     decoding: bool = True
     """Gate ablation: also Std / Soft decoding answer accuracy."""
@@ -67,12 +69,27 @@ class PatchConfig:
     def __post_init__(self) -> None:
         if self.experiment not in EXPERIMENTS:
             raise FbtError(f"experiment '{self.experiment}': expected one of {', '.join(EXPERIMENTS)}")
-        for m in self.modes:
-            parse_mode(m)
-        if self.min_gap < 0 or not 0 < self.ci < 1 or self.n_boot < 1:
-            raise FbtError("min_gap must be >= 0, ci in (0, 1), n_boot >= 1")
+        check_distinct([str(parse_mode(m)) for m in self.modes], list(self.modes))
+        if not (_number(self.min_gap) and self.min_gap >= 0):  # NaN would disable the filter
+            raise FbtError(f"--min-gap {self.min_gap}: expected a finite number >= 0")
+        if not (_number(self.ci) and 0 < self.ci < 1):
+            raise FbtError(f"ci {self.ci}: expected a number in (0, 1)")
+        for name, low in (("n_boot", 1), ("batch_size", 2), ("n_folds", 2), ("max_pairs", 1), ("last_k", 1)):
+            value = getattr(self, name)
+            if value is None and name in ("max_pairs", "last_k"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise FbtError(f"--{name.replace('_', '-').replace('n-folds', 'folds')} {value}: expected an integer >= {low}")
+        if self.depths is not None and (not self.depths or min(self.depths) < 0):
+            raise FbtError(f"--depths {','.join(map(str, self.depths))}: expected probe depths >= 0 (0 = the model's input)")
+        if not all(_number(s) for s in self.scales):
+            raise FbtError(f"--scales {self.scales}: expected finite numbers")
         if self.experiment == "probe-direction":
             erase_methods(self.erase)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _cell_filter(df: pd.DataFrame, cfg: PatchConfig):
@@ -88,7 +105,10 @@ def _cell_filter(df: pd.DataFrame, cfg: PatchConfig):
 
 def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | None = None) -> pd.DataFrame:
     """All modes of one experiment -> wide rows (df.attrs['notes'] lists skipped cells)."""
+    if df.empty:
+        raise FbtError("dataset: no rows; nothing to patch")
     label_ids = label_ids or label_token_ids(df)
+    E.check_depths(cfg.depths, model)
     lengths, max_pairs = _cell_filter(df, cfg)
     model.eval()
     out, notes = [], []
@@ -170,10 +190,21 @@ def _leace_version() -> str:
     return f"LEACE via EleutherAI concept-erasure {metadata.version('concept-erasure')}"
 
 
+def is_results_folder(path: Path) -> bool:
+    """A folder written by `write_results` (its manifest has our format)."""
+    from fbt_probe.io import read_json
+
+    try:
+        meta = read_json(Path(path) / "manifest.json")
+    except FbtError:
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT
+
+
 def write_results(res: Results, out_dir: Path, force: bool = False, figures: bool = True) -> Path:
     from fbt_probe.io import atomic_dir, write_json
 
-    with atomic_dir(out_dir, force=force) as tmp:
+    with atomic_dir(out_dir, force=force, own=is_results_folder, kind=RESULTS_KIND) as tmp:
         for name, table in (("rows", res.rows), ("summary", res.summary)):
             table.to_parquet(tmp / f"{name}.parquet", index=False)
             table.to_csv(tmp / f"{name}.csv", index=False)
@@ -190,10 +221,10 @@ def run(model, df: pd.DataFrame, cfg: PatchConfig, out: str | Path | None = None
         model_info: dict | None = None, label_ids: dict | None = None, figures: bool = True) -> Results:
     """Run `cfg.experiment`, summarize, and (with `out`) write `out/<experiment>/`."""
     target = Path(out) / cfg.experiment if out is not None else None
-    if target is not None and target.exists() and not force:
+    if target is not None:  # before hours of patching
         from fbt_probe.io import refuse_existing
 
-        refuse_existing(target, force)
+        refuse_existing(target, force, own=is_results_folder, kind=RESULTS_KIND)
     wide = run_experiment(model, df, cfg, label_ids)
     long, summary = analyse(wide, cfg)
     res = Results(long, summary, manifest_for(cfg, long, wide.attrs.get("notes", []), model_info or {}, df))

@@ -1,7 +1,6 @@
 """Checkpoint folders of our own: config.json (+ `fbt_probe_format`), model.safetensors, tokenizer.json."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -12,7 +11,9 @@ from fbt_probe.config import ModelConfig
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json, sha256_file, write_json
 
-FORMAT = "fbt-probe/1"
+FORMAT = "fbt-probe/2"  # config.json records every ModelConfig field (and TrainConfig field, for a run)
+LEGACY_FORMAT = "fbt-probe/1"  # written before qk_norm_init / fusion_norm_init existed: config.LEGACY_MODEL_DEFAULTS
+FORMATS = (FORMAT, LEGACY_FORMAT)
 
 
 def save_checkpoint(model, folder: str | Path, tokenizer_path: str | Path | None = None, extra: dict | None = None) -> Path:
@@ -32,18 +33,35 @@ def save_checkpoint(model, folder: str | Path, tokenizer_path: str | Path | None
 
 
 def is_own_checkpoint(folder: Path) -> bool:
-    cfg = folder / "config.json"
-    return cfg.is_file() and json.loads(cfg.read_text()).get("fbt_probe_format") == FORMAT
+    cfg = Path(folder) / "config.json"
+    return cfg.is_file() and _meta(cfg).get("fbt_probe_format") in FORMATS
+
+
+def _meta(path: Path) -> dict:
+    meta = read_json(path, "checkpoint config")
+    if not isinstance(meta, dict):
+        raise FbtError(f"{path}: expected a JSON object")
+    return meta
+
+
+def read_config(folder: Path, config_cls=ModelConfig) -> tuple[dict, "ModelConfig"]:
+    """(config.json as a dict, its model config), complete or a one-line error naming the missing field."""
+    path = Path(folder) / "config.json"
+    meta = _meta(path)
+    fmt = meta.get("fbt_probe_format")
+    if fmt not in FORMATS:
+        raise FbtError(f"{path}: field 'fbt_probe_format' is {fmt!r}; expected one of {list(FORMATS)} "
+                       "(not an fbt-probe checkpoint, or written by another version)")
+    if "model" not in meta:
+        raise FbtError(f"{path}: field 'model' missing (not an fbt-probe checkpoint)")
+    return meta, config_cls.from_dict(meta["model"], source=str(path), legacy=fmt == LEGACY_FORMAT)
 
 
 def load_checkpoint(folder: str | Path, device: str = "cpu"):
     from fbt_probe.model.transformer import FeedbackTransformer
 
     folder = Path(folder)
-    meta = read_json(folder / "config.json", "checkpoint config")
-    if "model" not in meta:
-        raise FbtError(f"{folder / 'config.json'}: field 'model' missing (not an fbt-probe checkpoint)")
-    cfg = ModelConfig.from_dict(meta["model"], source=str(folder / "config.json")).replace(device=device)
+    cfg = read_config(folder)[1].replace(device=device)
     return build_from_weights(FeedbackTransformer, cfg, folder / "model.safetensors").to(device).eval()
 
 

@@ -16,9 +16,19 @@ DECODINGS = ("std", "soft", "fused")
 @torch.no_grad()
 def generate(model, tokens: torch.Tensor, n_new: int, decoding: str = "std") -> torch.Tensor:
     """Greedy continuation. tokens: [batch, pos] -> [batch, n_new] new token ids."""
-    decoding = decoding.lower()
+    from fbt_probe.model.transformer import check_tokens
+
+    decoding = str(decoding).lower()
     if decoding not in DECODINGS:
         raise FbtError(f"decoding '{decoding}': expected one of {DECODINGS}")
+    tokens = check_tokens(tokens, model.cfg)
+    if isinstance(n_new, bool) or not isinstance(n_new, int) or n_new < 0:
+        raise FbtError(f"n_new: expected an integer >= 0, got {n_new!r}")
+    if tokens.shape[1] + n_new - 1 > model.cfg.n_ctx:  # the last new token is never fed back
+        raise FbtError(f"n_new: {tokens.shape[1]} prompt + {n_new} new tokens exceed the model's context "
+                       f"n_ctx = {model.cfg.n_ctx}")
+    if n_new == 0:
+        return tokens.new_zeros(tokens.shape[0], 0)
     cache, state, logits = _prefill(model, tokens, decoding, capacity=tokens.shape[1] + n_new)
     state, logits = state[:, -1], logits[:, -1]
     out = []

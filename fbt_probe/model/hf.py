@@ -18,6 +18,7 @@ from fbt_probe.config import ModelConfig
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json, write_json
 
+_REQUIRED = object()
 _BLOCK_MAP = {  # ours -> Qwen3, inside a layer
     "attn.q_proj.weight": "self_attn.q_proj.weight",
     "attn.k_proj.weight": "self_attn.k_proj.weight",
@@ -46,6 +47,22 @@ def config_from_qwen3(hf: dict, source: str = "config.json") -> ModelConfig:
     def refuse(field: str, why: str):
         raise FbtError(f"{source}: field '{field}' {why}")
 
+    def need(field: str, kind: str = "int", default=_REQUIRED):
+        """A typed field: missing (without a default) or of the wrong type is a one-line error."""
+        if field not in hf or hf[field] is None:
+            if default is _REQUIRED:
+                refuse(field, "missing (a Qwen3 config.json records it)")
+            return default
+        v = hf[field]
+        if kind == "int" and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            raise FbtError(f"{source}: field '{field}': expected an integer >= 1, got {v!r}")
+        if kind == "number" and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
+            raise FbtError(f"{source}: field '{field}': expected a number > 0, got {v!r}")
+        return v
+
+    if not isinstance(hf, dict):
+        raise FbtError(f"{source}: expected a JSON object (a Qwen3 config)")
+
     if hf.get("model_type") != "qwen3":
         refuse("model_type", f"is {hf.get('model_type')!r}; only 'qwen3' can be imported")
     if not hf.get("tie_word_embeddings", False):
@@ -58,7 +75,17 @@ def config_from_qwen3(hf: dict, source: str = "config.json") -> ModelConfig:
     if hf.get("rope_scaling") or rope.get("rope_type", "default") != "default":
         refuse("rope_parameters", "uses RoPE scaling; only plain RoPE ('default') is supported")
     theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-    n_layers = hf["num_hidden_layers"]
+    if not (isinstance(theta, (int, float)) and not isinstance(theta, bool) and theta > 0):
+        refuse("rope_theta", f"must be a number > 0, got {theta!r}")
+    n_layers = need("num_hidden_layers")
+    vocab, d_model, d_mlp, n_heads = need("vocab_size"), need("hidden_size"), need("intermediate_size"), need("num_attention_heads")
+    n_kv = need("num_key_value_heads", default=n_heads)
+    d_head = need("head_dim", default=None)
+    if d_head is None:
+        if d_model % n_heads:
+            refuse("head_dim", f"missing, and hidden_size {d_model} is not a multiple of num_attention_heads {n_heads}")
+        d_head = d_model // n_heads
+    n_ctx, eps = need("max_position_embeddings", default=2048), need("rms_norm_eps", "number", default=1e-6)
     window = hf.get("sliding_window") if hf.get("use_sliding_window", False) else None
     layer_types = hf.get("layer_types")
     if layer_types is None:
@@ -67,13 +94,16 @@ def config_from_qwen3(hf: dict, source: str = "config.json") -> ModelConfig:
         window = hf.get("sliding_window")
         if window is None:
             refuse("sliding_window", "is null but layer_types has sliding layers")
-    return ModelConfig(
-        d_vocab=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=n_layers,
-        n_heads=hf["num_attention_heads"], n_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-        d_head=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"], d_mlp=hf["intermediate_size"],
-        n_ctx=hf.get("max_position_embeddings", 2048), window=window, layer_types=tuple(layer_types),
-        rope_theta=float(theta), rms_eps=hf.get("rms_norm_eps", 1e-6), depth_scaling="none", feedback_source="post_norm",
-    )
+    if not isinstance(layer_types, list):
+        refuse("layer_types", f"must be a list of {n_layers} layer types, got {layer_types!r}")
+    try:
+        return ModelConfig(
+            d_vocab=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_key_value_heads=n_kv, d_head=d_head,
+            d_mlp=d_mlp, n_ctx=n_ctx, window=window, layer_types=tuple(layer_types), rope_theta=float(theta),
+            rms_eps=float(eps), depth_scaling="none", feedback_source="post_norm",
+        )
+    except FbtError as exc:
+        raise FbtError(f"{source}: {exc.format_message()}") from None
 
 
 def config_to_qwen3(cfg: ModelConfig) -> dict:
@@ -92,11 +122,26 @@ def config_to_qwen3(cfg: ModelConfig) -> dict:
     }
 
 
-def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+def _shard_files(folder: Path) -> list[str]:
+    """The safetensors files of a Qwen3 folder; an index may only name files inside the folder."""
     index = folder / "model.safetensors.index.json"
-    files = sorted(set(read_json(index)["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    if not index.is_file():
+        return ["model.safetensors"]
+    meta = read_json(index, "safetensors index")
+    weight_map = meta.get("weight_map") if isinstance(meta, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise FbtError(f"{index}: field 'weight_map': expected an object of tensor name -> file name")
+    root = folder.resolve()
+    for name in sorted(set(weight_map.values())):
+        target = (folder / name).resolve()
+        if Path(name).is_absolute() or target.parent != root:
+            raise FbtError(f"{index}: shard file {name!r} is outside {folder} (an index names files in its own folder)")
+    return sorted(set(weight_map.values()))
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
     state = {}
-    for name in files:
+    for name in _shard_files(folder):
         path = folder / name
         if not path.is_file():
             raise FbtError(f"{path}: weights file not found")
@@ -116,20 +161,35 @@ def import_qwen3(folder: str | Path, seed: int = 0):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = FeedbackTransformer(cfg)
-    ours = {}
+    ours, expected = {}, model.state_dict()
     for mine, theirs in _name_map(cfg.n_layers).items():
         if theirs not in state:
             raise FbtError(f"{folder}: tensor '{theirs}' missing from the safetensors files")
+        if tuple(state[theirs].shape) != tuple(expected[mine].shape):
+            raise FbtError(f"{folder}: tensor '{theirs}' has shape {tuple(state[theirs].shape)}, config expects "
+                           f"{tuple(expected[mine].shape)} (config.json and the weights disagree)")
         ours[mine] = state[theirs]
     if "lm_head.weight" in state and not torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"]):
         raise FbtError(f"{folder}: 'lm_head.weight' differs from the embedding although embeddings are tied")
     model.load_state_dict({k: v.to(model.embed.weight.dtype) for k, v in ours.items()}, strict=False)
     fusion = folder / "fusion.safetensors"
     if fusion.is_file():
-        model.fusion.load_state_dict(load_file(str(fusion)))
+        from fbt_probe.model.checkpoint import _load_state, read_weights
+
+        _load_state(model.fusion, read_weights(fusion), fusion)
     else:
         model.reset_fusion_norm()
     return model
+
+
+def is_qwen3_folder(folder: Path) -> bool:
+    """A folder holding a Qwen3 config.json (what export writes and import reads)."""
+    cfg = Path(folder) / "config.json"
+    try:
+        meta = read_json(cfg) if cfg.is_file() else None
+    except FbtError:
+        return False
+    return isinstance(meta, dict) and meta.get("model_type") == "qwen3"
 
 
 def export_qwen3(model, folder: str | Path, force: bool = False) -> Path:

@@ -33,6 +33,11 @@ class Mode:
             return T - 1
         return self.k if self.kind == "recurrent" else 0
 
+    def passes(self, T: int) -> int:
+        """Jacobi passes actually run on T positions: min(K, T). Pass k makes the first k positions
+        exact, so every pass after the T-th repeats the T-th bit for bit (`jacobi:T` = `full`)."""
+        return min(self.k, T) if self.kind == "jacobi" else 1
+
     def check_length(self, T: int) -> None:
         if self.kind == "recurrent" and self.k >= T:
             raise FbtError(f"mode '{self}': k must be < the sequence length {T} (recurrent:{T - 1} is 'full')")
@@ -65,9 +70,21 @@ def parse_mode(mode: "str | Mode") -> Mode:
     return Mode(m.group(1))
 
 
-def parse_modes(spec: str) -> list[Mode]:
-    """A comma-separated list, e.g. 'standard,recurrent:1,full'."""
-    modes = [parse_mode(s) for s in spec.split(",") if s.strip()]
+def parse_modes(spec: "str | list") -> list[Mode]:
+    """A comma-separated list (or a list), e.g. 'standard,recurrent:1,full'; each mode at most once."""
+    items = spec.split(",") if isinstance(spec, str) else [str(s) for s in spec]
+    modes = [parse_mode(s) for s in items if s.strip()]
     if not modes:
         raise FbtError(f"modes '{spec}': expected a comma-separated list of {MODE_HELP}")
+    check_distinct([str(m) for m in modes], spec)
     return modes
+
+
+def check_distinct(names: list[str], spec) -> None:
+    """Refuse a mode named twice (after normalisation: 'recurrent:01' is 'recurrent:1')."""
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise FbtError(f"modes '{spec if isinstance(spec, str) else ','.join(map(str, spec))}': "
+                           f"'{name}' is listed twice; expected each mode at most once")
+        seen.add(name)

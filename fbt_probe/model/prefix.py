@@ -24,7 +24,7 @@ import torch
 
 from fbt_probe.model.components import KVCache, hooked, silent
 from fbt_probe.model.modes import Mode, parse_mode
-from fbt_probe.model.transformer import HookContext
+from fbt_probe.model.transformer import HookContext, check_tokens
 
 
 @dataclass
@@ -108,7 +108,7 @@ class Prefix:
         m = self.model
         states = None if self.states is None else self.states[:, start:]
         has = None if self.has is None else self.has[start:]
-        ctx = HookContext("final", range(start, self.T), self.mode.k if self.mode.kind == "jacobi" else 1)
+        ctx = HookContext("final", range(start, self.T), self.mode.passes(self.T))
         return self._ctx(ctx, m.extend, self.tokens[:, start:], self.caches[0], states, has, hooked)[1]
 
     def _recurrent(self, start: int) -> torch.Tensor:
@@ -147,6 +147,7 @@ def build_prefix(model, tokens: torch.Tensor, mode: "str | Mode", upto: int | No
     final position), for runs of positions >= start (any start <= upto) under the one-pass rule or,
     with `serial`, the serial rule (as `model(tokens, mode=mode, serial=serial)`)."""
     mode = parse_mode(mode)
+    tokens = check_tokens(tokens, model.cfg)  # the checks of model(tokens): one-line errors
     B, T = tokens.shape
     mode.check_length(T)
     upto = T - 1 if upto is None else upto
@@ -158,14 +159,15 @@ def build_prefix(model, tokens: torch.Tensor, mode: "str | Mode", upto: int | No
     base = dict(model=model, tokens=tokens, mode=mode, serial=serial, upto=upto, _valid=upto)
     if serial and mode.kind == "jacobi":
         caches, tops, prev = [], [], None
-        for k in range(1, mode.k + 1):
+        K = mode.passes(T)  # jacobi:K runs min(K, T) passes, as the full run
+        for k in range(1, K + 1):
             cache = KVCache(L, T)
             if upto > 0:
                 states = None if k == 1 else model.shift_states(prev)
                 has = None if k == 1 else torch.arange(upto, device=tokens.device) >= 1
                 prev, _ = model.extend(tokens[:, :upto], cache, states, has, silent)
             caches.append(cache)
-            if k < mode.k:
+            if k < K:
                 tops.append(prev)
         return Prefix(caches=caches, tops=tops, **base)
     if serial:  # recurrent / full: the recurrence up to `upto`, and the state into `upto`

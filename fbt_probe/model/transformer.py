@@ -9,6 +9,10 @@ pass is exact, its top states at fed-back positions equal the carried states it 
 `fusion.*` hooks fire whenever the mode carries any state (not under `standard` or `jacobi:1`);
 `fusion.hook_feedback` is zero at positions that take a plain embedding.
 
+Calls that pass no mode (`model(tokens)`, `run_with_hooks`, `run_with_cache`, and TransformerLens
+helpers such as `transformer_lens.patching`, which cannot pass one) run under `model.default_mode`
+("standard" unless set): `with model.mode("recurrent:1"): ...` sets it for a block.
+
 An intervention in that pass cannot reach carried states computed before it. For experiments whose
 change must ripple forward through the feedback, call with `serial=True` (recurrent/full/jacobi):
 hooks then fire in every chunk of the real computation — the standard prefix, then each serial step
@@ -17,6 +21,7 @@ hooks then fire in every chunk of the real computation — the standard prefix, 
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -26,12 +31,35 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import ModelConfig
+from fbt_probe.errors import FbtError
 from fbt_probe.model.components import Block, Hk, HookedRMSNorm, KVCache, hooked, silent
 from fbt_probe.model.fusion import Fusion
 from fbt_probe.model.modes import Mode, parse_mode
 
 
 SILENT_CHUNK_TOKENS = 8192  # batch x positions per chunk of a silent pass through the KV cache (memory bound)
+
+
+def check_tokens(tokens, cfg) -> torch.Tensor:
+    """`tokens` as a LongTensor [batch, pos], or a one-line FbtError: integer ids in [0, d_vocab),
+    2-D, 1 <= pos <= n_ctx."""
+    if not isinstance(tokens, torch.Tensor):
+        raise FbtError(f"tokens: expected a LongTensor [batch, pos], got {type(tokens).__name__} "
+                       "(wrap it: torch.tensor([ids]))")
+    if tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex():
+        raise FbtError(f"tokens: expected integer token ids, got dtype {tokens.dtype}")
+    if tokens.dim() != 2:
+        hint = " (add a batch dimension: tokens[None])" if tokens.dim() == 1 else ""
+        raise FbtError(f"tokens: expected shape [batch, pos], got {tuple(tokens.shape)}{hint}")
+    if tokens.shape[0] == 0 or tokens.shape[1] == 0:
+        raise FbtError(f"tokens: expected at least one sample and one position, got shape {tuple(tokens.shape)}")
+    if tokens.shape[1] > cfg.n_ctx:
+        raise FbtError(f"tokens: {tokens.shape[1]} positions exceed the model's context n_ctx = {cfg.n_ctx}")
+    if tokens.device.type != "meta":
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= cfg.d_vocab:
+            raise FbtError(f"tokens: id {lo if lo < 0 else hi} is outside the vocabulary 0..{cfg.d_vocab - 1}")
+    return tokens.long()
 
 
 @dataclass(frozen=True)
@@ -51,6 +79,7 @@ class FeedbackTransformer(HookedRootModule):
         self.blocks = nn.ModuleList(Block(cfg, l) for l in range(cfg.n_layers))
         self.ln_final = HookedRMSNorm(cfg.d_model, cfg.rms_eps)  # hook_normalized: [batch, pos, d_model]
         self.hook_context: HookContext | None = None
+        self._default_mode = Mode("standard")
         self.init_weights()
         self.setup()
         self.to(dtype=getattr(torch, cfg.dtype))
@@ -70,6 +99,36 @@ class FeedbackTransformer(HookedRootModule):
         init = self.cfg.fusion_norm_init
         rms = self.embed.weight.pow(2).mean(-1).sqrt().mean() if init is None else torch.tensor(float(init))
         self.fusion.norm.weight.copy_(rms.expand_as(self.fusion.norm.weight))
+
+    # ----------------------------------------------------------------- default mode
+    @property
+    def default_mode(self) -> str:
+        """The mode of calls that pass none (see module doc)."""
+        return str(self._default_mode)
+
+    @default_mode.setter
+    def default_mode(self, mode: "str | Mode") -> None:
+        self._default_mode = parse_mode(mode)
+
+    @contextlib.contextmanager
+    def mode(self, mode: "str | Mode"):
+        """`with model.mode("recurrent:1"): patching.get_act_patch_resid_pre(model, ...)`: every call
+        without an explicit mode inside the block runs under `mode`; the old default comes back after."""
+        old, self.default_mode = self._default_mode, mode
+        try:
+            yield self
+        finally:
+            self._default_mode = old
+
+    def run_with_cache(self, *model_args, serial: bool = False, **kwargs):
+        """TransformerLens's `run_with_cache`. With `serial=True` the hooks fire in every chunk of
+        the serial computation and the chunks are stitched into [batch, pos, ...] (Jacobi: one entry
+        per pass); see `fbt_probe.model.serial_cache`."""
+        if not serial:
+            return super().run_with_cache(*model_args, **kwargs)
+        from fbt_probe.model.serial_cache import run_with_serial_cache
+
+        return run_with_serial_cache(self, *model_args, **kwargs)
 
     @property
     def W_E(self) -> torch.Tensor:
@@ -204,7 +263,7 @@ class FeedbackTransformer(HookedRootModule):
         if mode.first_fed_position(T) >= T:
             return None, None
         if mode.kind == "jacobi":
-            return self._jacobi_states(tokens, mode.k), torch.arange(T, device=tokens.device) >= 1
+            return self._jacobi_states(tokens, mode.passes(T)), torch.arange(T, device=tokens.device) >= 1
         # the final position's own step would only produce the state carried out of the sequence
         _, states, _, last = self.serial_scan(tokens, mode.n_serial(T), stop=T - 1)
         states[:, T - 1] = last
@@ -216,16 +275,18 @@ class FeedbackTransformer(HookedRootModule):
             states = self.shift_states(self.feedback_pass(tokens, states, None if states is None else has)[0])
         return states
 
-    def forward(self, tokens: torch.Tensor, mode: "str | Mode" = "standard", serial: bool = False) -> torch.Tensor:
-        """tokens: LongTensor [batch, pos] -> logits [batch, pos, d_vocab] under `mode` (see module doc)."""
-        mode = parse_mode(mode)
+    def forward(self, tokens: torch.Tensor, mode: "str | Mode | None" = None, serial: bool = False) -> torch.Tensor:
+        """tokens: LongTensor [batch, pos] -> logits [batch, pos, d_vocab] under `mode` (None:
+        `self.default_mode`; see module doc). `jacobi:K` runs min(K, T) passes (`Mode.passes`)."""
+        tokens = check_tokens(tokens, self.cfg)
+        mode = self._default_mode if mode is None else parse_mode(mode)
         T = tokens.shape[1]
         mode.check_length(T)
         if serial and mode.kind == "jacobi":
-            return self.jacobi_passes(tokens, mode.k, serial_hooks=True)[-1]
+            return self.jacobi_passes(tokens, mode.passes(T), serial_hooks=True)[-1]
         if serial and mode.kind in ("recurrent", "full"):
             return self.serial_states(tokens, mode.n_serial(T), hooks=True)[2]
         states, has = self.carried_states(tokens, mode)
-        ctx = HookContext("final", range(T), mode.k if mode.kind == "jacobi" else 1)
+        ctx = HookContext("final", range(T), mode.passes(T))
         return self._with_context(ctx, self.feedback_pass, tokens, states, has, hooked)[1]
 

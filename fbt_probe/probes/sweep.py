@@ -24,8 +24,8 @@ TABLE_FILE, CSV_FILE, SUMMARY_FILE, PROVENANCE_FILE = ("probes.parquet", "probes
 
 @dataclass(frozen=True)
 class ProbeConfig:
-    n_splits: int = 5
-    """Folds of grouped K-fold CV."""
+    n_splits: int = 4
+    """Folds of grouped K-fold CV (4: the paper's appendix F)."""
     cv: str = "group"
     """"group" (GroupKFold) or "stratified-group" (StratifiedGroupKFold: majority baseline near 0.5)."""
     C: float = 1.0
@@ -54,8 +54,13 @@ class ProbeConfig:
             raise FbtError(f"probe config: field 'cv' must be one of {CV_KINDS}, got {self.cv!r}")
         if self.backend not in BACKENDS:
             raise FbtError(f"probe config: field 'backend' must be one of {BACKENDS}, got {self.backend!r}")
-        if self.C <= 0 or self.max_iter < 1 or self.tol <= 0:
+        if not self.C > 0 or self.max_iter < 1 or not self.tol > 0:
             raise FbtError("probe config: C, max_iter and tol must be positive")
+        if isinstance(self.n_splits, bool) or not isinstance(self.n_splits, int) or self.n_splits < 2:
+            raise FbtError(f"probe config: field 'n_splits' (--folds) must be an integer >= 2, got {self.n_splits!r}")
+        from fbt_probe.config import check_device
+
+        check_device(self.device)
 
     def resolved_backend(self) -> str:
         if self.backend != "auto":
@@ -154,6 +159,7 @@ def probe_sweep(store, cfg: ProbeConfig = ProbeConfig(), *, modes=None, progress
     from fbt_probe.provenance import provenance
 
     store = store if isinstance(store, ActivationStore) else ActivationStore(store)
+    store.verify()  # every shard, before any fit
     model = store.manifest["model"]["source"]
     cells = [c for c in store.conditions() if modes is None or c[0] in modes]
     tables, flags = [], []

@@ -11,10 +11,13 @@ import pandas as pd
 from fbt_probe.errors import FbtError
 from fbt_probe.reproduce.stages import Runner, Stage
 
-PROBE_KNOBS = {"completion": [0, 8, 32], "memory": [8, 32], "registers": [2, 4, 8]}  # the training lengths
-LONG_KNOBS = {"completion": [0, 8, 32, 128, 256], "memory": [8, 32, 128, 256], "registers": [2, 4, 8]}  # --long: past them
-QUICK_KNOBS = {"completion": [8], "memory": [8], "registers": [2]}
+PROBE_KNOBS = {"completion": [0, 8, 32], "memory": [0, 8, 32], "registers": [2, 4, 8], "registers-count": [1, 2, 4, 8]}  # training lengths
+LONG_KNOBS = {"completion": [0, 8, 32, 128, 256], "memory": [0, 8, 32, 128, 256], "registers": [2, 4, 8],
+              "registers-count": [1, 2, 4, 8]}  # --long: the paper's whole grid (past the training lengths)
+QUICK_KNOBS = {"completion": [8], "memory": [8], "registers": [2], "registers-count": [2]}
 FEEDBACK_MODES = ["standard", "recurrent:1", "jacobi:2"]
+# the paper's register conditions; recurrent:k names the paper's k-token suffix, mapped to this
+# tokenizer's token count through the dataset manifest (`suffix_modes`; identity for the built-in one)
 REGISTER_MODES = ["standard", "recurrent:1", "recurrent:2", "recurrent:4", "full", "jacobi:2"]
 EXPERIMENTS = ("feedback-swap", "state-replacement", "gate-ablation", "residual", "probe-direction")
 
@@ -24,27 +27,32 @@ class ReproConfig:
     preset: str = "tiny"
     seed: int = 0
     steps: int = 800
-    pairs: int = 64  # probe-set minimal pairs per task × length cell (held-out contexts only)
+    groups: dict = field(default_factory=lambda: {"completion": 80, "memory": 128, "registers": 32, "registers-count": 32})
+    """Probe-set groups per task (held-out contexts only): completion and memory over the grid (the
+    paper's 80 and 128), register tasks per cell (the paper's 128; 32 keeps the 15-minute study)."""
     knobs: dict = field(default_factory=lambda: dict(PROBE_KNOBS))
-    modes: dict = field(default_factory=lambda: {"completion": FEEDBACK_MODES, "memory": FEEDBACK_MODES, "registers": REGISTER_MODES})
+    modes: dict = field(default_factory=lambda: {"completion": FEEDBACK_MODES, "memory": FEEDBACK_MODES,
+                                                 "registers": REGISTER_MODES, "registers-count": REGISTER_MODES})
     eval_pairs: int = 16
     passes: int = 32  # contraction diagnostic
     patch_pairs: int = 20  # pairs per cell in the causal experiments
     patch_knobs: dict = field(default_factory=lambda: {"completion": [8], "memory": [8], "registers": [2]})
+    """Task -> lengths of the causal experiments (a task not named is left out)."""
     model: str | None = None  # a user checkpoint (paper-1b path): no training, no baseline
     quick: bool = False
 
     @classmethod
     def quick_config(cls, **kw) -> "ReproConfig":
-        base = dict(steps=60, pairs=12, knobs=dict(QUICK_KNOBS), eval_pairs=8, passes=6, patch_pairs=5, quick=True,
+        base = dict(steps=60, groups={"completion": 12, "memory": 12, "registers": 6, "registers-count": 6},
+                    knobs=dict(QUICK_KNOBS), eval_pairs=8, passes=6, patch_pairs=5, quick=True,
                     modes={"completion": ["standard", "recurrent:1"], "memory": ["standard", "recurrent:1"],
-                           "registers": ["standard", "recurrent:1", "full"]})
+                           "registers": ["standard", "recurrent:1", "full"], "registers-count": ["standard", "recurrent:1"]})
         return cls(**{**base, **kw})
 
     @classmethod
     def long_config(cls, **kw) -> "ReproConfig":
-        """Probe sets also at 128 and 256 distractors (up to 1,038 tokens), four to eight times the
-        training lengths: slower (extraction of both models took 12 min with them, 1.5 min without)."""
+        """Probe sets on the paper's whole grid, also at 128 and 256 distractors (up to 1,076 tokens),
+        four to eight times the training lengths: slower."""
         return cls(**{"knobs": dict(LONG_KNOBS), **kw})
 
     def models(self) -> list[str]:
@@ -57,7 +65,7 @@ class ReproConfig:
 def train_config(cfg: ReproConfig, baseline: bool):
     from fbt_probe.training import TrainConfig
 
-    return TrainConfig(preset=cfg.preset, steps=cfg.steps, seed=cfg.seed, baseline=baseline,
+    return TrainConfig(preset=cfg.preset, steps=cfg.steps, seed=cfg.seed, baseline=baseline, tasks=tuple(cfg.knobs),
                        eval_every=max(1, min(100, cfg.steps)), save_every=max(1, min(100, cfg.steps)))
 
 
@@ -79,7 +87,7 @@ def stage_data(cfg: ReproConfig, out: Path) -> None:
     with atomic_dir(out / "data", force=True) as tmp:
         for task, knobs in cfg.knobs.items():
             spec = dataclasses.replace(load_spec(task), length_grid=tuple(knobs))
-            df = generate(spec, pairs=cfg.pairs, seed=cfg.seed + 101, tokenizer=tok, contexts=ho)
+            df = generate(spec, groups=cfg.groups[task], seed=cfg.seed + 101, tokenizer=tok, contexts=ho)
             write_dataset(df, tmp, tok, force=True)
 
 
@@ -113,7 +121,7 @@ def stage_eval(cfg: ReproConfig, out: Path) -> None:
 def _train_knobs(cfg: ReproConfig) -> dict:
     from fbt_probe.training.config import TRAIN_KNOBS
 
-    return {t: [k for k in TRAIN_KNOBS[t] if not cfg.quick or k in cfg.knobs[t]] or TRAIN_KNOBS[t][:1] for t in TRAIN_KNOBS}
+    return {t: [k for k in TRAIN_KNOBS[t] if not cfg.quick or k in cfg.knobs[t]] or TRAIN_KNOBS[t][:1] for t in cfg.knobs}
 
 
 def stage_contraction(cfg: ReproConfig, out: Path) -> None:
@@ -131,11 +139,21 @@ def stage_contraction(cfg: ReproConfig, out: Path) -> None:
         pd.concat(frames, ignore_index=True).to_parquet(tmp, index=False)
 
 
+def task_modes(cfg: ReproConfig, out: Path, task: str) -> list[str]:
+    """The task's modes, the paper's register suffixes mapped to this tokenizer's token counts."""
+    from fbt_probe.io import read_json
+    from fbt_probe.tasks.generators import suffix_modes
+
+    mapping = suffix_modes(read_json(out / "data" / f"{task}.manifest.json"))
+    return list(dict.fromkeys(mapping.get(m, m) for m in cfg.modes[task]))
+
+
 def stage_extract(cfg: ReproConfig, out: Path, name: str) -> None:
     from fbt_probe.activations import extract
 
-    for task, modes in cfg.modes.items():
-        extract(str(model_path(cfg, out, name)), out / "data" / f"{task}.parquet", modes, out / "acts" / name / task, force=True)
+    for task in cfg.modes:
+        extract(str(model_path(cfg, out, name)), out / "data" / f"{task}.parquet", task_modes(cfg, out, task),
+                out / "acts" / name / task, force=True)
 
 
 def stage_probe(cfg: ReproConfig, out: Path, name: str) -> None:
@@ -159,21 +177,24 @@ def stage_patch(cfg: ReproConfig, out: Path, name: str) -> None:
 
     path = model_path(cfg, out, name)
     model = fp.load_model(str(path))
-    df = load_pairs(out / "data")
+    df = load_pairs(out / "data", tasks=set(cfg.patch_knobs))
+    keep = [int(k) in cfg.patch_knobs[t] for t, k in zip(df["task"], df["length_knob"])]
+    df = df[keep].reset_index(drop=True).__finalize__(df)  # each task at its own lengths
     info = {"model": str(path), "checkpoint_sha256": checkpoint_hash(path)}
     lengths = tuple(sorted({k for ks in cfg.patch_knobs.values() for k in ks}))
     for exp in EXPERIMENTS:
         modes = ("standard", "recurrent:1") if exp in ("residual", "probe-direction") else ("recurrent:1",)
         pc = PatchConfig(experiment=exp, modes=modes, max_pairs=cfg.patch_pairs, lengths=lengths, seed=cfg.seed,
                          n_boot=300 if cfg.quick else 1000, last_k=(3 if cfg.quick else 4) if exp == "residual" else None,
-                         n_folds=3, scales=(1.0, 4.0))  # the 15-minute study's budget: last 4 positions, 3 folds, 2 scales
+                         n_folds=4, scales=(1.0, 4.0))  # the 15-minute study's budget: last 4 positions, 2 scales
         run(model, df, pc, out=out / "results" / "interventions" / name, force=True, model_info=info, figures=False)
 
 
 def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
     c = cfg.to_dict()
     ck = {k: c[k] for k in ("preset", "seed", "model")}
-    st = [Stage("data", {**ck, "pairs": cfg.pairs, "knobs": cfg.knobs}, [out / "data"], lambda: stage_data(cfg, out))]
+    st = [Stage("data", {**ck, "groups": cfg.groups, "knobs": cfg.knobs, "protocol": "appendix-F"}, [out / "data"],
+                lambda: stage_data(cfg, out))]
     trained = []
     for name in cfg.models():
         if not cfg.model:

@@ -28,7 +28,7 @@ def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
         opts = {"baseline": base} if (n == "feedback" and base is not None) else {}
         if {"completion", "memory"} & set(t["task"]):
             jobs.append((f"fig7a-{n}", "fig7a", t, opts))
-        if "registers" in set(t["task"]):
+        if {"registers", "registers-count"} & set(t["task"]):
             jobs.append((f"fig7b-{n}", "fig7b", t, {}))
     for n in cfg.models():
         abl = [s for s in (_summary(out, n, e) for e in ("feedback-swap", "state-replacement", "gate-ablation")) if s is not None]

@@ -2,7 +2,7 @@
 checker, the word-level tokenizer, dataset files and training streams.
 
     from fbt_probe.tasks import load_spec, generate, load_dataset, build_tokenizer
-    df = generate(load_spec("completion"), pairs=100, seed=0)
+    df = generate(load_spec("completion"), groups=80, seed=0)
 """
 from fbt_probe.tasks.checker import interpret, run_program
 from fbt_probe.tasks.dataset import load_dataset, write_dataset

@@ -1,7 +1,7 @@
 """An independent label checker: a tiny interpreter for the task language.
 
-A sample is a program: one statement per line (`name = 3`, `name += 0`, `name ^= 1`), then one
-query line ending in ':'. The interpreter runs the statements into an environment and answers the
+A sample is a program: one statement per line (`name = 3`, `name += 0`, `name ^= 1`; blank lines
+and lines of '#'s are comments), then the query line(s), the last ending in ':'. The interpreter runs the statements into an environment and answers the
 query from it, using only the text and the spec's declarative fields (query template, relation,
 answer variable) — never the generator's own values — so that a generator bug shows up as a
 disagreement. Generation runs it on every sample; a mismatch is a hard error.
@@ -14,13 +14,18 @@ from fbt_probe.errors import FbtError
 
 _LINE = re.compile(r"^\s*([A-Za-z_]\w*)\s*(\+=|-=|\^=|=)\s*(-?\d+)\s*$")
 _CMP = re.compile(r"^\s*(\w+)\s*(==|!=|<=|>=|<|>)\s*(\w+)\s*$")
+_COMMENT = re.compile(r"^[#\s]*$")
 
 
-def run_program(text: str) -> tuple[dict, str]:
-    """Execute every line but the last; return (environment, query line)."""
-    *body, query = text.split("\n")
+def run_program(text: str, query_lines: int = 1) -> tuple[dict, list[str]]:
+    """Execute every line but the last `query_lines` (blank lines and lines of '#'s only are
+    comments: padding); return (environment, query lines)."""
+    lines = text.split("\n")
+    body, query = lines[: len(lines) - query_lines], lines[len(lines) - query_lines:]
     env: dict[str, int] = {}
     for n, line in enumerate(body, 1):
+        if _COMMENT.match(line):
+            continue
         m = _LINE.match(line)
         if m is None:
             raise FbtError(f"line {n}: {line!r} is not a statement of the task language")
@@ -31,8 +36,8 @@ def run_program(text: str) -> tuple[dict, str]:
         if name not in env:
             raise FbtError(f"line {n}: {name} is updated before it is assigned")
         env[name] = env[name] + value if op == "+=" else env[name] - value if op == "-=" else env[name] ^ value
-    if not query.rstrip().endswith(":"):
-        raise FbtError(f"last line {query!r} is not a query ending in ':'")
+    if not query or not query[-1].rstrip().endswith(":"):
+        raise FbtError(f"last line {query[-1] if query else ''!r} is not a query ending in ':'")
     return env, query
 
 
@@ -63,15 +68,19 @@ def _query_pattern(template: str) -> re.Pattern:
 
 def interpret(spec, text: str) -> int:
     """The label (0/1) of `text` under the task format of `spec`, derived from the text alone."""
-    env, query = run_program(text)
     tpl = spec.template
     if spec.kind == "registers":
-        m = _query_pattern(tpl["query"]).match(query)
-        if m is None:
-            raise FbtError(f"query {query!r} does not match template {tpl['query']!r}")
-        register = _LINE.match(tpl["write"].format(i=m.group(1), v=0)).group(1)
+        env, query = run_program(text, len(tpl["query"]))
+        index = None
+        for line, pattern in zip(query, tpl["query"]):
+            m = _query_pattern(pattern).match(line)
+            if m is None:
+                raise FbtError(f"query line {line!r} does not match template {pattern!r}")
+            index = m.group(1) if m.groups() else index
+        register = _LINE.match(tpl["write"].format(i=index, v=0)).group(1)
         value = _lookup(env, register)
     else:
+        env, (query,) = run_program(text)
         if query != tpl["query"]:
             raise FbtError(f"query {query!r} is not {tpl['query']!r}")
         if spec.kind == "completion":

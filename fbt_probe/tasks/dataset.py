@@ -35,6 +35,13 @@ def dataset_paths(out_dir, task: str) -> tuple[Path, Path, Path]:
     return out_dir / f"{task}.parquet", out_dir / f"{task}.manifest.json", out_dir / "tokenizer.json"
 
 
+def knob_name(spec: dict) -> str:
+    """What a dataset's `length_knob` counts, from its spec record."""
+    if spec["kind"] != "registers":
+        return "distractors"
+    return "registers" if spec.get("assignments") is not None else "writes_per_register"
+
+
 def _label_token_ids(tok, query_line: str, words) -> dict:
     """The answer token id of each label word after the query line (None if it is not one token)."""
     from fbt_probe.tasks.tokenizer import answer_ids
@@ -72,14 +79,15 @@ def write_dataset(df: pd.DataFrame, out_dir, tokenizer, force: bool = False, tok
     write_json(manifest, {
         "format": FORMAT, "task": task, "file": parquet.name, "sha256": sha256_file(parquet),
         "rows": len(df), "pairs": len(df) // 2, "schema": schema_record(),
-        "spec": df.attrs["spec"], "seed": df.attrs["seed"], "pairs_per_cell": df.attrs["pairs_per_cell"],
-        "knob": "writes_per_register" if df.attrs["spec"]["kind"] == "registers" else "distractors",
-        "counts": df.attrs["counts"],
+        "spec": df.attrs["spec"], "seed": df.attrs["seed"], "groups": df.attrs["groups"],
+        "n_groups": int(df["group_id"].nunique()), "knob": knob_name(df.attrs["spec"]),
+        "counts": df.attrs["counts"], "suffix_tokens": df.attrs.get("suffix_tokens"),
+        "padded_to": df.attrs.get("padded_to"),
         "tokenizer": {"file": tok_path.name, "sha256": tok_sha, "source": tokenizer_source,
                       "vocab_size": tokenizer.get_vocab_size(), "final_token_id": df.attrs["final_token_id"],
                       "final_token": df.attrs["final_token"],
                       "label_token_ids": _label_token_ids(
-                          tokenizer, df.text.iloc[0].rsplit("\n", 1)[-1], df.attrs["spec"]["label_words"].values())},
+                          tokenizer, df.text.iloc[0], df.attrs["spec"]["label_words"].values())},
         "package_version": __version__,
         "provenance": provenance(),
     })

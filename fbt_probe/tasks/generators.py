@@ -1,203 +1,95 @@
-"""Minimal-pair generators for the three task kinds, and `generate` (spec -> DataFrame).
+"""`generate`: a task spec -> a checked minimal-pair DataFrame (the paper's appendix F by default).
 
-A draw fixes everything a pair shares (its *context*) plus the one field the label depends on;
-`render` turns it into the two samples. Ids (see tasks/README.md):
-
-- completion: group `<task>:R4-C9` (the digit pair, DESIGN §4); context `<task>:R4-S7` (what the
-  two samples share: required and scratch values; distractors are identical lines).
-- memory: group = context = `<task>:n8:<hex of the 8 scratch bits>` (the scratch context).
-- registers: group = context = `<task>:w4:<one hex digit per write: 2*register+value>` (the update
-  history). For > 8 registers each write takes more hex digits.
-
-Both ids encode the context exactly (no hashing), so different contexts never share an id.
+Group counts follow the spec's `groups`: completion and memory groups span the whole length grid
+(each group appears at every length: 80 x 4 x 5 = 1,600 and 128 x 2 x 5 = 1,280 samples), register
+groups are drawn per cell (128 per register count or writes-per-register value). Every label is
+re-derived from the text by the independent interpreter, every sample of a task must end in the same
+token, label words must be single tokens after the query, and register samples can be padded to an
+exact token length (a leading comment line of '#'s).
 """
 from __future__ import annotations
 
-import hashlib
-import random
 import warnings
-from dataclasses import dataclass
 
 import pandas as pd
 
 from fbt_probe.errors import FbtError
 from fbt_probe.tasks.checker import check_sample
-from fbt_probe.tasks.spec import TaskSpec, check_knob, completion_truth, load_spec, placeholders
-
-
-class StableRng:
-    """Seeded from a key via SHA-256 and driven only by `getrandbits`, whose stream Python keeps
-    fixed across versions (unlike `randrange`/`shuffle`), so datasets stay byte-identical."""
-
-    def __init__(self, *key):
-        digest = hashlib.sha256(repr(key).encode()).digest()
-        self._r = random.Random(int.from_bytes(digest[:16], "big"))
-
-    def below(self, n: int) -> int:
-        """Uniform integer in [0, n)."""
-        k = max(n - 1, 1).bit_length()
-        while (x := self._r.getrandbits(k)) >= n:
-            pass
-        return x
-
-    def uniform(self) -> float:
-        return self._r.random()
-
-    def choice(self, seq):
-        return seq[self.below(len(seq))]
-
-    def bits(self, k: int) -> int:
-        return self._r.getrandbits(k) if k > 0 else 0
-
-    def shuffle(self, items: list) -> list:
-        for i in range(len(items) - 1, 0, -1):
-            j = self.below(i + 1)
-            items[i], items[j] = items[j], items[i]
-        return items
-
-
-@dataclass(frozen=True)
-class Draw:
-    key: tuple  # identifies the pair within a cell (no two pairs of a cell share it)
-    context_id: str
-    params: tuple
-    swap: bool  # row order within the pair
-
-
-_TRUTH_TABLES: dict = {}
-
-
-def _truth_table(spec: TaskSpec) -> dict:
-    """(R -> ([C making the relation true], [C making it false])), for every R with both kinds.
-    Memoised per spec content (training draws documents every step)."""
-    key = repr(spec)
-    if key not in _TRUTH_TABLES:
-        _TRUTH_TABLES[key] = _build_truth_table(spec)
-    return _TRUTH_TABLES[key]
-
-
-def _build_truth_table(spec: TaskSpec) -> dict:
-    lo, hi = spec.value_range
-    vals = range(lo, hi + 1)
-    table = {r: ([c for c in vals if completion_truth(spec, r, c)], [c for c in vals if not completion_truth(spec, r, c)]) for r in vals}
-    return {r: tc for r, tc in table.items() if tc[0] and tc[1]}
-
-
-def draw_pair(spec: TaskSpec, knob: int, rng: StableRng, table=None) -> Draw:
-    if spec.kind == "completion":
-        table = table or _truth_table(spec)
-        r = rng.choice(sorted(table))
-        s = rng.below(spec.value_range[1] - spec.value_range[0] + 1) + spec.value_range[0]
-        c_true, c_false = rng.choice(table[r][0]), rng.choice(table[r][1])
-        return Draw((r, s, c_true, c_false), f"{spec.task}:R{r}-S{s}", (r, s, c_true, c_false), bool(rng.below(2)))
-    if spec.kind == "memory":
-        bits = rng.bits(knob) if "X" in placeholders(spec.template["distractor"]) else 0
-        return Draw((bits,), _memory_id(spec.task, knob, bits), (bits,), bool(rng.below(2)))
-    n = spec.registers
-    while True:
-        order = rng.shuffle([reg for reg in range(n) for _ in range(knob)])
-        writes = tuple((reg, rng.bits(1)) for reg in order)
-        latest = dict(writes)
-        ones = [reg for reg in range(n) if latest[reg] == 1]
-        zeros = [reg for reg in range(n) if latest[reg] == 0]
-        if ones and zeros:
-            break
-    q1, q0 = rng.choice(ones), rng.choice(zeros)
-    return Draw((writes,), _registers_id(spec.task, knob, n, writes), (writes, q0, q1), bool(rng.below(2)))
-
-
-def _memory_id(task: str, knob: int, bits: int) -> str:
-    return f"{task}:n{knob}:" + (format(bits, f"0{(knob + 3) // 4}x") if knob else "-")
-
-
-def _registers_id(task: str, knob: int, n: int, writes) -> str:
-    width = max(1, ((2 * n - 1).bit_length() + 3) // 4)
-    return f"{task}:w{knob}:" + "".join(format(2 * reg + v, f"0{width}x") for reg, v in writes)
-
-
-def group_ids(spec: TaskSpec, draw: Draw) -> list[str]:
-    """The group ids of a pair's two samples, in row order (without rendering the texts)."""
-    if spec.kind != "completion":
-        return [draw.context_id] * 2
-    r, _, c_true, c_false = draw.params
-    out = [f"{spec.task}:R{r}-C{c}" for c in (c_false, c_true)]
-    return out[::-1] if draw.swap else out
-
-
-def render(spec: TaskSpec, knob: int, draw: Draw) -> list[tuple[str, int, str]]:
-    """The two samples of a pair, in row order: (text, label, group_id)."""
-    tpl = spec.template
-    if spec.kind == "completion":
-        r, s, c_true, c_false = draw.params
-        tail = [tpl["distractor"]] * knob + [tpl["query"]]
-        out = [("\n".join([h.format(R=r, C=c, S=s) for h in tpl["header"]] + tail), label, f"{spec.task}:R{r}-C{c}")
-               for c, label in ((c_false, 0), (c_true, 1))]
-    elif spec.kind == "memory":
-        (bits,) = draw.params
-        body = [tpl["distractor"].format(X=(bits >> j) & 1) for j in range(knob)] + [tpl["query"]]
-        out = [("\n".join([h.format(B=b) for h in tpl["header"]] + body), b, draw.context_id) for b in (0, 1)]
-    else:
-        writes, q0, q1 = draw.params
-        body = [tpl["write"].format(i=reg, v=v) for reg, v in writes]
-        out = [("\n".join(body + [tpl["query"].format(i=q)]), label, draw.context_id) for q, label in ((q0, 0), (q1, 1))]
-    return out[::-1] if draw.swap else out
-
-
-def draw_cell(spec: TaskSpec, knob: int, n_pairs: int, seed: int, contexts=None) -> list[Draw]:
-    """Up to `n_pairs` distinct pairs for one length-grid cell (fewer when the cell's space of
-    distinct pairs, restricted to `contexts` if given, is smaller). Each cell has its own random
-    stream, so a cell does not change when the grid or the pair count of other cells does, and a
-    smaller `n_pairs` gives a prefix of a larger one."""
-    rng = StableRng("fbt-probe.tasks", spec.task, seed, knob)
-    table = _truth_table(spec) if spec.kind == "completion" else None
-    seen, out, budget = set(), [], 20 * n_pairs + 1000
-    while len(out) < n_pairs and budget > 0:
-        budget -= 1
-        d = draw_pair(spec, knob, rng, table)
-        if d.key in seen or (contexts is not None and d.context_id not in contexts):
-            continue
-        seen.add(d.key)
-        out.append(d)
-    return out
-
+from fbt_probe.tasks.groups import Group, draw_group, render_group
+from fbt_probe.tasks.rng import StableRng
+from fbt_probe.tasks.spec import TaskSpec, check_knob, load_spec
 
 COLUMNS = ("task", "text", "token_ids", "label", "label_word", "pair_id", "group_id", "context_id",
            "length_knob", "n_tokens", "seed")
 
 
-def generate(spec, pairs: int | None = None, seed: int | None = None, tokenizer=None, contexts=None) -> pd.DataFrame:
-    """One row per sample, both samples of a pair adjacent, cells in length-grid order.
+def _distinct_groups(spec: TaskSpec, knob: int, n: int, rng: StableRng, fits) -> list[Group]:
+    """Up to `n` distinct groups (by id) for which `fits(group)` holds; fewer when the space is smaller."""
+    seen, out, budget = set(), [], 40 * n + 2000
+    while len(out) < n and budget > 0:
+        budget -= 1
+        g = draw_group(spec, knob, rng)
+        if g.group_id in seen:
+            continue
+        seen.add(g.group_id)
+        if fits(g):
+            out.append(g)
+    return out
 
-    `pairs` and `seed` override the spec's `pairs_per_cell` and `seed`; `tokenizer` defaults to
-    `build_tokenizer([spec])`; `contexts` (a set of context ids or a `HeldOut`) restricts sampling
-    to those contexts, e.g. to draw a probe set only from contexts held out of training. Every
-    label is re-derived by the independent checker, and every sample must end in the same token.
-    `df.attrs` carries the spec, seed, per-cell counts and the shared final token."""
-    from fbt_probe.tasks.tokenizer import build_tokenizer, check_encoded, encode, tokenizer_sha256
+
+def _cells(spec: TaskSpec, n_groups: int, seed: int, contexts) -> list[tuple[int, list]]:
+    """[(knob, [Sample, ...])] in grid order."""
+    def render(knob, g):
+        return render_group(spec, knob, g, StableRng("fbt-probe.tasks", spec.task, seed, knob, g.group_id), contexts)
+
+    out = []
+    if spec.kind == "registers":  # a schedule has a fixed register count and writes: groups per cell
+        for knob in spec.length_grid:
+            rng = StableRng("fbt-probe.tasks", spec.task, seed, knob)
+            groups = _distinct_groups(spec, knob, n_groups, rng, lambda g: contexts is None or g.group_id in contexts)
+            out.append((knob, [s for g in groups for s in render(knob, g)]))
+        return out
+    first = spec.length_grid[0]  # completion and memory groups do not depend on the length
+    rng = StableRng("fbt-probe.tasks", spec.task, seed, "groups")
+    probe = StableRng("unused")
+    groups = _distinct_groups(spec, first, n_groups, rng, lambda g: render_group(spec, first, g, probe, contexts) is not None)
+    return [(knob, [s for g in groups for s in render(knob, g)]) for knob in spec.length_grid]
+
+
+def generate(spec, groups: int | None = None, seed: int | None = None, tokenizer=None, contexts=None,
+             tokenizer_name: str | None = None) -> pd.DataFrame:
+    """One row per sample, the two samples of a pair adjacent, cells in length-grid order.
+
+    `groups` and `seed` override the spec's; `tokenizer` defaults to `build_tokenizer([spec])`;
+    `contexts` (a container of context ids, e.g. a `HeldOut`) restricts sampling to those contexts.
+    Each label word must be one token of `tokenizer` after the query (`tokenizer_name` names it in errors).
+    `df.attrs` carries the spec, seed, per-cell counts, the shared final token and, for register
+    specs with `suffix_spans`, how many tokens each paper k covers (`suffix_tokens`)."""
+    from fbt_probe.tasks.tokenizer import build_tokenizer, check_encoded, check_label_words, encode, tokenizer_sha256
 
     spec = load_spec(spec)
-    n_pairs = spec.pairs_per_cell if pairs is None else pairs
+    n_groups = spec.groups if groups is None else groups
     seed = spec.seed if seed is None else seed
-    if isinstance(n_pairs, bool) or not isinstance(n_pairs, int) or n_pairs < 1:
-        raise FbtError(f"pairs: expected an integer >= 1, got {n_pairs!r}")
+    if isinstance(n_groups, bool) or not isinstance(n_groups, int) or n_groups < 1:
+        raise FbtError(f"groups: expected an integer >= 1, got {n_groups!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise FbtError(f"seed: expected an integer >= 0, got {seed!r}")
+    for knob in spec.length_grid:
+        check_knob(spec, knob, where=f"{spec.source or spec.task}: field 'length_grid'")
     tok = tokenizer if tokenizer is not None else build_tokenizer([spec])
     rows, counts = [], {}
-    for knob in spec.length_grid:
-        check_knob(spec.kind, knob, where=f"{spec.source or spec.task}: field 'length_grid'")
-        draws = draw_cell(spec, knob, n_pairs, seed, contexts)
-        counts[str(knob)] = {"pairs": len(draws), "requested": n_pairs}
-        for d in draws:
-            pair_id = len(rows) // 2
-            for text, label, group in render(spec, knob, d):
-                rows.append({"task": spec.task, "text": text, "label": label, "label_word": spec.label_words[label],
-                             "pair_id": pair_id, "group_id": group, "context_id": d.context_id, "length_knob": knob, "seed": seed})
-        if len(draws) < n_pairs:
-            warnings.warn(f"{spec.task}: {spec.knob_name}={knob} has only {len(draws)} distinct pair(s) "
-                          f"(asked for {n_pairs})", stacklevel=2)
+    for knob, samples in _cells(spec, n_groups, seed, contexts):
+        n_cell_groups = len({s.group_id for s in samples})
+        counts[str(knob)] = {"groups": n_cell_groups, "requested_groups": n_groups}
+        for i, s in enumerate(samples):
+            rows.append({"task": spec.task, "text": s.text, "label": s.label, "label_word": spec.label_words[s.label],
+                         "pair_id": len(rows) // 2, "group_id": s.group_id, "context_id": s.context_id,
+                         "length_knob": knob, "seed": seed, "_query": s.pair})
+        if n_cell_groups < n_groups:
+            warnings.warn(f"{spec.task}: {spec.knob_name}={knob} has only {n_cell_groups} distinct group(s) "
+                          f"(asked for {n_groups})", stacklevel=2)
     if not rows:
-        raise FbtError(f"{spec.task}: no pair can be produced (is the contexts filter empty for this task?)")
+        raise FbtError(f"{spec.task}: no group can be produced (is the contexts filter empty for this task?)")
 
     def describe(i: int) -> str:
         r = rows[i]
@@ -206,14 +98,85 @@ def generate(spec, pairs: int | None = None, seed: int | None = None, tokenizer=
     for i, r in enumerate(rows):
         check_sample(spec, r["text"], r["label"], r["label_word"], f"{spec.task}: sample {i} ({describe(i)})")
     ids = encode(tok, [r["text"] for r in rows])
+    target = _pad(spec, tok, rows, ids)
     final = check_encoded(tok, spec.task, ids, describe)
+    name = tokenizer_name or ("the given tokenizer" if tokenizer is not None else "the built-in tokenizer")
+    check_label_words(tok, spec.task, rows[0]["text"].rsplit("\n", 1)[-1], spec.label_words, name)
     for r, row_ids in zip(rows, ids):
         r["token_ids"], r["n_tokens"] = row_ids, len(row_ids)
+    suffix = _suffix_tokens(spec, tok, rows) if spec.suffix_spans else None
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     for knob, c in counts.items():
-        n_tok = df.loc[df.length_knob == int(knob), "n_tokens"]
-        c.update(samples=int(len(n_tok)), n_tokens_min=int(n_tok.min()) if len(n_tok) else None,
-                 n_tokens_max=int(n_tok.max()) if len(n_tok) else None)
-    df.attrs.update(spec=spec.to_dict(), seed=seed, pairs_per_cell=n_pairs, counts=counts,
-                    final_token_id=int(final), final_token=tok.id_to_token(final), tokenizer_sha256=tokenizer_sha256(tok))
+        cell = df[df.length_knob == int(knob)]
+        c.update(samples=len(cell), pairs=len(cell) // 2,
+                 n_tokens_min=int(cell.n_tokens.min()) if len(cell) else None,
+                 n_tokens_max=int(cell.n_tokens.max()) if len(cell) else None)
+    df.attrs.update(spec=spec.to_dict(), seed=seed, groups=n_groups, counts=counts, final_token_id=int(final),
+                    final_token=tok.id_to_token(final), tokenizer_sha256=tokenizer_sha256(tok))
+    if suffix is not None:
+        df.attrs["suffix_tokens"] = suffix
+    if target is not None:
+        df.attrs["padded_to"] = target
     return df
+
+
+PAD_LINE = "#"  # padding: one leading line of '#'s (a comment the interpreter skips)
+
+
+def _pad(spec: TaskSpec, tok, rows: list[dict], ids: list[list[int]]) -> int | None:
+    """Pad every sample to the spec's `pad_to` token length (in place); the target, or None."""
+    from fbt_probe.tasks.tokenizer import encode
+
+    if spec.pad_to is None:
+        return None
+    target = max(map(len, ids)) if spec.pad_to == "max" else spec.pad_to
+    found: dict[int, int] = {}  # missing tokens -> '#'s that add exactly that many (under this tokenizer)
+    for i, r in enumerate(rows):
+        missing = target - len(ids[i])
+        if missing < 0:
+            raise FbtError(f"{spec.task}: field 'pad_to': sample {i} already has {len(ids[i])} tokens, more than "
+                           f"{target}; raise pad_to or use \"max\"")
+        if missing == 0:
+            continue
+        tries = [found[missing]] if missing in found else range(missing)
+        for j in tries:
+            text = " ".join([PAD_LINE] * j) + "\n" + r["text"]
+            new = encode(tok, [text])[0]
+            if len(new) == target:
+                found[missing] = j
+                r["text"], ids[i] = text, new
+                break
+        else:
+            raise FbtError(f"{spec.task}: field 'pad_to': sample {i} cannot be padded from {len(ids[i])} to exactly "
+                           f"{target} tokens with a leading line of '{PAD_LINE}'s under this tokenizer")
+    return target
+
+
+def _suffix_tokens(spec: TaskSpec, tok, rows: list[dict]) -> dict:
+    """Paper k -> how many final tokens cover its span (the same for every sample, else FbtError)."""
+    from fbt_probe.tasks.tokenizer import encode
+
+    out = {}
+    for k, span in spec.suffix_spans.items():
+        counts = set()
+        for r in rows:
+            text, piece = r["text"], span.format(i=r["_query"])
+            if not text.endswith(piece):
+                raise FbtError(f"{spec.task}: field 'suffix_spans' k={k}: {piece!r} is not the end of sample {r['pair_id']}'s text")
+            head = encode(tok, [text[: len(text) - len(piece)]])[0]
+            if r["token_ids"][: len(head)] != head:
+                raise FbtError(f"{spec.task}: field 'suffix_spans' k={k}: the tokenizer does not split the text where "
+                               f"{piece!r} starts, so no whole-token suffix covers it")
+            counts.add(len(r["token_ids"]) - len(head))
+        if len(counts) != 1:
+            raise FbtError(f"{spec.task}: field 'suffix_spans' k={k}: {span!r} covers {sorted(counts)} tokens in different "
+                           "samples under this tokenizer; a recurrent:k suffix would not mean one span")
+        out[k] = counts.pop()
+    return out
+
+
+def suffix_modes(manifest_or_attrs: dict, ks=(1, 2, 4)) -> dict[str, str]:
+    """'recurrent:<paper k>' -> the mode string whose suffix covers the same span under the dataset's
+    tokenizer (identity under the built-in tokenizer; without `suffix_tokens`, identity)."""
+    got = manifest_or_attrs.get("suffix_tokens") or {}
+    return {f"recurrent:{k}": f"recurrent:{got.get(str(k), k)}" for k in ks}

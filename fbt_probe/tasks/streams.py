@@ -1,10 +1,10 @@
 """Training streams: the same generators, as documents with the answer word after the colon, and
 the held-out split that keeps probe-time contexts out of training.
 
-The unit held out is the pair's *context* (`context_id`): completion (R, S) — as the prototype did,
-because holding out (R, C) digit pairs would hide most DONE cases from training and leave the probe
-set with very few of them —; memory the scratch context; registers the update history. For memory
-and registers the context is the group id itself.
+The unit held out is the pair's *context* (`context_id`): completion (required, scratch) — holding
+out whole count pairs {a, b} would leave training almost no `more` cases, since the paper's 80 probe
+groups use 80 of the 91 pairs —; memory the scratch context; registers the update schedule (with
+its complement). For memory and registers the context is the group id itself.
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 
 from fbt_probe.errors import FbtError
-from fbt_probe.tasks.generators import StableRng, _truth_table, draw_pair, group_ids, render
+from fbt_probe.tasks.groups import draw_group, render_group
+from fbt_probe.tasks.rng import StableRng
 from fbt_probe.tasks.spec import TaskSpec, check_knob, load_spec
 
 
@@ -86,7 +87,7 @@ def training_documents(specs, tokenizer=None, n: int = 1000, seed: int = 0, mixt
     `mixture`: task -> weight (default uniform). `knobs`: a list of length-grid values for every
     task, or task -> list (default each spec's grid). `exclude_groups`: a `HeldOut` (matched on
     context ids) or any container of context or group ids; such documents are never produced.
-    One random sample of a freshly drawn pair per document; pairs may repeat across documents."""
+    One random sample of a freshly drawn group per document; groups may repeat across documents."""
     from fbt_probe.tasks.tokenizer import answer_ids, build_tokenizer
 
     spec_list = [load_spec(s) for s in (specs if isinstance(specs, (list, tuple)) else [specs])]
@@ -105,27 +106,26 @@ def training_documents(specs, tokenizer=None, n: int = 1000, seed: int = 0, mixt
         if not isinstance(grids[t], (list, tuple)) or not grids[t]:
             raise FbtError(f"knobs[{t}]: expected a non-empty list of length-grid values, got {grids[t]!r}")
         for k in grids[t]:
-            check_knob(by_task[t].kind, k, where=f"knobs[{t}]")
+            check_knob(by_task[t], k, where=f"knobs[{t}]")
     cum = np.cumsum([weights[t] for t in tasks]) / sum(weights[t] for t in tasks)
-    tables = {t: _truth_table(s) if s.kind == "completion" else None for t, s in by_task.items()}
     rng, final = StableRng("fbt-probe.train", seed), {}
     for _ in range(n):
         task = tasks[min(int(np.searchsorted(cum, rng.uniform(), side="right")), len(tasks) - 1)]
         spec = by_task[task]
         for _attempt in range(10_000):
             knob = rng.choice(grids[task])
-            draw = draw_pair(spec, knob, rng, tables[task])
-            which = rng.below(2)
-            if not _excluded(exclude_groups, draw.context_id, group_ids(spec, draw)[which]):
+            samples = render_group(spec, knob, draw_group(spec, knob, rng), rng)
+            sample = samples[rng.below(len(samples))]
+            if not _excluded(exclude_groups, sample.context_id, sample.group_id):
                 break
         else:
             raise FbtError(f"exclude_groups: no {task} document found outside the excluded groups in 10,000 draws")
-        text, label, group = render(spec, knob, draw)[which]
+        text, label, group = sample.text, sample.label, sample.group_id
         word = spec.label_words[label]
         ids, pos = answer_ids(tok, text, word)
         if pos is None:
             raise FbtError(f"{task}: answer word {word!r} is not a single token after the colon under this tokenizer")
         if final.setdefault(task, ids[pos - 1]) != ids[pos - 1]:
             raise FbtError(f"{task}: a document's last token before the answer is id {ids[pos - 1]}, not the shared id {final[task]}")
-        yield {"token_ids": ids, "answer_pos": pos, "task": task, "group_id": group, "context_id": draw.context_id,
+        yield {"token_ids": ids, "answer_pos": pos, "task": task, "group_id": group, "context_id": sample.context_id,
                "label": label, "label_word": word, "length_knob": knob, "text": text}

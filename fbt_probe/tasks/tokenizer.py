@@ -1,31 +1,35 @@
 """The word-level tokenizer of the task language, saved as a Hugging Face `tokenizer.json`.
 
-Words are split on spaces; a newline and a colon are tokens of their own, so every query line
-(`Status:`, `# final state:`, `# r3:`) ends in the same ':' token. The vocabulary is a fixed list
+Words are split on spaces; a newline, a colon and a run of digits are tokens of their own, so every
+query (`Status:`, `# final state:`, `query = r3` / `Value:`) ends in the same ':' token and `r3` is
+`r`, `3` — the split a BPE tokenizer makes, so the paper's k-token suffixes cover the same spans. The vocabulary is a fixed list
 (ids never move when a spec file is edited); words a variant spec introduces are appended in sorted
 order. No special tokens are added when encoding, with this or any other tokenizer.
 """
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path
 
 PAD, UNK = "<pad>", "<unk>"
-# Order is the id: <pad> = 0. Covers the three built-in specs and their answer words.
+# Order is the id: <pad> = 0. Covers the built-in specs (the paper's appendix F) and their answer
+# words; numbers up to 99 are single words (a digit run is a token of its own, so `r3` is `r`, `3`).
 BASE_VOCAB = (
     PAD, UNK, "\n", ":", "=", "+=", "-=", "^=", "#",
-    *(str(d) for d in range(10)),
-    "required", "completed", "scratch", "Status", "state", "final",
-    *(f"r{i}" for i in range(8)),
-    "DONE", "MORE", "ZERO", "ONE",
+    *(str(d) for d in range(100)),
+    "required", "completed", "scratch", "Status", "state", "final", "query", "Value", "r",
+    "done", "more", "zero", "one",
 )
+_DIGITS = re.compile(r"[0-9]+")
 
 
 def words_of(text: str) -> list[str]:
-    """The word-level tokens of `text` (the same split the tokenizer's pre-tokenizer makes)."""
+    """The word-level tokens of `text` (the same split the tokenizer's pre-tokenizer makes): words
+    split on spaces, with every newline, colon and run of digits a token of its own."""
     out: list[str] = []
     for i, line in enumerate(text.split("\n")):
         if i:
@@ -35,8 +39,7 @@ def words_of(text: str) -> list[str]:
             for j, piece in enumerate(pieces):
                 if j:
                     out.append(":")
-                if piece:
-                    out.append(piece)
+                out += [w for w in re.split(r"([0-9]+)", piece) if w]
     return out
 
 
@@ -58,6 +61,7 @@ def build_tokenizer(specs=None):
         pre_tokenizers.Split(Regex(r"[ \t\r]+"), "removed"),
         pre_tokenizers.Split("\n", "isolated"),
         pre_tokenizers.Split(":", "isolated"),
+        pre_tokenizers.Split(Regex(_DIGITS.pattern), "isolated"),
     ])
     tok.add_special_tokens([PAD, UNK])
     return tok
@@ -69,15 +73,19 @@ def spec_words(spec) -> set[str]:
     lines: list[str] = []
     if spec.kind == "completion":
         lo, hi = spec.value_range
-        vals = [str(v) for v in range(lo, hi + 1)]
-        lines += [h.format(R=v, C=v, S=v) for h in tpl["header"] for v in vals]
+        slo, shi = spec.scratch_range
+        lines += [h.format(R=v, C=v, S=s) for h in tpl["header"] for v in (lo, hi) for s in (slo, shi)]
+        lines += [str(v) for v in range(min(lo, slo), max(hi, shi) + 1)]
         lines += [tpl["distractor"], tpl["query"]]
     elif spec.kind == "memory":
         lines += [h.format(B=b) for h in tpl["header"] for b in (0, 1)]
-        lines += [tpl["distractor"].format(X=b) for b in (0, 1)] + [tpl["query"]]
+        lines += [tpl["context"].format(X=b) for b in (0, 1)] + [tpl["distractor"], tpl["query"]]
     else:
-        for i in range(spec.registers):
-            lines += [tpl["write"].format(i=i, v=v) for v in (0, 1)] + [tpl["query"].format(i=i)]
+        top = max(spec.length_grid) if spec.assignments is not None else spec.registers
+        for i in range(top):
+            lines += [tpl["write"].format(i=i, v=v) for v in (0, 1)] + [q.format(i=i) for q in tpl["query"]]
+        lines += [tpl["scratch"][0].format(S=s) for s in range(spec.scratch_range[0], spec.scratch_range[1] + 1)]
+        lines += [tpl["scratch"][1], "#"]
     return {w for line in lines for w in words_of(line)} | set(spec.label_words) | {"\n"}
 
 
@@ -143,6 +151,27 @@ def check_encoded(tok, task: str, ids: list[list[int]], describe) -> int:
                 f"sample 0 ends with {token_name(tok, final)} (id {final}); every sample of a task must end "
                 "with the same token under the tokenizer in use")
     return final
+
+
+def unk_id(tok) -> int | None:
+    """The id of the tokenizer's unknown token, if it has one."""
+    name = getattr(tok.model, "unk_token", None) or UNK
+    return tok.token_to_id(name)
+
+
+def check_label_words(tok, task: str, query_line: str, words, tokenizer_name: str) -> None:
+    """Each label word must be exactly one known token after the query line (where the answer is
+    read); else a one-line FbtError naming the word and the tokenizer."""
+    unk = unk_id(tok)
+    for word in words:
+        full, pos = answer_ids(tok, query_line, word)
+        if pos is None:
+            n = len(tok.encode(f" {word}", add_special_tokens=False).ids)
+            raise FbtError(f"{task}: label word {word!r} is {n if n > 1 else 'not one'} token{'s' if n > 1 else ''} "
+                           f"after the query under {tokenizer_name}; label words must be single tokens")
+        if unk is not None and full[pos] == unk:
+            raise FbtError(f"{task}: label word {word!r} is not in the vocabulary of {tokenizer_name} "
+                           f"(it encodes as {tok.id_to_token(unk)!r}); use a tokenizer that has it")
 
 
 def answer_ids(tok, text: str, word: str) -> tuple[list[int], int | None]:

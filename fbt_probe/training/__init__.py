@@ -40,13 +40,16 @@ def _initial_model(cfg: TrainConfig, tokenizer, init: str | Path | None):
 
 def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = None, resume: bool = False,
                  force: bool = False, progress: bool = True, eval_pairs: int = 16) -> dict:
-    """Train (or resume) a run folder. Returns {'seconds', 'tokens', 'step'}."""
+    """Train (or resume) a run folder. Returns {'seconds', 'tokens', 'step'} (+ 'replaced': the folder
+    path when `force` replaced an earlier run). `force` replaces only a run folder (or an empty
+    folder), after every input has been read; the new run is trained in a temporary sibling and
+    swapped in when it finishes, so an error or an interruption leaves the old run as it was."""
+    from fbt_probe.io import refuse_existing, swap_in, temp_sibling
     from fbt_probe.tasks import build_tokenizer, load_tokenizer, save_tokenizer
     from fbt_probe.training.checkpoint import load_run, truncate_metrics
-    from fbt_probe.training.evaluate import answer_accuracy, eval_samples, loss_per_pass
     from fbt_probe.training.loop import make_optimizer
 
-    out = Path(out)
+    out, replacing = Path(out), False
     if resume:
         if not (out / "config.json").is_file():
             raise FbtError(f"{out}: no run to resume (config.json missing)")
@@ -58,15 +61,41 @@ def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = No
         opt.load_state_dict(opt_state)
         truncate_metrics(out, step)
     else:
-        if out.exists() and any(out.iterdir()):
-            if not force:
-                raise FbtError(f"{out}: already exists; refusing to overwrite (pass --resume to continue it or --force to replace it)")
-            shutil.rmtree(out)
-        out.mkdir(parents=True, exist_ok=True)
+        replacing = refuse_existing(out, force, hint="--resume to continue it or --force", own=is_run_folder,
+                                    kind="a training run folder (config.json with a 'train' field)")
         tokenizer = build_tokenizer()
-        model = _initial_model(cfg, tokenizer, init)
+        model = _initial_model(cfg, tokenizer, init)  # every input is read before anything is written
+        target, out = out, temp_sibling(out) if replacing else out
+        out.mkdir(parents=True, exist_ok=True)
         save_tokenizer(tokenizer, out / "tokenizer.json")
         opt, step = make_optimizer(model, cfg), 0
+    if replacing:  # a forced run trains beside the old one and replaces it only when finished
+        try:
+            result = _train(model, tokenizer, cfg, out, step, opt, progress, eval_pairs)
+            swap_in(out, target)
+        finally:
+            if out.exists():
+                shutil.rmtree(out)
+        return {**result, "replaced": str(target)}
+    return _train(model, tokenizer, cfg, out, step, opt, progress, eval_pairs)
+
+
+def is_run_folder(folder: Path) -> bool:
+    from fbt_probe.io import read_json
+
+    cfg = Path(folder) / "config.json"
+    if not cfg.is_file():
+        return False
+    try:
+        meta = read_json(cfg, "run config")
+    except FbtError:
+        return False
+    return isinstance(meta, dict) and "train" in meta and "fbt_probe_format" in meta
+
+
+def _train(model, tokenizer, cfg: TrainConfig, out: Path, step: int, opt, progress: bool, eval_pairs: int) -> dict:
+    from fbt_probe.training.evaluate import answer_accuracy, eval_samples, loss_per_pass
+
     samples = eval_samples(cfg, tokenizer, pairs=eval_pairs)
 
     def on_eval(m) -> dict:

@@ -2,6 +2,7 @@
 train_state.pt (optimizer state and step, for resume) and metrics.jsonl."""
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -9,14 +10,18 @@ import torch
 
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json
-from fbt_probe.model.checkpoint import load_checkpoint, save_checkpoint
+from fbt_probe.model.checkpoint import LEGACY_FORMAT, load_checkpoint, save_checkpoint
 from fbt_probe.provenance import provenance
 from fbt_probe.training.config import TrainConfig
 
 
 def save_run(model, opt, cfg: TrainConfig, out: Path, step: int) -> None:
+    # torch.save names the zip's records after the file it writes to (here a random temporary name);
+    # a buffer's records are always "archive/...", so identical runs write identical bytes
+    buffer = io.BytesIO()
+    torch.save({"step": step, "optimizer": opt.state_dict()}, buffer)
     with atomic_path(out / "train_state.pt") as tmp:
-        torch.save({"step": step, "optimizer": opt.state_dict()}, tmp)
+        tmp.write_bytes(buffer.getvalue())
     tok = out / "tokenizer.json"
     save_checkpoint(model, out, None, extra={"train": cfg.to_dict(), "step": step,
                                              "tokenizer_sha256": _sha(tok), "provenance": provenance(seed=cfg.seed)})
@@ -31,9 +36,10 @@ def _sha(path: Path) -> str | None:
 def load_run(out: Path):
     """(model, TrainConfig, optimizer state dict, step) of a run folder, checked for consistency."""
     meta = read_json(out / "config.json", "run config")
-    if "train" not in meta:
+    if not isinstance(meta, dict) or "train" not in meta:
         raise FbtError(f"{out / 'config.json'}: field 'train' missing (not a training run folder)")
-    cfg = TrainConfig.from_dict(meta["train"])
+    cfg = TrainConfig.from_dict(meta["train"], source=f"{out / 'config.json'}: field 'train'",
+                                legacy=meta.get("fbt_probe_format") == LEGACY_FORMAT)
     if cfg.arch == "hidden-decoding":
         from fbt_probe.hidden.checkpoint import load_hidden
 

@@ -60,7 +60,7 @@ def parse_schedule(text: str) -> Schedule:
 @dataclass(frozen=True)
 class TrainConfig:
     preset: str = "tiny"
-    tasks: tuple[str, ...] = ("completion", "memory", "registers")
+    tasks: tuple[str, ...] = ("completion", "memory", "registers", "registers-count")
     knobs: dict | None = None  # task -> training length-grid values; None = TRAIN_KNOBS
     task_shares: dict | None = None
     """task -> expected share of a step's tokens, split equally over the task's (length) cells.
@@ -141,16 +141,31 @@ class TrainConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
+    def from_dict(cls, d: dict, source: str = "train config", legacy: bool = False) -> "TrainConfig":
+        """The config a run recorded; every field must be present. `legacy` (a run of checkpoint format
+        fbt-probe/1) fills in only the fields added since, with the rule the run was trained with:
+        `answer_share` None (the answer weighs `answer_weight` tokens), `task_shares` equal per
+        (task, length) cell, `one_pass_steps` 0."""
+        if not isinstance(d, dict):
+            raise FbtError(f"{source}: expected an object of train config fields")
         d = dict(d)
-        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(d) - set(known))
         if unknown:
-            raise FbtError(f"train config: unknown field(s) {unknown} (written by another version of fbt-probe?)")
-        d["tasks"], d["betas"] = tuple(d["tasks"]), tuple(d["betas"])
-        d.setdefault("answer_share", None)  # written before the field existed: answer_weight
-        if "task_shares" not in d:  # written before the field existed: every (task, length) cell the same share
-            d["task_shares"] = equal_cell_shares(d["tasks"], d.get("knobs"))
-        return cls(**d)
+            raise FbtError(f"{source}: unknown field(s) {unknown} (written by another version of fbt-probe?)")
+        if legacy:
+            d.setdefault("answer_share", None)
+            d.setdefault("one_pass_steps", 0)
+            if "task_shares" not in d and isinstance(d.get("tasks"), list):
+                d["task_shares"] = equal_cell_shares(d["tasks"], d.get("knobs"))
+        missing = [name for name in known if name not in d]
+        if missing:
+            raise FbtError(f"{source}: train config field '{missing[0]}' missing (a run records every field)")
+        try:
+            d["tasks"], d["betas"] = tuple(d["tasks"]), tuple(d["betas"])
+            return cls(**d)
+        except (TypeError, ValueError) as exc:
+            raise FbtError(f"{source}: {exc}") from None
 
 
 def equal_cell_shares(tasks, knobs: dict | None = None) -> dict:
@@ -162,7 +177,6 @@ def equal_cell_shares(tasks, knobs: dict | None = None) -> dict:
 
 
 ARCHS = ("feedback", "hidden-decoding")
-DEFAULT_TASK_SHARES = {"completion": 0.5, "memory": 0.25, "registers": 0.25}
-# memory at 0 distractors is a single context (state = 0|1, scratch = 0): it cannot be split into
-# training and held-out contexts, so it is left out of training and evaluation.
-TRAIN_KNOBS = {"completion": [0, 8, 32], "memory": [8, 32], "registers": [2, 4, 8]}
+DEFAULT_TASK_SHARES = {"completion": 0.5, "memory": 0.25, "registers": 0.25, "registers-count": 0.25}
+# The training lengths: the short end of each task's grid (probe sets go past them with --long).
+TRAIN_KNOBS = {"completion": [0, 8, 32], "memory": [0, 8, 32], "registers": [2, 4, 8], "registers-count": [1, 2, 4, 8]}

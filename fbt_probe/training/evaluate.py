@@ -23,12 +23,16 @@ DECODING_OF_MODE = {"standard": "Std/Soft", "jacobi:2": "Fused", "recurrent:1": 
 
 
 def eval_samples(cfg: TrainConfig, tokenizer, pairs: int = 32, knobs: dict | None = None, seed: int = 10_000) -> pd.DataFrame:
-    """Minimal pairs drawn only from contexts held out of training."""
+    """`pairs` minimal pairs per task x length cell, drawn only from contexts held out of training
+    (the first pairs of as many groups, so a register cell mixes many schedules)."""
     knobs = knobs or cfg.knobs or TRAIN_KNOBS
     frames = []
     for task in cfg.tasks:
         spec = dataclasses.replace(load_spec(task), length_grid=tuple(knobs[task]))
-        frames.append(generate(spec, pairs=pairs, seed=seed, tokenizer=tokenizer, contexts=heldout(cfg)))
+        df = generate(spec, groups=pairs, seed=seed, tokenizer=tokenizer, contexts=heldout(cfg))
+        first = df.groupby(["length_knob", "group_id"], sort=False)["pair_id"].transform("min")
+        df = df[df["pair_id"] == first]  # one pair per group and cell
+        frames.append(df.groupby("length_knob", sort=False).head(2 * pairs))
     return pd.concat(frames, ignore_index=True)
 
 
