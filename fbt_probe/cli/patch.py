@@ -49,6 +49,7 @@ def patch(
     steps: Annotated[int, typer.Option(help="DAS: optimizer steps per rotation.")] = 200,
     lr: Annotated[float, typer.Option(help="DAS: learning rate of the rotation (Adam).")] = 1e-2,
     batch_size: Annotated[int, typer.Option(help="Samples per forward (pairs stay together).")] = 32,
+    prefix_reuse: Annotated[bool, typer.Option("--prefix-reuse/--no-prefix-reuse", help="Compute the positions before the edited one once per batch and run only the rest per condition (default); --no-prefix-reuse re-runs the whole sequence each time (same tables up to float rounding, slower).")] = True,
     n_boot: Annotated[int, typer.Option(help="Bootstrap resamples over pairs.")] = 1000,
     seed: Annotated[int, typer.Option(help="Seed (bootstrap, donors, random states, folds; preset init).")] = 0,
     device: Annotated[str, typer.Option(help="Device to run the model on.")] = "cpu",
@@ -71,7 +72,7 @@ def patch(
     cfg = PatchConfig(experiment=experiment, modes=tuple(str(m) for m in parse_modes(mode)), batch_size=batch_size,
                       min_gap=min_gap, n_boot=n_boot, seed=seed, max_pairs=max_pairs, lengths=_ints(lengths, "lengths"),
                       depths=_ints(depths, "depths"), last_k=last_k, scales=_floats(scales, "scales"), n_folds=folds,
-                      erase=erase, decoding=decoding, check=check, ks=_ints(ks, "ks") or (1, 2, 4, 8), steps=steps, lr=lr,
+                      erase=erase, decoding=decoding, check=check, ks=_ints(ks, "ks") or (1, 2, 4, 8), steps=steps, lr=lr, prefix_reuse=prefix_reuse,
                       hooks=tuple(h.strip() for h in hooks.split(",") if h.strip()) if hooks else None)
     from fbt_probe.interventions.runner import RESULTS_KIND, is_results_folder
 

@@ -38,6 +38,8 @@ HOOK_RULES = {
                    "carried states (and Jacobi passes); one-pass under standard",
     "das": "one-pass: the final position's activation interchanged in the mode's final pass (exact)",
 }
+PREFIX_REUSE = ("positions before the first edited one (T-1; residual: each run's first patched position) "
+                "computed once per batch with hooks off, the rest per condition under the same hook rule")
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,10 @@ class PatchConfig:
     """DAS: optimizer steps per rotation."""
     lr: float = 1e-2
     """DAS: Adam learning rate of the rotation."""
+    prefix_reuse: bool = True
+    """Compute the positions before the first edited one once per batch (hooks off) and run only the
+    rest per condition (`fbt_probe.model.prefix`); False re-runs the whole sequence each time (the
+    reference path: same tables up to float rounding)."""
 
     def __post_init__(self) -> None:
         if self.experiment not in EXPERIMENTS:
@@ -130,7 +136,8 @@ def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | 
     out, notes, tables = [], [], {}
     for mode in cfg.modes:
         batches = list(pair_batches(df, label_ids, cfg.batch_size, max_pairs, lengths))
-        args = dict(mode=mode, min_gap=cfg.min_gap)
+        base = dict(mode=mode, min_gap=cfg.min_gap)  # attribution and DAS need the whole forward (gradients, interchange)
+        args = dict(base, reuse=cfg.prefix_reuse)
         if cfg.experiment == "feedback-swap":
             w = E.feedback_swap(model, batches, **args)
         elif cfg.experiment == "state-replacement":
@@ -142,11 +149,11 @@ def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | 
                                     batch_size=max(cfg.batch_size, 2), **args)
         elif cfg.experiment == "attribution":
             w = attribution(model, batches, hooks=cfg.hooks, last_k=cfg.last_k, check=cfg.check, seed=cfg.seed,
-                            batch_size=max(cfg.batch_size, 2), **args)
+                            batch_size=max(cfg.batch_size, 2), **base)
             w.attrs["tables"] = {"parity": parity_table(w, cfg.n_boot, cfg.ci, cfg.seed)}
         elif cfg.experiment == "das":
             w = das(model, batches, hooks=cfg.hooks, ks=cfg.ks, steps=cfg.steps, lr=cfg.lr, n_folds=cfg.n_folds,
-                    seed=cfg.seed, **args)
+                    seed=cfg.seed, **base)
         else:
             w = probe_direction(model, batches, depths=cfg.depths, scales=cfg.scales, n_folds=cfg.n_folds,
                                 erase=cfg.erase, seed=cfg.seed, **args)
@@ -206,6 +213,7 @@ def manifest_for(cfg: PatchConfig, long: pd.DataFrame, notes: list[str], model_i
     return {
         "format": FORMAT, "experiment": cfg.experiment, "modes": list(cfg.modes),
         "hook_rule": HOOK_RULES[cfg.experiment], "metrics": METRIC_HELP,
+        "prefix_reuse": PREFIX_REUSE if cfg.prefix_reuse else "off: every condition re-runs the whole sequence",
         "normalized": "(patched - corrupt) / (clean - corrupt); denoising: 1 = full recovery; "
                       "noising / ablation: 1 = no effect, 0 = behaves like the partner",
         "tiny_gap": {"min_gap": cfg.min_gap, "by_mode": exclusions(long)},
