@@ -122,7 +122,8 @@ class KVCache:
     """Keys (after QK-norm and RoPE) and values per layer, in buffers [batch, n_kv_heads, capacity,
     d_head] allocated once (capacity known up front; doubled if a write reaches past it) and written
     in place; positions < `length` are valid. The layout is the same with or without feedback: only
-    the inputs that produced the entries differ. Not for autograd through several steps (in-place)."""
+    the inputs that produced the entries differ. Under autograd (inputs that require grad) the
+    entries are concatenated out of place instead, so gradients can flow through several steps."""
 
     def __init__(self, n_layers: int, capacity: int = 0):
         self.keys: list[torch.Tensor | None] = [None] * n_layers
@@ -150,6 +151,16 @@ class KVCache:
         pos, d_head] (views of the buffers)."""
         B, P, KV, dh = k.shape
         L = self.lengths[layer]
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            # autograd through several steps (attribution patching through the carried states): out of
+            # place, so no tensor that backward saved is overwritten by a later step's write
+            kt, vt = k.transpose(1, 2), v.transpose(1, 2)
+            if L:
+                kt = torch.cat([self.keys[layer].narrow(2, 0, L), kt], 2)
+                vt = torch.cat([self.values[layer].narrow(2, 0, L), vt], 2)
+            self.keys[layer], self.values[layer] = kt, vt
+            self.lengths[layer] = L + P
+            return kt, vt
         buf = self.keys[layer]
         if buf is None or buf.shape[2] < L + P:
             cap = max(L + P, self.capacity, 2 * buf.shape[2] if buf is not None else 0)
