@@ -135,6 +135,16 @@ class KVCache:
     def empty(cls, n_layers: int, capacity: int = 0) -> "KVCache":
         return cls(n_layers, capacity)
 
+    @classmethod
+    def from_tensors(cls, keys, values) -> "KVCache":
+        """A cache holding exactly these per-layer [batch, n_kv_heads, pos, d_head] tensors (not
+        copied): the first append grows into a new buffer, so the given tensors are never written."""
+        cache = cls(len(keys), 0)
+        cache.keys, cache.values = list(keys), list(values)
+        cache.lengths = [k.shape[2] for k in keys]
+        cache.capacity = min(cache.lengths, default=0)
+        return cache
+
     @property
     def length(self) -> int:
         return self.lengths[0]
