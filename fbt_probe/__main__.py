@@ -1,3 +1,4 @@
 from fbt_probe.cli import main
 
-main()
+if __name__ == "__main__":  # not when a spawned process re-imports the main module
+    main()

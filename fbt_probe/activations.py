@@ -171,22 +171,42 @@ def targets_for(mode: str, model, extra_hooks=()) -> list[Target]:
 # ----------------------------------------------------------------------------- running
 @torch.no_grad()
 def collect(model, tokens: torch.Tensor, mode: str, targets: list[Target], dtype=torch.float32) -> dict[str, torch.Tensor]:
-    """{key: [batch, d]} on CPU for `tokens` [batch, pos]; stops the forward once every hook fired."""
+    """{key: [batch, d]} on CPU for `tokens` [batch, pos]; stops the forward once every hook fired.
+
+    A latent-feedback model runs only the positions from the earliest target on with hooks, after
+    the positions before it were computed once with hooks off (`fbt_probe.model.prefix`, the
+    one-pass rule: the activations are those of the one hooked pass, up to float rounding)."""
+    from fbt_probe.model.prefix import build_prefix
+    from fbt_probe.model.transformer import FeedbackTransformer
+
     run_mode = "standard" if mode == REFERENCE_MODE else mode
+    feedback = isinstance(model, FeedbackTransformer)
+    T = tokens.shape[1]
+    where = {t.key: t.position if t.position >= 0 else T + t.position for t in targets}  # global positions
+    bad = [t.hook for t in targets if not 0 <= where[t.key] < T]
+    if feedback and bad:
+        raise FbtError(f"hook(s) {bad[:3]}: position outside a {T}-token sample")
     by_hook: dict[str, list[Target]] = {}
     for t in targets:
         by_hook.setdefault(t.hook, []).append(t)
     out: dict[str, torch.Tensor] = {}
 
     def grab(act, hook):
+        ctx = model.hook_context if feedback else None  # the chunk's first global position
         for t in by_hook[hook.name]:
-            out[t.key] = act[:, t.position].detach().to("cpu", dtype).clone()
+            i = t.position if ctx is None else where[t.key] - ctx.positions.start
+            out[t.key] = act[:, i].detach().to("cpu", dtype).clone()
         if len(out) == len(targets):
             raise _Stop
         return act
 
+    hooks = [(h, grab) for h in by_hook]
     try:
-        model.run_with_hooks(tokens, mode=run_mode, fwd_hooks=[(h, grab) for h in by_hook])
+        if feedback:
+            start = min(where.values())
+            build_prefix(model, tokens, run_mode, upto=start).run(start, hooks)
+        else:  # e.g. Hidden Decoding: positions index its n*T-long tensors, one full pass
+            model.run_with_hooks(tokens, mode=run_mode, fwd_hooks=hooks)
     except _Stop:
         pass
     missing = [t.hook for t in targets if t.key not in out]

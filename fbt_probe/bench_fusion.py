@@ -165,6 +165,8 @@ def _rel_err(out: torch.Tensor, value, gate, weight, eps) -> float:
 def bench_rows(cfg: FusionBenchConfig, device: torch.device, dtype: torch.dtype, timer, fused: bool) -> list[dict]:
     import fbt_probe_kernels as K
 
+    from fbt_probe.model.fusion import _fast_path, epilogue
+
     reference = _reference()
     compiled = None
     if cfg.compile and device.type == "cuda":
@@ -188,6 +190,8 @@ def bench_rows(cfg: FusionBenchConfig, device: torch.device, dtype: torch.dtype,
                 rec["compile_s"] = timer(lambda: compiled(value, gate, weight, eps))
             except Exception as exc:  # a compile failure is a result to report, not a crash
                 rec["compile_error"] = _one_line(exc)
+        rec["dispatch_kernel"] = _fast_path(value) is not None  # the model's size dispatch at this row count
+        rec["dispatch_s"] = timer(lambda: epilogue(value, gate, weight, eps))
         if fused:
             rec["rel_err"] = _rel_err(K.glu_fusion(value, gate, weight, eps), value, gate, weight, eps)
             rec["table_rel_err"] = _rel_err(K.glu_fusion_table(value, ids, table, weight, eps), value, table[ids], weight, eps)
@@ -312,8 +316,8 @@ def bench_decode(cfg: FusionBenchConfig, device, dtype, timer, graph_timer, fuse
 
 def bench_model_step(cfg: FusionBenchConfig, device, dtype_name: str, timer) -> list[dict]:
     """The real `FeedbackTransformer.step` (fed-back state, KV cache of decode_ctx tokens) at the
-    preset, random weights. Its cache grows by torch.cat (a research implementation, not a serving
-    one), so this step is slower than a tuned decoder's and the share smaller."""
+    preset, random weights: eager PyTorch, one kernel launch per op (no CUDA graph), so the step is
+    slower than a tuned decoder's and the share smaller."""
     try:
         import fbt_probe as fp
 
@@ -342,13 +346,12 @@ def _one_line(exc: Exception) -> str:
 def _model_step_once(model, cfg, batch, device, timer) -> dict:
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     tokens = torch.randint(0, model.cfg.d_vocab, (batch, cfg.decode_ctx), device=device, generator=gen)
-    cache, state, logits = model.prefill_cache(tokens)
+    cache, state, logits = model.prefill_cache(tokens, capacity=cfg.decode_ctx + 1)
     token, state = logits[:, -1].argmax(-1), state[:, -1]
     del logits
-    keys, values = list(cache.keys), list(cache.values)
 
     def step():
-        cache.keys[:], cache.values[:] = keys, values  # the same cache length at every call
+        cache.rewind(cfg.decode_ctx)  # the same cache length at every call (the step writes in place)
         return model.step(token, cache, state)
 
     out = {"model_step_s": timer(step), "fast_fusion_used": _model_uses_fast_path(model, device)}
@@ -442,6 +445,12 @@ def _us(s) -> str:
     return "–" if s is None else f"{s * 1e6:.1f}" if s < 1e-1 else f"{s * 1e6:.0f}"
 
 
+def _best_other(r: dict) -> float:
+    """The fastest path the size dispatch did not pick at this row count (eager, compile, kernel)."""
+    others = (r.get("compile_s"), r["eager_s"] if r["dispatch_kernel"] else r.get("fused_s"))
+    return min(x for x in others if x is not None)
+
+
 def _ratio(a, b) -> str:
     return "–" if a is None or b is None else f"{a / b:.2f}×"
 
@@ -472,8 +481,8 @@ def to_markdown(result: dict) -> str:
     ]
     fused = result["fused_available"]
     if fused:
-        lines += ["| rows | eager µs | compile µs | fused µs | fused GB/s | % of peak | × eager | × compile | table µs | table × eager-gather | rel. err |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += ["| rows | eager µs | compile µs | fused µs | fused GB/s | % of peak | × eager | × compile | table µs | table × eager-gather | rel. err | dispatch µs (path) | dispatch × best other |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     else:
         lines += ["| rows | eager µs | eager GB/s | % of copy | eager + gather µs |", "|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
@@ -484,7 +493,9 @@ def to_markdown(result: dict) -> str:
             lines.append(
                 f"| {r['rows']} | {_us(r['eager_s'])} | {compile_cell} | {_us(r['fused_s'])} | {g:.0f} | "
                 f"{_pct(g, peak)} | {_ratio(r['eager_s'], r['fused_s'])} | {_ratio(r.get('compile_s'), r['fused_s'])} | "
-                f"{_us(r['table_s'])} | {_ratio(r['eager_table_s'], r['table_s'])} | {r['rel_err']:.1e} |"
+                f"{_us(r['table_s'])} | {_ratio(r['eager_table_s'], r['table_s'])} | {r['rel_err']:.1e} | "
+                f"{_us(r['dispatch_s'])} ({'kernel' if r['dispatch_kernel'] else 'eager'}) | "
+                f"{_ratio(_best_other(r), r['dispatch_s'])} |"
             )
         else:
             g = gbps(r["eager_s"])
@@ -526,7 +537,7 @@ def _decode_markdown(result: dict) -> list[str]:
         lines += [
             "",
             f"#### Share of the real `FeedbackTransformer.step` ({cfg['decode_preset']}, random weights, "
-            f"{cfg['decode_ctx']}-token cache; the cache grows by torch.cat, so the step is slow and the share small)",
+            f"{cfg['decode_ctx']}-token preallocated cache; eager launches, no CUDA graph)",
             "",
             "| batch | step µs | fast path | epilogue µs | epilogue share | fusion module µs | fusion share |",
             "|---:|---:|---|---:|---:|---:|---:|",

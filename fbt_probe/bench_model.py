@@ -1,59 +1,130 @@
-"""`fbt-probe bench model`: plain forward vs `run_with_cache` on the residual hooks, and `full`
-prefill (the exact serial recurrence through the KV cache) vs `standard`, for a preset on this machine."""
+"""`fbt-probe bench model`: where a researcher waits on the model itself, on this machine's CPU.
+
+- `standard` forward at T × batch (default 1,024 × 8), and its peak memory;
+- `full` (the exact serial recurrence through the KV cache, then the hooked final pass) at the same
+  shape and at batch 1: time, ratio to `standard`, and time per serial step (full time / (T - 1));
+- `run_with_cache` over a plain forward (batch 8 × 256) on the residual hooks and on every hook
+  (every hook includes `hook_pattern`, which takes the explicit attention path).
+
+Times are medians of `repeats` runs after one warm-up; ratios come from the same run. Peak memory
+is measured in a fresh child process per shape (its VmHWM after the call, and how far the call
+raised it above the loaded model warmed up on a short input), so one measurement's peak does not
+hide another's.
+"""
 from __future__ import annotations
 
+import json
 import platform
+import statistics
+import subprocess
+import sys
 import time
 
 import torch
 
 
-def _best_of(fn, repeats: int) -> float:
-    best = float("inf")
+def _median_of(fn, repeats: int) -> float:
+    fn()  # warm-up: first-call allocations and kernel selection
+    times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _tokens(V: int, batch: int, T: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, V, (batch, T), generator=torch.Generator().manual_seed(seed))
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS in MB: VmHWM (Linux: the high-water mark of this process image
+    only; ru_maxrss would also count the RSS of the parent that started it), else ru_maxrss."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+_PEAK_CHILD = """
+import json, sys, torch
+import fbt_probe as fp
+from fbt_probe.bench_model import peak_rss_mb as rss
+preset, mode, batch, T, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+torch.set_num_threads(threads)
+model = fp.load_model(preset).eval()
+tokens = lambda n: torch.randint(0, model.cfg.d_vocab, (batch, n), generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    model(tokens(8), mode=mode)
+    before = rss()
+    model(tokens(T), mode=mode)
+print(json.dumps({"rss_mb": rss(), "added_mb": rss() - before}))
+"""
+
+
+def peak_memory(preset: str, mode: str, batch: int, T: int) -> dict:
+    """Peak RSS of one `model(tokens, mode=mode)` call, in a fresh Python process: its ru_maxrss,
+    and how far the call raised it above the loaded, warmed-up model."""
+    args = [sys.executable, "-c", _PEAK_CHILD, preset, mode, str(batch), str(T), str(torch.get_num_threads())]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return {k: round(v, 1) for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 
 @torch.no_grad()
-def run_model_bench(preset: str = "tiny", batch: int = 8, seq: int = 256, lengths=(256, 1024), repeats: int = 3) -> dict:
+def run_model_bench(preset: str = "tiny", batch: int = 8, seq: int = 1024, full_batches=(8, 1), cache_batch: int = 8,
+                    cache_seq: int = 256, repeats: int = 3, memory: bool = True) -> dict:
     import fbt_probe as fp
     from fbt_probe.provenance import provenance
 
     model = fp.load_model(preset).eval()
     V = model.cfg.d_vocab
-    toks = torch.randint(0, V, (batch, seq), generator=torch.Generator().manual_seed(0))
-    resid = lambda name: "hook_resid" in name  # noqa: E731
-    model(toks)  # warm-up
-    plain = _best_of(lambda: model(toks), repeats)
-    cached = _best_of(lambda: model.run_with_cache(toks, names_filter=resid), repeats)
-    rows = []
-    for T in lengths:
-        one = torch.randint(0, V, (1, T), generator=torch.Generator().manual_seed(1))
-        std = _best_of(lambda: model(one), repeats)
-        full = _best_of(lambda: model(one, mode="full"), 1)
-        rows.append({"T": T, "standard_s": std, "full_s": full, "full_over_standard": full / std})
-    n_tok = batch * seq
+    toks = _tokens(V, batch, seq, 0)
+    std = _median_of(lambda: model(toks), repeats)
+    prefill = {"batch": batch, "T": seq, "standard_s": std, "full": []}
+    for b in full_batches:
+        one = _tokens(V, b, seq, 1)
+        s = std if b == batch else _median_of(lambda: model(one), repeats)
+        f = _median_of(lambda: model(one, mode="full"), repeats)
+        prefill["full"].append({"batch": b, "standard_s": s, "full_s": f, "full_over_standard": f / s,
+                                "per_step_ms": f / (seq - 1) * 1e3})
+    if memory:
+        prefill["peak_memory"] = {m: peak_memory(preset, m, batch, seq) for m in ("standard", "full")}
+    small = _tokens(V, cache_batch, cache_seq, 2)
+    plain = _median_of(lambda: model(small), repeats * 3)
+    resid = _median_of(lambda: model.run_with_cache(small, names_filter=lambda n: "hook_resid" in n), repeats * 3)
+    every = _median_of(lambda: model.run_with_cache(small), repeats * 3)
+    n_tok = cache_batch * cache_seq
     return {
-        "preset": preset, "device": "cpu", "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-        "forward": {"batch": batch, "seq": seq, "plain_tokens_per_s": n_tok / plain, "cache_tokens_per_s": n_tok / cached,
-                    "cache_over_plain_time": cached / plain},
-        "prefill": rows, "provenance": provenance(),
+        "preset": preset, "device": "cpu", "threads": torch.get_num_threads(), "repeats": repeats,
+        "machine": platform.processor() or platform.machine(), "prefill": prefill,
+        "cache": {"batch": cache_batch, "seq": cache_seq, "plain_s": plain, "resid_s": resid, "all_s": every,
+                  "plain_tokens_per_s": n_tok / plain, "resid_over_plain": resid / plain, "all_over_plain": every / plain},
+        "provenance": provenance(),
     }
 
 
 def to_markdown(r: dict) -> str:
-    f = r["forward"]
+    p, c = r["prefill"], r["cache"]
     lines = [
-        f"### Model ({r['preset']}, {r['device']}, {r['threads']} threads)", "",
-        f"| what | value |", "|---|---|",
-        f"| plain forward, batch {f['batch']} × {f['seq']} | {f['plain_tokens_per_s']:,.0f} tokens/s |",
-        f"| run_with_cache on the residual hooks | {f['cache_tokens_per_s']:,.0f} tokens/s |",
-        f"| cache / plain time | {f['cache_over_plain_time']:.2f}× |", "",
-        "| T (batch 1) | standard | full (KV-cache recurrence + final pass) | full / standard |", "|---|---|---|---|",
+        f"### Model ({r['preset']}, {r['device']}, {r['threads']} threads; medians of {r['repeats']} runs)", "",
+        "| what | batch | T | time | / standard | per serial step |", "|---|---:|---:|---:|---:|---:|",
+        f"| `standard` | {p['batch']} | {p['T']} | {p['standard_s'] * 1e3:,.0f} ms | 1.00× | – |",
     ]
-    for p in r["prefill"]:
-        lines.append(f"| {p['T']} | {p['standard_s'] * 1e3:.1f} ms | {p['full_s'] * 1e3:.0f} ms | {p['full_over_standard']:.0f}× |")
+    for f in p["full"]:
+        lines.append(f"| `full` | {f['batch']} | {p['T']} | {f['full_s'] * 1e3:,.0f} ms | {f['full_over_standard']:.2f}× "
+                     f"(standard at batch {f['batch']}: {f['standard_s'] * 1e3:,.1f} ms) | {f['per_step_ms']:.2f} ms |")
+    if "peak_memory" in p:
+        lines += ["", f"Peak RSS of one call at batch {p['batch']} × {p['T']} (fresh process; added = over the loaded model):", ""]
+        lines += [f"- `{m}`: {v['rss_mb']:,.0f} MB (added {v['added_mb']:,.0f} MB)" for m, v in p["peak_memory"].items()]
+    lines += [
+        "", f"| run_with_cache, batch {c['batch']} × {c['seq']} | time | / plain forward |", "|---|---:|---:|",
+        f"| plain forward | {c['plain_s'] * 1e3:.1f} ms | 1.00× |",
+        f"| residual hooks (`hook_resid_*`) | {c['resid_s'] * 1e3:.1f} ms | {c['resid_over_plain']:.2f}× |",
+        f"| every hook (incl. `hook_pattern`) | {c['all_s'] * 1e3:.1f} ms | {c['all_over_plain']:.2f}× |",
+    ]
     return "\n".join(lines) + "\n"

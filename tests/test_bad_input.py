@@ -46,6 +46,14 @@ def workdir(tmp_path_factory):
     (["--min-gap", "nan"], "--min-gap nan: expected a finite number >= 0"),
     (["--mode", "recurrent:1,recurrent:1"], "'recurrent:1' is listed twice"),
     (["--device", "cuda:0" if not torch.cuda.is_available() else "warp"], "device"),
+    (["--experiment", "attribution", "--check", "-1"], "--check -1: expected an integer >= 0"),
+    (["--experiment", "attribution", "--hooks", "blocks.9.hook_resid_pre"], "hooks: unknown hook 'blocks.9.hook_resid_pre'"),
+    (["--experiment", "attribution", "--hooks", "fusion.hook_gate,fusion.hook_gate"], "expected distinct hook names"),
+    (["--experiment", "das", "--steps", "0"], "--steps 0: expected an integer >= 1"),
+    (["--experiment", "das", "--lr", "nan"], "--lr nan: expected a finite number > 0"),
+    (["--experiment", "das", "--ks", "0"], "--ks 0: expected distinct subspace dimensions >= 1"),
+    (["--experiment", "das", "--ks", "2,2"], "--ks 2,2: expected distinct subspace dimensions >= 1"),
+    (["--experiment", "das", "--ks", "one"], "ks 'one': expected comma-separated integers"),
 ])
 def test_patch_options(workdir, args, match):
     base = ["patch", str(workdir / "run"), str(workdir / "data"), "--experiment", "feedback-swap", "--out", str(workdir / "res")]
@@ -56,6 +64,29 @@ def test_patch_options(workdir, args, match):
         args = [a for j, a in enumerate(args) if not (a == "--experiment" or (j > 0 and args[j - 1] == "--experiment"))]
     one_line_error(runner.invoke(app, base + args), match)
     assert not (workdir / "res").exists()
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--eval-fraction", "1.5"], "--eval-fraction 1.5: expected a number in (0, 1)"),
+    (["--steps", "-1"], "--steps -1: expected an integer >= 0"),
+    (["--lr", "0"], "--lr 0.0: expected a finite number > 0"),
+    (["--positions", "0"], "--positions 0: expected an integer >= 1"),
+    (["--max-pairs", "0"], "--max-pairs 0: expected an integer >= 1"),
+    (["--mode", "standard,standard"], "'standard' is listed twice"),
+])
+def test_lens_options(workdir, args, match):
+    base = ["lens", str(workdir / "run"), str(workdir / "data"), "--out", str(workdir / "lens-res"), "--steps", "2"]
+    one_line_error(runner.invoke(app, base + args), match)
+    assert not (workdir / "lens-res").exists()
+
+
+def test_lens_force_replaces_only_lens_results(workdir):
+    target = workdir / "not-lens"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    res = runner.invoke(app, ["lens", str(workdir / "run"), str(workdir / "data"), "--out", str(target), "--force"])
+    one_line_error(res, "is not a lens results folder")
+    assert (target / "notes.txt").read_text() == "mine" and len(list(target.iterdir())) == 1
 
 
 def test_patch_force_replaces_only_results(workdir):

@@ -13,6 +13,7 @@ from fbt_probe.interventions import (bootstrap_ci, capture, edit_at, feedback_sw
                                      label_token_ids, pair_batches, patch_all, patch_rows_at, probe_direction,
                                      rank_one_edit, residual_patching, set_at, soft_answer_logits, state_replacement,
                                      stitch, summarize, to_long)
+from fbt_probe.interventions.experiments import last_prefix
 from fbt_probe.interventions.probe_direction import apply_edit, fold_edits, folds
 from fbt_probe.tasks import build_tokenizer, generate, load_spec
 from tests.helpers import make_model, tokens
@@ -198,6 +199,42 @@ def test_probe_direction_rows(model, batches):
     assert no_hooks_left(model)
 
 
+def assert_same_rows(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    """Same rows in the same order; float columns equal up to float64 rounding (a real difference in
+    what ran, e.g. a wrong prefix or hook position, moves logits at order 1e-3 or more)."""
+    assert list(a.columns) == list(b.columns) and len(a) == len(b) and len(a) > 0
+    for c in a.columns:
+        if a[c].dtype.kind == "f":
+            np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=1e-9, atol=1e-10, err_msg=c)
+        else:
+            assert a[c].tolist() == b[c].tolist(), c
+
+
+REUSE_CASES = [
+    (feedback_swap, "recurrent:1", {}), (feedback_swap, "recurrent:3", {}), (feedback_swap, "full", {}),
+    (feedback_swap, "jacobi:2", {}),
+    (state_replacement, "recurrent:1", {}), (state_replacement, "jacobi:3", {}),
+    (gate_ablation, "recurrent:1", {}), (gate_ablation, "full", {}),
+    (residual_patching, "standard", dict(depths=[0, 2], last_k=5, batch_size=24)),
+    (residual_patching, "recurrent:1", dict(depths=[0, 2], last_k=5, batch_size=24)),  # serial rule
+    (residual_patching, "recurrent:3", dict(depths=[1], batch_size=16)),  # every position, serial rule
+    (residual_patching, "recurrent:3", dict(depths=[1], last_k=4, serial=False)),  # one-pass rule
+    (residual_patching, "jacobi:2", dict(depths=[1, 3], last_k=3, batch_size=16)),  # serial: every pass
+    (probe_direction, "recurrent:1", dict(depths=[0, 3], scales=(1.0,), n_folds=2, erase="orth")),
+    (probe_direction, "standard", dict(depths=[1], scales=(1.0,), n_folds=2, erase="orth")),
+]
+
+
+@pytest.mark.parametrize("experiment,mode,kw", REUSE_CASES, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_prefix_reuse_equals_the_full_rerun(model, batches, experiment, mode, kw):
+    """Each condition run from a cached prefix (positions before the first edit, hooks off) gives
+    the tables of re-running the whole sequence, for every experiment, mode and hook rule."""
+    reused = experiment(model, batches, mode=mode, min_gap=0.1, reuse=True, **kw)
+    full = experiment(model, batches, mode=mode, min_gap=0.1, reuse=False, **kw)
+    assert_same_rows(reused, full)
+    assert no_hooks_left(model) and model.hook_context is None
+
+
 def test_hooks_are_removed_when_an_intervention_fails(model, batches):
     def boom(x, hook):
         raise RuntimeError("boom")
@@ -206,6 +243,9 @@ def test_hooks_are_removed_when_an_intervention_fails(model, batches):
         final_logits(model, batches[0].tokens, "recurrent:1", [("fusion.hook_gate", boom)])
     with pytest.raises(RuntimeError, match="boom"):
         soft_answer_logits(model, batches[0].tokens, [("fusion.hook_gate", boom)])
+    pre = last_prefix(model, batches[0].tokens, "recurrent:1")
+    with pytest.raises(RuntimeError, match="boom"):
+        final_logits(model, batches[0].tokens, "recurrent:1", [("fusion.hook_gate", boom)], prefix=pre)
     assert no_hooks_left(model) and model.hook_context is None
 
 

@@ -387,12 +387,42 @@ def test_gpu_inductor_compile():
 @needs_cuda
 @needs_triton
 @pytest.mark.parametrize("mode", ["recurrent:1", "full"])
-def test_gpu_model_outputs_unchanged_with_fast_path(mode):
+def test_gpu_model_outputs_unchanged_with_fast_path(mode, monkeypatch):
     pytest.importorskip("transformer_lens")  # absent from the bare GPU image
     import fbt_probe as fp
+    from fbt_probe.model import fusion
+
+    monkeypatch.setattr(fusion, "FUSED_MIN_ROWS", 1)  # every call takes the kernel (the size dispatch aside)
 
     models = {fast: fp.load_model("tiny", device="cuda", seed=0, fast_fusion=fast).eval() for fast in (False, True)}
     tokens = torch.randint(0, models[True].cfg.d_vocab, (2, 24), device="cuda")
     with torch.no_grad():
         slow, fast = (models[f](tokens, mode=mode) for f in (False, True))
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- the size dispatch
+
+def test_fusion_dispatch_by_size(monkeypatch):
+    """The kernel only where it runs and from FUSED_MIN_ROWS rows on (launch-bound below: the H200
+    numbers in reports/bench/fusion-gpu.md); on CPU the model always takes the reference."""
+    from fbt_probe.model import fusion
+
+    n = fusion.FUSED_MIN_ROWS
+    assert not fusion.use_kernel(n - 1, True) and fusion.use_kernel(n, True) and not fusion.use_kernel(10 * n, False)
+    assert fusion._fast_path(torch.zeros(n, 4)) is None  # CPU tensor: never the kernel
+    value, gate, weight = make((3, 5, 16), torch.float32)
+    torch.testing.assert_close(fusion.epilogue(value, gate, weight, EPS), fusion.fusion_reference(value, gate, weight, EPS),
+                               rtol=0, atol=0)
+    monkeypatch.setattr(fusion, "FUSED_MIN_ROWS", 15)
+    assert fusion.use_kernel(15, True) and not fusion.use_kernel(14, True)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_triton
+def test_gpu_dispatch_picks_the_kernel_only_for_large_calls():
+    from fbt_probe.model import fusion
+
+    small, large = torch.zeros(8, 1536, device="cuda"), torch.zeros(fusion.FUSED_MIN_ROWS, 1536, device="cuda")
+    assert fusion._fast_path(small) is None and fusion._fast_path(large) is K.glu_fusion

@@ -54,7 +54,23 @@ def test_kv_cache_steps_equal_rerunning_the_prefix(model, toks):
         lg, _ = model.step(toks[:, t], cache, None)
         steps.append(lg[:, None])
     torch.testing.assert_close(torch.cat(steps, 1), std, **TOL)
-    assert cache.length == T and cache.keys[0].shape == (3, T, model.cfg.n_key_value_heads, model.cfg.d_head)
+    # [batch, n_kv_heads, capacity, d_head]; a prefill of 5 positions grew (doubling) to hold T
+    assert cache.length == T and cache.keys[0].shape[:2] == (3, model.cfg.n_key_value_heads)
+    assert cache.keys[0].shape[2] >= T and cache.keys[0].shape[3] == model.cfg.d_head
+
+
+@torch.no_grad()
+def test_kv_cache_with_capacity_is_written_in_place(model, toks):
+    """Capacity known up front: every step writes into the same buffers (no per-step reallocation),
+    and the cached keys equal those of a prefill of the whole sequence."""
+    cache, _, _ = model.prefill_cache(toks[:, :5], capacity=T)
+    ptrs = [k.data_ptr() for k in cache.keys]
+    for t in range(5, T):
+        model.step(toks[:, t], cache, None)
+    assert [k.data_ptr() for k in cache.keys] == ptrs and cache.keys[0].shape[2] == T
+    whole, _, _ = model.prefill_cache(toks)
+    for a, b in zip(cache.keys + cache.values, whole.keys + whole.values):
+        torch.testing.assert_close(a[:, :, :T], b[:, :, :T], **TOL)
 
 
 @torch.no_grad()

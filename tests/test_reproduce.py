@@ -112,6 +112,7 @@ def test_quick_study_end_to_end(tmp_path):
     report = (out / "report.md").read_text()
     html = (out / "report.html").read_text()
     assert "data:image/png;base64," in html and "fig7a-feedback" in html
+    assert "## Attribution patching, DAS and the lens" in report and "atp-parity-feedback" in html and "lens-baseline" in html
     nums = _depth0_numbers(report)
     assert len(nums) >= 8 and all(0.0 <= x <= 1.0 for x in nums)
     # findings first, then figures, then the tables (collapsed in the HTML)
@@ -150,3 +151,41 @@ def test_checkpoint_path_skips_training(tmp_path):
     state = json.loads((out / "stages.json").read_text())
     assert not any(k.startswith("train") for k in state) and "probe-feedback" in state
     assert len(_depth0_numbers((out / "report.md").read_text())) >= 4
+
+
+def test_methods_run_every_task_and_report_the_papers_suffix_modes(tmp_path):
+    """The methods/lens stages cover the four tasks (registers-count, which the exact experiments leave
+    out, at its shortest length), and per-task tables come back under the paper's recurrent:k."""
+    import pandas as pd
+
+    from fbt_probe.io import write_json
+    from fbt_probe.reproduce.methods import methods_knobs, tables
+    from fbt_probe.reproduce.pipeline import ReproConfig
+
+    cfg = ReproConfig()
+    assert methods_knobs(cfg) == {"completion": [8], "memory": [8], "registers": [2], "registers-count": [1]}
+    assert methods_knobs(ReproConfig.quick_config())["registers-count"] == [2]
+    for task, suffix in (("memory", None), ("registers", {"1": 3, "2": 5, "4": 9})):
+        folder = tmp_path / "results" / "lens" / "feedback" / task
+        folder.mkdir(parents=True)
+        modes = ["standard", "recurrent:1", "full"] if suffix is None else ["standard", "recurrent:3", "full"]  # as the stage runs them
+        pd.DataFrame({"task": task, "mode": modes}).to_parquet(folder / "lens_summary.parquet")
+        write_json(tmp_path / "data" / f"{task}.manifest.json", {"task": task, **({"suffix_tokens": suffix} if suffix else {})})
+    lens = tables(tmp_path, "feedback")["lens"].set_index("task")["mode"]
+    assert list(lens["memory"]) == ["standard", "recurrent:1", "full"]  # built-in tokenizer: identity
+    assert list(lens["registers"]) == ["standard", "recurrent:1", "full"]  # recurrent:3 = the paper's 1-token suffix here
+
+
+def test_methods_pairs_are_spread_over_groups():
+    """A register group holds several pairs: the methods stages take pairs round-robin over groups so
+    that DAS's grouped folds have several groups (the first pair ids would all be one group)."""
+    import pandas as pd
+
+    from fbt_probe.reproduce.methods import pairs_over_groups
+
+    pair = [p for p in range(12) for _ in range(2)]
+    df = pd.DataFrame({"pair_id": pair, "group_id": [f"g{p // 4}" for p in pair], "length_knob": 2})
+    got = pairs_over_groups(df, 5)
+    assert sorted(set(got["pair_id"])) == [0, 1, 4, 5, 8]  # round 1: 0, 4, 8; round 2: 1, 5
+    assert list(got.index) == sorted(got.index) and (got.groupby("pair_id").size() == 2).all()
+    assert len(pairs_over_groups(df, 100)) == len(df)

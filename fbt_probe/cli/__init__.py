@@ -30,6 +30,7 @@ _SUBCOMMANDS = [
     ("train", "fbt_probe.cli.train"),
     ("reproduce", "fbt_probe.cli.reproduce"),
     ("patch", "fbt_probe.cli.patch"),
+    ("lens", "fbt_probe.cli.lens"),
 ]
 
 for _name, _module in _SUBCOMMANDS:

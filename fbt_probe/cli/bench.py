@@ -64,18 +64,64 @@ def fusion(
 @app.command()
 def model(
     preset: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
-    batch: Annotated[int, typer.Option(help="Batch of the forward-throughput measurement.")] = 8,
-    seq: Annotated[int, typer.Option(help="Sequence length of the forward-throughput measurement.")] = 256,
-    lengths: Annotated[str, typer.Option(help="Prefill lengths T for full vs standard, comma-separated.")] = "256,1024",
+    batch: Annotated[int, typer.Option(help="Batch of the standard / full prefill measurement.")] = 8,
+    seq: Annotated[int, typer.Option(help="Sequence length T of the standard / full prefill measurement.")] = 1024,
+    full_batches: Annotated[str, typer.Option(help="Batches at which `full` is timed, comma-separated.")] = "8,1",
+    cache_batch: Annotated[int, typer.Option(help="Batch of the run_with_cache measurement.")] = 8,
+    cache_seq: Annotated[int, typer.Option(help="Sequence length of the run_with_cache measurement.")] = 256,
+    repeats: Annotated[int, typer.Option(help="Timed runs per measurement (the median is reported).")] = 3,
+    memory: Annotated[bool, typer.Option("--memory/--no-memory", help="Peak RSS of standard and full (a child process each).")] = True,
     out: OutOption = None,
     force: ForceOption = False,
 ) -> None:
-    """Tokens/s of a plain forward vs run_with_cache on the residual hooks, and `full` prefill (KV-cache
-    recurrence) vs `standard` at each T, on this machine's CPU.
+    """`standard` and `full` prefill time (and peak memory) at T x batch, full / standard and the
+    time per serial step, and run_with_cache over a plain forward, on this machine's CPU.
 
     Example: fbt-probe bench model --out reports/bench/model.md
     """
     from fbt_probe.bench_model import run_model_bench, to_markdown
+    from fbt_probe.errors import FbtError
 
-    Ts = tuple(int(x) for x in lengths.split(",") if x.strip())
-    write_report(run_model_bench(preset, batch, seq, Ts), to_markdown, out, force)
+    try:
+        fb = tuple(int(x) for x in full_batches.split(",") if x.strip())
+    except ValueError:
+        raise FbtError(f"--full-batches '{full_batches}': expected comma-separated integers") from None
+    if min((batch, seq, cache_batch, cache_seq, repeats) + fb) < 1 or seq < 2:
+        raise FbtError("--batch, --full-batches, --cache-batch, --cache-seq and --repeats must be >= 1, --seq >= 2")
+    result = run_model_bench(preset, batch, seq, fb, cache_batch, cache_seq, repeats, memory)
+    write_report(result, to_markdown, out, force)
+
+
+@app.command()
+def patch(
+    run: Annotated[str, typer.Option(help="Run / checkpoint folder or preset (random weights: same cost).")] = "tiny",
+    dataset: Annotated[Path | None, typer.Option(help="Dataset file or folder (default: `tasks generate completion` into a temporary folder).")] = None,
+    experiments: Annotated[str, typer.Option(help="Experiments, comma-separated, or 'all'.")] = "all",
+    mode: Annotated[str, typer.Option(help="Prefill mode of the patch commands.")] = "recurrent:1",
+    compare_pairs: Annotated[int, typer.Option(help="Pairs per cell for the reuse-vs-full-re-run comparison (0: skip it).")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed of the patch commands (and of a preset's weights).")] = 0,
+    out: OutOption = None,
+    force: ForceOption = False,
+) -> None:
+    """Wall time and peak RSS of `fbt-probe patch` per experiment (each command in its own
+    process), and on a subset the speed-up of prefix reuse over the full re-run with the largest
+    difference between their summary tables.
+
+    Example: fbt-probe bench patch --out reports/bench/patch.md
+    """
+    from fbt_probe.bench_patch import EXPERIMENTS, run_patch_bench, to_markdown
+    from fbt_probe.errors import FbtError
+    from fbt_probe.model.modes import parse_mode
+
+    names = EXPERIMENTS if experiments.strip() == "all" else tuple(e.strip() for e in experiments.split(",") if e.strip())
+    bad = [e for e in names if e not in EXPERIMENTS]
+    if bad or not names:
+        raise FbtError(f"--experiments '{experiments}': expected 'all' or a comma-separated subset of {', '.join(EXPERIMENTS)}")
+    parse_mode(mode)
+    if compare_pairs < 0:
+        raise FbtError("--compare-pairs must be >= 0")
+    if dataset is not None and not dataset.exists():
+        raise FbtError(f"{dataset}: no such dataset file or folder")
+    result = run_patch_bench(run, dataset, names, str(parse_mode(mode)), compare_pairs, seed,
+                             progress=lambda line: typer.echo(line, err=True))
+    write_report(result, to_markdown, out, force)

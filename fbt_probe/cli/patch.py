@@ -30,7 +30,7 @@ def _floats(spec: str, what: str) -> tuple[float, ...]:
 def patch(
     run: Annotated[str, typer.Argument(help="Run / checkpoint folder (config.json, model.safetensors, tokenizer.json) or a preset name (random init).", show_default=False)],
     dataset: Annotated[Path, typer.Argument(help="A dataset .parquet (with its .manifest.json) or a folder of them.", show_default=False)],
-    experiment: Annotated[str, typer.Option(help="feedback-swap | state-replacement | gate-ablation | residual | probe-direction.")],
+    experiment: Annotated[str, typer.Option(help="feedback-swap | state-replacement | gate-ablation | residual | probe-direction | attribution | das.")],
     out: Annotated[Path, typer.Option("--out", help="Results folder; this experiment writes OUT/<experiment>/.")],
     mode: Annotated[str, typer.Option(help="Prefill mode(s), comma-separated: standard, recurrent:k, full, jacobi:K.")] = "recurrent:1",
     tasks: Annotated[Optional[str], typer.Option(help="Only these tasks (comma-separated; default all in DATASET).")] = None,
@@ -43,7 +43,13 @@ def patch(
     folds: Annotated[int, typer.Option(help="Probe-direction: grouped folds for cross-fitting (4, as the probes).")] = 4,
     min_gap: Annotated[float, typer.Option(help="Pairs with |clean - corrupt| logit difference below this are left out of 'normalized'.")] = 0.1,
     decoding: Annotated[bool, typer.Option(help="Gate ablation: also Std / Soft decoding answer accuracy.")] = True,
+    check: Annotated[int, typer.Option(help="Attribution: patch exactly the K cells AtP ranks highest plus K random cells, and report rank correlation and worst error (0 = off).")] = 0,
+    hooks: Annotated[Optional[str], typer.Option(help="Attribution / DAS: hook names, comma-separated (default: residual stream + fusion hooks; DAS: fusion.hook_feedback and depths 0, L/2, L).")] = None,
+    ks: Annotated[str, typer.Option(help="DAS: subspace dimensions k.")] = "1,2,4,8",
+    steps: Annotated[int, typer.Option(help="DAS: optimizer steps per rotation.")] = 200,
+    lr: Annotated[float, typer.Option(help="DAS: learning rate of the rotation (Adam).")] = 1e-2,
     batch_size: Annotated[int, typer.Option(help="Samples per forward (pairs stay together).")] = 32,
+    prefix_reuse: Annotated[bool, typer.Option("--prefix-reuse/--no-prefix-reuse", help="Compute the positions before the edited one once per batch and run only the rest per condition (default); --no-prefix-reuse re-runs the whole sequence each time (same tables up to float rounding, slower).")] = True,
     n_boot: Annotated[int, typer.Option(help="Bootstrap resamples over pairs.")] = 1000,
     seed: Annotated[int, typer.Option(help="Seed (bootstrap, donors, random states, folds; preset init).")] = 0,
     device: Annotated[str, typer.Option(help="Device to run the model on.")] = "cpu",
@@ -55,7 +61,9 @@ def patch(
     Writes rows.parquet|csv (one row per sample of a pair x condition x metric), summary.parquet|csv
     (mean with bootstrap CI over pairs; length_knob -1 = pooled), manifest.json and figures/.
 
-    Example: fbt-probe patch runs/tiny data/tasks --experiment feedback-swap --mode recurrent:1 --out results/
+    Example: fbt-probe patch runs/tiny data/tasks --experiment feedback-swap --mode recurrent:1 --out results/ ;
+    fbt-probe patch runs/tiny data/tasks --experiment attribution --mode standard,jacobi:2 --check 10 --out results/ ;
+    fbt-probe patch runs/tiny data/tasks --experiment das --mode recurrent:1 --ks 1,2,4,8 --out results/
     """
     from fbt_probe.interventions import PatchConfig, check_compatible, load_pairs, load_run_model, run as run_patch
     from fbt_probe.io import refuse_existing
@@ -64,7 +72,8 @@ def patch(
     cfg = PatchConfig(experiment=experiment, modes=tuple(str(m) for m in parse_modes(mode)), batch_size=batch_size,
                       min_gap=min_gap, n_boot=n_boot, seed=seed, max_pairs=max_pairs, lengths=_ints(lengths, "lengths"),
                       depths=_ints(depths, "depths"), last_k=last_k, scales=_floats(scales, "scales"), n_folds=folds,
-                      erase=erase, decoding=decoding)
+                      erase=erase, decoding=decoding, check=check, ks=_ints(ks, "ks") or (1, 2, 4, 8), steps=steps, lr=lr, prefix_reuse=prefix_reuse,
+                      hooks=tuple(h.strip() for h in hooks.split(",") if h.strip()) if hooks else None)
     from fbt_probe.interventions.runner import RESULTS_KIND, is_results_folder
 
     replacing = refuse_existing(out / experiment, force, own=is_results_folder, kind=RESULTS_KIND)  # before loading anything
@@ -80,13 +89,17 @@ def patch(
 
 def _report(res) -> None:
     s = res.summary
-    head = s[(s["metric"] == "normalized") & (s["length_knob"] == -1)]
+    head = s[(s["metric"] == "normalized") & (s["length_knob"] == -1) & ~s["experiment"].isin(["attribution", "das"])]
     for r in head.itertuples():
         dec = "" if r.decoding == "prefill" else f" [{r.decoding}]"
         depth = f" depth {r.depth}" if r.depth >= 0 else ""
         scale = f" α={r.scale:g}" if r.condition.startswith("steer") else ""
         typer.echo(f"{r.mode:<12} {r.task:<11} {r.condition:<13}{depth}{scale}{dec}: normalized {r.mean:+.3f} "
                    f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] over {r.n_pairs} pairs ({r.n_excluded} tiny-gap excluded)")
+    from fbt_probe.interventions.methods_report import report_lines
+
+    for line in report_lines(res):
+        typer.echo(line)
     for mode, e in res.manifest["tiny_gap"]["by_mode"].items():
         typer.echo(f"{mode}: {e['excluded']} of {e['pairs']} pairs have |clean - corrupt| < {res.manifest['tiny_gap']['min_gap']}")
     for note in res.manifest["notes"]:

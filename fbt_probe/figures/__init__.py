@@ -49,6 +49,14 @@ FIGURES: dict[str, FigureEntry] = {
                                      "probe accuracy and causal effect of erasing its direction, per depth"),
     "steering-sweep": FigureEntry("fbt_probe.figures.interventions", "steering_sweep", "summary.parquet",
                                   "answer movement vs steering scale, probe vs random direction"),
+    "atp-heatmap": FigureEntry("fbt_probe.figures.methods", "atp_heatmap", "summary.parquet",
+                               "attribution patching: (pass x) hook x position map, checked cells ringed"),
+    "atp-parity": FigureEntry("fbt_probe.figures.methods", "atp_parity", "summary.parquet",
+                              "attribution patching against exact patching on the --check cells"),
+    "das-iia": FigureEntry("fbt_probe.figures.methods", "das_iia", "summary.parquet",
+                           "DAS: interchange intervention accuracy vs subspace dimension, with baselines"),
+    "lens": FigureEntry("fbt_probe.figures.lens", "lens_depth", "lens_summary.parquet",
+                        "logit / tuned lens: probability of the correct label word by depth, per mode and pass"),
 }
 
 

@@ -195,7 +195,8 @@ FIGURES = {
 }
 BY_EXPERIMENT = {"residual": ("patching-heatmap",), "feedback-swap": ("ablation-bars",),
                  "state-replacement": ("ablation-bars",), "gate-ablation": ("ablation-bars",),
-                 "probe-direction": ("decodable-vs-used", "steering-sweep")}
+                 "probe-direction": ("decodable-vs-used", "steering-sweep"),
+                 "attribution": ("atp-heatmap", "atp-parity"), "das": ("das-iia",)}
 
 
 def register_all() -> None:
@@ -211,12 +212,16 @@ def draw_for(summary: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Draw the figures of the experiment(s) in `summary` into `out_dir` as PNG; returns the paths."""
     import matplotlib.pyplot as plt
 
+    from fbt_probe.figures import get_figure
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     names = dict.fromkeys(n for e in summary["experiment"].unique() for n in BY_EXPERIMENT.get(e, ()))
     paths = []
     for name in names:
-        fig = FIGURES[name][0](summary)
+        if name == "atp-parity" and not (summary["method"] == "exact").any():
+            continue  # no --check: nothing to compare
+        fig = FIGURES[name][0](summary) if name in FIGURES else get_figure(name)(summary)
         path = out_dir / f"{name}.png"
         fig.savefig(path, dpi=150, bbox_inches="tight")
         plt.close(fig)

@@ -85,9 +85,8 @@ class HiddenDecodingTransformer(HookedRootModule):
     def _run(self, tokens: torch.Tensor, start: int, cache: KVCache | None, hk: Hk) -> torch.Tensor:
         """Expanded pass from physical position `start`; returns the final norm [batch, n*pos, d_model]."""
         x = self.expand(tokens, hk)
-        positions = torch.arange(start, start + x.shape[1], device=tokens.device)  # contiguous RoPE positions
-        for block in self.blocks:
-            x = block(x, positions, cache, hk)
+        for block in self.blocks:  # contiguous RoPE positions start..start + n*pos - 1
+            x = block(x, start, cache, hk)
         return self.ln_final(x, hk)
 
     def _head(self, normed: torch.Tensor) -> torch.Tensor:
@@ -108,7 +107,7 @@ class HiddenDecodingTransformer(HookedRootModule):
 
     def prefill_cache(self, tokens: torch.Tensor, hk: Hk = silent) -> tuple[KVCache, torch.Tensor]:
         """(KV cache holding all n*pos positions, logits [batch, pos, d_vocab])."""
-        cache = KVCache.empty(self.cfg.n_layers)
+        cache = KVCache(self.cfg.n_layers, self.n_streams * tokens.shape[1])
         return cache, self._head(self._run(tokens, 0, cache, hk))
 
     def step(self, token: torch.Tensor, cache: KVCache, hk: Hk = silent) -> torch.Tensor:

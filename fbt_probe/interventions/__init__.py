@@ -7,7 +7,9 @@
 
 Hook rules (DESIGN §2): feedback-swap, state-replacement, gate-ablation and probe-direction edit
 the final position in the one hooked pass (exact); residual patching uses `serial=True` when the
-mode carries a state; Soft decoding uses the KV-cache step path with hooks on.
+mode carries a state; Soft decoding uses the KV-cache step path with hooks on. Every experiment
+computes the positions before its first edit once per batch (`fbt_probe.model.prefix`; off with
+`PatchConfig(prefix_reuse=False)`, the full re-run: same tables up to float rounding).
 """
 from fbt_probe.interventions.experiments import (GATE_CONDITIONS, feedback_swap, final_logits, gate_ablation,
                                                  mean_gates, residual_patching, soft_answer_logits, state_replacement)

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-METRICS = ("logit_diff", "normalized", "kl", "accuracy", "choice", "probe_accuracy")
+METRICS = ("logit_diff", "normalized", "kl", "accuracy", "choice", "probe_accuracy", "iia", "iia_choice")
 METRIC_HELP = {
     "logit_diff": "logit[own label word] - logit[other label word] at the final position",
     "normalized": "(patched - corrupt) / (clean - corrupt) of logit_diff; tiny-gap pairs excluded",
@@ -27,12 +27,14 @@ METRIC_HELP = {
     "accuracy": "top-1 over the whole vocabulary is the clean sample's label word",
     "choice": "the clean sample's label word beats the other label word (logit_diff > 0)",
     "probe_accuracy": "held-out (cross-fitted) linear probe predicts the sample's label",
+    "iia": "DAS: after the interchange, top-1 over the whole vocabulary is the source sample's label word",
+    "iia_choice": "DAS: after the interchange, the source sample's label word beats the other label word",
 }
 # columns every row carries (defaults where an experiment has no such axis)
 AXES = {"experiment": "", "condition": "", "mode": "", "hook_rule": "", "decoding": "prefill",
         "direction": "", "method": "", "depth": -1, "position": -1, "scale": 0.0}
 SUMMARY_KEYS = ("experiment", "condition", "mode", "hook_rule", "decoding", "direction", "method",
-                "task", "length_knob", "depth", "position", "scale", "metric")
+                "task", "length_knob", "depth", "position", "scale", "pass_index", "subspace_dim", "metric")
 
 
 def logit_diff(logits: torch.Tensor, target: torch.Tensor, other: torch.Tensor) -> torch.Tensor:

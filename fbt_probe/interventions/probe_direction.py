@@ -24,7 +24,7 @@ import torch
 
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import depth_name
-from fbt_probe.interventions.experiments import ONE_PASS, _reference, device_of, final_logits
+from fbt_probe.interventions.experiments import ONE_PASS, _reference, device_of, final_logits, last_prefix
 from fbt_probe.interventions.hooks import edit_at, rank_one_edit
 from fbt_probe.interventions.metrics import score
 
@@ -96,7 +96,7 @@ def folds(y: np.ndarray, groups: np.ndarray, n_folds: int, seed: int) -> list[tu
         return [(tr, te) for tr, te in GroupKFold(n_splits=k).split(y, y, groups)]
     try:
         return grouped_splits(y, groups, n_splits=k, cv="stratified-group", seed=seed)
-    except FbtError:
+    except (FbtError, ValueError):  # scikit-learn's ValueError: a class has fewer members than folds
         return grouped_splits(y, groups, n_splits=k, cv="group", seed=seed)
 
 
@@ -152,21 +152,24 @@ def apply_edit(X: np.ndarray, r, l, b) -> np.ndarray:
 # ----------------------------------------------------------------------------- experiment
 def probe_direction(model, batches, mode: str = "recurrent:1", min_gap: float = 0.1, depths=(0,),
                     scales=(0.5, 1.0, 2.0, 4.0), n_folds: int = 4, erase: str = "auto", C: float = 1.0,
-                    seed: int = 0) -> pd.DataFrame:
+                    seed: int = 0, reuse: bool = True) -> pd.DataFrame:
     """Erase / steer the probe direction at the final position of each depth (see module doc).
-    Cells with fewer than two groups are skipped and listed in `df.attrs['notes']`."""
+    Cells with fewer than two groups are skipped and listed in `df.attrs['notes']`. With `reuse`,
+    each batch's positions before the final one are computed once (kept while its cell runs)."""
     methods = erase_methods(erase)
     depths = list(depths) if depths is not None else list(range(model.cfg.n_layers + 1))
     names = [depth_name(d) for d in depths]
     cells: dict = {}
-    for batch in batches:
-        batch = batch.to(device_of(model))
-        _, acts = _reference(model, batch, mode, names)
+    for batch in batches:  # task x length-knob cells, in order of first appearance
         key = (str(batch.meta["task"].iloc[0]), int(batch.meta["length_knob"].iloc[0]))
-        cells.setdefault(key, []).append((batch, acts))
+        cells.setdefault(key, []).append(batch.to(device_of(model)))
     out, notes = [], []
-    for (task, knob), items in cells.items():
-        meta = pd.concat([b.meta for b, _ in items], ignore_index=True)
+    for (task, knob), cell in cells.items():
+        items = []
+        for batch in cell:
+            pre = last_prefix(model, batch.tokens, mode, reuse)
+            items.append((batch, _reference(model, batch, mode, names, pre)[1], pre))
+        meta = pd.concat([b.meta for b, _, _ in items], ignore_index=True)
         y, groups = meta["label"].to_numpy().astype(np.int64), meta["group_id"].astype(str).to_numpy()
         if len(np.unique(groups)) < 2 or len(np.unique(y)) < 2:
             notes.append(f"{task} length {knob}: skipped (needs >= 2 groups and both labels)")
@@ -177,7 +180,7 @@ def probe_direction(model, batches, mode: str = "recurrent:1", min_gap: float = 
             notes.append(f"{task} length {knob}: skipped ({exc})")
             continue
         for d, name in zip(depths, names):
-            X = torch.cat([a[name] for _, a in items]).double().cpu().numpy()
+            X = torch.cat([a[name] for _, a, _ in items]).double().cpu().numpy()
             edits = fold_edits(X, y, splits, methods, C, seed + d)
             erased_acc = {m: cv_correct(apply_edit(X, *edits[m]), y, splits, C) for m in methods}
             out.extend(_cell_rows(model, items, mode, d, name, edits, erased_acc, methods, scales, min_gap))
@@ -188,19 +191,20 @@ def probe_direction(model, batches, mode: str = "recurrent:1", min_gap: float = 
 
 def _cell_rows(model, items, mode, d, name, edits, erased_acc, methods, scales, min_gap) -> list[pd.DataFrame]:
     rows, start = [], 0
-    for batch, _ in items:
+    for batch, _, pre in items:
         sl = slice(start, start + batch.n)
         start += batch.n
         dev, last = batch.tokens.device, batch.T - 1
         t = {k: torch.as_tensor(v[sl], device=dev) for k, v in edits.items() if k not in methods}
         axes = dict(experiment="probe-direction", mode=mode, hook_rule=ONE_PASS, direction="noising", depth=d)
-        ref = final_logits(model, batch.tokens, mode)
+        ref = final_logits(model, batch.tokens, mode, prefix=pre)
         probe = score(batch, ref, ref, min_gap, condition="probe", method="probe", **axes)
         probe["probe_accuracy"] = edits["probe_correct"][sl]
         rows.append(probe)
         for m in methods:
             r, l, b = (torch.as_tensor(a[sl], device=dev) for a in edits[m])
-            patched = final_logits(model, batch.tokens, mode, [(name, edit_at(rank_one_edit(r, l, b), last, model))])
+            patched = final_logits(model, batch.tokens, mode, [(name, edit_at(rank_one_edit(r, l, b), last, model))],
+                                   prefix=pre)
             row = score(batch, ref, patched, min_gap, condition=f"erase-{m}", method=m, **axes)
             row["probe_accuracy"] = erased_acc[m][sl]
             rows.append(row)
@@ -208,7 +212,7 @@ def _cell_rows(model, items, mode, d, name, edits, erased_acc, methods, scales, 
         for alpha in scales:
             for cond, step in (("steer", t["step"]), ("steer-random", t["random"])):
                 fn = rank_one_edit(zero, zero, zero, shift=alpha * step)
-                patched = final_logits(model, batch.tokens, mode, [(name, edit_at(fn, last, model))])
+                patched = final_logits(model, batch.tokens, mode, [(name, edit_at(fn, last, model))], prefix=pre)
                 rows.append(score(batch, ref, patched, min_gap, condition=cond, scale=float(alpha),
                                   method="probe-direction" if cond == "steer" else "random-direction", **axes))
     return rows

@@ -17,6 +17,8 @@ import pandas as pd
 
 from fbt_probe.errors import FbtError
 from fbt_probe.interventions import experiments as E
+from fbt_probe.interventions.atp_parity import PARQUET_ONLY, attribution, parity_table, split_rows
+from fbt_probe.interventions.das_experiment import das
 from fbt_probe.interventions.metrics import METRIC_HELP, summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.probe_direction import erase_methods, probe_direction
@@ -24,7 +26,7 @@ from fbt_probe.model.modes import check_distinct, parse_mode
 
 FORMAT = "fbt-probe.interventions/1"
 RESULTS_KIND = "an interventions results folder (manifest.json of format fbt-probe.interventions/1)"
-EXPERIMENTS = ("feedback-swap", "state-replacement", "gate-ablation", "residual", "probe-direction")
+EXPERIMENTS = ("feedback-swap", "state-replacement", "gate-ablation", "residual", "probe-direction", "attribution", "das")
 HOOK_RULES = {
     "feedback-swap": "one-pass: fusion.* replaced at the final position in the one hooked pass (exact)",
     "state-replacement": "one-pass: fusion.hook_feedback replaced at the final position (exact)",
@@ -32,7 +34,12 @@ HOOK_RULES = {
     "residual": "serial (serial=True) when the mode carries a state, so patches ripple through the "
                 "feedback; one-pass under standard",
     "probe-direction": "one-pass: the final position of each probe depth edited in the one hooked pass (exact)",
+    "attribution": "as residual: serial (serial=True) when the mode carries a state, so gradients flow through the "
+                   "carried states (and Jacobi passes); one-pass under standard",
+    "das": "one-pass: the final position's activation interchanged in the mode's final pass (exact)",
 }
+PREFIX_REUSE = ("positions before the first edited one (T-1; residual: each run's first patched position) "
+                "computed once per batch with hooks off, the rest per condition under the same hook rule")
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,20 @@ class PatchConfig:
     erase: str = "auto"
     decoding: bool = True
     """Gate ablation: also Std / Soft decoding answer accuracy."""
+    check: int = 0
+    """Attribution: exact patching on the K cells AtP ranks highest plus K random cells (0 = no check)."""
+    hooks: tuple[str, ...] | None = None
+    """Attribution / DAS: hook names (None = each experiment's default set)."""
+    ks: tuple[int, ...] = (1, 2, 4, 8)
+    """DAS: subspace dimensions."""
+    steps: int = 200
+    """DAS: optimizer steps per rotation."""
+    lr: float = 1e-2
+    """DAS: Adam learning rate of the rotation."""
+    prefix_reuse: bool = True
+    """Compute the positions before the first edited one once per batch (hooks off) and run only the
+    rest per condition (`fbt_probe.model.prefix`); False re-runs the whole sequence each time (the
+    reference path: same tables up to float rounding)."""
 
     def __post_init__(self) -> None:
         if self.experiment not in EXPERIMENTS:
@@ -68,7 +89,8 @@ class PatchConfig:
             raise FbtError(f"--min-gap {self.min_gap}: expected a finite number >= 0")
         if not (_number(self.ci) and 0 < self.ci < 1):
             raise FbtError(f"ci {self.ci}: expected a number in (0, 1)")
-        for name, low in (("n_boot", 1), ("batch_size", 2), ("n_folds", 2), ("max_pairs", 1), ("last_k", 1)):
+        for name, low in (("n_boot", 1), ("batch_size", 2), ("n_folds", 2), ("max_pairs", 1), ("last_k", 1),
+                          ("check", 0), ("steps", 1)):
             value = getattr(self, name)
             if value is None and name in ("max_pairs", "last_k"):
                 continue
@@ -80,6 +102,12 @@ class PatchConfig:
             raise FbtError(f"--scales {self.scales}: expected finite numbers")
         if self.experiment == "probe-direction":
             erase_methods(self.erase)
+        if not (_number(self.lr) and self.lr > 0):
+            raise FbtError(f"--lr {self.lr}: expected a finite number > 0")
+        if not self.ks or min(self.ks) < 1 or len(set(self.ks)) != len(self.ks):
+            raise FbtError(f"--ks {','.join(map(str, self.ks))}: expected distinct subspace dimensions >= 1")
+        if self.hooks is not None and len(set(self.hooks)) != len(self.hooks):
+            raise FbtError(f"--hooks {','.join(self.hooks)}: expected distinct hook names")
 
 
 def _number(v) -> bool:
@@ -89,7 +117,7 @@ def _number(v) -> bool:
 def _cell_filter(df: pd.DataFrame, cfg: PatchConfig):
     """(lengths, max_pairs) after the residual defaults (shortest knob per task, 16 pairs)."""
     lengths, max_pairs = cfg.lengths, cfg.max_pairs
-    if cfg.experiment == "residual":
+    if cfg.experiment in ("residual", "attribution"):
         if lengths is None:
             lengths = tuple(sorted(set(int(k) for k in df.groupby("task")["length_knob"].min())))
         if max_pairs is None:
@@ -105,10 +133,11 @@ def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | 
     E.check_depths(cfg.depths, model)
     lengths, max_pairs = _cell_filter(df, cfg)
     model.eval()
-    out, notes = [], []
+    out, notes, tables = [], [], {}
     for mode in cfg.modes:
         batches = list(pair_batches(df, label_ids, cfg.batch_size, max_pairs, lengths))
-        args = dict(mode=mode, min_gap=cfg.min_gap)
+        base = dict(mode=mode, min_gap=cfg.min_gap)  # attribution and DAS need the whole forward (gradients, interchange)
+        args = dict(base, reuse=cfg.prefix_reuse)
         if cfg.experiment == "feedback-swap":
             w = E.feedback_swap(model, batches, **args)
         elif cfg.experiment == "state-replacement":
@@ -118,13 +147,25 @@ def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | 
         elif cfg.experiment == "residual":
             w = E.residual_patching(model, batches, depths=cfg.depths, last_k=cfg.last_k,
                                     batch_size=max(cfg.batch_size, 2), **args)
+        elif cfg.experiment == "attribution":
+            w = attribution(model, batches, hooks=cfg.hooks, last_k=cfg.last_k, check=cfg.check, seed=cfg.seed,
+                            batch_size=max(cfg.batch_size, 2), **base)
+            w.attrs["tables"] = {"parity": parity_table(w, cfg.n_boot, cfg.ci, cfg.seed)}
+        elif cfg.experiment == "das":
+            w = das(model, batches, hooks=cfg.hooks, ks=cfg.ks, steps=cfg.steps, lr=cfg.lr, n_folds=cfg.n_folds,
+                    seed=cfg.seed, **base)
         else:
             w = probe_direction(model, batches, depths=cfg.depths, scales=cfg.scales, n_folds=cfg.n_folds,
                                 erase=cfg.erase, seed=cfg.seed, **args)
-            notes += [f"{mode}: {n}" for n in w.attrs.get("notes", [])]
+        notes += [f"{mode}: {n}" for n in w.attrs.get("notes", [])]
+        for name, t in w.attrs.pop("tables", {}).items():  # DataFrames in attrs would break pd.concat
+            tables.setdefault(name, []).append(t)
         out.append(w)
     wide = pd.concat(out, ignore_index=True)
+    if wide.empty:  # every cell skipped: say why instead of failing in the summary
+        raise FbtError(f"{cfg.experiment}: no cell could run ({'; '.join(notes[:2]) or 'no pairs'})")
     wide.attrs["notes"] = notes
+    wide.attrs["tables"] = {k: pd.concat(v, ignore_index=True) for k, v in tables.items()}
     return wide
 
 
@@ -134,9 +175,13 @@ class Results:
     summary: pd.DataFrame
     manifest: dict = field(default_factory=dict)
     out_dir: Path | None = None
+    tables: dict = field(default_factory=dict)  # experiment-specific tables (attribution: parity; das: das_folds)
 
 
 def analyse(wide: pd.DataFrame, cfg: PatchConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+    if "tables" in wide.attrs:  # DataFrames in attrs break pd.concat's attrs comparison
+        wide = wide.copy(deep=False)
+        wide.attrs = {k: v for k, v in wide.attrs.items() if k != "tables"}
     long = to_long(wide)
     return long, summarize(long, cfg.n_boot, cfg.ci, cfg.seed)
 
@@ -168,6 +213,7 @@ def manifest_for(cfg: PatchConfig, long: pd.DataFrame, notes: list[str], model_i
     return {
         "format": FORMAT, "experiment": cfg.experiment, "modes": list(cfg.modes),
         "hook_rule": HOOK_RULES[cfg.experiment], "metrics": METRIC_HELP,
+        "prefix_reuse": PREFIX_REUSE if cfg.prefix_reuse else "off: every condition re-runs the whole sequence",
         "normalized": "(patched - corrupt) / (clean - corrupt); denoising: 1 = full recovery; "
                       "noising / ablation: 1 = no effect, 0 = behaves like the partner",
         "tiny_gap": {"min_gap": cfg.min_gap, "by_mode": exclusions(long)},
@@ -198,9 +244,10 @@ def write_results(res: Results, out_dir: Path, force: bool = False, figures: boo
     from fbt_probe.io import atomic_dir, write_json
 
     with atomic_dir(out_dir, force=force, own=is_results_folder, kind=RESULTS_KIND) as tmp:
-        for name, table in (("rows", res.rows), ("summary", res.summary)):
+        for name, table in (("rows", res.rows), ("summary", res.summary), *res.tables.items()):
             table.to_parquet(tmp / f"{name}.parquet", index=False)
-            table.to_csv(tmp / f"{name}.csv", index=False)
+            if name not in PARQUET_ONLY:
+                table.to_csv(tmp / f"{name}.csv", index=False)
         if figures:
             from fbt_probe.figures.interventions import draw_for
 
@@ -219,8 +266,13 @@ def run(model, df: pd.DataFrame, cfg: PatchConfig, out: str | Path | None = None
 
         refuse_existing(target, force, own=is_results_folder, kind=RESULTS_KIND)
     wide = run_experiment(model, df, cfg, label_ids)
+    tables = wide.attrs.pop("tables", {})
     long, summary = analyse(wide, cfg)
-    res = Results(long, summary, manifest_for(cfg, long, wide.attrs.get("notes", []), model_info or {}, df))
+    manifest = manifest_for(cfg, long, wide.attrs.get("notes", []), model_info or {}, df)
+    if cfg.experiment == "attribution":  # rows.*: the checked cells; atp_rows.parquet: the whole map
+        long, tables = split_rows(long, tables)
+    res = Results(long, summary, manifest, tables=tables)
+    res.manifest["files"] += [f"{n}.{ext}" for n in tables for ext in ("parquet", "csv") if ext == "parquet" or n not in PARQUET_ONLY]
     if target is not None:
         write_results(res, target, force, figures)
     return res

@@ -5,7 +5,8 @@ identity in a silent pass (carried-state computations run with hooks off, DESIGN
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from functools import partial
 from typing import Callable
 
 import torch
@@ -19,11 +20,27 @@ Hk = Callable[[HookPoint, torch.Tensor], torch.Tensor]
 
 
 def hooked(hp: HookPoint, x: torch.Tensor) -> torch.Tensor:
-    return hp(x)
+    return hp(x) if has_hooks(hp) else x  # no module dispatch where nothing is attached
 
 
 def silent(hp: HookPoint, x: torch.Tensor) -> torch.Tensor:
     return x
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3RMSNorm: normalise the last dim in float32 for half types, cast back, then scale.
+
+    For float32 / float64 with a weight of the same dtype `F.rms_norm` computes these very ops
+    (x * rsqrt(mean(x²) + eps), times the weight) in one call: bitwise the same (tested), fewer
+    dispatches. Half types keep the explicit form (its casts differ from F.rms_norm's)."""
+    dtype = x.dtype
+    if dtype in (torch.float32, torch.float64) and weight.dtype == dtype:
+        if weight.dim() == 1:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return weight * F.rms_norm(x, (x.shape[-1],), None, eps)  # a gain per head: [heads, d_head]
+    h = x.float() if dtype in (torch.float16, torch.bfloat16) else x
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
 
 
 class RMSNorm(nn.Module):
@@ -35,10 +52,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float() if dtype in (torch.float16, torch.bfloat16) else x
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class HookedRMSNorm(RMSNorm):
@@ -59,6 +73,40 @@ def rotary(positions: torch.Tensor, d_head: int, theta: float, dtype: torch.dtyp
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+class RotaryTable:
+    """`rotary` for positions 0..n-1 computed once per (dtype, device) and sliced per call (grown
+    when a call reaches past it). Plain attribute, not a buffer: not in the state dict."""
+
+    def __init__(self, d_head: int, theta: float, n_ctx: int):
+        self.d_head, self.theta, self.n_ctx = d_head, theta, n_ctx
+        self._tables: dict = {}
+
+    def _table(self, n: int, dtype: torch.dtype, device: torch.device):
+        key = (dtype, device)
+        table = self._tables.get(key)
+        if table is None or table[0].shape[0] < n:
+            n = max(n, self.n_ctx, 2 * table[0].shape[0] if table is not None else 0)
+            with torch.inference_mode(False), torch.no_grad():  # a normal tensor even if first built in inference mode
+                cos, sin = rotary(torch.arange(n, device=device), self.d_head, self.theta, dtype)
+                half = self.d_head // 2
+                signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # rotate-half's signs folded in
+            table = self._tables[key] = (cos, sin, cos[:, None, :], signed[:, None, :])
+        return table
+
+    def __call__(self, start: int, length: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [length, d_head] of positions start..start+length-1."""
+        cos, sin, _, _ = self._table(start + length, dtype, device)
+        return cos[start:start + length], sin[start:start + length]
+
+    def apply(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """`apply_rotary` for x [batch, pos, heads, d_head] at positions start..: the same products
+        (x·cos + rotate_half(x)·sin, the sign of rotate_half moved onto sin: bitwise the same) in
+        three ops and a roll."""
+        P = x.shape[1]
+        _, _, cos, signed = self._table(start + P, x.dtype, x.device)
+        return x * cos[start:start + P] + x.roll(self.d_head // 2, dims=-1) * signed[start:start + P]
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # x: [batch, pos, heads, d_head]; cos/sin: [pos, d_head]
     half = x.shape[-1] // 2
@@ -66,36 +114,202 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos[None, :, None, :] + rotated * sin[None, :, None, :]
 
 
-@dataclass
-class KVCache:
-    """Keys (after QK-norm and RoPE) and values per layer, [batch, pos, n_kv_heads, d_head].
-    The layout is the same with or without feedback: only the inputs that produced them differ."""
+def _halves(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float16, torch.bfloat16)
 
-    keys: list[torch.Tensor | None] = field(default_factory=list)
-    values: list[torch.Tensor | None] = field(default_factory=list)
+
+class KVCache:
+    """Keys (after QK-norm and RoPE) and values per layer, in buffers [batch, n_kv_heads, capacity,
+    d_head] allocated once (capacity known up front; doubled if a write reaches past it) and written
+    in place; positions < `length` are valid. The layout is the same with or without feedback: only
+    the inputs that produced the entries differ. Under autograd (inputs that require grad) the
+    entries are concatenated out of place instead, so gradients can flow through several steps."""
+
+    def __init__(self, n_layers: int, capacity: int = 0):
+        self.keys: list[torch.Tensor | None] = [None] * n_layers
+        self.values: list[torch.Tensor | None] = [None] * n_layers
+        self.lengths = [0] * n_layers  # per layer: a pass writes layer by layer
+        self.capacity = capacity
 
     @classmethod
-    def empty(cls, n_layers: int) -> "KVCache":
-        return cls([None] * n_layers, [None] * n_layers)
+    def empty(cls, n_layers: int, capacity: int = 0) -> "KVCache":
+        return cls(n_layers, capacity)
+
+    @classmethod
+    def from_tensors(cls, keys, values) -> "KVCache":
+        """A cache holding exactly these per-layer [batch, n_kv_heads, pos, d_head] tensors (not
+        copied): the first append grows into a new buffer, so the given tensors are never written."""
+        cache = cls(len(keys), 0)
+        cache.keys, cache.values = list(keys), list(values)
+        cache.lengths = [k.shape[2] for k in keys]
+        cache.capacity = min(cache.lengths, default=0)
+        return cache
 
     @property
     def length(self) -> int:
-        return 0 if self.keys[0] is None else self.keys[0].shape[1]
+        return self.lengths[0]
+
+    def rewind(self, length: int) -> "KVCache":
+        """Forget positions >= `length` (their slots are overwritten by the next writes)."""
+        if length > min(self.lengths):
+            raise ValueError(f"rewind to {length}: the cache holds {min(self.lengths)} positions")
+        self.lengths = [length] * len(self.lengths)
+        return self
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.keys[layer] is not None:
-            k = torch.cat([self.keys[layer], k], dim=1)
-            v = torch.cat([self.values[layer], v], dim=1)
-        self.keys[layer], self.values[layer] = k, v
-        return k, v
+        """k, v: [batch, new_pos, n_kv_heads, d_head] -> every valid key and value [batch, n_kv_heads,
+        pos, d_head] (views of the buffers)."""
+        B, P, KV, dh = k.shape
+        L = self.lengths[layer]
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            # autograd through several steps (attribution patching through the carried states): out of
+            # place, so no tensor that backward saved is overwritten by a later step's write
+            kt, vt = k.transpose(1, 2), v.transpose(1, 2)
+            if L:
+                kt = torch.cat([self.keys[layer].narrow(2, 0, L), kt], 2)
+                vt = torch.cat([self.values[layer].narrow(2, 0, L), vt], 2)
+            self.keys[layer], self.values[layer] = kt, vt
+            self.lengths[layer] = L + P
+            return kt, vt
+        buf = self.keys[layer]
+        if buf is None or buf.shape[2] < L + P:
+            cap = max(L + P, self.capacity, 2 * buf.shape[2] if buf is not None else 0)
+            self.keys[layer], self.values[layer] = (self._grow(old, (B, KV, cap, dh), k, L)
+                                                    for old in (self.keys[layer], self.values[layer]))
+            self.capacity = cap
+        keys, values = self.keys[layer], self.values[layer]
+        keys.narrow(2, L, P).copy_(k.transpose(1, 2))
+        values.narrow(2, L, P).copy_(v.transpose(1, 2))
+        self.lengths[layer] = L + P
+        return keys.narrow(2, 0, L + P), values.narrow(2, 0, L + P)
+
+    @staticmethod
+    def _grow(old: torch.Tensor | None, shape: tuple, like: torch.Tensor, keep: int) -> torch.Tensor:
+        new = torch.empty(shape, dtype=like.dtype, device=like.device)
+        if old is not None and keep:
+            new[:, :, :keep] = old[:, :, :keep]
+        return new
+
+    def _map(self, fn) -> "KVCache":
+        """A new cache whose buffers are fn(valid part) (same capacity; fn may change the batch)."""
+        out = KVCache(len(self.keys), self.capacity)
+        for i, (k, v) in enumerate(zip(self.keys, self.values)):
+            if k is None:
+                continue
+            n = self.lengths[i]
+            for src, dst in ((k, out.keys), (v, out.values)):
+                part = fn(src[:, :, :n])
+                buf = torch.empty((part.shape[0],) + tuple(src.shape[1:]), dtype=src.dtype, device=src.device)
+                buf[:, :, :n] = part
+                dst[i] = buf
+            out.lengths[i] = n
+        return out
+
+    def fork(self) -> "KVCache":
+        """An independent copy (writes to one do not reach the other)."""
+        return self._map(lambda t: t)
+
+    def select(self, rows: torch.Tensor) -> "KVCache":
+        """The cache of batch rows `rows` (e.g. each row's pair partner), as a new cache."""
+        return self._map(lambda t: t.index_select(0, rows))
+
+    def repeat(self, n: int) -> "KVCache":
+        """n replicas of the batch, replica-major (the order of `tokens.repeat(n, 1)`)."""
+        return self._map(lambda t: t.repeat(n, 1, 1, 1))
+
+    def copy_from(self, other: "KVCache", lo: int, hi: int) -> None:
+        """Positions lo..hi-1 of every layer from `other` (same batch and layout)."""
+        for mine, theirs in ((self.keys, other.keys), (self.values, other.values)):
+            for a, b in zip(mine, theirs):
+                if a is not None:
+                    a[:, :, lo:hi] = b[:, :, lo:hi]
+
+
+def has_hooks(hp: nn.Module) -> bool:
+    """Whether calling `hp` would run any hook (its own, or a global module hook)."""
+    from torch.nn.modules import module as M
+
+    return bool(hp._forward_hooks or hp._forward_pre_hooks or hp._backward_hooks or hp._backward_pre_hooks
+                or M._global_forward_hooks or M._global_forward_pre_hooks or M._global_backward_hooks
+                or M._global_backward_pre_hooks)
+
+
+PATHS = ("auto", "explicit")
+
+
+@contextmanager
+def use_path(model: nn.Module, path: str):
+    """Every attention and MLP of `model` on `path` inside the block: "auto" (the fast paths where
+    they apply) or "explicit" (the reference arithmetic, op for op: einsum attention, one GEMM per
+    projection)."""
+    if path not in PATHS:
+        raise ValueError(f"path '{path}': expected one of {PATHS}")
+    mods = [m for m in model.modules() if isinstance(m, (Attention, MLP))]
+    before = [m.path for m in mods]
+    for m in mods:
+        m.path = path
+    try:
+        yield model
+    finally:
+        for m, old in zip(mods, before):
+            m.path = old
+
+
+class FusedWeight:
+    """A weight derived from parameters (default: cat along the output dim, one GEMM instead of
+    several), rebuilt whenever one of them changes (data pointer or in-place version). Detached:
+    for passes without autograd only."""
+
+    def __init__(self, build=None):
+        self.build = build or _cat  # module-level functions and partials: the model stays picklable
+        self.key, self.weight = None, None
+
+    def __call__(self, *weights: torch.Tensor) -> torch.Tensor:
+        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
+        if key != self.key:
+            with torch.no_grad():
+                self.weight, self.key = self.build(*(w.detach() for w in weights)), key
+        return self.weight
+
+
+def _cat(*weights: torch.Tensor) -> torch.Tensor:
+    return torch.cat(weights)
+
+
+def _expand_cat(*weights: torch.Tensor, rows: tuple[int, ...]) -> torch.Tensor:
+    """[d] gains -> [sum(rows), d]: gain i repeated rows[i] times (one per head)."""
+    return torch.cat([w.expand(n, w.shape[-1]) for w, n in zip(weights, rows)])
+
+
+def _fast(module) -> bool:
+    """The fused-GEMM path: "auto" and no autograd graph being recorded."""
+    return module.path == "auto" and not torch.is_grad_enabled()
 
 
 class Attention(nn.Module):
+    """Grouped-query attention with per-head QK-norm and RoPE.
+
+    Three paths compute the same function: `F.scaled_dot_product_attention` (no [T, T] scores are
+    materialised, no copies of the KV heads); the materialised scores and softmax that
+    `hook_pattern` reads, taken on `path = "auto"` only while a hook is attached to `hook_pattern`
+    (TransformerLens-style: the HookPoint's registered hooks decide); and on `path = "explicit"`
+    the reference arithmetic, op for op (einsum over repeated KV heads; training uses it, see
+    `fbt_probe.training.loop.train`). Softmax runs in float32 for half types
+    and in the input's dtype otherwise. On "auto" without autograd the q/k/v projections are one
+    GEMM and the query and key heads are normed and rotated together (module hooks on q_proj,
+    k_proj, v_proj do not fire there; the HookPoints do).
+    """
+
     def __init__(self, cfg: ModelConfig, layer_type: str):
         super().__init__()
         self.cfg = cfg
         self.window = cfg.window if layer_type == "sliding_attention" else None
+        self.path = "auto"
         D, H, KV, dh = cfg.d_model, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
+        self.out_scale = cfg.residual_scale  # depth scaling of the branch output (hook_attn_out is after it)
+        self.qkv = FusedWeight()
+        self.qk_gain = FusedWeight(partial(_expand_cat, rows=(H, KV)))  # [H + KV, d_head]
+        self.o_scaled = FusedWeight(partial(torch.mul, other=self.out_scale))
         self.q_proj = nn.Linear(D, H * dh, bias=False)
         self.k_proj = nn.Linear(D, KV * dh, bias=False)
         self.v_proj = nn.Linear(D, KV * dh, bias=False)
@@ -105,6 +319,7 @@ class Attention(nn.Module):
         with torch.no_grad():  # QK-norm gains: Qwen3 starts them at 1 (see ModelConfig.qk_norm_init)
             self.q_norm.weight.fill_(cfg.qk_norm_init)
             self.k_norm.weight.fill_(cfg.qk_norm_init)
+        self.rope = RotaryTable(dh, cfg.rope_theta, cfg.n_ctx)
         self.hook_q = HookPoint()  # [batch, pos, n_heads, d_head]  (projection, before QK-norm and RoPE)
         self.hook_k = HookPoint()  # [batch, pos, n_kv_heads, d_head]
         self.hook_v = HookPoint()  # [batch, pos, n_kv_heads, d_head]
@@ -117,33 +332,128 @@ class Attention(nn.Module):
             allowed &= (q_pos[:, None] - k_pos[None, :]) < self.window
         return allowed
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, layer: int, hk: Hk) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int, cache: KVCache | None, layer: int, hk: Hk) -> torch.Tensor:
+        """x: [batch, pos, d_model] at positions start..start+pos-1; with a cache, the keys are the
+        cache's positions 0..start-1 followed by these."""
         B, P, _ = x.shape
         H, KV, dh = self.cfg.n_heads, self.cfg.n_key_value_heads, self.cfg.d_head
-        q = hk(self.hook_q, self.q_proj(x).view(B, P, H, dh))
-        k = hk(self.hook_k, self.k_proj(x).view(B, P, KV, dh))
-        v = hk(self.hook_v, self.v_proj(x).view(B, P, KV, dh))
-        cos, sin = rotary(positions, dh, self.cfg.rope_theta, x.dtype)
-        q = apply_rotary(self.q_norm(q), cos, sin)
-        k = apply_rotary(self.k_norm(k), cos, sin)
-        k_pos = positions
+        if _fast(self):  # one GEMM; q, k, v are views of its output
+            proj = F.linear(x, self.qkv(self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)).view(B, P, H + 2 * KV, dh)
+            qk, v = proj.split((H + KV, KV), dim=2)
+            q0, k0 = qk.split((H, KV), dim=2)
+            q, k, v = hk(self.hook_q, q0), hk(self.hook_k, k0), hk(self.hook_v, v)
+            if q is not q0 or k is not k0:  # a hook replaced one
+                qk = torch.cat((q, k), dim=2)
+        else:
+            q = hk(self.hook_q, self.q_proj(x).view(B, P, H, dh))
+            k = hk(self.hook_k, self.k_proj(x).view(B, P, KV, dh))
+            v = hk(self.hook_v, self.v_proj(x).view(B, P, KV, dh))
+            qk = None if self.path == "explicit" else torch.cat((q, k), dim=2)
+        if qk is None:  # the reference arithmetic, op for op
+            q = self.rope.apply(self.q_norm(q), start)
+            k = self.rope.apply(self.k_norm(k), start)
+        else:  # query and key heads normed and rotated together: the same arithmetic per row, fewer ops
+            gains = (self.q_norm.weight, self.k_norm.weight)
+            w = self.qk_gain.build(*gains) if torch.is_grad_enabled() else self.qk_gain(*gains)
+            q, k = self.rope.apply(rms_norm(qk, w, self.q_norm.eps), start).split((H, KV), dim=2)
         if cache is not None:
-            k, v = cache.append(layer, k, v)
-            k_pos = torch.arange(k.shape[1], device=x.device)
-        rep = H // KV
-        k = k.repeat_interleave(rep, dim=2)  # [batch, key_pos, n_heads, d_head]
-        v = v.repeat_interleave(rep, dim=2)
-        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * dh**-0.5
-        scores = scores.masked_fill(~self.mask(positions, k_pos), float("-inf"))
-        work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # upcast half types only
-        pattern = hk(self.hook_pattern, torch.softmax(scores, dim=-1, dtype=work).to(q.dtype))
-        z = hk(self.hook_z, torch.einsum("bhqk,bkhd->bqhd", pattern, v))
-        return self.o_proj(z.reshape(B, P, H * dh))
+            k, v = cache.append(layer, k, v)  # [batch, n_kv_heads, key_pos, d_head]
+            k_start = 0
+        else:
+            k, v, k_start = k.transpose(1, 2), v.transpose(1, 2), start
+        if self.path == "explicit":
+            z = self._explicit(q, k, v, start, k_start, hk)
+        elif hk is not silent and has_hooks(self.hook_pattern):
+            z = self._materialized(q, k, v, start, k_start, hk)
+        else:
+            z = self._sdpa(q, k, v, start, k_start)
+        z = hk(self.hook_z, z).reshape(B, P, H * dh)
+        if self.out_scale == 1.0:
+            return self.o_proj(z)
+        if _fast(self):  # the depth scale folded into the weight: one op fewer per layer
+            return F.linear(z, self.o_scaled(self.o_proj.weight))
+        return self.o_proj(z) * self.out_scale
+
+    @staticmethod
+    def _positions(P: int, K: int, start: int, k_start: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.arange(start, start + P, device=device), torch.arange(k_start, k_start + K, device=device)
+
+    def _explicit(self, q, k, v, start: int, k_start: int, hk: Hk) -> torch.Tensor:
+        """The reference arithmetic (every score materialised); q: [batch, pos, n_heads, d_head],
+        k, v: [batch, n_kv_heads, key_pos, d_head] -> z [batch, pos, n_heads, d_head]."""
+        rep = self.cfg.n_heads // self.cfg.n_key_value_heads
+        k = k.transpose(1, 2).repeat_interleave(rep, dim=2)  # [batch, key_pos, n_heads, d_head]
+        v = v.transpose(1, 2).repeat_interleave(rep, dim=2)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * self.cfg.d_head**-0.5
+        q_pos, k_pos = self._positions(q.shape[1], k.shape[1], start, k_start, q.device)
+        scores = scores.masked_fill(~self.mask(q_pos, k_pos), float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32 if _halves(q.dtype) else None)
+        pattern = hk(self.hook_pattern, probs.to(q.dtype))
+        return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
+
+    def _materialized(self, q, k, v, start: int, k_start: int, hk: Hk) -> torch.Tensor:
+        """Every score materialised for `hook_pattern`, with fewer passes over the [T, T] scores
+        than `_explicit`: a KV group's query heads share one matmul with its keys (no copies of the
+        KV heads), the scale goes onto the queries and the mask is applied in place. Shapes as
+        `_explicit`."""
+        B, P, H, dh = q.shape
+        KV, K = k.shape[1], k.shape[2]
+        grouped = q.transpose(1, 2).reshape(B, KV, (H // KV) * P, dh) * dh**-0.5  # heads h = kv * rep + r
+        scores = torch.matmul(grouped, k.transpose(-1, -2)).view(B, H, P, K)
+        q_pos, k_pos = self._positions(P, K, start, k_start, q.device)
+        scores.masked_fill_(~self.mask(q_pos, k_pos), float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32 if _halves(q.dtype) else None)
+        pattern = hk(self.hook_pattern, probs.to(q.dtype))
+        z = torch.matmul(pattern.reshape(B, KV, (H // KV) * P, K), v)  # [batch, n_kv_heads, rep * pos, d_head]
+        return z.view(B, H, P, dh).transpose(1, 2)
+
+    def _sdpa(self, q, k, v, start: int, k_start: int) -> torch.Tensor:
+        """The same function through scaled_dot_product_attention (shapes as `_explicit`)."""
+        B, P, H, dh = q.shape
+        KV, K = k.shape[1], k.shape[2]
+        plain = type(self).mask is Attention.mask  # a subclass (Hidden Decoding) brings its own mask
+        if plain and P == 1 and k_start + K == start + 1:
+            # one query that sees every key up to itself (the decode step): heads of a KV group
+            # become its queries, so nothing is repeated and no mask is needed
+            if self.window is not None and K > self.window:
+                k, v = k[:, :, K - self.window:], v[:, :, K - self.window:]
+            z = F.scaled_dot_product_attention(q.reshape(B, KV, H // KV, dh), k, v)
+            return z.view(B, 1, H, dh)
+        last = start + P - 1  # the latest query; the earliest key is k_start
+        if plain and self.window is not None and last - k_start >= self.window:
+            return self._sdpa_windowed(q, k, v, start, k_start)
+        mask, causal = None, False
+        if plain and start == k_start:
+            causal = True  # queries and keys start together and no window bites: the top-left causal mask
+        else:
+            mask = self.mask(*self._positions(P, K, start, k_start, q.device))
+        z = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, is_causal=causal,
+                                           enable_gqa=H != KV)
+        return z.transpose(1, 2)
+
+    def _sdpa_windowed(self, q, k, v, start: int, k_start: int) -> torch.Tensor:
+        """A sliding window that bites: blocks of `window` queries, each over only the (at most
+        2 * window - 1) keys it can see, so the work is O(pos * window), not O(pos * keys)."""
+        W, (P, K), H, KV = self.window, (q.shape[1], k.shape[2]), q.shape[2], k.shape[1]
+        out = []
+        for a in range(0, P, W):
+            first, last = start + a, start + min(a + W, P) - 1  # the block's query positions
+            lo, hi = max(k_start, first - W + 1), min(k_start + K, last + 1)  # the keys they can see
+            mask = self.mask(*self._positions(last + 1 - first, hi - lo, first, lo, q.device))
+            out.append(F.scaled_dot_product_attention(q[:, a:a + W].transpose(1, 2), k[:, :, lo - k_start:hi - k_start],
+                                                      v[:, :, lo - k_start:hi - k_start], attn_mask=mask, enable_gqa=H != KV))
+        return (out[0] if len(out) == 1 else torch.cat(out, dim=2)).transpose(1, 2)
 
 
 class MLP(nn.Module):
+    """SiLU-GLU; on path "auto" without autograd the gate and up projections are one GEMM."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.path = "auto"
+        self.out_scale = cfg.residual_scale  # depth scaling of the branch output (hook_mlp_out is after it)
+        self.gate_up = FusedWeight()
+        self.down_scaled = FusedWeight(partial(torch.mul, other=self.out_scale))
         self.gate_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
         self.up_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
         self.down_proj = nn.Linear(cfg.d_mlp, cfg.d_model, bias=False)
@@ -152,16 +462,25 @@ class MLP(nn.Module):
         self.hook_post = HookPoint()  # [batch, pos, d_mlp]  silu(pre) * pre_linear
 
     def forward(self, x: torch.Tensor, hk: Hk) -> torch.Tensor:
-        pre = hk(self.hook_pre, self.gate_proj(x))
-        lin = hk(self.hook_pre_linear, self.up_proj(x))
-        return self.down_proj(hk(self.hook_post, F.silu(pre) * lin))
+        if _fast(self):
+            both = F.linear(x, self.gate_up(self.gate_proj.weight, self.up_proj.weight))
+            pre, lin = both.chunk(2, dim=-1)
+            pre, lin = hk(self.hook_pre, pre), hk(self.hook_pre_linear, lin)
+        else:
+            pre = hk(self.hook_pre, self.gate_proj(x))
+            lin = hk(self.hook_pre_linear, self.up_proj(x))
+        post = hk(self.hook_post, F.silu(pre) * lin)
+        if self.out_scale == 1.0:
+            return self.down_proj(post)
+        if _fast(self):  # the depth scale folded into the weight
+            return F.linear(post, self.down_scaled(self.down_proj.weight))
+        return self.down_proj(post) * self.out_scale
 
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.scale = cfg.residual_scale
         self.ln1 = RMSNorm(cfg.d_model, cfg.rms_eps)
         self.attn = Attention(cfg, cfg.resolved_layer_types[layer])
         self.ln2 = RMSNorm(cfg.d_model, cfg.rms_eps)
@@ -172,11 +491,10 @@ class Block(nn.Module):
         self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]  (after depth scaling)
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, hk: Hk) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int, cache: KVCache | None, hk: Hk) -> torch.Tensor:
+        """x: [batch, pos, d_model] at positions start..start+pos-1."""
         resid_pre = hk(self.hook_resid_pre, x)
-        attn_out = self.attn(self.ln1(resid_pre), positions, cache, self.layer, hk)
-        attn_out = hk(self.hook_attn_out, attn_out * self.scale if self.scale != 1.0 else attn_out)
+        attn_out = hk(self.hook_attn_out, self.attn(self.ln1(resid_pre), start, cache, self.layer, hk))
         resid_mid = hk(self.hook_resid_mid, resid_pre + attn_out)
-        mlp_out = self.mlp(self.ln2(resid_mid), hk)
-        mlp_out = hk(self.hook_mlp_out, mlp_out * self.scale if self.scale != 1.0 else mlp_out)
+        mlp_out = hk(self.hook_mlp_out, self.mlp(self.ln2(resid_mid), hk))
         return hk(self.hook_resid_post, resid_mid + mlp_out)

@@ -29,7 +29,7 @@ def generate(model, tokens: torch.Tensor, n_new: int, decoding: str = "std") -> 
                        f"n_ctx = {model.cfg.n_ctx}")
     if n_new == 0:
         return tokens.new_zeros(tokens.shape[0], 0)
-    cache, state, logits = _prefill(model, tokens, decoding)
+    cache, state, logits = _prefill(model, tokens, decoding, capacity=tokens.shape[1] + n_new)
     state, logits = state[:, -1], logits[:, -1]
     out = []
     for _ in range(n_new):
@@ -41,8 +41,8 @@ def generate(model, tokens: torch.Tensor, n_new: int, decoding: str = "std") -> 
     return torch.stack(out, dim=1)
 
 
-def _prefill(model, tokens: torch.Tensor, decoding: str):
+def _prefill(model, tokens: torch.Tensor, decoding: str, capacity: int):
     if decoding != "fused" or tokens.shape[1] < 2:
-        return model.prefill_cache(tokens)
+        return model.prefill_cache(tokens, capacity=capacity)
     states, has = model.carried_states(tokens, "jacobi:2")
-    return model.prefill_cache(tokens, states, has)
+    return model.prefill_cache(tokens, states, has, capacity=capacity)

@@ -10,7 +10,7 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import ModelConfig
-from fbt_probe.model.components import Hk, RMSNorm
+from fbt_probe.model.components import Hk, RMSNorm, rms_norm
 
 
 def fusion_reference(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -23,15 +23,33 @@ def fusion_reference(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tens
     return weight * x.to(dtype)
 
 
+FUSED_MIN_ROWS = 16_384
+"""Rows (batch x positions) from which the epilogue runs the Triton kernel; fewer take the eager
+reference. On the H200 (reports/bench/fusion-gpu.md) the kernel is launch-bound below that: 0.31-0.99x
+eager from 1 to 4,096 rows, 7.3x at 16,384 and 9.9x at 65,536. The crossover between 4,096 and
+16,384 rows, and other GPUs, are not measured yet: `fbt-probe bench fusion` reports the dispatched
+path beside the others (column `dispatch`) so a GPU session can set this from its own numbers."""
+
+
+def use_kernel(rows: int, kernel_runs_here: bool) -> bool:
+    """The size dispatch: the fused kernel only where it runs and the call is large enough to win."""
+    return kernel_runs_here and rows >= FUSED_MIN_ROWS
+
+
 def _fast_path(x: torch.Tensor):
-    """The Triton kernel entry point when it can run on this tensor, else None."""
-    if not x.is_cuda:
+    """The Triton kernel entry point when it can run on this tensor and wins at its size, else None."""
+    if not x.is_cuda or not use_kernel(x.numel() // max(x.shape[-1], 1), True):
         return None
     try:
         import fbt_probe_kernels
     except ImportError:
         return None
     return fbt_probe_kernels.glu_fusion if fbt_probe_kernels.fast_fusion_available(x.device) else None
+
+
+def epilogue(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm(value ⊙ gate) · weight by the path the model takes for this call (size dispatch)."""
+    return (_fast_path(value) or fusion_reference)(value, gate, weight, eps)
 
 
 class Fusion(nn.Module):
@@ -54,11 +72,17 @@ class Fusion(nn.Module):
         self.hook_out = HookPoint()  # [batch, pos, d_model]  u_t (plain e_t where no state is carried)
 
     def forward(self, state: torch.Tensor, embed: torch.Tensor, has_state: torch.Tensor, hk: Hk) -> torch.Tensor:
-        """state, embed: [batch, pos, d_model]; has_state: bool [pos] or [batch, pos]."""
+        """state, embed: [batch, pos, d_model]; has_state: bool [pos] or [batch, pos], or None when
+        every position takes the carried state (a decode step)."""
         state = hk(self.hook_feedback, state)
         value = hk(self.hook_value, self.W_U(state))
         gate = hk(self.hook_gate, torch.sigmoid(self.W_G(embed)))
         fast = _fast_path(value) if self.cfg.fast_fusion else None
-        fused = (fast or fusion_reference)(value, gate, self.norm.weight, self.norm.eps)
+        if fast is not None:
+            fused = fast(value, gate, self.norm.weight, self.norm.eps)
+        else:  # = fusion_reference for same-dtype inputs, in fewer ops (rms_norm: bitwise the same)
+            fused = rms_norm(value * gate, self.norm.weight, self.norm.eps)
+        if has_state is None:
+            return hk(self.hook_out, fused)
         mask = has_state if has_state.dim() == 2 else has_state[None, :]
         return hk(self.hook_out, torch.where(mask[..., None], fused, embed))

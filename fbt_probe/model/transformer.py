@@ -37,6 +37,9 @@ from fbt_probe.model.fusion import Fusion
 from fbt_probe.model.modes import Mode, parse_mode
 
 
+SILENT_CHUNK_TOKENS = 8192  # batch x positions per chunk of a silent pass through the KV cache (memory bound)
+
+
 def check_tokens(tokens, cfg) -> torch.Tensor:
     """`tokens` as a LongTensor [batch, pos], or a one-line FbtError: integer ids in [0, d_vocab),
     2-D, 1 <= pos <= n_ctx."""
@@ -138,9 +141,9 @@ class FeedbackTransformer(HookedRootModule):
             return e
         return self.fusion(states, e, has_state, hk)
 
-    def _trunk(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, hk: Hk) -> torch.Tensor:
+    def _trunk(self, x: torch.Tensor, start: int, cache: KVCache | None, hk: Hk) -> torch.Tensor:
         for block in self.blocks:
-            x = block(x, positions, cache, hk)
+            x = block(x, start, cache, hk)
         return x
 
     def _top(self, h: torch.Tensor, hk: Hk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -159,24 +162,38 @@ class FeedbackTransformer(HookedRootModule):
         finally:
             self.hook_context = None
 
-    def prefill_cache(self, tokens: torch.Tensor, states: torch.Tensor | None = None, has_state: torch.Tensor | None = None, hk: Hk = silent):
-        """One pass over `tokens` (plain or fused inputs) that fills a KV cache.
-        Returns (cache, carried state [batch, pos, d_model], logits [batch, pos, d_vocab])."""
-        cache = KVCache.empty(self.cfg.n_layers)
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        h = self._trunk(self._input(tokens, states, has_state, hk), positions, cache, hk)
+    def extend(self, tokens: torch.Tensor, cache: KVCache, states: torch.Tensor | None = None,
+               has_state: torch.Tensor | None = None, hk: Hk = silent):
+        """Run `tokens` [batch, pos] at positions cache.length.. through the KV cache (written in
+        place), plain or fused inputs (`has_state` None with states: every position is fused).
+        Returns (carried state [batch, pos, d_model], logits [batch, pos, d_vocab]).
+
+        With hooks off a long `tokens` runs in chunks of about SILENT_CHUNK_TOKENS tokens through
+        the cache: the same function (up to float rounding), with activations held for one chunk."""
+        B, P = tokens.shape
+        size = max(1, SILENT_CHUNK_TOKENS // max(B, 1))
+        if hk is silent and P > size:
+            parts = [self.extend(tokens[:, a:a + size], cache, None if states is None else states[:, a:a + size],
+                                 None if has_state is None else has_state[..., a:a + size], hk) for a in range(0, P, size)]
+            return torch.cat([s for s, _ in parts], dim=1), torch.cat([lg for _, lg in parts], dim=1)
+        h = self._trunk(self._input(tokens, states, has_state, hk), cache.length, cache, hk)
         state, _, logits = self._top(h, hk)
+        return state, logits
+
+    def prefill_cache(self, tokens: torch.Tensor, states: torch.Tensor | None = None, has_state: torch.Tensor | None = None,
+                      hk: Hk = silent, capacity: int | None = None):
+        """One pass over `tokens` (plain or fused inputs) that fills a new KV cache of `capacity`
+        positions (default: the prompt; it grows if a step passes it).
+        Returns (cache, carried state [batch, pos, d_model], logits [batch, pos, d_vocab])."""
+        cache = KVCache(self.cfg.n_layers, capacity or tokens.shape[1])
+        state, logits = self.extend(tokens, cache, states, has_state, hk)
         return cache, state, logits
 
     def step(self, token: torch.Tensor, cache: KVCache, state: torch.Tensor | None, hk: Hk = silent):
         """One position with the KV cache. token: [batch]; state: [batch, d_model] carried from the
         previous position, or None for a plain embedding. Returns (logits [batch, d_vocab], state)."""
-        t = cache.length
-        positions = torch.tensor([t], device=token.device)
         fed = None if state is None else state[:, None, :]
-        has = None if state is None else torch.ones(1, dtype=torch.bool, device=token.device)
-        h = self._trunk(self._input(token[:, None], fed, has, hk), positions, cache, hk)
-        new_state, _, logits = self._top(h, hk)
+        new_state, logits = self.extend(token[:, None], cache, fed, None, hk)
         return logits[:, 0], new_state[:, 0]
 
     @staticmethod
@@ -188,8 +205,7 @@ class FeedbackTransformer(HookedRootModule):
     def feedback_pass(self, tokens: torch.Tensor, states: torch.Tensor | None = None, has_state: torch.Tensor | None = None, hk: Hk = silent):
         """One parallel pass over the whole sequence with the given carried states (None: standard).
         Returns (this pass's carried state [batch, pos, d_model] before shifting, logits)."""
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        h = self._trunk(self._input(tokens, states, has_state, hk), positions, None, hk)
+        h = self._trunk(self._input(tokens, states, has_state, hk), 0, None, hk)
         state, _, logits = self._top(h, hk)
         return state, logits
 
@@ -209,24 +225,35 @@ class FeedbackTransformer(HookedRootModule):
             states = self.shift_states(state)
         return out
 
+    def serial_scan(self, tokens: torch.Tensor, n_serial: int, hooks: bool = False, stop: int | None = None):
+        """Positions 0..stop-1 (default all) of the exact recurrence over the last `n_serial`
+        positions: a standard prefill of positions < P = T - n_serial, then one KV-cache step per
+        position, each fused with the previous position's top state. Returns (cache of capacity T
+        holding positions < stop, carried states [batch, T, d_model] (zeros where none or not
+        reached), logits [batch, stop, d_vocab], top state of position stop-1 [batch, d_model])."""
+        B, T = tokens.shape
+        stop = T if stop is None else stop
+        P = min(T - n_serial, stop)
+        hk = hooked if hooks else silent
+        cache = KVCache(self.cfg.n_layers, T)
+        ctx = HookContext("prefix", range(P)) if hooks else None
+        state, logits = self._with_context(ctx, self.extend, tokens[:, :P], cache, None, None, hk)
+        prev = state[:, -1]
+        carried = state.new_zeros(B, T, state.shape[-1])
+        out = logits.new_empty(B, stop, logits.shape[-1])
+        out[:, :P] = logits
+        for t in range(P, stop):
+            carried[:, t] = prev
+            ctx = HookContext("step", range(t, t + 1)) if hooks else None
+            out[:, t], prev = self._with_context(ctx, self.step, tokens[:, t], cache, prev, hk)
+        return cache, carried, out, prev
+
     def serial_states(self, tokens: torch.Tensor, n_serial: int, hooks: bool = False):
         """The exact recurrence over the last `n_serial` positions (standard prefix before them).
         Returns (carried states [batch, pos, d_model] with zeros where none, has_state [pos], logits)."""
-        B, T = tokens.shape
-        P = T - n_serial
-        hk = hooked if hooks else silent
-        ctx = HookContext("prefix", range(P)) if hooks else None
-        cache, state, logits = self._with_context(ctx, self.prefill_cache, tokens[:, :P], None, None, hk)
-        carried, step_logits, prev = [], [logits], state[:, -1]
-        for t in range(P, T):
-            carried.append(prev)
-            ctx = HookContext("step", range(t, t + 1)) if hooks else None
-            lg, prev = self._with_context(ctx, self.step, tokens[:, t], cache, prev, hk)
-            step_logits.append(lg[:, None])
-        zeros = torch.zeros(B, P, self.cfg.d_model, dtype=state.dtype, device=state.device)
-        states = torch.cat([zeros] + [s[:, None] for s in carried], dim=1)
-        has = torch.arange(T, device=tokens.device) >= P
-        return states, has, torch.cat(step_logits, dim=1)
+        T = tokens.shape[1]
+        _, states, logits, _ = self.serial_scan(tokens, n_serial, hooks)
+        return states, torch.arange(T, device=tokens.device) >= T - n_serial, logits
 
     def carried_states(self, tokens: torch.Tensor, mode: "str | Mode"):
         """(states, has_state) that `mode` feeds into its final pass; (None, None) for no feedback."""
@@ -237,8 +264,10 @@ class FeedbackTransformer(HookedRootModule):
             return None, None
         if mode.kind == "jacobi":
             return self._jacobi_states(tokens, mode.passes(T)), torch.arange(T, device=tokens.device) >= 1
-        states, has, _ = self.serial_states(tokens, mode.n_serial(T))
-        return states, has
+        # the final position's own step would only produce the state carried out of the sequence
+        _, states, _, last = self.serial_scan(tokens, mode.n_serial(T), stop=T - 1)
+        states[:, T - 1] = last
+        return states, torch.arange(T, device=tokens.device) >= mode.first_fed_position(T)
 
     def _jacobi_states(self, tokens: torch.Tensor, K: int) -> torch.Tensor:
         has, states = torch.arange(tokens.shape[1], device=tokens.device) >= 1, None

@@ -1,5 +1,6 @@
 """`fbt-probe reproduce`: datasets -> training (feedback + no-feedback baseline) -> evaluation and
-contraction diagnostic -> activations -> probe sweep -> causal experiments -> figures -> report."""
+contraction diagnostic -> activations -> probe sweep -> causal experiments (exact; then attribution
+patching, DAS and the lens) -> figures -> report."""
 from __future__ import annotations
 
 import dataclasses
@@ -218,6 +219,15 @@ def stage_patch(cfg: ReproConfig, out: Path, name: str) -> None:
         run(model, df, pc, out=out / "results" / "interventions" / name, force=True, model_info=info, figures=False)
 
 
+def methods_stages(cfg: ReproConfig, out: Path, name: str, ck: dict, after: list[str]) -> list[Stage]:
+    """AtP (with its parity check) and DAS, then the lens (fbt_probe.reproduce.methods)."""
+    from fbt_probe.reproduce import methods as M
+
+    key = {**ck, "patch_pairs": cfg.patch_pairs, "patch_knobs": cfg.patch_knobs, **M.methods_settings(cfg)}
+    return [Stage(f"methods-{name}", key, [out / "results" / "methods" / name], lambda: M.stage_methods(cfg, out, name), after=after),
+            Stage(f"lens-{name}", key, [out / "results" / "lens" / name], lambda: M.stage_lens(cfg, out, name), after=after)]
+
+
 def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
     c = cfg.to_dict()
     ck = {k: c[k] for k in ("preset", "seed", "model")}
@@ -243,6 +253,7 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
                         after=[f"extract-{name}"]))
         st.append(Stage(f"patch-{name}", {**ck, "patch_pairs": cfg.patch_pairs, "patch_knobs": cfg.patch_knobs},
                         [out / "results" / "interventions" / name], lambda n=name: stage_patch(cfg, out, n), after=["data"] + dep))
+        st += methods_stages(cfg, out, name, ck, ["data"] + dep)
     return st
 
 

@@ -38,7 +38,9 @@ def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
             s = _summary(out, n, exp)
             if s is not None:
                 jobs.append((f"{stem}-{n}", fig, s, {}))
-    return jobs
+    from fbt_probe.reproduce.methods import figure_jobs
+
+    return jobs + figure_jobs(cfg, out)
 
 
 def stage_figures(cfg, out: Path) -> None:
@@ -134,6 +136,8 @@ def _md_table(df: pd.DataFrame) -> str:
 
 def _sections(cfg, out: Path, times: dict) -> list[tuple[str, str, list[str]]]:
     """(title, markdown body, figure stems) in reading order."""
+    from fbt_probe.reproduce.methods import methods_section
+
     models = cfg.models()
     figs = sorted(p.stem for p in (out / "figures").glob("*.png"))
     pick = lambda prefix: [f for f in figs if f.startswith(prefix)]  # noqa: E731
@@ -155,6 +159,7 @@ def _sections(cfg, out: Path, times: dict) -> list[tuple[str, str, list[str]]]:
          "accuracy with the replacement (under `soft` decoding for the gate rows). Pairs whose clean–corrupt gap is "
          "below 0.1 are left out of `normalized` (counted). Pooled over lengths; bootstrap 95 % CIs over pairs.\n\n" + _md_table(causal_table(out, models)),
          pick("ablation-bars") + pick("patching") + pick("decodable-vs-used")),
+        methods_section(cfg, out, _md_table, figs),
         ("What was run", "```json\n" + json.dumps(_provenance(cfg, out, times), indent=1, default=str) + "\n```\n", []),
     ]
 

@@ -63,7 +63,19 @@ def make_optimizer(model, cfg: TrainConfig) -> torch.optim.AdamW:
 
 
 def train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int = 0, optimizer=None, progress=True, on_eval=None) -> dict:
-    """Train `model` in place from `start_step` to `cfg.steps`, checkpointing into `out`."""
+    """Train `model` in place from `start_step` to `cfg.steps`, checkpointing into `out`.
+
+    Attention takes the explicit path throughout (steps and evaluations): the arithmetic the
+    recorded runs were trained with, so a seed still gives the checkpoint BENCHMARKS.md and the
+    reference report describe, byte for byte (the SDPA path would differ in the last float bits,
+    and training amplifies that into a different model)."""
+    from fbt_probe.model.components import use_path
+
+    with use_path(model, "explicit"):
+        return _train(model, tokenizer, cfg, out, start_step, optimizer, progress, on_eval)
+
+
+def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optimizer, progress, on_eval) -> dict:
     from fbt_probe.training.checkpoint import save_run
 
     opt = optimizer or make_optimizer(model, cfg)

@@ -1,0 +1,260 @@
+"""The lens sweep: under every prefill mode (and every Jacobi pass), what each depth predicts at the
+final position of held-out task text, through the logit lens and a tuned lens -> tidy tables.
+
+Activations come from the mode's one hooked pass (exact for every position, DESIGN §2); under
+`jacobi:K` the hooks fire in every pass (`serial=True`) and each pass is its own line (`pass_index`;
+pass k of jacobi:K is the final pass of jacobi:k). A pass's own logits are E·`ln_final.hook_normalized`,
+the model's operation on the same tensor, so both lenses equal them at the top depth.
+
+The tuned lens is fitted once per model on positions of the *lens-train* pairs (pair groups drawn with
+`seed`, every mode and pass pooled, KL to that pass's own logits), and every metric is reported on
+the other, *lens-eval* pairs, so that one set of translators serves every line of the figure.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from fbt_probe.errors import FbtError
+from fbt_probe.hooks import act_name, depth_name
+from fbt_probe.interventions.das_experiment import pair_components
+from fbt_probe.interventions.hooks import span
+from fbt_probe.interventions.metrics import bootstrap_ci
+from fbt_probe.interventions.pairs import label_token_ids, pair_batches
+from fbt_probe.lens.lenses import TunedLens, fit_tuned_lens, kl_to, logit_lens
+from fbt_probe.model.modes import check_distinct, parse_mode
+
+FORMAT = "fbt-probe.lens/1"
+LENS_KIND = "a lens results folder (manifest.json of format fbt-probe.lens/1)"
+
+LENS_METRICS = {
+    "p_correct": "softmax probability (whole vocabulary) of the sample's label word at the final position",
+    "logit_diff": "logit[label word] - logit[other label word]",
+    "top1": "the label word is the top-1 token",
+    "kl_to_final": "KL(final logits of the same pass || lens logits), nats",
+}
+
+
+@dataclass(frozen=True)
+class LensConfig:
+    modes: tuple[str, ...] = ("standard", "recurrent:1", "full", "jacobi:3")
+    steps: int = 300
+    """Tuned-lens optimizer steps (0: logit lens only)."""
+    lr: float = 1e-3
+    positions: int = 16
+    """Training positions drawn per lens-train sample (the final position always among them)."""
+    eval_fraction: float = 0.5
+    """Share of each task's pair groups held out of tuned-lens training; every metric is on them."""
+    max_pairs: int | None = None
+    lengths: tuple[int, ...] | None = None
+    batch_size: int = 32
+    n_boot: int = 1000
+    ci: float = 0.95
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_distinct([str(parse_mode(m)) for m in self.modes], list(self.modes))
+        if not (_number(self.eval_fraction) and 0 < self.eval_fraction < 1):
+            raise FbtError(f"--eval-fraction {self.eval_fraction}: expected a number in (0, 1)")
+        if not (_number(self.lr) and self.lr > 0):
+            raise FbtError(f"--lr {self.lr}: expected a finite number > 0")
+        if not (_number(self.ci) and 0 < self.ci < 1):
+            raise FbtError(f"ci {self.ci}: expected a number in (0, 1)")
+        for name, low in (("steps", 0), ("positions", 1), ("batch_size", 1), ("n_boot", 1), ("max_pairs", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if value is None and name == "max_pairs":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise FbtError(f"--{name.replace('_', '-')} {value}: expected an integer >= {low}")
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+
+
+def is_lens_folder(path) -> bool:
+    """A folder written by `write_lens` (its manifest has our format)."""
+    from pathlib import Path
+
+    from fbt_probe.io import read_json
+
+    try:
+        meta = read_json(Path(path) / "manifest.json")
+    except FbtError:
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT
+
+
+@dataclass
+class LensResult:
+    rows: pd.DataFrame
+    summary: pd.DataFrame
+    training: pd.DataFrame  # tuned-lens KL per step
+    lens: TunedLens | None
+    manifest: dict = field(default_factory=dict)
+
+
+@torch.no_grad()
+def pass_activations(model, tokens: torch.Tensor, mode: str) -> dict[int, dict]:
+    """{pass_index: {"resid": {depth: [B, T, D]}, "logits": [B, T, V]}} under `mode` (see module doc)."""
+    m = parse_mode(mode)
+    serial = m.kind == "jacobi" and m.k > 1
+    names = [depth_name(d) for d in range(model.cfg.n_layers + 1)] + [act_name("ln_final")]
+    store: dict = {}
+
+    def grab(name):
+        def hook(x, hook=None):
+            ctx = model.hook_context
+            store.setdefault((name, ctx.pass_index if serial else 1), []).append((span(model, x).start, x.detach()))
+            return x
+        return hook
+
+    model.run_with_hooks(tokens, mode=m, serial=serial, fwd_hooks=[(n, grab(n)) for n in names])
+    out: dict = {}
+    for (name, k), chunks in store.items():
+        full = torch.cat([t for _, t in sorted(chunks, key=lambda c: c[0])], dim=1)
+        entry = out.setdefault(k, {"resid": {}})
+        if name == act_name("ln_final"):
+            entry["logits"] = F.linear(full, model.embed.weight)  # the model's own top operation
+        else:
+            entry["resid"][names.index(name)] = full
+    return out
+
+
+def eval_rows(df: pd.DataFrame, fraction: float, seed: int) -> np.ndarray:
+    """Bool per row of `df`: its pair group (groups joined through pairs, `pair_components`) is held out of
+    tuned-lens training. Per task, round(fraction × units) units, at least one on each side."""
+    comp = pair_components(df)
+    held = np.zeros(len(df), dtype=bool)
+    rng = np.random.default_rng(seed)
+    for task in sorted(df["task"].unique()):
+        mask = (df["task"] == task).to_numpy()
+        units = sorted(set(comp[mask]))
+        n_eval = min(len(units) - 1, max(1, int(round(fraction * len(units))))) if len(units) > 1 else 1
+        chosen = {units[i] for i in rng.permutation(len(units))[:n_eval]}
+        held |= mask & np.array([c in chosen for c in comp])
+    return held
+
+
+def _final_metrics(logits: torch.Tensor, final: torch.Tensor, target, other) -> dict[str, np.ndarray]:
+    idx = torch.arange(logits.shape[0])
+    p = torch.softmax(logits.double(), -1)
+    return {"p_correct": p[idx, target].numpy(), "logit_diff": (logits[idx, target] - logits[idx, other]).double().numpy(),
+            "top1": (logits.argmax(-1) == target).double().numpy(), "kl_to_final": kl_to(final, logits).double().numpy()}
+
+
+def run_lens(model, df: pd.DataFrame, cfg: LensConfig, label_ids: dict | None = None) -> LensResult:
+    if df.empty:
+        raise FbtError("dataset: no rows; nothing to run the lens on")
+    label_ids = label_ids or label_token_ids(df)
+    model.eval()
+    dev = next(model.parameters()).device
+    L = model.cfg.n_layers
+    gen = torch.Generator().manual_seed(cfg.seed)
+    finals, train_x, train_y = [], {d: [] for d in range(L + 1)}, []
+    held_all = eval_rows(df.reset_index(drop=True), cfg.eval_fraction, cfg.seed)  # `meta.row` indexes this
+    for batch in pair_batches(df, label_ids, cfg.batch_size, cfg.max_pairs, cfg.lengths):
+        held = held_all[batch.meta["row"].to_numpy()]
+        tokens = batch.tokens.to(dev)
+        for mode in cfg.modes:
+            for k, acts in pass_activations(model, tokens, mode).items():
+                finals.append((batch, held, mode, k, {d: r[:, -1].cpu() for d, r in acts["resid"].items()}, acts["logits"][:, -1].cpu()))
+                train = np.flatnonzero(~held)
+                if len(train) == 0 or cfg.steps == 0:
+                    continue
+                T = tokens.shape[1]
+                pos = torch.randint(0, T, (len(train), cfg.positions), generator=gen)
+                pos[:, 0] = T - 1
+                rows = torch.as_tensor(train)[:, None].expand_as(pos)
+                for d, r in acts["resid"].items():
+                    train_x[d].append(r.cpu()[rows, pos].reshape(-1, r.shape[-1]))
+                train_y.append(acts["logits"].cpu()[rows, pos].reshape(-1, acts["logits"].shape[-1]))
+    if not finals:
+        raise FbtError("lens: no samples to run (check --lengths / --tasks)")
+    lens, history = None, []
+    if cfg.steps > 0 and train_y:
+        lens, history = fit_tuned_lens(model, {d: torch.cat(v).to(dev) for d, v in train_x.items()}, torch.cat(train_y).to(dev),
+                                       cfg.steps, cfg.lr, seed=cfg.seed)
+    rows = _rows(model, lens, finals)
+    summary = summarize_lens(rows, cfg.n_boot, cfg.ci, cfg.seed)
+    training = pd.DataFrame({"step": np.arange(1, len(history) + 1), "kl": history})
+    return LensResult(rows, summary, training, lens, {"config": asdict(cfg), "metrics": LENS_METRICS})
+
+
+@torch.no_grad()
+def _rows(model, lens, finals) -> pd.DataFrame:
+    out = []
+    for batch, held, mode, k, resid, final in finals:
+        tgt, oth = batch.target.cpu(), batch.other.cpu()
+        for d, r in resid.items():
+            r = r.to(next(model.parameters()).device)
+            kinds = [("logit", logit_lens(model, r))] + ([("tuned", lens(model, r, d))] if lens is not None else [])
+            for kind, logits in kinds:
+                metrics = _final_metrics(logits.cpu(), final, tgt, oth)
+                base = {c: batch.meta[c].to_numpy() for c in batch.meta.columns}
+                base.update(mode=mode, pass_index=k, lens=kind, depth=d, eval=held)
+                for name, values in metrics.items():
+                    out.append(pd.DataFrame({**base, "metric": name, "value": values}))
+    return pd.concat(out, ignore_index=True)
+
+
+SUMMARY_KEYS = ["task", "length_knob", "mode", "pass_index", "lens", "depth", "metric"]
+
+
+def summarize_lens(rows: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> pd.DataFrame:
+    """Mean and bootstrap CI over lens-eval pairs (a pair's value: the mean of its two samples), per
+    length knob and pooled over lengths (length_knob = -1)."""
+    ev = rows[rows["eval"].astype(bool)]
+    data = pd.concat([ev, ev.assign(length_knob=-1)], ignore_index=True)
+    per_pair = data.groupby(SUMMARY_KEYS + ["pair_id"], sort=True)["value"].mean()
+    out = []
+    for key, v in per_pair.groupby(level=list(range(len(SUMMARY_KEYS))), sort=True):
+        mean, lo, hi = bootstrap_ci(v.to_numpy(), n_boot, ci, seed)
+        out.append({**dict(zip(SUMMARY_KEYS, key)), "mean": mean, "ci_low": lo, "ci_high": hi, "n_pairs": len(v)})
+    return pd.DataFrame(out)
+
+
+def write_lens(res: LensResult, out_dir, df: pd.DataFrame, model_info: dict | None = None, force: bool = False,
+               figures: bool = True):
+    """OUT/: rows.parquet|csv, lens_summary.parquet|csv, training.parquet|csv, translators.safetensors,
+    manifest.json (config, metric definitions, provenance) and figures/lens.png; written atomically."""
+    from pathlib import Path
+
+    from fbt_probe.interventions.runner import dataset_hash
+    from fbt_probe.io import atomic_dir, write_json
+    from fbt_probe.provenance import provenance
+
+    files = []
+    with atomic_dir(Path(out_dir), force=force, own=is_lens_folder, kind=LENS_KIND) as tmp:
+        for name, table in (("rows", res.rows), ("lens_summary", res.summary), ("training", res.training)):
+            table.to_parquet(tmp / f"{name}.parquet", index=False)
+            table.to_csv(tmp / f"{name}.csv", index=False)
+            files += [f"{name}.parquet", f"{name}.csv"]
+        if res.lens is not None:
+            from safetensors.torch import save_file
+
+            save_file({k: v.detach().contiguous().cpu() for k, v in res.lens.state_dict().items()}, str(tmp / "translators.safetensors"))
+            files.append("translators.safetensors")
+        if figures:
+            import matplotlib.pyplot as plt
+
+            from fbt_probe.figures.lens import lens_depth
+
+            (tmp / "figures").mkdir()
+            fig = lens_depth(res.summary)
+            fig.savefig(tmp / "figures" / "lens.png", dpi=150, bbox_inches="tight")
+            plt.close(fig)
+            files.append("figures/lens.png")
+        cfg = res.manifest["config"]
+        write_json(tmp / "manifest.json", {
+            "format": FORMAT, **res.manifest, "files": files,
+            "hook_rule": "one-pass (the mode's hooked pass); jacobi:K: serial, every pass",
+            "tuned_lens": "one affine translator per depth < L, identity init, KL to the same pass's logits, "
+                          "fitted on lens-train pairs of every mode and pass; metrics on lens-eval pairs only",
+            "provenance": provenance(config=cfg, seed=cfg["seed"], dataset_hash=dataset_hash(df),
+                                     dataset_files=df.attrs.get("dataset_files", []), **(model_info or {}))})
+    return Path(out_dir)

@@ -1,0 +1,51 @@
+"""`fbt-probe bench model` and `bench patch`: they run, report what they claim, refuse bad input in
+one line. (Speed itself is measured, not tested: BENCHMARKS.md.)"""
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from fbt_probe.cli import app
+
+runner = CliRunner()
+
+
+def test_bench_model_reports_ratios(tmp_path):
+    out = tmp_path / "model.md"
+    res = runner.invoke(app, ["bench", "model", "--seq", "24", "--full-batches", "2,1", "--cache-seq", "16",
+                              "--repeats", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    r = json.loads((tmp_path / "model.md.json").read_text())
+    assert [f["batch"] for f in r["prefill"]["full"]] == [2, 1]
+    assert all(f["full_over_standard"] > 1 and f["per_step_ms"] > 0 for f in r["prefill"]["full"])
+    assert {"standard", "full"} == set(r["prefill"]["peak_memory"])
+    assert r["prefill"]["peak_memory"]["standard"]["rss_mb"] > 50  # a Python process holding torch
+    assert r["cache"]["all_over_plain"] > 0 and r["provenance"]["git_commit"]
+    assert "per serial step" in out.read_text() and "every hook" in out.read_text()
+
+
+@pytest.mark.slow
+def test_bench_patch_runs_the_commands_and_compares_reuse(tmp_path):
+    data = tmp_path / "data"
+    assert runner.invoke(app, ["tasks", "generate", "completion", "--groups", "1", "--out", str(data)]).exit_code == 0
+    res = runner.invoke(app, ["bench", "patch", "--dataset", str(data), "--experiments", "feedback-swap,residual",
+                              "--compare-pairs", "1", "--out", str(tmp_path / "patch.md")])
+    assert res.exit_code == 0, res.output
+    r = json.loads((tmp_path / "patch.md.json").read_text())
+    assert [c["experiment"] for c in r["commands"]] == ["feedback-swap", "residual"]
+    assert all(c["exit_code"] == 0 and c["peak_rss_mb"] > 50 for c in r["commands"]), r["commands"]
+    assert r["samples"] == 20 and r["tokens"][1] > 1000
+    for c in r["compare"]:  # float32: reuse and the full re-run agree to rounding
+        assert c["max_summary_diff"] < 1e-3 and c["speedup"] > 0, c
+
+
+@pytest.mark.parametrize("args,match", [
+    (["model", "--full-batches", "x"], "--full-batches"),
+    (["model", "--seq", "1"], "--seq"),
+    (["patch", "--experiments", "nope"], "--experiments"),
+    (["patch", "--mode", "fulll"], "mode"),
+    (["patch", "--dataset", "/no/such/dataset"], "no such dataset"),
+])
+def test_bench_bad_input_is_one_line(args, match):
+    res = runner.invoke(app, ["bench", *args])
+    assert res.exit_code == 2 and match in res.output and res.output.strip().count("\n") == 0, res.output
