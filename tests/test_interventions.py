@@ -273,3 +273,18 @@ def test_summary_pools_lengths_and_reports_tiny_gap_exclusions(model, batches):
     assert pooled.to_dict() == n_pairs.to_dict()
     ld = s[(s.metric == "logit_diff") & (s.condition == "state") & (s.length_knob == -1)]
     assert (ld["n_excluded"] == 0).all() and (ld["ci_low"] <= ld["mean"]).all() and (ld["mean"] <= ld["ci_high"]).all()
+
+
+def test_max_pairs_takes_pairs_round_robin_over_groups():
+    """A register group (a schedule, its complement, a query per register) holds several pairs; the
+    first pair ids of a cell were all one schedule, so a patching cell measured one context."""
+    tok = build_tokenizer()
+    df = generate(dataclasses.replace(load_spec("registers"), length_grid=(2,)), groups=5, seed=0, tokenizer=tok)
+    per_group = df.groupby("group_id")["pair_id"].nunique()
+    assert (per_group > 1).all()  # the premise: several pairs per group
+    rows = [r for b in pair_batches(df, label_token_ids(df, tok), batch_size=64, max_pairs=5) for r in b.meta["row"]]
+    kept = df.iloc[sorted(rows)]
+    assert kept["pair_id"].nunique() == 5 and kept["group_id"].nunique() == 5  # one pair from each of the 5 groups
+    rows = [r for b in pair_batches(df, label_token_ids(df, tok), batch_size=64, max_pairs=7) for r in b.meta["row"]]
+    counts = df.iloc[sorted(rows)].groupby("group_id")["pair_id"].nunique()
+    assert sorted(counts.tolist()) == [1, 1, 1, 2, 2]  # a second round only after every group's first pair

@@ -90,6 +90,7 @@ def _pair_table(df: pd.DataFrame) -> pd.DataFrame:
     first = pairs["min"].to_numpy()
     pairs["n_tokens"] = d["n_tokens"].to_numpy()[first]
     pairs["knob"] = d["length_knob"].to_numpy()[first]
+    pairs["group"] = d["group_id"].to_numpy()[first] if "group_id" in d else pairs["pair_id"]
     return pairs.rename(columns={"min": "row_a", "max": "row_b"})
 
 
@@ -97,7 +98,9 @@ def pair_batches(df: pd.DataFrame, label_ids: dict, batch_size: int = 32, max_pa
                  lengths=None) -> Iterator[PairBatch]:
     """Batches of at most `batch_size` rows (batch_size // 2 pairs), one task and one token length each.
 
-    `max_pairs` keeps the first pairs of each task × length-knob cell; `lengths` keeps those knobs.
+    `max_pairs` keeps that many pairs of each task × length-knob cell, round-robin over groups
+    (each group's first pair, then each group's second, ...: the first pair ids of a register cell
+    would all be one schedule); `lengths` keeps those knobs.
     `meta.row` is the sample's row number in `df`."""
     if batch_size < 2:
         raise FbtError(f"batch size {batch_size}: needs at least 2 rows (one pair)")
@@ -108,8 +111,10 @@ def pair_batches(df: pd.DataFrame, label_ids: dict, batch_size: int = 32, max_pa
         if df.empty:
             raise FbtError(f"no samples with length knob in {list(lengths)}")
     pairs = _pair_table(df)
-    if max_pairs is not None:
-        pairs = pairs.groupby(["task", "knob"], sort=False).head(max_pairs)
+    if max_pairs is not None:  # round-robin over groups: a register group holds several pairs
+        rank = pairs.groupby(["task", "knob", "group"], sort=False).cumcount()
+        order = pairs.assign(_rank=rank).sort_values("_rank", kind="stable")
+        pairs = order.groupby(["task", "knob"], sort=False).head(max_pairs).sort_index().drop(columns="_rank")
     per = max(1, batch_size // 2)
     for (task, _), cell in pairs.groupby(["task", "n_tokens"], sort=True):
         for s in range(0, len(cell), per):
