@@ -64,9 +64,8 @@ def test_fig7b_one_panel_per_register_count_and_writes_and_a_line_per_mode():
     fig = draw("fig7b", probe_table())
     axes = [ax for ax in fig.axes if ax.get_visible() and ax.get_title()]
     assert [ax.get_title() for ax in axes] == [
-        "m = 1 register, 16 writes each", "m = 2 registers, 8 writes each", "m = 4 registers, 4 writes each",
-        "m = 8 registers, 2 writes each", "m = 8, 2 writes per register", "m = 8, 4 writes per register",
-        "m = 8, 8 writes per register"]
+        "m = 1, 16 writes each", "m = 2, 8 writes each", "m = 4, 4 writes each", "m = 8, 2 writes each",
+        "m = 8, 2 writes each", "m = 8, 4 writes each", "m = 8, 8 writes each"]  # short: four panels in a row
     assert lines(axes[0])[:5] == ["standard", "recurrent:1", "recurrent:2", "recurrent:4", "full"]
     assert "chance (0.5)" in lines(axes[0]) and any(s.startswith("majority baseline") for s in lines(axes[0]))
     one = draw("fig7b", probe_table(tasks=("registers",)))  # one sweep alone: one row

@@ -178,5 +178,8 @@ def das_iia(table: pd.DataFrame, metric: str = "iia", length: int = -1):
             ax.set_xlabel("subspace dimension k")
             ax.set_title(f"{task} · {mode}")
         axes.flat[0].set_ylabel(f"{metric} on held-out groups")
-        axes.flat[0].legend(title="DAS (solid) · random rotation (dashed)\nfull-vector interchange (dotted)", fontsize=6)
+        handles, labels = axes.flat[0].get_legend_handles_labels()
+        fig.legend(handles, labels, title="DAS (solid) · random rotation (dashed) · full-vector interchange (dotted)",
+                   loc="upper center", ncol=max(1, len(labels)), fontsize=7, title_fontsize=7, frameon=False,
+                   bbox_to_anchor=(0.5, 0.0))  # under the panels (saved with a tight box), off the curves and labels
     return fig

@@ -166,8 +166,8 @@ SWEEPS = {"registers-count": ("registers", "register count m (16 assignments)"),
 
 def _sweep_title(task: str, length: int) -> str:
     if task == "registers-count":
-        return f"m = {length} register{'s' if length > 1 else ''}, {16 // length} writes each"
-    return f"m = 8, {length} writes per register"
+        return f"m = {length}, {16 // length} writes each"
+    return f"m = 8, {length} writes each"
 
 
 def fig7b(table: pd.DataFrame, tasks: str = "registers-count,registers", modes: str | None = None, model: str | None = None):

@@ -178,7 +178,7 @@ def stage_report(cfg, out: Path, times: dict) -> None:
     intro = f"Models: {source}. Stage times: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()) + "."
     found = findings(cfg, out) + shipped_comparison(cfg, out)
     md = [f"# {title}\n", intro + "\n", "## Findings\n", "\n".join(f"- {f}" for f in found) + "\n", "## Figures\n"]
-    body = [f"<h1>{html.escape(title)}</h1>", _md_to_html(intro), "<h2>Findings</h2>",
+    body = [f"<h1>{html.escape(title)}</h1>", f"<p>{_inline(intro)}</p>", "<h2>Findings</h2>",
             "<ul>" + "".join(f"<li>{_inline(f)}</li>" for f in found) + "</ul>", "<h2>Figures</h2>"]
     for head, _, figs in tables:
         for f in figs:
