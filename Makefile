@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-# The main job: the whole tiny study (datasets, training, probes, interventions, report), ~12 min on 2 cores.
+# The main job: the whole tiny study on the shipped reference models (datasets, probes, interventions,
+# attribution/DAS/lens, report), ~26 min on 2 cores; `fbt-probe reproduce --train` retrains the models.
 demo: setup
 	$(VENV)/bin/fbt-probe reproduce --preset tiny --out runs/repro
 
