@@ -21,3 +21,17 @@ def make_model(seed: int = 0, dtype=torch.float64, **overrides) -> FeedbackTrans
 
 def tokens(batch: int, T: int, vocab: int = 37, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, T), generator=torch.Generator().manual_seed(seed))
+
+
+def task_pairs(groups: int, tasks=("completion", "memory"), knob: int = 8):
+    """(minimal pairs of `tasks` at one length from the built-in tokenizer, that tokenizer)."""
+    import dataclasses
+
+    import pandas as pd
+
+    from fbt_probe.tasks import build_tokenizer, generate, load_spec
+
+    tok = build_tokenizer()
+    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(knob,)), groups=groups, seed=0, tokenizer=tok)
+              for t in tasks]
+    return pd.concat(frames, ignore_index=True), tok

@@ -13,8 +13,7 @@ from fbt_probe.interventions import feedback_swap, final_logits, label_token_ids
 from fbt_probe.interventions.das import (Examples, FinalStep, Rotation, fit_rotation, fit_rotations, haar, iia, interchange,
                                          intervened_logits, subspace_cosine)
 from fbt_probe.interventions.das_experiment import FEEDBACK, das, merge, pair_components
-from fbt_probe.tasks import build_tokenizer, generate, load_spec
-from tests.helpers import make_model
+from tests.helpers import make_model, task_pairs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -26,10 +25,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def data():
-    tok = build_tokenizer()
-    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(8,)), groups=6, seed=0, tokenizer=tok)
-              for t in ("completion", "memory")]
-    df = pd.concat(frames, ignore_index=True)
+    df, tok = task_pairs(groups=6)
     return df, list(pair_batches(df, label_token_ids(df, tok), batch_size=12))
 
 

@@ -16,7 +16,7 @@ from fbt_probe.interventions import (bootstrap_ci, capture, edit_at, feedback_sw
 from fbt_probe.interventions.experiments import last_prefix
 from fbt_probe.interventions.probe_direction import apply_edit, fold_edits, folds
 from fbt_probe.tasks import build_tokenizer, generate, load_spec
-from tests.helpers import make_model, tokens
+from tests.helpers import make_model, task_pairs, tokens
 
 MODES = ["standard", "recurrent:1"]
 
@@ -31,10 +31,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def data():
-    tok = build_tokenizer()
-    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(8,)), groups=4, seed=0, tokenizer=tok)
-              for t in ("completion", "memory")]
-    df = pd.concat(frames, ignore_index=True)
+    df, tok = task_pairs(groups=4)
     return df, label_token_ids(df, tok)
 
 

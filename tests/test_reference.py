@@ -12,7 +12,6 @@ from fbt_probe.errors import FbtError
 from fbt_probe.io import sha256_file
 from fbt_probe.model.checkpoint import checkpoint_hash
 from fbt_probe.training import TrainConfig, run_training
-from fbt_probe.training.config import TrainConfig as TC
 
 runner = CliRunner()
 SMALL = dict(tokens_per_step=300, warmup=1, eval_every=10_000, save_every=1, tasks=("completion", "memory"),
@@ -35,7 +34,7 @@ def test_a_shipped_model_loads_by_name_with_its_recorded_hash_and_check_accuracy
     folder = reference.folder(f"ref:{name}")
     assert checkpoint_hash(folder) == rec["checkpoint_sha256"] == rec["sha256"]["model.safetensors"]
     model = fp.load_model(f"ref:{name}")
-    cfg = TC.from_dict(json.loads((folder / "config.json").read_text())["train"])
+    cfg = TrainConfig.from_dict(json.loads((folder / "config.json").read_text())["train"])
     got = check_slice(model, cfg, load_tokenizer(folder / "tokenizer.json"))
     want = {(r["task"], r["length_knob"]): (r["correct"], r["n"]) for r in rec["check"]["rows"]}
     assert set(want) == {(r.task, r.length_knob) for r in got.itertuples()}

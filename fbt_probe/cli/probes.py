@@ -47,7 +47,8 @@ def extract(
     try:
         from fbt_probe.reference import resolve
 
-        if Path(resolve(run)).is_dir() and is_hidden_checkpoint(resolve(run)):  # Hidden Decoding: streams x depths, one mode
+        folder = Path(resolve(run))  # ref:<name>: the shipped folder (hashes verified)
+        if folder.is_dir() and is_hidden_checkpoint(folder):  # Hidden Decoding: streams x depths, one mode
             _extract_hidden(run, dataset, out, modes, extra, batch_size, shard_rows, dtype, device, force)
             store = None
         else:

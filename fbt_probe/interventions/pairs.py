@@ -83,6 +83,15 @@ def check_pairs(df: pd.DataFrame) -> None:
             raise FbtError(f"dataset: pair {pid} of task {task}: the two samples differ in length or final token")
 
 
+def round_robin(pairs: pd.DataFrame, n: int, cell) -> pd.DataFrame:
+    """At most `n` rows (one per pair, with a `group` column) per `cell`, taken round-robin over
+    groups -- each group's first pair, then each group's second, ... -- in their original order:
+    a register group holds several pairs, and the first pairs of a cell would all be one group."""
+    rank = pairs.groupby([*cell, "group"], sort=False).cumcount()
+    order = pairs.assign(_rank=rank).sort_values("_rank", kind="stable")
+    return order.groupby(list(cell), sort=False).head(n).sort_index().drop(columns="_rank")
+
+
 def _pair_table(df: pd.DataFrame) -> pd.DataFrame:
     """One line per pair: task, pair_id, n_tokens, length knob, and its two positional rows in `df`."""
     d = df.assign(_pos=np.arange(len(df)))
@@ -111,10 +120,8 @@ def pair_batches(df: pd.DataFrame, label_ids: dict, batch_size: int = 32, max_pa
         if df.empty:
             raise FbtError(f"no samples with length knob in {list(lengths)}")
     pairs = _pair_table(df)
-    if max_pairs is not None:  # round-robin over groups: a register group holds several pairs
-        rank = pairs.groupby(["task", "knob", "group"], sort=False).cumcount()
-        order = pairs.assign(_rank=rank).sort_values("_rank", kind="stable")
-        pairs = order.groupby(["task", "knob"], sort=False).head(max_pairs).sort_index().drop(columns="_rank")
+    if max_pairs is not None:
+        pairs = round_robin(pairs, max_pairs, ("task", "knob"))
     per = max(1, batch_size // 2)
     for (task, _), cell in pairs.groupby(["task", "n_tokens"], sort=True):
         for s in range(0, len(cell), per):

@@ -44,11 +44,11 @@ def _folder(name: str, root: Path | None) -> Path:
 
 def folder(source: str, root: Path | None = None) -> Path:
     """The verified folder of `ref:<name>`: every file present with its recorded sha256, else FbtError."""
-    from fbt_probe.io import sha256_file
+    from fbt_probe.io import read_json, sha256_file
 
     name = source[len(PREFIX):] if is_reference(source) else source
     path = _folder(name, root)
-    rec = record(name, root)
+    rec = read_json(path / RECORD, f"reference record of {PREFIX}{name}")
     hashes = rec.get("sha256") if isinstance(rec, dict) else None
     if not isinstance(hashes, dict) or set(hashes) != set(FILES):
         raise FbtError(f"{path / RECORD}: field 'sha256' must give the hash of each of {list(FILES)}; reinstall fbt-probe")

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from fbt_probe.reproduce.report import PAPER_DEPTH0, _summary
+from fbt_probe.reproduce.report import PAPER_DEPTH0, _summary, mean_ci
 
 CHANCE = 0.5
 
@@ -22,17 +21,6 @@ def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float, float]:
     mid = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
     return p, max(0.0, mid - half), min(1.0, mid + half)
-
-
-def cells_ci(values) -> tuple[float, float, float]:
-    """Mean over cells (length x fold) and a normal 95 % interval over them, clipped to [0, 1]."""
-    v = np.asarray(values, dtype=float)
-    if len(v) == 0:
-        return float("nan"), float("nan"), float("nan")
-    if len(v) < 2:
-        return v.mean(), v.mean(), v.mean()
-    half = 1.96 * v.std(ddof=1) / math.sqrt(len(v))
-    return v.mean(), max(0.0, v.mean() - half), min(1.0, v.mean() + half)
 
 
 def fmt(m, lo, hi) -> str:
@@ -52,7 +40,7 @@ def depth0(out: Path, model: str, task: str, mode: str) -> tuple[float, float, f
         return float("nan"), float("nan"), float("nan")
     t = pd.read_parquet(p)
     g = t[(t["task"] == task) & (t["mode"] == mode) & (t["depth"] == 0) & (t["metric"] == "accuracy")]
-    return cells_ci(g["value"].to_numpy())
+    return mean_ci(g["value"].to_numpy())
 
 
 def swap_effect(out: Path, model: str, task: str, condition: str = "state") -> tuple[float, float, float] | None:
@@ -129,12 +117,13 @@ def shipped_comparison(cfg, out: Path) -> list[str]:
     the same preset -- identical bytes, or held-out standard accuracy side by side."""
     from fbt_probe.model.checkpoint import checkpoint_hash
     from fbt_probe.reference import names, record
+    from fbt_probe.reproduce.pipeline import shipped_name
 
     if cfg.shipped or cfg.model:
         return []
     lines = []
     for m in cfg.models():
-        name = f"{cfg.preset}-{m}"
+        name = shipped_name(cfg, m)
         if name not in names():
             continue
         rec = record(name)

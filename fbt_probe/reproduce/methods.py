@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 ATP_MODES = ("standard", "recurrent:1", "jacobi:2")
@@ -41,9 +40,9 @@ def methods_settings(cfg) -> dict:
             "lens_steps": 30 if cfg.quick else 300, "knobs": methods_knobs(cfg)}
 
 
-def _task_pairs(cfg, out: Path, max_pairs: int | None = None):
-    """task -> (its pairs at its lengths, at most `max_pairs` of a length spread over groups; the
-    paper-mode -> dataset-mode map of its suffixes)."""
+def _task_pairs(cfg, out: Path):
+    """task -> (its pairs at its lengths; the paper-mode -> dataset-mode map of its suffixes). The
+    runner's `max_pairs` takes the pairs round-robin over groups (`pairs.round_robin`)."""
     from fbt_probe.interventions.inputs import load_pairs
     from fbt_probe.io import read_json
     from fbt_probe.tasks.generators import suffix_modes
@@ -52,7 +51,7 @@ def _task_pairs(cfg, out: Path, max_pairs: int | None = None):
     df = load_pairs(out / "data", tasks=set(knobs))
     for task in sorted(knobs):
         sel = df[(df["task"] == task) & df["length_knob"].isin(knobs[task])]
-        sel = (pairs_over_groups(sel, max_pairs) if max_pairs else sel).reset_index(drop=True).__finalize__(df)
+        sel = sel.reset_index(drop=True).__finalize__(df)
         if len(sel):
             yield task, sel, suffix_modes(read_json(out / "data" / f"{task}.manifest.json"))
 
@@ -62,11 +61,11 @@ def pairs_over_groups(df: pd.DataFrame, n: int) -> pd.DataFrame:
     each group's second, ...), rows in their original order: a register group holds several pairs, and
     the first `n` pair ids (what `max_pairs` keeps) would all come from one group, where DAS's grouped
     folds need several."""
-    first = df[~df["pair_id"].duplicated()]
-    group = df.groupby("pair_id", sort=False)["group_id"].min().reindex(first["pair_id"]).to_numpy()
-    rank = first.assign(g=group).groupby(["length_knob", "g"], sort=False).cumcount().to_numpy()
-    order = np.lexsort((first["pair_id"].to_numpy(), rank))  # by round, then pair id
-    keep = first.iloc[order].groupby("length_knob", sort=False).head(n)["pair_id"]
+    from fbt_probe.interventions.pairs import round_robin
+
+    first = df[~df["pair_id"].duplicated()].sort_values("pair_id", kind="stable")
+    table = first.assign(group=df.groupby("pair_id", sort=False)["group_id"].min().reindex(first["pair_id"]).to_numpy())
+    keep = round_robin(table.reset_index(drop=True), n, ("length_knob",))["pair_id"]
     return df[df["pair_id"].isin(set(keep))]
 
 
@@ -83,7 +82,7 @@ def stage_methods(cfg, out: Path, name: str) -> None:
     model, info = _model(cfg, out, name)
     s = methods_settings(cfg)
     with atomic_dir(out / "results" / "methods" / name, force=True) as tmp:
-        for task, df, mapping in _task_pairs(cfg, out, cfg.patch_pairs):
+        for task, df, mapping in _task_pairs(cfg, out):
             common = dict(max_pairs=cfg.patch_pairs, lengths=tuple(s["knobs"][task]), seed=cfg.seed, n_boot=300 if cfg.quick else 1000)
             run(model, df, PatchConfig("attribution", modes=_mapped(ATP_MODES, mapping), check=s["check"], batch_size=160, **common),
                 out=tmp / task, model_info=info, figures=False)  # batch 160: 4 cells a forward

@@ -114,21 +114,23 @@ def model_path(cfg: ReproConfig, out: Path, name: str) -> Path:
 
 
 def shipped_name(cfg: ReproConfig, name: str) -> str:
-    return f"ref:{cfg.preset}-{name}"
+    """The shipped reference of a study model (`ref:` + this): `tiny-feedback`, `tiny-baseline`."""
+    return f"{cfg.preset}-{name}"
 
 
 def check_shipped(cfg: ReproConfig) -> None:
     """A shipped study needs shipped models of this preset trained with this seed and step count."""
     from fbt_probe.reference import names, record
 
+    shipped = names()
     for name in cfg.models():
         ref = shipped_name(cfg, name)
-        if ref[len("ref:"):] not in names():
-            raise FbtError(f"--preset {cfg.preset}: no shipped reference model {ref} (shipped: "
-                           f"{', '.join('ref:' + n for n in names()) or 'none'}); pass --train to train one")
-        rec = record(ref[len("ref:"):])
+        if ref not in shipped:
+            raise FbtError(f"--preset {cfg.preset}: no shipped reference model ref:{ref} (shipped: "
+                           f"{', '.join('ref:' + n for n in shipped) or 'none'}); pass --train to train one")
+        rec = record(ref)
         if (rec["seed"], rec["steps"]) != (cfg.seed, cfg.steps):
-            raise FbtError(f"--seed {cfg.seed} --steps {cfg.steps}: the shipped {ref} was trained with seed "
+            raise FbtError(f"--seed {cfg.seed} --steps {cfg.steps}: the shipped ref:{ref} was trained with seed "
                            f"{rec['seed']} and {rec['steps']} steps; pass --train to train these")
 
 
@@ -234,7 +236,7 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
     if cfg.shipped:  # a new shipped model (another package version) redoes every stage that reads it
         from fbt_probe.reference import record
 
-        ck["shipped"] = {n: record(shipped_name(cfg, n)[4:])["checkpoint_sha256"] for n in cfg.models()}
+        ck["shipped"] = {n: record(shipped_name(cfg, n))["checkpoint_sha256"] for n in cfg.models()}
     st = [Stage("data", {**ck, "groups": cfg.groups, "knobs": cfg.knobs, "protocol": "appendix-F"}, [out / "data"],
                 lambda: stage_data(cfg, out))]
     trained = []

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fbt_probe.io import atomic_dir, atomic_path, read_json
+from fbt_probe.io import atomic_dir, atomic_path
 
 PAPER_DEPTH0 = {"completion": 0.996, "memory": 1.0}  # one-step recurrent prefill, depth 0 (Fig. 7a)
 
@@ -55,12 +55,19 @@ def stage_figures(cfg, out: Path) -> None:
             plt.close(fig)
 
 
-def _ci(values: np.ndarray) -> str:
+def mean_ci(values) -> tuple[float, float, float]:
+    """Mean over cells (length x fold) and a normal 95 % interval over them, clipped to [0, 1]."""
     v = np.asarray(values, dtype=float)
     if len(v) < 2:
-        return f"{v.mean():.3f}"
+        m = v.mean() if len(v) else float("nan")
+        return m, m, m
     half = 1.96 * v.std(ddof=1) / np.sqrt(len(v))
-    return f"{v.mean():.3f} [{max(0, v.mean() - half):.3f}, {min(1, v.mean() + half):.3f}]"
+    return v.mean(), max(0, v.mean() - half), min(1, v.mean() + half)
+
+
+def _ci(values: np.ndarray) -> str:
+    m, lo, hi = mean_ci(values)
+    return f"{m:.3f}" if len(values) < 2 else f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
 def depth0_table(out: Path, models: list[str]) -> pd.DataFrame:
@@ -168,11 +175,12 @@ def stage_report(cfg, out: Path, times: dict) -> None:
     """Findings first (one sentence each, number, CI, figure), then every figure, then the full tables
     (collapsed in the HTML), then what was run."""
     from fbt_probe.reproduce.findings import findings, shipped_comparison
+    from fbt_probe.reproduce.pipeline import shipped_name
 
     title = f"fbt-probe reproduction — preset {cfg.preset}{' (quick)' if cfg.quick else ''}"
     sections = _sections(cfg, out, times)
     tables, (prov_head, prov_text, _) = sections[:-1], sections[-1]
-    source = ("the reference models shipped with the package (" + ", ".join(f"`ref:{cfg.preset}-{n}`" for n in cfg.models())
+    source = ("the reference models shipped with the package (" + ", ".join(f"`ref:{shipped_name(cfg, n)}`" for n in cfg.models())
               + "); `fbt-probe reproduce --train` retrains them") if cfg.shipped else \
         (f"the checkpoint `{cfg.model}`" if cfg.model else "models trained from scratch in this study")
     intro = f"Models: {source}. Stage times: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()) + "."
