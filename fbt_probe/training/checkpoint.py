@@ -10,7 +10,7 @@ import torch
 
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json
-from fbt_probe.model.checkpoint import LEGACY_FORMAT, load_checkpoint, save_checkpoint
+from fbt_probe.model.checkpoint import legacy_version, load_checkpoint, save_checkpoint
 from fbt_probe.provenance import provenance
 from fbt_probe.training.config import TrainConfig
 
@@ -39,7 +39,7 @@ def load_run(out: Path):
     if not isinstance(meta, dict) or "train" not in meta:
         raise FbtError(f"{out / 'config.json'}: field 'train' missing (not a training run folder)")
     cfg = TrainConfig.from_dict(meta["train"], source=f"{out / 'config.json'}: field 'train'",
-                                legacy=meta.get("fbt_probe_format") == LEGACY_FORMAT)
+                                legacy=legacy_version(meta.get("fbt_probe_format")))
     if cfg.arch == "hidden-decoding":
         from fbt_probe.hidden.checkpoint import load_hidden
 
