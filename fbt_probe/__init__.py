@@ -9,8 +9,9 @@ __version__ = "0.1.0"
 def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrides):
     """A preset name (random init from `seed`, config fields overridable), `ref:<name>` (a reference
     model shipped with the package, `fbt-probe model refs`), a checkpoint folder of
-    ours (latent-feedback or Hidden Decoding), or a Qwen3-format folder (config.json + safetensors;
-    fresh fusion weights are added). Returned in eval mode (no training noise on carried states);
+    ours (latent-feedback or Hidden Decoding), a nanochat latent-feedback checkpoint folder
+    (model_<step>.pt + meta_<step>.json, the last step; `fbt_probe.model.nanochat_import`), or a
+    Qwen3-format folder (config.json + safetensors; fresh fusion weights are added). Returned in eval mode (no training noise on carried states);
     training calls `.train()` itself."""
     import torch
 
@@ -37,6 +38,18 @@ def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrid
         return load_hidden(folder, device=device)
     if is_own_checkpoint(folder):
         return load_checkpoint(folder, device=device)
+    model = _load_other_kind(folder, device, seed)
+    if model is not None:
+        return model
     from fbt_probe.model.hf import import_qwen3
 
     return import_qwen3(folder, seed=seed).to(device).eval()
+
+
+def _load_other_kind(folder: Path, device: str, seed: int):
+    """Checkpoint kinds imported on the fly (None: not one of them). One place to add a kind."""
+    from fbt_probe.model.nanochat_import import is_nanochat_folder, load_nanochat
+
+    if is_nanochat_folder(folder):
+        return load_nanochat(folder, device=device, seed=seed).eval()
+    return None

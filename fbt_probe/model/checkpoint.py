@@ -102,5 +102,12 @@ def _load_state(model, state: dict[str, torch.Tensor], source: Path) -> None:
 
 
 def checkpoint_hash(folder: str | Path) -> str:
-    """sha256 of model.safetensors: the model identity recorded in every result's provenance."""
-    return sha256_file(Path(folder) / "model.safetensors")
+    """sha256 of model.safetensors: the model identity recorded in every result's provenance (of a
+    nanochat folder read directly: its model_<step>.pt)."""
+    folder = Path(folder)
+    if not (folder / "model.safetensors").is_file():
+        from fbt_probe.model.nanochat_import import is_nanochat_folder, steps
+
+        if is_nanochat_folder(folder):
+            return sha256_file(next(p for p in sorted(folder.glob("model_*.pt")) if int(p.stem.split("_")[1]) == steps(folder)[-1]))
+    return sha256_file(folder / "model.safetensors")
