@@ -187,7 +187,7 @@ def mean_gates(model, batches: list[PairBatch]) -> dict[str, torch.Tensor]:
     with torch.no_grad():
         for task, c in counts.items():
             ids = torch.nonzero(c, as_tuple=True)[0]
-            gates = torch.sigmoid(model.fusion.W_G(model.embed(ids.to(device_of(model)))))
+            gates = model.fusion.gate(model.token_embedding(ids.to(device_of(model))))
             w = c[ids].to(gates)
             out[task] = (gates * w[:, None]).sum(0) / w.sum()
     return out
@@ -197,7 +197,7 @@ def _gate_hooks(model, condition: str, batch: PairBatch, mean_gate: torch.Tensor
     D = model.cfg.d_model
     if condition == "bypass":
         with torch.no_grad():
-            plain = model.embed(batch.tokens[:, -1])
+            plain = model.plain_inputs(batch.tokens)[:, -1]  # the input without feedback (nanochat: normed and smeared)
         return [(FUSED, set_at(plain, position, model))]
     value = {"mean": mean_gate, "ones": torch.ones(D), "zero": torch.zeros(D)}[condition]
     return [(GATE, set_at(value.to(device_of(model)).expand(batch.n, D), position, model))]

@@ -259,7 +259,7 @@ def import_nanochat(folder: str | Path, step: int | None = None, seed: int = 0):
     if mc["latent_feedback"] and left:
         raise FbtError(f"{pt}: our model needs '{left[0]}', which the checkpoint does not provide")
     model.load_state_dict(ours, strict=False)
-    notes = _notes(meta, mc, dormant)
+    notes = _notes(meta, mc)
     record = {"source": str(folder), "step": step, "model_file": pt.name, "model_sha256": sha256_file(pt),
               "model_config": mc, "dormant_fusion_tensors": dormant, "fusion_seed": None if mc["latent_feedback"] else seed,
               "notes": notes}
@@ -273,7 +273,7 @@ def _passes(meta: dict):
     return None
 
 
-def _notes(meta: dict, mc: dict, dormant: list[str]) -> list[str]:
+def _notes(meta: dict, mc: dict) -> list[str]:
     notes = []
     if not mc["latent_feedback"]:
         notes.append("field 'model_config.latent_feedback' is false: the checkpoint has no fusion weights; fresh, "
@@ -281,9 +281,7 @@ def _notes(meta: dict, mc: dict, dormant: list[str]) -> list[str]:
     elif _passes(meta) == 1:
         notes.append("a 'standard' baseline (num_forward_passes 1): its fusion weights are dormant, never trained; "
                      "feedback modes run them as initialised")
-    if dormant:
-        notes.append(f"inactive fusion matrices of other modes left out: {', '.join(dormant)}")
-    return notes
+    return notes  # (the inactive fusion matrices every checkpoint carries are listed in the record, not here)
 
 
 def load_nanochat(folder: str | Path, device: str = "cpu", seed: int = 0, step: int | None = None):
