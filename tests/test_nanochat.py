@@ -298,3 +298,19 @@ def test_cli_import(tmp_path):
     toks = _toks(8)
     with torch.no_grad():
         assert torch.equal(loaded(toks, mode="jacobi:2"), direct(toks, mode="jacobi:2"))
+
+
+def test_interventions_on_a_fusion_without_gate(tmp_path):
+    """feedback-swap runs its state and value swaps (no gate hook to swap); gate-ablation refuses in one line."""
+    from fbt_probe.interventions.experiments import feedback_swap, gate_ablation
+    from fbt_probe.interventions.pairs import label_token_ids, pair_batches
+    from tests.helpers import task_pairs
+
+    mc, state = random_state(0, vocab_size=128, latent_feedback_mode="linear_addition")
+    model, *_ = import_nanochat(write_nanochat(tmp_path / "la", mc, state))
+    df, tok = task_pairs(2, tasks=("memory",))
+    batches = list(pair_batches(df, label_token_ids(df, tok), batch_size=8))
+    rows = feedback_swap(model, batches, min_gap=0.0)
+    assert set(rows["condition"]) == {"state", "value"}
+    with pytest.raises(FbtError, match="field 'fusion' is 'linear_addition'"):
+        gate_ablation(model, batches)

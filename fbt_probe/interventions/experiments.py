@@ -92,11 +92,12 @@ def feedback_swap(model, batches: Iterable[PairBatch], mode: str = "recurrent:1"
 def _swap_batch(model, batch: PairBatch, mode: str, min_gap: float, reuse: bool) -> list[pd.DataFrame]:
     require_feedback(mode, batch.T, "feedback-swap")
     pre = last_prefix(model, batch.tokens, mode, reuse)
-    ref, own = _reference(model, batch, mode, (FEEDBACK, VALUE, GATE), pre)
+    swaps = [(c, n) for c, n in (("state", FEEDBACK), ("value", VALUE), ("gate", GATE)) if n in model.hook_dict]  # no gate: nanochat's concat / addition fusions
+    ref, own = _reference(model, batch, mode, tuple(n for _, n in swaps), pre)
     base = batch.tokens[batch.partner]
     base_pre = None if pre is None else pre.select(batch.partner)  # partners are rows of the same batch
     rows = []
-    for condition, name in (("state", FEEDBACK), ("value", VALUE), ("gate", GATE)):
+    for condition, name in swaps:
         patched = final_logits(model, base, mode, [(name, set_at(own[name], batch.T - 1, model))], prefix=base_pre)
         rows.append(score(batch, ref, patched, min_gap, experiment="feedback-swap", condition=condition,
                           mode=mode, hook_rule=ONE_PASS, direction="denoising"))
