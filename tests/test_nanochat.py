@@ -314,3 +314,34 @@ def test_interventions_on_a_fusion_without_gate(tmp_path):
     assert set(rows["condition"]) == {"state", "value"}
     with pytest.raises(FbtError, match="field 'fusion' is 'linear_addition'"):
         gate_ablation(model, batches)
+
+
+def test_hidden_decoding_refuses_an_import(tmp_path):
+    from fbt_probe.hidden.model import HiddenDecodingTransformer
+
+    model, *_ = _load(tmp_path)
+    with pytest.raises(FbtError, match="field 'fusion'.*plain backbone"):
+        HiddenDecodingTransformer.from_base(model)
+
+
+def test_older_formats_load_with_extras_at_identity(tmp_path):
+    """A format fbt-probe/2 folder (no extras fields) loads and computes what it did."""
+    from fbt_probe.config import EXTRAS_DEFAULTS
+    from fbt_probe.model.checkpoint import save_checkpoint
+    from tests.helpers import make_model
+
+    model = make_model()
+    folder = save_checkpoint(model, tmp_path / "old")
+    meta = json.loads((folder / "config.json").read_text())
+    meta["fbt_probe_format"] = "fbt-probe/2"
+    for k in EXTRAS_DEFAULTS:
+        meta["model"].pop(k)
+    (folder / "config.json").write_text(json.dumps(meta))
+    again = fp.load_model(str(folder)).double()
+    toks = _toks(12, V=37)
+    with torch.no_grad():
+        assert torch.equal(again(toks, mode="full"), model(toks, mode="full"))
+    meta["fbt_probe_format"] = "fbt-probe/3"
+    (folder / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(FbtError, match="field 'fusion' missing"):
+        fp.load_model(str(folder))

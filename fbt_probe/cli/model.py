@@ -43,7 +43,8 @@ def info(
     for k, v in s["config"].items():
         typer.echo(f"  {k:18s} {v}")
     typer.echo(f"  layer types       {', '.join(t.split('_')[0] for t in s['layer_types'])}")
-    typer.echo(f"parameters: {s['parameters']:,}  (fusion W_U + W_G = 2·D² = {s['fusion_parameters_2D2']:,}, {100 * s['fusion_share']:.2f} %)")
+    mats = {"glu": "W_U + W_G", "gate_product": "W_U + W_G", "concat_projection": "W_C", "linear_addition": "W_U + W_T"}[model.cfg.fusion]
+    typer.echo(f"parameters: {s['parameters']:,}  (fusion {mats} = 2·D² = {s['fusion_parameters_2D2']:,}, {100 * s['fusion_share']:.2f} %)")
     typer.echo(f"hook points: {len(s['hook_names'])}")
     names = s["hook_names"] if hooks else [n for n in s["hook_names"] if not n.startswith("blocks.") or n.startswith("blocks.0.")]
     for n in names:
