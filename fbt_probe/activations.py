@@ -31,6 +31,7 @@ import torch
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import depth_name
 from fbt_probe.io import atomic_path, read_json, swap_in, temp_sibling, write_json
+from fbt_probe.model.nanochat_import import is_nanochat_folder
 from fbt_probe.shards import FORMAT, check_out_dir, read_shard, record_sha256, verify_finished, verify_shards
 from fbt_probe.shards import is_activation_folder, sidecar  # noqa: F401  (re-exported: the CLI and tests use them from here)
 
@@ -73,7 +74,7 @@ def _load_model(model, device: str | None):
         src = str(model)
         folder = Path(resolve(src))  # ref:<name> -> its verified folder (src stays the name, for provenance)
         loaded = fbt_probe.load_model(str(folder), device=device or "cpu")
-        if (folder / "model.safetensors").is_file():
+        if (folder / "model.safetensors").is_file() or is_nanochat_folder(folder):  # a file to hash
             from fbt_probe.model.checkpoint import checkpoint_hash
 
             tok = folder / "tokenizer.json"

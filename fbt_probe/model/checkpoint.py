@@ -106,7 +106,7 @@ def checkpoint_hash(folder: str | Path) -> str:
     nanochat folder read directly: its model_<step>.pt)."""
     folder = Path(folder)
     if not (folder / "model.safetensors").is_file():
-        from fbt_probe.model.nanochat_import import is_nanochat_folder, steps
+        from fbt_probe.model.nanochat_import import is_nanochat_folder, steps  # here: it imports this module
 
         if is_nanochat_folder(folder):
             return sha256_file(next(p for p in sorted(folder.glob("model_*.pt")) if int(p.stem.split("_")[1]) == steps(folder)[-1]))

@@ -31,6 +31,8 @@ import torch
 from fbt_probe.config import FLOAT32_EPS, ModelConfig
 from fbt_probe.errors import FbtError
 from fbt_probe.io import read_json, sha256_file
+from fbt_probe.model.checkpoint import save_checkpoint
+from fbt_probe.model.transformer import FeedbackTransformer
 
 DEFAULTS = {  # their GPTConfig defaults, and what their loader patches into an old meta
     "sequence_len": 2048, "vocab_size": 32768, "n_layer": 12, "n_head": 6, "n_kv_head": 6, "n_embd": 768,
@@ -239,8 +241,6 @@ def to_theirs(model, padded_vocab: int | None = None) -> dict[str, torch.Tensor]
 # ----------------------------------------------------------------------------- import
 def import_nanochat(folder: str | Path, step: int | None = None, seed: int = 0):
     """(our model, provenance record, notes) for their checkpoint folder at `step` (default: the last)."""
-    from fbt_probe.model.transformer import FeedbackTransformer
-
     folder = Path(folder)
     pt, meta_path, step = _files(folder, step)
     meta = read_json(meta_path, "nanochat meta")
@@ -294,8 +294,6 @@ def load_nanochat(folder: str | Path, device: str = "cpu", seed: int = 0, step: 
 
 def write_import(folder: str | Path, out: Path, step: int | None = None, seed: int = 0, tokenizer: Path | None = None):
     """Import and write our checkpoint folder into `out` (an empty or temporary folder). Returns the notes."""
-    from fbt_probe.model.checkpoint import save_checkpoint
-
     model, record, notes = import_nanochat(folder, step=step, seed=seed)
     save_checkpoint(model, out, tokenizer, extra={"imported_from": str(folder), "nanochat": json.loads(json.dumps(record))})
     return record, notes
