@@ -345,3 +345,12 @@ def test_older_formats_load_with_extras_at_identity(tmp_path):
     (folder / "config.json").write_text(json.dumps(meta))
     with pytest.raises(FbtError, match="field 'fusion' missing"):
         fp.load_model(str(folder))
+
+
+def test_export_hf_refuses_an_import(tmp_path):
+    from fbt_probe.model.hf import export_qwen3
+
+    model, *_ = _load(tmp_path)
+    with pytest.raises(FbtError, match="field 'fusion' is 'gate_product'"):
+        export_qwen3(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

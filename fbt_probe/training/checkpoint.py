@@ -39,7 +39,7 @@ def load_run(out: Path):
     if not isinstance(meta, dict) or "train" not in meta:
         raise FbtError(f"{out / 'config.json'}: field 'train' missing (not a training run folder)")
     cfg = TrainConfig.from_dict(meta["train"], source=f"{out / 'config.json'}: field 'train'",
-                                legacy=legacy_version(meta.get("fbt_probe_format")))
+                                legacy=legacy_version(meta.get("fbt_probe_format")) == 1)  # train fields changed only after /1
     if cfg.arch == "hidden-decoding":
         from fbt_probe.hidden.checkpoint import load_hidden
 
