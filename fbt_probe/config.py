@@ -149,6 +149,13 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def arch_of(obj) -> str:
+    """The architecture of a model or model config ('feedback' unless the config says otherwise):
+    the key of the per-architecture tables (loading, extraction, training)."""
+    cfg = getattr(obj, "cfg", obj)
+    return getattr(cfg, "arch", "feedback")
+
+
 def check_device(device: str | None) -> str | None:
     """`device` if torch can use it on this machine (None passes), else a one-line FbtError."""
     if device is None:

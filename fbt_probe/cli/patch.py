@@ -65,8 +65,9 @@ def patch(
     fbt-probe patch runs/tiny data/tasks --experiment attribution --mode standard,jacobi:2 --check 10 --out results/ ;
     fbt-probe patch runs/tiny data/tasks --experiment das --mode recurrent:1 --ks 1,2,4,8 --out results/
     """
-    from fbt_probe.interventions import PatchConfig, check_compatible, load_pairs, load_run_model, run as run_patch
+    from fbt_probe.interventions import PatchConfig, run as run_patch
     from fbt_probe.io import refuse_existing
+    from fbt_probe.loading import open_pairs
     from fbt_probe.model.modes import parse_modes
 
     cfg = PatchConfig(experiment=experiment, modes=tuple(str(m) for m in parse_modes(mode)), batch_size=batch_size,
@@ -78,10 +79,8 @@ def patch(
 
     replacing = refuse_existing(out / experiment, force, own=is_results_folder, kind=RESULTS_KIND)  # before loading anything
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
-    df = load_pairs(dataset, task_list)
-    model, info, tok = load_run_model(run, device=device, seed=seed)
-    check_compatible(model, df, tok)
-    res = run_patch(model, df, cfg, out=out, force=force, model_info=info, figures=figures)
+    lm, df = open_pairs(run, dataset, task_list, device=device, seed=seed)
+    res = run_patch(lm.model, df, cfg, out=out, force=force, model_info=lm.provenance(), figures=figures)
     _report(res)
     if replacing:
         typer.echo(f"replaced the earlier results in {out / experiment}")

@@ -24,7 +24,7 @@ import torch
 
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import act_name, depth_name
-from fbt_probe.interventions.hooks import capture, patch_rows_at, set_at, stitch
+from fbt_probe.interventions.edits import capture, patch_rows_at, set_at, stitch
 from fbt_probe.interventions.metrics import score
 from fbt_probe.interventions.pairs import PairBatch
 from fbt_probe.model.modes import parse_mode

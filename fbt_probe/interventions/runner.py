@@ -21,7 +21,7 @@ from fbt_probe.interventions.atp_parity import PARQUET_ONLY, attribution, parity
 from fbt_probe.interventions.das_experiment import das
 from fbt_probe.interventions.metrics import METRIC_HELP, summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
-from fbt_probe.interventions.probe_direction import erase_methods, probe_direction
+from fbt_probe.interventions.probe_edits import erase_methods, probe_direction
 from fbt_probe.model.modes import check_distinct, parse_mode
 
 FORMAT = "fbt-probe.interventions/1"

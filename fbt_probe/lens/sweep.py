@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import act_name, depth_name
 from fbt_probe.interventions.das_experiment import pair_components
-from fbt_probe.interventions.hooks import span
+from fbt_probe.interventions.edits import span
 from fbt_probe.interventions.metrics import bootstrap_ci
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.lens.lenses import TunedLens, fit_tuned_lens, kl_to, logit_lens

@@ -12,7 +12,7 @@ Why this equals the full re-run for every intervention that edits only positions
   `start` (the standard chunk of recurrent / full becomes range(start, T - k); each Jacobi pass
   covers range(start, T)), with the same `hook_context` phases and pass indices.
 `hook_context.positions` names global positions, so the position-aware hooks of
-`fbt_probe.interventions.hooks` act as in the full run; a hook that indexes from the end (x[:, -1])
+`fbt_probe.interventions.edits` act as in the full run; a hook that indexes from the end (x[:, -1])
 sees the same final positions. Logits at positions >= start equal the full run's up to float
 rounding (different shapes): tests/test_prefix.py checks every mode and rule in float64.
 """

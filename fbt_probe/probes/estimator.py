@@ -9,6 +9,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from fbt_probe.errors import FbtError
 from fbt_probe.probes.direction import ProbeDirection
 
 
@@ -74,3 +75,13 @@ class LinearProbe(ClassifierMixin, BaseEstimator):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = False
         return tags
+
+
+def fit_binary(X, y, C: float = 1.0) -> ProbeDirection:
+    """A `LinearProbe` fitted on labels 0/1, exported as its raw-space `ProbeDirection`
+    (`.direction`, `.predict`): what erasure, steering and DAS's probe comparison use."""
+    p = LinearProbe(C=C).fit(X, y).export()
+    if tuple(p.classes) != (0, 1):
+        raise FbtError(f"probe classes {p.classes}: expected (0, 1)")
+    return p
+

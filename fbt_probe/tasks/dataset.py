@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from fbt_probe._version import __version__
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json, refuse_existing, sha256_file, write_json
 from fbt_probe.tasks.generators import COLUMNS
 
 FORMAT = "fbt-probe.tasks.dataset/1"
+# what every later stage keeps of a sample beside its token ids (activation folders, probe tables)
+SAMPLE_COLUMNS = ("task", "pair_id", "group_id", "label", "label_word", "length_knob", "n_tokens")
 
 
 def arrow_schema():
@@ -60,7 +63,6 @@ def write_dataset(df: pd.DataFrame, out_dir, tokenizer, force: bool = False, tok
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from fbt_probe import __version__
     from fbt_probe.provenance import provenance
     from fbt_probe.tasks.tokenizer import save_tokenizer, tokenizer_sha256
 

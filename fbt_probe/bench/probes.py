@@ -2,7 +2,7 @@
 (lbfgs, 1 BLAS thread per fit, fits over cores with joblib) against scikit-learn with default
 settings in one plain loop, timed in the same run. Optionally the batched torch path too.
 
-Run it as `python benchmarks/bench_probes.py --out FILE.md` (see that script for the options).
+Run it as `fbt-probe bench probes --out FILE.md` (`--help` lists the options).
 """
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ def default_dataset(folder: Path) -> Path:
 # as os.wait4 reports it, would also count the RSS of this process at the fork)
 _CLI_WITH_PEAK = """
 import atexit, sys
-from fbt_probe.bench_model import peak_rss_mb
+from fbt_probe.bench.model import peak_rss_mb
 peak_file = sys.argv.pop(1)
 atexit.register(lambda: open(peak_file, "w").write(str(peak_rss_mb())))
 sys.argv[0] = "fbt-probe"
@@ -75,11 +75,12 @@ def _summary_diff(a: pd.DataFrame, b: pd.DataFrame) -> float:
 
 def compare_reuse(run: str, dataset: Path, experiments, mode: str, pairs: int, seed: int = 0) -> list[dict]:
     """Each experiment on `pairs` pairs per cell with prefix reuse on and off, in this process."""
-    from fbt_probe.interventions import PatchConfig, load_pairs, load_run_model
+    from fbt_probe.interventions import PatchConfig
     from fbt_probe.interventions.runner import analyse, run_experiment
+    from fbt_probe.loading import open_pairs
 
-    df = load_pairs(dataset)
-    model, _, _ = load_run_model(run, seed=seed)
+    lm, df = open_pairs(run, dataset, seed=seed)
+    model = lm.model
     rows = []
     for exp in experiments:
         times, summaries = {}, {}
