@@ -17,27 +17,15 @@ import pandas as pd
 
 from fbt_probe.errors import FbtError
 from fbt_probe.interventions import experiments as E
-from fbt_probe.interventions.atp_parity import PARQUET_ONLY, attribution, parity_table, split_rows
-from fbt_probe.interventions.das_experiment import das
+from fbt_probe.interventions.atp_parity import PARQUET_ONLY, split_rows
 from fbt_probe.interventions.metrics import METRIC_HELP, summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
-from fbt_probe.interventions.probe_edits import erase_methods, probe_direction
+from fbt_probe.interventions.probe_edits import erase_methods
+from fbt_probe.interventions.registry import EXPERIMENTS, HOOK_RULES
 from fbt_probe.model.modes import check_distinct, parse_mode
 
 FORMAT = "fbt-probe.interventions/1"
 RESULTS_KIND = "an interventions results folder (manifest.json of format fbt-probe.interventions/1)"
-EXPERIMENTS = ("feedback-swap", "state-replacement", "gate-ablation", "residual", "probe-direction", "attribution", "das")
-HOOK_RULES = {
-    "feedback-swap": "one-pass: fusion.* replaced at the final position in the one hooked pass (exact)",
-    "state-replacement": "one-pass: fusion.hook_feedback replaced at the final position (exact)",
-    "gate-ablation": "one-pass for the prefill mode; kv-step (model.step with hooks) for Soft decoding",
-    "residual": "serial (serial=True) when the mode carries a state, so patches ripple through the "
-                "feedback; one-pass under standard",
-    "probe-direction": "one-pass: the final position of each probe depth edited in the one hooked pass (exact)",
-    "attribution": "as residual: serial (serial=True) when the mode carries a state, so gradients flow through the "
-                   "carried states (and Jacobi passes); one-pass under standard",
-    "das": "one-pass: the final position's activation interchanged in the mode's final pass (exact)",
-}
 PREFIX_REUSE = ("positions before the first edited one (T-1; residual: each run's first patched position) "
                 "computed once per batch with hooks off, the rest per condition under the same hook rule")
 
@@ -117,7 +105,7 @@ def _number(v) -> bool:
 def _cell_filter(df: pd.DataFrame, cfg: PatchConfig):
     """(lengths, max_pairs) after the residual defaults (shortest knob per task, 16 pairs)."""
     lengths, max_pairs = cfg.lengths, cfg.max_pairs
-    if cfg.experiment in ("residual", "attribution"):
+    if EXPERIMENTS[cfg.experiment].default_cells:
         if lengths is None:
             lengths = tuple(sorted(set(int(k) for k in df.groupby("task")["length_knob"].min())))
         if max_pairs is None:
@@ -136,27 +124,7 @@ def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | 
     out, notes, tables = [], [], {}
     for mode in cfg.modes:
         batches = list(pair_batches(df, label_ids, cfg.batch_size, max_pairs, lengths))
-        base = dict(mode=mode, min_gap=cfg.min_gap)  # attribution and DAS need the whole forward (gradients, interchange)
-        args = dict(base, reuse=cfg.prefix_reuse)
-        if cfg.experiment == "feedback-swap":
-            w = E.feedback_swap(model, batches, **args)
-        elif cfg.experiment == "state-replacement":
-            w = E.state_replacement(model, batches, seed=cfg.seed, **args)
-        elif cfg.experiment == "gate-ablation":
-            w = E.gate_ablation(model, batches, decoding=cfg.decoding, **args)
-        elif cfg.experiment == "residual":
-            w = E.residual_patching(model, batches, depths=cfg.depths, last_k=cfg.last_k,
-                                    batch_size=max(cfg.batch_size, 2), **args)
-        elif cfg.experiment == "attribution":
-            w = attribution(model, batches, hooks=cfg.hooks, last_k=cfg.last_k, check=cfg.check, seed=cfg.seed,
-                            batch_size=max(cfg.batch_size, 2), **base)
-            w.attrs["tables"] = {"parity": parity_table(w, cfg.n_boot, cfg.ci, cfg.seed)}
-        elif cfg.experiment == "das":
-            w = das(model, batches, hooks=cfg.hooks, ks=cfg.ks, steps=cfg.steps, lr=cfg.lr, n_folds=cfg.n_folds,
-                    seed=cfg.seed, **base)
-        else:
-            w = probe_direction(model, batches, depths=cfg.depths, scales=cfg.scales, n_folds=cfg.n_folds,
-                                erase=cfg.erase, seed=cfg.seed, **args)
+        w = EXPERIMENTS[cfg.experiment](model, batches, cfg, mode)
         notes += [f"{mode}: {n}" for n in w.attrs.get("notes", [])]
         for name, t in w.attrs.pop("tables", {}).items():  # DataFrames in attrs would break pd.concat
             tables.setdefault(name, []).append(t)

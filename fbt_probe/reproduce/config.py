@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fbt_probe.interventions.registry import EXPERIMENTS as REGISTRY
 from fbt_probe.reference import folder
 from fbt_probe.tasks import build_tokenizer, load_tokenizer
 from fbt_probe.training.config import TrainConfig
@@ -17,7 +18,8 @@ FEEDBACK_MODES = ["standard", "recurrent:1", "jacobi:2"]
 # the paper's register conditions; recurrent:k names the paper's k-token suffix, mapped to this
 # tokenizer's token count through the dataset manifest (`suffix_modes`; identity for the built-in one)
 REGISTER_MODES = ["standard", "recurrent:1", "recurrent:2", "recurrent:4", "full", "jacobi:2"]
-EXPERIMENTS = ("feedback-swap", "state-replacement", "gate-ablation", "residual", "probe-direction")
+# the exact causal experiments of the study, in the registry's order, each under its study modes
+EXPERIMENTS = tuple(name for name, e in REGISTRY.items() if e.study_modes)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from fbt_probe.model.checkpoint import checkpoint_hash
 from fbt_probe.probes.sweep import ProbeConfig, probe_sweep, write_results
 from fbt_probe.reference import names, record
 from fbt_probe.reproduce import methods as M
+from fbt_probe.interventions.registry import EXPERIMENTS as REGISTRY
 from fbt_probe.reproduce.config import (EXPERIMENTS, FEEDBACK_MODES, LONG_KNOBS, PROBE_KNOBS, QUICK_KNOBS,  # noqa: F401
                                        REGISTER_MODES, ReproConfig, model_path, shipped_name, train_config)
 from fbt_probe.reproduce.config import tokenizer as _tokenizer
@@ -117,7 +118,7 @@ def stage_patch(cfg: ReproConfig, out: Path, name: str) -> None:
     info = {"model": str(path), "checkpoint_sha256": checkpoint_hash(path)}
     lengths = tuple(sorted({k for ks in cfg.patch_knobs.values() for k in ks}))
     for exp in EXPERIMENTS:
-        modes = ("standard", "recurrent:1") if exp in ("residual", "probe-direction") else ("recurrent:1",)
+        modes = REGISTRY[exp].study_modes
         pc = PatchConfig(experiment=exp, modes=modes, max_pairs=cfg.patch_pairs, lengths=lengths, seed=cfg.seed,
                          n_boot=300 if cfg.quick else 1000, last_k=(3 if cfg.quick else 4) if exp == "residual" else None,
                          n_folds=4, scales=(1.0, 4.0))  # the 15-minute study's budget: last 4 positions, 2 scales
