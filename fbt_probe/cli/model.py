@@ -139,7 +139,7 @@ def pack(
 
     from fbt_probe.errors import FbtError
     from fbt_probe.reference import ROOT
-    from fbt_probe.reference.pack import pack as do_pack
+    from fbt_probe.training.pack import pack as do_pack
 
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
         raise FbtError(f"--name {name!r}: expected lower-case letters, digits and '-'")

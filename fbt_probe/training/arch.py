@@ -63,9 +63,12 @@ class Arch:
     val_losses: Callable[..., dict]  # (model, cfg, tokenizer, max_passes) -> {name: loss}
     eval_modes: tuple[str, ...] | None  # decodings of `fbt-probe eval` (None: answer_accuracy's default)
     val_label: str  # how `fbt-probe eval` names the losses
+    kind: str | None = None  # how a model card names it (None: latent feedback, or its no-feedback baseline)
+    needs_init: bool = False  # trained from a checkpoint its config does not record (no retrain line of its own)
 
 
 ARCHS: dict[str, Arch] = {
     "feedback": Arch(feedback_initial_model, feedback_val_loss, None, "validation loss per pass: "),
-    HIDDEN_ARCH: Arch(hidden_initial_model, hidden_val_loss, ("standard",), "validation loss (one pass, last streams): "),
+    HIDDEN_ARCH: Arch(hidden_initial_model, hidden_val_loss, ("standard",), "validation loss (one pass, last streams): ",
+                      kind="Hidden Decoding (n streams per token, one pass)", needs_init=True),
 }

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fbt_probe.errors import FbtError
+from fbt_probe.hidden.config import ARCH as HIDDEN_ARCH
 
 PAPER_SCHEDULE = "1:0.75,2:0.22,3:0.03"
 
@@ -100,13 +101,13 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         sched = self.schedule_obj  # validates
-        if self.arch not in ARCHS:
-            raise FbtError(f"train config: field 'arch' must be one of {ARCHS}, got {self.arch!r}")
+        if self.arch not in ARCH_NAMES:
+            raise FbtError(f"train config: field 'arch' must be one of {ARCH_NAMES}, got {self.arch!r}")
         if self.arch == "feedback" and self.streams != 1:
             raise FbtError("train config: field 'streams' applies to arch 'hidden-decoding' only")
         if self.cross_stream_layers is not None:
             object.__setattr__(self, "cross_stream_layers", tuple(self.cross_stream_layers))
-        if (self.baseline or self.arch == "hidden-decoding") and str(sched) != "constant:1":
+        if (self.baseline or self.arch in ONE_PASS_ARCHS) and str(sched) != "constant:1":
             object.__setattr__(self, "schedule", "constant:1")  # no feedback passes to draw
         if self.dtype not in ("float32", "bfloat16"):
             raise FbtError(f"train config: field 'dtype' must be float32 or bfloat16, got {self.dtype!r}")
@@ -176,7 +177,8 @@ def equal_cell_shares(tasks, knobs: dict | None = None) -> dict:
     return {t: n[t] / sum(n.values()) for t in tasks}
 
 
-ARCHS = ("feedback", "hidden-decoding")
+ARCH_NAMES = ("feedback", HIDDEN_ARCH)  # each has its row in fbt_probe.training.arch.ARCHS
+ONE_PASS_ARCHS = (HIDDEN_ARCH,)  # no feedback passes: the schedule is always constant:1
 DEFAULT_TASK_SHARES = {"completion": 0.5, "memory": 0.25, "registers": 0.25, "registers-count": 0.25}
 # The training lengths: the short end of each task's grid (probe sets go past them with --long).
 TRAIN_KNOBS = {"completion": [0, 8, 32], "memory": [0, 8, 32], "registers": [2, 4, 8], "registers-count": [1, 2, 4, 8]}
