@@ -45,9 +45,17 @@ from fbt_probe.model.modes import check_distinct, parse_mode
 from fbt_probe.model.prefix import build_prefix
 from fbt_probe.model.transformer import FeedbackTransformer
 from fbt_probe.provenance import provenance
+from fbt_probe.shards import (  # noqa: F401  (re-exported: the CLI and tests use them from here)
+    FORMAT,
+    check_out_dir,
+    is_activation_folder,
+    read_shard,
+    record_sha256,
+    sidecar,
+    verify_finished,
+    verify_shards,
+)
 from fbt_probe.tasks import SAMPLE_COLUMNS
-from fbt_probe.shards import FORMAT, check_out_dir, read_shard, record_sha256, verify_finished, verify_shards
-from fbt_probe.shards import is_activation_folder, sidecar  # noqa: F401  (re-exported: the CLI and tests use them from here)
 
 REFERENCE_MODE = "carried-state"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}

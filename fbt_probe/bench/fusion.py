@@ -15,19 +15,16 @@ CUDA timings use `triton.testing.do_bench` (device events, L2 flushed between ca
 """
 from __future__ import annotations
 
-import json
 import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from fbt_probe.errors import FbtError
-from fbt_probe.io import atomic_path, refuse_existing
 from fbt_probe.provenance import provenance
 
 DEFAULT_ROWS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
@@ -164,7 +161,6 @@ def _rel_err(out: torch.Tensor, value, gate, weight, eps) -> float:
 
 def bench_rows(cfg: FusionBenchConfig, device: torch.device, dtype: torch.dtype, timer, fused: bool) -> list[dict]:
     import fbt_probe.kernels as K
-
     from fbt_probe.model.fusion import _fast_path, epilogue
 
     reference = _reference()

@@ -22,6 +22,9 @@ import time
 
 import torch
 
+from fbt_probe.loading import load_model
+from fbt_probe.provenance import provenance
+
 
 def _median_of(fn, repeats: int) -> float:
     fn()  # warm-up: first-call allocations and kernel selection
@@ -78,9 +81,6 @@ def peak_memory(preset: str, mode: str, batch: int, T: int) -> dict:
 @torch.no_grad()
 def run_model_bench(preset: str = "tiny", batch: int = 8, seq: int = 1024, full_batches=(8, 1), cache_batch: int = 8,
                     cache_seq: int = 256, repeats: int = 3, memory: bool = True) -> dict:
-    from fbt_probe.loading import load_model
-    from fbt_probe.provenance import provenance
-
     model = load_model(preset).eval()
     V = model.cfg.d_vocab
     toks = _tokens(V, batch, seq, 0)

@@ -23,13 +23,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fbt_probe.interventions import PatchConfig
+from fbt_probe.interventions.runner import analyse, run_experiment
+from fbt_probe.loading import open_pairs
+from fbt_probe.provenance import provenance
+from fbt_probe.tasks import build_tokenizer, generate, load_spec, write_dataset
+
 EXPERIMENTS = ("feedback-swap", "state-replacement", "gate-ablation", "residual", "probe-direction")
 
 
 def default_dataset(folder: Path) -> Path:
     """The completion dataset of `fbt-probe tasks generate completion` (spec defaults), in `folder`."""
-    from fbt_probe.tasks import build_tokenizer, generate, load_spec, write_dataset
-
     spec = load_spec("completion")
     tok = build_tokenizer([spec])
     write_dataset(generate(spec, tokenizer=tok), folder, tok, tokenizer_source="builtin")
@@ -75,10 +79,6 @@ def _summary_diff(a: pd.DataFrame, b: pd.DataFrame) -> float:
 
 def compare_reuse(run: str, dataset: Path, experiments, mode: str, pairs: int, seed: int = 0) -> list[dict]:
     """Each experiment on `pairs` pairs per cell with prefix reuse on and off, in this process."""
-    from fbt_probe.interventions import PatchConfig
-    from fbt_probe.interventions.runner import analyse, run_experiment
-    from fbt_probe.loading import open_pairs
-
     lm, df = open_pairs(run, dataset, seed=seed)
     model = lm.model
     rows = []
@@ -104,7 +104,6 @@ def run_patch_bench(run: str = "tiny", dataset: Path | None = None, experiments=
     """`progress(line)` hears each command's result as it finishes."""
     import torch
 
-    from fbt_probe.provenance import provenance
 
     with tempfile.TemporaryDirectory(prefix="fbt-bench-patch-") as tmp:
         tmp = Path(tmp)

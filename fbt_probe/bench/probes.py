@@ -11,6 +11,10 @@ import warnings
 
 import numpy as np
 
+from fbt_probe.probes import ProbeConfig, grouped_splits
+from fbt_probe.probes.fit_cpu import INLINE_WORK, fit_cells_sklearn, resolve_jobs
+from fbt_probe.provenance import provenance
+
 
 def synthetic_activations(n: int = 1600, d: int = 1536, depths: int = 25, seed: int = 0):
     """(X [depths, n, d] float32, labels [n], groups [n]): minimal pairs (one group per pair), an
@@ -56,8 +60,6 @@ def bench_probe_sweep(n: int = 1600, d: int = 1536, depths: int = 25, folds: int
     """Time one sweep (`depths` x `folds` fits, no control task) three or four ways; returns a dict."""
     from threadpoolctl import threadpool_info
 
-    from fbt_probe.probes import ProbeConfig, grouped_splits
-    from fbt_probe.probes.fit_cpu import INLINE_WORK, fit_cells_sklearn, resolve_jobs
 
     X, y, groups = synthetic_activations(n, d, depths, seed)
     splits = grouped_splits(y, groups, n_splits=folds)
@@ -86,7 +88,6 @@ def bench_probe_sweep(n: int = 1600, d: int = 1536, depths: int = 25, folds: int
         t_torch = time.perf_counter() - start  # results are on the host already: the device is synchronized
         result.update(torch_path_s=t_torch, torch_device=dev, torch_speedup=t_default / t_torch,
                       torch_max_abs_accuracy_diff=float(np.abs(batched["accuracy"][:, 0] - acc_default).max()))
-    from fbt_probe.provenance import provenance
 
     result["provenance"] = provenance(seed=seed)
     return result

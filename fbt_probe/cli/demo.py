@@ -19,8 +19,8 @@ def register(app: typer.Typer) -> None:
         """
         import torch
 
-        from fbt_probe.loading import load_model
         from fbt_probe.cli.model import model_summary
+        from fbt_probe.loading import load_model
         from fbt_probe.model import generate
 
         model = load_model("tiny", seed=seed).eval()

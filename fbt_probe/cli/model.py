@@ -30,8 +30,8 @@ def info(
     """
     import torch
 
-    from fbt_probe.loading import load_model
     from fbt_probe.config import PRESETS
+    from fbt_probe.loading import load_model
 
     if source in PRESETS and source != "tiny":
         with torch.device("meta"):
@@ -88,8 +88,8 @@ def export_hf(
 
     Example: fbt-probe model export-hf runs/imported ./qwen3-again
     """
-    from fbt_probe.loading import load_model
     from fbt_probe.io import atomic_dir, refuse_existing
+    from fbt_probe.loading import load_model
     from fbt_probe.model.hf import export_qwen3, is_qwen3_folder
 
     own = dict(own=is_qwen3_folder, kind="a Qwen3-format folder")

@@ -65,7 +65,8 @@ def patch(
     fbt-probe patch runs/tiny data/tasks --experiment attribution --mode standard,jacobi:2 --check 10 --out results/ ;
     fbt-probe patch runs/tiny data/tasks --experiment das --mode recurrent:1 --ks 1,2,4,8 --out results/
     """
-    from fbt_probe.interventions import PatchConfig, run as run_patch
+    from fbt_probe.interventions import PatchConfig
+    from fbt_probe.interventions import run as run_patch
     from fbt_probe.io import refuse_existing
     from fbt_probe.loading import open_pairs
     from fbt_probe.model.modes import parse_modes

@@ -12,10 +12,18 @@ column then runs over (stream, layer) (`stream_depth`, `split_stream_depth`); fi
 """
 from fbt_probe.hidden.checkpoint import is_hidden_checkpoint, load_hidden, save_checkpoint
 from fbt_probe.hidden.config import ARCH, HiddenConfig
-from fbt_probe.hidden.model import HiddenDecodingTransformer, StreamAttention, StreamBlock, attended_pairs
 from fbt_probe.hidden.loss import hidden_loss
-from fbt_probe.hidden.streams import (split_stream_depth, split_streams, stream_depth, stream_index, stream_mask,
-                                      stream_position, stream_slice, token_index)
+from fbt_probe.hidden.model import HiddenDecodingTransformer, StreamAttention, StreamBlock, attended_pairs
+from fbt_probe.hidden.streams import (
+                                      split_stream_depth,
+                                      split_streams,
+                                      stream_depth,
+                                      stream_index,
+                                      stream_mask,
+                                      stream_position,
+                                      stream_slice,
+                                      token_index,
+)
 
 __all__ = [
     "ARCH", "HiddenConfig", "HiddenDecodingTransformer", "StreamAttention", "StreamBlock", "attended_pairs",

@@ -18,12 +18,12 @@ import torch
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import act_name, depth_name
 from fbt_probe.interventions.attribution import check_hooks, depth_of
-from fbt_probe.interventions.das import Examples, FinalStep, fit_rotations, haar, intervened_logits, iia, subspace_cosine
+from fbt_probe.interventions.das import Examples, FinalStep, fit_rotations, haar, iia, intervened_logits, subspace_cosine
 from fbt_probe.interventions.experiments import ONE_PASS, device_of
 from fbt_probe.interventions.metrics import score
 from fbt_probe.interventions.pairs import PairBatch
-from fbt_probe.probes import fit_binary, grouped_folds
 from fbt_probe.model.modes import parse_mode
+from fbt_probe.probes import fit_binary, grouped_folds
 
 FEEDBACK = act_name("fusion_feedback")
 KS = (1, 2, 4, 8)

@@ -23,8 +23,8 @@ from concept_erasure import LeaceFitter
 
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import depth_name
-from fbt_probe.interventions.experiments import ONE_PASS, _reference, device_of, final_logits, last_prefix
 from fbt_probe.interventions.edits import edit_at, rank_one_edit
+from fbt_probe.interventions.experiments import ONE_PASS, _reference, device_of, final_logits, last_prefix
 from fbt_probe.interventions.metrics import score
 from fbt_probe.probes import fit_binary, grouped_folds
 

@@ -22,7 +22,9 @@ from fbt_probe.interventions.metrics import METRIC_HELP, summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.probe_edits import erase_methods
 from fbt_probe.interventions.registry import EXPERIMENTS, HOOK_RULES
+from fbt_probe.io import atomic_dir, read_json, write_json
 from fbt_probe.model.modes import check_distinct, parse_mode
+from fbt_probe.provenance import provenance
 
 FORMAT = "fbt-probe.interventions/1"
 RESULTS_KIND = "an interventions results folder (manifest.json of format fbt-probe.interventions/1)"
@@ -171,8 +173,6 @@ def dataset_hash(df: pd.DataFrame) -> str:
 
 
 def manifest_for(cfg: PatchConfig, long: pd.DataFrame, notes: list[str], model_info: dict, df: pd.DataFrame) -> dict:
-    from fbt_probe.provenance import provenance
-
     extra = {}
     if cfg.experiment == "probe-direction":
         methods = erase_methods(cfg.erase)
@@ -199,8 +199,6 @@ def _leace_version() -> str:
 
 def is_results_folder(path: Path) -> bool:
     """A folder written by `write_results` (its manifest has our format)."""
-    from fbt_probe.io import read_json
-
     try:
         meta = read_json(Path(path) / "manifest.json")
     except FbtError:
@@ -209,8 +207,6 @@ def is_results_folder(path: Path) -> bool:
 
 
 def write_results(res: Results, out_dir: Path, force: bool = False, figures: bool = True) -> Path:
-    from fbt_probe.io import atomic_dir, write_json
-
     with atomic_dir(out_dir, force=force, own=is_results_folder, kind=RESULTS_KIND) as tmp:
         for name, table in (("rows", res.rows), ("summary", res.summary), *res.tables.items()):
             table.to_parquet(tmp / f"{name}.parquet", index=False)

@@ -25,8 +25,11 @@ from fbt_probe.interventions.das_experiment import pair_components
 from fbt_probe.interventions.edits import span
 from fbt_probe.interventions.metrics import bootstrap_ci
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
+from fbt_probe.interventions.runner import dataset_hash
+from fbt_probe.io import atomic_dir, read_json, write_json
 from fbt_probe.lens.lenses import TunedLens, fit_tuned_lens, kl_to, logit_lens
 from fbt_probe.model.modes import check_distinct, parse_mode
+from fbt_probe.provenance import provenance
 
 FORMAT = "fbt-probe.lens/1"
 LENS_KIND = "a lens results folder (manifest.json of format fbt-probe.lens/1)"
@@ -80,7 +83,6 @@ def is_lens_folder(path) -> bool:
     """A folder written by `write_lens` (its manifest has our format)."""
     from pathlib import Path
 
-    from fbt_probe.io import read_json
 
     try:
         meta = read_json(Path(path) / "manifest.json")
@@ -224,9 +226,6 @@ def write_lens(res: LensResult, out_dir, df: pd.DataFrame, model_info: dict | No
     manifest.json (config, metric definitions, provenance) and figures/lens.png; written atomically."""
     from pathlib import Path
 
-    from fbt_probe.interventions.runner import dataset_hash
-    from fbt_probe.io import atomic_dir, write_json
-    from fbt_probe.provenance import provenance
 
     files = []
     with atomic_dir(Path(out_dir), force=force, own=is_lens_folder, kind=LENS_KIND) as tmp:

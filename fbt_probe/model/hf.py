@@ -7,7 +7,6 @@ checkpoint has no depth scaling, so its pre-norm top state is not O(1).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -17,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from fbt_probe.config import ModelConfig
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json, write_json
+from fbt_probe.model.transformer import FeedbackTransformer
 
 _REQUIRED = object()
 _BLOCK_MAP = {  # ours -> Qwen3, inside a layer
@@ -153,8 +153,6 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def import_qwen3(folder: str | Path, seed: int = 0):
-    from fbt_probe.model.transformer import FeedbackTransformer
-
     folder = Path(folder)
     cfg = config_from_qwen3(read_json(folder / "config.json", "Qwen3 config"), str(folder / "config.json"))
     state = _read_weights(folder)

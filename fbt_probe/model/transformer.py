@@ -35,7 +35,7 @@ from fbt_probe.errors import FbtError
 from fbt_probe.model.components import Block, Hk, HookedRMSNorm, KVCache, hooked, silent
 from fbt_probe.model.fusion import Fusion
 from fbt_probe.model.modes import Mode, parse_mode
-
+from fbt_probe.model.serial_cache import run_with_serial_cache
 
 SILENT_CHUNK_TOKENS = 8192  # batch x positions per chunk of a silent pass through the KV cache (memory bound)
 
@@ -126,7 +126,6 @@ class FeedbackTransformer(HookedRootModule):
         per pass); see `fbt_probe.model.serial_cache`."""
         if not serial:
             return super().run_with_cache(*model_args, **kwargs)
-        from fbt_probe.model.serial_cache import run_with_serial_cache
 
         return run_with_serial_cache(self, *model_args, **kwargs)
 

@@ -8,10 +8,25 @@
 """
 from fbt_probe.probes.direction import ProbeDirection
 from fbt_probe.probes.estimator import LinearProbe, fit_binary
-from fbt_probe.probes.splits import (GroupLeakError, check_group_disjoint, control_labels, grouped_folds, grouped_splits,
-                                     majority_baseline)
-from fbt_probe.probes.sweep import (METRICS, ProbeConfig, SweepResult, fit_cells, fit_direction, probe_condition,
-                                    probe_sweep, summarize, write_results)
+from fbt_probe.probes.splits import (
+                                     GroupLeakError,
+                                     check_group_disjoint,
+                                     control_labels,
+                                     grouped_folds,
+                                     grouped_splits,
+                                     majority_baseline,
+)
+from fbt_probe.probes.sweep import (
+                                     METRICS,
+                                     ProbeConfig,
+                                     SweepResult,
+                                     fit_cells,
+                                     fit_direction,
+                                     probe_condition,
+                                     probe_sweep,
+                                     summarize,
+                                     write_results,
+)
 
 __all__ = [
     "METRICS", "GroupLeakError", "LinearProbe", "ProbeConfig", "ProbeDirection", "SweepResult",

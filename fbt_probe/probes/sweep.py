@@ -9,11 +9,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fbt_probe.activations import ActivationStore
+from fbt_probe.config import check_device
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, refuse_existing, write_json
+from fbt_probe.probes.estimator import LinearProbe
 from fbt_probe.probes.fit_cpu import fit_cells_sklearn
-from fbt_probe.probes.splits import (CV_KINDS, TooFewGroupsError, control_labels, grouped_splits,
-                                     majority_baseline)
+from fbt_probe.probes.splits import CV_KINDS, TooFewGroupsError, control_labels, grouped_splits, majority_baseline
+from fbt_probe.provenance import provenance
 
 BACKENDS = ("auto", "sklearn", "torch")
 METRICS = ("accuracy", "train_accuracy", "majority_baseline", "control_accuracy", "selectivity")
@@ -58,7 +61,6 @@ class ProbeConfig:
             raise FbtError("probe config: C, max_iter and tol must be positive")
         if isinstance(self.n_splits, bool) or not isinstance(self.n_splits, int) or self.n_splits < 2:
             raise FbtError(f"probe config: field 'n_splits' (--folds) must be an integer >= 2, got {self.n_splits!r}")
-        from fbt_probe.config import check_device
 
         check_device(self.device)
 
@@ -155,9 +157,6 @@ def _depth0_flags(X, depths, acc_mean, majority_mean, key, cfg) -> list[dict]:
 
 def probe_sweep(store, cfg: ProbeConfig = ProbeConfig(), *, modes=None, progress=None) -> SweepResult:
     """Probe every (mode, task, length) cell of an `ActivationStore` (or its folder)."""
-    from fbt_probe.activations import ActivationStore
-    from fbt_probe.provenance import provenance
-
     store = store if isinstance(store, ActivationStore) else ActivationStore(store)
     store.verify()  # every shard, before any fit
     model = store.manifest["model"]["source"]
@@ -190,9 +189,6 @@ def probe_sweep(store, cfg: ProbeConfig = ProbeConfig(), *, modes=None, progress
 def fit_direction(store, mode: str, task: str, length: int, depth: int, C: float = 1.0):
     """A probe fitted on every sample of one cell, as a frozen `ProbeDirection` (for interventions:
     erase or steer along it). `meta` records the cell and the training accuracy."""
-    from fbt_probe.activations import ActivationStore
-    from fbt_probe.probes.estimator import LinearProbe
-
     store = store if isinstance(store, ActivationStore) else ActivationStore(store)
     X, rows, targets = store.load(mode, task, length)
     depths = [t.depth for t in targets]

@@ -10,6 +10,7 @@ import pandas as pd
 
 from fbt_probe.activations import extract
 from fbt_probe.errors import FbtError
+from fbt_probe.interventions.registry import EXPERIMENTS as REGISTRY
 from fbt_probe.interventions.runner import PatchConfig, run
 from fbt_probe.io import atomic_dir, atomic_path, read_json
 from fbt_probe.loading import load_model, load_pairs
@@ -17,9 +18,18 @@ from fbt_probe.model.checkpoint import checkpoint_hash
 from fbt_probe.probes.sweep import ProbeConfig, probe_sweep, write_results
 from fbt_probe.reference import names, record
 from fbt_probe.reproduce import methods as M
-from fbt_probe.interventions.registry import EXPERIMENTS as REGISTRY
-from fbt_probe.reproduce.config import (EXPERIMENTS, FEEDBACK_MODES, LONG_KNOBS, PROBE_KNOBS, QUICK_KNOBS,  # noqa: F401
-                                       REGISTER_MODES, ReproConfig, model_path, shipped_name, train_config)
+from fbt_probe.reproduce.config import (  # noqa: F401
+    EXPERIMENTS,
+    FEEDBACK_MODES,
+    LONG_KNOBS,
+    PROBE_KNOBS,
+    QUICK_KNOBS,
+    REGISTER_MODES,
+    ReproConfig,
+    model_path,
+    shipped_name,
+    train_config,
+)
 from fbt_probe.reproduce.config import tokenizer as _tokenizer
 from fbt_probe.reproduce.report import stage_figures, stage_report
 from fbt_probe.reproduce.stages import Runner, Stage

@@ -8,10 +8,9 @@ import json
 import re
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-
-import matplotlib.pyplot as plt
 
 from fbt_probe.figures import draw, save_figure
 from fbt_probe.io import atomic_dir, atomic_path
@@ -21,6 +20,7 @@ from fbt_probe.reproduce.config import model_path, shipped_name
 from fbt_probe.reproduce.findings import findings, shipped_comparison
 from fbt_probe.reproduce.methods import figure_jobs, methods_section
 from fbt_probe.reproduce.tables import PAPER_DEPTH0, _summary, mean_ci  # noqa: F401  (mean_ci: re-exported)
+
 
 def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
     probes = {n: pd.read_parquet(out / "results" / "probes" / n / "probes.parquet") for n in cfg.models()}
