@@ -1,11 +1,11 @@
-"""Causal interventions over minimal pairs (DESIGN §6): pure hook functions + experiments -> tidy tables.
+"""Causal interventions over minimal pairs (docs/interventions.md): pure hook functions + experiments -> tidy tables.
 
     from fbt_probe.interventions import PatchConfig, run, load_pairs
     df = load_pairs("data/tasks")                                  # dataset file or folder
     res = run(model, df, PatchConfig("feedback-swap", modes=("recurrent:1",)), out="results")
     res.summary.query("metric == 'normalized' and length_knob == -1")
 
-Hook rules (DESIGN §2): feedback-swap, state-replacement, gate-ablation and probe-direction edit
+Hook rules (docs/modes.md): feedback-swap, state-replacement, gate-ablation and probe-direction edit
 the final position in the one hooked pass (exact); residual patching uses `serial=True` when the
 mode carries a state; Soft decoding uses the KV-cache step path with hooks on. Every experiment
 computes the positions before its first edit once per batch (`fbt_probe.model.prefix`; off with

@@ -5,7 +5,7 @@ baselines: a random rotation (the trained one's starting point) and the full-vec
 fitted on the same training pairs, and that probe's held-out accuracy.
 
 Run it on the no-feedback baseline model too: its fusion is untrained, the control for the feedback
-channel (DESIGN §5).
+channel (docs/probes.md).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Experiments on the fused input and the residual stream (DESIGN §6.1-6.4) -> wide result rows.
+"""Experiments on the fused input and the residual stream (docs/interventions.md) -> wide result rows.
 
-Hook rule per experiment (DESIGN §2):
+Hook rule per experiment (docs/modes.md):
 - feedback swap, state replacement, gate ablation: **one-pass**. They edit `fusion.*` at the final
   position T-1 in the one hooked pass; nothing later depends on that position, so the edit is exact.
 - gate ablation under Soft decoding: the KV-cache step path (`model.step` with hooks on), the

@@ -34,15 +34,48 @@ PREFIX_REUSE = ("positions before the first edited one (T-1; residual: each run'
 
 @dataclass(frozen=True)
 class PatchConfig:
+    """What `run` does: one experiment of the registry, its modes, cells and options (validated here,
+    so a bad value is a one-line error before any model runs).
+
+    Each experiment reads the fields named by its options dataclass
+    (`fbt_probe.interventions.registry`); the others are ignored. Every field is recorded in the
+    manifest's provenance.
+
+    Parameters
+    ----------
+    experiment : str
+        A key of `registry.EXPERIMENTS`: feedback-swap, state-replacement, gate-ablation, residual,
+        probe-direction, attribution or das.
+    modes : tuple of str, default ("recurrent:1",)
+        Prefill modes, each run separately (docs/modes.md).
+    batch_size, min_gap, n_boot, ci, seed, max_pairs, lengths, depths, last_k, scales, n_folds, erase,
+    decoding, check, hooks, ks, steps, lr, prefix_reuse
+        As documented on each field below.
+
+    Examples
+    --------
+    >>> cfg = PatchConfig("residual", modes=("standard", "recurrent:1"), depths=(0, 2), last_k=4)
+    >>> cfg.experiment, cfg.depths, cfg.n_boot
+    ('residual', (0, 2), 1000)
+    >>> PatchConfig("swap")
+    Traceback (most recent call last):
+    ...
+    fbt_probe.errors.FbtError: experiment 'swap': expected one of feedback-swap, state-replacement, gate-ablation, residual, probe-direction, attribution, das
+    """
     experiment: str
+    """A key of `registry.EXPERIMENTS`."""
     modes: tuple[str, ...] = ("recurrent:1",)
+    """Prefill modes, each run separately."""
     batch_size: int = 32
     """Samples per forward (both samples of a pair always share a batch)."""
     min_gap: float = 0.1
     """|clean - corrupt| logit difference below which a pair is left out of `normalized`."""
     n_boot: int = 1000
+    """Bootstrap resamples over pairs."""
     ci: float = 0.95
+    """Confidence level of the bootstrap intervals."""
     seed: int = 0
+    """Seed of the bootstrap, donors, random states and folds."""
     max_pairs: int | None = None
     """Pairs per task × length cell (None = all; residual defaults to 16)."""
     lengths: tuple[int, ...] | None = None
@@ -52,8 +85,11 @@ class PatchConfig:
     last_k: int | None = None
     """Residual: patch only the last k positions (None = all)."""
     scales: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
+    """Probe-direction: steering scales, in class-mean gaps."""
     n_folds: int = 4
+    """Probe-direction and DAS: grouped folds."""
     erase: str = "auto"
+    """Probe-direction erasure: auto (LEACE and orth), leace, orth or leace,orth."""
     decoding: bool = True
     """Gate ablation: also Std / Soft decoding answer accuracy."""
     check: int = 0

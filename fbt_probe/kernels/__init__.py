@@ -1,4 +1,4 @@
-"""fbt_probe.kernels: the CUDA fast path for the latent-feedback fusion (DESIGN.md §8).
+"""fbt_probe.kernels: the CUDA fast path for the latent-feedback fusion (docs/kernels.md).
 
     fast_fusion_available(device) -> bool    the Triton kernel (not the eager reference) runs there
     glu_fusion(value, gate, weight, eps)     RMSNorm(value ⊙ gate) · weight, fused

@@ -1,7 +1,7 @@
 """The lens sweep: under every prefill mode (and every Jacobi pass), what each depth predicts at the
 final position of held-out task text, through the logit lens and a tuned lens -> tidy tables.
 
-Activations come from the mode's one hooked pass (exact for every position, DESIGN §2); under
+Activations come from the mode's one hooked pass (exact for every position, docs/modes.md); under
 `jacobi:K` the hooks fire in every pass (`serial=True`) and each pass is its own line (`pass_index`;
 pass k of jacobi:K is the final pass of jacobi:k). A pass's own logits are E·`ln_final.hook_normalized`,
 the model's operation on the same tensor, so both lenses equal them at the top depth.

@@ -6,7 +6,7 @@ Why this equals the full re-run for every intervention that edits only positions
   pass with hooks off, and in that pass a position attends only to itself and earlier positions,
   so its keys and values below `start` are those of a silent run with the same inputs. For
   recurrent / full that silent run is the serial recurrence itself (the hooked pass is exact:
-  DESIGN.md §2), so its KV cache serves directly; for jacobi:K it is pass K over the prefix.
+  docs/modes.md), so its KV cache serves directly; for jacobi:K it is pass K over the prefix.
 - serial rule (`serial=True`): chunks run in position order, so everything before `start` is
   finished before any edit; from `start` on the hooks fire in the full run's chunks, cut at
   `start` (the standard chunk of recurrent / full becomes range(start, T - k); each Jacobi pass

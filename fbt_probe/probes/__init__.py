@@ -1,4 +1,4 @@
-"""Linear probes at every depth (DESIGN.md §5).
+"""Linear probes at every depth (docs/probes.md).
 
     from fbt_probe.probes import LinearProbe, ProbeConfig, probe_sweep, write_results
     probe = LinearProbe(C=1.0).fit(X, y)          # scikit-learn estimator (cross_val_score, clone, ...)

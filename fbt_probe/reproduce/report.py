@@ -130,7 +130,7 @@ def _sections(cfg, out: Path, times: dict) -> list[tuple[str, str, list[str]]]:
     pick = lambda prefix: [f for f in figs if f.startswith(prefix)]  # noqa: E731
     base_note = ("The **no-feedback baseline** has the same data and steps but trains one pass only, so its fusion "
                  "weights are random: whatever it shows at depth 0 under `recurrent:1` is a random, nearly linear "
-                 "map of a state that already encodes the label (DESIGN.md §5). Read every feedback number beside it.")
+                 "map of a state that already encodes the label (docs/probes.md). Read every feedback number beside it.")
     return [
         ("Answer accuracy (held-out contexts)", "Greedy answer at the final colon. `Std/Soft` are identical for the first "
          "generated token; `Fused` is `jacobi:2` prefill.\n\n" + _md_table(accuracy_table(out)), []),

@@ -1,4 +1,4 @@
-"""The synthetic probe tasks (DESIGN §4): specs, minimal-pair generators, an independent label
+"""The synthetic probe tasks (docs/tasks.md): specs, minimal-pair generators, an independent label
 checker, the word-level tokenizer, dataset files and training streams.
 
     from fbt_probe.tasks import load_spec, generate, load_dataset, build_tokenizer

@@ -1,4 +1,4 @@
-"""Training configuration and the pass-count schedule (DESIGN.md §3)."""
+"""Training configuration and the pass-count schedule (docs/training.md)."""
 from __future__ import annotations
 
 import dataclasses
