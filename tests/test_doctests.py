@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 PUBLIC = ["fbt_probe.loading", "fbt_probe.model.transformer", "fbt_probe.probes.estimator",
-          "fbt_probe.interventions.runner", "fbt_probe.hooks"]
+          "fbt_probe.interventions.registry", "fbt_probe.hooks"]
 
 
 @pytest.mark.parametrize("name", PUBLIC)

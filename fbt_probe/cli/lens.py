@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from fbt_probe.cli.options import DeviceOption, NBootOption
+
 
 def lens(
     run: Annotated[str, typer.Argument(help="Run / checkpoint folder or a preset name (random init).", show_default=False)],
@@ -20,9 +22,9 @@ def lens(
     positions: Annotated[int, typer.Option(help="Training positions per lens-train sample.")] = 16,
     eval_fraction: Annotated[float, typer.Option(help="Share of pair groups held out of tuned-lens training (all metrics are on them).")] = 0.5,
     batch_size: Annotated[int, typer.Option(help="Samples per forward.")] = 32,
-    n_boot: Annotated[int, typer.Option(help="Bootstrap resamples over pairs.")] = 1000,
+    n_boot: NBootOption = 1000,
     seed: Annotated[int, typer.Option(help="Seed (lens split, training positions, bootstrap; preset init).")] = 0,
-    device: Annotated[str, typer.Option(help="Device to run the model on.")] = "cpu",
+    device: DeviceOption = "cpu",
     figures: Annotated[bool, typer.Option(help="Draw figures/lens.png.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing OUT.")] = False,
 ) -> None:

@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from fbt_probe.cli.options import DeviceOption, NBootOption
+
 
 def _ints(spec: Optional[str], what: str) -> tuple[int, ...] | None:
     from fbt_probe.errors import FbtError
@@ -49,10 +51,10 @@ def patch(
     steps: Annotated[int, typer.Option(help="DAS: optimizer steps per rotation.")] = 200,
     lr: Annotated[float, typer.Option(help="DAS: learning rate of the rotation (Adam).")] = 1e-2,
     batch_size: Annotated[int, typer.Option(help="Samples per forward (pairs stay together).")] = 32,
+    device: DeviceOption = "cpu",
     prefix_reuse: Annotated[bool, typer.Option("--prefix-reuse/--no-prefix-reuse", help="Compute the positions before the edited one once per batch and run only the rest per condition (default); --no-prefix-reuse re-runs the whole sequence each time (same tables up to float rounding, slower).")] = True,
-    n_boot: Annotated[int, typer.Option(help="Bootstrap resamples over pairs.")] = 1000,
+    n_boot: NBootOption = 1000,
     seed: Annotated[int, typer.Option(help="Seed (bootstrap, donors, random states, folds; preset init).")] = 0,
-    device: Annotated[str, typer.Option(help="Device to run the model on.")] = "cpu",
     figures: Annotated[bool, typer.Option(help="Draw the experiment's figures into OUT/<experiment>/figures/.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing OUT/<experiment>/.")] = False,
 ) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -21,123 +20,14 @@ from fbt_probe.interventions.atp_parity import PARQUET_ONLY, split_rows
 from fbt_probe.interventions.metrics import METRIC_HELP, summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.probe_edits import erase_methods
-from fbt_probe.interventions.registry import EXPERIMENTS, HOOK_RULES
+from fbt_probe.interventions.registry import EXPERIMENTS, HOOK_RULES, PatchConfig  # noqa: F401  (PatchConfig: re-exported)
 from fbt_probe.io import atomic_dir, read_json, write_json
-from fbt_probe.model.modes import check_distinct, parse_mode
 from fbt_probe.provenance import provenance
 
 FORMAT = "fbt-probe.interventions/1"
 RESULTS_KIND = "an interventions results folder (manifest.json of format fbt-probe.interventions/1)"
 PREFIX_REUSE = ("positions before the first edited one (T-1; residual: each run's first patched position) "
                 "computed once per batch with hooks off, the rest per condition under the same hook rule")
-
-
-@dataclass(frozen=True)
-class PatchConfig:
-    """What `run` does: one experiment of the registry, its modes, cells and options (validated here,
-    so a bad value is a one-line error before any model runs).
-
-    Each experiment reads the fields named by its options dataclass
-    (`fbt_probe.interventions.registry`); the others are ignored. Every field is recorded in the
-    manifest's provenance.
-
-    Parameters
-    ----------
-    experiment : str
-        A key of `registry.EXPERIMENTS`: feedback-swap, state-replacement, gate-ablation, residual,
-        probe-direction, attribution or das.
-    modes : tuple of str, default ("recurrent:1",)
-        Prefill modes, each run separately (docs/modes.md).
-    batch_size, min_gap, n_boot, ci, seed, max_pairs, lengths, depths, last_k, scales, n_folds, erase,
-    decoding, check, hooks, ks, steps, lr, prefix_reuse
-        As documented on each field below.
-
-    Examples
-    --------
-    >>> cfg = PatchConfig("residual", modes=("standard", "recurrent:1"), depths=(0, 2), last_k=4)
-    >>> cfg.experiment, cfg.depths, cfg.n_boot
-    ('residual', (0, 2), 1000)
-    >>> PatchConfig("swap")
-    Traceback (most recent call last):
-    ...
-    fbt_probe.errors.FbtError: experiment 'swap': expected one of feedback-swap, state-replacement, gate-ablation, residual, probe-direction, attribution, das
-    """
-    experiment: str
-    """A key of `registry.EXPERIMENTS`."""
-    modes: tuple[str, ...] = ("recurrent:1",)
-    """Prefill modes, each run separately."""
-    batch_size: int = 32
-    """Samples per forward (both samples of a pair always share a batch)."""
-    min_gap: float = 0.1
-    """|clean - corrupt| logit difference below which a pair is left out of `normalized`."""
-    n_boot: int = 1000
-    """Bootstrap resamples over pairs."""
-    ci: float = 0.95
-    """Confidence level of the bootstrap intervals."""
-    seed: int = 0
-    """Seed of the bootstrap, donors, random states and folds."""
-    max_pairs: int | None = None
-    """Pairs per task × length cell (None = all; residual defaults to 16)."""
-    lengths: tuple[int, ...] | None = None
-    """Length knobs to keep (None = all; residual defaults to the shortest of each task)."""
-    depths: tuple[int, ...] | None = None
-    """Probe depths for residual / probe-direction (None = 0..L)."""
-    last_k: int | None = None
-    """Residual: patch only the last k positions (None = all)."""
-    scales: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
-    """Probe-direction: steering scales, in class-mean gaps."""
-    n_folds: int = 4
-    """Probe-direction and DAS: grouped folds."""
-    erase: str = "auto"
-    """Probe-direction erasure: auto (LEACE and orth), leace, orth or leace,orth."""
-    decoding: bool = True
-    """Gate ablation: also Std / Soft decoding answer accuracy."""
-    check: int = 0
-    """Attribution: exact patching on the K cells AtP ranks highest plus K random cells (0 = no check)."""
-    hooks: tuple[str, ...] | None = None
-    """Attribution / DAS: hook names (None = each experiment's default set)."""
-    ks: tuple[int, ...] = (1, 2, 4, 8)
-    """DAS: subspace dimensions."""
-    steps: int = 200
-    """DAS: optimizer steps per rotation."""
-    lr: float = 1e-2
-    """DAS: Adam learning rate of the rotation."""
-    prefix_reuse: bool = True
-    """Compute the positions before the first edited one once per batch (hooks off) and run only the
-    rest per condition (`fbt_probe.model.prefix`); False re-runs the whole sequence each time (the
-    reference path: same tables up to float rounding)."""
-
-    def __post_init__(self) -> None:
-        if self.experiment not in EXPERIMENTS:
-            raise FbtError(f"experiment '{self.experiment}': expected one of {', '.join(EXPERIMENTS)}")
-        check_distinct([str(parse_mode(m)) for m in self.modes], list(self.modes))
-        if not (_number(self.min_gap) and self.min_gap >= 0):  # NaN would disable the filter
-            raise FbtError(f"--min-gap {self.min_gap}: expected a finite number >= 0")
-        if not (_number(self.ci) and 0 < self.ci < 1):
-            raise FbtError(f"ci {self.ci}: expected a number in (0, 1)")
-        for name, low in (("n_boot", 1), ("batch_size", 2), ("n_folds", 2), ("max_pairs", 1), ("last_k", 1),
-                          ("check", 0), ("steps", 1)):
-            value = getattr(self, name)
-            if value is None and name in ("max_pairs", "last_k"):
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise FbtError(f"--{name.replace('_', '-').replace('n-folds', 'folds')} {value}: expected an integer >= {low}")
-        if self.depths is not None and (not self.depths or min(self.depths) < 0):
-            raise FbtError(f"--depths {','.join(map(str, self.depths))}: expected probe depths >= 0 (0 = the model's input)")
-        if not all(_number(s) for s in self.scales):
-            raise FbtError(f"--scales {self.scales}: expected finite numbers")
-        if self.experiment == "probe-direction":
-            erase_methods(self.erase)
-        if not (_number(self.lr) and self.lr > 0):
-            raise FbtError(f"--lr {self.lr}: expected a finite number > 0")
-        if not self.ks or min(self.ks) < 1 or len(set(self.ks)) != len(self.ks):
-            raise FbtError(f"--ks {','.join(map(str, self.ks))}: expected distinct subspace dimensions >= 1")
-        if self.hooks is not None and len(set(self.hooks)) != len(self.hooks):
-            raise FbtError(f"--hooks {','.join(self.hooks)}: expected distinct hook names")
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _cell_filter(df: pd.DataFrame, cfg: PatchConfig):

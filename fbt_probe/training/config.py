@@ -66,15 +66,12 @@ class TrainConfig:
     task_shares: dict | None = None
     """task -> expected share of a step's tokens, split equally over the task's (length) cells.
     None: DEFAULT_TASK_SHARES over the configured tasks, renormalised (resolved at construction, so
-    config.json records the shares used). Half on completion: with every cell the same share
-    (3/8 completion, 2/8 memory, 3/8 registers) completion was learned at every length in 600 steps
-    on 1 seed of 3; registers, at chance in every run, took 3/8 of the tokens. With these shares,
-    answer_share 0.5 and the tiny preset's fusion norm at 1: 5 seeds of 6 in 800 steps
-    (BENCHMARKS.md, Training, W1-W9)."""
+    config.json records the shares used). Half on completion, the task that equal shares left
+    unlearned on most seeds (BENCHMARKS.md, "Why the defaults are what they are")."""
     steps: int = 800
     tokens_per_step: int = 2048  # documents (one per row, whole) are drawn until this many tokens
-    lr: float = 1e-3  # 2e-3 (the prototype's) learned completion later or not at all in 800 steps (BENCHMARKS.md, Training)
-    min_lr_ratio: float = 0.1  # cosine decay to 10 % (constant lr made accuracy oscillate in the prototype)
+    lr: float = 1e-3  # the prototype's 2e-3 learned completion later or not at all (BENCHMARKS.md, "Why the defaults")
+    min_lr_ratio: float = 0.1  # cosine decay to 10 % (a constant lr oscillates: BENCHMARKS.md, "Why the defaults")
     warmup: int = 100
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = 0.01  # on matrices only
@@ -83,11 +80,11 @@ class TrainConfig:
     lam: float = 1.0  # λ of eq. 12
     noise: float = 0.02  # σ of the uniform noise on carried states
     prefix_mix: float = 0.25  # share of rows whose random prompt prefix keeps plain embeddings
-    answer_weight: float = 20.0  # with answer_share None: the answer weighs this many text tokens (×5 left the mixture at chance for 900 steps)
+    answer_weight: float = 20.0  # with answer_share None: the answer weighs this many text tokens (BENCHMARKS.md, "Why the defaults")
     answer_share: float | None = 0.5
     """The answer's share of every document's loss weight, whatever the document's length (None:
-    `answer_weight` instead). With answer_weight 20 the answer is 57 % of a 16-token completion
-    document but 12 % of a 144-token one, and completion at 32 distractors was the slowest cell to learn."""
+    `answer_weight` instead): a fixed weight makes the answer a smaller share of longer documents
+    (BENCHMARKS.md, "Why the defaults are what they are")."""
     baseline: bool = False  # no-feedback baseline: 1 pass only, fusion never used
     one_pass_steps: int = 0  # the first steps train one pass only (K = 1), then K follows the schedule
     arch: str = "feedback"  # or "hidden-decoding" (fbt_probe.hidden: n streams per token, one pass, eq. 2 loss)
