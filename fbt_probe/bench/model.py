@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -49,7 +50,6 @@ def peak_rss_mb() -> float:
                 return int(line.split()[1]) / 1024.0
     except OSError:
         pass
-    import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 

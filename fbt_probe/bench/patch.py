@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from fbt_probe.interventions import PatchConfig
 from fbt_probe.interventions.runner import analyse, run_experiment
@@ -102,9 +103,6 @@ def compare_reuse(run: str, dataset: Path, experiments, mode: str, pairs: int, s
 def run_patch_bench(run: str = "tiny", dataset: Path | None = None, experiments=EXPERIMENTS, mode: str = "recurrent:1",
                     compare_pairs: int = 2, seed: int = 0, progress=None) -> dict:
     """`progress(line)` hears each command's result as it finishes."""
-    import torch
-
-
     with tempfile.TemporaryDirectory(prefix="fbt-bench-patch-") as tmp:
         tmp = Path(tmp)
         data = Path(dataset) if dataset is not None else default_dataset(tmp / "data")

@@ -10,18 +10,20 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 import pandas as pd
 
 from fbt_probe.errors import FbtError
+from fbt_probe.figures.interventions import draw_for
 from fbt_probe.interventions import experiments as E
 from fbt_probe.interventions.atp_parity import PARQUET_ONLY, split_rows
 from fbt_probe.interventions.metrics import METRIC_HELP, summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.probe_edits import erase_methods
 from fbt_probe.interventions.registry import EXPERIMENTS, HOOK_RULES, PatchConfig  # noqa: F401  (PatchConfig: re-exported)
-from fbt_probe.io import atomic_dir, read_json, write_json
+from fbt_probe.io import atomic_dir, read_json, refuse_existing, write_json
 from fbt_probe.provenance import provenance
 
 FORMAT = "fbt-probe.interventions/1"
@@ -118,8 +120,6 @@ def manifest_for(cfg: PatchConfig, long: pd.DataFrame, notes: list[str], model_i
 
 
 def _leace_version() -> str:
-    from importlib import metadata
-
     return f"LEACE via EleutherAI concept-erasure {metadata.version('concept-erasure')}"
 
 
@@ -139,8 +139,6 @@ def write_results(res: Results, out_dir: Path, force: bool = False, figures: boo
             if name not in PARQUET_ONLY:
                 table.to_csv(tmp / f"{name}.csv", index=False)
         if figures:
-            from fbt_probe.figures.interventions import draw_for
-
             res.manifest["figures"] = [p.name for p in draw_for(res.summary, tmp / "figures")]
         write_json(tmp / "manifest.json", res.manifest)
     res.out_dir = Path(out_dir)
@@ -152,7 +150,6 @@ def run(model, df: pd.DataFrame, cfg: PatchConfig, out: str | Path | None = None
     """Run `cfg.experiment`, summarize, and (with `out`) write `out/<experiment>/`."""
     target = Path(out) / cfg.experiment if out is not None else None
     if target is not None:  # before hours of patching
-        from fbt_probe.io import refuse_existing
 
         refuse_existing(target, force, own=is_results_folder, kind=RESULTS_KIND)
     wide = run_experiment(model, df, cfg, label_ids)

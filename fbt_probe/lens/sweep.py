@@ -13,13 +13,17 @@ the other, *lens-eval* pairs, so that one set of translators serves every line o
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 
 from fbt_probe.errors import FbtError
+from fbt_probe.figures.lens import lens_depth
 from fbt_probe.hooks import act_name, depth_name
 from fbt_probe.interventions.das_experiment import pair_components
 from fbt_probe.interventions.edits import span
@@ -81,9 +85,6 @@ def _number(v) -> bool:
 
 def is_lens_folder(path) -> bool:
     """A folder written by `write_lens` (its manifest has our format)."""
-    from pathlib import Path
-
-
     try:
         meta = read_json(Path(path) / "manifest.json")
     except FbtError:
@@ -224,9 +225,6 @@ def write_lens(res: LensResult, out_dir, df: pd.DataFrame, model_info: dict | No
                figures: bool = True):
     """OUT/: rows.parquet|csv, lens_summary.parquet|csv, training.parquet|csv, translators.safetensors,
     manifest.json (config, metric definitions, provenance) and figures/lens.png; written atomically."""
-    from pathlib import Path
-
-
     files = []
     with atomic_dir(Path(out_dir), force=force, own=is_lens_folder, kind=LENS_KIND) as tmp:
         for name, table in (("rows", res.rows), ("lens_summary", res.summary), ("training", res.training)):
@@ -234,15 +232,9 @@ def write_lens(res: LensResult, out_dir, df: pd.DataFrame, model_info: dict | No
             table.to_csv(tmp / f"{name}.csv", index=False)
             files += [f"{name}.parquet", f"{name}.csv"]
         if res.lens is not None:
-            from safetensors.torch import save_file
-
             save_file({k: v.detach().contiguous().cpu() for k, v in res.lens.state_dict().items()}, str(tmp / "translators.safetensors"))
             files.append("translators.safetensors")
         if figures:
-            import matplotlib.pyplot as plt
-
-            from fbt_probe.figures.lens import lens_depth
-
             (tmp / "figures").mkdir()
             fig = lens_depth(res.summary)
             fig.savefig(tmp / "figures" / "lens.png", dpi=150, bbox_inches="tight")

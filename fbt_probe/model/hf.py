@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from fbt_probe.config import ModelConfig
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json, write_json
+from fbt_probe.model.checkpoint import _load_state, read_weights
 from fbt_probe.model.transformer import FeedbackTransformer
 
 _REQUIRED = object()
@@ -172,8 +173,6 @@ def import_qwen3(folder: str | Path, seed: int = 0):
     model.load_state_dict({k: v.to(model.embed.weight.dtype) for k, v in ours.items()}, strict=False)
     fusion = folder / "fusion.safetensors"
     if fusion.is_file():
-        from fbt_probe.model.checkpoint import _load_state, read_weights
-
         _load_state(model.fusion, read_weights(fusion), fusion)
     else:
         model.reset_fusion_norm()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from fbt_probe.activations import ActivationStore
 from fbt_probe.config import check_device
@@ -15,6 +16,7 @@ from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, refuse_existing, write_json
 from fbt_probe.probes.estimator import LinearProbe
 from fbt_probe.probes.fit_cpu import fit_cells_sklearn
+from fbt_probe.probes.fit_torch import fit_cells_torch
 from fbt_probe.probes.splits import CV_KINDS, TooFewGroupsError, control_labels, grouped_splits, majority_baseline
 from fbt_probe.provenance import provenance
 
@@ -67,8 +69,6 @@ class ProbeConfig:
     def resolved_backend(self) -> str:
         if self.backend != "auto":
             return self.backend
-        import torch
-
         return "torch" if torch.cuda.is_available() else "sklearn"
 
 
@@ -88,8 +88,6 @@ class SweepResult:
 def fit_cells(X, labels, splits, cfg: ProbeConfig) -> dict[str, np.ndarray]:
     """Dispatch to the configured backend; arrays [P, S, F]."""
     if cfg.resolved_backend() == "torch":
-        from fbt_probe.probes.fit_torch import fit_cells_torch
-
         return fit_cells_torch(X, labels, splits, C=cfg.C, max_iter=cfg.max_iter, tol=cfg.tol, device=cfg.device)
     return fit_cells_sklearn(X, labels, splits, C=cfg.C, max_iter=cfg.max_iter, tol=cfg.tol, n_jobs=cfg.n_jobs)
 

@@ -3,6 +3,8 @@ contexts held out of training, write the model card and the hash record (`fbt-pr
 from __future__ import annotations
 
 import json
+import os
+import platform
 import shutil
 from pathlib import Path
 
@@ -31,15 +33,12 @@ def check_slice(model, cfg, tok) -> pd.DataFrame:
 
 def cpu_name() -> str:
     """The CPU model (Linux /proc/cpuinfo) and its core count: training time means something only with it."""
-    import os
-
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
     except OSError:
         pass
-    import platform
 
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
