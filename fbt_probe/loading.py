@@ -35,13 +35,16 @@ from fbt_probe.reference import is_reference, resolve
 from fbt_probe.tasks import SAMPLE_COLUMNS, load_dataset, load_tokenizer, tokenizer_sha256
 from fbt_probe.tasks.tokenizer import encode, unk_id
 
-__all__ = ["CHECKPOINT_LOADERS", "CHECKPOINT_SUBDIRS", "LoadedModel", "check_compatible", "checkpoint_kind",
+__all__ = ["CHECKPOINT_LOADERS", "CHECKPOINT_SUBDIRS", "FOREIGN_LOADERS", "LoadedModel", "check_compatible", "checkpoint_kind",
            "load_data", "load_model", "load_pairs", "open_model", "open_pairs", "resolve_checkpoint", "state_hash"]
 
 CHECKPOINT_SUBDIRS = ("", "checkpoint", "final", "model")
 
 # config.json's `model.arch` -> the loader of that kind of checkpoint (folder, device) -> model in eval mode
 CHECKPOINT_LOADERS: dict[str, Callable] = {"feedback": load_checkpoint, HIDDEN_ARCH: load_hidden}
+# folders that are not ours, tried in order: (recognises the folder, loads it (folder, device, seed) in
+# eval mode); a folder none of them recognises is read as Qwen3 format. One place to add a kind.
+FOREIGN_LOADERS: list[tuple[Callable[[Path], bool], Callable[..., torch.nn.Module]]] = []
 
 
 def checkpoint_kind(folder: str | Path) -> str | None:
@@ -104,7 +107,10 @@ def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrid
         raise FbtError(f"{source}: config overrides ({', '.join(sorted(overrides))}) apply to presets only; "
                        "a folder carries its own config")
     kind = checkpoint_kind(folder)
-    if kind is None:  # not ours: a Qwen3-format folder
+    if kind is None:  # not ours: another kind we import, else a Qwen3-format folder
+        for recognises, load in FOREIGN_LOADERS:
+            if recognises(folder):
+                return load(folder, device, seed)
         return import_qwen3(folder, seed=seed).to(device).eval()
     if kind not in CHECKPOINT_LOADERS:
         raise FbtError(f"{folder / 'config.json'}: field 'model.arch': expected one of {sorted(CHECKPOINT_LOADERS)}, got {kind!r}")
