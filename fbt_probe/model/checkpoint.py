@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 from fbt_probe.config import ModelConfig
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json, sha256_file, write_json
+from fbt_probe.model.transformer import FeedbackTransformer
 
 FORMAT = "fbt-probe/3"  # config.json records every ModelConfig field (and TrainConfig field, for a run)
 LEGACY_FORMAT = "fbt-probe/1"  # written before qk_norm_init / fusion_norm_init existed: config.LEGACY_MODEL_DEFAULTS
@@ -64,8 +65,6 @@ def read_config(folder: Path, config_cls=ModelConfig) -> tuple[dict, "ModelConfi
 
 
 def load_checkpoint(folder: str | Path, device: str = "cpu"):
-    from fbt_probe.model.transformer import FeedbackTransformer
-
     folder = Path(folder)
     cfg = read_config(folder)[1].replace(device=device)
     return build_from_weights(FeedbackTransformer, cfg, folder / "model.safetensors").to(device).eval()
@@ -102,12 +101,6 @@ def _load_state(model, state: dict[str, torch.Tensor], source: Path) -> None:
 
 
 def checkpoint_hash(folder: str | Path) -> str:
-    """sha256 of model.safetensors: the model identity recorded in every result's provenance (of a
-    nanochat folder read directly: its model_<step>.pt)."""
-    folder = Path(folder)
-    if not (folder / "model.safetensors").is_file():
-        from fbt_probe.model.nanochat_import import is_nanochat_folder, steps  # here: it imports this module
-
-        if is_nanochat_folder(folder):
-            return sha256_file(next(p for p in sorted(folder.glob("model_*.pt")) if int(p.stem.split("_")[1]) == steps(folder)[-1]))
-    return sha256_file(folder / "model.safetensors")
+    """sha256 of model.safetensors: the model identity recorded in every result's provenance
+    (`fbt_probe.loading.checkpoint_hash` also takes a nanochat folder)."""
+    return sha256_file(Path(folder) / "model.safetensors")

@@ -67,6 +67,12 @@ def steps(folder: Path) -> list[int]:
     return sorted(set(out))
 
 
+def pt_sha256(folder: Path) -> str:
+    """sha256 of the last step's model_<step>.pt: a nanochat folder's identity in provenance."""
+    last = steps(folder)[-1]
+    return sha256_file(next(p for p in sorted(Path(folder).glob("model_*.pt")) if int(p.stem.split("_")[1]) == last))
+
+
 def is_nanochat_folder(folder: Path) -> bool:
     folder = Path(folder)
     return folder.is_dir() and bool(steps(folder))

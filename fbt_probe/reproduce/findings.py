@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from fbt_probe.reproduce.report import PAPER_DEPTH0, _summary, mean_ci
+from fbt_probe.loading import checkpoint_hash
+from fbt_probe.reference import names, record
+from fbt_probe.reproduce.config import shipped_name
+from fbt_probe.reproduce.tables import PAPER_DEPTH0, _summary, mean_ci
 
 CHANCE = 0.5
 
@@ -115,10 +118,6 @@ def findings(cfg, out: Path) -> list[str]:
 def shipped_comparison(cfg, out: Path) -> list[str]:
     """For a study that trained its own models (--train): how they compare with the shipped ones of
     the same preset -- identical bytes, or held-out standard accuracy side by side."""
-    from fbt_probe.model.checkpoint import checkpoint_hash
-    from fbt_probe.reference import names, record
-    from fbt_probe.reproduce.pipeline import shipped_name
-
     if cfg.shipped or cfg.model:
         return []
     lines = []
