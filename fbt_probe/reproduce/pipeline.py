@@ -41,6 +41,10 @@ class ReproConfig:
     """Task -> lengths of the causal experiments (a task not named is left out)."""
     model: str | None = None  # a user checkpoint (paper-1b path): no training, no baseline
     quick: bool = False
+    demo: bool = False
+    methods: bool = True
+    """Run attribution patching, DAS and the lens (stages methods-*, lens-*); --no-methods skips them."""
+    """The lighter study `make demo` runs on the shipped models (`demo_config`)."""
     shipped: bool = False
     """Study the reference models shipped with the package (ref:<preset>-feedback, ref:<preset>-baseline)
     instead of training them; `fbt-probe reproduce` does unless --train."""
@@ -51,6 +55,20 @@ class ReproConfig:
                     knobs=dict(QUICK_KNOBS), eval_pairs=8, passes=6, patch_pairs=5, quick=True,
                     modes={"completion": ["standard", "recurrent:1"], "memory": ["standard", "recurrent:1"],
                            "registers": ["standard", "recurrent:1", "full"], "registers-count": ["standard", "recurrent:1"]})
+        return cls(**{**base, **kw})
+
+    @classmethod
+    def demo_config(cls, **kw) -> "ReproConfig":
+        """The shipped models' study in about five minutes on 2 cores (`make demo`): every task, stage
+        and figure of the full study on fewer probe groups (completion 40 of the paper's 80, memory
+        64 of 128, register cells 8), the register tasks without `full` recurrence (its serial
+        token-by-token extraction is most of the full study's time), and lighter AtP/DAS/lens
+        settings (`methods.methods_settings`). The full study: `fbt-probe reproduce` without --demo."""
+        base = dict(groups={"completion": 40, "memory": 64, "registers": 8, "registers-count": 8}, eval_pairs=8,
+                    patch_pairs=10, demo=True,
+                    modes={"completion": FEEDBACK_MODES, "memory": FEEDBACK_MODES,
+                           "registers": [m for m in REGISTER_MODES if m != "full"],
+                           "registers-count": [m for m in REGISTER_MODES if m != "full"]})
         return cls(**{**base, **kw})
 
     @classmethod
@@ -255,12 +273,14 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
                         after=[f"extract-{name}"]))
         st.append(Stage(f"patch-{name}", {**ck, "patch_pairs": cfg.patch_pairs, "patch_knobs": cfg.patch_knobs},
                         [out / "results" / "interventions" / name], lambda n=name: stage_patch(cfg, out, n), after=["data"] + dep))
-        st += methods_stages(cfg, out, name, ck, ["data"] + dep)
+        if cfg.methods:
+            st += methods_stages(cfg, out, name, ck, ["data"] + dep)
     return st
 
 
 def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), echo=print) -> dict:
     from fbt_probe.reproduce.report import stage_figures, stage_report
+    from fbt_probe.reproduce.seeds import source_key
 
     out = Path(out)
     if cfg.model and not Path(cfg.model).is_dir():
@@ -278,6 +298,6 @@ def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), 
         runner.run(s)
     all_names = [s.name for s in stages]
     runner.run(Stage("figures", {}, [out / "figures"], lambda: stage_figures(cfg, out), after=all_names))
-    runner.run(Stage("report", {"v": 1}, [out / "report.md", out / "report.html"],
+    runner.run(Stage("report", {"v": 2, "seeds": source_key(cfg, out)}, [out / "report.md", out / "report.html", out / "headline.csv"],
                      lambda: stage_report(cfg, out, runner.times), after=all_names + ["figures"]))
     return {"times": runner.times, "report": out / "report.html"}
