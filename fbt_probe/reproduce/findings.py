@@ -87,8 +87,14 @@ def headline(cfg, out: Path) -> pd.DataFrame:
     c = contraction_row(out)
     if c is not None and "feedback" in cfg.models():
         rows.append(("feedback", "state-change-last/pass-2", "validation", "full", c[1] / c[0], float("nan"), float("nan")))
+    from fbt_probe.model.checkpoint import checkpoint_hash
+    from fbt_probe.provenance import git_commit
+    from fbt_probe.reproduce.pipeline import model_path
+
     t = pd.DataFrame(rows, columns=["model", "quantity", "task", "mode", "value", "ci_low", "ci_high"])
-    return t.assign(seed=cfg.seed, study="quick" if cfg.quick else "demo" if cfg.demo else "full")
+    sha = {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.models()}
+    return t.assign(seed=cfg.seed, study="quick" if cfg.quick else "demo" if cfg.demo else "full",
+                    checkpoint_sha256=t["model"].map(sha), commit=git_commit())
 
 
 def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:

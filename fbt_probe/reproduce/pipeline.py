@@ -298,6 +298,6 @@ def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), 
         runner.run(s)
     all_names = [s.name for s in stages]
     runner.run(Stage("figures", {}, [out / "figures"], lambda: stage_figures(cfg, out), after=all_names))
-    runner.run(Stage("report", {"v": 2, "seeds": source_key(cfg, out)}, [out / "report.md", out / "report.html", out / "headline.csv"],
+    runner.run(Stage("report", {"v": 3, "seeds": source_key(cfg, out)}, [out / "report.md", out / "report.html", out / "headline.csv"],
                      lambda: stage_report(cfg, out, runner.times), after=all_names + ["figures"]))
     return {"times": runner.times, "report": out / "report.html"}
