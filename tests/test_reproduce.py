@@ -128,7 +128,7 @@ def test_spread_over_seeds_is_the_mean_and_range():
     t = pd.DataFrame({"model": "feedback", "quantity": "answer-accuracy", "task": "completion", "mode": "standard",
                       "value": vals, "seed": [0, 1, 2], "study": "demo"})
     text = spread(t, "feedback", "answer-accuracy", "completion", "standard")
-    assert f"mean {np.mean(vals):.2f}, range {min(vals):.2f}-{max(vals):.2f}" in text and "over seeds 0-2 (3 trained" in text
+    assert text == f" (seeds 0-2: mean {np.mean(vals):.2f}, range {min(vals):.2f}-{max(vals):.2f})"
     assert spread(t, "baseline", "answer-accuracy", "completion", "standard") == ""  # not in the table
     assert spread(t.iloc[:1], "feedback", "answer-accuracy", "completion", "standard") == ""  # one seed is no spread
     assert spread(None, "feedback", "answer-accuracy", "completion", "standard") == ""
@@ -183,8 +183,8 @@ def test_quick_study_end_to_end(tmp_path):
     res = runner.invoke(app, ["reproduce", "--quick", "--out", str(multi / "seed-0")])
     assert res.exit_code == 0 and res.output.count("[run ]") == 1 and "[run ] report" in res.output, res.output
     seeded = (multi / "seed-0" / "report.md").read_text()
-    assert (f"completion **{p:.2f}** [{lo:.2f}, {hi:.2f}]; over seeds 0-1 (2 trained models, quick study each): "
-            f"mean {(p + p * 0.5) / 2:.2f}, range {p * 0.5:.2f}-{p:.2f}") in seeded
+    assert (f"completion **{p:.2f}** [{lo:.2f}, {hi:.2f}] (seeds 0-1: "
+            f"mean {(p + p * 0.5) / 2:.2f}, range {p * 0.5:.2f}-{p:.2f})") in seeded and "quick study of each" in seeded
     assert "### Over training seeds" in seeded
 
 

@@ -161,9 +161,10 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
                      "not over training seeds.")
     else:
         lines.append(f"Each number is this study's seed ({cfg.seed}) with its within-run CI (samples, folds or pairs); "
-                     f"\"over seeds\" gives the mean and range of the same number over {seeds['seed'].nunique()} models trained "
-                     "with different seeds (data, initialisation and probes), so the range shows how much of a number is the seed "
-                     "(table *Over training seeds*).")
+                     f"\"seeds\" gives the mean and range of the same number over {seeds['seed'].nunique()} models trained "
+                     "with different seeds (data, initialisation and probes; "
+                     f"{' / '.join(sorted(set(seeds['study'])))} study of each), so the range shows how much of a number is "
+                     "the seed (table *Over training seeds*).")
     return lines
 
 
@@ -192,7 +193,7 @@ def shipped_comparison(cfg, out: Path) -> list[str]:
         for task in [t for t in cfg.modes if t in ship.index]:
             p, lo, hi, _ = answer_accuracy(out, m, task)
             s = ship.loc[task, "correct"] / ship.loc[task, "n"]
-            parts.append(f"{task} {p:.2f} [{lo:.2f}, {hi:.2f}] vs {s:.2f}" + ("" if lo <= s <= hi else " (outside)"))
+            parts.append(f"{task} {p:.2f} [{lo:.2f}, {hi:.2f}] vs {s:.2f}" + ("" if lo - 1e-9 <= s <= hi + 1e-9 else " (outside)"))
         same = "seed and steps" if (rec["seed"], rec["steps"]) == (cfg.seed, cfg.steps) else \
             f"seed {rec['seed']} and {rec['steps']} steps (here {cfg.seed} and {cfg.steps})"
         lines.append(f"The retrained {m} model differs from the shipped `ref:{name}` (trained with {same} on "

@@ -50,7 +50,7 @@ def source_key(cfg, out: Path) -> str | None:
 
 
 def spread(table: pd.DataFrame | None, model: str, quantity: str, task: str, mode: str) -> str:
-    """' (over seeds 0-2: mean 0.91, range 0.88-0.95; demo study each)' or '' when the table lacks it."""
+    """' (seeds 0-2: mean 0.91, range 0.88-0.95)' or '' when the table lacks the number or has one seed."""
     if table is None:
         return ""
     g = table[(table["model"] == model) & (table["quantity"] == quantity) & (table["task"] == task) & (table["mode"] == mode)]
@@ -59,9 +59,7 @@ def spread(table: pd.DataFrame | None, model: str, quantity: str, task: str, mod
         return ""
     seeds = sorted(int(s) for s in g["seed"])
     label = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ",".join(map(str, seeds))
-    study = sorted(set(g["study"]))
-    return (f"; over seeds {label} ({len(seeds)} trained models, {' / '.join(study)} study each): mean "
-            f"{g['value'].mean():.2f}, range {g['value'].min():.2f}-{g['value'].max():.2f}")
+    return f" (seeds {label}: mean {g['value'].mean():.2f}, range {g['value'].min():.2f}-{g['value'].max():.2f})"
 
 
 def combine(out: Path, seeds: list[int]) -> pd.DataFrame:
