@@ -5,34 +5,28 @@
 Writes OUT_DIR/fusion-gpu.md (the tables of `fbt-probe bench fusion` at the defaults: D = 1536,
 rows 1..64k, bf16, decode share of paper-1b at batch 1/8/64 with a 2048-token cache) plus a
 num_warps sweep of the kernel, and OUT_DIR/fusion-gpu.md.json (everything, with provenance).
-It imports only fbt_probe.bench_fusion (not the CLI), so it runs on an image without
+It imports only fbt_probe.bench.fusion (not the CLI), so it runs on an image without
 transformer-lens; the real-model decode step is then reported as an import error.
 """
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-try:
-    import fbt_probe_kernels  # noqa: F401  (installed with `pip install -e .`)
-except ImportError:  # not installed: kernels/ is the package fbt_probe_kernels, reach it through a link
-    shim = Path(tempfile.mkdtemp())
-    (shim / "fbt_probe_kernels").symlink_to(ROOT / "kernels")
-    sys.path.insert(0, str(shim))
+sys.path.insert(0, str(ROOT))  # the package from this checkout, installed or not (fbt_probe.kernels is inside it)
 
 import importlib  # noqa: E402
 
 import torch  # noqa: E402
 
-from fbt_probe.bench_fusion import FusionBenchConfig, make_timer, run_fusion_bench, save_report, to_markdown  # noqa: E402
+from fbt_probe.bench.fusion import FusionBenchConfig, make_timer, run_fusion_bench, to_markdown  # noqa: E402
+from fbt_probe.bench.report import save_report  # noqa: E402
 
 
 def warps_sweep(d: int = 1536, rows=(64, 4096, 65536), warps=(1, 2, 4, 8, 16)) -> tuple[list[str], list[dict]]:
     """Median time of the kernel per num_warps (the launcher's heuristic picks one)."""
-    kmod = importlib.import_module("fbt_probe_kernels.glu_fusion")
+    kmod = importlib.import_module("fbt_probe.kernels.glu_fusion")
     timer = make_timer(torch.device("cuda"), 100.0)
     lines = ["", f"#### Kernel num_warps sweep (D = {d}, bf16; default = {kmod._num_warps(kmod.triton.next_power_of_2(d))})", "",
              "| rows | " + " | ".join(f"{w} warps µs" for w in warps) + " |", "|---:|" + "---:|" * len(warps)]

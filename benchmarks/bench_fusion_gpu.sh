@@ -9,11 +9,8 @@ OUT_DIR=${1:-${OUT:-reports/bench}}
 PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 mkdir -p "$OUT_DIR"
 export PYTHONUNBUFFERED=1
-# kernels/ is the package fbt_probe_kernels; without an install, reach it through a link
-if ! "$PY" -c "import fbt_probe_kernels" 2>/dev/null; then
-  shim=$(mktemp -d) && ln -s "$PWD/kernels" "$shim/fbt_probe_kernels"
-  export PYTHONPATH="$PWD:$shim${PYTHONPATH:+:$PYTHONPATH}"
-fi
+# the package from this checkout, installed or not (the kernels are fbt_probe/kernels/)
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv
   "$PY" -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '|', torch.cuda.get_device_name())"
 } 2>&1 | tee "$OUT_DIR/gpu.txt"

@@ -26,5 +26,5 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 "$PY" -c "import transformer_lens, sklearn, torch; print('transformer-lens', transformer_lens.__version__ if hasattr(transformer_lens,'__version__') else '?', '| torch', torch.__version__)" 2>&1 | tail -2
 timeout 300 bash benchmarks/bench_fusion_gpu.sh "$OUT_DIR"; rc1=$?
 timeout 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_probes_fast.py 2>&1 | tee "$OUT_DIR/gpu-probe-tests.log"; rc2=${PIPESTATUS[0]}
-timeout 150 "$PY" benchmarks/bench_probes.py --torch --out "$OUT_DIR/probes-gpu.md"; rc3=$?
+timeout 150 "$PY" -m fbt_probe bench probes --torch --out "$OUT_DIR/probes-gpu.md" --force; rc3=$?
 echo "fusion tests+bench exit $rc1, probe gpu tests exit $rc2, probe bench exit $rc3"

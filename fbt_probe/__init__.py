@@ -1,42 +1,21 @@
-"""fbt-probe: interpretability toolkit for latent-feedback ("full-bandwidth") transformers."""
+"""fbt-probe: interpretability toolkit for latent-feedback ("full-bandwidth") transformers.
+
+    import fbt_probe as fp
+    model = fp.load_model("ref:tiny-feedback")    # see fbt_probe.loading.load_model
+
+The package root stays import-light: `load_model` (which needs torch and transformer-lens) is
+imported on first use, so `fbt_probe.errors`, the CLI's help and `fbt_probe.kernels` start fast.
+"""
 from __future__ import annotations
 
-from pathlib import Path
+from fbt_probe._version import __version__
 
-__version__ = "0.1.0"
+__all__ = ["__version__", "load_model"]
 
 
-def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrides):
-    """A preset name (random init from `seed`, config fields overridable), `ref:<name>` (a reference
-    model shipped with the package, `fbt-probe model refs`), a checkpoint folder of
-    ours (latent-feedback or Hidden Decoding), or a Qwen3-format folder (config.json + safetensors;
-    fresh fusion weights are added). Returned in eval mode (no training noise on carried states);
-    training calls `.train()` itself."""
-    import torch
+def __getattr__(name: str):
+    if name == "load_model":  # lazy: PEP 562
+        from fbt_probe.loading import load_model
 
-    from fbt_probe.config import PRESETS, check_device, preset
-    from fbt_probe.errors import FbtError
-    from fbt_probe.model.checkpoint import is_own_checkpoint, load_checkpoint
-    from fbt_probe.model.transformer import FeedbackTransformer
-
-    check_device(device)
-    from fbt_probe.reference import resolve
-
-    source = resolve(source)  # ref:<name>: a shipped reference model, hashes verified
-    if isinstance(source, str) and source in PRESETS:
-        cfg = preset(source, device=device, **overrides)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            return FeedbackTransformer(cfg).to(device).eval()
-    folder = Path(source)
-    if not folder.is_dir():
-        raise FbtError(f"{source}: neither a preset ({', '.join(sorted(PRESETS))}) nor a model folder")
-    from fbt_probe.hidden.checkpoint import is_hidden_checkpoint, load_hidden
-
-    if is_hidden_checkpoint(folder):  # a Hidden Decoding run (DESIGN.md §9)
-        return load_hidden(folder, device=device)
-    if is_own_checkpoint(folder):
-        return load_checkpoint(folder, device=device)
-    from fbt_probe.model.hf import import_qwen3
-
-    return import_qwen3(folder, seed=seed).to(device).eval()
+        return load_model
+    raise AttributeError(f"module 'fbt_probe' has no attribute {name!r}")

@@ -5,7 +5,7 @@ exact token length (no padding), and keeps the final position of each probe dept
 (`fbt_probe.hooks.depth_name`) plus any extra hooks. The pseudo-mode `carried-state` is always added
 (unless `reference=False`): the state `recurrent:1` carries into the last position, h^L at position
 T-2 under `standard` (`ln_final.hook_normalized` when the model carries the post-norm state),
-probed as the reference line of DESIGN.md §5.
+probed as the reference line (docs/probes.md).
 
 Layout of `out_dir`: `plan.json` (written first: what will be extracted), `samples.parquet`,
 `shards/<mode>/<task>-T<len>-<i>.safetensors` (each written atomically, never rewritten) with its
@@ -14,28 +14,50 @@ sha256 beside it (`<shard>.sha256`, written before the shard is renamed into pla
 an interrupted extraction: calling `extract` again with the same inputs continues it, after checking
 every finished shard against its recorded sha256. With `force`, an existing activation folder (and
 only that) is replaced: the new one is extracted in a temporary sibling and swapped in when done.
+
+What a mode's shards hold depends on the architecture (`ARCH_TARGETS`): a latent-feedback model
+keeps depth.0..L per mode; a Hidden Decoding model has one mode, `standard`, holding the final
+token's stream k at depth d as `stream.{k}.depth.{d}`, numbered stream-major
+(`fbt_probe.hidden.stream_depth`), so the probe table's `depth` column runs over (stream, layer).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import resource
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 import torch
+from safetensors.torch import save_file
 
+from fbt_probe.config import arch_of, check_device
 from fbt_probe.errors import FbtError
+from fbt_probe.hidden.config import ARCH as HIDDEN_ARCH
+from fbt_probe.hidden.streams import stream_depth, stream_position
 from fbt_probe.hooks import depth_name
 from fbt_probe.io import atomic_path, read_json, swap_in, temp_sibling, write_json
-from fbt_probe.shards import FORMAT, check_out_dir, read_shard, record_sha256, verify_finished, verify_shards
-from fbt_probe.shards import is_activation_folder, sidecar  # noqa: F401  (re-exported: the CLI and tests use them from here)
+from fbt_probe.loading import check_compatible, load_data, open_model, state_hash  # noqa: F401  (state_hash: re-exported)
+from fbt_probe.model.modes import check_distinct, parse_mode
+from fbt_probe.model.prefix import build_prefix
+from fbt_probe.model.transformer import FeedbackTransformer
+from fbt_probe.provenance import provenance
+from fbt_probe.shards import (  # noqa: F401  (re-exported: the CLI and tests use them from here)
+    FORMAT,
+    check_out_dir,
+    is_activation_folder,
+    read_shard,
+    record_sha256,
+    sidecar,
+    verify_finished,
+    verify_shards,
+)
+from fbt_probe.tasks import SAMPLE_COLUMNS
 
 REFERENCE_MODE = "carried-state"
-SAMPLE_COLUMNS = ("task", "pair_id", "group_id", "label", "label_word", "length_knob", "n_tokens")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
@@ -62,93 +84,7 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
 
 
-# ----------------------------------------------------------------------------- inputs
-def _load_model(model, device: str | None):
-    """(model, source label, model hash, tokenizer path or None)."""
-    if isinstance(model, (str, Path)):
-        import fbt_probe
-
-        from fbt_probe.reference import resolve
-
-        src = str(model)
-        folder = Path(resolve(src))  # ref:<name> -> its verified folder (src stays the name, for provenance)
-        loaded = fbt_probe.load_model(str(folder), device=device or "cpu")
-        if (folder / "model.safetensors").is_file():
-            from fbt_probe.model.checkpoint import checkpoint_hash
-
-            tok = folder / "tokenizer.json"
-            return loaded, src, checkpoint_hash(folder), tok if tok.is_file() else None
-        return loaded, src, f"preset:{src}:{state_hash(loaded)}", None
-    if device is not None:
-        model = model.to(device)
-    return model, type(model).__name__, state_hash(model), None
-
-
-def state_hash(model) -> str:
-    """sha256 over parameter names, shapes, dtypes and bytes (identity of a model without a file)."""
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
-
-
-def _load_dataset(dataset) -> tuple[pd.DataFrame, str, str | None, list[str]]:
-    """(frame, dataset hash, tokenizer sha256 from its manifest or None, source paths)."""
-    if isinstance(dataset, pd.DataFrame):
-        df = dataset.reset_index(drop=True)
-        blob = json.dumps({c: df[c].map(lambda v: list(map(int, v)) if c == "token_ids" else v).tolist()
-                           for c in ("token_ids",) + SAMPLE_COLUMNS}, default=str, sort_keys=True)
-        tok = (df.attrs.get("manifest") or {}).get("tokenizer", {}).get("sha256")
-        return df, hashlib.sha256(blob.encode()).hexdigest(), tok, ["<DataFrame>"]
-    from fbt_probe.tasks import load_dataset
-
-    path = Path(dataset)
-    files = sorted(path.glob("*.manifest.json")) if path.is_dir() else [path]
-    if not files:
-        raise FbtError(f"{path}: no dataset (*.parquet with its .manifest.json) in this folder")
-    frames = [load_dataset(f) for f in files]
-    toks = {(fr.attrs["manifest"].get("tokenizer") or {}).get("sha256") for fr in frames}
-    if len(toks) > 1:
-        raise FbtError(f"{path}: its datasets were tokenized with different tokenizers")
-    digest = hashlib.sha256("".join(fr.attrs["manifest"]["sha256"] for fr in frames).encode()).hexdigest()
-    return pd.concat(frames, ignore_index=True), digest, toks.pop(), [str(f) for f in files]
-
-
-def _check_tokens(df: pd.DataFrame, model, tok_path: Path | None, data_tok: str | None, where: str) -> None:
-    missing = {"token_ids", *SAMPLE_COLUMNS} - set(df.columns)
-    if missing:
-        raise FbtError(f"{where}: dataset lacks column(s) {sorted(missing)}")
-    if df.empty:
-        raise FbtError(f"{where}: the dataset has no rows; nothing to extract")
-    if min(len(ids) for ids in df["token_ids"]) == 0:
-        raise FbtError(f"{where}: a sample has no tokens")
-    longest = max(len(ids) for ids in df["token_ids"])
-    if longest > model.cfg.n_ctx:
-        raise FbtError(f"{where}: a sample of {longest} tokens exceeds the model's context n_ctx = {model.cfg.n_ctx}")
-    low = min(min(ids) for ids in df["token_ids"])
-    if low < 0:
-        raise FbtError(f"{where}: token id {low} is outside the model's vocabulary 0..{model.cfg.d_vocab - 1}")
-    top = max(max(ids) for ids in df["token_ids"])
-    if top >= model.cfg.d_vocab:
-        raise FbtError(f"{where}: token id {top} is outside the model's vocabulary of {model.cfg.d_vocab} "
-                       f"(dataset and model use different tokenizers)")
-    if tok_path is None:
-        return
-    from fbt_probe.tasks.tokenizer import encode, load_tokenizer, tokenizer_sha256
-
-    tok = load_tokenizer(tok_path)
-    if data_tok is not None and tokenizer_sha256(tok) == data_tok:
-        return
-    probe_rows = df.groupby("task").head(2)  # re-encode a few samples per task under the model's tokenizer
-    for i, ids in zip(probe_rows.index, encode(tok, probe_rows["text"].tolist())):
-        if list(ids) != list(map(int, df.at[i, "token_ids"])):
-            raise FbtError(f"{where}: sample {i} ({df.at[i, 'task']}) has token ids that {tok_path} does not "
-                           f"produce: the dataset was made with another tokenizer (regenerate it with "
-                           f"--tokenizer {tok_path})")
-
-
+# ----------------------------------------------------------------------------- targets
 def targets_for(mode: str, model, extra_hooks=()) -> list[Target]:
     """What a mode's shards hold: every depth 0..L at the final position, plus extra hooks
     ('name' = final position, 'name@-2' = the position before)."""
@@ -168,6 +104,40 @@ def targets_for(mode: str, model, extra_hooks=()) -> list[Target]:
     return out
 
 
+def stream_targets(mode: str, model, extra_hooks=()) -> list[Target]:
+    """A Hidden Decoding model's one mode holds the final token's stream k at every layer depth d,
+    numbered stream-major (`fbt_probe.hidden.stream_depth`); the hook column keeps the plain name."""
+    L, n = model.cfg.n_layers, model.cfg.n_streams
+    return [Target(f"stream.{k}.depth.{d}", depth_name(d), stream_position(-1, k, n), stream_depth(k, d, L))
+            for k in range(1, n + 1) for d in range(L + 1)]
+
+
+def _stream_manifest(model) -> dict:
+    cfg = model.cfg
+    return {"model": {"arch": cfg.arch, "n_streams": cfg.n_streams,
+                      "cross_stream_layers": list(cfg.resolved_cross_stream_layers)},
+            "depth": "stream-major: depth = (stream - 1) * (n_layers + 1) + layer depth"}
+
+
+@dataclass(frozen=True)
+class ArchTargets:
+    """How `extract` reads one architecture (keyed by `fbt_probe.config.arch_of`)."""
+    label: str  # for messages: "a Hidden Decoding model"
+    default_modes: tuple[str, ...]  # when `modes` is None
+    only_modes: tuple[str, ...] | None  # None: any prefill mode
+    reference: bool  # has the carried-state pseudo-mode
+    extra_hooks: bool  # takes extra hook names
+    targets: Callable[..., list[Target]]  # (mode, model, extra_hooks) -> what a mode's shards hold
+    manifest: Callable[[object], dict] = lambda model: {}  # extra plan / manifest fields
+
+
+ARCH_TARGETS: dict[str, ArchTargets] = {
+    "feedback": ArchTargets("a latent-feedback model", ("standard", "recurrent:1"), None, True, True, targets_for),
+    HIDDEN_ARCH: ArchTargets("a Hidden Decoding model", ("standard",), ("standard",), False, False, stream_targets,
+                             _stream_manifest),
+}
+
+
 # ----------------------------------------------------------------------------- running
 @torch.no_grad()
 def collect(model, tokens: torch.Tensor, mode: str, targets: list[Target], dtype=torch.float32) -> dict[str, torch.Tensor]:
@@ -176,9 +146,6 @@ def collect(model, tokens: torch.Tensor, mode: str, targets: list[Target], dtype
     A latent-feedback model runs only the positions from the earliest target on with hooks, after
     the positions before it were computed once with hooks off (`fbt_probe.model.prefix`, the
     one-pass rule: the activations are those of the one hooked pass, up to float rounding)."""
-    from fbt_probe.model.prefix import build_prefix
-    from fbt_probe.model.transformer import FeedbackTransformer
-
     run_mode = "standard" if mode == REFERENCE_MODE else mode
     feedback = isinstance(model, FeedbackTransformer)
     T = tokens.shape[1]
@@ -247,8 +214,6 @@ def _plan(df: pd.DataFrame, modes: list[str], shard_rows: int) -> list[dict]:
 
 def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int, dtype, path: Path) -> str:
     """Write one shard (atomically) and its sha256 sidecar; returns the sha256."""
-    from safetensors.torch import save_file
-
     parts: dict[str, list[torch.Tensor]] = {t.key: [] for t in targets}
     rows = shard["rows"]
     for i in range(0, len(rows), batch_size):
@@ -271,56 +236,78 @@ def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int,
 
 def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool = True, batch_size: int = 16,
             shard_rows: int = 256, dtype: str = "float32", device: str | None = None, force: bool = False,
-            progress=None, on_shard=None) -> "ActivationStore":
+            progress=None, on_shard=None, require_arch: str | None = None) -> "ActivationStore":
     """Extract activations (see module doc); returns the finished `ActivationStore`.
 
-    `model`: a model object, preset name or checkpoint folder; `dataset`: a dataset file, a folder of
-    them or a DataFrame; `modes`: list or comma-separated string. `progress(done, total, shard)` and
-    `on_shard(shard)` are called after each shard (the latter lets tests interrupt an extraction).
+    `model`: a model object, preset name, ``ref:<name>``, checkpoint or run folder (`fbt_probe.
+    loading.open_model`); `dataset`: a dataset file, a folder of them or a DataFrame; `modes`: list
+    or comma-separated string, None for the architecture's default (`ARCH_TARGETS`). A Hidden
+    Decoding model has only mode `standard` (its streams x depths; `reference` and `extra_hooks`
+    do not apply). `progress(done, total, shard)` and `on_shard(shard)` are called after each shard
+    (the latter lets tests interrupt an extraction); `require_arch` refuses a model of another
+    architecture.
     """
-    from fbt_probe.model.modes import parse_mode
-
-    from fbt_probe.config import check_device
-    from fbt_probe.model.modes import check_distinct
-
     out_dir = Path(out_dir)
     spec = modes
-    modes = [str(m).strip() for m in (modes.split(",") if isinstance(modes, str) else modes) if str(m).strip()]
-    modes = [m if m == REFERENCE_MODE else str(parse_mode(m)) for m in modes]
-    if not modes:
-        raise FbtError(f"modes '{spec}': expected a comma-separated list of prefill modes")
-    check_distinct(modes, spec)
+    if modes is not None:
+        modes = _parse_modes(modes)
     check_device(device)
-    if reference and REFERENCE_MODE not in modes:
-        modes.append(REFERENCE_MODE)
     if dtype not in DTYPES:
         raise FbtError(f"dtype '{dtype}': expected one of {sorted(DTYPES)}")
     if batch_size < 1 or shard_rows < 1:
         raise FbtError("batch size and shard rows must be >= 1")
-    model, source, model_hash, tok_path = _load_model(model, device)
-    model.eval()  # training mode adds noise to the carried states
-    df, data_hash, data_tok, data_paths = _load_dataset(dataset)
-    _check_tokens(df, model, tok_path, data_tok, where=str(data_paths[0]) if len(data_paths) == 1 else str(dataset))
-    targets = {m: targets_for(m, model, extra_hooks) for m in modes}
-    plan = {"format": FORMAT, "model": {"source": source, "hash": model_hash, "n_layers": model.cfg.n_layers,
-                                        "d_model": model.cfg.d_model},
+    lm = open_model(model, device)
+    model = lm.model.eval()  # training mode adds noise to the carried states
+    if require_arch is not None and arch_of(model) != require_arch:
+        raise FbtError(f"{lm.source}: not a {require_arch} model (use fbt_probe.activations.extract)")
+    arch = ARCH_TARGETS[arch_of(model)]
+    modes = list(arch.default_modes) if modes is None else modes
+    if arch.only_modes is not None and [m for m in modes if m != REFERENCE_MODE] != list(arch.only_modes):
+        raise FbtError(f"modes '{spec}': {lm.source} is {arch.label}, which has only mode "
+                       f"{', '.join(repr(m) for m in arch.only_modes)}")
+    if extra_hooks and not arch.extra_hooks:
+        raise FbtError(f"hooks: not supported for {arch.label} ({lm.source}): its targets are fixed")
+    if reference and arch.reference and REFERENCE_MODE not in modes:
+        modes.append(REFERENCE_MODE)
+    df = load_data(dataset)
+    data_hash, data_tok, data_paths = df.attrs["dataset_hash"], df.attrs["tokenizer_sha256"], df.attrs["dataset_files"]
+    check_compatible(model, df, lm.tokenizer, where=str(data_paths[0]) if len(data_paths) == 1 else str(dataset))
+    targets = {m: arch.targets(m, model, extra_hooks) for m in modes}
+    extra = arch.manifest(model)
+    plan = {"format": FORMAT, "model": {"source": lm.source, "hash": lm.hash, "n_layers": model.cfg.n_layers,
+                                        "d_model": model.cfg.d_model, **extra.pop("model", {})},
             "dataset": {"paths": data_paths, "hash": data_hash, "tokenizer_sha256": data_tok},
             "modes": modes, "dtype": dtype, "shard_rows": shard_rows, "batch_size": batch_size,
             "targets": {m: [t.to_dict() for t in ts] for m, ts in targets.items()},
-            "shards": _plan(df, modes, shard_rows)}
+            "shards": _plan(df, modes, shard_rows), **extra}
     action = check_out_dir(out_dir, plan, force)
     _preflight(model, df, modes, targets, DTYPES[dtype])  # before anything is written or removed
     if action == "replace":  # a forced run over an earlier extraction: built beside it, swapped in when done
         target, out_dir = out_dir, temp_sibling(out_dir)
         try:
-            _run_plan(model, df, plan, targets, out_dir, "fresh", batch_size, dtype, progress, on_shard, model_hash, data_hash)
+            _run_plan(model, df, plan, targets, out_dir, "fresh", batch_size, dtype, progress, on_shard, lm.hash, data_hash)
             swap_in(out_dir, target)
         finally:
             if out_dir.exists():
                 shutil.rmtree(out_dir)
         return ActivationStore(target)
-    _run_plan(model, df, plan, targets, out_dir, action, batch_size, dtype, progress, on_shard, model_hash, data_hash)
+    _run_plan(model, df, plan, targets, out_dir, action, batch_size, dtype, progress, on_shard, lm.hash, data_hash)
     return ActivationStore(out_dir)
+
+
+def extract_streams(model, dataset, out_dir, **kwargs) -> "ActivationStore":
+    """`extract` of a Hidden Decoding model: its one mode, `standard`, holds every stream at every
+    depth (`stream_targets`). A latent-feedback model is refused."""
+    return extract(model, dataset, ("standard",), out_dir, reference=False, require_arch=HIDDEN_ARCH, **kwargs)
+
+
+def _parse_modes(spec) -> list[str]:
+    modes = [str(m).strip() for m in (spec.split(",") if isinstance(spec, str) else spec) if str(m).strip()]
+    modes = [m if m == REFERENCE_MODE else str(parse_mode(m)) for m in modes]
+    if not modes:
+        raise FbtError(f"modes '{spec}': expected a comma-separated list of prefill modes")
+    check_distinct(modes, spec)
+    return modes
 
 
 def _run_plan(model, df, plan: dict, targets: dict, out_dir: Path, action: str, batch_size: int, dtype: str,
@@ -351,8 +338,6 @@ def _run_plan(model, df, plan: dict, targets: dict, out_dir: Path, action: str, 
     manifest = {**plan, "shards": written, "n_samples": len(df),
                 "peak_rss_mb": {"largest_length": largest, "after_largest_length": first_largest["rss_mb"],
                                 "overall": round(_rss_mb(), 1)}}
-    from fbt_probe.provenance import provenance
-
     manifest["provenance"] = provenance(model_hash=model_hash, dataset_hash=data_hash)
     write_json(out_dir / "manifest.json", manifest)
 

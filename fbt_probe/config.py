@@ -38,26 +38,22 @@ class ModelConfig:
     1/sqrt(2·n_layers), keeping the top residual O(1) rather than O(L); "none" is plain Qwen3."""
     feedback_source: str = "post_norm"
     """Which top-layer state is carried: "pre_norm" is h^L (the residual stream before the final
-    norm, the paper's definition); "post_norm" is RMSNorm_final(h^L). The prototype measured that
-    h^L's RMS grows to 9-40 during training even with depth scaling, while the normed state stays ~1
-    and trains faster, so the tiny preset carries the post-norm state."""
+    norm, the paper's definition); "post_norm" is RMSNorm_final(h^L), whose scale stays near 1 in
+    training (BENCHMARKS.md, "Why the defaults are what they are")."""
     feedback_noise: float = 0.02  # U[-σ, σ] added to every carried state, in training mode only
     fast_fusion: bool = True  # use the CUDA kernel for the fusion epilogue when on CUDA and available
     init_std: float = 0.02
     qk_norm_init: float = 1.0
-    """Initial gain of the per-head QK RMSNorms (Qwen3 and HF start them at 1). After QK-norm an
-    attention logit is at most gain_q · gain_k · sqrt(d_head), about 5.7 at d_head 32 with gains of 1,
-    so sharp attention must first grow the gains. Henry et al. (2020, "Query-Key Normalization for
-    Transformers") start the scale above 1 for this reason. The tiny preset starts them at 3: with 1,
-    completion stayed at exactly chance for 1,000 steps; with 3 it learned in about 250 steps (see
-    BENCHMARKS.md, Training). Loaded weights (checkpoints, Qwen3 imports) override it."""
+    """Initial gain of the per-head QK RMSNorms (Qwen3 and HF start them at 1). After QK-norm sharp
+    attention must first grow the gains, so the tiny preset starts them at 3, as Henry et al. (2020,
+    "Query-Key Normalization for Transformers") start the scale above 1 (BENCHMARKS.md, "Why the
+    defaults are what they are"). Loaded weights (checkpoints, Qwen3 imports) override it."""
     fusion_norm_init: float | None = None
     """Initial weight of the fusion RMSNorm (every entry). None: the mean RMS of the embedding rows, so
     a fused input starts at the scale of a plain embedding (right for a warm start from a trained
     checkpoint, whose layer 0 expects embedding-scale inputs). The tiny preset sets 1: trained from
-    scratch, fused inputs at the embedding scale (0.02) made a two-pass step's backbone gradient
-    12.6x a one-pass step's at initialisation (QK-norm attention is very sensitive to the direction
-    of so small an input); at 1 it is 1.6x (benchmarks/train_grad_norms.py, BENCHMARKS.md, Training). Loaded weights override it."""
+    scratch, embedding-scale fused inputs unbalance the multi-pass gradients (BENCHMARKS.md, "Why
+    the defaults are what they are"). Loaded weights override it."""
     dtype: str = "float32"
     device: str = "cpu"
 
@@ -149,6 +145,13 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def arch_of(obj) -> str:
+    """The architecture of a model or model config ('feedback' unless the config says otherwise):
+    the key of the per-architecture tables (loading, extraction, training)."""
+    cfg = getattr(obj, "cfg", obj)
+    return getattr(cfg, "arch", "feedback")
+
+
 def check_device(device: str | None) -> str | None:
     """`device` if torch can use it on this machine (None passes), else a one-line FbtError."""
     if device is None:
@@ -179,7 +182,7 @@ def _checker(source: str):
 
 
 PRESETS: dict[str, ModelConfig] = {
-    # 4 layers, d_model 128: trains on a 2-core CPU in minutes (PROTOTYPE-NOTES: L=2 never learns completion).
+    # 4 layers, d_model 128: trains on a 2-core CPU in minutes (2 layers are too few: BENCHMARKS.md, "Why the defaults").
     "tiny": ModelConfig(qk_norm_init=3.0, fusion_norm_init=1.0),
     # The paper's 1B: 24 layers, D=1536, 16/8 heads, FFN 6656, vocab 100,352, ctx 8192, window 2048, every 6th global.
     "paper-1b": ModelConfig(

@@ -4,10 +4,29 @@ from __future__ import annotations
 
 
 def act_name(kind: str, layer: int | None = None) -> str:
-    """`act_name("resid_post", 3)` -> "blocks.3.hook_resid_post"; attention/MLP internals too.
+    """The hook name of an activation (TransformerLens conventions, docs/model.md).
 
-    kinds: embed, resid_pre, resid_mid, resid_post, attn_out, mlp_out, q, k, v, pattern, z,
-    mlp_pre, mlp_pre_linear, mlp_post, ln_final, fusion_feedback, fusion_value, fusion_gate, fusion_out.
+    Parameters
+    ----------
+    kind : str
+        embed, resid_pre, resid_mid, resid_post, attn_out, mlp_out, q, k, v, pattern, z, mlp_pre,
+        mlp_pre_linear, mlp_post, ln_final, fusion_feedback, fusion_value, fusion_gate, fusion_out.
+    layer : int, optional
+        The block, for the per-layer kinds.
+
+    Returns
+    -------
+    str
+        The name `run_with_cache` keys and `run_with_hooks` takes.
+
+    Examples
+    --------
+    >>> act_name("resid_post", 3)
+    'blocks.3.hook_resid_post'
+    >>> act_name("fusion_gate"), act_name("pattern", 0)
+    ('fusion.hook_gate', 'blocks.0.attn.hook_pattern')
+    >>> depth_name(0), depth_name(2)
+    ('blocks.0.hook_resid_pre', 'blocks.1.hook_resid_post')
     """
     top = {"embed": "hook_embed", "ln_final": "ln_final.hook_normalized"}
     if kind in top:

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 import fbt_probe as fp
 from fbt_probe.cli import app
 from fbt_probe.errors import FbtError
-from fbt_probe.hidden import (HiddenDecodingTransformer, extract_streams, load_hidden, split_stream_depth,
-                              stream_depth, stream_position)
+from fbt_probe.activations import extract_streams
+from fbt_probe.hidden import HiddenDecodingTransformer, load_hidden, split_stream_depth, stream_depth, stream_position
 from fbt_probe.hooks import depth_name
 from fbt_probe.training import TrainConfig, run_training
 from tests.helpers import make_model

@@ -14,7 +14,8 @@ from fbt_probe.interventions import (bootstrap_ci, capture, edit_at, feedback_sw
                                      rank_one_edit, residual_patching, set_at, soft_answer_logits, state_replacement,
                                      stitch, summarize, to_long)
 from fbt_probe.interventions.experiments import last_prefix
-from fbt_probe.interventions.probe_direction import apply_edit, fold_edits, folds
+from fbt_probe.interventions.probe_edits import apply_edit, fold_edits
+from fbt_probe.probes import fit_binary, grouped_folds
 from fbt_probe.tasks import build_tokenizer, generate, load_spec
 from tests.helpers import make_model, task_pairs, tokens
 
@@ -134,13 +135,13 @@ def test_leace_and_orth_erasure_remove_the_class_mean_difference():
     y = np.repeat([0, 1], 20)
     groups = np.arange(40) // 2
     X = rng.standard_normal((40, 6)) + 2.0 * y[:, None] * np.array([1, 0, 0, 1, 0, 0])
-    splits = folds(y, groups, 4, 0)
+    splits = grouped_folds(y, groups, 4, 0)
     edits = fold_edits(X, y, splits, ("leace", "orth"))
     assert np.nanmean(edits["probe_correct"]) > 0.9  # decodable before
     for train, _ in splits[:1]:
-        from fbt_probe.interventions.probe_direction import _eraser, fit_probe
+        from fbt_probe.interventions.probe_edits import _eraser
 
-        Xe = apply_edit(X[train], *_eraser("leace", X[train], y[train], fit_probe(X[train], y[train]).direction))
+        Xe = apply_edit(X[train], *_eraser("leace", X[train], y[train], fit_binary(X[train], y[train]).direction))
         gap = Xe[y[train] == 1].mean(0) - Xe[y[train] == 0].mean(0)
         np.testing.assert_allclose(gap, 0, atol=1e-8)  # LEACE: no linear signal on its fitting data
 

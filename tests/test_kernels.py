@@ -1,4 +1,4 @@
-"""The fusion fast path (kernels/, importable as fbt_probe_kernels) against a float64 reference.
+"""The fusion fast path (fbt_probe/kernels/) against a float64 reference.
 
 On CPU the Triton kernel runs in Triton's interpreter, which must be switched on (TRITON_INTERPRET=1)
 before `triton` is first imported. So the interpreted tests run in a child pytest on this file with
@@ -19,9 +19,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import fbt_probe_kernels as K
+import fbt_probe.kernels as K
 
-kmod = importlib.import_module("fbt_probe_kernels.glu_fusion")
+kmod = importlib.import_module("fbt_probe.kernels.glu_fusion")
 ROOT = Path(__file__).resolve().parent.parent
 INTERPRETED = kmod.interpreting()  # fixed when triton was imported
 EPS = 1e-6
@@ -68,18 +68,18 @@ def launches(monkeypatch, interpret):
 
 # --------------------------------------------------------------------------- packaging, reference
 
-def test_packaging_lists_every_fbt_probe_subpackage():
-    """pyproject lists packages explicitly (kernels/ is renamed to fbt_probe_kernels); a new
-    fbt_probe sub-package must be added there or wheels will miss it."""
-    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert cfg["package-dir"]["fbt_probe_kernels"] == "kernels"
+def test_every_package_folder_is_a_package():
+    """pyproject finds packages (`packages.find`, include fbt_probe*): a folder of modules without
+    `__init__.py` would be left out of wheels."""
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert cfg["include"] == ["fbt_probe*"]
     try:  # committed files (a work-in-progress folder of another change is not yet a package)
         files = subprocess.run(["git", "ls-files", "fbt_probe"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     except (OSError, subprocess.CalledProcessError):
         files = [str(p.relative_to(ROOT)) for p in (ROOT / "fbt_probe").rglob("*.py")]
-    packages = {".".join(Path(f).parent.parts) for f in files if f.endswith(".py")}
-    missing = sorted(packages - set(cfg["packages"]))
-    assert not missing, f"add {missing} to [tool.setuptools] packages in pyproject.toml"
+    folders = {Path(f).parent for f in files if f.endswith(".py")}
+    missing = sorted(str(d) for d in folders if not (ROOT / d / "__init__.py").is_file())
+    assert not missing, f"add __init__.py to {missing}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -340,7 +340,7 @@ class TestBenchInterpreted:
     __test__ = INTERPRETED  # collected only where Triton interprets (the child process)
 
     def test_bench_fused_path_runs(self, launches):
-        from fbt_probe.bench_fusion import FusionBenchConfig, run_fusion_bench, to_markdown
+        from fbt_probe.bench.fusion import FusionBenchConfig, run_fusion_bench, to_markdown
 
         cfg = FusionBenchConfig(rows=(1, 5), d_model=40, vocab=50, device="cpu", decode=True, decode_preset="tiny",
                                 decode_batches=(2,), decode_ctx=8, model_step=False, budget_ms=1, interpreted_kernel=True)

@@ -3,7 +3,7 @@ equals the full run, under every mode and both hook rules, with and without edit
 import pytest
 import torch
 
-from fbt_probe.interventions.hooks import capture, set_at
+from fbt_probe.interventions.edits import capture, set_at
 from fbt_probe.model.prefix import build_prefix
 from tests.helpers import make_model, tokens
 

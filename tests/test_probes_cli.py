@@ -99,10 +99,10 @@ def test_extract_takes_a_hidden_decoding_checkpoint(study, tmp_path):
     assert f"2 streams x {L + 1} depths" in r.output
     store = ActivationStore(tmp_path / "acts")
     assert store.modes == ["standard"] and store.manifest["model"]["arch"] == "hidden-decoding"
-    from fbt_probe.hidden.extract import _dataset
+    from fbt_probe.loading import load_data
 
     X, rows, _ = store.load("standard", "completion", 8)
-    data = _dataset(study / "data")[0]  # the rows the store's row ids index
+    data = load_data(study / "data")  # the rows the store's row ids index
     toks = torch.tensor(np.stack(data.loc[rows.row, "token_ids"].to_list()), dtype=torch.long)
     _, cache = load_hidden(tmp_path / "hd").run_with_cache(toks)
     for k in (1, 2):

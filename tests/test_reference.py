@@ -27,7 +27,7 @@ def test_the_package_ships_the_feedback_model_its_baseline_and_a_hidden_decoding
 
 @pytest.mark.parametrize("name", reference.names())
 def test_a_shipped_model_loads_by_name_with_its_recorded_hash_and_check_accuracy(name):
-    from fbt_probe.reference.pack import check_slice
+    from fbt_probe.training.pack import check_slice
     from fbt_probe.tasks import load_tokenizer
 
     rec = reference.record(name)

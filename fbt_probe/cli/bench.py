@@ -1,4 +1,4 @@
-"""`fbt-probe bench fusion` (and later `bench model`): benchmarks that write a Markdown report.
+"""`fbt-probe bench fusion | model | patch | probes`: benchmarks that write a Markdown report.
 
 Each command builds its config, calls one library function that returns a JSON-able dict, and hands
 it to `write_report`, which prints the Markdown or writes it to --out (with the full result as JSON
@@ -19,7 +19,7 @@ ForceOption = Annotated[bool, typer.Option("--force", help="Replace an existing 
 
 def write_report(result: dict, to_markdown: Callable[[dict], str], out: Path | None, force: bool) -> None:
     """Print the report, or write it atomically to `out` and the result to `out` + '.json'."""
-    from fbt_probe.bench_fusion import save_report
+    from fbt_probe.bench.report import save_report
 
     text = to_markdown(result)
     if out is None:
@@ -51,7 +51,7 @@ def fusion(
 
     Example: fbt-probe bench fusion --rows 1,64,4k,64k --out reports/bench/fusion.md
     """
-    from fbt_probe.bench_fusion import FusionBenchConfig, parse_rows, run_fusion_bench, to_markdown
+    from fbt_probe.bench.fusion import FusionBenchConfig, parse_rows, run_fusion_bench, to_markdown
 
     cfg = FusionBenchConfig(
         rows=parse_rows(rows), d_model=d_model, device=device, dtype=dtype, compile=compile, decode=decode,
@@ -79,7 +79,7 @@ def model(
 
     Example: fbt-probe bench model --out reports/bench/model.md
     """
-    from fbt_probe.bench_model import run_model_bench, to_markdown
+    from fbt_probe.bench.model import run_model_bench, to_markdown
     from fbt_probe.errors import FbtError
 
     try:
@@ -109,7 +109,7 @@ def patch(
 
     Example: fbt-probe bench patch --out reports/bench/patch.md
     """
-    from fbt_probe.bench_patch import EXPERIMENTS, run_patch_bench, to_markdown
+    from fbt_probe.bench.patch import EXPERIMENTS, run_patch_bench, to_markdown
     from fbt_probe.errors import FbtError
     from fbt_probe.model.modes import parse_mode
 
@@ -125,3 +125,30 @@ def patch(
     result = run_patch_bench(run, dataset, names, str(parse_mode(mode)), compare_pairs, seed,
                              progress=lambda line: typer.echo(line, err=True))
     write_report(result, to_markdown, out, force)
+
+
+@app.command()
+def probes(
+    n: Annotated[int, typer.Option("--n", help="Samples (pairs of two).")] = 1600,
+    d: Annotated[int, typer.Option("--d", help="Activation width D.")] = 1536,
+    depths: Annotated[int, typer.Option(help="Probe depths (one fit per depth and fold).")] = 25,
+    folds: Annotated[int, typer.Option(help="Folds of GroupKFold.")] = 5,
+    jobs: Annotated[int, typer.Option(help="joblib workers of the CPU path (-1: all cores).")] = -1,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic activations.")] = 0,
+    torch_path: Annotated[bool, typer.Option("--torch", help="Also time the batched torch path.")] = False,
+    device: Annotated[str | None, typer.Option(help="Device of the torch path (default: cuda if available).")] = None,
+    out: OutOption = None,
+    force: ForceOption = False,
+) -> None:
+    """A depth x fold probe sweep on synthetic activations: the project's CPU path (lbfgs, one BLAS
+    thread per fit, fits over cores) against scikit-learn defaults in one loop, and with --torch the
+    batched torch path, with the largest held-out accuracy difference between them.
+
+    Example: fbt-probe bench probes --torch --out reports/bench/probes.md ; fbt-probe bench probes --depths 3 --d 64 --n 200
+    """
+    from fbt_probe.bench.probes import bench_probe_sweep, to_markdown
+    from fbt_probe.io import refuse_existing
+
+    if out is not None:  # before minutes of fitting
+        refuse_existing(out, force)
+    write_report(bench_probe_sweep(n, d, depths, folds, jobs, seed, torch_path, device), to_markdown, out, force)

@@ -19,11 +19,11 @@ def register(app: typer.Typer) -> None:
         """
         import torch
 
-        import fbt_probe as fp
         from fbt_probe.cli.model import model_summary
+        from fbt_probe.loading import load_model
         from fbt_probe.model import generate
 
-        model = fp.load_model("tiny", seed=seed).eval()
+        model = load_model("tiny", seed=seed).eval()
         s = model_summary(model)
         typer.echo(f"tiny model: {s['parameters']:,} parameters, {s['fusion_parameters_2D2']:,} in the fusion (2·D²)")
         typer.echo(f"hook points: {len(s['hook_names'])}; fusion: {', '.join(n for n in s['hook_names'] if n.startswith('fusion.'))}")

@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from fbt_probe.cli.options import DeviceOption, NBootOption
+
 
 def lens(
     run: Annotated[str, typer.Argument(help="Run / checkpoint folder or a preset name (random init).", show_default=False)],
@@ -20,9 +22,9 @@ def lens(
     positions: Annotated[int, typer.Option(help="Training positions per lens-train sample.")] = 16,
     eval_fraction: Annotated[float, typer.Option(help="Share of pair groups held out of tuned-lens training (all metrics are on them).")] = 0.5,
     batch_size: Annotated[int, typer.Option(help="Samples per forward.")] = 32,
-    n_boot: Annotated[int, typer.Option(help="Bootstrap resamples over pairs.")] = 1000,
+    n_boot: NBootOption = 1000,
     seed: Annotated[int, typer.Option(help="Seed (lens split, training positions, bootstrap; preset init).")] = 0,
-    device: Annotated[str, typer.Option(help="Device to run the model on.")] = "cpu",
+    device: DeviceOption = "cpu",
     figures: Annotated[bool, typer.Option(help="Draw figures/lens.png.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing OUT.")] = False,
 ) -> None:
@@ -36,20 +38,20 @@ def lens(
     Example: fbt-probe lens runs/tiny data/tasks --mode standard,recurrent:1,full,jacobi:3 --out results/lens
     """
     from fbt_probe.cli.patch import _ints
-    from fbt_probe.interventions import check_compatible, load_pairs, load_run_model
     from fbt_probe.io import refuse_existing
     from fbt_probe.lens.sweep import LENS_KIND, LensConfig, is_lens_folder, run_lens, write_lens
+    from fbt_probe.loading import open_pairs
     from fbt_probe.model.modes import parse_modes
 
     cfg = LensConfig(modes=tuple(str(m) for m in parse_modes(mode)), steps=steps, lr=lr, positions=positions,
                      eval_fraction=eval_fraction, max_pairs=max_pairs, lengths=_ints(lengths, "lengths"),
                      batch_size=batch_size, n_boot=n_boot, seed=seed)
     replacing = refuse_existing(out, force, own=is_lens_folder, kind=LENS_KIND)  # before loading anything
-    df = load_pairs(dataset, [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None)
-    model, info, tok = load_run_model(run, device=device, seed=seed)
-    check_compatible(model, df, tok)
+    lm, df = open_pairs(run, dataset, [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
+                        device=device, seed=seed)
+    model = lm.model
     res = run_lens(model, df, cfg)
-    write_lens(res, out, df, info, force=force, figures=figures)
+    write_lens(res, out, df, lm.provenance(), force=force, figures=figures)
     s = res.summary
     top = model.cfg.n_layers
     for r in s[(s.metric == "p_correct") & (s.length_knob == -1) & s.depth.isin([0, top])].itertuples():

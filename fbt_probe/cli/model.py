@@ -30,14 +30,14 @@ def info(
     """
     import torch
 
-    import fbt_probe as fp
     from fbt_probe.config import PRESETS
+    from fbt_probe.loading import load_model
 
     if source in PRESETS and source != "tiny":
         with torch.device("meta"):
-            model = fp.load_model(source, device="meta")
+            model = load_model(source, device="meta")
     else:
-        model = fp.load_model(source)
+        model = load_model(source)
     s = model_summary(model)
     typer.echo(f"model: {source}")
     for k, v in s["config"].items():
@@ -88,13 +88,13 @@ def export_hf(
 
     Example: fbt-probe model export-hf runs/imported ./qwen3-again
     """
-    import fbt_probe as fp
     from fbt_probe.io import atomic_dir, refuse_existing
+    from fbt_probe.loading import load_model
     from fbt_probe.model.hf import export_qwen3, is_qwen3_folder
 
     own = dict(own=is_qwen3_folder, kind="a Qwen3-format folder")
     replacing = refuse_existing(out, force, **own)
-    model = fp.load_model(source)
+    model = load_model(source)
     with atomic_dir(out, force, **own) as tmp:
         export_qwen3(model, tmp, force=True)
     typer.echo(f"{'replaced the earlier export in' if replacing else 'wrote'} {out}")
@@ -139,7 +139,7 @@ def pack(
 
     from fbt_probe.errors import FbtError
     from fbt_probe.reference import ROOT
-    from fbt_probe.reference.pack import pack as do_pack
+    from fbt_probe.training.pack import pack as do_pack
 
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
         raise FbtError(f"--name {name!r}: expected lower-case letters, digits and '-'")

@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from fbt_probe.cli.options import DeviceOption, NBootOption
+
 
 def _ints(spec: Optional[str], what: str) -> tuple[int, ...] | None:
     from fbt_probe.errors import FbtError
@@ -49,10 +51,10 @@ def patch(
     steps: Annotated[int, typer.Option(help="DAS: optimizer steps per rotation.")] = 200,
     lr: Annotated[float, typer.Option(help="DAS: learning rate of the rotation (Adam).")] = 1e-2,
     batch_size: Annotated[int, typer.Option(help="Samples per forward (pairs stay together).")] = 32,
+    device: DeviceOption = "cpu",
     prefix_reuse: Annotated[bool, typer.Option("--prefix-reuse/--no-prefix-reuse", help="Compute the positions before the edited one once per batch and run only the rest per condition (default); --no-prefix-reuse re-runs the whole sequence each time (same tables up to float rounding, slower).")] = True,
-    n_boot: Annotated[int, typer.Option(help="Bootstrap resamples over pairs.")] = 1000,
+    n_boot: NBootOption = 1000,
     seed: Annotated[int, typer.Option(help="Seed (bootstrap, donors, random states, folds; preset init).")] = 0,
-    device: Annotated[str, typer.Option(help="Device to run the model on.")] = "cpu",
     figures: Annotated[bool, typer.Option(help="Draw the experiment's figures into OUT/<experiment>/figures/.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing OUT/<experiment>/.")] = False,
 ) -> None:
@@ -65,8 +67,10 @@ def patch(
     fbt-probe patch runs/tiny data/tasks --experiment attribution --mode standard,jacobi:2 --check 10 --out results/ ;
     fbt-probe patch runs/tiny data/tasks --experiment das --mode recurrent:1 --ks 1,2,4,8 --out results/
     """
-    from fbt_probe.interventions import PatchConfig, check_compatible, load_pairs, load_run_model, run as run_patch
+    from fbt_probe.interventions import PatchConfig
+    from fbt_probe.interventions import run as run_patch
     from fbt_probe.io import refuse_existing
+    from fbt_probe.loading import open_pairs
     from fbt_probe.model.modes import parse_modes
 
     cfg = PatchConfig(experiment=experiment, modes=tuple(str(m) for m in parse_modes(mode)), batch_size=batch_size,
@@ -78,10 +82,8 @@ def patch(
 
     replacing = refuse_existing(out / experiment, force, own=is_results_folder, kind=RESULTS_KIND)  # before loading anything
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
-    df = load_pairs(dataset, task_list)
-    model, info, tok = load_run_model(run, device=device, seed=seed)
-    check_compatible(model, df, tok)
-    res = run_patch(model, df, cfg, out=out, force=force, model_info=info, figures=figures)
+    lm, df = open_pairs(run, dataset, task_list, device=device, seed=seed)
+    res = run_patch(lm.model, df, cfg, out=out, force=force, model_info=lm.provenance(), figures=figures)
     _report(res)
     if replacing:
         typer.echo(f"replaced the earlier results in {out / experiment}")

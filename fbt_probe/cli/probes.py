@@ -41,20 +41,10 @@ def extract(
                    f"{len(shard['rows'])} samples", err=True)
 
     extra = [h.strip() for h in hooks.split(",") if h.strip()] if hooks else []
-    from fbt_probe.hidden.checkpoint import is_hidden_checkpoint
-
     replacing = force and out.is_dir() and is_activation_folder(out)
     try:
-        from fbt_probe.reference import resolve
-
-        folder = Path(resolve(run))  # ref:<name>: the shipped folder (hashes verified)
-        if folder.is_dir() and is_hidden_checkpoint(folder):  # Hidden Decoding: streams x depths, one mode
-            _extract_hidden(run, dataset, out, modes, extra, batch_size, shard_rows, dtype, device, force)
-            store = None
-        else:
-            store = run_extract(run, dataset, modes or "standard,recurrent:1", out, extra_hooks=extra, reference=reference,
-                                batch_size=batch_size, shard_rows=shard_rows, dtype=dtype, device=device, force=force,
-                                progress=progress)
+        store = run_extract(run, dataset, modes, out, extra_hooks=extra, reference=reference, batch_size=batch_size,
+                            shard_rows=shard_rows, dtype=dtype, device=device, force=force, progress=progress)
     except KeyboardInterrupt:
         msg = f"{out} is unchanged (a forced extraction replaces it only when done)" if replacing else \
             "rerun the same command to resume"
@@ -62,29 +52,13 @@ def extract(
         raise typer.Exit(130) from None
     if replacing:
         typer.echo(f"replaced the earlier activation folder {out}")
-    if store is None:
-        return
-    rss = store.manifest["peak_rss_mb"]
-    typer.echo(f"wrote {len(store.manifest['shards'])} shards for {store.manifest['n_samples']} samples x "
-               f"{len(store.modes)} modes to {out} (peak RSS {rss['after_largest_length']:.0f} MB up to the "
-               f"largest length T={rss['largest_length']})")
-
-
-def _extract_hidden(run, dataset, out, modes, extra, batch_size, shard_rows, dtype, device, force) -> None:
-    """A Hidden Decoding checkpoint has no feedback modes: its one mode, `standard`, holds the final
-    token's streams 1..n at every layer depth (depth = (stream - 1)(L + 1) + layer depth)."""
-    from fbt_probe.errors import FbtError
-    from fbt_probe.hidden import extract_streams
-
-    if modes is not None and [m.strip() for m in modes.split(",") if m.strip()] != ["standard"]:
-        raise FbtError(f"--modes '{modes}': {run} is a Hidden Decoding model, which has only mode 'standard'")
-    if extra:
-        raise FbtError(f"--hooks: not supported for the Hidden Decoding model {run} (streams x depths are extracted)")
-    store = extract_streams(run, dataset, out, batch_size=batch_size, shard_rows=shard_rows, dtype=dtype,
-                            device=device, force=force)
-    m = store.manifest["model"]
-    typer.echo(f"wrote {len(store.manifest['shards'])} shards for {store.manifest['n_samples']} samples x "
-               f"{m['n_streams']} streams x {m['n_layers'] + 1} depths (mode standard) to {out}")
+    m, n, rss = store.manifest["model"], store.manifest["n_samples"], store.manifest["peak_rss_mb"]
+    if "n_streams" in m:  # Hidden Decoding: one mode holding streams x depths
+        what = f"{m['n_streams']} streams x {m['n_layers'] + 1} depths (mode standard)"
+    else:
+        what = f"{len(store.modes)} modes"
+    typer.echo(f"wrote {len(store.manifest['shards'])} shards for {n} samples x {what} to {out} (peak RSS "
+               f"{rss['after_largest_length']:.0f} MB up to the largest length T={rss['largest_length']})")
 
 
 def probe(

@@ -37,6 +37,7 @@ def reproduce_cmd(
     from fbt_probe.config import preset as check_preset
     from fbt_probe.errors import FbtError
     from fbt_probe.reproduce import ReproConfig, reproduce
+    from fbt_probe.reproduce.pipeline import reproduce_seeds
 
     check_preset(preset)
     if preset != "tiny" and model is None:
@@ -51,8 +52,6 @@ def reproduce_cmd(
     cfg = make(**kw)
     t0 = time.perf_counter()
     if seeds is not None:
-        from fbt_probe.reproduce.seeds import reproduce_seeds
-
         res = reproduce_seeds(cfg, out, seeds, set(force or []), echo=typer.echo)
         typer.echo(f"finished in {time.perf_counter() - t0:.0f} s; over seeds: {res['seeds']}; reports: "
                    + ", ".join(str(r) for r in res["reports"]))

@@ -108,24 +108,20 @@ def eval_cmd(
     Example: fbt-probe eval runs/tiny
     """
     from fbt_probe.tasks import load_tokenizer
+    from fbt_probe.training.arch import ARCHS
     from fbt_probe.training.checkpoint import load_run
-    from fbt_probe.training.evaluate import answer_accuracy, eval_samples, loss_per_pass
+    from fbt_probe.training.evaluate import answer_accuracy, eval_samples
 
     model, cfg, _, _ = load_run(run)
     tok = load_tokenizer(run / "tokenizer.json")
-    if cfg.arch == "hidden-decoding":  # one pass only: no feedback modes, no per-pass losses
-        from fbt_probe.hidden.train import val_loss
-
-        acc = answer_accuracy(model, eval_samples(cfg, tok, pairs=pairs), tok, modes=("standard",))
-        losses = val_loss(model, cfg, tok)
-    else:
-        acc = answer_accuracy(model, eval_samples(cfg, tok, pairs=pairs), tok)
-        losses = loss_per_pass(model, cfg, tok, max_passes=4)
+    arch = ARCHS[cfg.arch]  # a Hidden Decoding run has one pass only: no feedback modes, no per-pass losses
+    modes = {} if arch.eval_modes is None else {"modes": arch.eval_modes}
+    acc = answer_accuracy(model, eval_samples(cfg, tok, pairs=pairs), tok, **modes)
+    losses = arch.val_losses(model, cfg, tok, max_passes=4)
     dest = out or run / "eval"
     _write_table(acc, dest / "accuracy", run, cfg, force, extra={"val_loss_per_pass": losses})
     typer.echo(acc.pivot_table(index=["task", "length_knob"], columns="decoding", values="accuracy").round(3).to_string())
-    label = "validation loss per pass: " if cfg.arch != "hidden-decoding" else "validation loss (one pass, last streams): "
-    typer.echo(label + ", ".join(f"{k.removeprefix('val_loss_')}={v:.3f}" for k, v in losses.items()))
+    typer.echo(arch.val_label + ", ".join(f"{k.removeprefix('val_loss_')}={v:.3f}" for k, v in losses.items()))
     typer.echo(f"wrote {dest}/accuracy.{{parquet,csv,json}}")
 
 

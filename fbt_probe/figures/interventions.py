@@ -17,6 +17,8 @@ import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
 from fbt_probe.errors import FbtError
+from fbt_probe.figures import FIGURES as REGISTRY
+from fbt_probe.figures import FigureEntry, get_figure, register_figure
 from fbt_probe.figures.style import paper_style, subplots
 
 NEED = {"experiment", "condition", "mode", "task", "length_knob", "metric", "mean", "ci_low", "ci_high"}
@@ -201,8 +203,6 @@ BY_EXPERIMENT = {"residual": ("patching-heatmap",), "feedback-swap": ("ablation-
 
 def register_all() -> None:
     """Add these figures to the `fbt-probe figures` registry (default table: summary.parquet)."""
-    from fbt_probe.figures import FIGURES as REGISTRY, FigureEntry, register_figure
-
     for name, (fn, help_) in FIGURES.items():
         if name not in REGISTRY:
             register_figure(name, FigureEntry(__name__, fn.__name__, "summary.parquet", help_))
@@ -212,7 +212,6 @@ def draw_for(summary: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Draw the figures of the experiment(s) in `summary` into `out_dir` as PNG; returns the paths."""
     import matplotlib.pyplot as plt
 
-    from fbt_probe.figures import get_figure
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

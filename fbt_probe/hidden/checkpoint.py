@@ -6,8 +6,9 @@ from pathlib import Path
 
 from fbt_probe.errors import FbtError
 from fbt_probe.hidden.config import ARCH, HiddenConfig
+from fbt_probe.hidden.model import HiddenDecodingTransformer
 from fbt_probe.io import read_json
-from fbt_probe.model.checkpoint import FORMATS, read_config, save_checkpoint
+from fbt_probe.model.checkpoint import FORMATS, build_from_weights, read_config, save_checkpoint
 
 __all__ = ["is_hidden_checkpoint", "load_hidden", "save_checkpoint"]
 
@@ -23,9 +24,6 @@ def is_hidden_checkpoint(folder: str | Path) -> bool:
 
 
 def load_hidden(folder: str | Path, device: str = "cpu"):
-    from fbt_probe.hidden.model import HiddenDecodingTransformer
-    from fbt_probe.model.checkpoint import build_from_weights
-
     folder = Path(folder)
     if not is_hidden_checkpoint(folder):
         raise FbtError(f"{folder / 'config.json'}: not a hidden-decoding checkpoint (model.arch is not '{ARCH}')")

@@ -59,3 +59,14 @@ def stream_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, n: int, cross: bool, w
     if window is not None:
         allowed &= (token_index(q_pos, n)[:, None] - token_index(k_pos, n)[None, :]) < window
     return allowed
+
+
+def stream_depth(stream: int, depth: int, n_layers: int) -> int:
+    """Combined probe depth of (stream k in 1..n, layer depth d in 0..L), stream-major: the probe
+    table of a Hidden Decoding model runs its `depth` column over (stream, layer)."""
+    return (stream - 1) * (n_layers + 1) + depth
+
+
+def split_stream_depth(combined, n_layers: int):
+    """(stream, layer depth) of a combined depth (ints or arrays)."""
+    return combined // (n_layers + 1) + 1, combined % (n_layers + 1)

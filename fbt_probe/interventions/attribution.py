@@ -27,8 +27,8 @@ import torch
 
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import act_name, depth_name
+from fbt_probe.interventions.edits import span
 from fbt_probe.interventions.experiments import ONE_PASS, SERIAL, device_of
-from fbt_probe.interventions.hooks import span
 from fbt_probe.interventions.metrics import AXES, logit_diff, score
 from fbt_probe.interventions.pairs import PairBatch
 from fbt_probe.model.modes import parse_mode

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.nn.utils.parametrizations import orthogonal
 
+from fbt_probe.errors import FbtError
 from fbt_probe.model.components import KVCache, hooked
 from fbt_probe.model.transformer import HookContext
 
@@ -120,8 +121,6 @@ class FinalStep:
 
         self([(name, grab)])
         if "x" not in store:
-            from fbt_probe.errors import FbtError
-
             raise FbtError(f"das: hook {name} does not fire at the final position under this mode "
                            "(fusion hooks need a mode that feeds the final position)")
         return store["x"]

@@ -5,7 +5,7 @@ baselines: a random rotation (the trained one's starting point) and the full-vec
 fitted on the same training pairs, and that probe's held-out accuracy.
 
 Run it on the no-feedback baseline model too: its fusion is untrained, the control for the feedback
-channel (DESIGN §5).
+channel (docs/probes.md).
 """
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ import torch
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import act_name, depth_name
 from fbt_probe.interventions.attribution import check_hooks, depth_of
-from fbt_probe.interventions.das import Examples, FinalStep, fit_rotations, haar, intervened_logits, iia, subspace_cosine
+from fbt_probe.interventions.das import Examples, FinalStep, fit_rotations, haar, iia, intervened_logits, subspace_cosine
 from fbt_probe.interventions.experiments import ONE_PASS, device_of
 from fbt_probe.interventions.metrics import score
 from fbt_probe.interventions.pairs import PairBatch
-from fbt_probe.interventions.probe_direction import fit_probe, folds
 from fbt_probe.model.modes import parse_mode
+from fbt_probe.probes import fit_binary, grouped_folds
 
 FEEDBACK = act_name("fusion_feedback")
 KS = (1, 2, 4, 8)
@@ -117,7 +117,7 @@ def das(model, batches, mode: str = "recurrent:1", min_gap: float = 0.1, hooks=N
         try:
             with warnings.catch_warnings():  # few groups per label class: sklearn warns, folds stay valid
                 warnings.simplefilter("ignore", UserWarning)
-                splits = folds(y_pairs, g_pairs, n_folds, seed)
+                splits = grouped_folds(y_pairs, g_pairs, n_folds, seed)
         except FbtError as exc:
             notes.append(f"das {mode} {task} length {knob}: skipped ({exc})")
             continue
@@ -134,7 +134,7 @@ def das(model, batches, mode: str = "recurrent:1", min_gap: float = 0.1, hooks=N
             X = acts.double().cpu().numpy()
             fitted = _fit_all(step, batch, acts, name, [m[0] for m in masks], ks, steps, lr, seed, model, max_rows)
             for f, (train, test) in enumerate(masks):
-                probe = fit_probe(X[train], y[train])
+                probe = fit_binary(X[train], y[train])
                 w = torch.as_tensor(probe.direction)
                 axes = dict(mode=mode, condition=name, depth=depth_of(name, model.cfg.n_layers), fold=f)
                 ex_train, ex_test = _examples(step, batch, acts, train), _examples(step, batch, acts, test)

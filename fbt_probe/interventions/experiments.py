@@ -1,6 +1,6 @@
-"""Experiments on the fused input and the residual stream (DESIGN §6.1-6.4) -> wide result rows.
+"""Experiments on the fused input and the residual stream (docs/interventions.md) -> wide result rows.
 
-Hook rule per experiment (DESIGN §2):
+Hook rule per experiment (docs/modes.md):
 - feedback swap, state replacement, gate ablation: **one-pass**. They edit `fusion.*` at the final
   position T-1 in the one hooked pass; nothing later depends on that position, so the edit is exact.
 - gate ablation under Soft decoding: the KV-cache step path (`model.step` with hooks on), the
@@ -24,11 +24,13 @@ import torch
 
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import act_name, depth_name
-from fbt_probe.interventions.hooks import capture, patch_rows_at, set_at, stitch
+from fbt_probe.interventions.edits import capture, patch_rows_at, set_at, stitch
 from fbt_probe.interventions.metrics import score
 from fbt_probe.interventions.pairs import PairBatch
+from fbt_probe.model.components import hooked
 from fbt_probe.model.modes import parse_mode
 from fbt_probe.model.prefix import Prefix, build_prefix
+from fbt_probe.model.transformer import HookContext
 
 FEEDBACK, VALUE, GATE, FUSED = (act_name(k) for k in ("fusion_feedback", "fusion_value", "fusion_gate", "fusion_out"))
 ONE_PASS, SERIAL, STEP = "one-pass", "serial", "kv-step"
@@ -241,9 +243,6 @@ def soft_answer_logits(model, tokens: torch.Tensor, hooks=(), prefix: Prefix | N
     """Soft decoding of the answer: standard prefill of x_1..x_{T-1}, then x_T as a Soft step fused
     with h_{T-1} (hooks fire in that step, context `step` at position T-1). [batch, d_vocab].
     `prefix`: `build_prefix(model, tokens, "recurrent:1", serial=True)`, the prefill done once."""
-    from fbt_probe.model.components import hooked
-    from fbt_probe.model.transformer import HookContext
-
     if prefix is not None:
         return prefix.run(fwd_hooks=hooks)[:, -1]
     T = tokens.shape[1]

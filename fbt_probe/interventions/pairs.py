@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 
 from fbt_probe.errors import FbtError
+from fbt_probe.tasks.tokenizer import answer_ids
 
 META_COLUMNS = ("row", "task", "pair_id", "label", "group_id", "length_knob", "n_tokens")
 
@@ -58,8 +59,6 @@ def label_token_ids(df: pd.DataFrame, tokenizer=None) -> dict[str, tuple[int, in
             word = words[label]
             tid = known.get(word)
             if tid is None and tokenizer is not None:
-                from fbt_probe.tasks.tokenizer import answer_ids
-
                 full, pos = answer_ids(tokenizer, sub["text"].iloc[0], word)
                 tid = None if pos is None else full[pos]
             if tid is None:

@@ -9,115 +9,33 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 import pandas as pd
 
 from fbt_probe.errors import FbtError
+from fbt_probe.figures.interventions import draw_for
 from fbt_probe.interventions import experiments as E
-from fbt_probe.interventions.atp_parity import PARQUET_ONLY, attribution, parity_table, split_rows
-from fbt_probe.interventions.das_experiment import das
+from fbt_probe.interventions.atp_parity import PARQUET_ONLY, split_rows
 from fbt_probe.interventions.metrics import METRIC_HELP, summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
-from fbt_probe.interventions.probe_direction import erase_methods, probe_direction
-from fbt_probe.model.modes import check_distinct, parse_mode
+from fbt_probe.interventions.probe_edits import erase_methods
+from fbt_probe.interventions.registry import EXPERIMENTS, HOOK_RULES, PatchConfig  # noqa: F401  (PatchConfig: re-exported)
+from fbt_probe.io import atomic_dir, read_json, refuse_existing, write_json
+from fbt_probe.provenance import provenance
 
 FORMAT = "fbt-probe.interventions/1"
 RESULTS_KIND = "an interventions results folder (manifest.json of format fbt-probe.interventions/1)"
-EXPERIMENTS = ("feedback-swap", "state-replacement", "gate-ablation", "residual", "probe-direction", "attribution", "das")
-HOOK_RULES = {
-    "feedback-swap": "one-pass: fusion.* replaced at the final position in the one hooked pass (exact)",
-    "state-replacement": "one-pass: fusion.hook_feedback replaced at the final position (exact)",
-    "gate-ablation": "one-pass for the prefill mode; kv-step (model.step with hooks) for Soft decoding",
-    "residual": "serial (serial=True) when the mode carries a state, so patches ripple through the "
-                "feedback; one-pass under standard",
-    "probe-direction": "one-pass: the final position of each probe depth edited in the one hooked pass (exact)",
-    "attribution": "as residual: serial (serial=True) when the mode carries a state, so gradients flow through the "
-                   "carried states (and Jacobi passes); one-pass under standard",
-    "das": "one-pass: the final position's activation interchanged in the mode's final pass (exact)",
-}
 PREFIX_REUSE = ("positions before the first edited one (T-1; residual: each run's first patched position) "
                 "computed once per batch with hooks off, the rest per condition under the same hook rule")
-
-
-@dataclass(frozen=True)
-class PatchConfig:
-    experiment: str
-    modes: tuple[str, ...] = ("recurrent:1",)
-    batch_size: int = 32
-    """Samples per forward (both samples of a pair always share a batch)."""
-    min_gap: float = 0.1
-    """|clean - corrupt| logit difference below which a pair is left out of `normalized`."""
-    n_boot: int = 1000
-    ci: float = 0.95
-    seed: int = 0
-    max_pairs: int | None = None
-    """Pairs per task × length cell (None = all; residual defaults to 16)."""
-    lengths: tuple[int, ...] | None = None
-    """Length knobs to keep (None = all; residual defaults to the shortest of each task)."""
-    depths: tuple[int, ...] | None = None
-    """Probe depths for residual / probe-direction (None = 0..L)."""
-    last_k: int | None = None
-    """Residual: patch only the last k positions (None = all)."""
-    scales: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
-    n_folds: int = 4
-    erase: str = "auto"
-    decoding: bool = True
-    """Gate ablation: also Std / Soft decoding answer accuracy."""
-    check: int = 0
-    """Attribution: exact patching on the K cells AtP ranks highest plus K random cells (0 = no check)."""
-    hooks: tuple[str, ...] | None = None
-    """Attribution / DAS: hook names (None = each experiment's default set)."""
-    ks: tuple[int, ...] = (1, 2, 4, 8)
-    """DAS: subspace dimensions."""
-    steps: int = 200
-    """DAS: optimizer steps per rotation."""
-    lr: float = 1e-2
-    """DAS: Adam learning rate of the rotation."""
-    prefix_reuse: bool = True
-    """Compute the positions before the first edited one once per batch (hooks off) and run only the
-    rest per condition (`fbt_probe.model.prefix`); False re-runs the whole sequence each time (the
-    reference path: same tables up to float rounding)."""
-
-    def __post_init__(self) -> None:
-        if self.experiment not in EXPERIMENTS:
-            raise FbtError(f"experiment '{self.experiment}': expected one of {', '.join(EXPERIMENTS)}")
-        check_distinct([str(parse_mode(m)) for m in self.modes], list(self.modes))
-        if not (_number(self.min_gap) and self.min_gap >= 0):  # NaN would disable the filter
-            raise FbtError(f"--min-gap {self.min_gap}: expected a finite number >= 0")
-        if not (_number(self.ci) and 0 < self.ci < 1):
-            raise FbtError(f"ci {self.ci}: expected a number in (0, 1)")
-        for name, low in (("n_boot", 1), ("batch_size", 2), ("n_folds", 2), ("max_pairs", 1), ("last_k", 1),
-                          ("check", 0), ("steps", 1)):
-            value = getattr(self, name)
-            if value is None and name in ("max_pairs", "last_k"):
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise FbtError(f"--{name.replace('_', '-').replace('n-folds', 'folds')} {value}: expected an integer >= {low}")
-        if self.depths is not None and (not self.depths or min(self.depths) < 0):
-            raise FbtError(f"--depths {','.join(map(str, self.depths))}: expected probe depths >= 0 (0 = the model's input)")
-        if not all(_number(s) for s in self.scales):
-            raise FbtError(f"--scales {self.scales}: expected finite numbers")
-        if self.experiment == "probe-direction":
-            erase_methods(self.erase)
-        if not (_number(self.lr) and self.lr > 0):
-            raise FbtError(f"--lr {self.lr}: expected a finite number > 0")
-        if not self.ks or min(self.ks) < 1 or len(set(self.ks)) != len(self.ks):
-            raise FbtError(f"--ks {','.join(map(str, self.ks))}: expected distinct subspace dimensions >= 1")
-        if self.hooks is not None and len(set(self.hooks)) != len(self.hooks):
-            raise FbtError(f"--hooks {','.join(self.hooks)}: expected distinct hook names")
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _cell_filter(df: pd.DataFrame, cfg: PatchConfig):
     """(lengths, max_pairs) after the residual defaults (shortest knob per task, 16 pairs)."""
     lengths, max_pairs = cfg.lengths, cfg.max_pairs
-    if cfg.experiment in ("residual", "attribution"):
+    if EXPERIMENTS[cfg.experiment].default_cells:
         if lengths is None:
             lengths = tuple(sorted(set(int(k) for k in df.groupby("task")["length_knob"].min())))
         if max_pairs is None:
@@ -136,27 +54,7 @@ def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | 
     out, notes, tables = [], [], {}
     for mode in cfg.modes:
         batches = list(pair_batches(df, label_ids, cfg.batch_size, max_pairs, lengths))
-        base = dict(mode=mode, min_gap=cfg.min_gap)  # attribution and DAS need the whole forward (gradients, interchange)
-        args = dict(base, reuse=cfg.prefix_reuse)
-        if cfg.experiment == "feedback-swap":
-            w = E.feedback_swap(model, batches, **args)
-        elif cfg.experiment == "state-replacement":
-            w = E.state_replacement(model, batches, seed=cfg.seed, **args)
-        elif cfg.experiment == "gate-ablation":
-            w = E.gate_ablation(model, batches, decoding=cfg.decoding, **args)
-        elif cfg.experiment == "residual":
-            w = E.residual_patching(model, batches, depths=cfg.depths, last_k=cfg.last_k,
-                                    batch_size=max(cfg.batch_size, 2), **args)
-        elif cfg.experiment == "attribution":
-            w = attribution(model, batches, hooks=cfg.hooks, last_k=cfg.last_k, check=cfg.check, seed=cfg.seed,
-                            batch_size=max(cfg.batch_size, 2), **base)
-            w.attrs["tables"] = {"parity": parity_table(w, cfg.n_boot, cfg.ci, cfg.seed)}
-        elif cfg.experiment == "das":
-            w = das(model, batches, hooks=cfg.hooks, ks=cfg.ks, steps=cfg.steps, lr=cfg.lr, n_folds=cfg.n_folds,
-                    seed=cfg.seed, **base)
-        else:
-            w = probe_direction(model, batches, depths=cfg.depths, scales=cfg.scales, n_folds=cfg.n_folds,
-                                erase=cfg.erase, seed=cfg.seed, **args)
+        w = EXPERIMENTS[cfg.experiment](model, batches, cfg, mode)
         notes += [f"{mode}: {n}" for n in w.attrs.get("notes", [])]
         for name, t in w.attrs.pop("tables", {}).items():  # DataFrames in attrs would break pd.concat
             tables.setdefault(name, []).append(t)
@@ -203,8 +101,6 @@ def dataset_hash(df: pd.DataFrame) -> str:
 
 
 def manifest_for(cfg: PatchConfig, long: pd.DataFrame, notes: list[str], model_info: dict, df: pd.DataFrame) -> dict:
-    from fbt_probe.provenance import provenance
-
     extra = {}
     if cfg.experiment == "probe-direction":
         methods = erase_methods(cfg.erase)
@@ -224,15 +120,11 @@ def manifest_for(cfg: PatchConfig, long: pd.DataFrame, notes: list[str], model_i
 
 
 def _leace_version() -> str:
-    from importlib import metadata
-
     return f"LEACE via EleutherAI concept-erasure {metadata.version('concept-erasure')}"
 
 
 def is_results_folder(path: Path) -> bool:
     """A folder written by `write_results` (its manifest has our format)."""
-    from fbt_probe.io import read_json
-
     try:
         meta = read_json(Path(path) / "manifest.json")
     except FbtError:
@@ -241,16 +133,12 @@ def is_results_folder(path: Path) -> bool:
 
 
 def write_results(res: Results, out_dir: Path, force: bool = False, figures: bool = True) -> Path:
-    from fbt_probe.io import atomic_dir, write_json
-
     with atomic_dir(out_dir, force=force, own=is_results_folder, kind=RESULTS_KIND) as tmp:
         for name, table in (("rows", res.rows), ("summary", res.summary), *res.tables.items()):
             table.to_parquet(tmp / f"{name}.parquet", index=False)
             if name not in PARQUET_ONLY:
                 table.to_csv(tmp / f"{name}.csv", index=False)
         if figures:
-            from fbt_probe.figures.interventions import draw_for
-
             res.manifest["figures"] = [p.name for p in draw_for(res.summary, tmp / "figures")]
         write_json(tmp / "manifest.json", res.manifest)
     res.out_dir = Path(out_dir)
@@ -262,7 +150,6 @@ def run(model, df: pd.DataFrame, cfg: PatchConfig, out: str | Path | None = None
     """Run `cfg.experiment`, summarize, and (with `out`) write `out/<experiment>/`."""
     target = Path(out) / cfg.experiment if out is not None else None
     if target is not None:  # before hours of patching
-        from fbt_probe.io import refuse_existing
 
         refuse_existing(target, force, own=is_results_folder, kind=RESULTS_KIND)
     wide = run_experiment(model, df, cfg, label_ids)

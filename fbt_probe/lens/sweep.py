@@ -1,7 +1,7 @@
 """The lens sweep: under every prefill mode (and every Jacobi pass), what each depth predicts at the
 final position of held-out task text, through the logit lens and a tuned lens -> tidy tables.
 
-Activations come from the mode's one hooked pass (exact for every position, DESIGN §2); under
+Activations come from the mode's one hooked pass (exact for every position, docs/modes.md); under
 `jacobi:K` the hooks fire in every pass (`serial=True`) and each pass is its own line (`pass_index`;
 pass k of jacobi:K is the final pass of jacobi:k). A pass's own logits are E·`ln_final.hook_normalized`,
 the model's operation on the same tensor, so both lenses equal them at the top depth.
@@ -13,20 +13,27 @@ the other, *lens-eval* pairs, so that one set of translators serves every line o
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 
 from fbt_probe.errors import FbtError
+from fbt_probe.figures.lens import lens_depth
 from fbt_probe.hooks import act_name, depth_name
 from fbt_probe.interventions.das_experiment import pair_components
-from fbt_probe.interventions.hooks import span
+from fbt_probe.interventions.edits import span
 from fbt_probe.interventions.metrics import bootstrap_ci
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
+from fbt_probe.interventions.runner import dataset_hash
+from fbt_probe.io import atomic_dir, read_json, write_json
 from fbt_probe.lens.lenses import TunedLens, fit_tuned_lens, kl_to, logit_lens
 from fbt_probe.model.modes import check_distinct, parse_mode
+from fbt_probe.provenance import provenance
 
 FORMAT = "fbt-probe.lens/1"
 LENS_KIND = "a lens results folder (manifest.json of format fbt-probe.lens/1)"
@@ -78,10 +85,6 @@ def _number(v) -> bool:
 
 def is_lens_folder(path) -> bool:
     """A folder written by `write_lens` (its manifest has our format)."""
-    from pathlib import Path
-
-    from fbt_probe.io import read_json
-
     try:
         meta = read_json(Path(path) / "manifest.json")
     except FbtError:
@@ -222,12 +225,6 @@ def write_lens(res: LensResult, out_dir, df: pd.DataFrame, model_info: dict | No
                figures: bool = True):
     """OUT/: rows.parquet|csv, lens_summary.parquet|csv, training.parquet|csv, translators.safetensors,
     manifest.json (config, metric definitions, provenance) and figures/lens.png; written atomically."""
-    from pathlib import Path
-
-    from fbt_probe.interventions.runner import dataset_hash
-    from fbt_probe.io import atomic_dir, write_json
-    from fbt_probe.provenance import provenance
-
     files = []
     with atomic_dir(Path(out_dir), force=force, own=is_lens_folder, kind=LENS_KIND) as tmp:
         for name, table in (("rows", res.rows), ("lens_summary", res.summary), ("training", res.training)):
@@ -235,15 +232,9 @@ def write_lens(res: LensResult, out_dir, df: pd.DataFrame, model_info: dict | No
             table.to_csv(tmp / f"{name}.csv", index=False)
             files += [f"{name}.parquet", f"{name}.csv"]
         if res.lens is not None:
-            from safetensors.torch import save_file
-
             save_file({k: v.detach().contiguous().cpu() for k, v in res.lens.state_dict().items()}, str(tmp / "translators.safetensors"))
             files.append("translators.safetensors")
         if figures:
-            import matplotlib.pyplot as plt
-
-            from fbt_probe.figures.lens import lens_depth
-
             (tmp / "figures").mkdir()
             fig = lens_depth(res.summary)
             fig.savefig(tmp / "figures" / "lens.png", dpi=150, bbox_inches="tight")

@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 from fbt_probe.config import ModelConfig
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json, sha256_file, write_json
+from fbt_probe.model.transformer import FeedbackTransformer
 
 FORMAT = "fbt-probe/2"  # config.json records every ModelConfig field (and TrainConfig field, for a run)
 LEGACY_FORMAT = "fbt-probe/1"  # written before qk_norm_init / fusion_norm_init existed: config.LEGACY_MODEL_DEFAULTS
@@ -58,8 +59,6 @@ def read_config(folder: Path, config_cls=ModelConfig) -> tuple[dict, "ModelConfi
 
 
 def load_checkpoint(folder: str | Path, device: str = "cpu"):
-    from fbt_probe.model.transformer import FeedbackTransformer
-
     folder = Path(folder)
     cfg = read_config(folder)[1].replace(device=device)
     return build_from_weights(FeedbackTransformer, cfg, folder / "model.safetensors").to(device).eval()

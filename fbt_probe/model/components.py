@@ -1,7 +1,7 @@
 """Backbone pieces, numerically matching Hugging Face Qwen3 (eager attention) when scaling is off.
 
 `hk(hook_point, x)` is passed down every forward: it is `hook_point(x)` in a hooked pass and the
-identity in a silent pass (carried-state computations run with hooks off, DESIGN.md §2).
+identity in a silent pass (carried-state computations run with hooks off, docs/modes.md).
 """
 from __future__ import annotations
 

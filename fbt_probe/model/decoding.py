@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from fbt_probe.errors import FbtError
+from fbt_probe.model.transformer import check_tokens
 
 DECODINGS = ("std", "soft", "fused")
 
@@ -16,8 +17,6 @@ DECODINGS = ("std", "soft", "fused")
 @torch.no_grad()
 def generate(model, tokens: torch.Tensor, n_new: int, decoding: str = "std") -> torch.Tensor:
     """Greedy continuation. tokens: [batch, pos] -> [batch, n_new] new token ids."""
-    from fbt_probe.model.transformer import check_tokens
-
     decoding = str(decoding).lower()
     if decoding not in DECODINGS:
         raise FbtError(f"decoding '{decoding}': expected one of {DECODINGS}")

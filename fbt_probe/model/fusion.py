@@ -41,10 +41,10 @@ def _fast_path(x: torch.Tensor):
     if not x.is_cuda or not use_kernel(x.numel() // max(x.shape[-1], 1), True):
         return None
     try:
-        import fbt_probe_kernels
+        import fbt_probe.kernels
     except ImportError:
         return None
-    return fbt_probe_kernels.glu_fusion if fbt_probe_kernels.fast_fusion_available(x.device) else None
+    return fbt_probe.kernels.glu_fusion if fbt_probe.kernels.fast_fusion_available(x.device) else None
 
 
 def epilogue(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

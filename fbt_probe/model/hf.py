@@ -7,7 +7,6 @@ checkpoint has no depth scaling, so its pre-norm top state is not O(1).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -17,6 +16,8 @@ from safetensors.torch import load_file, save_file
 from fbt_probe.config import ModelConfig
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json, write_json
+from fbt_probe.model.checkpoint import _load_state, read_weights
+from fbt_probe.model.transformer import FeedbackTransformer
 
 _REQUIRED = object()
 _BLOCK_MAP = {  # ours -> Qwen3, inside a layer
@@ -153,8 +154,6 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def import_qwen3(folder: str | Path, seed: int = 0):
-    from fbt_probe.model.transformer import FeedbackTransformer
-
     folder = Path(folder)
     cfg = config_from_qwen3(read_json(folder / "config.json", "Qwen3 config"), str(folder / "config.json"))
     state = _read_weights(folder)
@@ -174,8 +173,6 @@ def import_qwen3(folder: str | Path, seed: int = 0):
     model.load_state_dict({k: v.to(model.embed.weight.dtype) for k, v in ours.items()}, strict=False)
     fusion = folder / "fusion.safetensors"
     if fusion.is_file():
-        from fbt_probe.model.checkpoint import _load_state, read_weights
-
         _load_state(model.fusion, read_weights(fusion), fusion)
     else:
         model.reset_fusion_norm()

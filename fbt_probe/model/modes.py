@@ -1,4 +1,4 @@
-"""Prefill modes, parsed in one place (DESIGN.md §2).
+"""Prefill modes, parsed in one place (docs/modes.md).
 
 | mode          | carried states                                                                   |
 |---------------|----------------------------------------------------------------------------------|

@@ -6,13 +6,13 @@ Why this equals the full re-run for every intervention that edits only positions
   pass with hooks off, and in that pass a position attends only to itself and earlier positions,
   so its keys and values below `start` are those of a silent run with the same inputs. For
   recurrent / full that silent run is the serial recurrence itself (the hooked pass is exact:
-  DESIGN.md §2), so its KV cache serves directly; for jacobi:K it is pass K over the prefix.
+  docs/modes.md), so its KV cache serves directly; for jacobi:K it is pass K over the prefix.
 - serial rule (`serial=True`): chunks run in position order, so everything before `start` is
   finished before any edit; from `start` on the hooks fire in the full run's chunks, cut at
   `start` (the standard chunk of recurrent / full becomes range(start, T - k); each Jacobi pass
   covers range(start, T)), with the same `hook_context` phases and pass indices.
 `hook_context.positions` names global positions, so the position-aware hooks of
-`fbt_probe.interventions.hooks` act as in the full run; a hook that indexes from the end (x[:, -1])
+`fbt_probe.interventions.edits` act as in the full run; a hook that indexes from the end (x[:, -1])
 sees the same final positions. Logits at positions >= start equal the full run's up to float
 rounding (different shapes): tests/test_prefix.py checks every mode and rule in float64.
 """

@@ -35,7 +35,7 @@ from fbt_probe.errors import FbtError
 from fbt_probe.model.components import Block, Hk, HookedRMSNorm, KVCache, hooked, silent
 from fbt_probe.model.fusion import Fusion
 from fbt_probe.model.modes import Mode, parse_mode
-
+from fbt_probe.model.serial_cache import run_with_serial_cache
 
 SILENT_CHUNK_TOKENS = 8192  # batch x positions per chunk of a silent pass through the KV cache (memory bound)
 
@@ -70,6 +70,37 @@ class HookContext:
 
 
 class FeedbackTransformer(HookedRootModule):
+    """A decoder whose input can carry the previous position's top-layer state (docs/model.md).
+
+    Parameters
+    ----------
+    cfg : ModelConfig
+        Backbone shape and fusion settings (`fbt_probe.config.preset` builds the presets).
+
+    Attributes
+    ----------
+    cfg : ModelConfig
+        The config; `transformer_lens.patching` reads its TransformerLens-named fields.
+    embed : torch.nn.Embedding
+        Token embedding, tied to the output head.
+    fusion : Fusion
+        u_t = RMSNorm((W_U h_{t-1}) ⊙ σ(W_G e_t)), with hooks `fusion.hook_feedback|value|gate|out`.
+    blocks : torch.nn.ModuleList
+        The transformer blocks (hooks `blocks.{l}.*`).
+    hook_context : HookContext or None
+        While a hooked pass runs: which chunk it is and which global positions it holds.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fbt_probe.config import preset
+    >>> model = FeedbackTransformer(preset("tiny", n_layers=2)).eval()
+    >>> tokens = torch.tensor([[5, 6, 7, 8]])
+    >>> logits, cache = model.run_with_cache(tokens, mode="recurrent:1")
+    >>> logits.shape, cache["blocks.0.hook_resid_pre"].shape
+    (torch.Size([1, 4, 128]), torch.Size([1, 4, 128]))
+    """
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -126,7 +157,6 @@ class FeedbackTransformer(HookedRootModule):
         per pass); see `fbt_probe.model.serial_cache`."""
         if not serial:
             return super().run_with_cache(*model_args, **kwargs)
-        from fbt_probe.model.serial_cache import run_with_serial_cache
 
         return run_with_serial_cache(self, *model_args, **kwargs)
 
@@ -276,8 +306,41 @@ class FeedbackTransformer(HookedRootModule):
         return states
 
     def forward(self, tokens: torch.Tensor, mode: "str | Mode | None" = None, serial: bool = False) -> torch.Tensor:
-        """tokens: LongTensor [batch, pos] -> logits [batch, pos, d_vocab] under `mode` (None:
-        `self.default_mode`; see module doc). `jacobi:K` runs min(K, T) passes (`Mode.passes`)."""
+        """Logits of `tokens` under a prefill mode (docs/modes.md).
+
+        Parameters
+        ----------
+        tokens : torch.LongTensor
+            [batch, pos] token ids.
+        mode : str or Mode, optional
+            ``standard``, ``recurrent:k``, ``full`` or ``jacobi:K`` (None: `self.default_mode`).
+            ``jacobi:K`` runs min(K, T) passes.
+        serial : bool, default False
+            Where hooks fire. False: once, in one final pass over the whole sequence whose inputs are
+            the mode's (carried states computed before it with hooks off), so an edit there does not
+            reach later positions' inputs through the feedback. True: in every chunk of the real
+            computation (the standard prefix, then each step, `self.hook_context` naming the
+            positions), so a patch at position t reaches t+1's input. The logits are the same.
+
+        Returns
+        -------
+        torch.Tensor
+            [batch, pos, d_vocab] logits.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from fbt_probe.config import preset
+        >>> model = FeedbackTransformer(preset("tiny", n_layers=2, dtype="float64")).eval()
+        >>> tokens = torch.tensor([[5, 6, 7, 8]])
+        >>> full = model(tokens, mode="full")
+        >>> full.shape
+        torch.Size([1, 4, 128])
+        >>> torch.allclose(full, model(tokens, mode="jacobi:4"))  # T Jacobi passes are the exact recurrence
+        True
+        >>> torch.allclose(full, model(tokens, mode="full", serial=True))
+        True
+        """
         tokens = check_tokens(tokens, self.cfg)
         mode = self._default_mode if mode is None else parse_mode(mode)
         T = tokens.shape[1]

@@ -115,3 +115,15 @@ def control_labels(y, groups, seed: int = 0) -> np.ndarray:
             idx = members[g]
             out[idx] = np.where(out[idx] == classes[0], classes[1], classes[0])
     return out
+
+
+def grouped_folds(y, groups, n_folds: int, seed: int = 0) -> list[Split]:
+    """Grouped K-fold splits for cross-fitting, at most as many folds as groups: stratified
+    (StratifiedGroupKFold) so training folds stay label-balanced where the label is a function of
+    the group (completion), plain GroupKFold where stratification fails."""
+    k = min(n_folds, len(np.unique(groups)))
+    try:
+        return grouped_splits(y, groups, n_splits=k, cv="stratified-group", seed=seed)
+    except (FbtError, ValueError):  # scikit-learn's ValueError: a class has fewer members than folds
+        return grouped_splits(y, groups, n_splits=k, cv="group", seed=seed)
+

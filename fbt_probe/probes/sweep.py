@@ -8,12 +8,17 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
+from fbt_probe.activations import ActivationStore
+from fbt_probe.config import check_device
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, refuse_existing, write_json
+from fbt_probe.probes.estimator import LinearProbe
 from fbt_probe.probes.fit_cpu import fit_cells_sklearn
-from fbt_probe.probes.splits import (CV_KINDS, TooFewGroupsError, control_labels, grouped_splits,
-                                     majority_baseline)
+from fbt_probe.probes.fit_torch import fit_cells_torch
+from fbt_probe.probes.splits import CV_KINDS, TooFewGroupsError, control_labels, grouped_splits, majority_baseline
+from fbt_probe.provenance import provenance
 
 BACKENDS = ("auto", "sklearn", "torch")
 METRICS = ("accuracy", "train_accuracy", "majority_baseline", "control_accuracy", "selectivity")
@@ -58,15 +63,12 @@ class ProbeConfig:
             raise FbtError("probe config: C, max_iter and tol must be positive")
         if isinstance(self.n_splits, bool) or not isinstance(self.n_splits, int) or self.n_splits < 2:
             raise FbtError(f"probe config: field 'n_splits' (--folds) must be an integer >= 2, got {self.n_splits!r}")
-        from fbt_probe.config import check_device
 
         check_device(self.device)
 
     def resolved_backend(self) -> str:
         if self.backend != "auto":
             return self.backend
-        import torch
-
         return "torch" if torch.cuda.is_available() else "sklearn"
 
 
@@ -86,8 +88,6 @@ class SweepResult:
 def fit_cells(X, labels, splits, cfg: ProbeConfig) -> dict[str, np.ndarray]:
     """Dispatch to the configured backend; arrays [P, S, F]."""
     if cfg.resolved_backend() == "torch":
-        from fbt_probe.probes.fit_torch import fit_cells_torch
-
         return fit_cells_torch(X, labels, splits, C=cfg.C, max_iter=cfg.max_iter, tol=cfg.tol, device=cfg.device)
     return fit_cells_sklearn(X, labels, splits, C=cfg.C, max_iter=cfg.max_iter, tol=cfg.tol, n_jobs=cfg.n_jobs)
 
@@ -155,9 +155,6 @@ def _depth0_flags(X, depths, acc_mean, majority_mean, key, cfg) -> list[dict]:
 
 def probe_sweep(store, cfg: ProbeConfig = ProbeConfig(), *, modes=None, progress=None) -> SweepResult:
     """Probe every (mode, task, length) cell of an `ActivationStore` (or its folder)."""
-    from fbt_probe.activations import ActivationStore
-    from fbt_probe.provenance import provenance
-
     store = store if isinstance(store, ActivationStore) else ActivationStore(store)
     store.verify()  # every shard, before any fit
     model = store.manifest["model"]["source"]
@@ -190,9 +187,6 @@ def probe_sweep(store, cfg: ProbeConfig = ProbeConfig(), *, modes=None, progress
 def fit_direction(store, mode: str, task: str, length: int, depth: int, C: float = 1.0):
     """A probe fitted on every sample of one cell, as a frozen `ProbeDirection` (for interventions:
     erase or steer along it). `meta` records the cell and the training accuracy."""
-    from fbt_probe.activations import ActivationStore
-    from fbt_probe.probes.estimator import LinearProbe
-
     store = store if isinstance(store, ActivationStore) else ActivationStore(store)
     X, rows, targets = store.load(mode, task, length)
     depths = [t.depth for t in targets]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fbt_probe.errors import FbtError
+from fbt_probe.io import read_json, sha256_file
 
 PREFIX = "ref:"
 ROOT = Path(__file__).resolve().parent / "models"
@@ -29,8 +30,6 @@ def names(root: Path | None = None) -> list[str]:
 
 def record(name: str, root: Path | None = None) -> dict:
     """reference.json of a shipped model (not verified; `folder` verifies)."""
-    from fbt_probe.io import read_json
-
     return read_json(_folder(name, root) / RECORD, f"reference record of {PREFIX}{name}")
 
 
@@ -44,8 +43,6 @@ def _folder(name: str, root: Path | None) -> Path:
 
 def folder(source: str, root: Path | None = None) -> Path:
     """The verified folder of `ref:<name>`: every file present with its recorded sha256, else FbtError."""
-    from fbt_probe.io import read_json, sha256_file
-
     name = source[len(PREFIX):] if is_reference(source) else source
     path = _folder(name, root)
     rec = read_json(path / RECORD, f"reference record of {PREFIX}{name}")

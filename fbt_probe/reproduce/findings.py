@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from fbt_probe.reproduce.report import PAPER_DEPTH0, _summary, mean_ci
+from fbt_probe.model.checkpoint import checkpoint_hash
+from fbt_probe.reference import names, record
+from fbt_probe.provenance import git_commit
+from fbt_probe.reproduce.config import model_path, shipped_name
+from fbt_probe.reproduce.seeds import spread
+from fbt_probe.reproduce.tables import PAPER_DEPTH0, _summary, mean_ci
 
 CHANCE = 0.5
 
@@ -87,10 +92,6 @@ def headline(cfg, out: Path) -> pd.DataFrame:
     c = contraction_row(out)
     if c is not None and "feedback" in cfg.models():
         rows.append(("feedback", "state-change-last/pass-2", "validation", "full", c[1] / c[0], float("nan"), float("nan")))
-    from fbt_probe.model.checkpoint import checkpoint_hash
-    from fbt_probe.provenance import git_commit
-    from fbt_probe.reproduce.pipeline import model_path
-
     t = pd.DataFrame(rows, columns=["model", "quantity", "task", "mode", "value", "ci_low", "ci_high"])
     sha = {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.models()}
     return t.assign(seed=cfg.seed, study="quick" if cfg.quick else "demo" if cfg.demo else "full",
@@ -100,8 +101,6 @@ def headline(cfg, out: Path) -> pd.DataFrame:
 def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
     """One sentence per finding (markdown), in reading order; with `seeds` (a stacked headline table,
     `seeds.spread_table`) each quotes its mean and range over training seeds too."""
-    from fbt_probe.reproduce.seeds import spread
-
     out = Path(out)
     models = cfg.models()
     tasks = list(cfg.modes)
@@ -171,10 +170,6 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
 def shipped_comparison(cfg, out: Path) -> list[str]:
     """For a study that trained its own models (--train): how they compare with the shipped ones of
     the same preset -- identical bytes, or held-out standard accuracy side by side."""
-    from fbt_probe.model.checkpoint import checkpoint_hash
-    from fbt_probe.reference import names, record
-    from fbt_probe.reproduce.pipeline import shipped_name
-
     if cfg.shipped or cfg.model:
         return []
     lines = []

@@ -11,18 +11,24 @@ from pathlib import Path
 
 import pandas as pd
 
+from fbt_probe.figures.methods import short_hook
+from fbt_probe.interventions.pairs import round_robin
+from fbt_probe.interventions.runner import PatchConfig, run
+from fbt_probe.io import atomic_dir, read_json
+from fbt_probe.lens.sweep import LensConfig, run_lens, write_lens
+from fbt_probe.loading import load_model, load_pairs
+from fbt_probe.model.checkpoint import checkpoint_hash
+from fbt_probe.reproduce.config import model_path
+from fbt_probe.tasks.generators import suffix_modes
+
 ATP_MODES = ("standard", "recurrent:1", "jacobi:2")
 LENS_MODES = ("standard", "recurrent:1", "full", "jacobi:3")
 FEEDBACK = "fusion.hook_feedback"
 
 
 def _model(cfg, out: Path, name: str):
-    import fbt_probe as fp
-    from fbt_probe.model.checkpoint import checkpoint_hash
-    from fbt_probe.reproduce.pipeline import model_path
-
     path = model_path(cfg, out, name)
-    return fp.load_model(str(path)), {"model": str(path), "checkpoint_sha256": checkpoint_hash(path)}
+    return load_model(str(path)), {"model": str(path), "checkpoint_sha256": checkpoint_hash(path)}
 
 
 def methods_knobs(cfg) -> dict:
@@ -47,10 +53,6 @@ def methods_settings(cfg) -> dict:
 def _task_pairs(cfg, out: Path):
     """task -> (its pairs at its lengths; the paper-mode -> dataset-mode map of its suffixes). The
     runner's `max_pairs` takes the pairs round-robin over groups (`pairs.round_robin`)."""
-    from fbt_probe.interventions.inputs import load_pairs
-    from fbt_probe.io import read_json
-    from fbt_probe.tasks.generators import suffix_modes
-
     knobs = methods_knobs(cfg)
     df = load_pairs(out / "data", tasks=set(knobs))
     for task in sorted(knobs):
@@ -65,8 +67,6 @@ def pairs_over_groups(df: pd.DataFrame, n: int) -> pd.DataFrame:
     each group's second, ...), rows in their original order: a register group holds several pairs, and
     the first `n` pair ids (what `max_pairs` keeps) would all come from one group, where DAS's grouped
     folds need several."""
-    from fbt_probe.interventions.pairs import round_robin
-
     first = df[~df["pair_id"].duplicated()].sort_values("pair_id", kind="stable")
     table = first.assign(group=df.groupby("pair_id", sort=False)["group_id"].min().reindex(first["pair_id"]).to_numpy())
     keep = round_robin(table.reset_index(drop=True), n, ("length_knob",))["pair_id"]
@@ -80,9 +80,6 @@ def _mapped(modes, mapping: dict) -> tuple[str, ...]:
 def stage_methods(cfg, out: Path, name: str) -> None:
     """Per task: AtP with its parity check (`check` top + random cells) and DAS, at the task's lengths,
     the paper's recurrent:k mapped to the dataset's suffix (OUT/results/methods/NAME/TASK/)."""
-    from fbt_probe.interventions.runner import PatchConfig, run
-    from fbt_probe.io import atomic_dir
-
     model, info = _model(cfg, out, name)
     s = methods_settings(cfg)
     with atomic_dir(out / "results" / "methods" / name, force=True) as tmp:
@@ -96,9 +93,6 @@ def stage_methods(cfg, out: Path, name: str) -> None:
 
 
 def stage_lens(cfg, out: Path, name: str) -> None:
-    from fbt_probe.io import atomic_dir
-    from fbt_probe.lens.sweep import LensConfig, run_lens, write_lens
-
     model, info = _model(cfg, out, name)
     s = methods_settings(cfg)
     with atomic_dir(out / "results" / "lens" / name, force=True) as tmp:
@@ -116,9 +110,6 @@ def _read(path: Path) -> pd.DataFrame | None:
 def _per_task(folder: Path, rel: str, out: Path) -> pd.DataFrame | None:
     """FOLDER/<task>/REL of every task, concatenated, with each dataset mode renamed to the paper's
     recurrent:k it stands for (identity under the built-in tokenizer)."""
-    from fbt_probe.io import read_json
-    from fbt_probe.tasks.generators import suffix_modes
-
     frames = []
     for path in sorted(folder.glob(f"*/{rel}")):
         t = pd.read_parquet(path)
@@ -246,8 +237,6 @@ def _largest(s: pd.DataFrame | None, task: str, exp: str, where: str) -> str:
 
 
 def _short(name: str) -> str:
-    from fbt_probe.figures.methods import short_hook
-
     return short_hook(name)
 
 

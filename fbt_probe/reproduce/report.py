@@ -5,19 +5,22 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from fbt_probe.figures import draw, save_figure
 from fbt_probe.io import atomic_dir, atomic_path
-
-PAPER_DEPTH0 = {"completion": 0.996, "memory": 1.0}  # one-step recurrent prefill, depth 0 (Fig. 7a)
-
-
-def _summary(out: Path, name: str, exp: str) -> pd.DataFrame | None:
-    p = out / "results" / "interventions" / name / exp / "summary.parquet"
-    return pd.read_parquet(p) if p.is_file() else None
+from fbt_probe.model.checkpoint import checkpoint_hash
+from fbt_probe.provenance import provenance
+from fbt_probe.reproduce.config import model_path, shipped_name
+from fbt_probe.reproduce.findings import findings, headline, shipped_comparison
+from fbt_probe.reproduce.methods import figure_jobs, methods_section
+from fbt_probe.reproduce.seeds import spread_table
+from fbt_probe.reproduce.tables import PAPER_DEPTH0, _summary, mean_ci  # noqa: F401  (mean_ci: re-exported)
 
 
 def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
@@ -38,31 +41,15 @@ def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
             s = _summary(out, n, exp)
             if s is not None:
                 jobs.append((f"{stem}-{n}", fig, s, {}))
-    from fbt_probe.reproduce.methods import figure_jobs
-
     return jobs + figure_jobs(cfg, out)
 
 
 def stage_figures(cfg, out: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    from fbt_probe.figures import draw, save_figure
-
     with atomic_dir(out / "figures", force=True) as tmp:
         for stem, name, table, opts in _figure_jobs(cfg, out):
             fig = draw(name, table, **opts)
             save_figure(fig, tmp, stem, force=True, dpi=150)
             plt.close(fig)
-
-
-def mean_ci(values) -> tuple[float, float, float]:
-    """Mean over cells (length x fold) and a normal 95 % interval over them, clipped to [0, 1]."""
-    v = np.asarray(values, dtype=float)
-    if len(v) < 2:
-        m = v.mean() if len(v) else float("nan")
-        return m, m, m
-    half = 1.96 * v.std(ddof=1) / np.sqrt(len(v))
-    return v.mean(), max(0, v.mean() - half), min(1, v.mean() + half)
 
 
 def _ci(values: np.ndarray) -> str:
@@ -123,10 +110,6 @@ def contraction_table(out: Path) -> pd.DataFrame:
 
 
 def _provenance(cfg, out: Path, times: dict) -> dict:
-    from fbt_probe.model.checkpoint import checkpoint_hash
-    from fbt_probe.provenance import provenance
-    from fbt_probe.reproduce.pipeline import model_path
-
     return provenance(config=cfg.to_dict(), seed=cfg.seed,
                       checkpoints={n: checkpoint_hash(model_path(cfg, out, n)) for n in cfg.models()},
                       stage_seconds={k: round(v, 1) for k, v in times.items()})
@@ -154,14 +137,12 @@ def seeds_table_text(seeds: pd.DataFrame) -> str:
 
 def _sections(cfg, out: Path, times: dict) -> list[tuple[str, str, list[str]]]:
     """(title, markdown body, figure stems) in reading order."""
-    from fbt_probe.reproduce.methods import methods_section
-
     models = cfg.models()
     figs = sorted(p.stem for p in (out / "figures").glob("*.png"))
     pick = lambda prefix: [f for f in figs if f.startswith(prefix)]  # noqa: E731
     base_note = ("The **no-feedback baseline** has the same data and steps but trains one pass only, so its fusion "
                  "weights are random: whatever it shows at depth 0 under `recurrent:1` is a random, nearly linear "
-                 "map of a state that already encodes the label (DESIGN.md §5). Read every feedback number beside it.")
+                 "map of a state that already encodes the label (docs/probes.md). Read every feedback number beside it.")
     return [
         ("Answer accuracy (held-out contexts)", "Greedy answer at the final colon. `Std/Soft` are identical for the first "
          "generated token; `Fused` is `jacobi:2` prefill.\n\n" + _md_table(accuracy_table(out)), []),
@@ -185,10 +166,6 @@ def _sections(cfg, out: Path, times: dict) -> list[tuple[str, str, list[str]]]:
 def stage_report(cfg, out: Path, times: dict) -> None:
     """Findings first (one sentence each, number, CI, figure), then every figure, then the full tables
     (collapsed in the HTML), then what was run."""
-    from fbt_probe.reproduce.findings import findings, headline, shipped_comparison
-    from fbt_probe.reproduce.pipeline import shipped_name
-    from fbt_probe.reproduce.seeds import spread_table
-
     with atomic_path(out / "headline.csv") as tmp:  # what a multi-seed run stacks (seeds.csv)
         headline(cfg, out).to_csv(tmp, index=False, float_format="%.6g")
 
@@ -234,8 +211,6 @@ def stage_report(cfg, out: Path, times: dict) -> None:
 
 def _inline(text: str) -> str:
     """Markdown **bold**, `code` and *emphasis* of one finding as HTML (the rest escaped)."""
-    import re
-
     t = html.escape(text)
     t = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", t)
     t = re.sub(r"`(.+?)`", r"<code>\1</code>", t)

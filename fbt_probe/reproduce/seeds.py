@@ -9,7 +9,7 @@ study of them shows the spread without training anything.
 """
 from __future__ import annotations
 
-import dataclasses
+import hashlib
 from pathlib import Path
 
 import pandas as pd
@@ -43,8 +43,6 @@ def spread_table(cfg, out: Path) -> pd.DataFrame | None:
 
 def source_key(cfg, out: Path) -> str | None:
     """Part of the report stage's key: a new seeds table redoes the report."""
-    import hashlib
-
     src = spread_source(cfg, out)
     return None if src is None else hashlib.sha256(src.read_bytes()).hexdigest()
 
@@ -65,28 +63,3 @@ def spread(table: pd.DataFrame | None, model: str, quantity: str, task: str, mod
 def combine(out: Path, seeds: list[int]) -> pd.DataFrame:
     frames = [pd.read_csv(seed_folder(out, s) / "headline.csv") for s in seeds]
     return pd.concat(frames, ignore_index=True).sort_values(["seed", *KEY], kind="stable").reset_index(drop=True)
-
-
-def reproduce_seeds(cfg, out: str | Path, seeds: int, force: set[str] = frozenset(), echo=print) -> dict:
-    """Study seeds 0..N-1 (each trained from scratch: `cfg.shipped` must be off) in OUT/seed-S/, write
-    OUT/seeds.csv, then redo each seed's report so that its findings quote the spread."""
-    from fbt_probe.errors import FbtError
-    from fbt_probe.io import atomic_path
-    from fbt_probe.reproduce.pipeline import reproduce
-
-    if cfg.shipped or cfg.model:
-        raise FbtError("--seeds: needs --train (the seeds are trained here; the shipped models' seeds table "
-                       "is already in the package)")
-    if seeds < 2:
-        raise FbtError(f"--seeds {seeds}: expected at least 2")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    for s in range(seeds):
-        echo(f"== seed {s} ==")
-        reproduce(dataclasses.replace(cfg, seed=s), seed_folder(out, s), force, echo=echo)
-    table = combine(out, list(range(seeds)))
-    with atomic_path(out / "seeds.csv") as tmp:
-        table.to_csv(tmp, index=False, float_format="%.6g")
-    for s in range(seeds):  # every stage is up to date but the report, whose key names seeds.csv
-        reproduce(dataclasses.replace(cfg, seed=s), seed_folder(out, s), echo=lambda _: None)
-    return {"seeds": out / "seeds.csv", "reports": [seed_folder(out, s) / "report.html" for s in range(seeds)]}

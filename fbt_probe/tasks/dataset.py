@@ -10,11 +10,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from fbt_probe._version import __version__
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json, refuse_existing, sha256_file, write_json
+from fbt_probe.provenance import provenance
 from fbt_probe.tasks.generators import COLUMNS
+from fbt_probe.tasks.tokenizer import answer_ids, save_tokenizer, tokenizer_sha256
 
 FORMAT = "fbt-probe.tasks.dataset/1"
+# what every later stage keeps of a sample beside its token ids (activation folders, probe tables)
+SAMPLE_COLUMNS = ("task", "pair_id", "group_id", "label", "label_word", "length_knob", "n_tokens")
 
 
 def arrow_schema():
@@ -44,8 +49,6 @@ def knob_name(spec: dict) -> str:
 
 def _label_token_ids(tok, query_line: str, words) -> dict:
     """The answer token id of each label word after the query line (None if it is not one token)."""
-    from fbt_probe.tasks.tokenizer import answer_ids
-
     out = {}
     for word in words:
         ids, pos = answer_ids(tok, query_line, word)
@@ -60,9 +63,6 @@ def write_dataset(df: pd.DataFrame, out_dir, tokenizer, force: bool = False, tok
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from fbt_probe import __version__
-    from fbt_probe.provenance import provenance
-    from fbt_probe.tasks.tokenizer import save_tokenizer, tokenizer_sha256
 
     task = df.attrs["spec"]["task"]
     parquet, manifest, tok_path = dataset_paths(out_dir, task)

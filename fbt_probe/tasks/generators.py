@@ -18,6 +18,7 @@ from fbt_probe.tasks.checker import check_sample
 from fbt_probe.tasks.groups import Group, draw_group, render_group
 from fbt_probe.tasks.rng import StableRng
 from fbt_probe.tasks.spec import TaskSpec, check_knob, load_spec
+from fbt_probe.tasks.tokenizer import build_tokenizer, check_encoded, check_label_words, encode, tokenizer_sha256
 
 COLUMNS = ("task", "text", "token_ids", "label", "label_word", "pair_id", "group_id", "context_id",
            "length_knob", "n_tokens", "seed")
@@ -65,8 +66,6 @@ def generate(spec, groups: int | None = None, seed: int | None = None, tokenizer
     Each label word must be one token of `tokenizer` after the query (`tokenizer_name` names it in errors).
     `df.attrs` carries the spec, seed, per-cell counts, the shared final token and, for register
     specs with `suffix_spans`, how many tokens each paper k covers (`suffix_tokens`)."""
-    from fbt_probe.tasks.tokenizer import build_tokenizer, check_encoded, check_label_words, encode, tokenizer_sha256
-
     spec = load_spec(spec)
     n_groups = spec.groups if groups is None else groups
     seed = spec.seed if seed is None else seed
@@ -125,8 +124,6 @@ PAD_LINE = "#"  # padding: one leading line of '#'s (a comment the interpreter s
 
 def _pad(spec: TaskSpec, tok, rows: list[dict], ids: list[list[int]]) -> int | None:
     """Pad every sample to the spec's `pad_to` token length (in place); the target, or None."""
-    from fbt_probe.tasks.tokenizer import encode
-
     if spec.pad_to is None:
         return None
     target = max(map(len, ids)) if spec.pad_to == "max" else spec.pad_to
@@ -154,8 +151,6 @@ def _pad(spec: TaskSpec, tok, rows: list[dict], ids: list[list[int]]) -> int | N
 
 def _suffix_tokens(spec: TaskSpec, tok, rows: list[dict]) -> dict:
     """Paper k -> how many final tokens cover its span (the same for every sample, else FbtError)."""
-    from fbt_probe.tasks.tokenizer import encode
-
     out = {}
     for k, span in spec.suffix_spans.items():
         counts = set()

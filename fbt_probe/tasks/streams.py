@@ -20,6 +20,7 @@ from fbt_probe.errors import FbtError
 from fbt_probe.tasks.groups import draw_group, render_group
 from fbt_probe.tasks.rng import StableRng
 from fbt_probe.tasks.spec import TaskSpec, check_knob, load_spec
+from fbt_probe.tasks.tokenizer import answer_ids, build_tokenizer
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,6 @@ def training_documents(specs, tokenizer=None, n: int = 1000, seed: int = 0, mixt
     task, or task -> list (default each spec's grid). `exclude_groups`: a `HeldOut` (matched on
     context ids) or any container of context or group ids; such documents are never produced.
     One random sample of a freshly drawn group per document; groups may repeat across documents."""
-    from fbt_probe.tasks.tokenizer import answer_ids, build_tokenizer
-
     spec_list = [load_spec(s) for s in (specs if isinstance(specs, (list, tuple)) else [specs])]
     by_task: dict[str, TaskSpec] = {s.task: s for s in spec_list}
     if len(by_task) != len(spec_list):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path
+from fbt_probe.tasks.spec import load_spec
 
 PAD, UNK = "<pad>", "<unk>"
 # Order is the id: <pad> = 0. Covers the built-in specs (the paper's appendix F) and their answer
@@ -48,7 +49,6 @@ def build_tokenizer(specs=None):
     produce that it lacks. With the built-in specs the result is always the same file."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
-    from fbt_probe.tasks.spec import load_spec
 
     vocab = {w: i for i, w in enumerate(BASE_VOCAB)}
     extra = set()

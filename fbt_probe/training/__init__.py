@@ -1,40 +1,33 @@
-"""Multi-pass training of small latent-feedback models (DESIGN.md §3)."""
+"""Multi-pass training of small latent-feedback models (docs/training.md)."""
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
 from fbt_probe.errors import FbtError
+from fbt_probe.io import read_json, refuse_existing, swap_in, temp_sibling
+from fbt_probe.reference import resolve
+from fbt_probe.tasks import build_tokenizer, load_tokenizer, save_tokenizer
+from fbt_probe.training.arch import ARCHS
+from fbt_probe.training.checkpoint import load_run, truncate_metrics
 from fbt_probe.training.config import PAPER_SCHEDULE, TRAIN_KNOBS, Schedule, TrainConfig, parse_schedule
-from fbt_probe.training.loop import multipass_loss, train, weighted_ce
+from fbt_probe.training.evaluate import answer_accuracy, eval_samples
+from fbt_probe.training.loop import make_optimizer, multipass_loss, train, weighted_ce
 
 __all__ = ["PAPER_SCHEDULE", "TRAIN_KNOBS", "Schedule", "TrainConfig", "multipass_loss", "parse_schedule",
            "run_training", "train", "weighted_ce"]
 
 
 def _initial_model(cfg: TrainConfig, tokenizer, init: str | Path | None):
-    from fbt_probe.reference import resolve
-
     init = None if init is None else resolve(str(init))  # ref:<name>: a shipped model, hashes verified
-    import fbt_probe as fp
-
     vocab = tokenizer.get_vocab_size()
-    if cfg.arch == "hidden-decoding":  # fresh, or warm-started from a standard checkpoint (fbt_probe.hidden)
-        from fbt_probe.hidden.train import initial_model
-
-        model = initial_model(cfg, vocab, init)
-        if init is None:
-            return model
-    elif init is None:
-        return fp.load_model(cfg.preset, seed=cfg.seed, d_vocab=vocab, feedback_noise=cfg.noise)
-    else:
-        model = fp.load_model(str(init))
+    model = ARCHS[cfg.arch].initial_model(cfg, vocab, init)
+    if init is None:
+        return model
     if model.cfg.d_vocab != vocab:
         raise FbtError(f"{init}: model vocabulary is {model.cfg.d_vocab} tokens but the task tokenizer has {vocab}")
     init_tok = Path(init) / "tokenizer.json"
     if init_tok.is_file():
-        from fbt_probe.tasks import load_tokenizer
-
         if load_tokenizer(init_tok).get_vocab() != tokenizer.get_vocab():
             raise FbtError(f"{init_tok}: tokenizer does not match the task tokenizer")
     model.cfg = model.cfg.replace(feedback_noise=cfg.noise)
@@ -47,11 +40,6 @@ def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = No
     path when `force` replaced an earlier run). `force` replaces only a run folder (or an empty
     folder), after every input has been read; the new run is trained in a temporary sibling and
     swapped in when it finishes, so an error or an interruption leaves the old run as it was."""
-    from fbt_probe.io import refuse_existing, swap_in, temp_sibling
-    from fbt_probe.tasks import build_tokenizer, load_tokenizer, save_tokenizer
-    from fbt_probe.training.checkpoint import load_run, truncate_metrics
-    from fbt_probe.training.loop import make_optimizer
-
     out, replacing = Path(out), False
     if resume:
         if not (out / "config.json").is_file():
@@ -84,8 +72,6 @@ def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = No
 
 
 def is_run_folder(folder: Path) -> bool:
-    from fbt_probe.io import read_json
-
     cfg = Path(folder) / "config.json"
     if not cfg.is_file():
         return False
@@ -97,19 +83,12 @@ def is_run_folder(folder: Path) -> bool:
 
 
 def _train(model, tokenizer, cfg: TrainConfig, out: Path, step: int, opt, progress: bool, eval_pairs: int) -> dict:
-    from fbt_probe.training.evaluate import answer_accuracy, eval_samples, loss_per_pass
-
     samples = eval_samples(cfg, tokenizer, pairs=eval_pairs)
 
     def on_eval(m) -> dict:
         acc = answer_accuracy(m, samples, tokenizer, modes=("standard",))
         rec = {f"acc_{r.task}_{r.length_knob}": r.accuracy for r in acc.itertuples()}
-        if cfg.arch == "hidden-decoding":
-            from fbt_probe.hidden.train import val_loss
-
-            rec.update(val_loss(m, cfg, tokenizer))
-        else:
-            rec.update(loss_per_pass(m, cfg, tokenizer, max_passes=min(3, cfg.schedule_obj.max_passes + 1)))
+        rec.update(ARCHS[cfg.arch].val_losses(m, cfg, tokenizer, max_passes=min(3, cfg.schedule_obj.max_passes + 1)))
         return rec
 
     result = train(model, tokenizer, cfg, out, start_step=step, optimizer=opt, progress=progress, on_eval=on_eval)

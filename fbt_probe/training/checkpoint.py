@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 
 from fbt_probe.errors import FbtError
-from fbt_probe.io import atomic_path, read_json
-from fbt_probe.model.checkpoint import LEGACY_FORMAT, load_checkpoint, save_checkpoint
+from fbt_probe.io import atomic_path, read_json, sha256_file
+from fbt_probe.loading import CHECKPOINT_LOADERS
+from fbt_probe.model.checkpoint import LEGACY_FORMAT, save_checkpoint
 from fbt_probe.provenance import provenance
 from fbt_probe.training.config import TrainConfig
 
@@ -28,8 +29,6 @@ def save_run(model, opt, cfg: TrainConfig, out: Path, step: int) -> None:
 
 
 def _sha(path: Path) -> str | None:
-    from fbt_probe.io import sha256_file
-
     return sha256_file(path) if path.is_file() else None
 
 
@@ -40,12 +39,7 @@ def load_run(out: Path):
         raise FbtError(f"{out / 'config.json'}: field 'train' missing (not a training run folder)")
     cfg = TrainConfig.from_dict(meta["train"], source=f"{out / 'config.json'}: field 'train'",
                                 legacy=meta.get("fbt_probe_format") == LEGACY_FORMAT)
-    if cfg.arch == "hidden-decoding":
-        from fbt_probe.hidden.checkpoint import load_hidden
-
-        model = load_hidden(out)
-    else:
-        model = load_checkpoint(out)
+    model = CHECKPOINT_LOADERS[cfg.arch](out)
     state_path = out / "train_state.pt"
     if not state_path.is_file():
         raise FbtError(f"{state_path}: train state not found (cannot resume)")

@@ -1,4 +1,4 @@
-"""Training configuration and the pass-count schedule (DESIGN.md §3)."""
+"""Training configuration and the pass-count schedule (docs/training.md)."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fbt_probe.errors import FbtError
+from fbt_probe.hidden.config import ARCH as HIDDEN_ARCH
 
 PAPER_SCHEDULE = "1:0.75,2:0.22,3:0.03"
 
@@ -65,15 +66,12 @@ class TrainConfig:
     task_shares: dict | None = None
     """task -> expected share of a step's tokens, split equally over the task's (length) cells.
     None: DEFAULT_TASK_SHARES over the configured tasks, renormalised (resolved at construction, so
-    config.json records the shares used). Half on completion: with every cell the same share
-    (3/8 completion, 2/8 memory, 3/8 registers) completion was learned at every length in 600 steps
-    on 1 seed of 3; registers, at chance in every run, took 3/8 of the tokens. With these shares,
-    answer_share 0.5 and the tiny preset's fusion norm at 1: 5 seeds of 6 in 800 steps
-    (BENCHMARKS.md, Training, W1-W9)."""
+    config.json records the shares used). Half on completion, the task that equal shares left
+    unlearned on most seeds (BENCHMARKS.md, "Why the defaults are what they are")."""
     steps: int = 800
     tokens_per_step: int = 2048  # documents (one per row, whole) are drawn until this many tokens
-    lr: float = 1e-3  # 2e-3 (the prototype's) learned completion later or not at all in 800 steps (BENCHMARKS.md, Training)
-    min_lr_ratio: float = 0.1  # cosine decay to 10 % (constant lr made accuracy oscillate in the prototype)
+    lr: float = 1e-3  # the prototype's 2e-3 learned completion later or not at all (BENCHMARKS.md, "Why the defaults")
+    min_lr_ratio: float = 0.1  # cosine decay to 10 % (a constant lr oscillates: BENCHMARKS.md, "Why the defaults")
     warmup: int = 100
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = 0.01  # on matrices only
@@ -82,11 +80,11 @@ class TrainConfig:
     lam: float = 1.0  # λ of eq. 12
     noise: float = 0.02  # σ of the uniform noise on carried states
     prefix_mix: float = 0.25  # share of rows whose random prompt prefix keeps plain embeddings
-    answer_weight: float = 20.0  # with answer_share None: the answer weighs this many text tokens (×5 left the mixture at chance for 900 steps)
+    answer_weight: float = 20.0  # with answer_share None: the answer weighs this many text tokens (BENCHMARKS.md, "Why the defaults")
     answer_share: float | None = 0.5
     """The answer's share of every document's loss weight, whatever the document's length (None:
-    `answer_weight` instead). With answer_weight 20 the answer is 57 % of a 16-token completion
-    document but 12 % of a 144-token one, and completion at 32 distractors was the slowest cell to learn."""
+    `answer_weight` instead): a fixed weight makes the answer a smaller share of longer documents
+    (BENCHMARKS.md, "Why the defaults are what they are")."""
     baseline: bool = False  # no-feedback baseline: 1 pass only, fusion never used
     one_pass_steps: int = 0  # the first steps train one pass only (K = 1), then K follows the schedule
     arch: str = "feedback"  # or "hidden-decoding" (fbt_probe.hidden: n streams per token, one pass, eq. 2 loss)
@@ -100,13 +98,13 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         sched = self.schedule_obj  # validates
-        if self.arch not in ARCHS:
-            raise FbtError(f"train config: field 'arch' must be one of {ARCHS}, got {self.arch!r}")
+        if self.arch not in ARCH_NAMES:
+            raise FbtError(f"train config: field 'arch' must be one of {ARCH_NAMES}, got {self.arch!r}")
         if self.arch == "feedback" and self.streams != 1:
             raise FbtError("train config: field 'streams' applies to arch 'hidden-decoding' only")
         if self.cross_stream_layers is not None:
             object.__setattr__(self, "cross_stream_layers", tuple(self.cross_stream_layers))
-        if (self.baseline or self.arch == "hidden-decoding") and str(sched) != "constant:1":
+        if (self.baseline or self.arch in ONE_PASS_ARCHS) and str(sched) != "constant:1":
             object.__setattr__(self, "schedule", "constant:1")  # no feedback passes to draw
         if self.dtype not in ("float32", "bfloat16"):
             raise FbtError(f"train config: field 'dtype' must be float32 or bfloat16, got {self.dtype!r}")
@@ -176,7 +174,8 @@ def equal_cell_shares(tasks, knobs: dict | None = None) -> dict:
     return {t: n[t] / sum(n.values()) for t in tasks}
 
 
-ARCHS = ("feedback", "hidden-decoding")
+ARCH_NAMES = ("feedback", HIDDEN_ARCH)  # each has its row in fbt_probe.training.arch.ARCHS
+ONE_PASS_ARCHS = (HIDDEN_ARCH,)  # no feedback passes: the schedule is always constant:1
 DEFAULT_TASK_SHARES = {"completion": 0.5, "memory": 0.25, "registers": 0.25, "registers-count": 0.25}
 # The training lengths: the short end of each task's grid (probe sets go past them with --long).
 TRAIN_KNOBS = {"completion": [0, 8, 32], "memory": [0, 8, 32], "registers": [2, 4, 8], "registers-count": [1, 2, 4, 8]}

@@ -12,30 +12,39 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from fbt_probe.config import arch_of
 from fbt_probe.errors import FbtError
+from fbt_probe.hidden.config import ARCH as HIDDEN_ARCH
+from fbt_probe.hidden.loss import hidden_loss
+from fbt_probe.model.components import use_path
+from fbt_probe.model.loss import weighted_ce
+from fbt_probe.training.checkpoint import save_run
 from fbt_probe.training.config import TrainConfig
 from fbt_probe.training.data import batches_for_step, step_seed
 
 
-def weighted_ce(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
-    w = weights.reshape(-1).to(ce.dtype)
-    return (ce * w).sum() / w.sum()
-
-
-def multipass_loss(model, tokens, targets, weights, K: int, lam: float = 1.0, has_state=None):
+def feedback_loss(model, tokens, targets, weights, K: int, lam: float = 1.0, has_state=None):
     """Eq. 12 on one batch; returns (total loss, [L_1..L_K])."""
-    if getattr(model.cfg, "arch", "feedback") == "hidden-decoding":  # its eq. 2: one pass, last streams (K = 1)
-        from fbt_probe.hidden import hidden_loss
-
-        loss = hidden_loss(model, tokens, targets, weights)
-        return loss, [loss]
     losses = [weighted_ce(lg, targets, weights) for lg in model.jacobi_passes(tokens, K, has_state=has_state)]
     total = losses[0] if K == 1 else losses[0] + lam / (K - 1) * sum(losses[1:])
     return total, losses
+
+
+def one_pass_hidden_loss(model, tokens, targets, weights, K: int = 1, lam: float = 1.0, has_state=None):
+    """A Hidden Decoding model's eq. 2: one pass, read at the last streams (K = 1)."""
+    loss = hidden_loss(model, tokens, targets, weights)
+    return loss, [loss]
+
+
+# the model's architecture (`fbt_probe.config.arch_of`) -> its objective
+LOSSES = {"feedback": feedback_loss, HIDDEN_ARCH: one_pass_hidden_loss}
+
+
+def multipass_loss(model, tokens, targets, weights, K: int, lam: float = 1.0, has_state=None):
+    """The training objective of `model`'s architecture on one batch; returns (total loss, [L_1..L_K])."""
+    return LOSSES[arch_of(model)](model, tokens, targets, weights, K, lam, has_state)
 
 
 def prefix_mask(rows: int, ctx: int, share: float, gen: torch.Generator) -> torch.Tensor:
@@ -69,15 +78,11 @@ def train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int = 0, op
     recorded runs were trained with, so a seed still gives the checkpoint BENCHMARKS.md and the
     reference report describe, byte for byte (the SDPA path would differ in the last float bits,
     and training amplifies that into a different model)."""
-    from fbt_probe.model.components import use_path
-
     with use_path(model, "explicit"):
         return _train(model, tokenizer, cfg, out, start_step, optimizer, progress, on_eval)
 
 
 def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optimizer, progress, on_eval) -> dict:
-    from fbt_probe.training.checkpoint import save_run
-
     opt = optimizer or make_optimizer(model, cfg)
     sched = cfg.schedule_obj
     log_path = out / "metrics.jsonl"
@@ -138,8 +143,6 @@ def _append(path: Path, rec: dict) -> None:
 
 
 def _progress(total: int, done: int):
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     prog = Progress(TextColumn("train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                     TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[tps]:,.0f} tok/s"),
                     TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), transient=False)

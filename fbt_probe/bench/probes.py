@@ -2,7 +2,7 @@
 (lbfgs, 1 BLAS thread per fit, fits over cores with joblib) against scikit-learn with default
 settings in one plain loop, timed in the same run. Optionally the batched torch path too.
 
-Run it as `python benchmarks/bench_probes.py --out FILE.md` (see that script for the options).
+Run it as `fbt-probe bench probes --out FILE.md` (`--help` lists the options).
 """
 from __future__ import annotations
 
@@ -10,6 +10,16 @@ import time
 import warnings
 
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from threadpoolctl import threadpool_info
+
+from fbt_probe.probes import ProbeConfig, grouped_splits
+from fbt_probe.probes.fit_cpu import INLINE_WORK, fit_cells_sklearn, resolve_jobs
+from fbt_probe.probes.fit_torch import default_device, fit_cells_torch
+from fbt_probe.provenance import provenance
 
 
 def synthetic_activations(n: int = 1600, d: int = 1536, depths: int = 25, seed: int = 0):
@@ -31,11 +41,6 @@ def synthetic_activations(n: int = 1600, d: int = 1536, depths: int = 25, seed: 
 
 def _sklearn_default_loop(X, y, splits) -> tuple[float, np.ndarray, np.ndarray, int]:
     """What a user writes first: a fresh default pipeline per cell, BLAS at its default threads."""
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
     acc = np.zeros((X.shape[0], len(splits)))
     n_iter = np.zeros_like(acc, dtype=int)
     unconverged = 0
@@ -54,11 +59,6 @@ def _sklearn_default_loop(X, y, splits) -> tuple[float, np.ndarray, np.ndarray, 
 def bench_probe_sweep(n: int = 1600, d: int = 1536, depths: int = 25, folds: int = 5, n_jobs: int = -1,
                       seed: int = 0, torch_path: bool = False, device: str | None = None) -> dict:
     """Time one sweep (`depths` x `folds` fits, no control task) three or four ways; returns a dict."""
-    from threadpoolctl import threadpool_info
-
-    from fbt_probe.probes import ProbeConfig, grouped_splits
-    from fbt_probe.probes.fit_cpu import INLINE_WORK, fit_cells_sklearn, resolve_jobs
-
     X, y, groups = synthetic_activations(n, d, depths, seed)
     splits = grouped_splits(y, groups, n_splits=folds)
     cfg = ProbeConfig()
@@ -77,8 +77,6 @@ def bench_probe_sweep(n: int = 1600, d: int = 1536, depths: int = 25, folds: int
         "default_unconverged_fits": int(unconverged),
     }
     if torch_path:
-        from fbt_probe.probes.fit_torch import default_device, fit_cells_torch
-
         dev = device or default_device()
         fit_cells_torch(X[:1], y[None], splits[:1], max_iter=5, device=dev)  # warm-up (allocator, kernels)
         start = time.perf_counter()
@@ -86,7 +84,6 @@ def bench_probe_sweep(n: int = 1600, d: int = 1536, depths: int = 25, folds: int
         t_torch = time.perf_counter() - start  # results are on the host already: the device is synchronized
         result.update(torch_path_s=t_torch, torch_device=dev, torch_speedup=t_default / t_torch,
                       torch_max_abs_accuracy_diff=float(np.abs(batched["accuracy"][:, 0] - acc_default).max()))
-    from fbt_probe.provenance import provenance
 
     result["provenance"] = provenance(seed=seed)
     return result

@@ -1,4 +1,4 @@
-"""Probe-direction tests (DESIGN §6.5): is the linearly decodable label *used*?
+"""Probe-direction tests (docs/interventions.md): is the linearly decodable label *used*?
 
 For each task × length cell and each probe depth d, probes are cross-fitted with grouped folds
 (no group on both sides): each sample is edited with the probe / eraser fitted on the folds that do
@@ -16,95 +16,35 @@ normalized = 1: the answer did not move; 0: it moved as far as the partner's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 import torch
+from concept_erasure import LeaceFitter
 
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import depth_name
+from fbt_probe.interventions.edits import edit_at, rank_one_edit
 from fbt_probe.interventions.experiments import ONE_PASS, _reference, device_of, final_logits, last_prefix
-from fbt_probe.interventions.hooks import edit_at, rank_one_edit
 from fbt_probe.interventions.metrics import score
-
-
-def leace_available() -> bool:
-    try:
-        import concept_erasure  # noqa: F401
-    except ImportError:
-        return False
-    return True
+from fbt_probe.probes import fit_binary, grouped_folds
 
 
 def erase_methods(requested: str = "auto") -> tuple[str, ...]:
-    """'auto' = LEACE and the orthogonal projection when concept-erasure is installed, else orth only."""
+    """'auto' = LEACE and the orthogonal projection."""
     if requested == "auto":
-        return ("leace", "orth") if leace_available() else ("orth",)
+        return ("leace", "orth")
     methods = tuple(m.strip() for m in requested.split(",") if m.strip())
     bad = set(methods) - {"leace", "orth"}
     if bad or not methods:
         raise FbtError(f"erase '{requested}': expected auto, leace, orth or leace,orth")
-    if "leace" in methods and not leace_available():
-        raise FbtError("erase 'leace' needs EleutherAI concept-erasure: pip install concept-erasure")
     return methods
-
-
-# ----------------------------------------------------------------------------- probes (adapter)
-@dataclass(frozen=True)
-class _Fitted:
-    direction: np.ndarray  # [D] unit raw-space direction (score increases toward label 1)
-    raw_weights: np.ndarray
-    raw_bias: float
-
-    def predict(self, X: np.ndarray) -> np.ndarray:
-        return (X @ self.raw_weights + self.raw_bias > 0).astype(np.int64)
-
-
-def fit_probe(X: np.ndarray, y: np.ndarray, C: float = 1.0) -> _Fitted:
-    """Standardized L2 logistic regression as a raw-space direction: `fbt_probe.probes.LinearProbe`
-    when that package is present, else the same model built from scikit-learn here."""
-    try:
-        from fbt_probe.probes.estimator import LinearProbe
-
-        p = LinearProbe(C=C).fit(X, y).export()
-        w, b = np.asarray(p.raw_weights), float(p.raw_bias)
-        if tuple(p.classes) != (0, 1):
-            raise FbtError(f"probe classes {p.classes}: expected (0, 1)")
-    except ImportError:  # pragma: no cover - the probes package is part of fbt-probe
-        from sklearn.linear_model import LogisticRegression
-        from sklearn.preprocessing import StandardScaler
-
-        sc = StandardScaler().fit(X)
-        lr = LogisticRegression(C=C, max_iter=1000).fit(sc.transform(X), y)
-        w = lr.coef_[0] / sc.scale_
-        b = float(lr.intercept_[0] - sc.mean_ @ w)
-    norm = float(np.linalg.norm(w))
-    return _Fitted(w / norm if norm > 0 else w * 0.0, w, b)
-
-
-def folds(y: np.ndarray, groups: np.ndarray, n_folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Grouped K-fold splits, at most as many folds as groups. Stratified (StratifiedGroupKFold) so
-    that training folds stay label-balanced where the label is a function of the group (completion);
-    plain GroupKFold if stratification fails."""
-    k = min(n_folds, len(np.unique(groups)))
-    try:
-        from fbt_probe.probes.splits import grouped_splits
-    except ImportError:  # pragma: no cover - the probes package is part of fbt-probe
-        from sklearn.model_selection import GroupKFold
-
-        return [(tr, te) for tr, te in GroupKFold(n_splits=k).split(y, y, groups)]
-    try:
-        return grouped_splits(y, groups, n_splits=k, cv="stratified-group", seed=seed)
-    except (FbtError, ValueError):  # scikit-learn's ValueError: a class has fewer members than folds
-        return grouped_splits(y, groups, n_splits=k, cv="group", seed=seed)
 
 
 def cv_correct(X: np.ndarray, y: np.ndarray, splits, C: float = 1.0) -> np.ndarray:
     """[n] 0/1: each sample's label predicted by the probe fitted on the other folds."""
     out = np.full(len(y), np.nan)
     for train, test in splits:
-        out[test] = fit_probe(X[train], y[train], C).predict(X[test]) == y[test]
+        out[test] = fit_binary(X[train], y[train], C).predict(X[test]) == y[test]
     return out
 
 
@@ -119,7 +59,7 @@ def fold_edits(X: np.ndarray, y: np.ndarray, splits, methods, C: float = 1.0, se
     edits["probe_correct"] = np.full(n, np.nan)
     rng = np.random.default_rng(seed)
     for train, test in splits:
-        probe = fit_probe(X[train], y[train], C)
+        probe = fit_binary(X[train], y[train], C)
         w = probe.direction
         edits["probe_correct"][test] = probe.predict(X[test]) == y[test]
         proj = X[train] @ w
@@ -138,8 +78,6 @@ def fold_edits(X: np.ndarray, y: np.ndarray, splits, methods, C: float = 1.0, se
 def _eraser(method: str, X: np.ndarray, y: np.ndarray, w: np.ndarray):
     if method == "orth":
         return w, w, X.mean(0)
-    from concept_erasure import LeaceFitter
-
     e = LeaceFitter.fit(torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(y)).eraser
     bias = e.bias if e.bias is not None else torch.zeros(X.shape[1], dtype=torch.float64)
     return e.proj_right[0].numpy(), e.proj_left[:, 0].numpy(), bias.numpy()
@@ -175,7 +113,7 @@ def probe_direction(model, batches, mode: str = "recurrent:1", min_gap: float = 
             notes.append(f"{task} length {knob}: skipped (needs >= 2 groups and both labels)")
             continue
         try:
-            splits = folds(y, groups, n_folds, seed)
+            splits = grouped_folds(y, groups, n_folds, seed)
         except FbtError as exc:
             notes.append(f"{task} length {knob}: skipped ({exc})")
             continue

@@ -1,9 +1,9 @@
-"""Benchmark of the fusion epilogue (issue 7, DESIGN.md §8).
+"""Benchmark of the fusion epilogue (issue 7, docs/kernels.md).
 
 For D = 1536 and 1..64k rows (batch × positions) it times `RMSNorm(value ⊙ gate) · w` as
   eager      the pure-PyTorch reference (what the model runs on CPU),
   compile    `torch.compile` of that same reference (CUDA only),
-  fused      the Triton kernel (`fbt_probe_kernels.glu_fusion`, CUDA only),
+  fused      the Triton kernel (`fbt_probe.kernels.glu_fusion`, CUDA only),
   table      the kernel gathering the gate from the V×D gate table by token id (CUDA only),
 and reports achieved memory bandwidth (the fewest bytes the epilogue must move: value, gate and out
 once each) against the device's peak and a measured device-to-device copy, the speed-ups, the
@@ -15,19 +15,16 @@ CUDA timings use `triton.testing.do_bench` (device events, L2 flushed between ca
 """
 from __future__ import annotations
 
-import json
 import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from fbt_probe.errors import FbtError
-from fbt_probe.io import atomic_path, refuse_existing
 from fbt_probe.provenance import provenance
 
 DEFAULT_ROWS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
@@ -151,7 +148,7 @@ def _reference():
     try:
         from fbt_probe.model.fusion import fusion_reference
     except ImportError:
-        from fbt_probe_kernels import fusion_reference
+        from fbt_probe.kernels import fusion_reference
     return fusion_reference
 
 
@@ -163,8 +160,7 @@ def _rel_err(out: torch.Tensor, value, gate, weight, eps) -> float:
 
 
 def bench_rows(cfg: FusionBenchConfig, device: torch.device, dtype: torch.dtype, timer, fused: bool) -> list[dict]:
-    import fbt_probe_kernels as K
-
+    import fbt_probe.kernels as K
     from fbt_probe.model.fusion import _fast_path, epilogue
 
     reference = _reference()
@@ -234,7 +230,7 @@ class SyntheticDecodeStep:
     two-product path (`σ(W_G e)` GEMM + reference epilogue)."""
 
     def __init__(self, dims: DecodeDims, batch: int, ctx: int, device, dtype, eps: float, seed: int = 0):
-        import fbt_probe_kernels as K
+        import fbt_probe.kernels as K
 
         gen = torch.Generator(device=device).manual_seed(seed)
 
@@ -271,7 +267,7 @@ class SyntheticDecodeStep:
         return F.linear(x, self.embed)  # [batch, d_vocab]
 
     def fusion_fused(self) -> torch.Tensor:
-        import fbt_probe_kernels as K
+        import fbt_probe.kernels as K
 
         return K.glu_fusion_table(F.linear(self.h, self.W_U), self.ids, self.gate_table, self.norm_w, self.eps)
 
@@ -280,7 +276,7 @@ class SyntheticDecodeStep:
         return _reference()(F.linear(self.h, self.W_U), gate, self.norm_w, self.eps)
 
     def epilogue_fused(self) -> torch.Tensor:
-        import fbt_probe_kernels as K
+        import fbt_probe.kernels as K
 
         return K.glu_fusion_table(self.value, self.ids, self.gate_table, self.norm_w, self.eps)
 
@@ -319,9 +315,9 @@ def bench_model_step(cfg: FusionBenchConfig, device, dtype_name: str, timer) -> 
     preset, random weights: eager PyTorch, one kernel launch per op (no CUDA graph), so the step is
     slower than a tuned decoder's and the share smaller."""
     try:
-        import fbt_probe as fp
+        from fbt_probe.loading import load_model
 
-        model = fp.load_model(cfg.decode_preset, device=str(device), seed=cfg.seed, dtype=dtype_name).eval()
+        model = load_model(cfg.decode_preset, device=str(device), seed=cfg.seed, dtype=dtype_name).eval()
     except Exception as exc:  # e.g. transformer-lens missing on a bare GPU image
         return [{"batch": b, "ctx": cfg.decode_ctx, "error": _one_line(exc)} for b in cfg.decode_batches]
     records = []
@@ -359,7 +355,7 @@ def _model_step_once(model, cfg, batch, device, timer) -> dict:
     value = torch.randn(batch, 1, d, device=device, generator=gen).to(state.dtype)
     gate = torch.rand(batch, 1, d, device=device, generator=gen).to(state.dtype)
     if out["fast_fusion_used"]:
-        import fbt_probe_kernels as K
+        import fbt_probe.kernels as K
 
         epilogue = lambda: K.glu_fusion(value, gate, fusion.norm.weight, fusion.norm.eps)  # noqa: E731
     else:
@@ -373,7 +369,7 @@ def _model_step_once(model, cfg, batch, device, timer) -> dict:
 
 def _model_uses_fast_path(model, device) -> bool:
     try:
-        import fbt_probe_kernels as K
+        import fbt_probe.kernels as K
     except ImportError:
         return False
     return bool(model.cfg.fast_fusion and device.type == "cuda" and K.fast_fusion_available(device))
@@ -397,7 +393,7 @@ def resolve(cfg: FusionBenchConfig) -> tuple[torch.device, torch.dtype]:
 
 def run_fusion_bench(cfg: FusionBenchConfig = FusionBenchConfig()) -> dict:
     """Run the benchmark; returns a JSON-able dict (see `to_markdown`)."""
-    import fbt_probe_kernels as K
+    import fbt_probe.kernels as K
 
     device, dtype = resolve(cfg)
     if device.type == "cuda" and device.index is not None:
@@ -564,18 +560,3 @@ def parse_rows(text: str, option: str = "--rows") -> tuple[int, ...]:
         except ValueError:
             raise FbtError(f"{option}: '{part}' is not an integer (e.g. 1,16,4k,64k)") from None
     return tuple(rows)
-
-
-
-def save_report(result: dict, markdown: str, out: str | Path, force: bool = False) -> tuple[Path, Path]:
-    """Write the Markdown report to `out` and the full result (provenance included) to `out`.json,
-    atomically; refuses to replace either unless `force`."""
-    out = Path(out)
-    side = out.with_name(out.name + ".json")
-    refuse_existing(out, force)
-    refuse_existing(side, force)
-    with atomic_path(side) as tmp:
-        tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    with atomic_path(out) as tmp:
-        tmp.write_text(markdown)
-    return out, side

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import json
 import platform
+import resource
 import statistics
 import subprocess
 import sys
 import time
 
 import torch
+
+from fbt_probe.loading import load_model
+from fbt_probe.provenance import provenance
 
 
 def _median_of(fn, repeats: int) -> float:
@@ -46,7 +50,6 @@ def peak_rss_mb() -> float:
                 return int(line.split()[1]) / 1024.0
     except OSError:
         pass
-    import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -54,7 +57,7 @@ def peak_rss_mb() -> float:
 _PEAK_CHILD = """
 import json, sys, torch
 import fbt_probe as fp
-from fbt_probe.bench_model import peak_rss_mb as rss
+from fbt_probe.bench.model import peak_rss_mb as rss
 preset, mode, batch, T, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(threads)
 model = fp.load_model(preset).eval()
@@ -78,10 +81,7 @@ def peak_memory(preset: str, mode: str, batch: int, T: int) -> dict:
 @torch.no_grad()
 def run_model_bench(preset: str = "tiny", batch: int = 8, seq: int = 1024, full_batches=(8, 1), cache_batch: int = 8,
                     cache_seq: int = 256, repeats: int = 3, memory: bool = True) -> dict:
-    import fbt_probe as fp
-    from fbt_probe.provenance import provenance
-
-    model = fp.load_model(preset).eval()
+    model = load_model(preset).eval()
     V = model.cfg.d_vocab
     toks = _tokens(V, batch, seq, 0)
     std = _median_of(lambda: model(toks), repeats)

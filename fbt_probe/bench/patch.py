@@ -22,14 +22,19 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
+
+from fbt_probe.interventions import PatchConfig
+from fbt_probe.interventions.runner import analyse, run_experiment
+from fbt_probe.loading import open_pairs
+from fbt_probe.provenance import provenance
+from fbt_probe.tasks import build_tokenizer, generate, load_spec, write_dataset
 
 EXPERIMENTS = ("feedback-swap", "state-replacement", "gate-ablation", "residual", "probe-direction")
 
 
 def default_dataset(folder: Path) -> Path:
     """The completion dataset of `fbt-probe tasks generate completion` (spec defaults), in `folder`."""
-    from fbt_probe.tasks import build_tokenizer, generate, load_spec, write_dataset
-
     spec = load_spec("completion")
     tok = build_tokenizer([spec])
     write_dataset(generate(spec, tokenizer=tok), folder, tok, tokenizer_source="builtin")
@@ -40,7 +45,7 @@ def default_dataset(folder: Path) -> Path:
 # as os.wait4 reports it, would also count the RSS of this process at the fork)
 _CLI_WITH_PEAK = """
 import atexit, sys
-from fbt_probe.bench_model import peak_rss_mb
+from fbt_probe.bench.model import peak_rss_mb
 peak_file = sys.argv.pop(1)
 atexit.register(lambda: open(peak_file, "w").write(str(peak_rss_mb())))
 sys.argv[0] = "fbt-probe"
@@ -75,11 +80,8 @@ def _summary_diff(a: pd.DataFrame, b: pd.DataFrame) -> float:
 
 def compare_reuse(run: str, dataset: Path, experiments, mode: str, pairs: int, seed: int = 0) -> list[dict]:
     """Each experiment on `pairs` pairs per cell with prefix reuse on and off, in this process."""
-    from fbt_probe.interventions import PatchConfig, load_pairs, load_run_model
-    from fbt_probe.interventions.runner import analyse, run_experiment
-
-    df = load_pairs(dataset)
-    model, _, _ = load_run_model(run, seed=seed)
+    lm, df = open_pairs(run, dataset, seed=seed)
+    model = lm.model
     rows = []
     for exp in experiments:
         times, summaries = {}, {}
@@ -101,10 +103,6 @@ def compare_reuse(run: str, dataset: Path, experiments, mode: str, pairs: int, s
 def run_patch_bench(run: str = "tiny", dataset: Path | None = None, experiments=EXPERIMENTS, mode: str = "recurrent:1",
                     compare_pairs: int = 2, seed: int = 0, progress=None) -> dict:
     """`progress(line)` hears each command's result as it finishes."""
-    import torch
-
-    from fbt_probe.provenance import provenance
-
     with tempfile.TemporaryDirectory(prefix="fbt-bench-patch-") as tmp:
         tmp = Path(tmp)
         data = Path(dataset) if dataset is not None else default_dataset(tmp / "data")

@@ -1,4 +1,4 @@
-"""fbt_probe_kernels: the CUDA fast path for the latent-feedback fusion (DESIGN.md §8).
+"""fbt_probe.kernels: the CUDA fast path for the latent-feedback fusion (docs/kernels.md).
 
     fast_fusion_available(device) -> bool    the Triton kernel (not the eager reference) runs there
     glu_fusion(value, gate, weight, eps)     RMSNorm(value ⊙ gate) · weight, fused
@@ -10,8 +10,8 @@ The ops are `torch.ops.fbt_probe.glu_fusion{,_table}` (fake kernels and autograd
 the kernel cannot run they compute the eager reference, so they are always safe to call. Triton is
 optional: without it everything here still imports and runs the reference.
 """
-from fbt_probe_kernels.gate_table import build_gate_table
-from fbt_probe_kernels.glu_fusion import (
+from fbt_probe.kernels.gate_table import build_gate_table
+from fbt_probe.kernels.glu_fusion import (
     fast_fusion_available,
     fusion_reference,
     glu_fusion,

@@ -79,23 +79,22 @@ def _glu_fusion_kernel(
         tl.store(o_ptr + cols, y.to(OUT.dtype.element_ty), mask=mask)
     else:  # very wide rows: sum of squares first, then a second read (mostly from L2)
         acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK_D):
-            c = start + cols
-            mask = c < n_cols
-            v = tl.load(v_ptr + c, mask=mask, other=0.0).to(tl.float32)
-            g = tl.load(g_ptr + c, mask=mask, other=0.0).to(tl.float32)
-            x = (v * g).to(PROD_DT).to(tl.float32)
-            acc += x * x
-        rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
-        for start in range(0, n_cols, BLOCK_D):
-            c = start + cols
-            mask = c < n_cols
-            v = tl.load(v_ptr + c, mask=mask, other=0.0).to(tl.float32)
-            g = tl.load(g_ptr + c, mask=mask, other=0.0).to(tl.float32)
-            x = (v * g).to(PROD_DT).to(tl.float32)
-            w = tl.load(W + c, mask=mask, other=0.0).to(tl.float32)
-            y = (x * rstd).to(NORM_DT).to(tl.float32) * w
-            tl.store(o_ptr + c, y.to(OUT.dtype.element_ty), mask=mask)
+        rstd = 0.0
+        for second in tl.static_range(2):  # unrolled: pass 0 sums the squares, pass 1 scales and stores
+            if second:
+                rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
+            for start in range(0, n_cols, BLOCK_D):
+                c = start + cols
+                mask = c < n_cols
+                v = tl.load(v_ptr + c, mask=mask, other=0.0).to(tl.float32)
+                g = tl.load(g_ptr + c, mask=mask, other=0.0).to(tl.float32)
+                x = (v * g).to(PROD_DT).to(tl.float32)
+                if second:
+                    w = tl.load(W + c, mask=mask, other=0.0).to(tl.float32)
+                    y = (x * rstd).to(NORM_DT).to(tl.float32) * w
+                    tl.store(o_ptr + c, y.to(OUT.dtype.element_ty), mask=mask)
+                else:
+                    acc += x * x
 
 
 def interpreting() -> bool:

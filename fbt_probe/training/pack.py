@@ -1,15 +1,25 @@
-"""Make a shipped reference model from a finished training run: copy its checkpoint, evaluate it on
+"""Make a shipped reference model (`fbt_probe.reference`) from a finished training run: copy its checkpoint, evaluate it on
 contexts held out of training, write the model card and the hash record (`fbt-probe model pack`)."""
 from __future__ import annotations
 
 import json
+import os
+import platform
 import shutil
 from pathlib import Path
 
 import pandas as pd
 
 from fbt_probe.errors import FbtError
+from fbt_probe.io import atomic_dir, sha256_file, write_json
+from fbt_probe.model.checkpoint import checkpoint_hash
+from fbt_probe.provenance import provenance
 from fbt_probe.reference import FILES, RECORD, ROOT
+from fbt_probe.tasks import load_tokenizer
+from fbt_probe.training.arch import ARCHS
+from fbt_probe.training.checkpoint import load_run
+from fbt_probe.training.config import TRAIN_KNOBS
+from fbt_probe.training.evaluate import EVAL_MODES, answer_accuracy, eval_samples
 
 CHECK_PAIRS = 4  # pairs per task x length cell of the check slice the tests recompute
 CHECK_SEED = 10_000  # eval_samples' default seed: contexts held out of training
@@ -17,23 +27,18 @@ CHECK_SEED = 10_000  # eval_samples' default seed: contexts held out of training
 
 def check_slice(model, cfg, tok) -> pd.DataFrame:
     """Held-out answer accuracy under standard prefill on the small check slice (task x length)."""
-    from fbt_probe.training.evaluate import answer_accuracy, eval_samples
-
     acc = answer_accuracy(model, eval_samples(cfg, tok, pairs=CHECK_PAIRS, seed=CHECK_SEED), tok, modes=("standard",))
     return acc[["task", "length_knob", "correct", "n"]]
 
 
 def cpu_name() -> str:
     """The CPU model (Linux /proc/cpuinfo) and its core count: training time means something only with it."""
-    import os
-
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
     except OSError:
         pass
-    import platform
 
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
@@ -41,7 +46,7 @@ def cpu_name() -> str:
 def retrain_command(cfg, name: str) -> str:
     """The `fbt-probe train` line that retrains the run from scratch (hidden-decoding: from its init)."""
     parts = ["fbt-probe train", f"--preset {cfg.preset}", f"--steps {cfg.steps}", f"--seed {cfg.seed}"]
-    if cfg.arch == "hidden-decoding":
+    if ARCHS[cfg.arch].needs_init:
         raise FbtError("a Hidden Decoding run records no --init: pass --command (the line that trained it)")
     if cfg.baseline:
         parts.append("--baseline")
@@ -50,19 +55,11 @@ def retrain_command(cfg, name: str) -> str:
 
 def pack(run: str | Path, name: str, out_root: str | Path = ROOT, eval_pairs: int = 16, force: bool = False,
          command: str | None = None) -> Path:
-    from fbt_probe.io import atomic_dir, sha256_file, write_json
-    from fbt_probe.model.checkpoint import checkpoint_hash
-    from fbt_probe.provenance import provenance
-    from fbt_probe.tasks import load_tokenizer
-    from fbt_probe.training.checkpoint import load_run
-    from fbt_probe.training.config import TRAIN_KNOBS
-    from fbt_probe.training.evaluate import EVAL_MODES, answer_accuracy, eval_samples
-
     run = Path(run)
     model, cfg, _, step = load_run(run)  # verifies the run (config, weights, tokenizer, train state)
     tok = load_tokenizer(run / "tokenizer.json")
     command = command or retrain_command(cfg, name)
-    modes = ("standard",) if cfg.arch == "hidden-decoding" else EVAL_MODES
+    modes = ARCHS[cfg.arch].eval_modes or EVAL_MODES
     acc = answer_accuracy(model, eval_samples(cfg, tok, pairs=eval_pairs), tok, modes=modes)
     check = check_slice(model, cfg, tok)
     metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if l.strip()]
@@ -88,12 +85,12 @@ def pack(run: str | Path, name: str, out_root: str | Path = ROOT, eval_pairs: in
 
 def card(rec: dict, acc: pd.DataFrame) -> str:
     t = rec["train"]
-    kind = {"hidden-decoding": "Hidden Decoding (n streams per token, one pass)"}.get(
-        rec["arch"], "no-feedback baseline (one pass, fusion unused)" if rec["baseline"] else "latent feedback")
+    arch = ARCHS[rec["arch"]]
+    kind = arch.kind or ("no-feedback baseline (one pass, fusion unused)" if rec["baseline"] else "latent feedback")
     table = acc.pivot_table(index=["task", "length_knob"], columns="mode", values="accuracy").round(3)
     lines = [
         f"# ref:{rec['name']}", "",
-        f"A {t['preset']} model, {kind}, trained {'from the checkpoint named in the retrain command' if rec['arch'] == 'hidden-decoding' else 'from scratch'} "
+        f"A {t['preset']} model, {kind}, trained {'from the checkpoint named in the retrain command' if arch.needs_init else 'from scratch'} "
         f"on the task mix below ({rec['steps']} steps, seed {rec['seed']}, "
         f"{rec['train_seconds'] / 60:.1f} min of optimizer steps on {rec['cpu']}).", "",
         f"- checkpoint sha256: `{rec['checkpoint_sha256']}`",

@@ -1,6 +1,6 @@
 """Pure hook functions: every factory returns `fn(x, hook) -> x` for `run_with_hooks`.
 
-Hooks are position-aware. In the one hooked pass of a mode (DESIGN §2) a hook sees the whole
+Hooks are position-aware. In the one hooked pass of a mode (docs/modes.md) a hook sees the whole
 sequence; with `serial=True` it fires once per chunk (the standard prefix, then each serial step)
 and `model.hook_context.positions` names the global positions the chunk covers. Every factory
 takes global positions and patches only the ones the firing chunk covers, so the same hook works

@@ -1,0 +1,110 @@
+"""The study's configuration and where its models live (read by every stage, the report and the findings)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fbt_probe.interventions.registry import EXPERIMENTS as REGISTRY
+from fbt_probe.reference import folder
+from fbt_probe.tasks import build_tokenizer, load_tokenizer
+from fbt_probe.training.config import TrainConfig
+
+PROBE_KNOBS = {"completion": [0, 8, 32], "memory": [0, 8, 32], "registers": [2, 4, 8], "registers-count": [1, 2, 4, 8]}  # training lengths
+LONG_KNOBS = {"completion": [0, 8, 32, 128, 256], "memory": [0, 8, 32, 128, 256], "registers": [2, 4, 8],
+              "registers-count": [1, 2, 4, 8]}  # --long: the paper's whole grid (past the training lengths)
+QUICK_KNOBS = {"completion": [8], "memory": [8], "registers": [2], "registers-count": [2]}
+FEEDBACK_MODES = ["standard", "recurrent:1", "jacobi:2"]
+# the paper's register conditions; recurrent:k names the paper's k-token suffix, mapped to this
+# tokenizer's token count through the dataset manifest (`suffix_modes`; identity for the built-in one)
+REGISTER_MODES = ["standard", "recurrent:1", "recurrent:2", "recurrent:4", "full", "jacobi:2"]
+# the exact causal experiments of the study, in the registry's order, each under its study modes
+EXPERIMENTS = tuple(name for name, e in REGISTRY.items() if e.study_modes)
+
+
+@dataclass(frozen=True)
+class ReproConfig:
+    preset: str = "tiny"
+    seed: int = 0
+    steps: int = 800
+    groups: dict = field(default_factory=lambda: {"completion": 80, "memory": 128, "registers": 32, "registers-count": 32})
+    """Probe-set groups per task (held-out contexts only): completion and memory over the grid (the
+    paper's 80 and 128), register tasks per cell (the paper's 128; 32 keeps the 15-minute study)."""
+    knobs: dict = field(default_factory=lambda: dict(PROBE_KNOBS))
+    modes: dict = field(default_factory=lambda: {"completion": FEEDBACK_MODES, "memory": FEEDBACK_MODES,
+                                                 "registers": REGISTER_MODES, "registers-count": REGISTER_MODES})
+    eval_pairs: int = 16
+    passes: int = 32  # contraction diagnostic
+    patch_pairs: int = 20  # pairs per cell in the causal experiments
+    patch_knobs: dict = field(default_factory=lambda: {"completion": [8], "memory": [8], "registers": [2]})
+    """Task -> lengths of the causal experiments (a task not named is left out)."""
+    model: str | None = None  # a user checkpoint (paper-1b path): no training, no baseline
+    quick: bool = False
+    demo: bool = False
+    """The lighter study `make demo` runs on the shipped models (`demo_config`)."""
+    methods: bool = True
+    """Run attribution patching, DAS and the lens (stages methods-*, lens-*); --no-methods skips them."""
+    shipped: bool = False
+    """Study the reference models shipped with the package (ref:<preset>-feedback, ref:<preset>-baseline)
+    instead of training them; `fbt-probe reproduce` does unless --train."""
+
+    @classmethod
+    def quick_config(cls, **kw) -> "ReproConfig":
+        base = dict(steps=60, groups={"completion": 12, "memory": 12, "registers": 6, "registers-count": 6},
+                    knobs=dict(QUICK_KNOBS), eval_pairs=8, passes=6, patch_pairs=5, quick=True,
+                    modes={"completion": ["standard", "recurrent:1"], "memory": ["standard", "recurrent:1"],
+                           "registers": ["standard", "recurrent:1", "full"], "registers-count": ["standard", "recurrent:1"]})
+        return cls(**{**base, **kw})
+
+    @classmethod
+    def demo_config(cls, **kw) -> "ReproConfig":
+        """The shipped models' study in about five minutes on 2 cores (`make demo`): every task, stage
+        and figure of the full study on fewer probe groups (completion 40 of the paper's 80, memory
+        64 of 128, register cells 8), the register tasks without `full` recurrence (its serial
+        token-by-token extraction is most of the full study's time), and lighter AtP/DAS/lens
+        settings (`methods.methods_settings`). The full study: `fbt-probe reproduce` without --demo."""
+        base = dict(groups={"completion": 40, "memory": 64, "registers": 8, "registers-count": 8}, eval_pairs=8,
+                    patch_pairs=10, demo=True,
+                    modes={"completion": FEEDBACK_MODES, "memory": FEEDBACK_MODES,
+                           "registers": [m for m in REGISTER_MODES if m != "full"],
+                           "registers-count": [m for m in REGISTER_MODES if m != "full"]})
+        return cls(**{**base, **kw})
+
+    @classmethod
+    def long_config(cls, **kw) -> "ReproConfig":
+        """Probe sets on the paper's whole grid, also at 128 and 256 distractors (up to 1,076 tokens),
+        four to eight times the training lengths: slower."""
+        return cls(**{"knobs": dict(LONG_KNOBS), **kw})
+
+    def models(self) -> list[str]:
+        return ["feedback"] if self.model else ["feedback", "baseline"]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def train_config(cfg: ReproConfig, baseline: bool) -> TrainConfig:
+    return TrainConfig(preset=cfg.preset, steps=cfg.steps, seed=cfg.seed, baseline=baseline, tasks=tuple(cfg.knobs),
+                       eval_every=max(1, min(100, cfg.steps)), save_every=max(1, min(100, cfg.steps)))
+
+
+def tokenizer(cfg: ReproConfig):
+    """The study's tokenizer: a user checkpoint's own, else the built-in one."""
+    if cfg.model and (Path(cfg.model) / "tokenizer.json").is_file():
+        return load_tokenizer(Path(cfg.model) / "tokenizer.json")
+    return build_tokenizer()
+
+
+def model_path(cfg: ReproConfig, out: Path, name: str) -> Path:
+    """The checkpoint folder of study model `name` (feedback, baseline): a user checkpoint, a
+    shipped reference model's verified folder, or the one trained under `out`."""
+    if cfg.model:
+        return Path(cfg.model)
+    if cfg.shipped:
+        return folder(shipped_name(cfg, name))
+    return out / "models" / name
+
+
+def shipped_name(cfg: ReproConfig, name: str) -> str:
+    """The shipped reference of a study model (`ref:` + this): `tiny-feedback`, `tiny-baseline`."""
+    return f"{cfg.preset}-{name}"
