@@ -151,7 +151,7 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
         verdict = "contracts" if dl < 0.1 * d2 else "does not contract"
         full = answer_accuracy(out, "feedback", tasks[0], "full")
         lines.append(f"The feedback iteration {verdict}: the carried state changes by {d2:.3g} at pass 2 and {dl:.3g} at "
-                     f"pass {last} (ratio {dl / d2:.2f}{spread(seeds, 'feedback', 'state-change-last/pass-2', 'validation', 'full')}), "
+                     f"pass {last}, a ratio of {dl / d2:.2f}{spread(seeds, 'feedback', 'state-change-last/pass-2', 'validation', 'full')}, "
                      f"and validation loss goes from {t.loc[1, 'val_loss']:.3f} to {t.loc[last, 'val_loss']:.3f} "
                      f"(Fig. 3); under `full` recurrence {tasks[0]} is answered at {fmt(*full[:3])}"
                      f"{spread(seeds, 'feedback', 'answer-accuracy', tasks[0], 'full')}.")

@@ -128,8 +128,8 @@ def seeds_table_text(seeds: pd.DataFrame) -> str:
     """One row per headline number: its value in each seed's study, their mean and range."""
     wide = seeds.pivot_table(index=["model", "quantity", "task", "mode", "study"], columns="seed", values="value")
     wide.columns = [f"seed {c}" for c in wide.columns]
-    vals = wide.to_numpy()
-    wide = wide.round(3).assign(mean=vals.mean(axis=1).round(3), range=(vals.max(axis=1) - vals.min(axis=1)).round(3))
+    mean, rng = wide.mean(axis=1), wide.max(axis=1) - wide.min(axis=1)  # over the seeds that have the number
+    wide = wide.round(3).assign(mean=mean.round(3), range=rng.round(3))
     return ("Each headline number of the findings in the study of each training seed (the same recipe and study, "
             "seed of data, initialisation and probes changed): how much of a number is the seed.\n\n"
             + _md_table(wide.reset_index()))
