@@ -4,7 +4,7 @@ few collectives the commands use.
 `torchrun --nproc_per_node N -m fbt_probe <command> ...` starts N copies of the command with RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set. `session()` (entered once by the CLI)
 initialises `torch.distributed` from them: gloo for CPU tensors and nccl for CUDA tensors when CUDA
-is present. Without those variables (or with WORLD_SIZE=1) nothing is initialised and every helper
+is present. Without those variables nothing is initialised; with one process (or none) every helper
 here answers as the one process of a world of one, so single-process behaviour is unchanged.
 
 What each command shares out (docs/distributed.md): `extract` the shards of its plan
@@ -77,11 +77,11 @@ def world() -> World:
 
 @contextlib.contextmanager
 def session(env=None) -> Iterator[World]:
-    """Initialise the process group from the torchrun environment (if launched by it, with more
-    than one process, and not already initialised); torn down on exit."""
+    """Initialise the process group from the torchrun environment (if launched by it and not
+    already initialised); torn down on exit."""
     w = from_env(env)
     started = False
-    if w is not None and w.several and not dist.is_initialized():
+    if w is not None and not dist.is_initialized():  # a world of one too: FSDP2 on one device needs a group
         if torch.cuda.is_available():
             torch.cuda.set_device(w.local_rank)
         dist.init_process_group(backend(), timeout=TIMEOUT)
