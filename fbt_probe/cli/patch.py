@@ -84,7 +84,9 @@ def patch(
 
     replacing = refuse_existing(out / experiment, force, own=is_results_folder, kind=RESULTS_KIND)  # before loading anything
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
-    lm, df = open_pairs(run, dataset, task_list, device=device, seed=seed)
+    from fbt_probe.distributed import device_for
+
+    lm, df = open_pairs(run, dataset, task_list, device=device_for(device), seed=seed)  # torchrun: cuda -> cuda:LOCAL_RANK
     res = run_patch(lm.model, df, cfg, out=out, force=force, model_info=lm.provenance(), figures=figures)
     if res is None:  # torchrun: rank 0 gathers, summarizes and writes (fbt_probe.interventions.runner.run)
         return
