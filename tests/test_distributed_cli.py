@@ -1,6 +1,7 @@
-"""`torchrun --nproc_per_node 2 -m fbt_probe patch|extract` (gloo, loopback, a free port): the same
-tables and shards as one process. Each pair batch / shard runs whole on one rank, on the shapes one
-process uses, so the results are compared exactly."""
+"""`torchrun --nproc_per_node 2 -m fbt_probe patch` (gloo, loopback, a free port): the launcher, the
+CLI's process group and the gathered tables are the single-process tables. Each pair batch runs
+whole on one rank, on the shapes one process uses, so they are compared exactly. (Extraction over
+ranks: tests/test_distributed_extract.py, which starts its processes as torchrun would.)"""
 from __future__ import annotations
 
 import json
@@ -13,10 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from fbt_probe.cli import app
-from tests.test_activations import shard_bytes
 from tests.test_interventions_cli import workdir  # noqa: F401  (fixture: a saved small run and dataset)
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # each torchrun ~15 s on 2 busy cores
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # torchrun's 2 processes ~15 s on 2 busy cores
 
 
 def torchrun(*args: str, n: int = 2) -> subprocess.CompletedProcess:
@@ -41,15 +41,3 @@ def test_patch_on_two_ranks_writes_the_single_process_tables(workdir, tmp_path):
     m1, m2 = (json.loads((tmp_path / d / "feedback-swap" / "manifest.json").read_text()) for d in ("one", "two"))
     m1.pop("provenance"), m2.pop("provenance")  # the same but for when and where it ran
     assert m1 == m2
-
-
-def test_extract_on_two_ranks_writes_the_single_process_shards(workdir, tmp_path):  # noqa: F811
-    args = ["extract", str(workdir / "run"), str(workdir / "data"), "--modes", "standard,recurrent:1",
-            "--shard-rows", "4", "--batch-size", "2"]
-    one = CliRunner().invoke(app, args + ["--out", str(tmp_path / "one")])
-    assert one.exit_code == 0, one.output
-    two = torchrun(*args, "--out", str(tmp_path / "two"))
-    assert two.returncode == 0, two.stderr[-3000:]
-    assert "rank 0 [" in two.stderr and "rank 1 [" in two.stderr
-    assert shard_bytes(tmp_path / "two") == shard_bytes(tmp_path / "one") and len(shard_bytes(tmp_path / "one")) > 4
-    assert json.loads((tmp_path / "two" / "manifest.json").read_text())["world_size"] == 2

@@ -6,6 +6,7 @@ where pass 1 is standard and pass k fuses the right-shifted carried states of pa
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -105,7 +106,7 @@ def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optim
                     rows, real = parallel.local_rows(tokens.shape[0])
                     share, run = parallel.rank_share(weights, rows, real, total_w), engine
                     tokens, targets, weights, has = tokens[rows], targets[rows], weights[rows], has[rows]
-                with parallel.no_sync(engine, m == len(micro) - 1) if engine is not None else _nothing():
+                with parallel.no_sync(engine, m == len(micro) - 1) if engine is not None else contextlib.nullcontext():
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
                         l, ps = run(tokens, targets, weights, K, cfg.lam, has)
                     if not torch.isfinite(l):
@@ -151,12 +152,6 @@ def _save(engine, model, opt, cfg: TrainConfig, out: Path, step: int, fsdp: bool
         if world.main:
             save_run(parallel.Consolidated(model.cfg, full), opt_state, cfg, out, step, world_size=world.size)
     distributed.barrier()
-
-
-def _nothing():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def _sum_ranks(values: list[float]) -> list[float]:
