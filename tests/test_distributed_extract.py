@@ -47,13 +47,15 @@ def _manifest_core(folder: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
+def single(tmp_path_factory, one_thread):
+    """One process, one thread like each rank (a matmul's bits may depend on the thread count)."""
     out = tmp_path_factory.mktemp("single") / "acts"
     extract(make_model(dtype=torch.float64), frame(n_pairs=3), MODES, out, **ARGS)
     return out
 
 
 def test_two_ranks_write_the_single_process_folder(single, tmp_path):
+    """Each rank runs one thread (tests/distributed_helpers.py), as torchrun's default OMP_NUM_THREADS=1."""
     out, log = tmp_path / "acts", tmp_path / "log"
     run_ranks(_extract, 2, str(out), str(log))
     written = [set(json.loads(Path(f"{log}.{r}").read_text())) for r in (0, 1)]
