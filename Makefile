@@ -15,10 +15,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-# The main job: the whole tiny study on the shipped reference models (datasets, probes, interventions,
-# attribution/DAS/lens, report), ~26 min on 2 cores; `fbt-probe reproduce --train` retrains the models.
+# The main job: the tiny study on the shipped reference models (datasets, probes, interventions,
+# attribution/DAS/lens, figures, report) in its lighter demo form; without --demo it is the full study
+# (what reports/tiny/ holds), and `fbt-probe reproduce --train` retrains the models.
 demo: setup
-	$(VENV)/bin/fbt-probe reproduce --preset tiny --out runs/repro
+	$(VENV)/bin/fbt-probe reproduce --preset tiny --demo --out runs/demo
 
 # Regenerate the committed reference report of the tiny preset (report.md + PNG figures, no binaries).
 reference-report: setup

@@ -10,6 +10,9 @@ from fbt_probe.errors import FbtError
 DEPTH_SCALING_RULES = ("none", "1/sqrt(2L)")
 FEEDBACK_SOURCES = ("pre_norm", "post_norm")
 LAYER_TYPES = ("full_attention", "sliding_attention")
+FUSIONS = ("glu", "gate_product", "concat_projection", "linear_addition")
+MLP_ACTS = ("silu_glu", "relu2")
+FLOAT32_EPS = 1.1920928955078125e-07  # torch.finfo(torch.float32).eps: F.rms_norm's default eps in float32
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,27 @@ class ModelConfig:
     checkpoint, whose layer 0 expects embedding-scale inputs). The tiny preset sets 1: trained from
     scratch, embedding-scale fused inputs unbalance the multi-pass gradients (BENCHMARKS.md, "Why
     the defaults are what they are"). Loaded weights override it."""
+    # ---- backbone extras of nanochat-style checkpoints (fbt_probe.model.nanochat); each one's
+    # default is the identity, so a config that leaves them alone computes exactly the model above
+    fusion: str = "glu"
+    """"glu": ours, RMSNorm_f((W_U h) ⊙ σ(W_G e)). nanochat's three variants, every norm weightless:
+    "gate_product" norm(W_U h ⊙ σ(W_G norm(e))); "concat_projection" norm(W_C [norm(h); norm(e)]);
+    "linear_addition" norm(W_U h + W_T norm(e)). The fused vector replaces the whole plain input."""
+    norm_weights: bool = True  # False: every RMSNorm (blocks, final, QK, fusion) is a plain F.rms_norm, no gain
+    embed_scale: float = 1.0  # the looked-up embedding is multiplied by this (nanochat's tied-embedding scale)
+    embed_norm: bool = False  # the looked-up (scaled) embedding is RMS-normed (weightless) before layer 0
+    smear: bool = False  # x_t += λ·σ(W_s x_t[:smear_channels])·x_{t-1} on the normed embeddings (t >= 1)
+    smear_channels: int = 24
+    x0_mixing: bool = False  # block l reads resid_lambdas[l]·x + x0_lambdas[l]·x0 (x0: block 0's input)
+    value_embed_layers: tuple[int, ...] = ()  # layers adding a token-indexed value embedding, gated per KV head
+    value_embed_gate_channels: int = 12  # gate = 3·σ(W_ve x[:channels]) on the attention input
+    backout_layer: int | None = None  # None, or l: subtract backout_lambda · (output of block l) before ln_final
+    mlp_act: str = "silu_glu"  # "relu2": down(relu(up x)²), no gate projection
+    rope_sign: int = 1  # -1 rotates by -θ (nanochat's layout, the transpose of HF's)
+    qk_norm_after_rope: bool = False  # nanochat: q, k rotated first, then RMS-normed
+    qk_scale: float = 1.0  # q and k multiplied by this after their norm (nanochat: 1.2)
+    logit_softcap: float | None = None  # logits -> c·tanh(logits / c)
+    tie_embeddings: bool = True  # False: a separate unembedding matrix `unembed.weight` [d_vocab, d_model]
     dtype: str = "float32"
     device: str = "cpu"
 
@@ -75,11 +99,33 @@ class ModelConfig:
         check(self.feedback_source in FEEDBACK_SOURCES, "feedback_source", f"one of {FEEDBACK_SOURCES}")
         check(self.window is None or self.window >= 1, "window", "a positive integer or null")
         check(self.global_every >= 1, "global_every", ">= 1")
+        self._check_extras(check)
         if self.layer_types is not None:
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
             check(len(self.layer_types) == self.n_layers, "layer_types", f"{self.n_layers} entries")
             check(all(t in LAYER_TYPES for t in self.layer_types), "layer_types", f"entries from {LAYER_TYPES}")
             check(self.window is not None or "sliding_attention" not in self.layer_types, "window", "set when a layer is sliding")
+
+    def _check_extras(self, check) -> None:
+        check(self.fusion in FUSIONS, "fusion", f"one of {FUSIONS}")
+        check(self.mlp_act in MLP_ACTS, "mlp_act", f"one of {MLP_ACTS}")
+        for name in ("norm_weights", "embed_norm", "smear", "x0_mixing", "qk_norm_after_rope", "tie_embeddings"):
+            check(isinstance(getattr(self, name), bool), name, "true or false")
+        for name in ("embed_scale", "qk_scale"):
+            check(_is_number(getattr(self, name)) and getattr(self, name) > 0, name, "a number > 0")
+        check(self.logit_softcap is None or (_is_number(self.logit_softcap) and self.logit_softcap > 0),
+              "logit_softcap", "a number > 0 or null")
+        check(self.rope_sign in (1, -1) and _is_int(self.rope_sign), "rope_sign", "1 or -1")
+        check(_is_int(self.smear_channels) and 1 <= self.smear_channels <= self.d_model, "smear_channels", f"an integer in 1..{self.d_model}")
+        check(_is_int(self.value_embed_gate_channels) and 1 <= self.value_embed_gate_channels <= self.d_model,
+              "value_embed_gate_channels", f"an integer in 1..{self.d_model}")
+        layers = self.value_embed_layers
+        check(isinstance(layers, (list, tuple)) and all(_is_int(l) and 0 <= l < self.n_layers for l in layers)
+              and len(set(layers)) == len(layers), "value_embed_layers", f"distinct layer indices in 0..{self.n_layers - 1}")
+        object.__setattr__(self, "value_embed_layers", tuple(sorted(layers)))
+        check(self.backout_layer is None or (_is_int(self.backout_layer) and 0 <= self.backout_layer < self.n_layers),
+              "backout_layer", f"null or a layer index in 0..{self.n_layers - 1}")
+        check(self.fusion == "glu" or not self.norm_weights, "norm_weights", f"false with fusion '{self.fusion}' (its norms are weightless)")
 
     @property
     def resolved_layer_types(self) -> tuple[str, ...]:
@@ -95,15 +141,21 @@ class ModelConfig:
 
     @property
     def n_fusion_params(self) -> int:
-        return 2 * self.d_model * self.d_model  # W_U and W_G (the fusion norm's D weights aside)
+        return 2 * self.d_model * self.d_model  # W_U and W_G, W_U and W_T, or W_C (the fusion norm's D weights aside)
+
+    @property
+    def nanochat_input(self) -> bool:
+        """Whether the plain input is more than the looked-up embedding (norm, scale or smear)."""
+        return self.embed_norm or self.smear or self.embed_scale != 1.0
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["layer_types"] = list(self.layer_types) if self.layer_types is not None else None
+        d["value_embed_layers"] = list(self.value_embed_layers)
         return d
 
     @classmethod
-    def from_dict(cls, d: dict, source: str = "config", legacy: bool = False) -> "ModelConfig":
+    def from_dict(cls, d: dict, source: str = "config", legacy: int = 0) -> "ModelConfig":
         """The config a checkpoint recorded. Every field must be present: a missing one is an error,
         never a silent default. `legacy` (a checkpoint of format fbt-probe/1, written before some
         initialisation-only fields existed) fills in `LEGACY_MODEL_DEFAULTS` and nothing else."""
@@ -113,7 +165,8 @@ class ModelConfig:
         unknown = sorted(set(d) - set(known))
         if unknown:
             raise FbtError(f"{source}: unknown model config field(s) {unknown}")
-        d = {**LEGACY_MODEL_DEFAULTS, **d} if legacy else d
+        if legacy:  # the version of an older format: 1 (True) fills both tables, 2 the extras only
+            d = {**EXTRAS_DEFAULTS, **d} if legacy == 2 else {**LEGACY_MODEL_DEFAULTS, **EXTRAS_DEFAULTS, **d}
         missing = [name for name in known if name not in d]
         if missing:
             raise FbtError(f"{source}: model config field '{missing[0]}' missing (a checkpoint records every "
@@ -135,6 +188,13 @@ POSITIVE_INTS = ("d_vocab", "d_model", "n_layers", "n_heads", "n_key_value_heads
 # initial value of weights that a checkpoint stores (QK-norm gains, fusion norm), so the values at
 # the time (Qwen3's gain 1; the mean embedding RMS) change nothing a loaded model computes.
 LEGACY_MODEL_DEFAULTS = {"qk_norm_init": 1.0, "fusion_norm_init": None}
+# Checkpoints of formats fbt-probe/1 and /2 were written before the nanochat extras existed; each
+# extra's identity value is what those models compute.
+EXTRAS_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+                   if f.name in ("fusion", "norm_weights", "embed_scale", "embed_norm", "smear", "smear_channels",
+                                 "x0_mixing", "value_embed_layers", "value_embed_gate_channels", "backout_layer",
+                                 "mlp_act", "rope_sign", "qk_norm_after_rope", "qk_scale", "logit_softcap",
+                                 "tie_embeddings")}
 
 
 def _is_int(v) -> bool:

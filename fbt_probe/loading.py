@@ -28,14 +28,16 @@ from fbt_probe.errors import FbtError
 from fbt_probe.hidden.checkpoint import load_hidden
 from fbt_probe.hidden.config import ARCH as HIDDEN_ARCH
 from fbt_probe.io import read_json
-from fbt_probe.model.checkpoint import FORMATS, checkpoint_hash, load_checkpoint
+from fbt_probe.model.checkpoint import FORMATS, load_checkpoint
+from fbt_probe.model.checkpoint import checkpoint_hash as safetensors_hash
 from fbt_probe.model.hf import import_qwen3
+from fbt_probe.model.nanochat_import import is_nanochat_folder, load_nanochat, pt_sha256
 from fbt_probe.model.transformer import FeedbackTransformer
 from fbt_probe.reference import is_reference, resolve
 from fbt_probe.tasks import SAMPLE_COLUMNS, load_dataset, load_tokenizer, tokenizer_sha256
 from fbt_probe.tasks.tokenizer import encode, unk_id
 
-__all__ = ["CHECKPOINT_LOADERS", "CHECKPOINT_SUBDIRS", "FOREIGN_LOADERS", "LoadedModel", "check_compatible", "checkpoint_kind",
+__all__ = ["CHECKPOINT_LOADERS", "CHECKPOINT_SUBDIRS", "FOREIGN_LOADERS", "LoadedModel", "check_compatible", "checkpoint_hash", "checkpoint_kind",
            "load_data", "load_model", "load_pairs", "open_model", "open_pairs", "resolve_checkpoint", "state_hash"]
 
 CHECKPOINT_SUBDIRS = ("", "checkpoint", "final", "model")
@@ -44,7 +46,9 @@ CHECKPOINT_SUBDIRS = ("", "checkpoint", "final", "model")
 CHECKPOINT_LOADERS: dict[str, Callable] = {"feedback": load_checkpoint, HIDDEN_ARCH: load_hidden}
 # folders that are not ours, tried in order: (recognises the folder, loads it (folder, device, seed) in
 # eval mode); a folder none of them recognises is read as Qwen3 format. One place to add a kind.
-FOREIGN_LOADERS: list[tuple[Callable[[Path], bool], Callable[..., torch.nn.Module]]] = []
+FOREIGN_LOADERS: list[tuple[Callable[[Path], bool], Callable[..., torch.nn.Module]]] = [
+    (is_nanochat_folder, lambda folder, device, seed: load_nanochat(folder, device=device, seed=seed).eval()),
+]
 
 
 def checkpoint_kind(folder: str | Path) -> str | None:
@@ -67,8 +71,10 @@ def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrid
     source : str or Path
         A preset name (``tiny``, ``paper-1b``, ...: random weights from `seed`), ``ref:<name>`` (a
         reference model shipped with the package, see ``fbt-probe model refs``), a checkpoint folder
-        of ours (latent-feedback or Hidden Decoding) or a Qwen3-format folder (config.json and
-        safetensors; fresh fusion weights are added from `seed`).
+        of ours (latent-feedback or Hidden Decoding), a nanochat latent-feedback checkpoint folder
+        (``model_<step>.pt`` + ``meta_<step>.json``, the last step; see
+        `fbt_probe.model.nanochat_import`) or a Qwen3-format folder (config.json and safetensors;
+        fresh fusion weights are added from `seed`).
     device : str, default "cpu"
         Where the weights go.
     seed : int, default 0
@@ -118,13 +124,23 @@ def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrid
 
 
 def resolve_checkpoint(run: str | Path) -> Path | None:
-    """The checkpoint folder of RUN: RUN itself or RUN/{checkpoint,final,model} holding a config.json."""
+    """The checkpoint folder of RUN: RUN itself or RUN/{checkpoint,final,model} holding a config.json,
+    or RUN itself when it is a nanochat checkpoint folder (model_<step>.pt + meta_<step>.json)."""
     p = Path(run)
+    if is_nanochat_folder(p):
+        return p
     for sub in CHECKPOINT_SUBDIRS:
         cand = p / sub if sub else p
         if (cand / "config.json").is_file():
             return cand
     return None
+
+
+def checkpoint_hash(folder: str | Path) -> str:
+    """The sha256 results record for a checkpoint folder: its model.safetensors, or the last
+    model_<step>.pt of a nanochat folder."""
+    return pt_sha256(Path(folder)) if is_nanochat_folder(Path(folder)) and not (Path(folder) / "model.safetensors").is_file() \
+        else safetensors_hash(folder)
 
 
 def state_hash(model) -> str:
@@ -167,7 +183,7 @@ class LoadedModel:
     @cached_property
     def hash(self) -> str:
         """The model identity in activation manifests: the checkpoint's sha256, else a hash of its weights."""
-        if self.folder is not None and (self.folder / "model.safetensors").is_file():
+        if self.folder is not None and ((self.folder / "model.safetensors").is_file() or is_nanochat_folder(self.folder)):
             return checkpoint_hash(self.folder)
         if self.preset:
             return f"preset:{self.source}:{state_hash(self.model)}"

@@ -68,8 +68,12 @@ def test_cli_errors(tmp_path):
     assert res.exit_code == 2 and "unknown stage" in res.output
     res = runner.invoke(app, ["reproduce", "--preset", "paper-1b", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "r")])
     assert res.exit_code == 2 and "not found" in res.output
-    res = runner.invoke(app, ["reproduce", "--quick", "--long", "--out", str(tmp_path / "r2")])
-    assert res.exit_code == 2 and "choose one" in res.output and not (tmp_path / "r2").exists()
+    for pair in (["--quick", "--long"], ["--demo", "--quick"]):
+        res = runner.invoke(app, ["reproduce", *pair, "--out", str(tmp_path / "r2")])
+        assert res.exit_code == 2 and "choose one" in res.output and not (tmp_path / "r2").exists()
+    # a seeds study trains its seeds: on the shipped models (which bring their own seeds table) it is refused
+    res = runner.invoke(app, ["reproduce", "--seeds", "3", "--out", str(tmp_path / "r4")])
+    assert res.exit_code == 2 and "--seeds: needs --train" in res.output and not (tmp_path / "r4").exists()
     # the default studies the shipped models: a seed or step count they were not trained with is refused
     for args, match in ((["--seed", "5"], "trained with seed 0 and 800 steps; pass --train"),
                         (["--steps", "10"], "trained with seed 0 and 800 steps; pass --train")):
@@ -97,6 +101,37 @@ def test_long_config_adds_the_long_lengths_only():
     long = ReproConfig.long_config().knobs
     assert long == LONG_KNOBS and all(set(PROBE_KNOBS[t]) < set(long[t]) or t.startswith("registers") for t in long)
     assert {k for t in long for k in long[t]} - {k for t in PROBE_KNOBS for k in PROBE_KNOBS[t]} == {128, 256}
+
+
+def test_demo_config_is_the_full_study_lighter():
+    """--demo keeps every task, length, stage and the shipped models' seed/steps; it drops only `full`
+    on the register tasks, halves (or quarters) the probe groups and lightens the methods."""
+    from fbt_probe.reproduce.methods import methods_settings
+    from fbt_probe.reproduce.pipeline import ReproConfig
+
+    full, demo = ReproConfig(shipped=True), ReproConfig.demo_config(shipped=True)
+    assert demo.knobs == full.knobs and (demo.seed, demo.steps) == (full.seed, full.steps) and demo.models() == full.models()
+    for task, modes in full.modes.items():
+        assert demo.modes[task] == [m for m in modes if not (task.startswith("registers") and m == "full")]
+        assert 0 < demo.groups[task] < full.groups[task]
+    a, b = methods_settings(full), methods_settings(demo)
+    assert set(b["das_ks"]) < set(a["das_ks"]) and b["lens_steps"] < a["lens_steps"] and "full" not in b["lens_modes"]
+
+
+def test_spread_over_seeds_is_the_mean_and_range():
+    import numpy as np
+    import pandas as pd
+
+    from fbt_probe.reproduce.seeds import spread
+
+    vals = [0.91, 0.875, 0.955]
+    t = pd.DataFrame({"model": "feedback", "quantity": "answer-accuracy", "task": "completion", "mode": "standard",
+                      "value": vals, "seed": [0, 1, 2], "study": "demo"})
+    text = spread(t, "feedback", "answer-accuracy", "completion", "standard")
+    assert text == f" (seeds 0-2: mean {np.mean(vals):.2f}, range {min(vals):.2f}-{max(vals):.2f})"
+    assert spread(t, "baseline", "answer-accuracy", "completion", "standard") == ""  # not in the table
+    assert spread(t.iloc[:1], "feedback", "answer-accuracy", "completion", "standard") == ""  # one seed is no spread
+    assert spread(None, "feedback", "answer-accuracy", "completion", "standard") == ""
 
 
 def _depth0_numbers(report: str) -> list[float]:
@@ -133,6 +168,24 @@ def test_quick_study_end_to_end(tmp_path):
     assert all(v["status"] == "done" for v in state.values()) and "train-baseline" in state
     again = runner.invoke(app, ["reproduce", "--quick", "--out", str(out)])
     assert again.exit_code == 0 and again.output.count("[skip]") == len(state)
+    # the headline table holds the findings' numbers; a seeds table beside the study (OUT/../seeds.csv,
+    # what `--seeds N` writes) redoes only the report, which then quotes the mean and range over seeds
+    head = pd.read_csv(out / "headline.csv")
+    row = head[(head["model"] == "feedback") & (head["quantity"] == "answer-accuracy") & (head["task"] == "completion")
+               & (head["mode"] == "standard")]
+    assert len(row) == 1 and abs(row["value"].iloc[0] - p) < 1e-6 and set(head["study"]) == {"quick"}
+    import shutil
+
+    multi = tmp_path / "multi"
+    shutil.copytree(out, multi / "seed-0")
+    other = head.assign(seed=1, value=head["value"] * 0.5)  # a stand-in second seed: the spread's arithmetic is the test
+    pd.concat([head, other]).to_csv(multi / "seeds.csv", index=False)
+    res = runner.invoke(app, ["reproduce", "--quick", "--out", str(multi / "seed-0")])
+    assert res.exit_code == 0 and res.output.count("[run ]") == 1 and "[run ] report" in res.output, res.output
+    seeded = (multi / "seed-0" / "report.md").read_text()
+    assert (f"completion **{p:.2f}** [{lo:.2f}, {hi:.2f}] (seeds 0-1: "
+            f"mean {(p + p * 0.5) / 2:.2f}, range {p * 0.5:.2f}-{p:.2f})") in seeded and "quick study of each" in seeded
+    assert "### Over training seeds" in seeded
 
 
 @pytest.mark.slow
@@ -146,10 +199,11 @@ def test_checkpoint_path_skips_training(tmp_path):
     save_tokenizer(tok, ckpt / "tokenizer.json")
     save_checkpoint(fp.load_model("tiny", d_vocab=tok.get_vocab_size()), ckpt)
     out = tmp_path / "repro"
-    res = runner.invoke(app, ["reproduce", "--quick", "--preset", "paper-1b", "--model", str(ckpt), "--out", str(out)])
+    res = runner.invoke(app, ["reproduce", "--quick", "--no-methods", "--preset", "paper-1b", "--model", str(ckpt), "--out", str(out)])
     assert res.exit_code == 0, res.output
     state = json.loads((out / "stages.json").read_text())
     assert not any(k.startswith("train") for k in state) and "probe-feedback" in state
+    assert not any(k.startswith(("methods", "lens")) for k in state)  # --no-methods (the quick study runs them)
     assert len(_depth0_numbers((out / "report.md").read_text())) >= 4
 
 

@@ -1,4 +1,4 @@
-"""`fbt-probe model info|import-hf|export-hf`."""
+"""`fbt-probe model info|import-hf|import-nanochat|export-hf`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -43,7 +43,8 @@ def info(
     for k, v in s["config"].items():
         typer.echo(f"  {k:18s} {v}")
     typer.echo(f"  layer types       {', '.join(t.split('_')[0] for t in s['layer_types'])}")
-    typer.echo(f"parameters: {s['parameters']:,}  (fusion W_U + W_G = 2·D² = {s['fusion_parameters_2D2']:,}, {100 * s['fusion_share']:.2f} %)")
+    mats = {"glu": "W_U + W_G", "gate_product": "W_U + W_G", "concat_projection": "W_C", "linear_addition": "W_U + W_T"}[model.cfg.fusion]
+    typer.echo(f"parameters: {s['parameters']:,}  (fusion {mats} = 2·D² = {s['fusion_parameters_2D2']:,}, {100 * s['fusion_share']:.2f} %)")
     typer.echo(f"hook points: {len(s['hook_names'])}")
     names = s["hook_names"] if hooks else [n for n in s["hook_names"] if not n.startswith("blocks.") or n.startswith("blocks.0.")]
     for n in names:
@@ -76,6 +77,37 @@ def import_hf(
     with atomic_dir(out, force, **own) as tmp:
         save_checkpoint(model, tmp, tok, extra={"imported_from": str(path), "fusion_seed": seed})
     typer.echo(f"{'replaced the earlier checkpoint in' if replacing else 'wrote'} {out}")
+
+
+@app.command("import-nanochat")
+def import_nanochat(
+    ckpt_dir: Annotated[Path, typer.Argument(help="nanochat checkpoint folder (model_<step>.pt + meta_<step>.json).")],
+    out: Annotated[Path, typer.Argument(help="Checkpoint folder to write.")],
+    step: Annotated[int | None, typer.Option(help="Step to import (default: the last).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of fresh fusion weights (only when the checkpoint has none).")] = 0,
+    tokenizer: Annotated[Path | None, typer.Option(help="tokenizer.json to copy into OUT.")] = None,
+    force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+) -> None:
+    """Import a checkpoint of the nanochat latent-feedback reproduction (every backbone extra and the
+    fusion variant of its meta; see fbt_probe/model/nanochat_import.py). Refuses what it cannot represent.
+
+    Example: fbt-probe model import-nanochat ~/.cache/nanochat/base_checkpoints/d20 runs/d20 --step 5000
+    """
+    from fbt_probe.errors import FbtError
+    from fbt_probe.io import atomic_dir, refuse_existing
+    from fbt_probe.model.checkpoint import is_own_checkpoint
+    from fbt_probe.model.nanochat_import import write_import
+
+    if tokenizer is not None and not tokenizer.is_file():
+        raise FbtError(f"--tokenizer {tokenizer}: file not found")
+    own = dict(own=is_own_checkpoint, kind="an fbt-probe checkpoint folder")
+    replacing = refuse_existing(out, force, **own)
+    with atomic_dir(out, force, **own) as tmp:
+        record, notes = write_import(ckpt_dir, tmp, step=step, seed=seed, tokenizer=tokenizer)
+    for note in notes:
+        typer.echo(f"note: {note}")
+    typer.echo(f"{'replaced the earlier checkpoint in' if replacing else 'wrote'} {out} "
+               f"(step {record['step']}, fusion {record['model_config']['latent_feedback_mode']})")
 
 
 @app.command("export-hf")

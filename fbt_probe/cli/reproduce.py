@@ -17,9 +17,12 @@ def reproduce_cmd(
     model: Annotated[Path | None, typer.Option(help="A checkpoint folder to study instead of training (required for paper-1b).")] = None,
     train: Annotated[bool, typer.Option("--train", help="Train the feedback model and its baseline from scratch (default: study the reference models shipped with the package, ref:<preset>-feedback and -baseline).")] = False,
     quick: Annotated[bool, typer.Option(help="A small version of every stage, training small models (minutes; for checking the pipeline).")] = False,
+    demo: Annotated[bool, typer.Option("--demo", help="The lighter study `make demo` runs (fewer probe groups, no `full` on the register tasks, lighter AtP/DAS/lens): about 5 minutes on 2 cores.")] = False,
     long: Annotated[bool, typer.Option("--long", help="Probe sets also at 128 and 256 distractors, past the training lengths (slower).")] = False,
     steps: Annotated[int | None, typer.Option(help="Training steps (default 800; 60 with --quick).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of data, training and probes.")] = 0,
+    methods: Annotated[bool, typer.Option("--methods/--no-methods", help="Run attribution patching, DAS and the lens (stages methods-*, lens-*).")] = True,
+    seeds: Annotated[int | None, typer.Option(help="With --train: study N training seeds (0..N-1) in OUT/seed-S/ and quote each headline number's mean and range over them (OUT/seeds.csv).")] = None,
     force: Annotated[list[str] | None, typer.Option(help="Redo this stage even if up to date (repeatable).")] = None,
 ) -> None:
     """Generate the task datasets, take the shipped feedback model and its no-feedback baseline (or
@@ -34,17 +37,24 @@ def reproduce_cmd(
     from fbt_probe.config import preset as check_preset
     from fbt_probe.errors import FbtError
     from fbt_probe.reproduce import ReproConfig, reproduce
+    from fbt_probe.reproduce.pipeline import reproduce_seeds
 
     check_preset(preset)
     if preset != "tiny" and model is None:
         raise FbtError(f"--preset {preset}: training it here is not supported; pass --model PATH (a checkpoint folder)")
     kw = {"preset": preset, "seed": seed, "model": str(model) if model else None,
-          "shipped": not (train or quick or model is not None)}
+          "shipped": not (train or quick or model is not None), "methods": methods}
     if steps is not None:
         kw["steps"] = steps
-    if quick and long:
-        raise FbtError("--quick and --long: choose one")
-    cfg = ReproConfig.quick_config(**kw) if quick else ReproConfig.long_config(**kw) if long else ReproConfig(**kw)
+    if quick + long + demo > 1:
+        raise FbtError("--quick, --demo and --long: choose one")
+    make = ReproConfig.quick_config if quick else ReproConfig.demo_config if demo else ReproConfig.long_config if long else ReproConfig
+    cfg = make(**kw)
     t0 = time.perf_counter()
+    if seeds is not None:
+        res = reproduce_seeds(cfg, out, seeds, set(force or []), echo=typer.echo)
+        typer.echo(f"finished in {time.perf_counter() - t0:.0f} s; over seeds: {res['seeds']}; reports: "
+                   + ", ".join(str(r) for r in res["reports"]))
+        return
     res = reproduce(cfg, out, set(force or []), echo=typer.echo)
     typer.echo(f"finished in {time.perf_counter() - t0:.0f} s; report: {res['report']}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from fbt_probe.config import ModelConfig, _checker
+from fbt_probe.config import EXTRAS_DEFAULTS, ModelConfig, _checker
 
 ARCH = "hidden-decoding"
 
@@ -29,6 +29,8 @@ class HiddenConfig(ModelConfig):
         super().__post_init__()
         check = _checker("hidden-decoding config")
         check(self.arch == ARCH, "arch", f"'{ARCH}'")
+        for name, identity in EXTRAS_DEFAULTS.items():  # the nanochat extras are not wired into the stream model
+            check(getattr(self, name) == identity, name, f"{identity!r} (Hidden Decoding runs on the plain backbone only)")
         check(isinstance(self.n_streams, int) and self.n_streams >= 1, "n_streams", "an integer >= 1")
         if self.cross_stream_layers is not None:
             object.__setattr__(self, "cross_stream_layers", tuple(int(l) for l in self.cross_stream_layers))

@@ -88,13 +88,13 @@ class FinalStep:
         cache, _, _ = model.prefill_cache(tokens[:, :-1], prefix_states, None if has is None else has[:-1])
         last = None if states is None or not bool(has[-1]) else states[:, -1]
         valid = lambda bufs: [b.narrow(2, 0, n) for b, n in zip(bufs, cache.lengths)]  # noqa: E731 (buffers may be longer)
-        cache = KVCache.from_tensors(valid(cache.keys), valid(cache.values))
+        cache = KVCache.from_tensors(valid(cache.keys), valid(cache.values), cache.tokens)
         return cls(model, cache, tokens[:, -1], last, tokens.shape[1])
 
     def __call__(self, hooks=()) -> torch.Tensor:
         """[N, d_vocab] logits of the final position, with `hooks` (fired once, context `step`)."""
         m = self.model
-        cache = KVCache.from_tensors(self.cache.keys, self.cache.values)  # the first append grows into new buffers
+        cache = KVCache.from_tensors(self.cache.keys, self.cache.values, self.cache.tokens)  # the first append grows into new buffers
         with m.hooks(fwd_hooks=list(hooks)):
             m.hook_context = HookContext("step", range(self.T - 1, self.T))
             try:
@@ -107,7 +107,7 @@ class FinalStep:
         if m == 1:
             return self
         rep = lambda t: None if t is None else t.repeat((m,) + (1,) * (t.dim() - 1))  # noqa: E731
-        return FinalStep(self.model, KVCache.from_tensors([rep(k) for k in self.cache.keys], [rep(v) for v in self.cache.values]),
+        return FinalStep(self.model, KVCache.from_tensors([rep(k) for k in self.cache.keys], [rep(v) for v in self.cache.values], rep(self.cache.tokens)),
                          rep(self.token), rep(self.state), self.T)
 
     @torch.no_grad()

@@ -94,11 +94,12 @@ def feedback_swap(model, batches: Iterable[PairBatch], mode: str = "recurrent:1"
 def _swap_batch(model, batch: PairBatch, mode: str, min_gap: float, reuse: bool) -> list[pd.DataFrame]:
     require_feedback(mode, batch.T, "feedback-swap")
     pre = last_prefix(model, batch.tokens, mode, reuse)
-    ref, own = _reference(model, batch, mode, (FEEDBACK, VALUE, GATE), pre)
+    swaps = [(c, n) for c, n in (("state", FEEDBACK), ("value", VALUE), ("gate", GATE)) if n in model.hook_dict]  # no gate: nanochat's concat / addition fusions
+    ref, own = _reference(model, batch, mode, tuple(n for _, n in swaps), pre)
     base = batch.tokens[batch.partner]
     base_pre = None if pre is None else pre.select(batch.partner)  # partners are rows of the same batch
     rows = []
-    for condition, name in (("state", FEEDBACK), ("value", VALUE), ("gate", GATE)):
+    for condition, name in swaps:
         patched = final_logits(model, base, mode, [(name, set_at(own[name], batch.T - 1, model))], prefix=base_pre)
         rows.append(score(batch, ref, patched, min_gap, experiment="feedback-swap", condition=condition,
                           mode=mode, hook_rule=ONE_PASS, direction="denoising"))
@@ -189,7 +190,7 @@ def mean_gates(model, batches: list[PairBatch]) -> dict[str, torch.Tensor]:
     with torch.no_grad():
         for task, c in counts.items():
             ids = torch.nonzero(c, as_tuple=True)[0]
-            gates = torch.sigmoid(model.fusion.W_G(model.embed(ids.to(device_of(model)))))
+            gates = model.fusion.gate(model.token_embedding(ids.to(device_of(model))))
             w = c[ids].to(gates)
             out[task] = (gates * w[:, None]).sum(0) / w.sum()
     return out
@@ -199,7 +200,7 @@ def _gate_hooks(model, condition: str, batch: PairBatch, mean_gate: torch.Tensor
     D = model.cfg.d_model
     if condition == "bypass":
         with torch.no_grad():
-            plain = model.embed(batch.tokens[:, -1])
+            plain = model.plain_inputs(batch.tokens)[:, -1]  # the input without feedback (nanochat: normed and smeared)
         return [(FUSED, set_at(plain, position, model))]
     value = {"mean": mean_gate, "ones": torch.ones(D), "zero": torch.zeros(D)}[condition]
     return [(GATE, set_at(value.to(device_of(model)).expand(batch.n, D), position, model))]

@@ -11,7 +11,6 @@ held-out task text.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fbt_probe.model.components import silent
@@ -20,7 +19,7 @@ from fbt_probe.model.components import silent
 def logit_lens(model, resid: torch.Tensor) -> torch.Tensor:
     """[..., D] residual stream -> [..., d_vocab] logits through the final norm and the tied unembedding
     (the model's own `_top` operations, hooks silent)."""
-    return F.linear(model.ln_final(resid, silent), model.embed.weight)
+    return model.head(model.ln_final(resid, silent))
 
 
 class TunedLens(nn.Module):

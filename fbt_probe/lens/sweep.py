@@ -19,7 +19,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from fbt_probe.errors import FbtError
@@ -122,7 +121,7 @@ def pass_activations(model, tokens: torch.Tensor, mode: str) -> dict[int, dict]:
         full = torch.cat([t for _, t in sorted(chunks, key=lambda c: c[0])], dim=1)
         entry = out.setdefault(k, {"resid": {}})
         if name == act_name("ln_final"):
-            entry["logits"] = F.linear(full, model.embed.weight)  # the model's own top operation
+            entry["logits"] = model.head(full)  # the model's own top operation
         else:
             entry["resid"][names.index(name)] = full
     return out

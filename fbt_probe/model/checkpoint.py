@@ -12,9 +12,15 @@ from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json, sha256_file, write_json
 from fbt_probe.model.transformer import FeedbackTransformer
 
-FORMAT = "fbt-probe/2"  # config.json records every ModelConfig field (and TrainConfig field, for a run)
+FORMAT = "fbt-probe/3"  # config.json records every ModelConfig field (and TrainConfig field, for a run)
 LEGACY_FORMAT = "fbt-probe/1"  # written before qk_norm_init / fusion_norm_init existed: config.LEGACY_MODEL_DEFAULTS
-FORMATS = (FORMAT, LEGACY_FORMAT)
+FORMAT_2 = "fbt-probe/2"  # written before the nanochat extras existed: config.EXTRAS_DEFAULTS
+FORMATS = (FORMAT, FORMAT_2, LEGACY_FORMAT)
+
+
+def legacy_version(fmt) -> int:
+    """0 for the current format, else the older format's version (what `ModelConfig.from_dict` fills in)."""
+    return {LEGACY_FORMAT: 1, FORMAT_2: 2}.get(fmt, 0)
 
 
 def save_checkpoint(model, folder: str | Path, tokenizer_path: str | Path | None = None, extra: dict | None = None) -> Path:
@@ -55,7 +61,7 @@ def read_config(folder: Path, config_cls=ModelConfig) -> tuple[dict, "ModelConfi
                        "(not an fbt-probe checkpoint, or written by another version)")
     if "model" not in meta:
         raise FbtError(f"{path}: field 'model' missing (not an fbt-probe checkpoint)")
-    return meta, config_cls.from_dict(meta["model"], source=str(path), legacy=fmt == LEGACY_FORMAT)
+    return meta, config_cls.from_dict(meta["model"], source=str(path), legacy=legacy_version(fmt))
 
 
 def load_checkpoint(folder: str | Path, device: str = "cpu"):
@@ -95,5 +101,6 @@ def _load_state(model, state: dict[str, torch.Tensor], source: Path) -> None:
 
 
 def checkpoint_hash(folder: str | Path) -> str:
-    """sha256 of model.safetensors: the model identity recorded in every result's provenance."""
+    """sha256 of model.safetensors: the model identity recorded in every result's provenance
+    (`fbt_probe.loading.checkpoint_hash` also takes a nanochat folder)."""
     return sha256_file(Path(folder) / "model.safetensors")

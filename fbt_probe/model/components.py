@@ -44,20 +44,26 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    """Qwen3RMSNorm: normalise in float32, cast back, then scale."""
+    """Qwen3RMSNorm: normalise in float32, cast back, then scale. `weight=False`: no gain at all
+    (nanochat's norm, `F.rms_norm` in the input's own dtype)."""
 
-    def __init__(self, d: int, eps: float):
+    def __init__(self, d: int, eps: float, weight: bool = True):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d))
+        if weight:
+            self.weight = nn.Parameter(torch.ones(d))
+        else:
+            self.register_parameter("weight", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is None:
+            return F.rms_norm(x, (x.shape[-1],), None, self.eps)
         return rms_norm(x, self.weight, self.eps)
 
 
 class HookedRMSNorm(RMSNorm):
-    def __init__(self, d: int, eps: float):
-        super().__init__(d, eps)
+    def __init__(self, d: int, eps: float, weight: bool = True):
+        super().__init__(d, eps, weight)
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: torch.Tensor, hk: Hk = hooked) -> torch.Tensor:
@@ -77,8 +83,9 @@ class RotaryTable:
     """`rotary` for positions 0..n-1 computed once per (dtype, device) and sliced per call (grown
     when a call reaches past it). Plain attribute, not a buffer: not in the state dict."""
 
-    def __init__(self, d_head: int, theta: float, n_ctx: int):
+    def __init__(self, d_head: int, theta: float, n_ctx: int, sign: int = 1):
         self.d_head, self.theta, self.n_ctx = d_head, theta, n_ctx
+        self.sign = sign  # -1: rotate by -θ (sin negated)
         self._tables: dict = {}
 
     def _table(self, n: int, dtype: torch.dtype, device: torch.device):
@@ -88,6 +95,7 @@ class RotaryTable:
             n = max(n, self.n_ctx, 2 * table[0].shape[0] if table is not None else 0)
             with torch.inference_mode(False), torch.no_grad():  # a normal tensor even if first built in inference mode
                 cos, sin = rotary(torch.arange(n, device=device), self.d_head, self.theta, dtype)
+                sin = sin if self.sign == 1 else -sin
                 half = self.d_head // 2
                 signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # rotate-half's signs folded in
             table = self._tables[key] = (cos, sin, cos[:, None, :], signed[:, None, :])
@@ -130,20 +138,41 @@ class KVCache:
         self.values: list[torch.Tensor | None] = [None] * n_layers
         self.lengths = [0] * n_layers  # per layer: a pass writes layer by layer
         self.capacity = capacity
+        self.tokens: torch.Tensor | None = None  # [batch, capacity] token ids (kept when the model smears)
 
     @classmethod
     def empty(cls, n_layers: int, capacity: int = 0) -> "KVCache":
         return cls(n_layers, capacity)
 
     @classmethod
-    def from_tensors(cls, keys, values) -> "KVCache":
+    def from_tensors(cls, keys, values, tokens: torch.Tensor | None = None) -> "KVCache":
         """A cache holding exactly these per-layer [batch, n_kv_heads, pos, d_head] tensors (not
-        copied): the first append grows into a new buffer, so the given tensors are never written."""
+        copied): the first append grows into a new buffer, so the given tensors are never written.
+        `tokens` [batch, >= pos]: the token ids of those positions (needed by a smearing model)."""
         cache = cls(len(keys), 0)
         cache.keys, cache.values = list(keys), list(values)
         cache.lengths = [k.shape[2] for k in keys]
         cache.capacity = min(cache.lengths, default=0)
+        if tokens is not None:
+            cache.tokens = tokens[:, :cache.capacity].clone()
         return cache
+
+    def write_tokens(self, start: int, tokens: torch.Tensor) -> None:
+        """Remember the ids of positions start..start+pos-1 (tokens: [batch, pos])."""
+        end = start + tokens.shape[1]
+        if self.tokens is None or self.tokens.shape[1] < end or self.tokens.shape[0] != tokens.shape[0]:
+            grown = tokens.new_zeros(tokens.shape[0], max(end, self.capacity))
+            if self.tokens is not None and self.tokens.shape[0] == tokens.shape[0]:
+                n = min(start, self.tokens.shape[1])
+                grown[:, :n] = self.tokens[:, :n]
+            self.tokens = grown
+        self.tokens[:, start:end] = tokens
+
+    def token_at(self, pos: int) -> torch.Tensor | None:
+        """[batch] the id remembered at `pos`, or None when this cache never saw it."""
+        if self.tokens is None or pos >= self.tokens.shape[1]:
+            return None
+        return self.tokens[:, pos]
 
     @property
     def length(self) -> int:
@@ -203,6 +232,8 @@ class KVCache:
                 buf[:, :, :n] = part
                 dst[i] = buf
             out.lengths[i] = n
+        if self.tokens is not None:
+            out.tokens = fn(self.tokens[:, None, None, :])[:, 0, 0].clone()  # the same row map on [batch, 1, 1, pos]
         return out
 
     def fork(self) -> "KVCache":
@@ -219,6 +250,8 @@ class KVCache:
 
     def copy_from(self, other: "KVCache", lo: int, hi: int) -> None:
         """Positions lo..hi-1 of every layer from `other` (same batch and layout)."""
+        if other.tokens is not None:
+            self.write_tokens(lo, other.tokens[:, lo:hi])
         for mine, theirs in ((self.keys, other.keys), (self.values, other.values)):
             for a, b in zip(mine, theirs):
                 if a is not None:
@@ -300,7 +333,7 @@ class Attention(nn.Module):
     k_proj, v_proj do not fire there; the HookPoints do).
     """
 
-    def __init__(self, cfg: ModelConfig, layer_type: str):
+    def __init__(self, cfg: ModelConfig, layer_type: str, layer: int = -1):
         super().__init__()
         self.cfg = cfg
         self.window = cfg.window if layer_type == "sliding_attention" else None
@@ -314,12 +347,20 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(D, KV * dh, bias=False)
         self.v_proj = nn.Linear(D, KV * dh, bias=False)
         self.o_proj = nn.Linear(H * dh, D, bias=False)
-        self.q_norm = RMSNorm(dh, cfg.rms_eps)
-        self.k_norm = RMSNorm(dh, cfg.rms_eps)
-        with torch.no_grad():  # QK-norm gains: Qwen3 starts them at 1 (see ModelConfig.qk_norm_init)
-            self.q_norm.weight.fill_(cfg.qk_norm_init)
-            self.k_norm.weight.fill_(cfg.qk_norm_init)
-        self.rope = RotaryTable(dh, cfg.rope_theta, cfg.n_ctx)
+        self.q_norm = RMSNorm(dh, cfg.rms_eps, cfg.norm_weights)
+        self.k_norm = RMSNorm(dh, cfg.rms_eps, cfg.norm_weights)
+        if cfg.norm_weights:
+            with torch.no_grad():  # QK-norm gains: Qwen3 starts them at 1 (see ModelConfig.qk_norm_init)
+                self.q_norm.weight.fill_(cfg.qk_norm_init)
+                self.k_norm.weight.fill_(cfg.qk_norm_init)
+        # nanochat's QK: rotate then norm, or weightless norms, and a constant scale (identity by default)
+        self.custom_qk = cfg.qk_norm_after_rope or not cfg.norm_weights or cfg.qk_scale != 1.0
+        self.rope = RotaryTable(dh, cfg.rope_theta, cfg.n_ctx, cfg.rope_sign)
+        self.value_embed = self.ve_gate = None
+        if layer in cfg.value_embed_layers:  # ResFormer-style value embedding, gated per KV head
+            self.value_embed = nn.Embedding(cfg.d_vocab, KV * dh)
+            self.ve_gate = nn.Linear(cfg.value_embed_gate_channels, KV, bias=False)
+            self.hook_value_embed = HookPoint()  # [batch, pos, n_kv_heads, d_head]  3σ(W x[:c]) · E_v(token), added to v
         self.hook_q = HookPoint()  # [batch, pos, n_heads, d_head]  (projection, before QK-norm and RoPE)
         self.hook_k = HookPoint()  # [batch, pos, n_kv_heads, d_head]
         self.hook_v = HookPoint()  # [batch, pos, n_kv_heads, d_head]
@@ -332,9 +373,11 @@ class Attention(nn.Module):
             allowed &= (q_pos[:, None] - k_pos[None, :]) < self.window
         return allowed
 
-    def forward(self, x: torch.Tensor, start: int, cache: KVCache | None, layer: int, hk: Hk) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int, cache: KVCache | None, layer: int, hk: Hk,
+                tokens: torch.Tensor | None = None) -> torch.Tensor:
         """x: [batch, pos, d_model] at positions start..start+pos-1; with a cache, the keys are the
-        cache's positions 0..start-1 followed by these."""
+        cache's positions 0..start-1 followed by these. `tokens` [batch, pos]: only read by a layer
+        with a value embedding."""
         B, P, _ = x.shape
         H, KV, dh = self.cfg.n_heads, self.cfg.n_key_value_heads, self.cfg.d_head
         if _fast(self):  # one GEMM; q, k, v are views of its output
@@ -349,7 +392,15 @@ class Attention(nn.Module):
             k = hk(self.hook_k, self.k_proj(x).view(B, P, KV, dh))
             v = hk(self.hook_v, self.v_proj(x).view(B, P, KV, dh))
             qk = None if self.path == "explicit" else torch.cat((q, k), dim=2)
-        if qk is None:  # the reference arithmetic, op for op
+        if self.value_embed is not None:
+            if tokens is None:
+                raise ValueError(f"layer {layer} adds a value embedding: its forward needs the tokens")
+            ve = self.value_embed(tokens).view(B, P, KV, dh)
+            gate = 3 * torch.sigmoid(self.ve_gate(x[..., :self.cfg.value_embed_gate_channels]))  # [batch, pos, n_kv_heads]
+            v = v + hk(self.hook_value_embed, gate[..., None] * ve)
+        if self.custom_qk:
+            q, k = self._custom_qk(q, k, start)
+        elif qk is None:  # the reference arithmetic, op for op
             q = self.rope.apply(self.q_norm(q), start)
             k = self.rope.apply(self.k_norm(k), start)
         else:  # query and key heads normed and rotated together: the same arithmetic per row, fewer ops
@@ -373,6 +424,15 @@ class Attention(nn.Module):
         if _fast(self):  # the depth scale folded into the weight: one op fewer per layer
             return F.linear(z, self.o_scaled(self.o_proj.weight))
         return self.o_proj(z) * self.out_scale
+
+    def _custom_qk(self, q: torch.Tensor, k: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """QK-norm and RoPE in the configured order, then the constant scale (nanochat)."""
+        if self.cfg.qk_norm_after_rope:
+            q, k = self.q_norm(self.rope.apply(q, start)), self.k_norm(self.rope.apply(k, start))
+        else:
+            q, k = self.rope.apply(self.q_norm(q), start), self.rope.apply(self.k_norm(k), start)
+        s = self.cfg.qk_scale
+        return (q, k) if s == 1.0 else (q * s, k * s)
 
     @staticmethod
     def _positions(P: int, K: int, start: int, k_start: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -451,10 +511,11 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.path = "auto"
+        self.relu2 = cfg.mlp_act == "relu2"  # nanochat: down(relu(up x)²), no gate projection
         self.out_scale = cfg.residual_scale  # depth scaling of the branch output (hook_mlp_out is after it)
         self.gate_up = FusedWeight()
         self.down_scaled = FusedWeight(partial(torch.mul, other=self.out_scale))
-        self.gate_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
+        self.gate_proj = None if self.relu2 else nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
         self.up_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
         self.down_proj = nn.Linear(cfg.d_mlp, cfg.d_model, bias=False)
         self.hook_pre = HookPoint()  # [batch, pos, d_mlp]  gate pre-activation
@@ -462,14 +523,17 @@ class MLP(nn.Module):
         self.hook_post = HookPoint()  # [batch, pos, d_mlp]  silu(pre) * pre_linear
 
     def forward(self, x: torch.Tensor, hk: Hk) -> torch.Tensor:
-        if _fast(self):
+        if self.relu2:  # hook_pre: up(x); hook_post: relu(pre)²
+            post = hk(self.hook_post, F.relu(hk(self.hook_pre, self.up_proj(x))).square())
+        elif _fast(self):
             both = F.linear(x, self.gate_up(self.gate_proj.weight, self.up_proj.weight))
             pre, lin = both.chunk(2, dim=-1)
             pre, lin = hk(self.hook_pre, pre), hk(self.hook_pre_linear, lin)
         else:
             pre = hk(self.hook_pre, self.gate_proj(x))
             lin = hk(self.hook_pre_linear, self.up_proj(x))
-        post = hk(self.hook_post, F.silu(pre) * lin)
+        if not self.relu2:
+            post = hk(self.hook_post, F.silu(pre) * lin)
         if self.out_scale == 1.0:
             return self.down_proj(post)
         if _fast(self):  # the depth scale folded into the weight
@@ -481,20 +545,29 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.ln1 = RMSNorm(cfg.d_model, cfg.rms_eps)
-        self.attn = Attention(cfg, cfg.resolved_layer_types[layer])
-        self.ln2 = RMSNorm(cfg.d_model, cfg.rms_eps)
+        self.ln1 = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_weights)
+        self.attn = Attention(cfg, cfg.resolved_layer_types[layer], layer)
+        self.ln2 = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_weights)
         self.mlp = MLP(cfg)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        if cfg.x0_mixing:
+            self.hook_resid_mix = HookPoint()  # [batch, pos, d_model]  resid_lambdas[l]·resid_pre + x0_lambdas[l]·x0
         self.hook_attn_out = HookPoint()  # [batch, pos, d_model]  (after depth scaling)
         self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
         self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]  (after depth scaling)
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
 
-    def forward(self, x: torch.Tensor, start: int, cache: KVCache | None, hk: Hk) -> torch.Tensor:
-        """x: [batch, pos, d_model] at positions start..start+pos-1."""
-        resid_pre = hk(self.hook_resid_pre, x)
-        attn_out = hk(self.hook_attn_out, self.attn(self.ln1(resid_pre), start, cache, self.layer, hk))
+    def forward(self, x: torch.Tensor, start: int, cache: KVCache | None, hk: Hk, tokens: torch.Tensor | None = None,
+                mix: tuple | None = None) -> torch.Tensor:
+        """x: [batch, pos, d_model] at positions start..start+pos-1. `mix` (x0 mixing): (resid
+        lambda, x0 lambda, x0), with x already through `hook_resid_pre` (the trunk fires it: block
+        0's is x0)."""
+        if mix is None:
+            resid_pre = hk(self.hook_resid_pre, x)
+        else:
+            lam_r, lam_x, x0 = mix
+            resid_pre = hk(self.hook_resid_mix, lam_r * x + lam_x * x0)
+        attn_out = hk(self.hook_attn_out, self.attn(self.ln1(resid_pre), start, cache, self.layer, hk, tokens))
         resid_mid = hk(self.hook_resid_mid, resid_pre + attn_out)
         mlp_out = hk(self.hook_mlp_out, self.mlp(self.ln2(resid_mid), hk))
         return hk(self.hook_resid_post, resid_mid + mlp_out)

@@ -35,6 +35,7 @@ from fbt_probe.errors import FbtError
 from fbt_probe.model.components import Block, Hk, HookedRMSNorm, KVCache, hooked, silent
 from fbt_probe.model.fusion import Fusion
 from fbt_probe.model.modes import Mode, parse_mode
+from fbt_probe.model.nanochat import add_extras, init_extras, plain_input, trunk_with_extras
 from fbt_probe.model.serial_cache import run_with_serial_cache
 
 SILENT_CHUNK_TOKENS = 8192  # batch x positions per chunk of a silent pass through the KV cache (memory bound)
@@ -105,10 +106,11 @@ class FeedbackTransformer(HookedRootModule):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)  # tied: also the unembedding
-        self.hook_embed = HookPoint()  # [batch, pos, d_model]  plain token embedding e_t
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]  plain token embedding e_t (times embed_scale)
         self.fusion = Fusion(cfg)
         self.blocks = nn.ModuleList(Block(cfg, l) for l in range(cfg.n_layers))
-        self.ln_final = HookedRMSNorm(cfg.d_model, cfg.rms_eps)  # hook_normalized: [batch, pos, d_model]
+        self.ln_final = HookedRMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_weights)  # hook_normalized: [batch, pos, d_model]
+        add_extras(self, cfg)  # nanochat's extras (parameters and hook points), none by default
         self.hook_context: HookContext | None = None
         self._default_mode = Mode("standard")
         self.init_weights()
@@ -121,6 +123,7 @@ class FeedbackTransformer(HookedRootModule):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=self.cfg.init_std)
+        init_extras(self)
         self.reset_fusion_norm()
 
     @torch.no_grad()
@@ -128,6 +131,8 @@ class FeedbackTransformer(HookedRootModule):
         """Fusion norm weight = `cfg.fusion_norm_init`, or (None) the mean RMS of the embedding rows
         (fused inputs start at embedding scale)."""
         init = self.cfg.fusion_norm_init
+        if self.fusion.norm.weight is None:
+            return
         rms = self.embed.weight.pow(2).mean(-1).sqrt().mean() if init is None else torch.tensor(float(init))
         self.fusion.norm.weight.copy_(rms.expand_as(self.fusion.norm.weight))
 
@@ -165,21 +170,41 @@ class FeedbackTransformer(HookedRootModule):
         return self.embed.weight
 
     # ----------------------------------------------------------------- primitives
-    def _input(self, tokens: torch.Tensor, states: torch.Tensor | None, has_state: torch.Tensor | None, hk: Hk) -> torch.Tensor:
-        e = hk(self.hook_embed, self.embed(tokens))
+    def _input(self, tokens: torch.Tensor, states: torch.Tensor | None, has_state: torch.Tensor | None, hk: Hk,
+               start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+        """The layer-0 input of positions start..: the plain input, or the fused one where a state is carried."""
+        e = hk(self.hook_embed, self.token_embedding(tokens))
+        plain = plain_input(self, tokens, e, start, cache, hk) if self.cfg.nanochat_input else e
         if states is None:
-            return e
-        return self.fusion(states, e, has_state, hk)
+            return plain
+        return self.fusion(states, e, has_state, hk, plain)
 
-    def _trunk(self, x: torch.Tensor, start: int, cache: KVCache | None, hk: Hk) -> torch.Tensor:
+    def token_embedding(self, tokens: torch.Tensor) -> torch.Tensor:
+        """e_t: the looked-up embedding (times `embed_scale`), what `hook_embed` holds and the fusion reads."""
+        e = self.embed(tokens)
+        return e if self.cfg.embed_scale == 1.0 else e * self.cfg.embed_scale
+
+    def plain_inputs(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[batch, pos, d_model] the layer-0 input of every position without feedback (hooks off)."""
+        return self._input(tokens, None, None, silent)
+
+    def _trunk(self, x: torch.Tensor, start: int, cache: KVCache | None, hk: Hk, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        if self.cfg.x0_mixing or self.cfg.backout_layer is not None:
+            return trunk_with_extras(self, x, start, cache, hk, tokens)
         for block in self.blocks:
-            x = block(x, start, cache, hk)
+            x = block(x, start, cache, hk, tokens)
         return x
+
+    def head(self, normed: torch.Tensor) -> torch.Tensor:
+        """Logits of final-normed states [..., d_model] -> [..., d_vocab] (untied / soft-capped if configured)."""
+        logits = F.linear(normed, self.embed.weight if self.cfg.tie_embeddings else self.unembed.weight)
+        cap = self.cfg.logit_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
 
     def _top(self, h: torch.Tensor, hk: Hk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """h^L -> (carried state, normed, logits)."""
         normed = self.ln_final(h, hk)
-        logits = F.linear(normed, self.embed.weight)
+        logits = self.head(normed)
         state = h if self.cfg.feedback_source == "pre_norm" else normed
         if self.training and self.cfg.feedback_noise > 0:
             state = state + (torch.rand_like(state) * 2 - 1) * self.cfg.feedback_noise
@@ -206,7 +231,11 @@ class FeedbackTransformer(HookedRootModule):
             parts = [self.extend(tokens[:, a:a + size], cache, None if states is None else states[:, a:a + size],
                                  None if has_state is None else has_state[..., a:a + size], hk) for a in range(0, P, size)]
             return torch.cat([s for s, _ in parts], dim=1), torch.cat([lg for _, lg in parts], dim=1)
-        h = self._trunk(self._input(tokens, states, has_state, hk), cache.length, cache, hk)
+        start = cache.length
+        x = self._input(tokens, states, has_state, hk, start, cache)
+        if self.cfg.smear:
+            cache.write_tokens(start, tokens)  # the next chunk's smear reads the token before it
+        h = self._trunk(x, start, cache, hk, tokens)
         state, _, logits = self._top(h, hk)
         return state, logits
 
@@ -235,7 +264,7 @@ class FeedbackTransformer(HookedRootModule):
     def feedback_pass(self, tokens: torch.Tensor, states: torch.Tensor | None = None, has_state: torch.Tensor | None = None, hk: Hk = silent):
         """One parallel pass over the whole sequence with the given carried states (None: standard).
         Returns (this pass's carried state [batch, pos, d_model] before shifting, logits)."""
-        h = self._trunk(self._input(tokens, states, has_state, hk), 0, None, hk)
+        h = self._trunk(self._input(tokens, states, has_state, hk), 0, None, hk, tokens)
         state, _, logits = self._top(h, hk)
         return state, logits
 

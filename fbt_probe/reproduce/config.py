@@ -40,6 +40,10 @@ class ReproConfig:
     """Task -> lengths of the causal experiments (a task not named is left out)."""
     model: str | None = None  # a user checkpoint (paper-1b path): no training, no baseline
     quick: bool = False
+    demo: bool = False
+    """The lighter study `make demo` runs on the shipped models (`demo_config`)."""
+    methods: bool = True
+    """Run attribution patching, DAS and the lens (stages methods-*, lens-*); --no-methods skips them."""
     shipped: bool = False
     """Study the reference models shipped with the package (ref:<preset>-feedback, ref:<preset>-baseline)
     instead of training them; `fbt-probe reproduce` does unless --train."""
@@ -50,6 +54,20 @@ class ReproConfig:
                     knobs=dict(QUICK_KNOBS), eval_pairs=8, passes=6, patch_pairs=5, quick=True,
                     modes={"completion": ["standard", "recurrent:1"], "memory": ["standard", "recurrent:1"],
                            "registers": ["standard", "recurrent:1", "full"], "registers-count": ["standard", "recurrent:1"]})
+        return cls(**{**base, **kw})
+
+    @classmethod
+    def demo_config(cls, **kw) -> "ReproConfig":
+        """The shipped models' study in about five minutes on 2 cores (`make demo`): every task, stage
+        and figure of the full study on fewer probe groups (completion 40 of the paper's 80, memory
+        64 of 128, register cells 8), the register tasks without `full` recurrence (its serial
+        token-by-token extraction is most of the full study's time), and lighter AtP/DAS/lens
+        settings (`methods.methods_settings`). The full study: `fbt-probe reproduce` without --demo."""
+        base = dict(groups={"completion": 40, "memory": 64, "registers": 8, "registers-count": 8}, eval_pairs=8,
+                    patch_pairs=10, demo=True,
+                    modes={"completion": FEEDBACK_MODES, "memory": FEEDBACK_MODES,
+                           "registers": [m for m in REGISTER_MODES if m != "full"],
+                           "registers-count": [m for m in REGISTER_MODES if m != "full"]})
         return cls(**{**base, **kw})
 
     @classmethod

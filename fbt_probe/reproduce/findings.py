@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from fbt_probe.model.checkpoint import checkpoint_hash
+from fbt_probe.loading import checkpoint_hash
 from fbt_probe.reference import names, record
-from fbt_probe.reproduce.config import shipped_name
+from fbt_probe.provenance import git_commit
+from fbt_probe.reproduce.config import model_path, shipped_name
+from fbt_probe.reproduce.seeds import spread
 from fbt_probe.reproduce.tables import PAPER_DEPTH0, _summary, mean_ci
 
 CHANCE = 0.5
@@ -57,8 +59,48 @@ def swap_effect(out: Path, model: str, task: str, condition: str = "state") -> t
     return float(r["mean"]), float(r["ci_low"]), float(r["ci_high"])
 
 
-def findings(cfg, out: Path) -> list[str]:
-    """One sentence per finding (markdown), in reading order."""
+def contraction_row(out: Path) -> tuple[float, float, int] | None:
+    """(state change at pass 2, at the last pass, the last pass) of the feedback model, if diagnosed."""
+    c = out / "diagnostics" / "contraction.parquet"
+    if not c.is_file():
+        return None
+    t = pd.read_parquet(c)
+    t = t[t["run"] == "feedback"].set_index("pass")
+    if t.empty:
+        return None
+    last = int(t.index.max())
+    return float(t.loc[2, "state_change"]), float(t.loc[last, "state_change"]), last
+
+
+def headline(cfg, out: Path) -> pd.DataFrame:
+    """The numbers the findings quote, one row each (model, quantity, task, mode, value, ci_low,
+    ci_high) with the study's seed and kind: what `seeds.csv` stacks over training seeds."""
+    out = Path(out)
+    rows = []
+    tasks = list(cfg.modes)
+    for m in cfg.models():
+        for task in tasks:
+            rows.append((m, "answer-accuracy", task, "standard", *answer_accuracy(out, m, task)[:3]))
+        if m == "feedback" and tasks:
+            rows.append((m, "answer-accuracy", tasks[0], "full", *answer_accuracy(out, m, tasks[0], "full")[:3]))
+        for task in [t for t in ("completion", "memory") if t in tasks]:
+            for mode in ("standard", "recurrent:1"):
+                rows.append((m, "depth0-decodability", task, mode, *depth0(out, m, task, mode)))
+            eff = swap_effect(out, m, task)
+            if eff is not None:
+                rows.append((m, "swap-effect", task, "recurrent:1", *eff))
+    c = contraction_row(out)
+    if c is not None and "feedback" in cfg.models():
+        rows.append(("feedback", "state-change-last/pass-2", "validation", "full", c[1] / c[0], float("nan"), float("nan")))
+    t = pd.DataFrame(rows, columns=["model", "quantity", "task", "mode", "value", "ci_low", "ci_high"])
+    sha = {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.models()}
+    return t.assign(seed=cfg.seed, study="quick" if cfg.quick else "demo" if cfg.demo else "full",
+                    checkpoint_sha256=t["model"].map(sha), commit=git_commit())
+
+
+def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
+    """One sentence per finding (markdown), in reading order; with `seeds` (a stacked headline table,
+    `seeds.spread_table`) each quotes its mean and range over training seeds too."""
     out = Path(out)
     models = cfg.models()
     tasks = list(cfg.modes)
@@ -69,7 +111,7 @@ def findings(cfg, out: Path) -> list[str]:
         for task in tasks:
             p, lo, hi, n = answer_accuracy(out, m, task)
             learned[(m, task)] = lo > CHANCE
-            parts.append(f"{task} {fmt(p, lo, hi)}")
+            parts.append(f"{task} {fmt(p, lo, hi)}" + spread(seeds, m, "answer-accuracy", task, "standard"))
         what = "The feedback model" if m == "feedback" else "The no-feedback baseline"
         lines.append(f"{what} answers held-out samples under standard prefill with accuracy " + ", ".join(parts)
                      + " (chance 0.50; Wilson 95 % CI over samples; table *Answer accuracy*).")
@@ -78,19 +120,21 @@ def findings(cfg, out: Path) -> list[str]:
         if rec[0] == rec[0]:
             paper = PAPER_DEPTH0.get(task)
             lines.append(f"At depth 0, {task}'s label is linearly decodable at {fmt(*rec)} after one recurrent prefill "
-                         f"step (`recurrent:1`) against {fmt(*std)} under standard prefill"
+                         f"step (`recurrent:1`){spread(seeds, 'feedback', 'depth0-decodability', task, 'recurrent:1')} "
+                         f"against {fmt(*std)} under standard prefill{spread(seeds, 'feedback', 'depth0-decodability', task, 'standard')}"
                          + (f" (paper: {paper:.3f} and chance)" if paper else "") + "; mean over length x fold cells, "
                          "normal 95 % CI (Fig. 7a).")
         if "baseline" in models:
             b = depth0(out, "baseline", task, "recurrent:1")
             if b[0] == b[0]:
-                lines.append(f"The baseline, whose fusion weights were never trained, reads {fmt(*b)} at depth 0 under "
+                lines.append(f"The baseline, whose fusion weights were never trained, reads {fmt(*b)}"
+                             f"{spread(seeds, 'baseline', 'depth0-decodability', task, 'recurrent:1')} at depth 0 under "
                              f"`recurrent:1` on {task}: a random map of a state that already encodes the label, so "
                              "decodability alone does not show that the feedback was learned (Fig. 7a, dashed).")
         eff = swap_effect(out, "feedback", task)
         if eff is not None:
             lines.append(f"Swapping the carried state at the final position with the partner sample's moves {task}'s "
-                         f"answer by a normalized {fmt(*eff)} (1 = the answer follows the swapped-in state, 0 = ignores "
+                         f"answer by a normalized {fmt(*eff)}{spread(seeds, 'feedback', 'swap-effect', task, 'recurrent:1')} (1 = the answer follows the swapped-in state, 0 = ignores "
                          "it; bootstrap 95 % CI over pairs; Fig. *ablation-bars-feedback*).")
     regs = [t for t in tasks if t.startswith("registers")]
     if regs:
@@ -99,19 +143,27 @@ def findings(cfg, out: Path) -> list[str]:
             lines.append(f"{' and '.join(dead).capitalize()}: the feedback model's answer accuracy is not above chance "
                          "(first finding), so Fig. 7b's panels probe a model that has not learned the task; a flat line "
                          "there says nothing about what latent feedback can carry.")
-    c = out / "diagnostics" / "contraction.parquet"
-    if c.is_file() and "feedback" in models:
-        t = pd.read_parquet(c)
+    c = contraction_row(out)
+    if c is not None and "feedback" in models:
+        t = pd.read_parquet(out / "diagnostics" / "contraction.parquet")
         t = t[t["run"] == "feedback"].set_index("pass")
-        last = int(t.index.max())
-        d2, dl = float(t.loc[2, "state_change"]), float(t.loc[last, "state_change"])
+        d2, dl, last = c
         verdict = "contracts" if dl < 0.1 * d2 else "does not contract"
         full = answer_accuracy(out, "feedback", tasks[0], "full")
         lines.append(f"The feedback iteration {verdict}: the carried state changes by {d2:.3g} at pass 2 and {dl:.3g} at "
-                     f"pass {last}, and validation loss goes from {t.loc[1, 'val_loss']:.3f} to {t.loc[last, 'val_loss']:.3f} "
-                     f"(Fig. 3); under `full` recurrence {tasks[0]} is answered at {fmt(*full[:3])}.")
-    lines.append(f"Every number is one training seed ({cfg.seed}); the CIs are within the run (samples, folds or pairs), "
-                 "not over training seeds.")
+                     f"pass {last} (ratio {dl / d2:.2f}{spread(seeds, 'feedback', 'state-change-last/pass-2', 'validation', 'full')}), "
+                     f"and validation loss goes from {t.loc[1, 'val_loss']:.3f} to {t.loc[last, 'val_loss']:.3f} "
+                     f"(Fig. 3); under `full` recurrence {tasks[0]} is answered at {fmt(*full[:3])}"
+                     f"{spread(seeds, 'feedback', 'answer-accuracy', tasks[0], 'full')}.")
+    if seeds is None or seeds["seed"].nunique() < 2:
+        lines.append(f"Every number is one training seed ({cfg.seed}); the CIs are within the run (samples, folds or pairs), "
+                     "not over training seeds.")
+    else:
+        lines.append(f"Each number is this study's seed ({cfg.seed}) with its within-run CI (samples, folds or pairs); "
+                     f"\"seeds\" gives the mean and range of the same number over {seeds['seed'].nunique()} models trained "
+                     "with different seeds (data, initialisation and probes; "
+                     f"{' / '.join(sorted(set(seeds['study'])))} study of each), so the range shows how much of a number is "
+                     "the seed (table *Over training seeds*).")
     return lines
 
 
@@ -136,7 +188,7 @@ def shipped_comparison(cfg, out: Path) -> list[str]:
         for task in [t for t in cfg.modes if t in ship.index]:
             p, lo, hi, _ = answer_accuracy(out, m, task)
             s = ship.loc[task, "correct"] / ship.loc[task, "n"]
-            parts.append(f"{task} {p:.2f} [{lo:.2f}, {hi:.2f}] vs {s:.2f}" + ("" if lo <= s <= hi else " (outside)"))
+            parts.append(f"{task} {p:.2f} [{lo:.2f}, {hi:.2f}] vs {s:.2f}" + ("" if lo - 1e-9 <= s <= hi + 1e-9 else " (outside)"))
         same = "seed and steps" if (rec["seed"], rec["steps"]) == (cfg.seed, cfg.steps) else \
             f"seed {rec['seed']} and {rec['steps']} steps (here {cfg.seed} and {cfg.steps})"
         lines.append(f"The retrained {m} model differs from the shipped `ref:{name}` (trained with {same} on "

@@ -16,8 +16,7 @@ from fbt_probe.interventions.pairs import round_robin
 from fbt_probe.interventions.runner import PatchConfig, run
 from fbt_probe.io import atomic_dir, read_json
 from fbt_probe.lens.sweep import LensConfig, run_lens, write_lens
-from fbt_probe.loading import load_model, load_pairs
-from fbt_probe.model.checkpoint import checkpoint_hash
+from fbt_probe.loading import checkpoint_hash, load_model, load_pairs
 from fbt_probe.reproduce.config import model_path
 from fbt_probe.tasks.generators import suffix_modes
 
@@ -38,12 +37,16 @@ def methods_knobs(cfg) -> dict:
 
 
 def methods_settings(cfg) -> dict:
-    """What the stages run (part of their keys)."""
-    return {"atp_modes": list(ATP_MODES), "check": 3 if cfg.quick else 10, "das_ks": [1, 2] if cfg.quick else [1, 2, 4, 8],
+    """What the stages run (part of their keys): the full study's settings, lighter under --demo
+    (fewer DAS subspace sizes, steps and folds, a shorter lens fit, no `full` lens) and lightest
+    under --quick (a pipeline check)."""
+    tier = "quick" if cfg.quick else "demo" if cfg.demo else "full"
+    pick = lambda quick, demo, full: {"quick": quick, "demo": demo, "full": full}[tier]  # noqa: E731
+    return {"atp_modes": list(ATP_MODES), "check": pick(3, 4, 10), "das_ks": pick([1, 2], [1, 4], [1, 2, 4, 8]),
             "das_hooks": [FEEDBACK, "blocks.0.hook_resid_pre"],  # the feedback channel and the fused input it makes
-            "das_steps": 20 if cfg.quick else 60, "das_lr": 0.02, "das_folds": 2 if cfg.quick else 3,
-            "lens_modes": ["standard", "recurrent:1", "jacobi:2"] if cfg.quick else list(LENS_MODES),
-            "lens_steps": 30 if cfg.quick else 300, "knobs": methods_knobs(cfg)}
+            "das_steps": pick(20, 40, 60), "das_lr": 0.02, "das_folds": pick(2, 2, 3),
+            "lens_modes": pick(["standard", "recurrent:1", "jacobi:2"], ["standard", "recurrent:1", "jacobi:3"], list(LENS_MODES)),
+            "lens_steps": pick(30, 100, 300), "knobs": methods_knobs(cfg)}
 
 
 def _task_pairs(cfg, out: Path):

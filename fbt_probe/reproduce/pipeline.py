@@ -13,8 +13,7 @@ from fbt_probe.errors import FbtError
 from fbt_probe.interventions.registry import EXPERIMENTS as REGISTRY
 from fbt_probe.interventions.runner import PatchConfig, run
 from fbt_probe.io import atomic_dir, atomic_path, read_json
-from fbt_probe.loading import load_model, load_pairs
-from fbt_probe.model.checkpoint import checkpoint_hash
+from fbt_probe.loading import checkpoint_hash, load_model, load_pairs
 from fbt_probe.probes.sweep import ProbeConfig, probe_sweep, write_results
 from fbt_probe.reference import names, record
 from fbt_probe.reproduce import methods as M
@@ -32,6 +31,7 @@ from fbt_probe.reproduce.config import (  # noqa: F401
 )
 from fbt_probe.reproduce.config import tokenizer as _tokenizer
 from fbt_probe.reproduce.report import stage_figures, stage_report
+from fbt_probe.reproduce.seeds import combine, seed_folder, source_key
 from fbt_probe.reproduce.stages import Runner, Stage
 from fbt_probe.tasks import generate, load_spec, write_dataset
 from fbt_probe.tasks.generators import suffix_modes
@@ -165,7 +165,8 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
                         after=[f"extract-{name}"]))
         st.append(Stage(f"patch-{name}", {**ck, "patch_pairs": cfg.patch_pairs, "patch_knobs": cfg.patch_knobs},
                         [out / "results" / "interventions" / name], lambda n=name: stage_patch(cfg, out, n), after=["data"] + dep))
-        st += methods_stages(cfg, out, name, ck, ["data"] + dep)
+        if cfg.methods:
+            st += methods_stages(cfg, out, name, ck, ["data"] + dep)
     return st
 
 
@@ -186,6 +187,27 @@ def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), 
         runner.run(s)
     all_names = [s.name for s in stages]
     runner.run(Stage("figures", {}, [out / "figures"], lambda: stage_figures(cfg, out), after=all_names))
-    runner.run(Stage("report", {"v": 1}, [out / "report.md", out / "report.html"],
+    runner.run(Stage("report", {"v": 3, "seeds": source_key(cfg, out)}, [out / "report.md", out / "report.html", out / "headline.csv"],
                      lambda: stage_report(cfg, out, runner.times), after=all_names + ["figures"]))
     return {"times": runner.times, "report": out / "report.html"}
+
+
+def reproduce_seeds(cfg: ReproConfig, out: str | Path, seeds: int, force: set[str] = frozenset(), echo=print) -> dict:
+    """Study seeds 0..N-1 (each trained from scratch: `cfg.shipped` must be off) in OUT/seed-S/, write
+    OUT/seeds.csv (`seeds.combine`), then redo each seed's report (its key names seeds.csv) so that
+    its findings quote the mean and range over the seeds."""
+    if cfg.shipped or cfg.model:
+        raise FbtError("--seeds: needs --train (the seeds are trained here; the shipped models' seeds table "
+                       "is already in the package)")
+    if seeds < 2:
+        raise FbtError(f"--seeds {seeds}: expected at least 2")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for s in range(seeds):
+        echo(f"== seed {s} ==")
+        reproduce(dataclasses.replace(cfg, seed=s), seed_folder(out, s), force, echo=echo)
+    with atomic_path(out / "seeds.csv") as tmp:
+        combine(out, list(range(seeds))).to_csv(tmp, index=False, float_format="%.6g")
+    for s in range(seeds):  # every stage is up to date but the report
+        reproduce(dataclasses.replace(cfg, seed=s), seed_folder(out, s), echo=lambda _: None)
+    return {"seeds": out / "seeds.csv", "reports": [seed_folder(out, s) / "report.html" for s in range(seeds)]}

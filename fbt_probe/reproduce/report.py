@@ -13,12 +13,13 @@ import numpy as np
 import pandas as pd
 
 from fbt_probe.figures import draw, save_figure
+from fbt_probe.loading import checkpoint_hash
 from fbt_probe.io import atomic_dir, atomic_path
-from fbt_probe.model.checkpoint import checkpoint_hash
 from fbt_probe.provenance import provenance
 from fbt_probe.reproduce.config import model_path, shipped_name
-from fbt_probe.reproduce.findings import findings, shipped_comparison
+from fbt_probe.reproduce.findings import findings, headline, shipped_comparison
 from fbt_probe.reproduce.methods import figure_jobs, methods_section
+from fbt_probe.reproduce.seeds import spread_table
 from fbt_probe.reproduce.tables import PAPER_DEPTH0, _summary, mean_ci  # noqa: F401  (mean_ci: re-exported)
 
 
@@ -123,6 +124,17 @@ def _md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def seeds_table_text(seeds: pd.DataFrame) -> str:
+    """One row per headline number: its value in each seed's study, their mean and range."""
+    wide = seeds.pivot_table(index=["model", "quantity", "task", "mode", "study"], columns="seed", values="value")
+    wide.columns = [f"seed {c}" for c in wide.columns]
+    vals = wide.to_numpy()
+    wide = wide.round(3).assign(mean=vals.mean(axis=1).round(3), range=(vals.max(axis=1) - vals.min(axis=1)).round(3))
+    return ("Each headline number of the findings in the study of each training seed (the same recipe and study, "
+            "seed of data, initialisation and probes changed): how much of a number is the seed.\n\n"
+            + _md_table(wide.reset_index()))
+
+
 def _sections(cfg, out: Path, times: dict) -> list[tuple[str, str, list[str]]]:
     """(title, markdown body, figure stems) in reading order."""
     models = cfg.models()
@@ -154,14 +166,22 @@ def _sections(cfg, out: Path, times: dict) -> list[tuple[str, str, list[str]]]:
 def stage_report(cfg, out: Path, times: dict) -> None:
     """Findings first (one sentence each, number, CI, figure), then every figure, then the full tables
     (collapsed in the HTML), then what was run."""
-    title = f"fbt-probe reproduction — preset {cfg.preset}{' (quick)' if cfg.quick else ''}"
+    with atomic_path(out / "headline.csv") as tmp:  # what a multi-seed run stacks (seeds.csv)
+        headline(cfg, out).to_csv(tmp, index=False, float_format="%.6g")
+
+    title = f"fbt-probe reproduction — preset {cfg.preset}{' (quick)' if cfg.quick else ' (demo)' if cfg.demo else ''}"
     sections = _sections(cfg, out, times)
     tables, (prov_head, prov_text, _) = sections[:-1], sections[-1]
     source = ("the reference models shipped with the package (" + ", ".join(f"`ref:{shipped_name(cfg, n)}`" for n in cfg.models())
               + "); `fbt-probe reproduce --train` retrains them") if cfg.shipped else \
         (f"the checkpoint `{cfg.model}`" if cfg.model else "models trained from scratch in this study")
-    intro = f"Models: {source}. Stage times: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()) + "."
-    found = findings(cfg, out) + shipped_comparison(cfg, out)
+    scope = (" The demo study: fewer probe groups, no `full` recurrence on the register tasks, lighter AtP/DAS/lens;"
+             " `fbt-probe reproduce` without --demo runs the full one." if cfg.demo else "")
+    intro = f"Models: {source}.{scope} Stage times: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()) + "."
+    seeds = spread_table(cfg, out)
+    found = findings(cfg, out, seeds) + shipped_comparison(cfg, out)
+    if seeds is not None:
+        tables.append(("Over training seeds", seeds_table_text(seeds), []))
     md = [f"# {title}\n", intro + "\n", "## Findings\n", "\n".join(f"- {f}" for f in found) + "\n", "## Figures\n"]
     body = [f"<h1>{html.escape(title)}</h1>", f"<p>{_inline(intro)}</p>", "<h2>Findings</h2>",
             "<ul>" + "".join(f"<li>{_inline(f)}</li>" for f in found) + "</ul>", "<h2>Figures</h2>"]

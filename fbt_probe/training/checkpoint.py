@@ -11,7 +11,7 @@ import torch
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json, sha256_file
 from fbt_probe.loading import CHECKPOINT_LOADERS
-from fbt_probe.model.checkpoint import LEGACY_FORMAT, save_checkpoint
+from fbt_probe.model.checkpoint import legacy_version, save_checkpoint
 from fbt_probe.provenance import provenance
 from fbt_probe.training.config import TrainConfig
 
@@ -40,7 +40,7 @@ def load_run(out: Path):
     if not isinstance(meta, dict) or "train" not in meta:
         raise FbtError(f"{out / 'config.json'}: field 'train' missing (not a training run folder)")
     cfg = TrainConfig.from_dict(meta["train"], source=f"{out / 'config.json'}: field 'train'",
-                                legacy=meta.get("fbt_probe_format") == LEGACY_FORMAT)
+                                legacy=legacy_version(meta.get("fbt_probe_format")) == 1)  # train fields changed only after /1
     model = CHECKPOINT_LOADERS[cfg.arch](out)
     state_path = out / "train_state.pt"
     if not state_path.is_file():

@@ -1,0 +1,65 @@
+"""Findings over training seeds.
+
+Each study writes its headline numbers as one tidy table (`OUT/headline.csv`, from
+`findings.headline`). `reproduce --train --seeds N` runs the study once per seed (`OUT/seed-S/`),
+stacks their tables (`OUT/seeds.csv`) and rewrites every seed's report so that each headline
+finding quotes, beside its within-run CI, the mean and range over the seeds. The shipped reference
+models come with the table of their preset's seeds (`fbt_probe/reference/seeds-<preset>.csv`), so a
+study of them shows the spread without training anything.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pandas as pd
+
+KEY = ["model", "quantity", "task", "mode"]
+
+
+def packaged(preset: str) -> Path:
+    return Path(__file__).resolve().parent.parent / "reference" / f"seeds-{preset}.csv"
+
+
+def seed_folder(out: Path, seed: int) -> Path:
+    return Path(out) / f"seed-{seed}"
+
+
+def spread_source(cfg, out: Path) -> Path | None:
+    """The seeds table this study's findings quote: its multi-seed run's `seeds.csv` (a study in
+    `OUT/seed-S/`), else, for a study of the shipped models, the packaged one; None without."""
+    out = Path(out)
+    here = out.parent / "seeds.csv"
+    if out.name == f"seed-{cfg.seed}" and here.is_file():
+        return here
+    p = packaged(cfg.preset)
+    return p if cfg.shipped and p.is_file() else None
+
+
+def spread_table(cfg, out: Path) -> pd.DataFrame | None:
+    src = spread_source(cfg, out)
+    return None if src is None else pd.read_csv(src)
+
+
+def source_key(cfg, out: Path) -> str | None:
+    """Part of the report stage's key: a new seeds table redoes the report."""
+    src = spread_source(cfg, out)
+    return None if src is None else hashlib.sha256(src.read_bytes()).hexdigest()
+
+
+def spread(table: pd.DataFrame | None, model: str, quantity: str, task: str, mode: str) -> str:
+    """' (seeds 0-2: mean 0.91, range 0.88-0.95)' or '' when the table lacks the number or has one seed."""
+    if table is None:
+        return ""
+    g = table[(table["model"] == model) & (table["quantity"] == quantity) & (table["task"] == task) & (table["mode"] == mode)]
+    g = g.dropna(subset=["value"])
+    if len(g) < 2:
+        return ""
+    seeds = sorted(int(s) for s in g["seed"])
+    label = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ",".join(map(str, seeds))
+    return f" (seeds {label}: mean {g['value'].mean():.2f}, range {g['value'].min():.2f}-{g['value'].max():.2f})"
+
+
+def combine(out: Path, seeds: list[int]) -> pd.DataFrame:
+    frames = [pd.read_csv(seed_folder(out, s) / "headline.csv") for s in seeds]
+    return pd.concat(frames, ignore_index=True).sort_values(["seed", *KEY], kind="stable").reset_index(drop=True)
