@@ -34,6 +34,7 @@ import pandas as pd
 import torch
 from safetensors.torch import save_file
 
+from fbt_probe import distributed
 from fbt_probe.config import arch_of, check_device
 from fbt_probe.errors import FbtError
 from fbt_probe.hidden.config import ARCH as HIDDEN_ARCH
@@ -252,6 +253,7 @@ def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool =
     if modes is not None:
         modes = _parse_modes(modes)
     check_device(device)
+    device = distributed.device_for(device)
     if dtype not in DTYPES:
         raise FbtError(f"dtype '{dtype}': expected one of {sorted(DTYPES)}")
     if batch_size < 1 or shard_rows < 1:
@@ -280,19 +282,41 @@ def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool =
             "modes": modes, "dtype": dtype, "shard_rows": shard_rows, "batch_size": batch_size,
             "targets": {m: [t.to_dict() for t in ts] for m, ts in targets.items()},
             "shards": _plan(df, modes, shard_rows), **extra}
-    action = check_out_dir(out_dir, plan, force)
-    _preflight(model, df, modes, targets, DTYPES[dtype])  # before anything is written or removed
-    if action == "replace":  # a forced run over an earlier extraction: built beside it, swapped in when done
-        target, out_dir = out_dir, temp_sibling(out_dir)
-        try:
-            _run_plan(model, df, plan, targets, out_dir, "fresh", batch_size, dtype, progress, on_shard, lm.hash, data_hash)
-            swap_in(out_dir, target)
-        finally:
-            if out_dir.exists():
-                shutil.rmtree(out_dir)
-        return ActivationStore(target)
-    _run_plan(model, df, plan, targets, out_dir, action, batch_size, dtype, progress, on_shard, lm.hash, data_hash)
+    # rank 0 alone looks at and prepares the folder; the others wait for its answer (or its error)
+    action, work = distributed.on_main(lambda: _prepare(model, df, plan, targets, out_dir, force, dtype))
+    try:
+        _run_plan(model, df, plan, targets, work, batch_size, dtype, progress, on_shard, lm.hash, data_hash)
+        if action == "replace":  # a forced run over an earlier extraction: built beside it, swapped in when done
+            distributed.on_main(lambda: swap_in(work, out_dir))
+    finally:
+        if action == "replace" and distributed.world().main and work.exists():
+            shutil.rmtree(work)
     return ActivationStore(out_dir)
+
+
+def _prepare(model, df, plan: dict, targets: dict, out_dir: Path, force: bool, dtype: str) -> tuple[str, Path]:
+    """(action, folder to write into): checks `out_dir`, runs the preflight, and for a fresh or
+    replacing run writes samples.parquet and plan.json first."""
+    action = check_out_dir(out_dir, plan, force)
+    _preflight(model, df, plan["modes"], targets, DTYPES[dtype])  # before anything is written or removed
+    work = temp_sibling(out_dir) if action == "replace" else out_dir
+    if action == "resume":
+        _drop_temporaries(out_dir)
+    else:
+        work.mkdir(parents=True, exist_ok=True)
+        samples = df[list(SAMPLE_COLUMNS)].copy()
+        samples.insert(0, "row", np.arange(len(df), dtype=np.int64))
+        with atomic_path(work / "samples.parquet") as tmp:
+            samples.to_parquet(tmp, index=False)
+        write_json(work / "plan.json", plan)
+    return action, work
+
+
+def _drop_temporaries(out_dir: Path) -> None:
+    """Half-written temporary files a killed process left (`.<name>.<random>.tmp`, never renamed)."""
+    for tmp in (out_dir / "shards").glob("*/.*.tmp"):
+        if tmp.is_file():
+            tmp.unlink()
 
 
 def extract_streams(model, dataset, out_dir, **kwargs) -> "ActivationStore":
@@ -310,34 +334,53 @@ def _parse_modes(spec) -> list[str]:
     return modes
 
 
-def _run_plan(model, df, plan: dict, targets: dict, out_dir: Path, action: str, batch_size: int, dtype: str,
+def shard_cost(shard: dict) -> float:
+    """Relative work of a shard: samples x tokens (x passes of a jacobi:K or full mode is left out:
+    every shard of a mode has the same multiplier, and modes are balanced across ranks alike)."""
+    return float(len(shard["rows"]) * shard["n_tokens"])
+
+
+def _run_plan(model, df, plan: dict, targets: dict, out_dir: Path, batch_size: int, dtype: str,
               progress, on_shard, model_hash: str, data_hash: str) -> None:
-    if action == "fresh":
-        out_dir.mkdir(parents=True, exist_ok=True)
-        samples = df[list(SAMPLE_COLUMNS)].copy()
-        samples.insert(0, "row", np.arange(len(df), dtype=np.int64))
-        with atomic_path(out_dir / "samples.parquet") as tmp:
-            samples.to_parquet(tmp, index=False)
-        write_json(out_dir / "plan.json", plan)
-    written = []
-    for n, shard in enumerate(plan["shards"]):
-        path = out_dir / shard["file"]
-        if path.exists():  # a finished shard is kept as it is, once its bytes match the recorded sha256
-            digest = verify_finished(path)
-        else:
-            digest = _write_shard(model, df, shard, targets[shard["mode"]], batch_size, DTYPES[dtype], path)
-        written.append({**shard, "sha256": digest, "rss_mb": round(_rss_mb(), 1)})
-        if progress is not None:
-            progress(n + 1, len(plan["shards"]), shard)
-        if on_shard is not None:
-            on_shard(shard)
-    # ru_maxrss is the process's high-water mark; lengths ascend within a mode, so the value after
-    # the first mode's largest length bounds the memory that length needed.
+    """Write this rank's shards of the plan (all of them in a world of one; `distributed.assign`
+    otherwise), then rank 0 writes the manifest once every rank has finished."""
+    world = distributed.world()
+    owner = distributed.assign([shard_cost(s) for s in plan["shards"]], world.size)
+    mine = [(n, s) for n, s in enumerate(plan["shards"]) if owner[n] == world.rank]
+    written, error = {}, None
+    try:
+        for done, (n, shard) in enumerate(mine):
+            path = out_dir / shard["file"]
+            if path.exists():  # a finished shard is kept as it is, once its bytes match the recorded sha256
+                digest = verify_finished(path)
+            else:
+                digest = _write_shard(model, df, shard, targets[shard["mode"]], batch_size, DTYPES[dtype], path)
+            written[n] = {"sha256": digest, "rss_mb": round(_rss_mb(), 1)}
+            if progress is not None:
+                progress(done + 1, len(mine), shard)
+            if on_shard is not None:
+                on_shard(shard)
+    except FbtError as exc:
+        if not world.several:
+            raise
+        error = exc.format_message()
+    distributed.all_ok(error)  # a rank's bad shard stops every rank with its message
+    parts = distributed.gather((written, round(_rss_mb(), 1)))
+    if world.main:
+        _write_manifest(plan, parts, df, out_dir, world.size, model_hash, data_hash)
+    distributed.barrier()  # nobody returns before the manifest exists
+
+
+def _write_manifest(plan: dict, parts: list, df, out_dir: Path, world_size: int, model_hash: str, data_hash: str) -> None:
+    by_shard = {n: rec for recs, _ in parts for n, rec in recs.items()}
+    written = [{**shard, **by_shard[n]} for n, shard in enumerate(plan["shards"])]
+    # ru_maxrss is a process's high-water mark; lengths ascend within a mode, so the value after
+    # the first mode's largest length bounds the memory that length needed (in the process that ran it).
     largest = max(s["n_tokens"] for s in written)
     first_largest = next(s for s in written if s["n_tokens"] == largest)
-    manifest = {**plan, "shards": written, "n_samples": len(df),
+    manifest = {**plan, "shards": written, "n_samples": len(df), "world_size": world_size,
                 "peak_rss_mb": {"largest_length": largest, "after_largest_length": first_largest["rss_mb"],
-                                "overall": round(_rss_mb(), 1)}}
+                                "overall": max(rss for _, rss in parts)}}
     manifest["provenance"] = provenance(model_hash=model_hash, dataset_hash=data_hash)
     write_json(out_dir / "manifest.json", manifest)
 

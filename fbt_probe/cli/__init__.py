@@ -1,6 +1,8 @@
 """The `fbt-probe` command line. Each sub-command lives in its own module; this file only wires them.
 
-Errors raised as `FbtError` print one line (`error: ...`) and exit with code 2.
+Errors raised as `FbtError` print one line (`error: ...`) and exit with code 2. Under torchrun
+(`torchrun --nproc_per_node N -m fbt_probe ...`) every process runs the same command inside one
+process group (`fbt_probe.distributed.session`); extract, patch and train share their work out.
 """
 from __future__ import annotations
 
@@ -42,8 +44,11 @@ for _name, _module in _SUBCOMMANDS:
 
 
 def main() -> None:
+    from fbt_probe.distributed import session
+
     try:
-        app()
+        with session():  # torchrun: one process group for the whole command (fbt_probe.distributed)
+            app()
     except FbtError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -65,7 +65,9 @@ def patch(
 
     Example: fbt-probe patch runs/tiny data/tasks --experiment feedback-swap --mode recurrent:1 --out results/ ;
     fbt-probe patch runs/tiny data/tasks --experiment attribution --mode standard,jacobi:2 --check 10 --out results/ ;
-    fbt-probe patch runs/tiny data/tasks --experiment das --mode recurrent:1 --ks 1,2,4,8 --out results/
+    fbt-probe patch runs/tiny data/tasks --experiment das --mode recurrent:1 --ks 1,2,4,8 --out results/ ;
+    torchrun --standalone --nproc_per_node 2 -m fbt_probe patch runs/tiny data/tasks --experiment residual --out results/
+    (feedback-swap and residual share their pair batches over the processes; the others run on rank 0)
     """
     from fbt_probe.interventions import PatchConfig
     from fbt_probe.interventions import run as run_patch
@@ -82,8 +84,12 @@ def patch(
 
     replacing = refuse_existing(out / experiment, force, own=is_results_folder, kind=RESULTS_KIND)  # before loading anything
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
-    lm, df = open_pairs(run, dataset, task_list, device=device, seed=seed)
+    from fbt_probe.distributed import device_for
+
+    lm, df = open_pairs(run, dataset, task_list, device=device_for(device), seed=seed)  # torchrun: cuda -> cuda:LOCAL_RANK
     res = run_patch(lm.model, df, cfg, out=out, force=force, model_info=lm.provenance(), figures=figures)
+    if res is None:  # torchrun: rank 0 gathers, summarizes and writes (fbt_probe.interventions.runner.run)
+        return
     _report(res)
     if replacing:
         typer.echo(f"replaced the earlier results in {out / experiment}")

@@ -31,13 +31,20 @@ def extract(
     An interrupted extraction (Ctrl-C, a killed process) continues when the same command is run
     again; every finished shard is first checked against the sha256 recorded when it was written.
 
-    Example: fbt-probe extract runs/tiny data/tasks --modes standard,recurrent:1 --out runs/tiny/acts
+    Under torchrun every process writes its share of the shards and rank 0 the manifest; the folder
+    is byte for byte the single-process one (manifest: world_size). OUT must be one shared folder.
+
+    Example: fbt-probe extract runs/tiny data/tasks --modes standard,recurrent:1 --out runs/tiny/acts ;
+    torchrun --standalone --nproc_per_node 4 -m fbt_probe extract runs/tiny data/tasks --out runs/tiny/acts
     """
     from fbt_probe.activations import extract as run_extract
     from fbt_probe.activations import is_activation_folder
+    from fbt_probe.distributed import world
+
+    where = f"rank {world().rank} " if world().several else ""
 
     def progress(done: int, total: int, shard: dict) -> None:
-        typer.echo(f"[{done}/{total}] {shard['mode']:<14} {shard['task']:<11} T={shard['n_tokens']:<5} "
+        typer.echo(f"{where}[{done}/{total}] {shard['mode']:<14} {shard['task']:<11} T={shard['n_tokens']:<5} "
                    f"{len(shard['rows'])} samples", err=True)
 
     extra = [h.strip() for h in hooks.split(",") if h.strip()] if hooks else []
@@ -50,6 +57,8 @@ def extract(
             "rerun the same command to resume"
         typer.echo(f"interrupted: {msg}", err=True)
         raise typer.Exit(130) from None
+    if not world().main:
+        return
     if replacing:
         typer.echo(f"replaced the earlier activation folder {out}")
     m, n, rss = store.manifest["model"], store.manifest["n_samples"], store.manifest["peak_rss_mb"]

@@ -33,11 +33,14 @@ def train_cmd(
     arch: Annotated[str, typer.Option(help="'feedback' (latent feedback) or 'hidden-decoding' (n streams per token, one pass; fbt_probe.hidden).")] = "feedback",
     streams: Annotated[int | None, typer.Option(help="hidden-decoding: streams per token n (default 2).")] = None,
     cross_layers: Annotated[str | None, typer.Option(help="hidden-decoding: comma-separated cross-stream layers (default: the base's global layers).")] = None,
+    fsdp: Annotated[bool, typer.Option("--fsdp", help="Under torchrun: shard parameters, gradients and optimizer state with FSDP2 (for paper-1b-sized models; default DDP). No evaluation during training: run fbt-probe eval afterwards.")] = False,
 ) -> None:
     """Train a latent-feedback model (or its no-feedback baseline, or a Hidden Decoding model) on the three tasks.
 
     Example: fbt-probe train --preset tiny --out runs/tiny ; fbt-probe train --out runs/tiny-base --baseline ;
-    fbt-probe train --arch hidden-decoding --streams 2 --init runs/tiny-base --out runs/tiny-hd2
+    fbt-probe train --arch hidden-decoding --streams 2 --init runs/tiny-base --out runs/tiny-hd2 ;
+    torchrun --standalone --nproc_per_node 2 -m fbt_probe train --preset tiny --out runs/tiny  (DDP: each
+    process takes its rows of every step; same global batch, checkpoint written once)
     """
     from fbt_probe.config import preset as check_preset
     from fbt_probe.training import TrainConfig, parse_schedule, run_training
@@ -54,11 +57,15 @@ def train_cmd(
                       **hidden, **extra)
     replacing = force and not resume and out.is_dir() and any(out.iterdir())
     try:
-        res = run_training(cfg, out, init=init, resume=resume, force=force)
+        res = run_training(cfg, out, init=init, resume=resume, force=force, fsdp=fsdp)
     except KeyboardInterrupt:
         msg = "the earlier run is unchanged" if replacing else "continue from the last checkpoint with --resume"
         typer.echo(f"interrupted: {out}: {msg}", err=True)
         raise typer.Exit(130) from None
+    from fbt_probe.distributed import world
+
+    if not world().main:
+        return
     if res.get("replaced"):
         typer.echo(f"replaced the earlier run in {out}")
     typer.echo(f"trained {res['step']} steps in {res['seconds']:.0f} s ({res['tokens'] / max(res['seconds'], 1e-9):,.0f} tokens/s); run folder: {out}")

@@ -164,6 +164,9 @@ class Experiment:
     """(wide rows, PatchConfig) -> extra tables written beside the rows."""
     study_modes: tuple[str, ...] | None = None
     """The modes `fbt-probe reproduce` runs it under in its exact stage (None: not there)."""
+    per_batch: bool = False
+    """A batch's rows depend on that batch alone: under torchrun its batches are shared out over the
+    ranks (the others need statistics over every pair: donors, mean gates, probes, rotations)."""
 
     def options_of(self, cfg) -> object:
         return self.options(**{f.name: getattr(cfg, f.name) for f in fields(self.options)})
@@ -184,7 +187,7 @@ def _parity(w: pd.DataFrame, cfg) -> dict:
 EXPERIMENTS: dict[str, Experiment] = {
     "feedback-swap": Experiment(
         feedback_swap, FeedbackSwapOptions, "one-pass: fusion.* replaced at the final position in the one hooked pass (exact)",
-        study_modes=("recurrent:1",)),
+        study_modes=("recurrent:1",), per_batch=True),
     "state-replacement": Experiment(
         state_replacement, StateReplacementOptions, "one-pass: fusion.hook_feedback replaced at the final position (exact)",
         study_modes=("recurrent:1",)),
@@ -194,7 +197,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     "residual": Experiment(
         residual_patching, ResidualOptions,
         "serial (serial=True) when the mode carries a state, so patches ripple through the feedback; one-pass under standard",
-        default_cells=True, study_modes=("standard", "recurrent:1")),
+        default_cells=True, study_modes=("standard", "recurrent:1"), per_batch=True),
     "probe-direction": Experiment(
         probe_direction, ProbeDirectionOptions,
         "one-pass: the final position of each probe depth edited in the one hooked pass (exact)",

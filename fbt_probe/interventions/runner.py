@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from fbt_probe import distributed
 from fbt_probe.errors import FbtError
 from fbt_probe.figures.interventions import draw_for
 from fbt_probe.interventions import experiments as E
@@ -43,8 +44,34 @@ def _cell_filter(df: pd.DataFrame, cfg: PatchConfig):
     return lengths, max_pairs
 
 
-def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | None = None) -> pd.DataFrame:
-    """All modes of one experiment -> wide rows (df.attrs['notes'] lists skipped cells)."""
+def _shared_out(model, batches: list, cfg: PatchConfig, mode: str) -> pd.DataFrame | None:
+    """One mode's wide rows. Under torchrun a `per_batch` experiment runs each rank's batches
+    (`distributed.assign` by pairs x tokens) and rank 0 puts them back in batch order (the same rows
+    as one process: each batch runs whole, on the same shapes); the others return None."""
+    exp, world = EXPERIMENTS[cfg.experiment], distributed.world()
+    if not (world.several and exp.per_batch):
+        return exp(model, batches, cfg, mode)
+    owner = distributed.assign([float(b.n * b.T) for b in batches], world.size)
+    mine, error = [], None
+    try:
+        mine = [(i, exp(model, [b], cfg, mode)) for i, b in enumerate(batches) if owner[i] == world.rank]
+    except FbtError as exc:
+        error = exc.format_message()
+    distributed.all_ok(error)
+    parts = distributed.gather(mine)
+    if not world.main:
+        return None
+    ordered = sorted((p for rank_parts in parts for p in rank_parts), key=lambda p: p[0])
+    if not ordered:
+        return exp(model, batches, cfg, mode)  # no batch: the experiment's own answer for none
+    w = pd.concat([p[1] for p in ordered], ignore_index=True)
+    w.attrs["notes"] = list(dict.fromkeys(n for _, p in ordered for n in p.attrs.get("notes", [])))
+    return w
+
+
+def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | None = None) -> pd.DataFrame | None:
+    """All modes of one experiment -> wide rows (df.attrs['notes'] lists skipped cells). Under
+    torchrun: on rank 0, the gathered rows (None on the other ranks; `_shared_out`)."""
     if df.empty:
         raise FbtError("dataset: no rows; nothing to patch")
     label_ids = label_ids or label_token_ids(df)
@@ -54,11 +81,15 @@ def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | 
     out, notes, tables = [], [], {}
     for mode in cfg.modes:
         batches = list(pair_batches(df, label_ids, cfg.batch_size, max_pairs, lengths))
-        w = EXPERIMENTS[cfg.experiment](model, batches, cfg, mode)
+        w = _shared_out(model, batches, cfg, mode)
+        if w is None:  # another rank's rows, gathered on rank 0
+            continue
         notes += [f"{mode}: {n}" for n in w.attrs.get("notes", [])]
         for name, t in w.attrs.pop("tables", {}).items():  # DataFrames in attrs would break pd.concat
             tables.setdefault(name, []).append(t)
         out.append(w)
+    if not distributed.world().main:
+        return None
     wide = pd.concat(out, ignore_index=True)
     if wide.empty:  # every cell skipped: say why instead of failing in the summary
         raise FbtError(f"{cfg.experiment}: no cell could run ({'; '.join(notes[:2]) or 'no pairs'})")
@@ -147,12 +178,18 @@ def write_results(res: Results, out_dir: Path, force: bool = False, figures: boo
 
 def run(model, df: pd.DataFrame, cfg: PatchConfig, out: str | Path | None = None, force: bool = False,
         model_info: dict | None = None, label_ids: dict | None = None, figures: bool = True) -> Results:
-    """Run `cfg.experiment`, summarize, and (with `out`) write `out/<experiment>/`."""
+    """Run `cfg.experiment`, summarize, and (with `out`) write `out/<experiment>/`. Under torchrun the
+    ranks share a `per_batch` experiment's batches, rank 0 alone runs any other, summarizes and
+    writes; the other ranks return None."""
     target = Path(out) / cfg.experiment if out is not None else None
     if target is not None:  # before hours of patching
-
-        refuse_existing(target, force, own=is_results_folder, kind=RESULTS_KIND)
+        distributed.on_main(lambda: refuse_existing(target, force, own=is_results_folder, kind=RESULTS_KIND))
+    world = distributed.world()
+    if world.several and not EXPERIMENTS[cfg.experiment].per_batch and not world.main:
+        return None  # its rows depend on every pair: rank 0 computes it whole (Experiment.per_batch)
     wide = run_experiment(model, df, cfg, label_ids)
+    if wide is None:
+        return None
     tables = wide.attrs.pop("tables", {})
     long, summary = analyse(wide, cfg)
     manifest = manifest_for(cfg, long, wide.attrs.get("notes", []), model_info or {}, df)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from fbt_probe import distributed
 from fbt_probe.errors import FbtError
 from fbt_probe.io import read_json, refuse_existing, swap_in, temp_sibling
 from fbt_probe.reference import resolve
@@ -35,12 +36,14 @@ def _initial_model(cfg: TrainConfig, tokenizer, init: str | Path | None):
 
 
 def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = None, resume: bool = False,
-                 force: bool = False, progress: bool = True, eval_pairs: int = 16) -> dict:
+                 force: bool = False, progress: bool = True, eval_pairs: int = 16, fsdp: bool = False) -> dict:
     """Train (or resume) a run folder. Returns {'seconds', 'tokens', 'step'} (+ 'replaced': the folder
     path when `force` replaced an earlier run). `force` replaces only a run folder (or an empty
     folder), after every input has been read; the new run is trained in a temporary sibling and
-    swapped in when it finishes, so an error or an interruption leaves the old run as it was."""
+    swapped in when it finishes, so an error or an interruption leaves the old run as it was.
+    Under torchrun the ranks share every step (DDP; `fsdp`: FSDP2), rank 0 writes the folder."""
     out, replacing = Path(out), False
+    main = distributed.world().main  # under torchrun, rank 0 alone writes into the run folder
     if resume:
         if not (out / "config.json").is_file():
             raise FbtError(f"{out}: no run to resume (config.json missing)")
@@ -50,25 +53,33 @@ def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = No
         cfg, tokenizer = saved, load_tokenizer(out / "tokenizer.json")
         opt = make_optimizer(model, cfg)
         opt.load_state_dict(opt_state)
-        truncate_metrics(out, step)
+        distributed.on_main(lambda: truncate_metrics(out, step))
     else:
-        replacing = refuse_existing(out, force, hint="--resume to continue it or --force", own=is_run_folder,
-                                    kind="a training run folder (config.json with a 'train' field)")
+        replacing = distributed.on_main(lambda: refuse_existing(
+            out, force, hint="--resume to continue it or --force", own=is_run_folder,
+            kind="a training run folder (config.json with a 'train' field)"))
         tokenizer = build_tokenizer()
         model = _initial_model(cfg, tokenizer, init)  # every input is read before anything is written
-        target, out = out, temp_sibling(out) if replacing else out
-        out.mkdir(parents=True, exist_ok=True)
-        save_tokenizer(tokenizer, out / "tokenizer.json")
+        target = out
+        out = distributed.on_main(lambda: _start_folder(out, replacing, tokenizer))
         opt, step = make_optimizer(model, cfg), 0
     if replacing:  # a forced run trains beside the old one and replaces it only when finished
         try:
-            result = _train(model, tokenizer, cfg, out, step, opt, progress, eval_pairs)
-            swap_in(out, target)
+            result = _train(model, tokenizer, cfg, out, step, opt, progress, eval_pairs, fsdp)
+            distributed.on_main(lambda: swap_in(out, target))
         finally:
-            if out.exists():
+            if main and out.exists():
                 shutil.rmtree(out)
         return {**result, "replaced": str(target)}
-    return _train(model, tokenizer, cfg, out, step, opt, progress, eval_pairs)
+    return _train(model, tokenizer, cfg, out, step, opt, progress, eval_pairs, fsdp)
+
+
+def _start_folder(out: Path, replacing: bool, tokenizer) -> Path:
+    """The folder the run is written into (beside `out` when it replaces one), with its tokenizer."""
+    folder = temp_sibling(out) if replacing else out
+    folder.mkdir(parents=True, exist_ok=True)
+    save_tokenizer(tokenizer, folder / "tokenizer.json")
+    return folder
 
 
 def is_run_folder(folder: Path) -> bool:
@@ -82,7 +93,7 @@ def is_run_folder(folder: Path) -> bool:
     return isinstance(meta, dict) and "train" in meta and "fbt_probe_format" in meta
 
 
-def _train(model, tokenizer, cfg: TrainConfig, out: Path, step: int, opt, progress: bool, eval_pairs: int) -> dict:
+def _train(model, tokenizer, cfg: TrainConfig, out: Path, step: int, opt, progress: bool, eval_pairs: int, fsdp: bool) -> dict:
     samples = eval_samples(cfg, tokenizer, pairs=eval_pairs)
 
     def on_eval(m) -> dict:
@@ -91,5 +102,5 @@ def _train(model, tokenizer, cfg: TrainConfig, out: Path, step: int, opt, progre
         rec.update(ARCHS[cfg.arch].val_losses(m, cfg, tokenizer, max_passes=min(3, cfg.schedule_obj.max_passes + 1)))
         return rec
 
-    result = train(model, tokenizer, cfg, out, start_step=step, optimizer=opt, progress=progress, on_eval=on_eval)
+    result = train(model, tokenizer, cfg, out, start_step=step, optimizer=opt, progress=progress, on_eval=on_eval, fsdp=fsdp)
     return {**result, "step": cfg.steps}

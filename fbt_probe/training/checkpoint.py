@@ -16,16 +16,18 @@ from fbt_probe.provenance import provenance
 from fbt_probe.training.config import TrainConfig
 
 
-def save_run(model, opt, cfg: TrainConfig, out: Path, step: int) -> None:
+def save_run(model, opt, cfg: TrainConfig, out: Path, step: int, world_size: int = 1) -> None:
+    """Write the run's checkpoint and train state; `opt` an optimizer or its (full) state dict,
+    `world_size` the processes that trained it (recorded in config.json's provenance)."""
     # torch.save names the zip's records after the file it writes to (here a random temporary name);
     # a buffer's records are always "archive/...", so identical runs write identical bytes
     buffer = io.BytesIO()
-    torch.save({"step": step, "optimizer": opt.state_dict()}, buffer)
+    torch.save({"step": step, "optimizer": opt if isinstance(opt, dict) else opt.state_dict()}, buffer)
     with atomic_path(out / "train_state.pt") as tmp:
         tmp.write_bytes(buffer.getvalue())
     tok = out / "tokenizer.json"
     save_checkpoint(model, out, None, extra={"train": cfg.to_dict(), "step": step,
-                                             "tokenizer_sha256": _sha(tok), "provenance": provenance(seed=cfg.seed)})
+                                             "tokenizer_sha256": _sha(tok), "provenance": provenance(seed=cfg.seed, world_size=world_size)})
 
 
 def _sha(path: Path) -> str | None:

@@ -6,6 +6,7 @@ where pass 1 is standard and pass k fuses the right-shifted carried states of pa
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -14,37 +15,15 @@ from pathlib import Path
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from fbt_probe.config import arch_of
+from fbt_probe import distributed
 from fbt_probe.errors import FbtError
-from fbt_probe.hidden.config import ARCH as HIDDEN_ARCH
-from fbt_probe.hidden.loss import hidden_loss
 from fbt_probe.model.components import use_path
-from fbt_probe.model.loss import weighted_ce
+from fbt_probe.model.loss import weighted_ce  # noqa: F401  (re-exported)
+from fbt_probe.training import parallel
 from fbt_probe.training.checkpoint import save_run
 from fbt_probe.training.config import TrainConfig
 from fbt_probe.training.data import batches_for_step, step_seed
-
-
-def feedback_loss(model, tokens, targets, weights, K: int, lam: float = 1.0, has_state=None):
-    """Eq. 12 on one batch; returns (total loss, [L_1..L_K])."""
-    losses = [weighted_ce(lg, targets, weights) for lg in model.jacobi_passes(tokens, K, has_state=has_state)]
-    total = losses[0] if K == 1 else losses[0] + lam / (K - 1) * sum(losses[1:])
-    return total, losses
-
-
-def one_pass_hidden_loss(model, tokens, targets, weights, K: int = 1, lam: float = 1.0, has_state=None):
-    """A Hidden Decoding model's eq. 2: one pass, read at the last streams (K = 1)."""
-    loss = hidden_loss(model, tokens, targets, weights)
-    return loss, [loss]
-
-
-# the model's architecture (`fbt_probe.config.arch_of`) -> its objective
-LOSSES = {"feedback": feedback_loss, HIDDEN_ARCH: one_pass_hidden_loss}
-
-
-def multipass_loss(model, tokens, targets, weights, K: int, lam: float = 1.0, has_state=None):
-    """The training objective of `model`'s architecture on one batch; returns (total loss, [L_1..L_K])."""
-    return LOSSES[arch_of(model)](model, tokens, targets, weights, K, lam, has_state)
+from fbt_probe.training.objective import LOSSES, feedback_loss, multipass_loss, one_pass_hidden_loss  # noqa: F401
 
 
 def prefix_mask(rows: int, ctx: int, share: float, gen: torch.Generator) -> torch.Tensor:
@@ -71,28 +50,43 @@ def make_optimizer(model, cfg: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
 
 
-def train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int = 0, optimizer=None, progress=True, on_eval=None) -> dict:
+def train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int = 0, optimizer=None, progress=True, on_eval=None,
+          fsdp: bool = False) -> dict:
     """Train `model` in place from `start_step` to `cfg.steps`, checkpointing into `out`.
 
     Attention takes the explicit path throughout (steps and evaluations): the arithmetic the
     recorded runs were trained with, so a seed still gives the checkpoint BENCHMARKS.md and the
     reference report describe, byte for byte (the SDPA path would differ in the last float bits,
-    and training amplifies that into a different model)."""
+    and training amplifies that into a different model).
+
+    Under torchrun each rank takes its rows of every step (`fbt_probe.training.parallel`): DDP, or
+    with `fsdp` the parameters, gradients and optimizer state sharded by FSDP2; rank 0 writes the
+    log and the (consolidated) checkpoint."""
     with use_path(model, "explicit"):
-        return _train(model, tokenizer, cfg, out, start_step, optimizer, progress, on_eval)
+        return _train(model, tokenizer, cfg, out, start_step, optimizer, progress, on_eval, fsdp)
 
 
-def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optimizer, progress, on_eval) -> dict:
+def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optimizer, progress, on_eval, fsdp) -> dict:
+    world = distributed.world()
+    if fsdp and not torch.distributed.is_initialized():
+        raise FbtError("--fsdp: shards the model over torchrun's processes; launch with torchrun "
+                       "(torchrun --nproc_per_node N -m fbt_probe train ... --fsdp)")
     opt = optimizer or make_optimizer(model, cfg)
+    # DDP (or FSDP2) over the objective (training/parallel.py); alone: the model itself
+    engine = parallel.wrap(model, fsdp) if world.several or fsdp else None
+    if fsdp:  # the parameters are now DTensor shards: a new optimizer over them, the resumed state loaded in
+        state, opt = (opt.state_dict() if optimizer is not None else None), make_optimizer(model, cfg)
+        if state is not None:
+            parallel.load_optimizer_state(engine, model, opt, state)
     sched = cfg.schedule_obj
     log_path = out / "metrics.jsonl"
     model.train()
-    bar = _progress(cfg.steps, start_step) if progress else None
+    bar = _progress(cfg.steps, start_step) if progress and world.main else None
     t0, tokens_seen = time.perf_counter(), 0
     try:
         for step in range(start_step, cfg.steps):
-            # every random draw of a step derives from (seed, step): a resumed run continues bit for bit
-            torch.manual_seed(step_seed(cfg.seed, step, "noise"))
+            # every random draw of a step derives from (seed, step[, rank]): a resumed run continues bit for bit
+            torch.manual_seed(step_seed(cfg.seed, step, "noise" if world.main else f"noise:{world.rank}"))
             gen = torch.Generator().manual_seed(step_seed(cfg.seed, step, "draws"))
             K = sched.draw(float(torch.rand(1, generator=gen)))  # drawn every step, so the stream of draws never shifts
             if cfg.baseline or step < cfg.one_pass_steps:
@@ -104,16 +98,24 @@ def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optim
             ts = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             loss, parts = 0.0, [0.0] * K
-            for tokens, targets, weights in micro:  # gradient accumulation over the step's cells
-                share = float(weights.sum()) / total_w
-                has = prefix_mask(*tokens.shape, cfg.prefix_mix, gen)
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
-                    l, ps = multipass_loss(model, tokens, targets, weights, K, cfg.lam, has)
-                if not torch.isfinite(l):
-                    raise FbtError(f"training diverged at step {step}: loss is {l.item()}")
-                (l * share).backward()
+            for m, (tokens, targets, weights) in enumerate(micro):  # gradient accumulation over the step's cells
+                has = prefix_mask(*tokens.shape, cfg.prefix_mix, gen)  # drawn for the whole micro-batch on every rank
+                if engine is None:
+                    share, run = float(weights.sum()) / total_w, lambda *a: multipass_loss(model, *a)
+                else:  # this rank's rows; scaled so the ranks' averaged gradient is the whole step's
+                    rows, real = parallel.local_rows(tokens.shape[0])
+                    share, run = parallel.rank_share(weights, rows, real, total_w), engine
+                    tokens, targets, weights, has = tokens[rows], targets[rows], weights[rows], has[rows]
+                with parallel.no_sync(engine, m == len(micro) - 1) if engine is not None else contextlib.nullcontext():
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
+                        l, ps = run(tokens, targets, weights, K, cfg.lam, has)
+                    if not torch.isfinite(l):
+                        raise FbtError(f"training diverged at step {step}: loss is {l.item()}")
+                    (l * share * world.size).backward()
                 loss += l.item() * share
                 parts = [a + b.item() * share for a, b in zip(parts, ps)]
+            if world.several:  # the logged loss is the whole step's, as one process logs it
+                loss, *parts = (float(x) for x in _sum_ranks([loss, *parts]))
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
             opt.step()
             n_tok = sum(int(w.gt(0).sum()) for _, _, w in micro) * K
@@ -121,13 +123,15 @@ def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optim
             rec = {"step": step + 1, "loss": loss, "passes": K, "pass_losses": parts,
                    "lr": lr_at(cfg, step), "grad_norm": float(gnorm), "step_s": time.perf_counter() - ts,
                    "tokens_per_s": n_tok / max(time.perf_counter() - ts, 1e-9)}
-            if on_eval is not None and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+            # under FSDP2 no rank holds the whole model between steps: evaluate the run afterwards (fbt-probe eval)
+            if on_eval is not None and world.main and not fsdp and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
                 model.eval()
                 rec.update(on_eval(model))
                 model.train()
-            _append(log_path, rec)
+            if world.main:  # one log and one checkpoint, written by rank 0
+                _append(log_path, rec)
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-                save_run(model, opt, cfg, out, step + 1)
+                _save(engine, model, opt, cfg, out, step + 1, fsdp)
             if bar:
                 bar[0].update(bar[1], completed=step + 1, loss=rec["loss"], tps=tokens_seen / (time.perf_counter() - t0))
     finally:
@@ -135,6 +139,26 @@ def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optim
         if bar:
             bar[0].stop()
     return {"seconds": time.perf_counter() - t0, "tokens": tokens_seen}
+
+
+def _save(engine, model, opt, cfg: TrainConfig, out: Path, step: int, fsdp: bool) -> None:
+    """The checkpoint, written once by rank 0 (FSDP2: consolidated from the shards first)."""
+    world = distributed.world()
+    if not fsdp:
+        if world.main:
+            save_run(model, opt, cfg, out, step, world_size=world.size)
+    else:
+        full, opt_state = parallel.full_state_dict(engine, model, True), parallel.optimizer_state(engine, model, opt, True)
+        if world.main:
+            save_run(parallel.Consolidated(model.cfg, full), opt_state, cfg, out, step, world_size=world.size)
+    distributed.barrier()
+
+
+def _sum_ranks(values: list[float]) -> list[float]:
+    """Element-wise sum over ranks (float64, so the logged loss keeps its digits)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    torch.distributed.all_reduce(t)
+    return t.tolist()
 
 
 def _append(path: Path, rec: dict) -> None:
