@@ -59,14 +59,19 @@ def swap_effect(out: Path, model: str, task: str, condition: str = "state") -> t
     return float(r["mean"]), float(r["ci_low"]), float(r["ci_high"])
 
 
-def contraction_row(out: Path) -> tuple[float, float, int] | None:
-    """(state change at pass 2, at the last pass, the last pass) of the feedback model, if diagnosed."""
+def feedback_contraction(out: Path) -> pd.DataFrame | None:
+    """The feedback model's contraction table indexed by pass, if diagnosed."""
     c = out / "diagnostics" / "contraction.parquet"
     if not c.is_file():
         return None
     t = pd.read_parquet(c)
     t = t[t["run"] == "feedback"].set_index("pass")
-    if t.empty:
+    return None if t.empty else t
+
+
+def contraction_row(t: pd.DataFrame | None) -> tuple[float, float, int] | None:
+    """(state change at pass 2, at the last pass, the last pass) of `feedback_contraction`'s table."""
+    if t is None:
         return None
     last = int(t.index.max())
     return float(t.loc[2, "state_change"]), float(t.loc[last, "state_change"]), last
@@ -89,7 +94,7 @@ def headline(cfg, out: Path) -> pd.DataFrame:
             eff = swap_effect(out, m, task)
             if eff is not None:
                 rows.append((m, "swap-effect", task, "recurrent:1", *eff))
-    c = contraction_row(out)
+    c = contraction_row(feedback_contraction(out))
     if c is not None and "feedback" in cfg.models():
         rows.append(("feedback", "state-change-last/pass-2", "validation", "full", c[1] / c[0], float("nan"), float("nan")))
     t = pd.DataFrame(rows, columns=["model", "quantity", "task", "mode", "value", "ci_low", "ci_high"])
@@ -143,10 +148,9 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
             lines.append(f"{' and '.join(dead).capitalize()}: the feedback model's answer accuracy is not above chance "
                          "(first finding), so Fig. 7b's panels probe a model that has not learned the task; a flat line "
                          "there says nothing about what latent feedback can carry.")
-    c = contraction_row(out)
+    t = feedback_contraction(out)
+    c = contraction_row(t)
     if c is not None and "feedback" in models:
-        t = pd.read_parquet(out / "diagnostics" / "contraction.parquet")
-        t = t[t["run"] == "feedback"].set_index("pass")
         d2, dl, last = c
         verdict = "contracts" if dl < 0.1 * d2 else "does not contract"
         full = answer_accuracy(out, "feedback", tasks[0], "full")

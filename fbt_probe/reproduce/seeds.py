@@ -9,10 +9,11 @@ study of them shows the spread without training anything.
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pandas as pd
+
+from fbt_probe.io import sha256_file
 
 KEY = ["model", "quantity", "task", "mode"]
 
@@ -44,7 +45,7 @@ def spread_table(cfg, out: Path) -> pd.DataFrame | None:
 def source_key(cfg, out: Path) -> str | None:
     """Part of the report stage's key: a new seeds table redoes the report."""
     src = spread_source(cfg, out)
-    return None if src is None else hashlib.sha256(src.read_bytes()).hexdigest()
+    return None if src is None else sha256_file(src)
 
 
 def spread(table: pd.DataFrame | None, model: str, quantity: str, task: str, mode: str) -> str:
