@@ -33,6 +33,7 @@ from transformer_lens.hook_points import HookPoint
 from fbt_probe.config import ModelConfig
 from fbt_probe.errors import FbtError
 from fbt_probe.model.components import Block, Hk, HookedRMSNorm, KVCache, hooked, silent
+from fbt_probe.model.decode_step import DecodePlan
 from fbt_probe.model.fusion import Fusion
 from fbt_probe.model.modes import Mode, parse_mode
 from fbt_probe.model.nanochat import add_extras, init_extras, plain_input, trunk_with_extras
@@ -248,9 +249,22 @@ class FeedbackTransformer(HookedRootModule):
         state, logits = self.extend(tokens, cache, states, has_state, hk)
         return cache, state, logits
 
-    def step(self, token: torch.Tensor, cache: KVCache, state: torch.Tensor | None, hk: Hk = silent):
+    def decode_plan(self) -> DecodePlan | None:
+        """The lean serial step for silent steps of this model as its weights are now, or None
+        where the module path must run (autograd on, or a config it does not cover)."""
+        if torch.is_grad_enabled() or not DecodePlan.supports(self):
+            return None
+        return DecodePlan(self)
+
+    def step(self, token: torch.Tensor, cache: KVCache, state: torch.Tensor | None, hk: Hk = silent,
+             plan: DecodePlan | None = None):
         """One position with the KV cache. token: [batch]; state: [batch, d_model] carried from the
-        previous position, or None for a plain embedding. Returns (logits [batch, d_vocab], state)."""
+        previous position, or None for a plain embedding. Returns (logits [batch, d_vocab], state).
+        With hooks off the step takes `plan` (default: `decode_plan()`) where one applies."""
+        if hk is silent:
+            plan = plan or self.decode_plan()
+            if plan is not None:
+                return plan.step(token, cache, state)
         fed = None if state is None else state[:, None, :]
         new_state, logits = self.extend(token[:, None], cache, fed, None, hk)
         return logits[:, 0], new_state[:, 0]
@@ -301,8 +315,12 @@ class FeedbackTransformer(HookedRootModule):
         carried = state.new_zeros(B, T, state.shape[-1])
         out = logits.new_empty(B, stop, logits.shape[-1])
         out[:, :P] = logits
+        plan = None if hooks else self.decode_plan()  # the weights are fixed for the whole scan
         for t in range(P, stop):
             carried[:, t] = prev
+            if plan is not None:
+                out[:, t], prev = plan.step(tokens[:, t], cache, prev)
+                continue
             ctx = HookContext("step", range(t, t + 1)) if hooks else None
             out[:, t], prev = self._with_context(ctx, self.step, tokens[:, t], cache, prev, hk)
         return cache, carried, out, prev

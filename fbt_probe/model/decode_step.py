@@ -1,0 +1,112 @@
+"""The serial step with hooks off, in as few tensor ops as the arithmetic allows.
+
+A serial scan (`recurrent:k`, `full`, greedy decoding) runs one position at a time, so on a CPU its
+cost is the number of tensor ops per step, not their size: ~19 GEMMs, 14 norms and 4 attentions on
+[batch, 1, ...] tensors for `tiny`, each a few microseconds of work behind tens of microseconds of
+module dispatch, `F.rms_norm`'s composite kernel and per-call weight checks. `DecodePlan` takes
+the model's fused weights once (the same cached tensors the module fast path multiplies by) and
+computes one step on [batch, d_model] tensors: one GEMM for q/k/v, one norm and one rotation for
+the query and key heads together, the residual adds folded into the output GEMMs (`addmm`), keys
+and values written in place into the KV cache.
+
+It computes the module path's function on the same weights (float64: equal to 1e-12, tested in
+tests/test_decode_step.py; float32: rounding only) and is taken only where nothing can observe the
+difference: hooks off, no autograd, path "auto", float32/float64, and a backbone without
+nanochat's extras (`DecodePlan.supports`). Everything else takes the module path.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3RMSNorm without its gain, op for op (x * rsqrt(mean(x²) + eps))."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class DecodePlan:
+    """One model's weights arranged for `step`; build it per scan (`model.decode_plan()`), not
+    once for ever: it holds the weights as they were when it was built."""
+
+    @staticmethod
+    def supports(model) -> bool:
+        """Whether this model's silent serial step can take the plan (see module doc)."""
+        cfg = model.cfg
+        if model.embed.weight.dtype not in (torch.float32, torch.float64):
+            return False  # half types normalise in float32 and cast back: the module path has those casts
+        if model.training and cfg.feedback_noise > 0:
+            return False  # the carried state gets fresh noise: the module path draws it
+        plain = (cfg.fusion == "glu" and cfg.norm_weights and not cfg.nanochat_input and not cfg.x0_mixing
+                 and cfg.backout_layer is None and cfg.mlp_act == "silu_glu" and not cfg.value_embed_layers
+                 and not cfg.qk_norm_after_rope and cfg.qk_scale == 1.0)
+        return plain and all(b.attn.path == "auto" and b.mlp.path == "auto" for b in model.blocks)
+
+    def __init__(self, model):
+        cfg = model.cfg
+        self.cfg = cfg
+        self.H, self.KV, self.dh = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
+        self.eps = cfg.rms_eps
+        self.pre_norm = cfg.feedback_source == "pre_norm"
+        with torch.no_grad():
+            fusion = model.fusion
+            self.E = model.embed.weight
+            self.W_U, self.W_G = fusion.W_U.weight, fusion.W_G.weight
+            self.fusion_w, self.fusion_eps = fusion.norm.weight, fusion.norm.eps
+            self.layers = [self._layer(block) for block in model.blocks]
+            self.final_w = model.ln_final.weight
+            self.head_w = model.embed.weight if cfg.tie_embeddings else model.unembed.weight
+        self.softcap = cfg.logit_softcap
+
+    @staticmethod
+    def _layer(block) -> tuple:
+        attn, mlp = block.attn, block.mlp
+        w_qkv = attn.qkv(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+        gains = attn.qk_gain(attn.q_norm.weight, attn.k_norm.weight)  # [H + KV, d_head]
+        w_o = attn.o_proj.weight if attn.out_scale == 1.0 else attn.o_scaled(attn.o_proj.weight)
+        w_gu = mlp.gate_up(mlp.gate_proj.weight, mlp.up_proj.weight)
+        w_down = mlp.down_proj.weight if mlp.out_scale == 1.0 else mlp.down_scaled(mlp.down_proj.weight)
+        # weights as [in, out] views for addmm (no copies)
+        return (block.ln1.weight, w_qkv, gains, attn.rope, attn.window, w_o.t(), block.ln2.weight, w_gu, w_down.t())
+
+    def step(self, token: torch.Tensor, cache, state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`FeedbackTransformer.step` with hooks off: token [batch], state [batch, d_model] or None
+        (plain embedding) -> (logits [batch, d_vocab], carried state [batch, d_model])."""
+        H, KV, dh, eps = self.H, self.KV, self.dh, self.eps
+        B = token.shape[0]
+        e = F.embedding(token, self.E)
+        if state is None:
+            x = e
+        else:  # u = RMSNorm_f((W_U h) ⊙ σ(W_G e))
+            x = _rms(F.linear(state, self.W_U) * torch.sigmoid(F.linear(e, self.W_G)), self.fusion_eps) * self.fusion_w
+        t = cache.length
+        for layer, (w1, w_qkv, gains, rope, window, w_o, w2, w_gu, w_down) in enumerate(self.layers):
+            proj = F.linear(_rms(x, eps) * w1, w_qkv)  # [batch, (H + 2 KV) d_head]
+            qk = _rms(proj[:, :(H + KV) * dh].view(B, H + KV, dh), eps) * gains
+            _, _, cos, signed = rope._table(t + 1, qk.dtype, qk.device)  # [n, 1, d_head]
+            qk = qk * cos[t] + qk.roll(dh // 2, dims=-1) * signed[t]
+            keys, values = self._write(cache, layer, t, qk[:, H:], proj[:, (H + KV) * dh:].view(B, KV, dh))
+            lo = 0 if window is None or t + 1 <= window else t + 1 - window
+            # the heads of a KV group are its queries: no repeated keys, no mask (every key <= t)
+            z = F.scaled_dot_product_attention(qk[:, :H].reshape(B, KV, H // KV, dh), keys[:, :, lo:], values[:, :, lo:])
+            x = torch.addmm(x, z.reshape(B, H * dh), w_o)
+            gate, up = F.linear(_rms(x, eps) * w2, w_gu).chunk(2, dim=-1)
+            x = torch.addmm(x, F.silu(gate) * up, w_down)
+        normed = _rms(x, eps) * self.final_w
+        logits = F.linear(normed, self.head_w)
+        if self.softcap is not None:
+            logits = self.softcap * torch.tanh(logits / self.softcap)
+        return logits, x if self.pre_norm else normed
+
+    @staticmethod
+    def _write(cache, layer: int, t: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values [batch, n_kv_heads, d_head] of position t into the cache -> every valid key
+        and value [batch, n_kv_heads, t + 1, d_head]."""
+        keys, values = cache.keys[layer], cache.values[layer]
+        if (keys is None or keys.shape[2] <= t or cache.lengths[layer] != t or keys.shape[0] != k.shape[0]
+                or keys.dtype != k.dtype):
+            return cache.append(layer, k[:, None], v[:, None])  # allocate / grow / validate: the general path
+        keys.select(2, t).copy_(k)
+        values.select(2, t).copy_(v)
+        cache.lengths[layer] = t + 1
+        return keys.narrow(2, 0, t + 1), values.narrow(2, 0, t + 1)
