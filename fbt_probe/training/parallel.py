@@ -118,10 +118,25 @@ def optimizer_state(engine: nn.Module, model: nn.Module, opt, fsdp: bool) -> dic
 
 
 def load_optimizer_state(engine: nn.Module, model: nn.Module, opt, state: dict) -> None:
-    """Load an index-keyed full optimizer state (`optimizer_state`) into an FSDP2-sharded optimizer."""
+    """Load an index-keyed full optimizer state (`optimizer_state`) into an FSDP2-sharded optimizer.
+    A parameter without state is one no step has updated yet (the fusion weights while every step
+    so far had one pass): it stays without state, as in the run that was not interrupted."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
+    from fbt_probe.errors import FbtError
+
     names = [f"model.{n}" for n in _param_names(model)]
+    if sorted(len(g["params"]) for g in state["param_groups"]) != sorted(len(g["params"]) for g in opt.param_groups) or \
+            any(not 0 <= int(i) < len(names) for i in state["state"]):
+        raise FbtError("train_state.pt: the optimizer state does not match the model's parameters")
     full = {"state": {names[int(i)]: v for i, v in state["state"].items()},
             "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]]}
-    set_optimizer_state_dict(engine, opt, full, options=StateDictOptions(full_state_dict=True))
+    # strict=False: a parameter without saved state is not an error. Loading first gives every
+    # parameter a state (a step at lr 0: step count 1, zero moments); those without saved state lose
+    # it again, or their first real update would be bias-corrected as Adam's second
+    set_optimizer_state_dict(engine, opt, full, options=StateDictOptions(full_state_dict=True, strict=False))
+    for name, p in engine.named_parameters():
+        if name not in full["state"]:
+            opt.state.pop(p, None)
+    for group, saved in zip(opt.param_groups, state["param_groups"]):  # as saved (the loader turns betas into a list)
+        group.update({k: v for k, v in saved.items() if k != "params"})
