@@ -101,25 +101,6 @@ def device_for(device: str | None) -> str | None:
     return device
 
 
-DEVICES = ("auto", "cpu", "cuda")
-
-
-def process_device(device: str) -> str:
-    """`--device` auto | cpu | cuda as the torch device this process uses: auto is cuda when CUDA
-    is available, else cpu; cuda is this process's GPU, cuda:LOCAL_RANK (cuda:0 alone). No CUDA on
-    the machine (or fewer GPUs than local ranks) is a one-line FbtError."""
-    from fbt_probe.config import check_device
-
-    if device not in DEVICES:
-        raise FbtError(f"--device '{device}': expected one of {', '.join(DEVICES)}")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        return "cpu"
-    check_device("cuda")
-    return check_device(f"cuda:{world().local_rank}")
-
-
 def barrier() -> None:
     if world().several:
         dist.barrier()

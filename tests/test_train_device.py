@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from fbt_probe import distributed
 from fbt_probe.cli import app
-from fbt_probe.distributed import World, process_device
+from fbt_probe.distributed import World
+from fbt_probe.training.parallel import process_device
 from fbt_probe.errors import FbtError
 
 runner = CliRunner()

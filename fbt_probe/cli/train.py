@@ -46,7 +46,7 @@ def train_cmd(
     from fbt_probe.config import preset as check_preset
     from fbt_probe.training import TrainConfig, parse_schedule, run_training
 
-    from fbt_probe.distributed import process_device
+    from fbt_probe.training.parallel import process_device
 
     check_preset(preset)
     parse_schedule(schedule)

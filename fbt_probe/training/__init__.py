@@ -43,7 +43,7 @@ def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = No
     folder), after every input has been read; the new run is trained in a temporary sibling and
     swapped in when it finishes, so an error or an interruption leaves the old run as it was.
     Under torchrun the ranks share every step (DDP; `fsdp`: FSDP2), rank 0 writes the folder.
-    `device`: where this process trains (`distributed.process_device` resolves the CLI's --device);
+    `device`: where this process trains (`parallel.process_device` resolves the CLI's --device);
     the checkpoint is written from the CPU whatever it is, so any run resumes on any device."""
     out, replacing = Path(out), False
     main = distributed.world().main  # under torchrun, rank 0 alone writes into the run folder
