@@ -1,6 +1,6 @@
 """Extraction throughput, one process vs torchrun with two (BENCHMARKS.md, "Several processes").
 
-    flock /tmp/fbt-heavy.lock .venv/bin/python benchmarks/bench_extract_ranks.py [--groups 12] [--runs 3]
+    flock /tmp/fbt-heavy.lock .venv/bin/python benchmarks/bench_extract_ranks.py [--groups 12] [--runs 5]
 
 Generates completion + memory minimal pairs, then times `fbt-probe extract ref:tiny-feedback` (modes
 standard,recurrent:1 + carried-state) as whole commands (start-up included): one process with one
@@ -29,7 +29,7 @@ def shards(folder: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--groups", type=int, default=12)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-extract-ranks."))
     cli = [sys.executable, "-m", "fbt_probe"]

@@ -27,12 +27,13 @@ def train_cmd(
     lam: Annotated[float, typer.Option(help="λ of eq. 12 (weight of the passes k >= 2).")] = 1.0,
     task_shares: Annotated[str | None, typer.Option(help="Share of each step's tokens per task, 'task:share,...' summing to 1 (default: the training config's).")] = None,
     noise: Annotated[float, typer.Option(help="σ of the uniform noise on carried states.")] = 0.02,
-    dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (CPU autocast).")] = "float32",
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (autocast on the training device).")] = "float32",
     resume: Annotated[bool, typer.Option(help="Continue an interrupted run in OUT (bit for bit on CPU).")] = False,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
     arch: Annotated[str, typer.Option(help="'feedback' (latent feedback) or 'hidden-decoding' (n streams per token, one pass; fbt_probe.hidden).")] = "feedback",
     streams: Annotated[int | None, typer.Option(help="hidden-decoding: streams per token n (default 2).")] = None,
     cross_layers: Annotated[str | None, typer.Option(help="hidden-decoding: comma-separated cross-stream layers (default: the base's global layers).")] = None,
+    device: Annotated[str, typer.Option(help="auto (cuda if available, else cpu), cpu or cuda. Under torchrun each process takes its own GPU, cuda:LOCAL_RANK.")] = "auto",
     fsdp: Annotated[bool, typer.Option("--fsdp", help="Under torchrun: shard parameters, gradients and optimizer state with FSDP2 (for paper-1b-sized models; default DDP). No evaluation during training: run fbt-probe eval afterwards.")] = False,
 ) -> None:
     """Train a latent-feedback model (or its no-feedback baseline, or a Hidden Decoding model) on the three tasks.
@@ -45,8 +46,11 @@ def train_cmd(
     from fbt_probe.config import preset as check_preset
     from fbt_probe.training import TrainConfig, parse_schedule, run_training
 
+    from fbt_probe.training.parallel import process_device
+
     check_preset(preset)
     parse_schedule(schedule)
+    dev = process_device(device)  # a missing GPU is refused before anything is written
     hidden = _hidden_options(arch, streams, cross_layers)
     extra = {} if one_pass_steps is None else {"one_pass_steps": one_pass_steps}
     if steps is not None:
@@ -57,7 +61,7 @@ def train_cmd(
                       **hidden, **extra)
     replacing = force and not resume and out.is_dir() and any(out.iterdir())
     try:
-        res = run_training(cfg, out, init=init, resume=resume, force=force, fsdp=fsdp)
+        res = run_training(cfg, out, init=init, resume=resume, force=force, fsdp=fsdp, device=dev)
     except KeyboardInterrupt:
         msg = "the earlier run is unchanged" if replacing else "continue from the last checkpoint with --resume"
         typer.echo(f"interrupted: {out}: {msg}", err=True)

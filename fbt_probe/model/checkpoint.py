@@ -35,7 +35,9 @@ def save_checkpoint(model, folder: str | Path, tokenizer_path: str | Path | None
         if src.resolve() != (folder / "tokenizer.json").resolve():
             with atomic_path(folder / "tokenizer.json") as tmp:
                 tmp.write_bytes(src.read_bytes())
-    write_json(folder / "config.json", {"fbt_probe_format": FORMAT, "model": model.cfg.to_dict(), **(extra or {})})
+    # the tensors are written from the CPU, so the config says cpu whatever device the model was on
+    write_json(folder / "config.json", {"fbt_probe_format": FORMAT, "model": model.cfg.replace(device="cpu").to_dict(),
+                                        **(extra or {})})
     return folder
 
 

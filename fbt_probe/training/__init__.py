@@ -36,18 +36,22 @@ def _initial_model(cfg: TrainConfig, tokenizer, init: str | Path | None):
 
 
 def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = None, resume: bool = False,
-                 force: bool = False, progress: bool = True, eval_pairs: int = 16, fsdp: bool = False) -> dict:
+                 force: bool = False, progress: bool = True, eval_pairs: int = 16, fsdp: bool = False,
+                 device: str = "cpu") -> dict:
     """Train (or resume) a run folder. Returns {'seconds', 'tokens', 'step'} (+ 'replaced': the folder
     path when `force` replaced an earlier run). `force` replaces only a run folder (or an empty
     folder), after every input has been read; the new run is trained in a temporary sibling and
     swapped in when it finishes, so an error or an interruption leaves the old run as it was.
-    Under torchrun the ranks share every step (DDP; `fsdp`: FSDP2), rank 0 writes the folder."""
+    Under torchrun the ranks share every step (DDP; `fsdp`: FSDP2), rank 0 writes the folder.
+    `device`: where this process trains (`parallel.process_device` resolves the CLI's --device);
+    the checkpoint is written from the CPU whatever it is, so any run resumes on any device."""
     out, replacing = Path(out), False
     main = distributed.world().main  # under torchrun, rank 0 alone writes into the run folder
     if resume:
         if not (out / "config.json").is_file():
             raise FbtError(f"{out}: no run to resume (config.json missing)")
         model, saved, opt_state, step = load_run(out)
+        model = _on_device(model, device)  # before the optimizer: its loaded state follows the parameters
         if cfg.steps > saved.steps:
             saved = TrainConfig.from_dict({**saved.to_dict(), "steps": cfg.steps})
         cfg, tokenizer = saved, load_tokenizer(out / "tokenizer.json")
@@ -59,7 +63,7 @@ def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = No
             out, force, hint="--resume to continue it or --force", own=is_run_folder,
             kind="a training run folder (config.json with a 'train' field)"))
         tokenizer = build_tokenizer()
-        model = _initial_model(cfg, tokenizer, init)  # every input is read before anything is written
+        model = _on_device(_initial_model(cfg, tokenizer, init), device)  # every input is read before anything is written
         target = out
         out = distributed.on_main(lambda: _start_folder(out, replacing, tokenizer))
         opt, step = make_optimizer(model, cfg), 0
@@ -72,6 +76,11 @@ def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = No
                 shutil.rmtree(out)
         return {**result, "replaced": str(target)}
     return _train(model, tokenizer, cfg, out, step, opt, progress, eval_pairs, fsdp)
+
+
+def _on_device(model, device: str):
+    model.cfg = model.cfg.replace(device=device)  # what the model's own code reads to place new tensors
+    return model.to(device)
 
 
 def _start_folder(out: Path, replacing: bool, tokenizer) -> Path:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import torch
+from torch.utils._pytree import tree_map
 
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json, sha256_file
@@ -16,18 +17,20 @@ from fbt_probe.provenance import provenance
 from fbt_probe.training.config import TrainConfig
 
 
-def save_run(model, opt, cfg: TrainConfig, out: Path, step: int, world_size: int = 1) -> None:
+def save_run(model, opt, cfg: TrainConfig, out: Path, step: int, world_size: int = 1, device: str = "cpu") -> None:
     """Write the run's checkpoint and train state; `opt` an optimizer or its (full) state dict,
-    `world_size` the processes that trained it (recorded in config.json's provenance)."""
+    `world_size` the processes that trained it and `device` where (config.json's provenance).
+    Every tensor is written from the CPU, so a run trained on a GPU loads and resumes on a CPU."""
     # torch.save names the zip's records after the file it writes to (here a random temporary name);
     # a buffer's records are always "archive/...", so identical runs write identical bytes
     buffer = io.BytesIO()
-    torch.save({"step": step, "optimizer": opt if isinstance(opt, dict) else opt.state_dict()}, buffer)
+    state = tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, opt if isinstance(opt, dict) else opt.state_dict())
+    torch.save({"step": step, "optimizer": state}, buffer)
     with atomic_path(out / "train_state.pt") as tmp:
         tmp.write_bytes(buffer.getvalue())
     tok = out / "tokenizer.json"
     save_checkpoint(model, out, None, extra={"train": cfg.to_dict(), "step": step,
-                                             "tokenizer_sha256": _sha(tok), "provenance": provenance(seed=cfg.seed, world_size=world_size)})
+                                             "tokenizer_sha256": _sha(tok), "provenance": provenance(seed=cfg.seed, world_size=world_size, device=device)})
 
 
 def _sha(path: Path) -> str | None:
@@ -46,7 +49,7 @@ def load_run(out: Path):
     if not state_path.is_file():
         raise FbtError(f"{state_path}: train state not found (cannot resume)")
     try:
-        state = torch.load(state_path, weights_only=True)
+        state = torch.load(state_path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for a corrupt pickle/zip
         raise FbtError(f"{state_path}: corrupt train state ({type(exc).__name__})") from None
     if state["step"] != meta.get("step"):

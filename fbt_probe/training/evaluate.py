@@ -40,11 +40,12 @@ def eval_samples(cfg: TrainConfig, tokenizer, pairs: int = 32, knobs: dict | Non
 def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, batch: int = 64) -> pd.DataFrame:
     """One row per task × length_knob × mode: accuracy of the greedy answer at the final colon."""
     answer = samples["label_word"].map(tokenizer.token_to_id).to_numpy()
+    device = next(model.parameters()).device
     rows = []
     for (task, knob, n_tok), cell in samples.groupby(["task", "length_knob", "n_tokens"], sort=True):
-        toks = torch.tensor(cell["token_ids"].tolist(), dtype=torch.long)
+        toks = torch.tensor(cell["token_ids"].tolist(), dtype=torch.long, device=device)
         for mode in modes:
-            preds = torch.cat([model(toks[i: i + batch], mode=mode)[:, -1].argmax(-1) for i in range(0, len(toks), batch)])
+            preds = torch.cat([model(toks[i: i + batch], mode=mode)[:, -1].argmax(-1) for i in range(0, len(toks), batch)]).cpu()
             hits = (preds.numpy() == answer[cell.index.to_numpy()])
             rows.append({"task": task, "length_knob": int(knob), "mode": mode, "decoding": DECODING_OF_MODE.get(mode, mode),
                          "correct": int(hits.sum()), "n": len(hits)})
@@ -58,8 +59,10 @@ def contraction(model, tokens: torch.Tensor, targets: torch.Tensor, weights: tor
     """Validation loss after k = 1..N Jacobi feedback passes and ‖s^(k) − s^(k−1)‖ (mean over
     positions of the L2 norm of the change of the carried state). A contracting map's loss stays
     flat and its state change decays; a diverging one oscillates."""
+    device = next(model.parameters()).device
+    tokens, targets, weights = tokens.to(device), targets.to(device), weights.to(device)
     answer = (weights > 0) & (weights == weights.max(-1, keepdim=True).values)  # the up-weighted answer position of each row
-    has = torch.arange(tokens.shape[1]) >= 1
+    has = torch.arange(tokens.shape[1], device=device) >= 1
     states, prev, rows = None, None, []
     for k in range(1, n_passes + 1):
         state, logits = model.feedback_pass(tokens, states, None if states is None else has)

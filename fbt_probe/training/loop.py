@@ -79,6 +79,7 @@ def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optim
         if state is not None:
             parallel.load_optimizer_state(engine, model, opt, state)
     sched = cfg.schedule_obj
+    device = next(model.parameters()).device  # the batches are drawn on the CPU and moved there
     log_path = out / "metrics.jsonl"
     model.train()
     bar = _progress(cfg.steps, start_step) if progress and world.main else None
@@ -106,8 +107,9 @@ def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optim
                     rows, real = parallel.local_rows(tokens.shape[0])
                     share, run = parallel.rank_share(weights, rows, real, total_w), engine
                     tokens, targets, weights, has = tokens[rows], targets[rows], weights[rows], has[rows]
+                tokens, targets, weights, has = (t.to(device) for t in (tokens, targets, weights, has))
                 with parallel.no_sync(engine, m == len(micro) - 1) if engine is not None else contextlib.nullcontext():
-                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
                         l, ps = run(tokens, targets, weights, K, cfg.lam, has)
                     if not torch.isfinite(l):
                         raise FbtError(f"training diverged at step {step}: loss is {l.item()}")
@@ -146,11 +148,12 @@ def _save(engine, model, opt, cfg: TrainConfig, out: Path, step: int, fsdp: bool
     world = distributed.world()
     if not fsdp:
         if world.main:
-            save_run(model, opt, cfg, out, step, world_size=world.size)
+            save_run(model, opt, cfg, out, step, world_size=world.size, device=str(model.cfg.device))
     else:
         full, opt_state = parallel.full_state_dict(engine, model, True), parallel.optimizer_state(engine, model, opt, True)
         if world.main:
-            save_run(parallel.Consolidated(model.cfg, full), opt_state, cfg, out, step, world_size=world.size)
+            save_run(parallel.Consolidated(model.cfg, full), opt_state, cfg, out, step, world_size=world.size,
+                     device=str(model.cfg.device))
     distributed.barrier()
 
 

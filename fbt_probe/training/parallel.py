@@ -1,4 +1,5 @@
-"""Training on several processes (torchrun): DDP (default) or FSDP2 over the same objective.
+"""Training on several processes (torchrun): DDP (default) or FSDP2 over the same objective, and
+the device each process trains on (`process_device`: --device auto | cpu | cuda).
 
 Every rank draws the same global step (`batches_for_step`: a function of (seed, step)), takes its
 contiguous block of each micro-batch's rows (`distributed.split_rows`), and scales its loss so that
@@ -18,6 +19,8 @@ import torch
 from torch import nn
 
 from fbt_probe import distributed
+from fbt_probe.config import check_device
+from fbt_probe.errors import FbtError
 from fbt_probe.training.objective import multipass_loss
 
 
@@ -46,6 +49,23 @@ def wrap(model: nn.Module, fsdp: bool = False) -> nn.Module:
 
     # unused parameters: the fusion weights on a one-pass step (their gradient stays None, as alone)
     return DDP(objective, find_unused_parameters=True)
+
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def process_device(device: str) -> str:
+    """`--device` auto | cpu | cuda as the torch device this process uses: auto is cuda when CUDA
+    is available, else cpu; cuda is this process's GPU, cuda:LOCAL_RANK (cuda:0 alone). No CUDA on
+    the machine (or fewer GPUs than local ranks) is a one-line FbtError."""
+    if device not in DEVICES:
+        raise FbtError(f"--device '{device}': expected one of {', '.join(DEVICES)}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return "cpu"
+    check_device("cuda")
+    return check_device(f"cuda:{distributed.world().local_rank}")
 
 
 def local_rows(n: int) -> tuple[slice, bool]:
@@ -118,10 +138,23 @@ def optimizer_state(engine: nn.Module, model: nn.Module, opt, fsdp: bool) -> dic
 
 
 def load_optimizer_state(engine: nn.Module, model: nn.Module, opt, state: dict) -> None:
-    """Load an index-keyed full optimizer state (`optimizer_state`) into an FSDP2-sharded optimizer."""
+    """Load an index-keyed full optimizer state (`optimizer_state`) into an FSDP2-sharded optimizer.
+    A parameter without state is one no step has updated yet (the fusion weights while every step
+    so far had one pass): it stays without state, as in the run that was not interrupted."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     names = [f"model.{n}" for n in _param_names(model)]
+    if sorted(len(g["params"]) for g in state["param_groups"]) != sorted(len(g["params"]) for g in opt.param_groups) or \
+            any(not 0 <= int(i) < len(names) for i in state["state"]):
+        raise FbtError("train_state.pt: the optimizer state does not match the model's parameters")
     full = {"state": {names[int(i)]: v for i, v in state["state"].items()},
             "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]]}
-    set_optimizer_state_dict(engine, opt, full, options=StateDictOptions(full_state_dict=True))
+    # strict=False: a parameter without saved state is not an error. Loading first gives every
+    # parameter a state (a step at lr 0: step count 1, zero moments); those without saved state lose
+    # it again, or their first real update would be bias-corrected as Adam's second
+    set_optimizer_state_dict(engine, opt, full, options=StateDictOptions(full_state_dict=True, strict=False))
+    for name, p in engine.named_parameters():
+        if name not in full["state"]:
+            opt.state.pop(p, None)
+    for group, saved in zip(opt.param_groups, state["param_groups"]):  # as saved (the loader turns betas into a list)
+        group.update({k: v for k, v in saved.items() if k != "params"})
