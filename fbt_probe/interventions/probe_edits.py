@@ -26,7 +26,6 @@ from fbt_probe.hooks import depth_name
 from fbt_probe.interventions.edits import edit_at, rank_one_edit
 from fbt_probe.interventions.experiments import ONE_PASS, _reference, device_of, final_logits, last_prefix
 from fbt_probe.interventions.metrics import score
-from fbt_probe.probes import fit_binary, grouped_folds
 
 
 def erase_methods(requested: str = "auto") -> tuple[str, ...]:
@@ -42,6 +41,8 @@ def erase_methods(requested: str = "auto") -> tuple[str, ...]:
 
 def cv_correct(X: np.ndarray, y: np.ndarray, splits, C: float = 1.0) -> np.ndarray:
     """[n] 0/1: each sample's label predicted by the probe fitted on the other folds."""
+    from fbt_probe.probes import fit_binary  # scikit-learn: imported where a probe is fitted (CLI start-up)
+
     out = np.full(len(y), np.nan)
     for train, test in splits:
         out[test] = fit_binary(X[train], y[train], C).predict(X[test]) == y[test]
@@ -52,6 +53,8 @@ def cv_correct(X: np.ndarray, y: np.ndarray, splits, C: float = 1.0) -> np.ndarr
 def fold_edits(X: np.ndarray, y: np.ndarray, splits, methods, C: float = 1.0, seed: int = 0) -> dict:
     """Per-row edit parameters from the folds that do not hold the row: for each erase method
     (r, l, b) of x -> x - ((x-b)·r) l; for steering the unit step toward the opposite label."""
+    from fbt_probe.probes import fit_binary  # scikit-learn: imported where a probe is fitted (CLI start-up)
+
     n, D = X.shape
     z = np.zeros((n, D))
     edits = {m: (z.copy(), z.copy(), z.copy()) for m in methods}
@@ -112,6 +115,8 @@ def probe_direction(model, batches, mode: str = "recurrent:1", min_gap: float = 
         if len(np.unique(groups)) < 2 or len(np.unique(y)) < 2:
             notes.append(f"{task} length {knob}: skipped (needs >= 2 groups and both labels)")
             continue
+        from fbt_probe.probes import grouped_folds
+
         try:
             splits = grouped_folds(y, groups, n_folds, seed)
         except FbtError as exc:
