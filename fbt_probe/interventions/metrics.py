@@ -84,18 +84,40 @@ def to_long(wide: pd.DataFrame, metrics=METRICS) -> pd.DataFrame:
 
 
 def bootstrap_ci(values, n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
-    """(mean, low, high): percentile bootstrap of the mean over the given units (one value per pair)."""
-    v = np.asarray(values, dtype=np.float64)
-    v = v[~np.isnan(v)]
-    if v.size == 0:
-        return float("nan"), float("nan"), float("nan")
-    if v.size == 1:
-        return float(v[0]), float(v[0]), float(v[0])
-    rng = np.random.default_rng(seed)
-    means = v[rng.integers(0, v.size, size=(n_boot, v.size))].mean(axis=1)
+    """(mean, low, high): percentile bootstrap of the mean over the given units (one value per pair),
+    NaN dropped; resamples drawn by `np.random.default_rng(seed)` (`bootstrap_cis` of one array)."""
+    return bootstrap_cis([values], n_boot, ci, seed)[0]
+
+
+_BOOT_CELLS = 4_000_000  # resampled values held at once by `bootstrap_cis` (32 MB of float64)
+
+
+def bootstrap_cis(arrays, n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> list[tuple[float, float, float]]:
+    """`bootstrap_ci` of each array, computed together. The generator is seeded afresh for every
+    array, so all arrays with n non-NaN values resample with one [n_boot, n] index matrix: they are
+    stacked and resampled in one indexing op per chunk, not one call each (a summary of AtP's
+    depth × position × pass cells has tens of thousands)."""
+    out: list = [None] * len(arrays)
+    by_size: dict[int, list] = {}
+    for i, values in enumerate(arrays):
+        v = np.asarray(values, dtype=np.float64)
+        v = v[~np.isnan(v)]
+        if v.size <= 1:
+            out[i] = (float(v[0]),) * 3 if v.size else (float("nan"),) * 3
+        else:
+            by_size.setdefault(v.size, []).append((i, v))
     a = (1 - ci) / 2
-    lo, hi = np.quantile(means, [a, 1 - a])
-    return float(v.mean()), float(lo), float(hi)
+    for n, items in by_size.items():
+        idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))  # what bootstrap_ci draws for size n
+        step = max(1, _BOOT_CELLS // (n_boot * n))
+        for c in range(0, len(items), step):
+            chunk = items[c:c + step]
+            V = np.stack([v for _, v in chunk])  # [arrays, n]
+            means = V[:, idx].mean(axis=2)  # [arrays, n_boot]
+            lo, hi = np.quantile(means, [a, 1 - a], axis=1)
+            for j, (i, v) in enumerate(chunk):
+                out[i] = (float(v.mean()), float(lo[j]), float(hi[j]))
+    return out
 
 
 def summarize(long: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed: int = 0, pool_lengths: bool = True) -> pd.DataFrame:
@@ -116,8 +138,9 @@ def summarize(long: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed: in
     per_pair = data[~excluded].groupby(keys + ["pair_id"], sort=True)["value"].mean()
     values = {k: v.to_numpy() for k, v in per_pair.groupby(level=list(range(len(keys))), sort=True)}
     out = []
-    for key in sorted(set(values) | set(n_excl.index), key=str):
-        mean, lo, hi = bootstrap_ci(values.get(key, np.array([])), n_boot, ci, seed)
+    order = sorted(set(values) | set(n_excl.index), key=str)
+    cis = bootstrap_cis([values.get(key, np.array([])) for key in order], n_boot, ci, seed)
+    for key, (mean, lo, hi) in zip(order, cis):
         row = dict(zip(keys, key))
         row.update(mean=mean, ci_low=lo, ci_high=hi, n_pairs=int(np.sum(~np.isnan(values.get(key, np.array([]))))),
                    n_excluded=int(n_excl.get(key, 0)))

@@ -26,7 +26,7 @@ from fbt_probe.figures.lens import lens_depth
 from fbt_probe.hooks import act_name, depth_name
 from fbt_probe.interventions.das_experiment import pair_components
 from fbt_probe.interventions.edits import span
-from fbt_probe.interventions.metrics import bootstrap_ci
+from fbt_probe.interventions.metrics import bootstrap_cis
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.runner import dataset_hash
 from fbt_probe.io import atomic_dir, read_json, write_json
@@ -213,11 +213,10 @@ def summarize_lens(rows: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, see
     ev = rows[rows["eval"].astype(bool)]
     data = pd.concat([ev, ev.assign(length_knob=-1)], ignore_index=True)
     per_pair = data.groupby(SUMMARY_KEYS + ["pair_id"], sort=True)["value"].mean()
-    out = []
-    for key, v in per_pair.groupby(level=list(range(len(SUMMARY_KEYS))), sort=True):
-        mean, lo, hi = bootstrap_ci(v.to_numpy(), n_boot, ci, seed)
-        out.append({**dict(zip(SUMMARY_KEYS, key)), "mean": mean, "ci_low": lo, "ci_high": hi, "n_pairs": len(v)})
-    return pd.DataFrame(out)
+    groups = [(key, v.to_numpy()) for key, v in per_pair.groupby(level=list(range(len(SUMMARY_KEYS))), sort=True)]
+    cis = bootstrap_cis([v for _, v in groups], n_boot, ci, seed)
+    return pd.DataFrame([{**dict(zip(SUMMARY_KEYS, key)), "mean": mean, "ci_low": lo, "ci_high": hi, "n_pairs": len(v)}
+                         for (key, v), (mean, lo, hi) in zip(groups, cis)])
 
 
 def write_lens(res: LensResult, out_dir, df: pd.DataFrame, model_info: dict | None = None, force: bool = False,
