@@ -79,6 +79,15 @@ class ReproConfig:
     def models(self) -> list[str]:
         return ["feedback"] if self.model else ["feedback", "baseline"]
 
+    def methods_models(self) -> list[str]:
+        """The models AtP, DAS and the lens run on: every model, or under --demo the feedback model
+        only (the baseline's are the full study's untrained-fusion control)."""
+        return ["feedback"] if self.demo else self.models()
+
+    def figure_formats(self) -> tuple[str, ...]:
+        """PNG (what the report shows) and SVG; the demo writes PNG only."""
+        return ("png",) if self.demo else ("png", "svg")
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

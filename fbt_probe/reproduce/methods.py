@@ -130,7 +130,7 @@ def tables(out: Path, name: str) -> dict:
 
 def figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
     jobs = []
-    for n in cfg.models():
+    for n in cfg.methods_models():
         t = tables(out, n)
         if t["atp"] is not None:
             jobs.append((f"atp-heatmap-{n}", "atp-heatmap", t["atp"], {"direction": "denoising", "mode": "recurrent:1,jacobi:2"}))
@@ -262,7 +262,7 @@ def lens_rows(out: Path, models: list[str]) -> pd.DataFrame:
 
 def methods_section(cfg, out: Path, md_table, figures: list[str]) -> tuple[str, str, list[str]]:
     """(title, markdown, figure stems) of the report section."""
-    models = cfg.models()
+    models = cfg.methods_models()
     if not any(tables(out, n)["atp"] is not None for n in models):
         return ("Attribution patching, DAS and the lens", "_(not run)_\n", [])
     s = methods_settings(cfg)
@@ -274,7 +274,10 @@ def methods_section(cfg, out: Path, md_table, figures: list[str]) -> tuple[str, 
         f"{s['check']} random others exactly: Spearman rank correlation and worst absolute error of AtP against "
         "exact patching (percentile bootstrap over pairs), in normalized units, or logit-difference units where "
         "no pair separates. Only denoising is shown: with both samples of each pair in the table, noising is "
-        "1 − denoising of the partner.\n\n" + md_table(parity_rows(out, models)) +
+        "1 − denoising of the partner." + (" This demo runs AtP, DAS and the lens on the feedback model only; "
+                                          "`fbt-probe reproduce` without --demo also runs them on the baseline "
+                                          "(DAS there is the untrained-fusion control)." if cfg.demo else "") +
+        "\n\n" + md_table(parity_rows(out, models)) +
         "\n**Decodable versus used, side by side** (`recurrent:1`, the patching length of each task; registers-count, which the "
         "exact experiments leave out, at its shortest probe length, so its exact columns read n/a): the depth-0 "
         "probe says the label is linearly *present* in the fused input; the exact feedback swap says the answer "

@@ -165,7 +165,7 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
                         after=[f"extract-{name}"]))
         st.append(Stage(f"patch-{name}", {**ck, "patch_pairs": cfg.patch_pairs, "patch_knobs": cfg.patch_knobs},
                         [out / "results" / "interventions" / name], lambda n=name: stage_patch(cfg, out, n), after=["data"] + dep))
-        if cfg.methods:
+        if cfg.methods and name in cfg.methods_models():
             st += methods_stages(cfg, out, name, ck, ["data"] + dep)
     return st
 

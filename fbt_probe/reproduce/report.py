@@ -48,7 +48,7 @@ def stage_figures(cfg, out: Path) -> None:
     with atomic_dir(out / "figures", force=True) as tmp:
         for stem, name, table, opts in _figure_jobs(cfg, out):
             fig = draw(name, table, **opts)
-            save_figure(fig, tmp, stem, force=True, dpi=150)
+            save_figure(fig, tmp, stem, force=True, dpi=150, formats=cfg.figure_formats())
             plt.close(fig)
 
 
