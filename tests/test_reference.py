@@ -98,3 +98,35 @@ def test_pack_refuses_to_replace_a_folder_that_is_not_a_reference_model(packed, 
     res = runner.invoke(app, ["model", "pack", str(run), "--name", "toy", "--out", str(tmp_path), "--force"])
     assert res.exit_code == 2 and "is not a reference model folder" in res.output, res.output
     assert (tmp_path / "toy" / "mine.txt").read_text() == "keep"
+
+
+def test_eval_and_diagnose_contraction_take_a_shipped_model_by_name(tmp_path):
+    """A shipped model has no optimizer state; `diagnose contraction` and `eval` still read it by name
+    (issue 15: Fig. 3 over seeds includes the shipped seed). Oracle: the contraction table recomputed
+    from `fp.load_model` on the same validation rows (same kernels, same shapes: exact)."""
+    import pandas as pd
+
+    from fbt_probe.tasks import load_tokenizer
+    from fbt_probe.training.evaluate import contraction, validation_batch
+
+    r = runner.invoke(app, ["diagnose", "contraction", "ref:tiny-feedback", "--passes", "3", "--out", str(tmp_path / "c")])
+    assert r.exit_code == 0, r.output
+    got = pd.read_parquet(tmp_path / "c" / "contraction.parquet")
+    folder = reference.folder("ref:tiny-feedback")
+    cfg = TrainConfig.from_dict(json.loads((folder / "config.json").read_text())["train"])
+    want = contraction(fp.load_model("ref:tiny-feedback"), *validation_batch(cfg, load_tokenizer(folder / "tokenizer.json")), n_passes=3)
+    assert got["run"].tolist() == ["ref:tiny-feedback"] * 3
+    pd.testing.assert_frame_equal(got[want.columns], want)
+    prov = json.loads((tmp_path / "c" / "contraction.json").read_text())
+    assert prov["checkpoint_sha256"] == reference.record("tiny-feedback")["checkpoint_sha256"]
+
+    r = runner.invoke(app, ["eval", "ref:tiny-feedback", "--pairs", "1", "--out", str(tmp_path / "e")])
+    assert r.exit_code == 0, r.output
+    assert set(pd.read_parquet(tmp_path / "e" / "accuracy.parquet")["mode"]) >= {"standard", "full"}
+
+
+@pytest.mark.parametrize("argv", [["eval", "ref:tiny-feedback"], ["diagnose", "contraction", "ref:tiny-feedback"]])
+def test_eval_and_diagnose_refuse_to_write_into_the_package(argv):
+    r = runner.invoke(app, argv)
+    assert r.exit_code != 0
+    assert "needs --out" in r.output and len(r.output.strip().splitlines()) == 1, r.output

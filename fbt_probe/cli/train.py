@@ -120,17 +120,21 @@ def eval_cmd(
     """
     from fbt_probe.tasks import load_tokenizer
     from fbt_probe.training.arch import ARCHS
-    from fbt_probe.training.checkpoint import load_run
+    from fbt_probe.errors import FbtError
+    from fbt_probe.reference import is_reference
+    from fbt_probe.training.checkpoint import load_trained
     from fbt_probe.training.evaluate import answer_accuracy, eval_samples
 
-    model, cfg, _, _ = load_run(run)
-    tok = load_tokenizer(run / "tokenizer.json")
+    if is_reference(str(run)) and out is None:
+        raise FbtError(f"eval {run}: a shipped model needs --out (its folder is part of the package)")
+    model, cfg, folder = load_trained(run)
+    tok = load_tokenizer(folder / "tokenizer.json")
     arch = ARCHS[cfg.arch]  # a Hidden Decoding run has one pass only: no feedback modes, no per-pass losses
     modes = {} if arch.eval_modes is None else {"modes": arch.eval_modes}
     acc = answer_accuracy(model, eval_samples(cfg, tok, pairs=pairs), tok, **modes)
     losses = arch.val_losses(model, cfg, tok, max_passes=4)
     dest = out or run / "eval"
-    _write_table(acc, dest / "accuracy", run, cfg, force, extra={"val_loss_per_pass": losses})
+    _write_table(acc, dest / "accuracy", folder, cfg, force, extra={"val_loss_per_pass": losses})
     typer.echo(acc.pivot_table(index=["task", "length_knob"], columns="decoding", values="accuracy").round(3).to_string())
     typer.echo(arch.val_label + ", ".join(f"{k.removeprefix('val_loss_')}={v:.3f}" for k, v in losses.items()))
     typer.echo(f"wrote {dest}/accuracy.{{parquet,csv,json}}")
@@ -157,18 +161,23 @@ def contraction_cmd(
     from fbt_probe.figures import save_figure
     from fbt_probe.figures.contraction import fig3
     from fbt_probe.tasks import load_tokenizer
-    from fbt_probe.training.checkpoint import load_run
+    from fbt_probe.reference import is_reference
+    from fbt_probe.training.checkpoint import load_trained
     from fbt_probe.training.evaluate import contraction, validation_batch
 
     if len(runs) > 1 and out is None:
         raise FbtError("diagnose contraction: several runs need --out (a folder for the shared table and figure)")
+    if is_reference(str(runs[0])) and out is None:
+        raise FbtError(f"diagnose contraction {runs[0]}: a shipped model needs --out (its folder is part of the package)")
     if len({r.name for r in runs}) < len(runs):
         raise FbtError("diagnose contraction: run folders must have distinct names (they label the figure)")
-    loaded = [(run, *load_run(run)[:2]) for run in runs]
-    tok = load_tokenizer(runs[0] / "tokenizer.json")
-    for run, _, _ in loaded[1:]:
-        if load_tokenizer(run / "tokenizer.json").get_vocab() != tok.get_vocab():
-            raise FbtError(f"{run / 'tokenizer.json'}: tokenizer differs from {runs[0] / 'tokenizer.json'}")
+    trained = [load_trained(run) for run in runs]  # (model, cfg, folder); a ref:<name> resolves to its verified folder
+    folders = [folder for _, _, folder in trained]
+    tok = load_tokenizer(folders[0] / "tokenizer.json")
+    for folder in folders[1:]:
+        if load_tokenizer(folder / "tokenizer.json").get_vocab() != tok.get_vocab():
+            raise FbtError(f"{folder / 'tokenizer.json'}: tokenizer differs from {folders[0] / 'tokenizer.json'}")
+    loaded = [(run, model, cfg) for run, (model, cfg, _) in zip(runs, trained)]
     batch = validation_batch(loaded[0][2], tok, rows=rows)
     tables = []
     for run, model, cfg in loaded:
@@ -180,9 +189,9 @@ def contraction_cmd(
     dest = out or runs[0] / "diagnostics"
     cfgs = [c for _, _, c in loaded]
     if len(runs) == 1:
-        _write_table(table, dest / "contraction", runs[0], cfgs[0], force)
+        _write_table(table, dest / "contraction", folders[0], cfgs[0], force)
     else:
-        _write_table(table, dest / "contraction", list(runs), cfgs, force)
+        _write_table(table, dest / "contraction", folders, cfgs, force)
     save_figure(fig3(table, trained_passes=max(c.schedule_obj.max_passes for c in cfgs)), dest, "contraction", force)
     typer.echo(table[["run", "pass", "val_loss", "answer_accuracy", "state_change"]].round(4).to_string(index=False))
     typer.echo(f"wrote {dest}/contraction.{{parquet,csv,json,png,svg}}")

@@ -37,14 +37,27 @@ def _sha(path: Path) -> str | None:
     return sha256_file(path) if path.is_file() else None
 
 
-def load_run(out: Path):
-    """(model, TrainConfig, optimizer state dict, step) of a run folder, checked for consistency."""
+def load_trained(source) -> tuple:
+    """(model, TrainConfig, folder) of a run folder or a shipped `ref:<name>` (verified), without the
+    train state: what evaluation and diagnostics need (a shipped model has no optimizer state)."""
+    from fbt_probe.reference import resolve
+
+    out = Path(resolve(str(source)))
     meta = read_json(out / "config.json", "run config")
     if not isinstance(meta, dict) or "train" not in meta:
         raise FbtError(f"{out / 'config.json'}: field 'train' missing (not a training run folder)")
     cfg = TrainConfig.from_dict(meta["train"], source=f"{out / 'config.json'}: field 'train'",
                                 legacy=legacy_version(meta.get("fbt_probe_format")) == 1)  # train fields changed only after /1
     model = CHECKPOINT_LOADERS[cfg.arch](out)
+    if meta.get("tokenizer_sha256") != _sha(out / "tokenizer.json"):
+        raise FbtError(f"{out / 'tokenizer.json'}: does not match the tokenizer the run was trained with")
+    return model, cfg, out
+
+
+def load_run(out: Path):
+    """(model, TrainConfig, optimizer state dict, step) of a run folder, checked for consistency."""
+    model, cfg, _ = load_trained(out)
+    meta = read_json(out / "config.json", "run config")
     state_path = out / "train_state.pt"
     if not state_path.is_file():
         raise FbtError(f"{state_path}: train state not found (cannot resume)")
@@ -54,8 +67,6 @@ def load_run(out: Path):
         raise FbtError(f"{state_path}: corrupt train state ({type(exc).__name__})") from None
     if state["step"] != meta.get("step"):
         raise FbtError(f"{out}: train_state.pt is at step {state['step']} but config.json at {meta.get('step')}")
-    if meta.get("tokenizer_sha256") != _sha(out / "tokenizer.json"):
-        raise FbtError(f"{out / 'tokenizer.json'}: does not match the tokenizer the run was trained with")
     return model, cfg, state["optimizer"], state["step"]
 
 
