@@ -108,7 +108,7 @@ def _hidden_options(arch: str, streams: int | None, cross_layers: str | None) ->
 
 
 def eval_cmd(
-    run: Annotated[Path, typer.Argument(help="Run folder.")],
+    run: Annotated[Path, typer.Argument(help="Run folder, or a shipped ref:<name> (then --out is required).")],
     pairs: Annotated[int, typer.Option(help="Held-out minimal pairs per task × length cell.")] = 64,
     out: Annotated[Path | None, typer.Option(help="Output folder (default RUN/eval).")] = None,
     force: Annotated[bool, typer.Option(help="Replace existing outputs.")] = False,
@@ -142,7 +142,7 @@ def eval_cmd(
 
 @diagnose_app.command("contraction")
 def contraction_cmd(
-    runs: Annotated[list[Path], typer.Argument(help="Run folder(s); several are drawn in one figure (e.g. two schedules).")],
+    runs: Annotated[list[Path], typer.Argument(help="Run folder(s) or shipped ref:<name>; several are drawn in one figure (e.g. two schedules).")],
     passes: Annotated[int, typer.Option(help="Feedback passes N (well past the trained depth).")] = 32,
     rows: Annotated[int, typer.Option(help="Packed validation rows (held-out contexts).")] = 16,
     out: Annotated[Path | None, typer.Option(help="Output folder (default RUN/diagnostics; required for several runs).")] = None,
