@@ -96,9 +96,19 @@ def _swap_batch(model, batch: PairBatch, mode: str, min_gap: float, reuse: bool)
     pre = last_prefix(model, batch.tokens, mode, reuse)
     swaps = [(c, n) for c, n in (("state", FEEDBACK), ("value", VALUE), ("gate", GATE)) if n in model.hook_dict]  # no gate: nanochat's concat / addition fusions
     ref, own = _reference(model, batch, mode, tuple(n for _, n in swaps), pre)
-    base = batch.tokens[batch.partner]
-    base_pre = None if pre is None else pre.select(batch.partner)  # partners are rows of the same batch
+    partner = batch.partner
     rows = []
+    if pre is not None and torch.equal(partner[partner], torch.arange(len(partner), device=partner.device)):
+        # partners pair up (p(p(i)) = i): row j run with its partner's value is row p(j) of the swap,
+        # so the swap reads the prefix as it is instead of a copy of it in partner order
+        for condition, name in swaps:
+            patched = final_logits(model, batch.tokens, mode, [(name, set_at(own[name][partner], batch.T - 1, model))],
+                                   prefix=pre)[partner]
+            rows.append(score(batch, ref, patched, min_gap, experiment="feedback-swap", condition=condition,
+                              mode=mode, hook_rule=ONE_PASS, direction="denoising"))
+        return rows
+    base = batch.tokens[partner]
+    base_pre = None if pre is None else pre.select(partner)  # partners are rows of the same batch
     for condition, name in swaps:
         patched = final_logits(model, base, mode, [(name, set_at(own[name], batch.T - 1, model))], prefix=base_pre)
         rows.append(score(batch, ref, patched, min_gap, experiment="feedback-swap", condition=condition,
