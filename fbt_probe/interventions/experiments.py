@@ -97,20 +97,18 @@ def _swap_batch(model, batch: PairBatch, mode: str, min_gap: float, reuse: bool)
     swaps = [(c, n) for c, n in (("state", FEEDBACK), ("value", VALUE), ("gate", GATE)) if n in model.hook_dict]  # no gate: nanochat's concat / addition fusions
     ref, own = _reference(model, batch, mode, tuple(n for _, n in swaps), pre)
     partner = batch.partner
+    # partners pair up (p(p(i)) = i): row j run with its partner's value is row p(j) of the swap, so
+    # the swap reads the prefix as it is instead of a copy of it in partner order
+    in_place = pre is not None and torch.equal(partner[partner], torch.arange(len(partner), device=partner.device))
+    if in_place:
+        tokens, prefix = batch.tokens, pre
+    else:
+        tokens, prefix = batch.tokens[partner], None if pre is None else pre.select(partner)
     rows = []
-    if pre is not None and torch.equal(partner[partner], torch.arange(len(partner), device=partner.device)):
-        # partners pair up (p(p(i)) = i): row j run with its partner's value is row p(j) of the swap,
-        # so the swap reads the prefix as it is instead of a copy of it in partner order
-        for condition, name in swaps:
-            patched = final_logits(model, batch.tokens, mode, [(name, set_at(own[name][partner], batch.T - 1, model))],
-                                   prefix=pre)[partner]
-            rows.append(score(batch, ref, patched, min_gap, experiment="feedback-swap", condition=condition,
-                              mode=mode, hook_rule=ONE_PASS, direction="denoising"))
-        return rows
-    base = batch.tokens[partner]
-    base_pre = None if pre is None else pre.select(partner)  # partners are rows of the same batch
     for condition, name in swaps:
-        patched = final_logits(model, base, mode, [(name, set_at(own[name], batch.T - 1, model))], prefix=base_pre)
+        value = own[name][partner] if in_place else own[name]
+        patched = final_logits(model, tokens, mode, [(name, set_at(value, batch.T - 1, model))], prefix=prefix)
+        patched = patched[partner] if in_place else patched
         rows.append(score(batch, ref, patched, min_gap, experiment="feedback-swap", condition=condition,
                           mode=mode, hook_rule=ONE_PASS, direction="denoising"))
     return rows

@@ -85,7 +85,7 @@ class DecodePlan:
             qk = _rms(proj[:, :(H + KV) * dh].view(B, H + KV, dh), eps) * gains
             _, _, cos, signed = rope._table(t + 1, qk.dtype, qk.device)  # [n, 1, d_head]
             qk = qk * cos[t] + qk.roll(dh // 2, dims=-1) * signed[t]
-            keys, values = self._write(cache, layer, t, qk[:, H:], proj[:, (H + KV) * dh:].view(B, KV, dh))
+            keys, values = cache.append(layer, qk[:, None, H:], proj[:, None, (H + KV) * dh:].view(B, 1, KV, dh))
             lo = 0 if window is None or t + 1 <= window else t + 1 - window
             # the heads of a KV group are its queries: no repeated keys, no mask (every key <= t)
             z = F.scaled_dot_product_attention(qk[:, :H].reshape(B, KV, H // KV, dh), keys[:, :, lo:], values[:, :, lo:])
@@ -97,16 +97,3 @@ class DecodePlan:
         if self.softcap is not None:
             logits = self.softcap * torch.tanh(logits / self.softcap)
         return logits, x if self.pre_norm else normed
-
-    @staticmethod
-    def _write(cache, layer: int, t: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys/values [batch, n_kv_heads, d_head] of position t into the cache -> every valid key
-        and value [batch, n_kv_heads, t + 1, d_head]."""
-        keys, values = cache.keys[layer], cache.values[layer]
-        if (keys is None or keys.shape[2] <= t or cache.lengths[layer] != t or keys.shape[0] != k.shape[0]
-                or keys.dtype != k.dtype):
-            return cache.append(layer, k[:, None], v[:, None])  # allocate / grow / validate: the general path
-        keys.select(2, t).copy_(k)
-        values.select(2, t).copy_(v)
-        cache.lengths[layer] = t + 1
-        return keys.narrow(2, 0, t + 1), values.narrow(2, 0, t + 1)
