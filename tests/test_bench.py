@@ -42,6 +42,7 @@ def test_bench_patch_runs_the_commands_and_compares_reuse(tmp_path):
 @pytest.mark.parametrize("args,match", [
     (["model", "--full-batches", "x"], "--full-batches"),
     (["model", "--seq", "1"], "--seq"),
+    (["model", "--device", "tpu"], "--device"),
     (["patch", "--experiments", "nope"], "--experiments"),
     (["patch", "--mode", "fulll"], "mode"),
     (["patch", "--dataset", "/no/such/dataset"], "no such dataset"),
@@ -49,3 +50,20 @@ def test_bench_patch_runs_the_commands_and_compares_reuse(tmp_path):
 def test_bench_bad_input_is_one_line(args, match):
     res = runner.invoke(app, ["bench", *args])
     assert res.exit_code == 2 and match in res.output and res.output.strip().count("\n") == 0, res.output
+
+
+@pytest.mark.gpu
+def test_bench_model_on_cuda_times_full_with_and_without_the_graph(tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    out = tmp_path / "model-gpu.md"
+    res = runner.invoke(app, ["bench", "model", "--device", "cuda", "--seq", "64", "--full-batches", "2",
+                              "--batch", "2", "--cache-seq", "16", "--repeats", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    r = json.loads((tmp_path / "model-gpu.md.json").read_text())
+    f = r["prefill"]["full"][0]
+    assert r["device"] == "cuda" and f["eager_full_s"] > 0 and f["graph_speedup"] > 0
+    assert r["prefill"]["peak_memory"]["full"]["rss_mb"] > 0
+    assert "CUDA graph" in out.read_text() and "eager lean step" in out.read_text()

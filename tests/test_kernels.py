@@ -188,6 +188,14 @@ class TestKernel:
         torch.testing.assert_close(out, expected, **TOL[torch.bfloat16])
         assert len(launches) == 2
 
+    def test_direct_entry_is_the_ops_kernel_without_the_dispatch(self, launches):
+        value, gate, weight = make((3, 5, 129), torch.float32)
+        direct = K.glu_fusion_direct(value, gate, weight, EPS)
+        assert len(launches) == 1, "the kernel did not run"
+        torch.testing.assert_close(direct, K.glu_fusion(value, gate, weight, EPS), rtol=0, atol=0)  # same kernel, same shape
+        with pytest.raises(ValueError, match="gate shape"):
+            K.glu_fusion_direct(value, gate[..., :4], weight, EPS)
+
     def test_kernel_empty_rows(self, launches):
         value, gate, weight = make((0, 16), torch.float32)
         assert K.glu_fusion(value, gate, weight, EPS).shape == (0, 16)
@@ -404,12 +412,15 @@ def test_gpu_model_outputs_unchanged_with_fast_path(mode, monkeypatch):
 # --------------------------------------------------------------------------- the size dispatch
 
 def test_fusion_dispatch_by_size(monkeypatch):
-    """The kernel only where it runs and from FUSED_MIN_ROWS rows on (launch-bound below: the H200
-    numbers in reports/bench/fusion-gpu.md); on CPU the model always takes the reference."""
+    """Calls that need autograd take the kernel (through the custom op) only where it runs and from
+    FUSED_MIN_ROWS rows on (the op's dispatch is launch-bound below: reports/bench/fusion-gpu.md);
+    calls that need none take it at any size (launched directly). On CPU the model always takes
+    the reference."""
     from fbt_probe.model import fusion
 
     n = fusion.FUSED_MIN_ROWS
     assert not fusion.use_kernel(n - 1, True) and fusion.use_kernel(n, True) and not fusion.use_kernel(10 * n, False)
+    assert fusion.use_kernel(1, True, autograd=False) and not fusion.use_kernel(1, False, autograd=False)
     assert fusion._fast_path(torch.zeros(n, 4)) is None  # CPU tensor: never the kernel
     value, gate, weight = make((3, 5, 16), torch.float32)
     torch.testing.assert_close(fusion.epilogue(value, gate, weight, EPS), fusion.fusion_reference(value, gate, weight, EPS),
@@ -418,11 +429,22 @@ def test_fusion_dispatch_by_size(monkeypatch):
     assert fusion.use_kernel(15, True) and not fusion.use_kernel(14, True)
 
 
+@pytest.mark.skipif(INTERPRETED, reason="needs a process where Triton is not interpreting")
+def test_direct_entry_on_cpu_is_the_reference():
+    value, gate, weight = make((4, 33), torch.float32)
+    torch.testing.assert_close(K.glu_fusion_direct(value, gate, weight, EPS), K.fusion_reference(value, gate, weight, EPS),
+                               rtol=0, atol=0)
+
+
 @pytest.mark.gpu
 @needs_cuda
 @needs_triton
-def test_gpu_dispatch_picks_the_kernel_only_for_large_calls():
+def test_gpu_dispatch_direct_without_autograd_op_for_large_autograd_calls():
     from fbt_probe.model import fusion
 
     small, large = torch.zeros(8, 1536, device="cuda"), torch.zeros(fusion.FUSED_MIN_ROWS, 1536, device="cuda")
-    assert fusion._fast_path(small) is None and fusion._fast_path(large) is K.glu_fusion
+    assert fusion._fast_path(small) is K.glu_fusion_direct and fusion._fast_path(large) is K.glu_fusion_direct
+    small_g, large_g = small.clone().requires_grad_(), large.clone().requires_grad_()
+    assert fusion._fast_path(small_g) is None and fusion._fast_path(large_g) is K.glu_fusion
+    with torch.no_grad():
+        assert fusion._fast_path(small_g) is K.glu_fusion_direct

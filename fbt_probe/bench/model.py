@@ -6,6 +6,10 @@
 - `run_with_cache` over a plain forward (batch 8 × 256) on the residual hooks and on every hook
   (every hook includes `hook_pattern`, which takes the explicit attention path).
 
+`--device cuda`: the same measurements on the GPU (each timed call ends in a synchronize), `full`
+both ways: with the serial step captured as a CUDA graph (`model/graph_scan.py`, the default) and
+with the eager lean step (`model.cuda_graphs = False`); peak memory is the CUDA allocator's peak.
+
 Times are medians of `repeats` runs after one warm-up; ratios come from the same run. Peak memory
 is measured in a fresh child process per shape (its VmHWM after the call, and how far the call
 raised it above the loaded model warmed up on a short input), so one measurement's peak does not
@@ -27,18 +31,36 @@ from fbt_probe.loading import load_model
 from fbt_probe.provenance import provenance
 
 
-def _median_of(fn, repeats: int) -> float:
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_of(fn, repeats: int, device="cpu") -> float:
     fn()  # warm-up: first-call allocations and kernel selection
+    _sync(device)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
+        _sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def _tokens(V: int, batch: int, T: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, V, (batch, T), generator=torch.Generator().manual_seed(seed))
+def _tokens(V: int, batch: int, T: int, seed: int, device="cpu") -> torch.Tensor:
+    return torch.randint(0, V, (batch, T), generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def cuda_peak_memory(model, mode: str, tokens: torch.Tensor) -> dict:
+    """The CUDA allocator's peak during one call, and how far it rose above the loaded model."""
+    _sync(tokens.device)
+    torch.cuda.reset_peak_memory_stats(tokens.device)
+    before = torch.cuda.memory_allocated(tokens.device)
+    model(tokens, mode=mode)
+    _sync(tokens.device)
+    peak = torch.cuda.max_memory_allocated(tokens.device)
+    return {"rss_mb": round(peak / 2**20, 1), "added_mb": round((peak - before) / 2**20, 1)}
 
 
 def peak_rss_mb() -> float:
@@ -80,46 +102,68 @@ def peak_memory(preset: str, mode: str, batch: int, T: int) -> dict:
 
 @torch.no_grad()
 def run_model_bench(preset: str = "tiny", batch: int = 8, seq: int = 1024, full_batches=(8, 1), cache_batch: int = 8,
-                    cache_seq: int = 256, repeats: int = 3, memory: bool = True) -> dict:
-    model = load_model(preset).eval()
+                    cache_seq: int = 256, repeats: int = 3, memory: bool = True, device: str = "cpu") -> dict:
+    dev = torch.device(device)
+    model = load_model(preset, device=device).eval()
     V = model.cfg.d_vocab
-    toks = _tokens(V, batch, seq, 0)
-    std = _median_of(lambda: model(toks), repeats)
+    med = lambda fn, n=repeats: _median_of(fn, n, dev)  # noqa: E731
+    toks = _tokens(V, batch, seq, 0, dev)
+    std = med(lambda: model(toks))
     prefill = {"batch": batch, "T": seq, "standard_s": std, "full": []}
     for b in full_batches:
-        one = _tokens(V, b, seq, 1)
-        s = std if b == batch else _median_of(lambda: model(one), repeats)
-        f = _median_of(lambda: model(one, mode="full"), repeats)
-        prefill["full"].append({"batch": b, "standard_s": s, "full_s": f, "full_over_standard": f / s,
-                                "per_step_ms": f / (seq - 1) * 1e3})
+        one = _tokens(V, b, seq, 1, dev)
+        s = std if b == batch else med(lambda: model(one))
+        f = med(lambda: model(one, mode="full"))
+        rec = {"batch": b, "standard_s": s, "full_s": f, "full_over_standard": f / s, "per_step_ms": f / (seq - 1) * 1e3}
+        if dev.type == "cuda":  # the same scan without the captured graph: the eager lean step
+            model.cuda_graphs = False
+            e = med(lambda: model(one, mode="full"))
+            model.cuda_graphs = True
+            rec.update(eager_full_s=e, eager_per_step_ms=e / (seq - 1) * 1e3, graph_speedup=e / f)
+        prefill["full"].append(rec)
     if memory:
-        prefill["peak_memory"] = {m: peak_memory(preset, m, batch, seq) for m in ("standard", "full")}
-    small = _tokens(V, cache_batch, cache_seq, 2)
-    plain = _median_of(lambda: model(small), repeats * 3)
-    resid = _median_of(lambda: model.run_with_cache(small, names_filter=lambda n: "hook_resid" in n), repeats * 3)
-    every = _median_of(lambda: model.run_with_cache(small), repeats * 3)
+        if dev.type == "cuda":
+            prefill["peak_memory"] = {m: cuda_peak_memory(model, m, toks) for m in ("standard", "full")}
+        else:
+            prefill["peak_memory"] = {m: peak_memory(preset, m, batch, seq) for m in ("standard", "full")}
+    small = _tokens(V, cache_batch, cache_seq, 2, dev)
+    plain = med(lambda: model(small), repeats * 3)
+    resid = med(lambda: model.run_with_cache(small, names_filter=lambda n: "hook_resid" in n), repeats * 3)
+    every = med(lambda: model.run_with_cache(small), repeats * 3)
     n_tok = cache_batch * cache_seq
+    machine = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine()
     return {
-        "preset": preset, "device": "cpu", "threads": torch.get_num_threads(), "repeats": repeats,
-        "machine": platform.processor() or platform.machine(), "prefill": prefill,
+        "preset": preset, "device": dev.type, "threads": torch.get_num_threads(), "repeats": repeats,
+        "machine": machine, "prefill": prefill,
         "cache": {"batch": cache_batch, "seq": cache_seq, "plain_s": plain, "resid_s": resid, "all_s": every,
                   "plain_tokens_per_s": n_tok / plain, "resid_over_plain": resid / plain, "all_over_plain": every / plain},
         "provenance": provenance(),
     }
 
 
+def _ms(s: float) -> str:
+    return f"{s * 1e3:,.0f} ms" if s >= 0.1 else f"{s * 1e3:.2f} ms"
+
+
 def to_markdown(r: dict) -> str:
     p, c = r["prefill"], r["cache"]
     lines = [
-        f"### Model ({r['preset']}, {r['device']}, {r['threads']} threads; medians of {r['repeats']} runs)", "",
+        f"### Model ({r['preset']}, {r['device']}: {r.get('machine', '?')}, {r['threads']} threads; medians of {r['repeats']} runs)", "",
         "| what | batch | T | time | / standard | per serial step |", "|---|---:|---:|---:|---:|---:|",
-        f"| `standard` | {p['batch']} | {p['T']} | {p['standard_s'] * 1e3:,.0f} ms | 1.00× | – |",
+        f"| `standard` | {p['batch']} | {p['T']} | {_ms(p['standard_s'])} | 1.00× | – |",
     ]
     for f in p["full"]:
-        lines.append(f"| `full` | {f['batch']} | {p['T']} | {f['full_s'] * 1e3:,.0f} ms | {f['full_over_standard']:.2f}× "
-                     f"(standard at batch {f['batch']}: {f['standard_s'] * 1e3:,.1f} ms) | {f['per_step_ms']:.2f} ms |")
+        label = "`full` (CUDA graph)" if "eager_full_s" in f else "`full`"
+        lines.append(f"| {label} | {f['batch']} | {p['T']} | {_ms(f['full_s'])} | {f['full_over_standard']:.2f}× "
+                     f"(standard at batch {f['batch']}: {f['standard_s'] * 1e3:,.1f} ms) | {f['per_step_ms']:.3f} ms |")
+        if "eager_full_s" in f:
+            lines.append(f"| `full` (eager lean step) | {f['batch']} | {p['T']} | {_ms(f['eager_full_s'])} | "
+                         f"{f['eager_full_s'] / f['standard_s']:.2f}× (graph {f['graph_speedup']:.2f}× faster) | "
+                         f"{f['eager_per_step_ms']:.3f} ms |")
     if "peak_memory" in p:
-        lines += ["", f"Peak RSS of one call at batch {p['batch']} × {p['T']} (fresh process; added = over the loaded model):", ""]
+        where = ("the CUDA allocator's peak; added = over the loaded model" if r["device"] == "cuda"
+                 else "fresh process; added = over the loaded model")
+        lines += ["", f"Peak {'memory' if r['device'] == 'cuda' else 'RSS'} of one call at batch {p['batch']} × {p['T']} ({where}):", ""]
         lines += [f"- `{m}`: {v['rss_mb']:,.0f} MB (added {v['added_mb']:,.0f} MB)" for m, v in p["peak_memory"].items()]
     lines += [
         "", f"| run_with_cache, batch {c['batch']} × {c['seq']} | time | / plain forward |", "|---|---:|---:|",

@@ -71,11 +71,13 @@ def model(
     cache_seq: Annotated[int, typer.Option(help="Sequence length of the run_with_cache measurement.")] = 256,
     repeats: Annotated[int, typer.Option(help="Timed runs per measurement (the median is reported).")] = 3,
     memory: Annotated[bool, typer.Option("--memory/--no-memory", help="Peak RSS of standard and full (a child process each).")] = True,
+    device: Annotated[str, typer.Option(help="cpu, or cuda[:N] (full is then timed with and without the captured CUDA graph).")] = "cpu",
     out: OutOption = None,
     force: ForceOption = False,
 ) -> None:
     """`standard` and `full` prefill time (and peak memory) at T x batch, full / standard and the
-    time per serial step, and run_with_cache over a plain forward, on this machine's CPU.
+    time per serial step, and run_with_cache over a plain forward, on this machine's CPU (or GPU:
+    --device cuda).
 
     Example: fbt-probe bench model --out reports/bench/model.md
     """
@@ -88,7 +90,14 @@ def model(
         raise FbtError(f"--full-batches '{full_batches}': expected comma-separated integers") from None
     if min((batch, seq, cache_batch, cache_seq, repeats) + fb) < 1 or seq < 2:
         raise FbtError("--batch, --full-batches, --cache-batch, --cache-seq and --repeats must be >= 1, --seq >= 2")
-    result = run_model_bench(preset, batch, seq, fb, cache_batch, cache_seq, repeats, memory)
+    if device != "cpu" and not device.startswith("cuda"):
+        raise FbtError(f"--device '{device}': expected cpu or cuda[:N]")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise FbtError(f"--device {device}: no CUDA device on this machine")
+    result = run_model_bench(preset, batch, seq, fb, cache_batch, cache_seq, repeats, memory, device)
     write_report(result, to_markdown, out, force)
 
 

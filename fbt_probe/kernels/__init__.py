@@ -2,6 +2,8 @@
 
     fast_fusion_available(device) -> bool    the Triton kernel (not the eager reference) runs there
     glu_fusion(value, gate, weight, eps)     RMSNorm(value ⊙ gate) · weight, fused
+    glu_fusion_direct(value, gate, weight, eps)
+                                             the same launched without the custom-op dispatch (inference only)
     glu_fusion_table(value, token_ids, gate_table, weight, eps)
                                              the same with gate = gate_table[token_ids], gathered in-kernel
     build_gate_table(embed_weight, w_gate_weight) -> G = σ(E W_Gᵀ), [vocab, D]
@@ -15,7 +17,8 @@ from fbt_probe.kernels.glu_fusion import (
     fast_fusion_available,
     fusion_reference,
     glu_fusion,
+    glu_fusion_direct,
     glu_fusion_table,
 )
 
-__all__ = ["build_gate_table", "fast_fusion_available", "fusion_reference", "glu_fusion", "glu_fusion_table"]
+__all__ = ["build_gate_table", "fast_fusion_available", "fusion_reference", "glu_fusion", "glu_fusion_direct", "glu_fusion_table"]

@@ -313,6 +313,17 @@ def glu_fusion(value: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tenso
     return torch.ops.fbt_probe.glu_fusion(value, gate, weight, float(eps))
 
 
+def glu_fusion_direct(value: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """`glu_fusion` without the custom-op dispatch (tens of microseconds of Python per call, more
+    than the kernel itself below ~16k rows): the kernel launched directly where it runs, else the
+    reference. No autograd and not traceable by `torch.compile`: for inference calls (the model's
+    no-grad epilogue and the captured decode step); `glu_fusion` everywhere else."""
+    _check(value, gate, weight)
+    if _kernel_runs(value, gate, weight):
+        return _launch(value, gate, None, weight, float(eps))
+    return fusion_reference(value, gate, weight, eps)
+
+
 def glu_fusion_table(value: Tensor, token_ids: Tensor, gate_table: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm(value ⊙ gate_table[token_ids]) · weight, the gather fused into the kernel.
     value: [..., D]; token_ids: [...] int64/int32 in [0, vocab); gate_table: [vocab, D] (see

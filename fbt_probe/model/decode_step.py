@@ -72,23 +72,24 @@ class DecodePlan:
     def step(self, token: torch.Tensor, cache, state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """`FeedbackTransformer.step` with hooks off: token [batch], state [batch, d_model] or None
         (plain embedding) -> (logits [batch, d_vocab], carried state [batch, d_model])."""
+        return self.run(token, state, AtLength(cache))
+
+    def run(self, token: torch.Tensor, state: torch.Tensor | None, at) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step at the position `at` stands for: `AtLength` (a KVCache, the host knows the
+        position) or `AtTensor` (static buffers and a device position: what a CUDA graph captures)."""
         H, KV, dh, eps = self.H, self.KV, self.dh, self.eps
         B = token.shape[0]
         e = F.embedding(token, self.E)
         if state is None:
             x = e
         else:  # u = RMSNorm_f((W_U h) ⊙ σ(W_G e))
-            x = _rms(F.linear(state, self.W_U) * torch.sigmoid(F.linear(e, self.W_G)), self.fusion_eps) * self.fusion_w
-        t = cache.length
+            x = at.epilogue(F.linear(state, self.W_U), torch.sigmoid(F.linear(e, self.W_G)), self.fusion_w, self.fusion_eps)
         for layer, (w1, w_qkv, gains, rope, window, w_o, w2, w_gu, w_down) in enumerate(self.layers):
             proj = F.linear(_rms(x, eps) * w1, w_qkv)  # [batch, (H + 2 KV) d_head]
-            qk = _rms(proj[:, :(H + KV) * dh].view(B, H + KV, dh), eps) * gains
-            _, _, cos, signed = rope._table(t + 1, qk.dtype, qk.device)  # [n, 1, d_head]
-            qk = qk * cos[t] + qk.roll(dh // 2, dims=-1) * signed[t]
-            keys, values = cache.append(layer, qk[:, None, H:], proj[:, None, (H + KV) * dh:].view(B, 1, KV, dh))
-            lo = 0 if window is None or t + 1 <= window else t + 1 - window
-            # the heads of a KV group are its queries: no repeated keys, no mask (every key <= t)
-            z = F.scaled_dot_product_attention(qk[:, :H].reshape(B, KV, H // KV, dh), keys[:, :, lo:], values[:, :, lo:])
+            qk = at.rotate(_rms(proj[:, :(H + KV) * dh].view(B, H + KV, dh), eps) * gains, rope)
+            # the heads of a KV group are its queries: no repeated keys
+            z = at.attend(layer, qk[:, :H].reshape(B, KV, H // KV, dh), qk[:, None, H:],
+                          proj[:, None, (H + KV) * dh:].view(B, 1, KV, dh), window)
             x = torch.addmm(x, z.reshape(B, H * dh), w_o)
             gate, up = F.linear(_rms(x, eps) * w2, w_gu).chunk(2, dim=-1)
             x = torch.addmm(x, F.silu(gate) * up, w_down)
@@ -97,3 +98,61 @@ class DecodePlan:
         if self.softcap is not None:
             logits = self.softcap * torch.tanh(logits / self.softcap)
         return logits, x if self.pre_norm else normed
+
+
+def eager_epilogue(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _rms(value * gate, eps) * weight
+
+
+class AtLength:
+    """The step at position t = cache.length of a `KVCache`: the new key and value appended, the
+    attention over the valid (and in-window) keys only."""
+
+    epilogue = staticmethod(eager_epilogue)
+
+    def __init__(self, cache):
+        self.cache, self.t = cache, cache.length
+
+    def rotate(self, qk: torch.Tensor, rope) -> torch.Tensor:
+        t = self.t
+        _, _, cos, signed = rope._table(t + 1, qk.dtype, qk.device)  # [n, 1, d_head]
+        return qk * cos[t] + qk.roll(qk.shape[-1] // 2, dims=-1) * signed[t]
+
+    def attend(self, layer: int, q, k, v, window) -> torch.Tensor:
+        keys, values = self.cache.append(layer, k, v)
+        t = self.t
+        lo = 0 if window is None or t + 1 <= window else t + 1 - window
+        # every key <= t: no mask
+        return F.scaled_dot_product_attention(q, keys[:, :, lo:], values[:, :, lo:])
+
+
+class AtTensor:
+    """The step at the device position `pos` ([1] int64) over static KV buffers [batch, n_kv_heads,
+    capacity, d_head]: keys and values written with `index_copy_`, the attention over the whole
+    capacity with a mask (key <= pos, and inside the window). No host-side position, no allocation
+    that depends on it: the same kernels at every position, so a CUDA graph of one step replays
+    for all of them. Slots past `pos` must hold finite numbers (a masked weight is 0, and 0 × NaN
+    is NaN): `GraphedScan` zeroes them."""
+
+    def __init__(self, keys: list, values: list, pos: torch.Tensor, epilogue=eager_epilogue):
+        self.keys, self.values, self.pos, self.epilogue = keys, values, pos, epilogue
+        self.slots = torch.arange(keys[0].shape[2], device=pos.device)
+        self._masks: dict = {}
+
+    def rotate(self, qk: torch.Tensor, rope) -> torch.Tensor:
+        _, _, cos, signed = rope._table(self.slots.shape[0], qk.dtype, qk.device)
+        return qk * cos.index_select(0, self.pos) + qk.roll(qk.shape[-1] // 2, dims=-1) * signed.index_select(0, self.pos)
+
+    def mask(self, window) -> torch.Tensor:
+        if window not in self._masks:
+            keep = self.slots <= self.pos
+            if window is not None:
+                keep = keep & (self.slots > self.pos - window)
+            self._masks[window] = keep[None, None, None, :]  # [1, 1, 1, capacity]
+        return self._masks[window]
+
+    def attend(self, layer: int, q, k, v, window) -> torch.Tensor:
+        keys, values = self.keys[layer], self.values[layer]
+        keys.index_copy_(2, self.pos, k.transpose(1, 2))
+        values.index_copy_(2, self.pos, v.transpose(1, 2))
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=self.mask(window))

@@ -26,32 +26,43 @@ def fusion_reference(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tens
 
 
 FUSED_MIN_ROWS = 16_384
-"""Rows (batch x positions) from which the epilogue runs the Triton kernel; fewer take the eager
-reference. On the H200 (reports/bench/fusion-gpu.md) the kernel is launch-bound below that: 0.31-0.99x
-eager from 1 to 4,096 rows, 7.3x at 16,384 and 9.9x at 65,536. The crossover between 4,096 and
-16,384 rows, and other GPUs, are not measured yet: `fbt-probe bench fusion` reports the dispatched
-path beside the others (column `dispatch`) so a GPU session can set this from its own numbers."""
+"""Rows (batch x positions) from which a call that needs autograd runs the Triton kernel (through the
+custom op, whose dispatch costs tens of microseconds of Python); fewer take the eager reference. On
+the H200 (reports/bench/fusion-gpu.md, seventh session) the op was 0.31-0.99x eager from 1 to 4,096
+rows and 7.3x at 16,384. Calls that need no autograd launch the kernel directly
+(`glu_fusion_direct`) at every size: one launch against the ~6 of the eager reference."""
 
 
-def use_kernel(rows: int, kernel_runs_here: bool) -> bool:
-    """The size dispatch: the fused kernel only where it runs and the call is large enough to win."""
-    return kernel_runs_here and rows >= FUSED_MIN_ROWS
+def _needs_autograd(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def _fast_path(x: torch.Tensor):
-    """The Triton kernel entry point when it can run on this tensor and wins at its size, else None."""
-    if not x.is_cuda or not use_kernel(x.numel() // max(x.shape[-1], 1), True):
+def use_kernel(rows: int, kernel_runs_here: bool, autograd: bool = True) -> bool:
+    """The size dispatch: the fused kernel only where it runs and the call is large enough to win
+    (any size without autograd, `FUSED_MIN_ROWS` with it)."""
+    return kernel_runs_here and (rows >= FUSED_MIN_ROWS or not autograd)
+
+
+def _fast_path(x: torch.Tensor, *others: torch.Tensor):
+    """The Triton entry point for this call when the kernel can run on it and wins at its size, else
+    None: `glu_fusion_direct` when no autograd is needed and nothing is being compiled, else the op."""
+    if not x.is_cuda:
+        return None
+    autograd = _needs_autograd(x, *others) or torch.compiler.is_compiling()
+    if not use_kernel(x.numel() // max(x.shape[-1], 1), True, autograd):
         return None
     try:
-        import fbt_probe.kernels
+        import fbt_probe.kernels as K
     except ImportError:
         return None
-    return fbt_probe.kernels.glu_fusion if fbt_probe.kernels.fast_fusion_available(x.device) else None
+    if not K.fast_fusion_available(x.device):
+        return None
+    return K.glu_fusion if autograd else K.glu_fusion_direct
 
 
 def epilogue(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm(value ⊙ gate) · weight by the path the model takes for this call (size dispatch)."""
-    return (_fast_path(value) or fusion_reference)(value, gate, weight, eps)
+    return (_fast_path(value, gate, weight) or fusion_reference)(value, gate, weight, eps)
 
 
 class Fusion(nn.Module):
@@ -127,7 +138,7 @@ class Fusion(nn.Module):
     def _glu(self, state: torch.Tensor, embed: torch.Tensor, hk: Hk) -> torch.Tensor:
         value = hk(self.hook_value, self.W_U(state))
         gate = hk(self.hook_gate, torch.sigmoid(self.W_G(embed)))
-        fast = _fast_path(value) if self.cfg.fast_fusion else None
+        fast = _fast_path(value, gate, self.norm.weight) if self.cfg.fast_fusion else None
         if fast is not None:
             return fast(value, gate, self.norm.weight, self.norm.eps)
         return rms_norm(value * gate, self.norm.weight, self.norm.eps)  # = fusion_reference for same-dtype inputs, in fewer ops

@@ -34,6 +34,7 @@ from fbt_probe.config import ModelConfig
 from fbt_probe.errors import FbtError
 from fbt_probe.model.components import Block, Hk, HookedRMSNorm, KVCache, hooked, silent
 from fbt_probe.model.decode_step import DecodePlan
+from fbt_probe.model.graph_scan import GraphedScan
 from fbt_probe.model.fusion import Fusion
 from fbt_probe.model.modes import Mode, parse_mode
 from fbt_probe.model.nanochat import add_extras, init_extras, plain_input, trunk_with_extras
@@ -114,6 +115,7 @@ class FeedbackTransformer(HookedRootModule):
         add_extras(self, cfg)  # nanochat's extras (parameters and hook points), none by default
         self.hook_context: HookContext | None = None
         self._default_mode = Mode("standard")
+        self.cuda_graphs = True  # silent serial scans on CUDA replay one captured step (model/graph_scan.py)
         self.init_weights()
         self.setup()
         self.to(dtype=getattr(torch, cfg.dtype))
@@ -316,6 +318,10 @@ class FeedbackTransformer(HookedRootModule):
         out = logits.new_empty(B, stop, logits.shape[-1])
         out[:, :P] = logits
         plan = None if hooks else self.decode_plan()  # the weights are fixed for the whole scan
+        if plan is not None and self.cuda_graphs and GraphedScan.applies(cache, tokens, P, stop - P):
+            scan = GraphedScan(plan, cache, tokens, carried, out, prev, P, fused_epilogue=self.cfg.fast_fusion)
+            prev = scan.run(stop - P)
+            return cache, carried, out, prev
         for t in range(P, stop):
             carried[:, t] = prev
             if plan is not None:

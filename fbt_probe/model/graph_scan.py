@@ -1,0 +1,104 @@
+"""The silent serial scan on a GPU: one step captured as a CUDA graph, replayed once per position.
+
+A serial scan (`recurrent:k`, `full`) on a GPU is launch-bound: a `tiny` step is ~60 small kernels,
+each a few microseconds of GPU work behind more of Python and launch overhead. `GraphedScan` runs
+`DecodePlan.run` at a device-side position (`AtTensor`: static KV buffers, `index_copy_` writes,
+a masked attention over the cache's whole capacity) and, on CUDA, captures one step (read the token
+at `pos`, record the carried state, step, write the logits, `pos += 1`) as a CUDA graph; the scan is
+then `n` replays with no host work between them. The fusion epilogue inside the graph is the Triton
+kernel where it runs (one launch instead of ~6).
+
+It computes the lean step's function (float64 on CPU, the same code run eagerly: equal to 1e-12,
+tests/test_graph_scan.py; on CUDA: rounding only, the `gpu` tests). Taken by `serial_scan` on CUDA
+tensors when the plan applies and the scan has at least `MIN_STEPS` steps; `model.cuda_graphs =
+False` turns it off.
+"""
+from __future__ import annotations
+
+import torch
+
+from fbt_probe.model.decode_step import AtTensor, DecodePlan, eager_epilogue
+
+MIN_STEPS = 8
+"""Shorter scans run eagerly: a capture costs about as much as a few eager steps."""
+
+
+def triton_epilogue(device: torch.device):
+    """The fused Triton epilogue launched directly (a captured step needs no autograd), or None
+    where it does not run."""
+    try:
+        import fbt_probe.kernels as K
+    except ImportError:
+        return None
+    return K.glu_fusion_direct if K.fast_fusion_available(device) else None
+
+
+class GraphedScan:
+    """Positions start..start+n-1 of `serial_scan` over static buffers (all written in place):
+    cache: the `KVCache` holding positions < start in buffers of capacity >= start + n;
+    tokens [batch, T]; carried [batch, T, d_model] (gets the state entering each position);
+    out [batch, >= start + n, d_vocab] (gets each position's logits); prev [batch, d_model] the state
+    carried into position `start` (copied; `run` returns the state out of the last position)."""
+
+    def __init__(self, plan: DecodePlan, cache, tokens, carried, out, prev, start: int, fused_epilogue: bool = True):
+        self.plan, self.cache = plan, cache
+        self.tokens, self.carried, self.out = tokens, carried, out
+        self.prev = prev.clone()
+        self.start = start
+        self.pos = torch.full((1,), start, dtype=torch.long, device=tokens.device)
+        for buf in cache.keys + cache.values:
+            buf[:, :, start:].zero_()  # finite numbers where the mask reads nothing (see AtTensor)
+        epilogue = (triton_epilogue(tokens.device) if fused_epilogue else None) or eager_epilogue
+        self.at = dict(keys=cache.keys, values=cache.values, pos=self.pos, epilogue=epilogue)
+        self.graph = None
+
+    @staticmethod
+    def applies(cache, tokens: torch.Tensor, start: int, n: int) -> bool:
+        """Whether `serial_scan` takes this path: CUDA tensors, a scan long enough to capture."""
+        return tokens.is_cuda and n >= MIN_STEPS and GraphedScan.buffers_ready(cache, start, n)
+
+    @staticmethod
+    def buffers_ready(cache, start: int, n: int) -> bool:
+        """The cache holds exactly positions < start in buffers with room for n more."""
+        if any(b is None for b in cache.keys + cache.values) or any(L != start for L in cache.lengths):
+            return False
+        return min(b.shape[2] for b in cache.keys + cache.values) >= start + n
+
+    def body(self) -> None:
+        """One position: the step at `pos`, its outputs written at `pos`, then `pos += 1`."""
+        token = self.tokens.index_select(1, self.pos)[:, 0]
+        self.carried.index_copy_(1, self.pos, self.prev[:, None])
+        logits, state = self.plan.run(token, self.prev, AtTensor(**self.at))
+        self.out.index_copy_(1, self.pos, logits[:, None])
+        self.prev.copy_(state)
+        self.pos.add_(1)
+
+    def run(self, n: int, graph: bool | None = None) -> torch.Tensor:
+        """n steps; `graph` None: captured on CUDA, eager elsewhere. Returns the last state."""
+        graph = self.tokens.is_cuda if graph is None else graph
+        if graph and n >= 3:
+            self._capture()
+            for _ in range(n):
+                self.graph.replay()
+        else:
+            for _ in range(n):
+                self.body()
+        for layer in range(len(self.cache.lengths)):
+            self.cache.lengths[layer] = self.start + n
+        return self.prev
+
+    def _capture(self) -> None:
+        """Warm up on a side stream (two steps at start, start+1: their writes are overwritten by the
+        replays, and later slots are masked), restore the position and state, capture one step."""
+        pos0, prev0 = self.pos.clone(), self.prev.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.body()
+        torch.cuda.current_stream().wait_stream(side)
+        self.pos.copy_(pos0)
+        self.prev.copy_(prev0)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.body()
