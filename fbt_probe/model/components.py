@@ -478,7 +478,7 @@ class Attention(nn.Module):
             if self.window is not None and K > self.window:
                 k, v = k[:, :, K - self.window:], v[:, :, K - self.window:]
             z = F.scaled_dot_product_attention(q.reshape(B, KV, H // KV, dh), k, v)
-            return z.view(B, 1, H, dh)
+            return z.reshape(B, 1, H, dh)  # CUDA may return a non-contiguous layout
         last = start + P - 1  # the latest query; the earliest key is k_start
         if plain and self.window is not None and last - k_start >= self.window:
             return self._sdpa_windowed(q, k, v, start, k_start)
