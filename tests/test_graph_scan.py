@@ -63,6 +63,24 @@ def test_static_buffer_scan_equals_the_lean_scan(name, on_cpu, monkeypatch):
 
 
 @torch.no_grad()
+def test_width_buckets_cover_every_position_once_and_equal_the_lean_scan(on_cpu, monkeypatch):
+    monkeypatch.setattr(graph_scan, "MIN_WIDTH", 4)  # buckets 4, 8, 16, 32, 37 over T = 37
+    model = make_model()
+    x = tokens(2, 37)
+    model.cuda_graphs = False
+    ref = model.serial_scan(x, 30)
+    model.cuda_graphs = True
+    got = model.serial_scan(x, 30)  # positions 7..36
+    assert on_cpu == [True]
+    for a, b in zip(got[1:], ref[1:]):
+        torch.testing.assert_close(a, b, rtol=0, atol=ATOL)
+    cache = model.prefill_cache(x[:, :7], capacity=37)[0]
+    scan = GraphedScan(model.decode_plan(), cache, x, None, None, torch.zeros(2, 32), 7)
+    assert scan.widths(30) == [(8, 1), (16, 8), (32, 16), (37, 5)]
+    assert scan.widths(9) == [(8, 1), (16, 8)]
+
+
+@torch.no_grad()
 def test_full_mode_through_the_static_buffers_equals_jacobi_T(on_cpu):
     model = make_model()
     x = tokens(2, 12)
@@ -107,9 +125,10 @@ def test_cuda_graph_replays_equal_the_eager_scan_on_the_gpu(name):
 
 @pytest.mark.gpu
 @torch.no_grad()
-def test_graph_and_eager_body_are_the_same_kernels():
+def test_graph_and_eager_body_are_the_same_kernels(monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
+    monkeypatch.setattr(graph_scan, "MIN_WIDTH", 8)  # several graphs: widths 8, 16, 30
     model = _cuda_model()
     x = tokens(2, 30).cuda()
     outs = []

@@ -97,6 +97,7 @@ def _glu_fusion_kernel(
                     acc += x * x
 
 
+@lru_cache(maxsize=None)
 def interpreting() -> bool:
     """Whether Triton runs in its CPU interpreter. Triton decides when it is first imported (it
     decorates its own library then), so TRITON_INTERPRET=1 must be set before that import."""
@@ -168,7 +169,9 @@ def _launch(value: Tensor, gate: Tensor, ids: Tensor | None, weight: Tensor, eps
     if block_d is None:
         block_d = triton.next_power_of_2(d) if d <= MAX_SINGLE_PASS_D else LOOP_D
     interpret = interpreting()
-    with torch.cuda.device(value.device) if value.is_cuda and not interpret else contextlib.nullcontext():
+    # the launch goes to the current CUDA device: switch only when the tensors live on another one
+    switch = value.is_cuda and not interpret and value.device.index not in (None, torch.cuda.current_device())
+    with torch.cuda.device(value.device) if switch else contextlib.nullcontext():
         _kernel(interpret)[(v2.shape[0],)](
             v2, g2, ids2, w, out, d, v2.stride(0), g2.stride(0), out.stride(0), float(eps),
             HAS_IDS=ids is not None,

@@ -22,6 +22,9 @@ from fbt_probe.model.decode_step import AtTensor, DecodePlan, eager_epilogue
 MIN_STEPS = 8
 """Shorter scans run eagerly: a capture costs about as much as a few eager steps."""
 
+MIN_WIDTH = 64
+"""The smallest attention width (KV slots read per step); the buckets double from it."""
+
 
 def triton_epilogue(device: torch.device):
     """The fused Triton epilogue launched directly (a captured step needs no autograd), or None
@@ -38,7 +41,10 @@ class GraphedScan:
     cache: the `KVCache` holding positions < start in buffers of capacity >= start + n;
     tokens [batch, T]; carried [batch, T, d_model] (gets the state entering each position);
     out [batch, >= start + n, d_vocab] (gets each position's logits); prev [batch, d_model] the state
-    carried into position `start` (copied; `run` returns the state out of the last position)."""
+    carried into position `start` (copied; `run` returns the state out of the last position).
+
+    The attention reads a prefix of the buffers whose width is a bucket (`MIN_WIDTH`, twice that,
+    ..., the capacity): one graph per bucket, so an early position does not read the whole capacity."""
 
     def __init__(self, plan: DecodePlan, cache, tokens, carried, out, prev, start: int, fused_epilogue: bool = True):
         self.plan, self.cache = plan, cache
@@ -48,9 +54,8 @@ class GraphedScan:
         self.pos = torch.full((1,), start, dtype=torch.long, device=tokens.device)
         for buf in cache.keys + cache.values:
             buf[:, :, start:].zero_()  # finite numbers where the mask reads nothing (see AtTensor)
-        epilogue = (triton_epilogue(tokens.device) if fused_epilogue else None) or eager_epilogue
-        self.at = dict(keys=cache.keys, values=cache.values, pos=self.pos, epilogue=epilogue)
-        self.graph = None
+        self.epilogue = (triton_epilogue(tokens.device) if fused_epilogue else None) or eager_epilogue
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
     @staticmethod
     def applies(cache, tokens: torch.Tensor, start: int, n: int) -> bool:
@@ -64,11 +69,29 @@ class GraphedScan:
             return False
         return min(b.shape[2] for b in cache.keys + cache.values) >= start + n
 
-    def body(self) -> None:
-        """One position: the step at `pos`, its outputs written at `pos`, then `pos += 1`."""
+    def widths(self, n: int) -> list[tuple[int, int]]:
+        """(width, steps) in order: each bucket's attention width and how many of the positions
+        start..start+n-1 it serves (those with position < width, not served by a smaller one)."""
+        capacity = min(b.shape[2] for b in self.cache.keys + self.cache.values)
+        out, lo, width = [], self.start, min(MIN_WIDTH, capacity)
+        end = self.start + n
+        if end > capacity:
+            raise ValueError(f"GraphedScan: positions up to {end} do not fit the cache's {capacity} slots")
+        while lo < end:
+            if width > lo:
+                out.append((width, min(width, end) - lo))
+                lo = min(width, end)
+            width = min(2 * width, capacity)
+        return out
+
+    def body(self, width: int) -> None:
+        """One position: the step at `pos` over the first `width` slots, its outputs written at
+        `pos`, then `pos += 1`."""
         token = self.tokens.index_select(1, self.pos)[:, 0]
         self.carried.index_copy_(1, self.pos, self.prev[:, None])
-        logits, state = self.plan.run(token, self.prev, AtTensor(**self.at))
+        at = AtTensor([k.narrow(2, 0, width) for k in self.cache.keys], [v.narrow(2, 0, width) for v in self.cache.values],
+                      self.pos, self.epilogue)
+        logits, state = self.plan.run(token, self.prev, at)
         self.out.index_copy_(1, self.pos, logits[:, None])
         self.prev.copy_(state)
         self.pos.add_(1)
@@ -76,29 +99,32 @@ class GraphedScan:
     def run(self, n: int, graph: bool | None = None) -> torch.Tensor:
         """n steps; `graph` None: captured on CUDA, eager elsewhere. Returns the last state."""
         graph = self.tokens.is_cuda if graph is None else graph
-        if graph and n >= 3:
-            self._capture()
-            for _ in range(n):
-                self.graph.replay()
-        else:
-            for _ in range(n):
-                self.body()
+        buckets = self.widths(n)
+        if graph:
+            self._capture([w for w, _ in buckets])
+        for width, steps in buckets:
+            for _ in range(steps):
+                self.graphs[width].replay() if graph else self.body(width)
         for layer in range(len(self.cache.lengths)):
             self.cache.lengths[layer] = self.start + n
         return self.prev
 
-    def _capture(self) -> None:
-        """Warm up on a side stream (two steps at start, start+1: their writes are overwritten by the
-        replays, and later slots are masked), restore the position and state, capture one step."""
+    def _capture(self, widths: list[int]) -> None:
+        """Per width: one warm-up step at `start` on a side stream (its writes are overwritten by the
+        replays), the position and state restored, one step captured. The graphs share one memory
+        pool: they are replayed one after another, in the order they were captured."""
         pos0, prev0 = self.pos.clone(), self.prev.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.body()
-        torch.cuda.current_stream().wait_stream(side)
-        self.pos.copy_(pos0)
-        self.prev.copy_(prev0)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.body()
+        pool = None
+        for width in widths:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.body(width)
+            torch.cuda.current_stream().wait_stream(side)
+            self.pos.copy_(pos0)
+            self.prev.copy_(prev0)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                self.body(width)
+            pool = g.pool()
+            self.graphs[width] = g
