@@ -23,7 +23,7 @@ from fbt_probe.interventions.metrics import METRIC_HELP, summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.probe_edits import erase_methods
 from fbt_probe.interventions.registry import EXPERIMENTS, HOOK_RULES, PatchConfig  # noqa: F401  (PatchConfig: re-exported)
-from fbt_probe.io import atomic_dir, read_json, refuse_existing, write_json
+from fbt_probe.io import atomic_dir, read_json, refuse_existing, write_csv, write_json
 from fbt_probe.provenance import provenance
 
 FORMAT = "fbt-probe.interventions/1"
@@ -167,7 +167,7 @@ def write_results(res: Results, out_dir: Path, force: bool = False, figures: boo
         for name, table in (("rows", res.rows), ("summary", res.summary), *res.tables.items()):
             table.to_parquet(tmp / f"{name}.parquet", index=False)
             if name not in PARQUET_ONLY:
-                table.to_csv(tmp / f"{name}.csv", index=False)
+                write_csv(table, tmp / f"{name}.csv")
         if figures:
             from fbt_probe.figures.interventions import draw_for  # matplotlib: only where figures are drawn
 
