@@ -14,6 +14,14 @@ def make_cfg(**overrides) -> ModelConfig:
     return ModelConfig(**base)
 
 
+STEP_CONFIGS = {  # the serial-step variants the lean and the static-buffer steps are checked on
+    "gqa-window": dict(),  # window 5 bites within T
+    "mqa-global": dict(n_heads=4, n_key_value_heads=1, window=None),
+    "mha-prenorm-untied-capped": dict(n_key_value_heads=4, feedback_source="pre_norm", tie_embeddings=False,
+                                      logit_softcap=3.0, depth_scaling="1/sqrt(2L)"),
+}
+
+
 def make_model(seed: int = 0, dtype=torch.float64, **overrides) -> FeedbackTransformer:
     torch.manual_seed(seed)
     return FeedbackTransformer(make_cfg(**overrides)).to(dtype).eval()

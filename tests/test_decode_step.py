@@ -10,16 +10,11 @@ import torch
 
 from fbt_probe.model.components import KVCache, hooked, use_path
 from fbt_probe.model.decode_step import DecodePlan
-from tests.helpers import make_model, tokens
+from tests.helpers import STEP_CONFIGS, make_model, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ATOL = 1e-12
-CONFIGS = {
-    "gqa-window": dict(),  # window 5 bites within T
-    "mqa-global": dict(n_heads=4, n_key_value_heads=1, window=None),
-    "mha-prenorm-untied-capped": dict(n_key_value_heads=4, feedback_source="pre_norm", tie_embeddings=False,
-                                      logit_softcap=3.0, depth_scaling="1/sqrt(2L)"),
-}
+CONFIGS = STEP_CONFIGS
 
 
 def _scan(model, x, n_serial, lean: bool):

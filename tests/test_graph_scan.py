@@ -12,16 +12,11 @@ import torch
 
 from fbt_probe.model import graph_scan
 from fbt_probe.model.graph_scan import GraphedScan
-from tests.helpers import make_model, tokens
+from tests.helpers import STEP_CONFIGS, make_model, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ATOL = 1e-12
-CONFIGS = {
-    "gqa-window": dict(),  # window 5 bites within T
-    "mqa-global": dict(n_heads=4, n_key_value_heads=1, window=None),
-    "mha-prenorm-untied-capped": dict(n_key_value_heads=4, feedback_source="pre_norm", tie_embeddings=False,
-                                      logit_softcap=3.0),
-}
+CONFIGS = STEP_CONFIGS
 
 
 @pytest.fixture
