@@ -1,9 +1,9 @@
 """The silent serial scan on a GPU: one step captured as a CUDA graph, replayed once per position.
 
-A serial scan (`recurrent:k`, `full`) on a GPU is launch-bound: a `tiny` step is ~60 small kernels,
-each a few microseconds of GPU work behind more of Python and launch overhead. `GraphedScan` runs
+A serial scan (`recurrent:k`, `full`) on a GPU is launch-bound: a `tiny` step is ~150 small kernels
+(profiled on the H200), each a microsecond or two of GPU work behind more of Python and launch overhead. `GraphedScan` runs
 `DecodePlan.run` at a device-side position (`AtTensor`: static KV buffers, `index_copy_` writes,
-a masked attention over the cache's whole capacity) and, on CUDA, captures one step (read the token
+a masked attention over a prefix of the buffers, its width a bucket) and, on CUDA, captures one step (read the token
 at `pos`, record the carried state, step, write the logits, `pos += 1`) as a CUDA graph; the scan is
 then `n` replays with no host work between them. The fusion epilogue inside the graph is the Triton
 kernel where it runs (one launch instead of ~6).
