@@ -9,6 +9,10 @@ computes one step on [batch, d_model] tensors: one GEMM for q/k/v, one norm and 
 the query and key heads together, the residual adds folded into the output GEMMs (`addmm`), keys
 and values written in place into the KV cache.
 
+Where the step is is an object: `AtLength` (a `KVCache` whose length is the position, known to the
+host: appends, exact slices) or `AtTensor` (a device-side position over static buffers: what
+`graph_scan.GraphedScan` captures as a CUDA graph).
+
 It computes the module path's function on the same weights (float64: equal to 1e-12, tested in
 tests/test_decode_step.py; float32: rounding only) and is taken only where nothing can observe the
 difference: hooks off, no autograd, path "auto", float32/float64, and a backbone without
@@ -128,8 +132,9 @@ class AtLength:
 
 class AtTensor:
     """The step at the device position `pos` ([1] int64) over static KV buffers [batch, n_kv_heads,
-    capacity, d_head]: keys and values written with `index_copy_`, the attention over the whole
-    capacity with a mask (key <= pos, and inside the window). No host-side position, no allocation
+    width, d_head] (views of the cache's first `width` slots, width > pos): keys and values written
+    with `index_copy_`, the attention over all `width` slots with a mask (key <= pos, and inside the
+    window). No host-side position, no allocation
     that depends on it: the same kernels at every position, so a CUDA graph of one step replays
     for all of them. Slots past `pos` must hold finite numbers (a masked weight is 0, and 0 × NaN
     is NaN): `GraphedScan` zeroes them."""
