@@ -22,10 +22,8 @@ with torch.no_grad():
     s = setup(); t0 = time.perf_counter(); s.run(T - 1, graph=False); print("AtTensor eager per step ms", (time.perf_counter() - t0) / (T - 1) * 1e3, flush=True)
     s = setup()
     fns = {}
-    t0 = time.perf_counter()
     for w, _ in s.widths(T - 1):
         fns[w] = torch.compile(lambda w=w: s.body(w), dynamic=False, fullgraph=False)
-    steps = 0
     tc = 0
     for w, n in s.widths(T - 1):
         t1 = time.perf_counter(); fns[w](); tc += time.perf_counter() - t1  # compile

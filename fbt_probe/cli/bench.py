@@ -92,11 +92,9 @@ def model(
         raise FbtError("--batch, --full-batches, --cache-batch, --cache-seq and --repeats must be >= 1, --seq >= 2")
     if device != "cpu" and not device.startswith("cuda"):
         raise FbtError(f"--device '{device}': expected cpu or cuda[:N]")
-    if device.startswith("cuda"):
-        import torch
+    from fbt_probe.config import check_device
 
-        if not torch.cuda.is_available():
-            raise FbtError(f"--device {device}: no CUDA device on this machine")
+    check_device(device)  # CUDA present, the index in range: one line otherwise
     result = run_model_bench(preset, batch, seq, fb, cache_batch, cache_seq, repeats, memory, device)
     write_report(result, to_markdown, out, force)
 

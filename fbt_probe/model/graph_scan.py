@@ -18,22 +18,13 @@ from __future__ import annotations
 import torch
 
 from fbt_probe.model.decode_step import AtTensor, DecodePlan, eager_epilogue
+from fbt_probe.model.fusion import epilogue as dispatched_epilogue
 
 MIN_STEPS = 8
 """Shorter scans run eagerly: a capture costs about as much as a few eager steps."""
 
 MIN_WIDTH = 64
 """The smallest attention width (KV slots read per step); the buckets double from it."""
-
-
-def triton_epilogue(device: torch.device):
-    """The fused Triton epilogue launched directly (a captured step needs no autograd), or None
-    where it does not run."""
-    try:
-        import fbt_probe.kernels as K
-    except ImportError:
-        return None
-    return K.glu_fusion_direct if K.fast_fusion_available(device) else None
 
 
 class GraphedScan:
@@ -54,7 +45,9 @@ class GraphedScan:
         self.pos = torch.full((1,), start, dtype=torch.long, device=tokens.device)
         for buf in cache.keys + cache.values:
             buf[:, :, start:].zero_()  # finite numbers where the mask reads nothing (see AtTensor)
-        self.epilogue = (triton_epilogue(tokens.device) if fused_epilogue else None) or eager_epilogue
+        # the model's own size dispatch (fusion.epilogue): the directly launched Triton kernel on CUDA
+        # without autograd, the reference elsewhere; decided once, when the step is captured
+        self.epilogue = dispatched_epilogue if fused_epilogue else eager_epilogue
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
     @staticmethod
