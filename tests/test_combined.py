@@ -60,6 +60,20 @@ def test_five_together_equal_each_on_its_own(model, data, mode):
         assert res.manifest["experiment"] == cfg.experiment and res.manifest["notes"] == alone.manifest["notes"]
 
 
+def test_experiments_with_different_modes_run_together_as_the_study_runs_them(model, data):
+    """`fbt-probe reproduce` runs each experiment under its own study modes in one call: each mode
+    runs the experiments that have it, and each experiment keeps its own mode order."""
+    df, ids = data
+    modes = {"feedback-swap": ("recurrent:1",), "probe-direction": ("standard", "recurrent:1"),
+             "state-replacement": ("recurrent:1",), "residual": ("recurrent:1", "standard")}
+    cfgs = [PatchConfig(e, modes=m, **OPTS) for e, m in modes.items()]
+    for cfg, res in zip(cfgs, run_several(model, df, cfgs, label_ids=ids, figures=False)):
+        alone = run(model, df, cfg, label_ids=ids, figures=False)
+        assert list(dict.fromkeys(res.rows["mode"])) == list(cfg.modes)
+        same_frame(res.rows, alone.rows)
+        same_frame(res.summary, alone.summary)
+
+
 def test_one_prefill_per_batch_serves_every_final_position_experiment(model, data, monkeypatch):
     """Builds counted: together, the four final-position experiments build each batch's prefix once,
     plus state replacement's second pass; on their own, once per experiment and pass (5 per batch)."""

@@ -82,29 +82,30 @@ def _one_mode(model, by: dict, batches: list, mode: str) -> dict[str, pd.DataFra
 
 
 def run_shared(model, df: pd.DataFrame, cfgs: list[PatchConfig], label_ids: dict | None = None) -> dict[str, pd.DataFrame]:
-    """{experiment: wide rows} of SHARED experiments that agree on modes, cells and batch size."""
+    """{experiment: wide rows} of SHARED experiments that agree on cells and batch size. Each mode
+    runs the experiments that have it, together; an experiment's modes keep their own order."""
     first = cfgs[0]
     for cfg in cfgs:
         if cfg.experiment not in SHARED:
             raise ValueError(f"{cfg.experiment}: not an experiment that shares the final-position prefix")
-        if (cfg.modes, cfg.lengths, cfg.max_pairs, cfg.batch_size) != (first.modes, first.lengths, first.max_pairs, first.batch_size):
-            raise ValueError("experiments run together need the same modes, lengths, max_pairs and batch_size")
+        if (cfg.lengths, cfg.max_pairs, cfg.batch_size) != (first.lengths, first.max_pairs, first.batch_size):
+            raise ValueError("experiments run together need the same lengths, max_pairs and batch_size")
         E.check_depths(cfg.depths, model)
     if df.empty:
         from fbt_probe.errors import FbtError
 
         raise FbtError("dataset: no rows; nothing to patch")
     label_ids = label_ids or label_token_ids(df)
-    by = {cfg.experiment: cfg for cfg in cfgs}
     model.eval()
     dev = E.device_of(model)
-    parts = {name: [] for name in by}
-    for mode in first.modes:
+    parts = {cfg.experiment: {} for cfg in cfgs}
+    for mode in dict.fromkeys(m for cfg in cfgs for m in cfg.modes):
+        by = {cfg.experiment: cfg for cfg in cfgs if mode in cfg.modes}
         # moved once, so every experiment meets the same token tensors (the pool's key)
         batches = [b.to(dev) for b in pair_batches(df, label_ids, first.batch_size, first.max_pairs, first.lengths)]
         for name, w in _one_mode(model, by, batches, mode).items():
-            parts[name].append((mode, w))
-    return {name: assemble(name, p) for name, p in parts.items()}
+            parts[name][mode] = w
+    return {cfg.experiment: assemble(cfg.experiment, [(m, parts[cfg.experiment][m]) for m in cfg.modes]) for cfg in cfgs}
 
 
 def run_several(model, df: pd.DataFrame, cfgs: list[PatchConfig], out: str | Path | None = None, force: bool = False,
