@@ -1,20 +1,16 @@
-"""Several experiments in one command (`fbt_probe.interventions.combined`): the same tables as each
-experiment on its own, with one prefill per batch instead of one per experiment."""
+"""Several experiments in one command (`fbt_probe.interventions.combined`; its CLI in test_interventions_cli): the same
+tables as each experiment on its own, with one prefill per batch instead of one per experiment."""
 import dataclasses
 
-import numpy as np
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
 import fbt_probe.interventions.experiments as E
 import fbt_probe.interventions.pool as pool_module
-from fbt_probe.cli import app
 from fbt_probe.interventions import PatchConfig, label_token_ids, pair_batches, run
 from fbt_probe.interventions.combined import run_several, units
-from fbt_probe.model.checkpoint import save_checkpoint
-from fbt_probe.tasks import build_tokenizer, generate, load_spec, save_tokenizer, write_dataset
-from tests.helpers import make_model
+from fbt_probe.tasks import build_tokenizer, generate, load_spec
+from tests.helpers import assert_same_rows, make_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FIVE = ("feedback-swap", "state-replacement", "gate-ablation", "residual", "probe-direction")
@@ -37,15 +33,9 @@ def data():
 
 
 def same_frame(a: pd.DataFrame, b: pd.DataFrame) -> None:
-    """Same rows in the same order; floats equal up to float64 rounding. The combined run computes
-    the same shapes as the separate runs, so any real difference (a prefix of the wrong batch, a
-    stale cache position, gates or donors from a part of the data) moves numbers by 1e-3 or more."""
-    assert list(a.columns) == list(b.columns) and len(a) == len(b) and len(a) > 0
-    for c in a.columns:
-        if a[c].dtype.kind == "f":
-            np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=1e-10, atol=1e-12, err_msg=c)
-        else:
-            assert a[c].tolist() == b[c].tolist(), c
+    """The combined run computes the same shapes as the separate runs, so any real difference (a
+    prefix of the wrong batch, gates or donors from a part of the data) moves numbers by 1e-3 or more."""
+    assert_same_rows(a, b, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("mode", ["recurrent:1", "jacobi:2"])
@@ -118,39 +108,3 @@ def test_units_merge_cells_that_interleave():
 
     got = units([B("a", 0), B("a", 1), B("a", 0), B("b", 0), B("b", 2)])
     assert [list(u) for u in got] == [[0, 1, 2], [3], [4]]
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("combined")
-    tok = build_tokenizer()
-    for task in ("completion", "memory"):
-        df = generate(dataclasses.replace(load_spec(task), length_grid=(0, 8)), groups=3, seed=0, tokenizer=tok)
-        write_dataset(df, root / "data", tok)
-    save_tokenizer(tok, root / "tokenizer.json")
-    import torch
-
-    save_checkpoint(make_model(dtype=torch.float32), root / "run", tokenizer_path=root / "tokenizer.json")
-    return root
-
-
-def test_cli_runs_several_experiments_into_their_folders(workdir):
-    out = workdir / "results"
-    args = ["patch", str(workdir / "run"), str(workdir / "data"), "--experiment", "feedback-swap,probe-direction,residual",
-            "--out", str(out), "--n-boot", "20", "--depths", "0,2", "--scales", "1", "--folds", "2", "--no-figures"]
-    res = CliRunner().invoke(app, args)
-    assert res.exit_code == 0, res.output
-    for name in ("feedback-swap", "probe-direction", "residual"):
-        assert (out / name / "summary.parquet").is_file() and (out / name / "manifest.json").is_file()
-        assert f"wrote {out / name}" in res.output
-    # an existing folder of any of them: refused before anything runs, nothing else written
-    again = CliRunner().invoke(app, args[:4] + ["gate-ablation,feedback-swap"] + args[5:])
-    assert again.exit_code == 2 and "feedback-swap: already exists" in again.output
-    assert not (out / "gate-ablation").exists()
-
-
-def test_cli_refuses_a_repeated_experiment_in_one_line(workdir):
-    res = CliRunner().invoke(app, ["patch", str(workdir / "run"), str(workdir / "data"), "--experiment",
-                                   "feedback-swap,feedback-swap", "--out", str(workdir / "dup")])
-    assert res.exit_code == 2 and "each experiment at most once" in res.output
-    assert len(res.output.strip().splitlines()) == 1 and not (workdir / "dup").exists()

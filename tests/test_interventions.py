@@ -3,7 +3,6 @@ no hook outlives an experiment. Random small models (float64) and a few generate
 import dataclasses
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
@@ -17,7 +16,7 @@ from fbt_probe.interventions.experiments import last_prefix
 from fbt_probe.interventions.probe_edits import apply_edit, fold_edits
 from fbt_probe.probes import fit_binary, grouped_folds
 from fbt_probe.tasks import build_tokenizer, generate, load_spec
-from tests.helpers import make_model, task_pairs, tokens
+from tests.helpers import assert_same_rows, make_model, task_pairs, tokens
 
 MODES = ["standard", "recurrent:1"]
 
@@ -195,17 +194,6 @@ def test_probe_direction_rows(model, batches):
     assert w.loc[w.condition == "probe", "probe_accuracy"].notna().all()
     assert set(w["hook_rule"]) == {"one-pass"}
     assert no_hooks_left(model)
-
-
-def assert_same_rows(a: pd.DataFrame, b: pd.DataFrame) -> None:
-    """Same rows in the same order; float columns equal up to float64 rounding (a real difference in
-    what ran, e.g. a wrong prefix or hook position, moves logits at order 1e-3 or more)."""
-    assert list(a.columns) == list(b.columns) and len(a) == len(b) and len(a) > 0
-    for c in a.columns:
-        if a[c].dtype.kind == "f":
-            np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=1e-9, atol=1e-10, err_msg=c)
-        else:
-            assert a[c].tolist() == b[c].tolist(), c
 
 
 REUSE_CASES = [
