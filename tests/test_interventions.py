@@ -274,3 +274,17 @@ def test_max_pairs_takes_pairs_round_robin_over_groups():
     rows = [r for b in pair_batches(df, label_token_ids(df, tok), batch_size=64, max_pairs=7) for r in b.meta["row"]]
     counts = df.iloc[sorted(rows)].groupby("group_id")["pair_id"].nunique()
     assert sorted(counts.tolist()) == [1, 1, 1, 2, 2]  # a second round only after every group's first pair
+
+
+def test_padded_register_counts_never_share_a_batch():
+    """registers-count pads every input to one token length, so token length alone would put the
+    last pairs of one register count and the first of the next in one batch (whenever the pairs per
+    cell are not a multiple of the batch's), and probe-direction, which fits its probes per
+    (task, length knob) of a batch, would fit one count's probe on another's samples."""
+    tok = build_tokenizer()
+    df = generate(dataclasses.replace(load_spec("registers-count"), length_grid=(2, 4, 8)), groups=3, seed=0, tokenizer=tok)
+    assert df["n_tokens"].nunique() == 1  # the premise: one padded length
+    batches = list(pair_batches(df, label_token_ids(df, tok), batch_size=16, max_pairs=5))
+    assert all(b.meta["length_knob"].nunique() == 1 for b in batches)
+    assert sorted(int(b.meta["length_knob"].iloc[0]) for b in batches) == [2, 4, 8]
+    assert sum(b.n for b in batches) == 3 * 5 * 2  # 5 kept pairs per count (3 groups x m queries >= 6), both samples
