@@ -156,7 +156,9 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
             st.append(Stage(f"train-{name}", {**ck, "steps": cfg.steps}, [out / "models" / name],
                             lambda n=name: stage_train(cfg, out, n), resumable=True))
             trained.append(f"train-{name}")
-    st.append(Stage("eval", {**ck, "eval_pairs": cfg.eval_pairs, "quick": cfg.quick}, [out / "eval"], lambda: stage_eval(cfg, out), after=trained))
+    # "registers": every query register evaluated (before: r0 only), so an earlier study's eval is redone
+    st.append(Stage("eval", {**ck, "eval_pairs": cfg.eval_pairs, "quick": cfg.quick, "registers": "every-query"}, [out / "eval"],
+                    lambda: stage_eval(cfg, out), after=trained))
     st.append(Stage("contraction", {**ck, "passes": cfg.passes}, [out / "diagnostics"], lambda: stage_contraction(cfg, out), after=trained))
     for name in cfg.models():
         dep = [f"train-{name}"] if not cfg.model and not cfg.shipped else []
