@@ -4,7 +4,8 @@ latest write vs all other value tokens ("val right/others"), on that write's who
 other write line ("line"), and on the query's register digit ("q").
 
     python benchmarks/registers_attention.py STATE.pt M            # held-out registers-count, knob M
-    python benchmarks/registers_attention.py STATE.pt M W S        # M registers x W writes, S scratch lines
+    python benchmarks/registers_attention.py STATE.pt M W S [Q,..] # M registers x W writes, S scratch lines
+                                                                   # (queries drawn from the listed registers)
 """
 import sys
 
@@ -37,7 +38,7 @@ if len(sys.argv) > 3:  # short format: m registers, W writes each, S scratch lin
             ids += [V["r"], D[r], V["="], D[v], V["\n"]]
         if S:
             ids += [V["scratch"], V["="], D[3], V["\n"]] + [V["scratch"], V["+="], D[0], V["\n"]] * (S - 1)
-        q = int(g.integers(0, m))
+        q = int(g.integers(0, m)) if len(sys.argv) < 6 else int(g.choice([int(x) for x in sys.argv[5].split(",")]))
         ids += [V["query"], V["="], V["r"], D[q], V["\n"], V["Value"], V[":"]]
         docs.append({"token_ids": ids, "label_word": ["zero", "one"][dict(writes)[q]]})
     s = pd.DataFrame(docs)
@@ -58,9 +59,6 @@ for b, ids in enumerate(s["token_ids"]):
     ids = list(ids)
     q = ids[-4]  # query = r {q} \n Value :
     last, vals = None, []
-    for t in range(len(ids) - 3):
-        if ids[t] == R and ids[t + 2] == EQ and ids[t - 1] in (NL,) or (t == 0 and ids[t] == R):
-            pass
     for t in range(2, len(ids) - 7):
         if ids[t - 1] == EQ and ids[t - 3] == R:  # value token of a write r d = v
             vals.append((t, ids[t - 2]))
