@@ -43,3 +43,34 @@ def task_pairs(groups: int, tasks=("completion", "memory"), knob: int = 8):
     frames = [generate(dataclasses.replace(load_spec(t), length_grid=(knob,)), groups=groups, seed=0, tokenizer=tok)
               for t in tasks]
     return pd.concat(frames, ignore_index=True), tok
+
+
+def assert_same_rows(a, b, rtol: float = 1e-9, atol: float = 1e-10) -> None:
+    """Same rows in the same order; float columns equal up to float64 rounding (a real difference in
+    what ran, e.g. a wrong prefix, a stale cache position or a hook at the wrong position, moves
+    logits at order 1e-3 or more)."""
+    import numpy as np
+
+    assert list(a.columns) == list(b.columns) and len(a) == len(b) and len(a) > 0
+    for c in a.columns:
+        if a[c].dtype.kind == "f":
+            np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=rtol, atol=atol, err_msg=c)
+        else:
+            assert a[c].tolist() == b[c].tolist(), c
+
+
+def patch_workdir(root):
+    """A saved float32 test model (root/run) and completion + memory pairs at lengths 0 and 8
+    (root/data): what `fbt-probe patch` reads."""
+    import dataclasses
+
+    from fbt_probe.model.checkpoint import save_checkpoint
+    from fbt_probe.tasks import build_tokenizer, generate, load_spec, save_tokenizer, write_dataset
+
+    tok = build_tokenizer()
+    for task in ("completion", "memory"):
+        df = generate(dataclasses.replace(load_spec(task), length_grid=(0, 8)), groups=3, seed=0, tokenizer=tok)
+        write_dataset(df, root / "data", tok)
+    save_tokenizer(tok, root / "tokenizer.json")
+    save_checkpoint(make_model(dtype=torch.float32), root / "run", tokenizer_path=root / "tokenizer.json")
+    return root

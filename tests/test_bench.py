@@ -35,6 +35,8 @@ def test_bench_patch_runs_the_commands_and_compares_reuse(tmp_path):
     assert [c["experiment"] for c in r["commands"]] == ["feedback-swap", "residual"]
     assert all(c["exit_code"] == 0 and c["peak_rss_mb"] > 50 for c in r["commands"]), r["commands"]
     assert r["samples"] == 20 and r["tokens"][1] > 1000
+    t = r["together"]  # both in one command: the same tables (same shapes, so rounding at most)
+    assert t["exit_code"] == 0 and "--experiment feedback-swap,residual" in t["command"] and t["max_summary_diff"] < 1e-6, t
     for c in r["compare"]:  # float32: reuse and the full re-run agree to rounding
         assert c["max_summary_diff"] < 1e-3 and c["speedup"] > 0, c
 

@@ -3,7 +3,6 @@ no hook outlives an experiment. Random small models (float64) and a few generate
 import dataclasses
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
@@ -17,7 +16,7 @@ from fbt_probe.interventions.experiments import last_prefix
 from fbt_probe.interventions.probe_edits import apply_edit, fold_edits
 from fbt_probe.probes import fit_binary, grouped_folds
 from fbt_probe.tasks import build_tokenizer, generate, load_spec
-from tests.helpers import make_model, task_pairs, tokens
+from tests.helpers import assert_same_rows, make_model, task_pairs, tokens
 
 MODES = ["standard", "recurrent:1"]
 
@@ -197,17 +196,6 @@ def test_probe_direction_rows(model, batches):
     assert no_hooks_left(model)
 
 
-def assert_same_rows(a: pd.DataFrame, b: pd.DataFrame) -> None:
-    """Same rows in the same order; float columns equal up to float64 rounding (a real difference in
-    what ran, e.g. a wrong prefix or hook position, moves logits at order 1e-3 or more)."""
-    assert list(a.columns) == list(b.columns) and len(a) == len(b) and len(a) > 0
-    for c in a.columns:
-        if a[c].dtype.kind == "f":
-            np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=1e-9, atol=1e-10, err_msg=c)
-        else:
-            assert a[c].tolist() == b[c].tolist(), c
-
-
 REUSE_CASES = [
     (feedback_swap, "recurrent:1", {}), (feedback_swap, "recurrent:3", {}), (feedback_swap, "full", {}),
     (feedback_swap, "jacobi:2", {}),
@@ -286,3 +274,17 @@ def test_max_pairs_takes_pairs_round_robin_over_groups():
     rows = [r for b in pair_batches(df, label_token_ids(df, tok), batch_size=64, max_pairs=7) for r in b.meta["row"]]
     counts = df.iloc[sorted(rows)].groupby("group_id")["pair_id"].nunique()
     assert sorted(counts.tolist()) == [1, 1, 1, 2, 2]  # a second round only after every group's first pair
+
+
+def test_padded_register_counts_never_share_a_batch():
+    """registers-count pads every input to one token length, so token length alone would put the
+    last pairs of one register count and the first of the next in one batch (whenever the pairs per
+    cell are not a multiple of the batch's), and probe-direction, which fits its probes per
+    (task, length knob) of a batch, would fit one count's probe on another's samples."""
+    tok = build_tokenizer()
+    df = generate(dataclasses.replace(load_spec("registers-count"), length_grid=(2, 4, 8)), groups=3, seed=0, tokenizer=tok)
+    assert df["n_tokens"].nunique() == 1  # the premise: one padded length
+    batches = list(pair_batches(df, label_token_ids(df, tok), batch_size=16, max_pairs=5))
+    assert all(b.meta["length_knob"].nunique() == 1 for b in batches)
+    assert sorted(int(b.meta["length_knob"].iloc[0]) for b in batches) == [2, 4, 8]
+    assert sum(b.n for b in batches) == 3 * 5 * 2  # 5 kept pairs per count (3 groups x m queries >= 6), both samples

@@ -1,18 +1,14 @@
 """`fbt-probe patch`: end to end on a saved small checkpoint and a written dataset; outputs, refusals,
 figures drawn from the written tables."""
-import dataclasses
 import json
 
 import pandas as pd
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from fbt_probe.cli import app
 from fbt_probe.interventions import PatchConfig, load_pairs, run
-from fbt_probe.model.checkpoint import save_checkpoint
-from fbt_probe.tasks import build_tokenizer, generate, load_spec, save_tokenizer, write_dataset
-from tests.helpers import make_model
+from tests.helpers import make_model, patch_workdir
 
 runner = CliRunner()
 
@@ -22,14 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("patch")
-    tok = build_tokenizer()
-    for task in ("completion", "memory"):
-        df = generate(dataclasses.replace(load_spec(task), length_grid=(0, 8)), groups=3, seed=0, tokenizer=tok)
-        write_dataset(df, root / "data", tok)
-    save_tokenizer(tok, root / "tokenizer.json")
-    save_checkpoint(make_model(dtype=torch.float32), root / "run", tokenizer_path=root / "tokenizer.json")
-    return root
+    return patch_workdir(tmp_path_factory.mktemp("patch"))
 
 
 def test_patch_cli_writes_tables_manifest_and_figures(workdir):
@@ -81,3 +70,25 @@ def test_residual_and_probe_direction_figures_from_written_tables(workdir):
         FIGURES[name][0](pd_res.summary)
     with pytest.raises(Exception, match="no rows of experiment"):
         FIGURES["ablation-bars"][0](pd_res.summary)
+
+
+def test_patch_cli_runs_several_experiments_into_their_folders(workdir):
+    out = workdir / "several"
+    args = ["patch", str(workdir / "run"), str(workdir / "data"), "--experiment", "feedback-swap,probe-direction,residual",
+            "--out", str(out), "--n-boot", "20", "--depths", "0,2", "--scales", "1", "--folds", "2", "--no-figures"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    for name in ("feedback-swap", "probe-direction", "residual"):
+        assert (out / name / "summary.parquet").is_file() and (out / name / "manifest.json").is_file()
+        assert f"wrote {out / name}" in res.output
+    # an existing folder of any of them: refused before anything runs, nothing else written
+    again = runner.invoke(app, args[:4] + ["gate-ablation,feedback-swap"] + args[5:])
+    assert again.exit_code == 2 and "feedback-swap: already exists" in again.output
+    assert not (out / "gate-ablation").exists()
+
+
+def test_patch_cli_refuses_a_repeated_experiment_in_one_line(workdir):
+    res = runner.invoke(app, ["patch", str(workdir / "run"), str(workdir / "data"), "--experiment",
+                                   "feedback-swap,feedback-swap", "--out", str(workdir / "dup")])
+    assert res.exit_code == 2 and "each experiment at most once" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and not (workdir / "dup").exists()

@@ -336,3 +336,31 @@ def test_answer_weighting_per_document():
     assert TrainConfig.from_dict(old, legacy=True).answer_share is None
     with pytest.raises(FbtError, match="field 'answer_share' missing"):
         TrainConfig.from_dict(old)
+
+
+def test_held_out_register_accuracy_queries_every_register():
+    """A register group holds one pair per query register, in register order; taking each group's
+    first pair (as before) evaluated `query = r0` only. The k-th group of a cell now gives its pair
+    k mod m: each register is queried equally often (within one) in every cell, all contexts held
+    out. Completion and memory still give each group's first pair."""
+    import re
+
+    from fbt_probe.tasks import build_tokenizer
+    from fbt_probe.training.data import heldout
+    from fbt_probe.training.evaluate import eval_samples
+
+    tok = build_tokenizer()
+    cfg = TrainConfig()
+    df = eval_samples(cfg, tok, pairs=16)
+    for task, m_of in (("registers", lambda k: 8), ("registers-count", lambda k: k)):
+        for knob, cell in df[df["task"] == task].groupby("length_knob"):
+            assert len(cell) == 32 and cell["group_id"].nunique() == 16  # 16 pairs, one per group
+            asked = cell.groupby("pair_id")["text"].first().map(lambda t: int(re.search(r"query = r(\d)", t).group(1)))
+            counts = asked.value_counts().reindex(range(m_of(knob)), fill_value=0)
+            assert counts.max() - counts.min() <= 1 and counts.sum() == 16, (task, knob, counts.to_dict())
+    held = heldout(cfg)
+    assert all(c in held for c in df["context_id"])
+    for task in ("completion", "memory"):  # unchanged: the lowest pair id of each group
+        sub = df[df["task"] == task]
+        first = sub.groupby(["length_knob", "group_id"])["pair_id"].transform("min")
+        assert (sub["pair_id"] == first).all()

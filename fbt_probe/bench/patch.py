@@ -3,7 +3,10 @@
 1. Each experiment as the command a researcher runs (`fbt-probe patch RUN DATASET --experiment E
    --mode M --out TMP`, figures included), one process each: wall time and that process's peak
    RSS (its VmHWM, written on exit).
-2. On a subset (`compare_pairs` pairs per task x length cell), each experiment in this process with
+2. The same experiments as one command (`--experiment a,b,...`: the final-position experiments share
+   each batch's prefill, `fbt_probe.interventions.combined`): wall time, peak RSS, and the largest
+   difference between its summary tables and the separate commands'.
+3. On a subset (`compare_pairs` pairs per task x length cell), each experiment in this process with
    prefix reuse on and off (`--no-prefix-reuse`, the full re-run per condition): the ratio of their
    compute times, and the largest difference between their summary tables (they must agree up to
    float rounding).
@@ -117,12 +120,23 @@ def run_patch_bench(run: str = "tiny", dataset: Path | None = None, experiments=
             if progress is not None:
                 c = commands[-1]
                 progress(f"{exp}: {c['seconds']:.1f} s, peak RSS {c['peak_rss_mb']:.0f} MB, exit {c['exit_code']}")
+        together = None
+        if len(experiments) > 1:  # the same experiments as one command (they share each batch's prefill)
+            args = ["patch", str(run), str(data), "--experiment", ",".join(experiments), "--mode", mode,
+                    "--out", str(tmp / "together"), "--seed", str(seed)]
+            together = {"command": " ".join(["fbt-probe"] + args), **run_command(args, tmp / "peak-together.txt")}
+            together["max_summary_diff"] = max(
+                (_summary_diff(pd.read_parquet(tmp / "out" / e / "summary.parquet"), pd.read_parquet(tmp / "together" / e / "summary.parquet"))
+                 for e in experiments), default=float("nan")) if together["exit_code"] == 0 else float("nan")
+            if progress is not None:
+                progress(f"all in one command: {together['seconds']:.1f} s, peak RSS {together['peak_rss_mb']:.0f} MB, "
+                         f"exit {together['exit_code']}")
         compare = compare_reuse(run, data, experiments, mode, compare_pairs, seed) if compare_pairs > 0 else []
     return {
         "run": str(run), "mode": mode, "dataset": str(dataset) if dataset is not None else "fbt-probe tasks generate completion (defaults)",
         "samples": len(frame), "tokens": [int(frame["n_tokens"].min()), int(frame["n_tokens"].max())],
         "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-        "commands": commands, "total_s": sum(c["seconds"] for c in commands), "compare_pairs": compare_pairs,
+        "commands": commands, "total_s": sum(c["seconds"] for c in commands), "together": together, "compare_pairs": compare_pairs,
         "compare": compare, "provenance": provenance(seed=seed),
     }
 
@@ -136,7 +150,13 @@ def to_markdown(r: dict) -> str:
     for c in r["commands"]:
         note = f" ({c['error'][0]})" if c.get("error") else ""
         lines.append(f"| {c['experiment']} | {c['seconds']:.1f} s | {c['peak_rss_mb']:,.0f} MB | {c['exit_code']}{note} |")
-    lines.append(f"| **all {len(r['commands'])}** | **{r['total_s']:.1f} s** | max {max(c['peak_rss_mb'] for c in r['commands']):,.0f} MB | |")
+    lines.append(f"| **all {len(r['commands'])}**, one command each | **{r['total_s']:.1f} s** | max {max(c['peak_rss_mb'] for c in r['commands']):,.0f} MB | |")
+    t = r.get("together")
+    if t:
+        note = f" ({t['error'][0]})" if t.get("error") else ""
+        lines.append(f"| **all {len(r['commands'])} in one command** (`--experiment {','.join(c['experiment'] for c in r['commands'])}`) "
+                     f"| **{t['seconds']:.1f} s** | {t['peak_rss_mb']:,.0f} MB | {t['exit_code']}{note} |")
+        lines += ["", f"The one command's summary tables against the separate commands': largest difference {t['max_summary_diff']:.1e}."]
     if r["compare"]:
         lines += ["", f"Prefix reuse vs the full re-run per condition ({r['compare_pairs']} pairs per cell, compute only):", "",
                   "| experiment | reuse | full re-run | speed-up | largest summary difference |", "|---|---:|---:|---:|---:|"]

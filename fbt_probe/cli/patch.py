@@ -32,8 +32,8 @@ def _floats(spec: str, what: str) -> tuple[float, ...]:
 def patch(
     run: Annotated[str, typer.Argument(help="Run / checkpoint folder (config.json, model.safetensors, tokenizer.json) or a preset name (random init).", show_default=False)],
     dataset: Annotated[Path, typer.Argument(help="A dataset .parquet (with its .manifest.json) or a folder of them.", show_default=False)],
-    experiment: Annotated[str, typer.Option(help="feedback-swap | state-replacement | gate-ablation | residual | probe-direction | attribution | das.")],
-    out: Annotated[Path, typer.Option("--out", help="Results folder; this experiment writes OUT/<experiment>/.")],
+    experiment: Annotated[str, typer.Option(help="feedback-swap | state-replacement | gate-ablation | residual | probe-direction | attribution | das; several comma-separated run in one command (the final-position ones share one prefill).")],
+    out: Annotated[Path, typer.Option("--out", help="Results folder; each experiment writes OUT/<experiment>/.")],
     mode: Annotated[str, typer.Option(help="Prefill mode(s), comma-separated: standard, recurrent:k, full, jacobi:K.")] = "recurrent:1",
     tasks: Annotated[Optional[str], typer.Option(help="Only these tasks (comma-separated; default all in DATASET).")] = None,
     lengths: Annotated[Optional[str], typer.Option(help="Length knobs to keep, comma-separated or 'all' (residual default: the shortest per task).")] = None,
@@ -58,12 +58,14 @@ def patch(
     figures: Annotated[bool, typer.Option(help="Draw the experiment's figures into OUT/<experiment>/figures/.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing OUT/<experiment>/.")] = False,
 ) -> None:
-    """Run one causal intervention experiment over the minimal pairs of DATASET.
+    """Run causal intervention experiments over the minimal pairs of DATASET.
 
     Writes rows.parquet|csv (one row per sample of a pair x condition x metric), summary.parquet|csv
     (mean with bootstrap CI over pairs; length_knob -1 = pooled), manifest.json and figures/.
 
     Example: fbt-probe patch runs/tiny data/tasks --experiment feedback-swap --mode recurrent:1 --out results/ ;
+    fbt-probe patch runs/tiny data/tasks --experiment feedback-swap,state-replacement,gate-ablation,residual,probe-direction --out results/
+    (one command: the final-position experiments share each batch's prefill) ;
     fbt-probe patch runs/tiny data/tasks --experiment attribution --mode standard,jacobi:2 --check 10 --out results/ ;
     fbt-probe patch runs/tiny data/tasks --experiment das --mode recurrent:1 --ks 1,2,4,8 --out results/ ;
     torchrun --standalone --nproc_per_node 2 -m fbt_probe patch runs/tiny data/tasks --experiment residual --out results/
@@ -75,24 +77,37 @@ def patch(
     from fbt_probe.loading import open_pairs
     from fbt_probe.model.modes import parse_modes
 
-    cfg = PatchConfig(experiment=experiment, modes=tuple(str(m) for m in parse_modes(mode)), batch_size=batch_size,
-                      min_gap=min_gap, n_boot=n_boot, seed=seed, max_pairs=max_pairs, lengths=_ints(lengths, "lengths"),
-                      depths=_ints(depths, "depths"), last_k=last_k, scales=_floats(scales, "scales"), n_folds=folds,
-                      erase=erase, decoding=decoding, check=check, ks=_ints(ks, "ks") or (1, 2, 4, 8), steps=steps, lr=lr, prefix_reuse=prefix_reuse,
-                      hooks=tuple(h.strip() for h in hooks.split(",") if h.strip()) if hooks else None)
+    names = [e.strip() for e in experiment.split(",") if e.strip()]
+    cfgs = [PatchConfig(experiment=name, modes=tuple(str(m) for m in parse_modes(mode)), batch_size=batch_size,
+                        min_gap=min_gap, n_boot=n_boot, seed=seed, max_pairs=max_pairs, lengths=_ints(lengths, "lengths"),
+                        depths=_ints(depths, "depths"), last_k=last_k, scales=_floats(scales, "scales"), n_folds=folds,
+                        erase=erase, decoding=decoding, check=check, ks=_ints(ks, "ks") or (1, 2, 4, 8), steps=steps, lr=lr,
+                        prefix_reuse=prefix_reuse, hooks=tuple(h.strip() for h in hooks.split(",") if h.strip()) if hooks else None)
+            for name in names or [experiment]]
+    from fbt_probe.errors import FbtError
     from fbt_probe.interventions.runner import RESULTS_KIND, is_results_folder
 
-    replacing = refuse_existing(out / experiment, force, own=is_results_folder, kind=RESULTS_KIND)  # before loading anything
+    if len(set(names)) != len(names):
+        raise FbtError(f"--experiment {experiment}: each experiment at most once")
+    replacing = [out / c.experiment for c in cfgs  # before loading anything
+                 if refuse_existing(out / c.experiment, force, own=is_results_folder, kind=RESULTS_KIND)]
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
     from fbt_probe.distributed import device_for
 
     lm, df = open_pairs(run, dataset, task_list, device=device_for(device), seed=seed)  # torchrun: cuda -> cuda:LOCAL_RANK
-    res = run_patch(lm.model, df, cfg, out=out, force=force, model_info=lm.provenance(), figures=figures)
-    if res is None:  # torchrun: rank 0 gathers, summarizes and writes (fbt_probe.interventions.runner.run)
+    if len(cfgs) == 1:
+        res = run_patch(lm.model, df, cfgs[0], out=out, force=force, model_info=lm.provenance(), figures=figures)
+        done = None if res is None else [res]
+    else:
+        from fbt_probe.interventions.combined import run_several
+
+        done = run_several(lm.model, df, cfgs, out=out, force=force, model_info=lm.provenance(), figures=figures)
+    if done is None:  # torchrun: rank 0 gathers, summarizes and writes (fbt_probe.interventions.runner.run)
         return
-    _report(res)
-    if replacing:
-        typer.echo(f"replaced the earlier results in {out / experiment}")
+    for res in done:
+        _report(res)
+    for path in replacing:
+        typer.echo(f"replaced the earlier results in {path}")
 
 
 def _report(res) -> None:

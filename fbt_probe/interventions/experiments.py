@@ -24,6 +24,7 @@ import torch
 
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import act_name, depth_name
+from fbt_probe.interventions import pool
 from fbt_probe.interventions.edits import capture, patch_rows_at, set_at, stitch
 from fbt_probe.interventions.metrics import score
 from fbt_probe.interventions.pairs import PairBatch
@@ -52,8 +53,12 @@ def final_logits(model, tokens: torch.Tensor, mode: str, hooks=(), serial: bool 
 
 
 def last_prefix(model, tokens: torch.Tensor, mode: str, reuse: bool = True) -> Prefix | None:
-    """Everything before the final position, computed once (None: each run re-runs the whole sequence)."""
-    return build_prefix(model, tokens, mode) if reuse else None
+    """Everything before the final position, computed once (None: each run re-runs the whole sequence).
+    Inside `pool.sharing` the prefix comes from the active pool (built once for every experiment)."""
+    if not reuse:
+        return None
+    shared = pool.active()
+    return build_prefix(model, tokens, mode) if shared is None else shared.get(model, tokens, mode)
 
 
 def check_depths(depths, model) -> None:
@@ -144,12 +149,13 @@ def pick_donors(meta: pd.DataFrame, seed: int = 0) -> np.ndarray:
 
 
 def state_replacement(model, batches: Iterable[PairBatch], mode: str = "recurrent:1", min_gap: float = 0.1,
-                      seed: int = 0, reuse: bool = True) -> pd.DataFrame:
+                      seed: int = 0, reuse: bool = True, carried: tuple | None = None) -> pd.DataFrame:
     """Replace the carried state into the final position (one-pass, `fusion.hook_feedback`) by: zero
     (the fused input then collapses to 0), the task's mean state, a random vector of the same norm,
-    or a non-partner donor's state (another pair, opposite label). normalized = 1: no effect."""
+    or a non-partner donor's state (another pair, opposite label). normalized = 1: no effect.
+    `carried`: `carried_last_states` of these batches, when already computed (the first pass)."""
     batches = list(batches)
-    states, meta = carried_last_states(model, batches, mode, reuse)
+    states, meta = carried if carried is not None else carried_last_states(model, batches, mode, reuse)
     donors = torch.as_tensor(pick_donors(meta, seed), device=states.device)
     means = {t: states[torch.tensor(sub.index.to_numpy(), device=states.device)].mean(0)
              for t, sub in meta.groupby("task")}
@@ -215,12 +221,13 @@ def _gate_hooks(model, condition: str, batch: PairBatch, mean_gate: torch.Tensor
 
 
 def gate_ablation(model, batches: Iterable[PairBatch], mode: str = "recurrent:1", min_gap: float = 0.1,
-                  decoding: bool = True, reuse: bool = True) -> pd.DataFrame:
+                  decoding: bool = True, reuse: bool = True, means: dict | None = None) -> pd.DataFrame:
     """Gate σ(W_G e) at the final position set to the task's mean gate, to ones, to zero, or fusion
     bypassed (plain embedding): under the prefill `mode` (one-pass) and, with `decoding`, for the
-    answer under Std decoding (no feedback: the control) and Soft decoding (kv-step path)."""
+    answer under Std decoding (no feedback: the control) and Soft decoding (kv-step path).
+    `means`: `mean_gates` over every batch of the run, when these batches are a part of it."""
     batches = list(batches)
-    means = mean_gates(model, batches)
+    means = mean_gates(model, batches) if means is None else means
     out = []
     for batch in batches:
         batch = batch.to(device_of(model))

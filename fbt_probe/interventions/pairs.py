@@ -104,7 +104,8 @@ def _pair_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def pair_batches(df: pd.DataFrame, label_ids: dict, batch_size: int = 32, max_pairs: int | None = None,
                  lengths=None) -> Iterator[PairBatch]:
-    """Batches of at most `batch_size` rows (batch_size // 2 pairs), one task and one token length each.
+    """Batches of at most `batch_size` rows (batch_size // 2 pairs), one task, one token length and
+    one length knob each.
 
     `max_pairs` keeps that many pairs of each task × length-knob cell, round-robin over groups
     (each group's first pair, then each group's second, ...: the first pair ids of a register cell
@@ -122,7 +123,9 @@ def pair_batches(df: pd.DataFrame, label_ids: dict, batch_size: int = 32, max_pa
     if max_pairs is not None:
         pairs = round_robin(pairs, max_pairs, ("task", "knob"))
     per = max(1, batch_size // 2)
-    for (task, _), cell in pairs.groupby(["task", "n_tokens"], sort=True):
+    # a length knob per batch too: padded register inputs share one token length across register
+    # counts, and probe-direction fits its probes per (task, knob) cell of a batch
+    for (task, _, _), cell in pairs.groupby(["task", "n_tokens", "knob"], sort=True):
         for s in range(0, len(cell), per):
             yield _batch(df, cell.iloc[s:s + per], label_ids[str(task)])
 

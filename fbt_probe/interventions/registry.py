@@ -128,10 +128,6 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _options(name: str, *knobs: str) -> type:
     """A frozen dataclass of the `PatchConfig` fields `knobs`: same types and defaults, documented
     there (each knob is declared once)."""

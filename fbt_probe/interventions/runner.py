@@ -77,21 +77,28 @@ def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | 
     E.check_depths(cfg.depths, model)
     lengths, max_pairs = _cell_filter(df, cfg)
     model.eval()
-    out, notes, tables = [], [], {}
+    out = []
     for mode in cfg.modes:
         batches = list(pair_batches(df, label_ids, cfg.batch_size, max_pairs, lengths))
         w = _shared_out(model, batches, cfg, mode)
-        if w is None:  # another rank's rows, gathered on rank 0
-            continue
+        if w is not None:  # None: another rank's rows, gathered on rank 0
+            out.append((mode, w))
+    if not distributed.world().main:
+        return None
+    return assemble(cfg.experiment, out)
+
+
+def assemble(experiment: str, parts: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
+    """[(mode, that mode's wide rows)] -> one experiment's wide rows, notes prefixed by their mode
+    and extra tables concatenated (in attrs)."""
+    notes, tables = [], {}
+    for mode, w in parts:
         notes += [f"{mode}: {n}" for n in w.attrs.get("notes", [])]
         for name, t in w.attrs.pop("tables", {}).items():  # DataFrames in attrs would break pd.concat
             tables.setdefault(name, []).append(t)
-        out.append(w)
-    if not distributed.world().main:
-        return None
-    wide = pd.concat(out, ignore_index=True)
+    wide = pd.concat([w for _, w in parts], ignore_index=True)
     if wide.empty:  # every cell skipped: say why instead of failing in the summary
-        raise FbtError(f"{cfg.experiment}: no cell could run ({'; '.join(notes[:2]) or 'no pairs'})")
+        raise FbtError(f"{experiment}: no cell could run ({'; '.join(notes[:2]) or 'no pairs'})")
     wide.attrs["notes"] = notes
     wide.attrs["tables"] = {k: pd.concat(v, ignore_index=True) for k, v in tables.items()}
     return wide
@@ -191,6 +198,14 @@ def run(model, df: pd.DataFrame, cfg: PatchConfig, out: str | Path | None = None
     wide = run_experiment(model, df, cfg, label_ids)
     if wide is None:
         return None
+    res = results_of(wide, cfg, df, model_info)
+    if target is not None:
+        write_results(res, target, force, figures)
+    return res
+
+
+def results_of(wide: pd.DataFrame, cfg: PatchConfig, df: pd.DataFrame, model_info: dict | None = None) -> Results:
+    """The wide rows of every mode of one experiment -> long rows, summary, manifest and tables."""
     tables = wide.attrs.pop("tables", {})
     long, summary = analyse(wide, cfg)
     manifest = manifest_for(cfg, long, wide.attrs.get("notes", []), model_info or {}, df)
@@ -198,6 +213,4 @@ def run(model, df: pd.DataFrame, cfg: PatchConfig, out: str | Path | None = None
         long, tables = split_rows(long, tables)
     res = Results(long, summary, manifest, tables=tables)
     res.manifest["files"] += [f"{n}.{ext}" for n in tables for ext in ("parquet", "csv") if ext == "parquet" or n not in PARQUET_ONLY]
-    if target is not None:
-        write_results(res, target, force, figures)
     return res

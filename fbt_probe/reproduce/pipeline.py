@@ -11,7 +11,8 @@ import pandas as pd
 from fbt_probe.activations import extract
 from fbt_probe.errors import FbtError
 from fbt_probe.interventions.registry import EXPERIMENTS as REGISTRY
-from fbt_probe.interventions.runner import PatchConfig, run
+from fbt_probe.interventions.combined import run_several
+from fbt_probe.interventions.runner import PatchConfig
 from fbt_probe.io import atomic_dir, atomic_path, read_json
 from fbt_probe.loading import checkpoint_hash, load_model, load_pairs
 from fbt_probe.probes.sweep import ProbeConfig, probe_sweep, write_results
@@ -127,12 +128,12 @@ def stage_patch(cfg: ReproConfig, out: Path, name: str) -> None:
     df = df[keep].reset_index(drop=True).__finalize__(df)  # each task at its own lengths
     info = {"model": str(path), "checkpoint_sha256": checkpoint_hash(path)}
     lengths = tuple(sorted({k for ks in cfg.patch_knobs.values() for k in ks}))
-    for exp in EXPERIMENTS:
-        modes = REGISTRY[exp].study_modes
-        pc = PatchConfig(experiment=exp, modes=modes, max_pairs=cfg.patch_pairs, lengths=lengths, seed=cfg.seed,
-                         n_boot=300 if cfg.quick else 1000, last_k=(3 if cfg.quick else 4) if exp == "residual" else None,
-                         n_folds=4, scales=(1.0, 4.0))  # the 15-minute study's budget: last 4 positions, 2 scales
-        run(model, df, pc, out=out / "results" / "interventions" / name, force=True, model_info=info, figures=False)
+    pcs = [PatchConfig(experiment=exp, modes=REGISTRY[exp].study_modes, max_pairs=cfg.patch_pairs, lengths=lengths, seed=cfg.seed,
+                       n_boot=300 if cfg.quick else 1000, last_k=(3 if cfg.quick else 4) if exp == "residual" else None,
+                       n_folds=4, scales=(1.0, 4.0))  # the 15-minute study's budget: last 4 positions, 2 scales
+           for exp in EXPERIMENTS]
+    # one call: the final-position experiments share each batch's prefill (the same tables as one by one)
+    run_several(model, df, pcs, out=out / "results" / "interventions" / name, force=True, model_info=info, figures=False)
 
 
 def methods_stages(cfg: ReproConfig, out: Path, name: str, ck: dict, after: list[str]) -> list[Stage]:
@@ -155,7 +156,9 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
             st.append(Stage(f"train-{name}", {**ck, "steps": cfg.steps}, [out / "models" / name],
                             lambda n=name: stage_train(cfg, out, n), resumable=True))
             trained.append(f"train-{name}")
-    st.append(Stage("eval", {**ck, "eval_pairs": cfg.eval_pairs, "quick": cfg.quick}, [out / "eval"], lambda: stage_eval(cfg, out), after=trained))
+    # "registers": every query register evaluated (before: r0 only), so an earlier study's eval is redone
+    st.append(Stage("eval", {**ck, "eval_pairs": cfg.eval_pairs, "quick": cfg.quick, "registers": "every-query"}, [out / "eval"],
+                    lambda: stage_eval(cfg, out), after=trained))
     st.append(Stage("contraction", {**ck, "passes": cfg.passes}, [out / "diagnostics"], lambda: stage_contraction(cfg, out), after=trained))
     for name in cfg.models():
         dep = [f"train-{name}"] if not cfg.model and not cfg.shipped else []
