@@ -5,8 +5,9 @@ Documents are built directly as token ids in the package's task language (checke
 `fbt_probe.tasks.words_of` once at start): writes `r{i} = {v}`, scratch lines, then Q queries
 `query = r{i}` / `Value:` + answer word, each answer supervised. Held-out evaluation uses the
 package's own `eval_samples` / `answer_accuracy` on registers-count (m = 1,2,4,8) and registers
-(2/4/8 writes), i.e. exactly the numbers `run_training` logs -- which query register 0 only; with
---all-queries every query register of `--eval-pairs` held-out groups per cell.
+(2/4/8 writes), i.e. exactly the numbers `run_training` logs (register 0 only before commit
+40f814c, rotating over the registers since); with --all-queries every query register of
+`--eval-pairs` held-out groups per cell.
 
     python benchmarks/registers_dense.py --name R12 --m 2 --writes wpr:1,wpr:2 --scratch 0 --queries 2 \
         --batch 64 --steps 400 --save runs/registers-dense/R12.pt

@@ -1,6 +1,6 @@
 """Issue 15 (BENCHMARKS.md, "Registers: R10-"): held-out Std accuracy of a state dict on EVERY
-query register, per cell and per query register at knob 8. (`eval_samples`, which `run_training`
-logs, keeps the first pair of each group: always the query of register 0.)
+query register, per cell and per query register at knob 8 (every pair of each held-out group;
+`eval_samples` takes one pair per group, before commit 40f814c always the query of register 0).
 
     python benchmarks/registers_eval_all.py STATE.pt [GROUPS_PER_CELL]
 """
