@@ -338,11 +338,11 @@ def test_answer_weighting_per_document():
         TrainConfig.from_dict(old)
 
 
-def test_held_out_register_accuracy_queries_every_register():
+def test_held_out_accuracy_asks_every_kind_of_pair_a_group_holds():
     """A register group holds one pair per query register, in register order; taking each group's
     first pair (as before) evaluated `query = r0` only. The k-th group of a cell now gives its pair
     k mod m: each register is queried equally often (within one) in every cell, all contexts held
-    out. Completion and memory still give each group's first pair."""
+    out. The same rule gives completion both of a group's `required` counts."""
     import re
 
     from fbt_probe.tasks import build_tokenizer
@@ -360,7 +360,10 @@ def test_held_out_register_accuracy_queries_every_register():
             assert counts.max() - counts.min() <= 1 and counts.sum() == 16, (task, knob, counts.to_dict())
     held = heldout(cfg)
     assert all(c in held for c in df["context_id"])
-    for task in ("completion", "memory"):  # unchanged: the lowest pair id of each group
-        sub = df[df["task"] == task]
-        first = sub.groupby(["length_knob", "group_id"])["pair_id"].transform("min")
-        assert (sub["pair_id"] == first).all()
+    # completion: a group {a, b} holds the pairs required = a and required = b (completed differs);
+    # each group's first pair alone had required < completed in every "more" sample
+    comp = df[df["task"] == "completion"]["text"].str.extract(r"required = (\d+)\ncompleted = (\d+)").astype(int)
+    below, above = int((comp[1] < comp[0]).sum()), int((comp[1] > comp[0]).sum())
+    assert below > 0 and above > 0 and abs(below - above) <= 3, (below, above)
+    mem = df[df["task"] == "memory"]
+    assert (mem.groupby(["length_knob", "group_id"])["pair_id"].nunique() == 1).all()

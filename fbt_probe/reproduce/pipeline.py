@@ -156,8 +156,8 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
             st.append(Stage(f"train-{name}", {**ck, "steps": cfg.steps}, [out / "models" / name],
                             lambda n=name: stage_train(cfg, out, n), resumable=True))
             trained.append(f"train-{name}")
-    # "registers": every query register evaluated (before: r0 only), so an earlier study's eval is redone
-    st.append(Stage("eval", {**ck, "eval_pairs": cfg.eval_pairs, "quick": cfg.quick, "registers": "every-query"}, [out / "eval"],
+    # every kind of pair a group holds evaluated (before: its first: r0 only, required = the smaller count), so an earlier study's eval is redone
+    st.append(Stage("eval", {**ck, "eval_pairs": cfg.eval_pairs, "quick": cfg.quick, "pairs": "every-kind"}, [out / "eval"],
                     lambda: stage_eval(cfg, out), after=trained))
     st.append(Stage("contraction", {**ck, "passes": cfg.passes}, [out / "diagnostics"], lambda: stage_contraction(cfg, out), after=trained))
     for name in cfg.models():

@@ -24,26 +24,25 @@ DECODING_OF_MODE = {"standard": "Std/Soft", "jacobi:2": "Fused", "recurrent:1": 
 
 def eval_samples(cfg: TrainConfig, tokenizer, pairs: int = 32, knobs: dict | None = None, seed: int = 10_000) -> pd.DataFrame:
     """`pairs` minimal pairs per task x length cell, drawn only from contexts held out of training:
-    one pair from each of as many groups, so a register cell mixes many schedules. A completion or
-    memory group gives its first pair. A register group holds one pair per query register (in
-    register order), and the k-th group of a cell gives its pair k mod m: every register is queried,
-    not only r0 (which the first pair of every group would be)."""
+    one pair from each of as many groups, so a register cell mixes many schedules. The k-th group
+    of a cell gives its pair k mod (pairs in the group), so every kind of pair a group holds is
+    asked about: every query register of a register group (its first pair would always be
+    `query = r0`), and both `required` counts of a completion group (its first pair would always
+    have required = the smaller count). A memory group holds one pair per length."""
     knobs = knobs or cfg.knobs or TRAIN_KNOBS
     frames = []
     for task in cfg.tasks:
         spec = dataclasses.replace(load_spec(task), length_grid=tuple(knobs[task]))
         df = generate(spec, groups=pairs, seed=seed, tokenizer=tokenizer, contexts=heldout(cfg))
-        frames.append(_one_pair_per_group(df, rotate=spec.kind == "registers").groupby("length_knob", sort=False).head(2 * pairs))
+        frames.append(_one_pair_per_group(df).groupby("length_knob", sort=False).head(2 * pairs))
     return pd.concat(frames, ignore_index=True)
 
 
-def _one_pair_per_group(df: pd.DataFrame, rotate: bool) -> pd.DataFrame:
-    """The rows of one pair per (length knob, group): the group's first pair, or with `rotate` its
-    pair k mod (pairs in the group) for the k-th group of the cell (in order of appearance)."""
+def _one_pair_per_group(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of one pair per (length knob, group): pair k mod (pairs in the group), in pair-id
+    order, of the k-th group of the cell (in order of appearance)."""
     keys = ["length_knob", "group_id"]
     rank = df.groupby(keys, sort=False)["pair_id"].rank(method="dense").astype(int) - 1  # the pair's index in its group
-    if not rotate:
-        return df[rank == 0]
     n_pairs = df.groupby(keys, sort=False)["pair_id"].transform("nunique")
     first_row = df.drop_duplicates(keys)
     k = pd.Series(first_row.groupby("length_knob", sort=False).cumcount().to_numpy(), index=pd.MultiIndex.from_frame(first_row[keys]))
