@@ -100,6 +100,31 @@ def test_pack_refuses_to_replace_a_folder_that_is_not_a_reference_model(packed, 
     assert (tmp_path / "toy" / "mine.txt").read_text() == "keep"
 
 
+def test_pack_re_evaluates_a_shipped_model_by_name_and_keeps_its_training_record(packed, tmp_path, monkeypatch):
+    """After a change to evaluation the shipped cards are redone without the training run (it is not
+    shipped): `model pack ref:<name>` recomputes the accuracy tables from the shipped weights and keeps
+    what only training knew (command, CPU, time, steps). Oracle: the tables pack wrote from the run."""
+    import shutil
+
+    root = tmp_path / "refs"
+    shutil.copytree(packed, root)
+    monkeypatch.setattr(reference, "ROOT", root)
+    want = reference.record("toy", root)
+    rec = json.loads((root / "toy" / reference.RECORD).read_text())
+    rec["accuracy"]["rows"], rec["check"]["rows"] = [], []  # stale tables must be recomputed, not kept
+    rec["command"], rec["cpu"] = "fbt-probe train --the-line-that-trained-it", "the training machine"
+    (root / "toy" / reference.RECORD).write_text(json.dumps(rec))
+    res = runner.invoke(app, ["model", "pack", "ref:toy", "--name", "toy", "--eval-pairs", "2", "--force"])
+    assert res.exit_code == 0, res.output
+    got = reference.record("toy", root)
+    assert got["accuracy"] == want["accuracy"] and got["check"] == want["check"]
+    assert (got["command"], got["cpu"]) == (rec["command"], rec["cpu"])
+    assert (got["steps"], got["train_seconds"], got["checkpoint_sha256"]) == (want["steps"], want["train_seconds"], want["checkpoint_sha256"])
+    assert got["sha256"]["model.safetensors"] == want["sha256"]["model.safetensors"]
+    assert "the-line-that-trained-it" in (root / "toy" / "card.md").read_text()
+    assert reference.folder("ref:toy", root) == root / "toy"  # every hash verifies after the rewrite
+
+
 def test_eval_and_diagnose_contraction_take_a_shipped_model_by_name(tmp_path):
     """A shipped model has no optimizer state; `diagnose contraction` and `eval` still read it by name
     (issue 15: Fig. 3 over seeds includes the shipped seed). Oracle: the contraction table recomputed

@@ -155,7 +155,7 @@ def refs() -> None:
 
 @app.command()
 def pack(
-    run: Annotated[Path, typer.Argument(help="A finished training run folder (fbt-probe train).")],
+    run: Annotated[str, typer.Argument(help="A finished training run folder (fbt-probe train), or ref:<name> to re-evaluate a shipped model and rewrite its card (its training record is kept).")],
     name: Annotated[str, typer.Option(help="Reference name (lower case, digits, '-').")],
     out: Annotated[Path | None, typer.Option(help="Folder of reference models (default: the package's).")] = None,
     eval_pairs: Annotated[int, typer.Option(help="Held-out minimal pairs per task x length for the model card.")] = 16,
@@ -166,6 +166,7 @@ def pack(
     model card (card.md) and the sha256 record every load verifies (reference.json).
 
     Example: fbt-probe model pack runs/reference/models/feedback --name tiny-feedback --force
+    (after a change to evaluation: fbt-probe model pack ref:tiny-feedback --name tiny-feedback --force)
     """
     import re
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pandas as pd
 
 from fbt_probe.errors import FbtError
-from fbt_probe.io import atomic_dir, sha256_file, write_json
+from fbt_probe.io import atomic_dir, read_json, sha256_file, write_json
 from fbt_probe.model.checkpoint import checkpoint_hash
 from fbt_probe.provenance import provenance
-from fbt_probe.reference import FILES, RECORD, ROOT
+from fbt_probe.reference import FILES, RECORD, ROOT, is_reference
 from fbt_probe.tasks import load_tokenizer
 from fbt_probe.training.arch import ARCHS
-from fbt_probe.training.checkpoint import load_run
+from fbt_probe.training.checkpoint import load_run, load_trained
 from fbt_probe.training.config import TRAIN_KNOBS
 from fbt_probe.training.evaluate import EVAL_MODES, answer_accuracy, eval_samples
 
@@ -55,10 +55,16 @@ def retrain_command(cfg, name: str) -> str:
 
 def pack(run: str | Path, name: str, out_root: str | Path = ROOT, eval_pairs: int = 16, force: bool = False,
          command: str | None = None) -> Path:
-    run = Path(run)
-    model, cfg, _, step = load_run(run)  # verifies the run (config, weights, tokenizer, train state)
+    prior = None
+    if is_reference(str(run)):  # re-evaluate a shipped model (after an evaluation change): its training record stays
+        model, cfg, run = load_trained(str(run))  # verifies every shipped file's sha256
+        prior = read_json(run / RECORD, f"reference record of {run.name}")
+        step = prior["steps"]
+    else:
+        run = Path(run)
+        model, cfg, _, step = load_run(run)  # verifies the run (config, weights, tokenizer, train state)
     tok = load_tokenizer(run / "tokenizer.json")
-    command = command or retrain_command(cfg, name)
+    command = command or (prior["command"] if prior else retrain_command(cfg, name))
     modes = ARCHS[cfg.arch].eval_modes or EVAL_MODES
     acc = answer_accuracy(model, eval_samples(cfg, tok, pairs=eval_pairs), tok, modes=modes)
     check = check_slice(model, cfg, tok)
@@ -67,7 +73,7 @@ def pack(run: str | Path, name: str, out_root: str | Path = ROOT, eval_pairs: in
     rec = {
         "name": name, "arch": cfg.arch, "baseline": cfg.baseline, "seed": cfg.seed, "steps": step,
         "train": cfg.to_dict(), "train_seconds": round(seconds, 1), "checkpoint_sha256": checkpoint_hash(run),
-        "command": command, "cpu": cpu_name(),
+        "command": command, "cpu": prior["cpu"] if prior else cpu_name(),  # the machine it was trained on
         "knobs": {task: list((cfg.knobs or TRAIN_KNOBS)[task]) for task in cfg.tasks},
         "check": {"pairs": CHECK_PAIRS, "seed": CHECK_SEED, "mode": "standard", "rows": check.to_dict("records")},
         "accuracy": {"pairs": eval_pairs, "rows": acc[["task", "length_knob", "mode", "correct", "n", "accuracy"]].to_dict("records")},
