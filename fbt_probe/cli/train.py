@@ -98,7 +98,10 @@ def parse_tasks(text: str) -> tuple[str, ...]:
     if not names or len(set(names)) < len(names):
         raise FbtError(f"--tasks '{text}': expected distinct comma-separated tasks (e.g. registers,registers-count)")
     for name in names:
-        load_spec(name)  # an unknown task is one line naming it
+        try:
+            load_spec(name)
+        except FbtError as exc:
+            raise FbtError(f"--tasks '{text}': {exc}") from None
     return names
 
 
