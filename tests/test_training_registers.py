@@ -171,6 +171,7 @@ def test_several_answers_share_the_answer_weight():
     ({"answer_share": 1.5}, "field 'answer_share' (--answer-share) must be in (0, 1]"),
     ({"answer_share": 0.0}, "field 'answer_share'"),
     ({"min_lr_ratio": 1.5}, "field 'min_lr_ratio' (--min-lr-ratio) must be in [0, 1]"),
+    ({"lr": float("nan")}, "fields 'lr' and 'warmup' (--lr, --warmup) must be finite and >= 0"),
 ])
 def test_bad_register_options_are_one_line_errors(fields, message):
     with pytest.raises(FbtError) as err:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,8 +141,8 @@ class TrainConfig:
             raise FbtError(f"train config: field 'answer_share' (--answer-share) must be in (0, 1] (1: answers only), got {self.answer_share}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise FbtError(f"train config: field 'min_lr_ratio' (--min-lr-ratio) must be in [0, 1] (1: constant lr), got {self.min_lr_ratio}")
-        if self.lr < 0 or self.warmup < 0:
-            raise FbtError(f"train config: fields 'lr' and 'warmup' (--lr, --warmup) must be >= 0, got {self.lr} and {self.warmup}")
+        if not (math.isfinite(self.lr) and self.lr >= 0) or self.warmup < 0:
+            raise FbtError(f"train config: fields 'lr' and 'warmup' (--lr, --warmup) must be finite and >= 0, got {self.lr} and {self.warmup}")
         self._check_register_mix()
         if self.one_pass_steps < 0:
             raise FbtError("train config: field 'one_pass_steps' must be >= 0")
