@@ -239,3 +239,12 @@ def test_pack_asks_for_the_command_of_a_staged_run():
     for cfg in (TrainConfig(init="runs/r12"), TrainConfig(tasks=REG, register_mix="2:wpr:1:0")):
         with pytest.raises(FbtError, match="pass --command"):
             retrain_command(cfg, "r")
+
+
+def test_a_register_stage_resumes_bit_for_bit(tmp_path):
+    cfg = TrainConfig(steps=3, **{**SMALL, "save_every": 2})
+    run_training(cfg, tmp_path / "straight", progress=False, eval_pairs=2)
+    run_training(TrainConfig(steps=2, **SMALL), tmp_path / "split", progress=False, eval_pairs=2)
+    run_training(cfg, tmp_path / "split", resume=True, progress=False, eval_pairs=2)
+    assert (tmp_path / "straight" / "model.safetensors").read_bytes() == (tmp_path / "split" / "model.safetensors").read_bytes()
+    assert json.loads((tmp_path / "split" / "config.json").read_text())["train"]["register_mix"] == "2:wpr:1:0:1 2:wpr:2:0:1"
