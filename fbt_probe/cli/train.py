@@ -22,11 +22,19 @@ def train_cmd(
     schedule: Annotated[str, typer.Option(help="Passes per batch: 'K:p,...' summing to 1, 'constant:K' or 'paper' (1:.75,2:.22,3:.03).")] = "paper",
     baseline: Annotated[bool, typer.Option(help="No-feedback baseline: same data and steps, 1 pass only, fusion unused.")] = False,
     one_pass_steps: Annotated[int | None, typer.Option(help="The first N steps train one pass only, then K follows --schedule (default: the training config's).")] = None,
-    init: Annotated[Path | None, typer.Option(help="Warm start from a checkpoint folder (ours or Qwen3-format) or a shipped ref:<name>.")] = None,
+    init: Annotated[Path | None, typer.Option(help="Start from the weights of a run folder, a checkpoint (ours or Qwen3-format) or a shipped ref:<name> (fresh optimizer; feedback and --baseline: it must have --preset's shapes). Recorded in the run's config.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the initialisation, data and noise.")] = 0,
     lam: Annotated[float, typer.Option(help="λ of eq. 12 (weight of the passes k >= 2).")] = 1.0,
     task_shares: Annotated[str | None, typer.Option(help="Share of each step's tokens per task, 'task:share,...' summing to 1 (default: the training config's).")] = None,
     noise: Annotated[float, typer.Option(help="σ of the uniform noise on carried states.")] = 0.02,
+    tasks: Annotated[str | None, typer.Option(help="Comma-separated tasks trained and evaluated (default: completion,memory,registers,registers-count).")] = None,
+    tokens_per_step: Annotated[int | None, typer.Option(help="Tokens of documents drawn per optimizer step (default 2048).")] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate (default 1e-3).")] = None,
+    warmup: Annotated[int | None, typer.Option(help="Linear warm-up steps (default 100).")] = None,
+    min_lr_ratio: Annotated[float | None, typer.Option(help="Cosine decay to this share of --lr; 1 keeps it constant after warm-up (default 0.1).")] = None,
+    answer_share: Annotated[float | None, typer.Option(help="The answers' share of each document's loss weight, in (0, 1]; 1: loss on the answers only (default 0.5).")] = None,
+    register_mix: Annotated[str | None, typer.Option(help="Register documents in place of the register tasks' training cells: space-separated kinds m:wpr:K:S[:weight] (m registers, K writes each, S scratch lines, 0 = none) or m:N:S[:weight] (N assignments); weight: share of the documents.")] = None,
+    register_queries: Annotated[int | None, typer.Option(help="Supervised queries at the end of each --register-mix document (default 1).")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (autocast on the training device).")] = "float32",
     resume: Annotated[bool, typer.Option(help="Continue an interrupted run in OUT (bit for bit on CPU).")] = False,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
@@ -40,6 +48,9 @@ def train_cmd(
 
     Example: fbt-probe train --preset tiny --out runs/tiny ; fbt-probe train --out runs/tiny-base --baseline ;
     fbt-probe train --arch hidden-decoding --streams 2 --init runs/tiny-base --out runs/tiny-hd2 ;
+    fbt-probe train --baseline --tasks registers,registers-count --register-mix "2:wpr:1:0 2:wpr:2:0"
+    --register-queries 2 --answer-share 1 --min-lr-ratio 1 --steps 400 --out runs/r12  (a register stage; the next
+    stage adds --init runs/r12: docs/training.md) ;
     torchrun --standalone --nproc_per_node 2 -m fbt_probe train --preset tiny --out runs/tiny  (DDP: each
     process takes its rows of every step; same global batch, checkpoint written once)
     """
@@ -53,8 +64,11 @@ def train_cmd(
     dev = process_device(device)  # a missing GPU is refused before anything is written
     hidden = _hidden_options(arch, streams, cross_layers)
     extra = {} if one_pass_steps is None else {"one_pass_steps": one_pass_steps}
-    if steps is not None:
-        extra["steps"] = steps
+    given = {"steps": steps, "tokens_per_step": tokens_per_step, "lr": lr, "warmup": warmup, "min_lr_ratio": min_lr_ratio,
+             "answer_share": answer_share, "register_mix": register_mix, "register_queries": register_queries}
+    extra.update({k: v for k, v in given.items() if v is not None})
+    if tasks is not None:
+        extra["tasks"] = parse_tasks(tasks)
     if task_shares is not None:
         extra["task_shares"] = parse_task_shares(task_shares)
     cfg = TrainConfig(preset=preset, schedule=schedule, baseline=baseline, seed=seed, lam=lam, noise=noise, dtype=dtype,
@@ -73,6 +87,22 @@ def train_cmd(
     if res.get("replaced"):
         typer.echo(f"replaced the earlier run in {out}")
     typer.echo(f"trained {res['step']} steps in {res['seconds']:.0f} s ({res['tokens'] / max(res['seconds'], 1e-9):,.0f} tokens/s); run folder: {out}")
+
+
+def parse_tasks(text: str) -> tuple[str, ...]:
+    """'registers,registers-count' -> the task names (each a built-in task or a spec file)."""
+    from fbt_probe.errors import FbtError
+    from fbt_probe.tasks import load_spec
+
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    if not names or len(set(names)) < len(names):
+        raise FbtError(f"--tasks '{text}': expected distinct comma-separated tasks (e.g. registers,registers-count)")
+    for name in names:
+        try:
+            load_spec(name)
+        except FbtError as exc:
+            raise FbtError(f"--tasks '{text}': {exc}") from None
+    return names
 
 
 def parse_task_shares(text: str) -> dict:

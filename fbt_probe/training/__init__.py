@@ -1,12 +1,14 @@
 """Multi-pass training of small latent-feedback models (docs/training.md)."""
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
 from fbt_probe import distributed
 from fbt_probe.errors import FbtError
 from fbt_probe.io import read_json, refuse_existing, swap_in, temp_sibling
+from fbt_probe.loading import checkpoint_hash
 from fbt_probe.reference import resolve
 from fbt_probe.tasks import build_tokenizer, load_tokenizer, save_tokenizer
 from fbt_probe.training.arch import ARCHS
@@ -43,6 +45,8 @@ def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = No
     folder), after every input has been read; the new run is trained in a temporary sibling and
     swapped in when it finishes, so an error or an interruption leaves the old run as it was.
     Under torchrun the ranks share every step (DDP; `fsdp`: FSDP2), rank 0 writes the folder.
+    `init` (default `cfg.init`): a run folder, checkpoint or ref:<name> whose weights the run starts
+    from, with a fresh optimizer; recorded in the run's config as `init` and `init_sha256`.
     `device`: where this process trains (`parallel.process_device` resolves the CLI's --device);
     the checkpoint is written from the CPU whatever it is, so any run resumes on any device."""
     out, replacing = Path(out), False
@@ -63,7 +67,10 @@ def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = No
             out, force, hint="--resume to continue it or --force", own=is_run_folder,
             kind="a training run folder (config.json with a 'train' field)"))
         tokenizer = build_tokenizer()
+        init = init if init is not None else cfg.init
         model = _on_device(_initial_model(cfg, tokenizer, init), device)  # every input is read before anything is written
+        if init is not None:  # the run records where its weights came from
+            cfg = dataclasses.replace(cfg, init=str(init), init_sha256=_init_sha256(init))
         target = out
         out = distributed.on_main(lambda: _start_folder(out, replacing, tokenizer))
         opt, step = make_optimizer(model, cfg), 0
@@ -76,6 +83,15 @@ def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = No
                 shutil.rmtree(out)
         return {**result, "replaced": str(target)}
     return _train(model, tokenizer, cfg, out, step, opt, progress, eval_pairs, fsdp)
+
+
+def _init_sha256(init) -> str | None:
+    """sha256 of the init checkpoint's weights file (a Qwen3-format folder may have none)."""
+    folder = Path(resolve(str(init)))
+    try:
+        return checkpoint_hash(folder)
+    except (FbtError, OSError):
+        return None
 
 
 def _on_device(model, device: str):

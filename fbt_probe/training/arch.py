@@ -17,15 +17,33 @@ from fbt_probe.hidden.config import HiddenConfig
 from fbt_probe.hidden.loss import hidden_loss
 from fbt_probe.hidden.model import HiddenDecodingTransformer
 from fbt_probe.loading import load_model
+from fbt_probe.model.transformer import FeedbackTransformer
 from fbt_probe.training.config import TrainConfig
 from fbt_probe.training.evaluate import loss_per_pass, validation_batch
 
 
 def feedback_initial_model(cfg: TrainConfig, vocab: int, init: str | Path | None):
-    """A fresh `cfg.preset` model (noise on the carried states from `cfg.noise`) or the checkpoint `init`."""
+    """A fresh `cfg.preset` model (noise on the carried states from `cfg.noise`) or the checkpoint
+    `init`, which must have the preset's parameter names and shapes (its vocabulary is checked
+    against the tokenizer's by the caller)."""
     if init is None:
         return load_model(cfg.preset, seed=cfg.seed, d_vocab=vocab, feedback_noise=cfg.noise)
-    return load_model(str(init))
+    model = load_model(str(init))
+    _check_preset_shapes(model, cfg.preset, init)
+    return model
+
+
+def _check_preset_shapes(model, name: str, init) -> None:
+    """FbtError unless `model`'s parameters have the names and shapes of preset `name` (built on the
+    meta device: no memory, no initialisation)."""
+    vocab = getattr(model.cfg, "d_vocab", None)
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in FeedbackTransformer(preset(name, d_vocab=vocab)).state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if got != want:
+        diff = next((k for k in want if want[k] != got.get(k)), None) or next(k for k in got if k not in want)
+        raise FbtError(f"--init {init}: not a '{name}' model ({diff}: {got.get(diff, 'missing')} where the preset has "
+                       f"{want.get(diff, 'no such parameter')}); pass --preset of the model it was trained as")
 
 
 def hidden_initial_model(cfg: TrainConfig, vocab: int, init: str | Path | None):

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from fbt_probe.errors import FbtError
 from fbt_probe.hidden.config import ARCH as HIDDEN_ARCH
+from fbt_probe.tasks.spec import load_spec
+from fbt_probe.training.mix import MAX_QUERIES, parse_register_mix
 
 PAPER_SCHEDULE = "1:0.75,2:0.22,3:0.03"
 
@@ -84,7 +87,8 @@ class TrainConfig:
     answer_share: float | None = 0.5
     """The answer's share of every document's loss weight, whatever the document's length (None:
     `answer_weight` instead): a fixed weight makes the answer a smaller share of longer documents
-    (BENCHMARKS.md, "Why the defaults are what they are")."""
+    (BENCHMARKS.md, "Why the defaults are what they are"). 1: the loss is on the answers only.
+    A document with several answers (`register_queries`) splits the share equally among them."""
     baseline: bool = False  # no-feedback baseline: 1 pass only, fusion never used
     one_pass_steps: int = 0  # the first steps train one pass only (K = 1), then K follows the schedule
     arch: str = "feedback"  # or "hidden-decoding" (fbt_probe.hidden: n streams per token, one pass, eq. 2 loss)
@@ -95,6 +99,15 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 100
     save_every: int = 100
+    # ---- added after format fbt-probe/2: written to config.json only when set (absent = the default)
+    register_mix: str | None = None
+    """Register documents that replace the register tasks' training cells: kinds 'm:wpr:K:S[:weight]'
+    (m registers, K writes each, S scratch lines, 0 = none; weight: relative share of the
+    documents) or 'm:N:S[:weight]' (N assignments), separated by spaces. Together they take the
+    register tasks' token share (`fbt_probe.training.mix`; stored normalised to m:wpr:K:S:weight)."""
+    register_queries: int = 1  # register-mix documents end in this many supervised queries
+    init: str | None = None  # the run (or ref:<name>) the weights started from (`run_training` records it)
+    init_sha256: str | None = None  # that checkpoint's sha256 (model.safetensors), when it has one
 
     def __post_init__(self) -> None:
         sched = self.schedule_obj  # validates
@@ -124,23 +137,50 @@ class TrainConfig:
             raise FbtError(f"train config: field 'task_shares' needs a positive share for each of {list(self.tasks)}, got {shares}")
         if abs(sum(shares.values()) - 1.0) > 1e-6:
             raise FbtError(f"train config: field 'task_shares' sums to {sum(shares.values()):g}, expected 1")
-        if self.answer_share is not None and not 0 < self.answer_share < 1:
-            raise FbtError(f"train config: field 'answer_share' must be in (0, 1), got {self.answer_share}")
+        if self.answer_share is not None and not 0 < self.answer_share <= 1:
+            raise FbtError(f"train config: field 'answer_share' (--answer-share) must be in (0, 1] (1: answers only), got {self.answer_share}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise FbtError(f"train config: field 'min_lr_ratio' (--min-lr-ratio) must be in [0, 1] (1: constant lr), got {self.min_lr_ratio}")
+        if not (math.isfinite(self.lr) and self.lr >= 0) or self.warmup < 0:
+            raise FbtError(f"train config: fields 'lr' and 'warmup' (--lr, --warmup) must be finite and >= 0, got {self.lr} and {self.warmup}")
+        self._check_register_mix()
         if self.one_pass_steps < 0:
             raise FbtError("train config: field 'one_pass_steps' must be >= 0")
+
+    def _check_register_mix(self) -> None:
+        q = self.register_queries
+        if isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= MAX_QUERIES:
+            raise FbtError(f"train config: field 'register_queries' (--register-queries) must be an integer 1..{MAX_QUERIES}, got {q!r}")
+        if self.register_mix is None:
+            if q != 1:
+                raise FbtError("train config: field 'register_queries' (--register-queries) applies to register-mix documents: "
+                               "set field 'register_mix' (--register-mix) too")
+            return
+        object.__setattr__(self, "register_mix", " ".join(map(str, parse_register_mix(self.register_mix))))
+        if not any(load_spec(t).kind == "registers" for t in self.tasks):
+            raise FbtError(f"train config: field 'register_mix' (--register-mix) replaces the register tasks' cells: "
+                           f"tasks {list(self.tasks)} have none (e.g. --tasks registers,registers-count)")
 
     @property
     def schedule_obj(self) -> Schedule:
         return parse_schedule(self.schedule)
 
+    @property
+    def register_kinds(self):
+        return () if self.register_mix is None else parse_register_mix(self.register_mix)
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["tasks"], d["betas"] = list(self.tasks), list(self.betas)
+        for name, default in ADDED_FIELDS.items():  # a run that does not use them records what it did before
+            if d[name] == default:
+                del d[name]
         return d
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "train config", legacy: bool = False) -> "TrainConfig":
-        """The config a run recorded; every field must be present. `legacy` (a run of checkpoint format
+        """The config a run recorded; every field must be present but those of `ADDED_FIELDS` (absent:
+        not used). `legacy` (a run of checkpoint format
         fbt-probe/1) fills in only the fields added since, with the rule the run was trained with:
         `answer_share` None (the answer weighs `answer_weight` tokens), `task_shares` equal per
         (task, length) cell, `one_pass_steps` 0."""
@@ -156,6 +196,8 @@ class TrainConfig:
             d.setdefault("one_pass_steps", 0)
             if "task_shares" not in d and isinstance(d.get("tasks"), list):
                 d["task_shares"] = equal_cell_shares(d["tasks"], d.get("knobs"))
+        for name, default in ADDED_FIELDS.items():
+            d.setdefault(name, default)
         missing = [name for name in known if name not in d]
         if missing:
             raise FbtError(f"{source}: train config field '{missing[0]}' missing (a run records every field)")
@@ -174,6 +216,9 @@ def equal_cell_shares(tasks, knobs: dict | None = None) -> dict:
     return {t: n[t] / sum(n.values()) for t in tasks}
 
 
+# fields added after format fbt-probe/2, with the value that means "not used": config.json leaves
+# them out at that value and a run that lacks them used none of them
+ADDED_FIELDS = {"register_mix": None, "register_queries": 1, "init": None, "init_sha256": None}
 ARCH_NAMES = ("feedback", HIDDEN_ARCH)  # each has its row in fbt_probe.training.arch.ARCHS
 ONE_PASS_ARCHS = (HIDDEN_ARCH,)  # no feedback passes: the schedule is always constant:1
 DEFAULT_TASK_SHARES = {"completion": 0.5, "memory": 0.25, "registers": 0.25, "registers-count": 0.25}

@@ -10,6 +10,7 @@ import torch
 from fbt_probe.tasks import heldout_groups, load_spec, training_documents
 from fbt_probe.tasks.streams import HeldOut
 from fbt_probe.training.config import TRAIN_KNOBS, TrainConfig
+from fbt_probe.training.mix import MIX, held_names, mix_documents
 
 
 def step_seed(seed: int, step: int, what: str) -> int:
@@ -41,7 +42,9 @@ def one_per_row(docs, answer_weight: float, pad_id: int = 0, length: int | None 
     token) and loss weights (0 on padding and on the last token, `answer_weight` on the position that
     predicts the answer word, 1 elsewhere; each row then normalised to sum to 1, so a 259-token
     register history does not outweigh a 14-token completion sample). `answer_share` instead gives
-    the answer that fixed share of every document's weight, whatever its length."""
+    the answer that fixed share of every document's weight, whatever its length (1: the answers
+    only). A document with `answer_positions` (several answers) gives each answer `answer_weight`,
+    or an equal part of `answer_share`."""
     docs = list(docs)
     length = length or max(len(d["token_ids"]) for d in docs)
     tokens = torch.full((len(docs), length), pad_id, dtype=torch.long)
@@ -49,6 +52,9 @@ def one_per_row(docs, answer_weight: float, pad_id: int = 0, length: int | None 
     for r, doc in enumerate(docs):
         ids = doc["token_ids"]
         tokens[r, : len(ids)] = torch.tensor(ids)
+        if "answer_positions" in doc or answer_share == 1:
+            _answers_weights(weights[r], doc, answer_weight, answer_share)
+            continue
         weights[r, : len(ids) - 1] = 1.0
         n_text = len(ids) - 2  # weighted positions other than the answer's
         w = answer_weight if answer_share is None else answer_share / (1 - answer_share) * max(n_text, 1)
@@ -58,15 +64,50 @@ def one_per_row(docs, answer_weight: float, pad_id: int = 0, length: int | None 
     return tokens, targets, weights
 
 
+def _answers_weights(row: torch.Tensor, doc: dict, answer_weight: float, answer_share: float | None) -> None:
+    """One row's weights for a document with several answers, or answers only (`answer_share` 1)."""
+    ids, answers = doc["token_ids"], doc.get("answer_positions", [doc["answer_pos"]])
+    row[: len(ids) - 1] = 0.0 if answer_share == 1 else 1.0
+    n_text = len(ids) - 1 - len(answers)  # weighted positions other than the answers'
+    if answer_share is None:
+        w = answer_weight
+    else:
+        w = 1.0 if answer_share == 1 else answer_share / (1 - answer_share) * max(n_text, 1) / len(answers)
+    for pos in answers:
+        row[pos - 1] = w
+    row /= row.sum()
+
+
 def _cells(cfg: TrainConfig) -> list[tuple[str, int]]:
+    """The (task, length) cells of the configured tasks (validation draws from these)."""
     knobs = cfg.knobs or {t: TRAIN_KNOBS[t] for t in cfg.tasks}
     return [(t, k) for t in cfg.tasks for k in knobs[t]]
 
 
-def _token_shares(cfg: TrainConfig, cells: list[tuple[str, int]]) -> np.ndarray:
-    """Expected share of a step's tokens per cell: `task_shares[task]` split equally over the task's cells."""
+def register_tasks(cfg: TrainConfig) -> list[str]:
+    return [t for t in cfg.tasks if _spec(t).kind == "registers"]
+
+
+def _train_cells(cfg: TrainConfig) -> list[tuple[str, int]]:
+    """The cells training draws from: `_cells`, with a register mix in place of the register tasks' cells."""
+    if cfg.register_mix is None:
+        return _cells(cfg)
+    mixed = register_tasks(cfg)
+    return [(t, k) for t, k in _cells(cfg) if t not in mixed] + [(MIX, i) for i in range(len(cfg.register_kinds))]
+
+
+def _token_shares(cfg: TrainConfig, cells: list[tuple[str, int]], lengths: np.ndarray) -> np.ndarray:
+    """Expected share of a step's tokens per cell: `task_shares[task]` split equally over the task's
+    cells; the register tasks' shares together over the mix's cells, so that each kind's share of
+    the mix's documents is its weight."""
     per_task = {t: sum(1 for c, _ in cells if c == t) for t, _ in cells}
-    return np.array([cfg.task_shares[t] / per_task[t] for t, _ in cells])
+    shares = np.array([0.0 if t == MIX else cfg.task_shares[t] / per_task[t] for t, _ in cells])
+    mix = np.array([t == MIX for t, _ in cells])
+    if mix.any():
+        doc_share = np.array([k.weight for k in cfg.register_kinds])
+        tokens = doc_share * lengths[mix]
+        shares[mix] = sum(cfg.task_shares[t] for t in register_tasks(cfg)) * tokens / tokens.sum()
+    return shares
 
 
 def _exclusion(cfg: TrainConfig, split: str) -> HeldOut:
@@ -85,17 +126,34 @@ def cell_length(task: str, knob: int, tokenizer) -> int:
     return _LENGTHS[key]
 
 
+def mix_length(cfg: TrainConfig, i: int, tokenizer) -> int:
+    """Tokens of a document of the register mix's kind i (every document of a kind has the same length)."""
+    kind = cfg.register_kinds[i]
+    key = (MIX, str(kind), cfg.register_queries, register_tasks(cfg)[0], id(tokenizer))
+    if key not in _LENGTHS:
+        _LENGTHS[key] = len(_mix_docs(cfg, i, tokenizer, 1, 0, "train")[0]["token_ids"])
+    return _LENGTHS[key]
+
+
+def _mix_docs(cfg: TrainConfig, i: int, tokenizer, n: int, seed: int, split: str) -> list[dict]:
+    names = held_names(register_tasks(cfg))
+    held = HeldOut(cfg.heldout_fraction, cfg.seed, frozenset(names))
+    return mix_documents(_spec(register_tasks(cfg)[0]), cfg.register_kinds[i], cfg.register_queries, tokenizer, n, seed,
+                         held, names, only_held=split != "train")
+
+
 def cell_probabilities(cfg: TrainConfig, tokenizer):
     """(cells, their document lengths, the probability a drawn document comes from each): ∝ the
     cell's token share / its length, so a cell's expected share of the tokens is its token share."""
-    cells = _cells(cfg)
-    lengths = np.array([cell_length(t, k, tokenizer) for t, k in cells], dtype=float)
-    p = _token_shares(cfg, cells) / lengths
+    cells = _train_cells(cfg)
+    lengths = np.array([mix_length(cfg, k, tokenizer) if t == MIX else cell_length(t, k, tokenizer) for t, k in cells], dtype=float)
+    p = _token_shares(cfg, cells, lengths) / lengths
     return cells, lengths, p / p.sum()
 
 
 def batches_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train") -> list:
-    """The micro-batches of `step`: documents drawn one by one, each from a (task, length) cell chosen
+    """The micro-batches of `step`: documents drawn one by one, each from a (task, length) cell (or
+    a register-mix kind, `TrainConfig.register_mix`) chosen
     with probability ∝ token share / length (`task_shares`: a task's expected share of the tokens,
     split equally over its cells), until `tokens_per_step` is reached; grouped by cell
     into one-document-per-row micro-batches (a cell's documents all have the same length: no padding).
@@ -111,7 +169,10 @@ def batches_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train
         used += int(lengths[i])
     out = []
     for i, n in enumerate(counts):
-        if n:
+        if n and cells[i][0] == MIX:  # register-mix documents (several answers each)
+            docs = _mix_docs(cfg, cells[i][1], tokenizer, int(n), step_seed(cfg.seed, step * 1000 + i, split), split)
+            out.append(one_per_row(docs, cfg.answer_weight, answer_share=cfg.answer_share))
+        elif n:
             task, knob = cells[i]
             docs = training_documents([_spec(task)], tokenizer, n=int(n), seed=step_seed(cfg.seed, step * 1000 + i, split),
                                       knobs={task: [knob]}, exclude_groups=_exclusion(cfg, split))

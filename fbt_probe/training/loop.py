@@ -120,7 +120,7 @@ def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optim
                 loss, *parts = (float(x) for x in _sum_ranks([loss, *parts]))
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
             opt.step()
-            n_tok = sum(int(w.gt(0).sum()) for _, _, w in micro) * K
+            n_tok = sum(t.shape[0] * (t.shape[1] - 1) for t, _, _ in micro) * K  # positions that predict a token (a cell's rows are unpadded)
             tokens_seen += n_tok
             rec = {"step": step + 1, "loss": loss, "passes": K, "pass_losses": parts,
                    "lr": lr_at(cfg, step), "grad_norm": float(gnorm), "step_s": time.perf_counter() - ts,

@@ -48,6 +48,9 @@ def retrain_command(cfg, name: str) -> str:
     parts = ["fbt-probe train", f"--preset {cfg.preset}", f"--steps {cfg.steps}", f"--seed {cfg.seed}"]
     if ARCHS[cfg.arch].needs_init:
         raise FbtError("a Hidden Decoding run records no --init: pass --command (the line that trained it)")
+    if cfg.init is not None or cfg.register_mix is not None:
+        raise FbtError("a run started from --init or trained on --register-mix has no one-line retrain command: "
+                       "pass --command (the lines that trained it and its init)")
     if cfg.baseline:
         parts.append("--baseline")
     return " ".join(parts + [f"--out runs/{name}"])
@@ -96,7 +99,7 @@ def card(rec: dict, acc: pd.DataFrame) -> str:
     table = acc.pivot_table(index=["task", "length_knob"], columns="mode", values="accuracy").round(3)
     lines = [
         f"# ref:{rec['name']}", "",
-        f"A {t['preset']} model, {kind}, trained {'from the checkpoint named in the retrain command' if arch.needs_init else 'from scratch'} "
+        f"A {t['preset']} model, {kind}, trained {'from the checkpoint named in the retrain command' if arch.needs_init or t.get('init') else 'from scratch'} "
         f"on the task mix below ({rec['steps']} steps, seed {rec['seed']}, "
         f"{rec['train_seconds'] / 60:.1f} min of optimizer steps on {rec['cpu']}).", "",
         f"- checkpoint sha256: `{rec['checkpoint_sha256']}`",
