@@ -76,16 +76,23 @@ def test_ill_typed_fields_are_one_line_errors(ckpt, field, value, match):
 
 
 def test_a_run_records_every_train_config_field(tmp_path):
+    """Every field but those added after format fbt-probe/2, which are recorded only when used (so a
+    default run's config.json has the fields it had before them), and those too when set."""
     from fbt_probe.training import TrainConfig
     from fbt_probe.training.checkpoint import save_run
+    from fbt_probe.training.config import ADDED_FIELDS
 
     model = fp.load_model("tiny")
-    cfg = TrainConfig(steps=1)
     opt = torch.optim.AdamW(model.parameters())
+    used = TrainConfig(steps=1, tasks=("registers",), register_mix="2:wpr:1:0", register_queries=2, init="x", init_sha256="0" * 64)
+    (tmp_path / "used").mkdir()
+    save_run(model, opt, used, tmp_path / "used", 0)
+    assert set(json.loads((tmp_path / "used" / "config.json").read_text())["train"]) == set(TrainConfig.__dataclass_fields__)
+    cfg = TrainConfig(steps=1)
     (tmp_path / "run").mkdir()
     save_run(model, opt, cfg, tmp_path / "run", 0)
     meta = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert set(meta["train"]) == set(TrainConfig.__dataclass_fields__)
+    assert set(meta["train"]) == set(TrainConfig.__dataclass_fields__) - set(ADDED_FIELDS)
     del meta["train"]["lr"]
     (tmp_path / "run" / "config.json").write_text(json.dumps(meta))
     res = runner.invoke(app, ["eval", str(tmp_path / "run")])
