@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from fbt_probe import distributed
+from fbt_probe.errors import FbtError
 from fbt_probe.interventions import experiments as E
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.pool import PrefixPool, sharing
@@ -92,8 +93,6 @@ def run_shared(model, df: pd.DataFrame, cfgs: list[PatchConfig], label_ids: dict
             raise ValueError("experiments run together need the same lengths, max_pairs and batch_size")
         E.check_depths(cfg.depths, model)
     if df.empty:
-        from fbt_probe.errors import FbtError
-
         raise FbtError("dataset: no rows; nothing to patch")
     label_ids = label_ids or label_token_ids(df)
     model.eval()
@@ -115,8 +114,6 @@ def run_several(model, df: pd.DataFrame, cfgs: list[PatchConfig], out: str | Pat
     computed before anything is written. Under torchrun each runs on its own (`runner.run`)."""
     names = [c.experiment for c in cfgs]
     if len(set(names)) != len(names):
-        from fbt_probe.errors import FbtError
-
         raise FbtError(f"--experiment {','.join(names)}: each experiment at most once")
     if distributed.world().several:
         done = [run(model, df, cfg, out, force, model_info, label_ids, figures) for cfg in cfgs]

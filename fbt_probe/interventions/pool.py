@@ -29,7 +29,6 @@ class PrefixPool:
 
     def __init__(self) -> None:
         self._entries: dict = {}
-        self.built = self.reused = 0
 
     def get(self, model, tokens: torch.Tensor, mode) -> Prefix:
         key = (id(model), tokens.data_ptr(), tuple(tokens.shape), str(tokens.device), str(parse_mode(mode)))
@@ -37,15 +36,10 @@ class PrefixPool:
         # the tokens tensor is kept alive by the entry, so its address cannot be reused while it is
         # here; the content check guards against an in-place change of the batch
         if hit is not None and (hit[0] is tokens or torch.equal(hit[0], tokens)):
-            self.reused += 1
             return hit[1]
         pre = build_prefix(model, tokens, mode)
         self._entries[key] = (tokens, pre)
-        self.built += 1
         return pre
-
-    def clear(self) -> None:
-        self._entries.clear()
 
 
 def active() -> PrefixPool | None:

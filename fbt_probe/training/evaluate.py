@@ -41,13 +41,10 @@ def eval_samples(cfg: TrainConfig, tokenizer, pairs: int = 32, knobs: dict | Non
 def _one_pair_per_group(df: pd.DataFrame) -> pd.DataFrame:
     """The rows of one pair per (length knob, group): pair k mod (pairs in the group), in pair-id
     order, of the k-th group of the cell (in order of appearance)."""
-    keys = ["length_knob", "group_id"]
-    rank = df.groupby(keys, sort=False)["pair_id"].rank(method="dense").astype(int) - 1  # the pair's index in its group
-    n_pairs = df.groupby(keys, sort=False)["pair_id"].transform("nunique")
-    first_row = df.drop_duplicates(keys)
-    k = pd.Series(first_row.groupby("length_knob", sort=False).cumcount().to_numpy(), index=pd.MultiIndex.from_frame(first_row[keys]))
-    group_k = k.reindex(pd.MultiIndex.from_frame(df[keys])).to_numpy()
-    return df[rank.to_numpy() == group_k % n_pairs.to_numpy()]
+    pairs = df.groupby(["length_knob", "group_id"], sort=False)["pair_id"]
+    rank = pairs.rank(method="dense").astype(int) - 1  # the pair's index in its group
+    group_k = df.groupby("length_knob", sort=False)["group_id"].transform(lambda g: pd.factorize(g)[0])  # k of the group in its cell
+    return df[rank == group_k % pairs.transform("nunique")]
 
 
 @torch.no_grad()

@@ -123,10 +123,10 @@ def _document(spec: TaskSpec, kind: RegisterKind, writes, scratch: int, queries:
         lines[-1] += " " + spec.label_words[latest[q]]
     text = "\n".join(lines) + "\n"
     ids = encode(tokenizer, [text, *prefixes])
+    words = encode(tokenizer, [" " + w for w in spec.label_words])  # each label word's tokens, once
     full, positions = ids[0], [len(p) for p in ids[1:]]
     for pos, prefix, label in zip(positions, ids[1:], labels):
-        word = encode(tokenizer, [" " + spec.label_words[label]])[0]
-        if full[:pos] != prefix or full[pos: pos + 1] != word or full[pos - 1] != full[positions[0] - 1]:
+        if full[:pos] != prefix or full[pos: pos + 1] != words[label] or full[pos - 1] != full[positions[0] - 1]:
             raise FbtError(f"{spec.task}: a register-mix answer is not one token after the shared colon under this tokenizer")
     return {"token_ids": full, "answer_pos": positions[-1], "answer_positions": positions, "labels": labels,
             "task": MIX, "group_id": group_id, "context_id": group_id, "label": labels[-1],
