@@ -63,13 +63,17 @@ p.add_argument("--reg-offset", type=int, default=0, help="control: register i is
 p.add_argument("--all-queries", action="store_true", help="evaluate every query register (eval-pairs = groups per cell)")
 p.add_argument("--random-names", action="store_true", help="register names drawn from 0-7 (not always 0..m-1)")
 p.add_argument("--init", default=None, help="state dict to start from")
+p.add_argument("--values", type=int, default=2, help="R22-: values drawn from 0..N-1 in a share of the documents, answered by the value token itself")
+p.add_argument("--eval-mode", default="standard", help="decoding mode of train_fmt and --agree (a feedback model: e.g. recurrent:1)")
+p.add_argument("--agree", action="store_true", help="with --steps 1 --lr 0: also report how often the answer equals the last value written")
+p.add_argument("--value-share", type=float, default=0.0, help="share of documents with --values values (the rest binary, answered zero/one)")
 a = p.parse_args()
 
 tok = build_tokenizer()
 V = tok.get_vocab()
 ID = lambda w: V[w]  # noqa: E731
 NL, EQ, COL, R, SCR, PLUSEQ, QRY, VAL = (ID(w) for w in ("\n", "=", ":", "r", "scratch", "+=", "query", "Value"))
-DIG = [ID(str(d)) for d in range(10)]
+DIG = [ID(str(d)) for d in range(100)]
 WORD = [ID("zero"), ID("one")]
 RDIG = [ID(str(d + a.reg_offset)) for d in range(10)]
 cfg = TrainConfig(tasks=("registers", "registers-count"), baseline=not a.feedback, seed=a.seed, lr=a.lr)
@@ -102,8 +106,12 @@ def make_doc(m, n_writes, n_scr, n_q):
         if a.random_names:  # the m registers get distinct random names from 0-7, so every name is trained equally
             names = rng.choice(max(8, m), size=m, replace=False).tolist()
             order = [names[r] for r in order]
-        writes = [(r, int(rng.integers(0, 2))) for r in order]
+        many = a.value_share > 0 and rng.random() < a.value_share
+        writes = [(r, int(rng.integers(0, a.values if many else 2))) for r in order]
         s = int(rng.integers(0, 10))
+        if many and any(v > 1 for _, v in writes):
+            break
+        many = False
         if not heldout_hit(m, writes, s, len(writes)):
             break
     ids = []
@@ -120,10 +128,12 @@ def make_doc(m, n_writes, n_scr, n_q):
     for i, q in enumerate(qs):
         ids += [QRY, EQ, R, RDIG[q], NL, VAL, COL]
         ans.append(len(ids))
-        ids += [WORD[latest[q]], NL]
+        ids += [DIG[latest[q]] if many else WORD[latest[q]], NL]
+    LAST.append(DIG[writes[-1][1]] if many else WORD[writes[-1][1]])  # the last value written, as its answer token
     return ids, ans
 
 
+LAST: list = []  # --agree: the answer token of each drawn document's last write
 # the ids agree with the package's tokenization of the same text
 _ids, _ = make_doc(2, "4", 2, 1)
 _text = " ".join({v: k for k, v in V.items()}[i] for i in _ids).replace(" \n ", "\n").replace(" :", ":")
@@ -208,10 +218,21 @@ def evaluate():
     with torch.no_grad():  # accuracy on a fresh training-format batch (in distribution)
         hit = []
         for toks, targets, w in batches():
-            pred = model(toks, mode="standard").argmax(-1)
+            pred = model(toks, mode=a.eval_mode).argmax(-1)
             sel = w >= 0.5 * w.max()  # the answer positions (each answer outweighs every text token)
             hit += (pred[sel] == targets[sel]).tolist()
         indist = float(np.mean(hit))
+        if a.agree:  # share of answers that equal the last value written (one micro-batch, all its answers)
+            LAST.clear()
+            (toks, targets, w), = batches()
+            pred = model(toks, mode=a.eval_mode).argmax(-1)
+            rows, cols = torch.nonzero(w >= 0.5 * w.max(), as_tuple=True)
+            last = torch.tensor(LAST)[rows]
+            print(json.dumps({"right": round(float((pred[rows, cols] == targets[rows, cols]).float().mean()), 3),
+                              "equals_last_write": round(float((pred[rows, cols] == last).float().mean()), 3),
+                              "last_write_is_right": round(float((targets[rows, cols] == last).float().mean()), 3),
+                              "right_where_last_write_is_right": round(float((pred[rows, cols] == targets[rows, cols])[targets[rows, cols] == last].float().mean()), 3),
+                              "right_elsewhere": round(float((pred[rows, cols] == targets[rows, cols])[targets[rows, cols] != last].float().mean()), 3)}))
     model.train()
     return {"train_fmt": round(indist, 3), **{f"{'rc' if r.task == 'registers-count' else 'rw'}{r.length_knob}": round(r.accuracy, 3) for r in acc.itertuples()}}
 

@@ -131,3 +131,27 @@ def test_a_new_figure_is_one_registry_entry(monkeypatch):
     draw("fig7a_copy", probe_table())
     with pytest.raises(ValueError, match="already registered"):
         register_figure("fig7a", FIGURES["fig7a"])
+
+
+def test_fig3_marks_each_runs_trained_depth_in_its_colour():
+    """Runs trained to different depths (paper schedule: 3; a 16-pass schedule: 16) each get a dotted
+    line at their own depth, in their line's colour; one depth for every run is one grey line."""
+    from matplotlib.colors import to_hex
+
+    from fbt_probe.figures.contraction import fig3
+
+    rows = [{"run": run, "schedule": s, "pass": k, "val_loss": 0.3 + 0.01 * k,
+             "state_change": None if k == 1 else 10.0 / k} for run, s in (("paper", "p"), ("deep", "d")) for k in range(1, 33)]
+    table = pd.DataFrame(rows)
+
+    def dotted(fig):
+        ax = fig.axes[0]
+        return sorted((round(line.get_xdata()[0]), to_hex(line.get_color())) for line in ax.get_lines() if line.get_linestyle() == ":")
+
+    fig = fig3(table, trained_passes={"paper": 3, "deep": 16})
+    curves = {line.get_label(): to_hex(line.get_color()) for line in fig.axes[0].get_lines() if line.get_linestyle() != ":"}
+    assert dotted(fig) == [(3, curves["paper (p)"]), (16, curves["deep (d)"])]
+    assert curves["paper (p)"] != curves["deep (d)"]
+    assert dotted(fig3(table, trained_passes={"paper": 3, "deep": 3})) == [(3, to_hex("grey"))]
+    assert dotted(fig3(table, trained_passes=3)) == [(3, to_hex("grey"))]
+    assert dotted(fig3(table)) == []

@@ -222,7 +222,8 @@ def contraction_cmd(
         _write_table(table, dest / "contraction", folders[0], cfgs[0], force)
     else:
         _write_table(table, dest / "contraction", folders, cfgs, force)
-    save_figure(fig3(table, trained_passes=max(c.schedule_obj.max_passes for c in cfgs)), dest, "contraction", force)
+    depths = {run.name: c.schedule_obj.max_passes for run, c in zip(runs, cfgs)}  # a dotted line per trained depth
+    save_figure(fig3(table, trained_passes=depths), dest, "contraction", force)
     typer.echo(table[["run", "pass", "val_loss", "answer_accuracy", "state_change"]].round(4).to_string(index=False))
     typer.echo(f"wrote {dest}/contraction.{{parquet,csv,json,png,svg}}")
 
