@@ -54,6 +54,7 @@ p.add_argument("--eval-pairs", type=int, default=32)
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--minutes", type=float, default=18.0, help="stop after this wall time")
 p.add_argument("--qk", type=float, default=None, help="qk_norm_init override")
+p.add_argument("--depth-scaling", default=None, help="ModelConfig.depth_scaling override ('none': plain residual branches)")
 p.add_argument("--wd", type=float, default=0.01)
 p.add_argument("--save", default=None)
 p.add_argument("--log-dir", default="runs/registers-dense")
@@ -182,6 +183,8 @@ def batch(kinds=None):
 
 
 over = {"feedback_noise": cfg.noise}
+if a.depth_scaling is not None:
+    over["depth_scaling"] = a.depth_scaling
 if a.qk is not None:
     over["qk_norm_init"] = a.qk
 model = load_model(cfg.preset, seed=a.seed, d_vocab=tok.get_vocab_size(), **over)

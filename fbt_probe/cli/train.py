@@ -33,8 +33,9 @@ def train_cmd(
     warmup: Annotated[int | None, typer.Option(help="Linear warm-up steps (default 100).")] = None,
     min_lr_ratio: Annotated[float | None, typer.Option(help="Cosine decay to this share of --lr; 1 keeps it constant after warm-up (default 0.1).")] = None,
     answer_share: Annotated[float | None, typer.Option(help="The answers' share of each document's loss weight, in (0, 1]; 1: loss on the answers only (default 0.5).")] = None,
-    register_mix: Annotated[str | None, typer.Option(help="Register documents in place of the register tasks' training cells: space-separated kinds m:wpr:K:S[:weight] (m registers, K writes each, S scratch lines, 0 = none) or m:N:S[:weight] (N assignments); weight: share of the documents.")] = None,
+    register_mix: Annotated[str | None, typer.Option(help="Register documents in place of the register tasks' training cells: space-separated kinds m:wpr:K:S[:weight] (m registers, K writes each, S scratch lines, 0 = none) or m:N:S[:weight] (N assignments); weight: share of the documents; a trailing :vN gives values 0..N-1, answered by the number itself.")] = None,
     register_queries: Annotated[int | None, typer.Option(help="Supervised queries at the end of each --register-mix document (default 1).")] = None,
+    copy_steps: Annotated[int | None, typer.Option(help="Induction warm-up: the first N of --steps train on copy documents only (random numbers repeated after a random gap), then the tasks (default 0).")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (autocast on the training device).")] = "float32",
     resume: Annotated[bool, typer.Option(help="Continue an interrupted run in OUT (bit for bit on CPU).")] = False,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
@@ -65,7 +66,8 @@ def train_cmd(
     hidden = _hidden_options(arch, streams, cross_layers)
     extra = {} if one_pass_steps is None else {"one_pass_steps": one_pass_steps}
     given = {"steps": steps, "tokens_per_step": tokens_per_step, "lr": lr, "warmup": warmup, "min_lr_ratio": min_lr_ratio,
-             "answer_share": answer_share, "register_mix": register_mix, "register_queries": register_queries}
+             "answer_share": answer_share, "register_mix": register_mix, "register_queries": register_queries,
+             "copy_steps": copy_steps}
     extra.update({k: v for k, v in given.items() if v is not None})
     if tasks is not None:
         extra["tasks"] = parse_tasks(tasks)

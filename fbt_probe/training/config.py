@@ -108,6 +108,11 @@ class TrainConfig:
     register_queries: int = 1  # register-mix documents end in this many supervised queries
     init: str | None = None  # the run (or ref:<name>) the weights started from (`run_training` records it)
     init_sha256: str | None = None  # that checkpoint's sha256 (model.safetensors), when it has one
+    copy_steps: int = 0
+    """Induction warm-up: the first `copy_steps` steps train on copy documents only (random numbers,
+    a random gap, the same numbers again; `fbt_probe.training.copy`), then the configured tasks. It
+    grows the content-based lookup the register tasks need (BENCHMARKS.md, "Registers: induction
+    warm-up"). The steps count towards `steps`, and the lr schedule runs over all of them."""
 
     def __post_init__(self) -> None:
         sched = self.schedule_obj  # validates
@@ -146,6 +151,9 @@ class TrainConfig:
         self._check_register_mix()
         if self.one_pass_steps < 0:
             raise FbtError("train config: field 'one_pass_steps' must be >= 0")
+        c = self.copy_steps
+        if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= self.steps:
+            raise FbtError(f"train config: field 'copy_steps' (--copy-steps) must be an integer 0..steps ({self.steps}), got {c!r}")
 
     def _check_register_mix(self) -> None:
         q = self.register_queries
@@ -218,7 +226,7 @@ def equal_cell_shares(tasks, knobs: dict | None = None) -> dict:
 
 # fields added after format fbt-probe/2, with the value that means "not used": config.json leaves
 # them out at that value and a run that lacks them used none of them
-ADDED_FIELDS = {"register_mix": None, "register_queries": 1, "init": None, "init_sha256": None}
+ADDED_FIELDS = {"register_mix": None, "register_queries": 1, "init": None, "init_sha256": None, "copy_steps": 0}
 ARCH_NAMES = ("feedback", HIDDEN_ARCH)  # each has its row in fbt_probe.training.arch.ARCHS
 ONE_PASS_ARCHS = (HIDDEN_ARCH,)  # no feedback passes: the schedule is always constant:1
 DEFAULT_TASK_SHARES = {"completion": 0.5, "memory": 0.25, "registers": 0.25, "registers-count": 0.25}

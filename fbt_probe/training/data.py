@@ -10,6 +10,7 @@ import torch
 from fbt_probe.tasks import heldout_groups, load_spec, training_documents
 from fbt_probe.tasks.streams import HeldOut
 from fbt_probe.training.config import TRAIN_KNOBS, TrainConfig
+from fbt_probe.training.copy import copy_batch, copy_rows
 from fbt_probe.training.mix import MIX, held_names, mix_documents
 
 
@@ -159,7 +160,10 @@ def batches_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train
     into one-document-per-row micro-batches (a cell's documents all have the same length: no padding).
     Their gradients are accumulated into one optimizer step, so every step mixes tasks, and short
     documents come many to a step. Split 'train' excludes the held-out contexts; 'val' draws only
-    from them."""
+    from them. The first `copy_steps` training steps are one micro-batch of copy documents instead
+    (`fbt_probe.training.copy`)."""
+    if split == "train" and step < cfg.copy_steps:
+        return [copy_batch(tokenizer, copy_rows(cfg.tokens_per_step), step_seed(cfg.seed, step, "copy"))]
     cells, lengths, p = cell_probabilities(cfg, tokenizer)
     rng = np.random.default_rng(step_seed(cfg.seed, step, split + "-cells"))
     counts, used = np.zeros(len(cells), dtype=int), 0

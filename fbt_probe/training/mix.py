@@ -24,7 +24,9 @@ from fbt_probe.tasks.tokenizer import encode
 MIX = "register-mix"  # the pseudo-task of a mix cell: (MIX, index of its kind)
 BUILTIN_REGISTER_TASKS = ("registers", "registers-count")
 MAX_QUERIES = 64
-_FORM = "m:wpr:K:S[:weight] (K writes per register) or m:N:S[:weight] (N assignments, a multiple of m)"
+_FORM = ("m:wpr:K:S[:weight][:vN] (K writes per register) or m:N:S[:weight][:vN] (N assignments, a multiple of m); "
+         "vN: values 0..N-1 answered by the value itself (default v2: the task's two label words)")
+MAX_VALUES = 100  # the numbers 0-99 are words of the task vocabulary
 
 
 @dataclass(frozen=True)
@@ -33,9 +35,11 @@ class RegisterKind:
     writes: int  # K, writes per register
     scratch: int  # S scratch lines after the writes (0: none)
     weight: float = 1.0  # relative share of the mix's documents
+    values: int = 2  # N > 2: each write's value is one of 0..N-1 and the answer is that number itself
 
     def __str__(self) -> str:
-        return f"{self.registers}:wpr:{self.writes}:{self.scratch}:{self.weight:g}"
+        tail = "" if self.values == 2 else f":v{self.values}"
+        return f"{self.registers}:wpr:{self.writes}:{self.scratch}:{self.weight:g}{tail}"
 
 
 def parse_register_mix(text: str) -> tuple[RegisterKind, ...]:
@@ -49,6 +53,15 @@ def parse_register_mix(text: str) -> tuple[RegisterKind, ...]:
 
 def _kind(item: str, where: str) -> RegisterKind:
     parts = item.split(":")
+    values = 2
+    if len(parts) > 1 and parts[-1].startswith("v"):
+        try:
+            values = int(parts[-1][1:])
+        except ValueError:
+            raise FbtError(f"{where}: kind {item!r}: expected {_FORM}") from None
+        if not 2 <= values <= MAX_VALUES:
+            raise FbtError(f"{where}: kind {item!r}: vN must have N in 2..{MAX_VALUES}")
+        parts = parts[:-1]
     per_register = len(parts) > 1 and parts[1] == "wpr"
     if per_register:
         parts = [parts[0], parts[2] if len(parts) > 2 else ""] + parts[3:]
@@ -70,7 +83,7 @@ def _kind(item: str, where: str) -> RegisterKind:
         raise FbtError(f"{where}: kind {item!r}: scratch lines must be 0..{MAX_DISTRACTORS}")
     if not weight > 0 or weight == float("inf"):
         raise FbtError(f"{where}: kind {item!r}: weight must be a finite number > 0")
-    return RegisterKind(m, k, s, weight)
+    return RegisterKind(m, k, s, weight, values)
 
 
 def held_names(task_names) -> tuple[str, ...]:
@@ -98,6 +111,12 @@ def mix_documents(spec: TaskSpec, kind: RegisterKind, queries: int, tokenizer, n
         m, _, s, writes = group.params
         if rng.below(2):  # the group is {schedule, complement}: either member, so values are uniform
             writes = tuple((reg, 1 - v) for reg, v in writes)
+        if kind.values > 2:  # the same register schedule with values 0..N-1, never all of them 0/1
+            while True:
+                many = tuple((reg, rng.below(kind.values)) for reg, _ in writes)
+                if any(v > 1 for _, v in many):
+                    writes = many
+                    break
         docs.append(_document(spec, kind, writes, s, _queries(m, queries, rng), tokenizer, group.group_id))
     return docs
 
@@ -112,6 +131,7 @@ def _queries(m: int, q: int, rng: StableRng) -> list[int]:
 
 def _document(spec: TaskSpec, kind: RegisterKind, writes, scratch: int, queries: list[int], tokenizer, group_id: str) -> dict:
     tpl, latest = spec.template, dict(writes)
+    word = (lambda v: spec.label_words[v]) if kind.values == 2 else str  # the answer word of value v
     lines = [tpl["write"].format(i=reg, v=v) for reg, v in writes]
     if kind.scratch:
         lines += [tpl["scratch"][0].format(S=scratch)] + [tpl["scratch"][1]] * (kind.scratch - 1)
@@ -120,14 +140,15 @@ def _document(spec: TaskSpec, kind: RegisterKind, writes, scratch: int, queries:
         lines += [line.format(i=q) for line in tpl["query"]]
         prefixes.append("\n".join(lines))  # the document up to this query's colon
         labels.append(latest[q])
-        lines[-1] += " " + spec.label_words[latest[q]]
+        lines[-1] += " " + word(latest[q])
     text = "\n".join(lines) + "\n"
     ids = encode(tokenizer, [text, *prefixes])
-    words = encode(tokenizer, [" " + w for w in spec.label_words])  # each label word's tokens, once
+    used = sorted(set(labels))
+    words = dict(zip(used, encode(tokenizer, [" " + word(v) for v in used])))  # each answer word's tokens, once
     full, positions = ids[0], [len(p) for p in ids[1:]]
     for pos, prefix, label in zip(positions, ids[1:], labels):
         if full[:pos] != prefix or full[pos: pos + 1] != words[label] or full[pos - 1] != full[positions[0] - 1]:
             raise FbtError(f"{spec.task}: a register-mix answer is not one token after the shared colon under this tokenizer")
     return {"token_ids": full, "answer_pos": positions[-1], "answer_positions": positions, "labels": labels,
             "task": MIX, "group_id": group_id, "context_id": group_id, "label": labels[-1],
-            "label_word": spec.label_words[labels[-1]], "length_knob": str(kind), "text": text}
+            "label_word": word(labels[-1]), "length_knob": str(kind), "text": text}
