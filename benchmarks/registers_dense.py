@@ -64,7 +64,7 @@ p.add_argument("--reg-offset", type=int, default=0, help="control: register i is
 p.add_argument("--all-queries", action="store_true", help="evaluate every query register (eval-pairs = groups per cell)")
 p.add_argument("--random-names", action="store_true", help="register names drawn from 0-7 (not always 0..m-1)")
 p.add_argument("--init", default=None, help="state dict to start from")
-p.add_argument("--values", type=int, default=2, help="R22-: values drawn from 0..N-1 in a share of the documents, answered by the value token itself")
+p.add_argument("--values", type=int, default=2, help="V1-: values drawn from 0..N-1 in a share of the documents, answered by the value token itself")
 p.add_argument("--eval-mode", default="standard", help="decoding mode of train_fmt and --agree (a feedback model: e.g. recurrent:1)")
 p.add_argument("--agree", action="store_true", help="with --steps 1 --lr 0: also report how often the answer equals the last value written")
 p.add_argument("--value-share", type=float, default=0.0, help="share of documents with --values values (the rest binary, answered zero/one)")

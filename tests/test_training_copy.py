@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 from fbt_probe.cli import app
 from fbt_probe.errors import FbtError
 from fbt_probe.tasks import build_tokenizer
-from fbt_probe.training import TrainConfig, run_training
+from fbt_probe.training import TrainConfig
 from fbt_probe.training.copy import COPY_GAP, COPY_LEN, ROW_LEN, copy_batch
-from fbt_probe.training.data import _mix_docs, batches_for_step
+from fbt_probe.training.data import _mix_docs, batches_for_step, step_seed
 from fbt_probe.training.mix import parse_register_mix
 
 runner = CliRunner()
@@ -47,7 +47,7 @@ def test_copy_steps_replace_only_the_first_steps_batches():
     for step in range(3):
         (micro,) = batches_for_step(warm, TOK, step)
         assert micro[0].shape == (600 // ROW_LEN, ROW_LEN)
-        assert torch.equal(micro[0], copy_batch(TOK, 600 // ROW_LEN, seed=_seed(warm, step))[0])
+        assert torch.equal(micro[0], copy_batch(TOK, 600 // ROW_LEN, seed=step_seed(warm.seed, step, "copy"))[0])
     for step in (3, 4, 9):  # afterwards exactly the run without a warm-up
         a, b = batches_for_step(warm, TOK, step), batches_for_step(plain, TOK, step)
         assert len(a) == len(b) and all(torch.equal(x, y) for ma, mb in zip(a, b) for x, y in zip(ma, mb))
@@ -55,13 +55,8 @@ def test_copy_steps_replace_only_the_first_steps_batches():
     assert batches_for_step(warm, TOK, 0, split="val")[0][0].shape != (600 // ROW_LEN, ROW_LEN)
 
 
-def _seed(cfg, step):
-    from fbt_probe.training.data import step_seed
-    return step_seed(cfg.seed, step, "copy")
-
-
 @pytest.mark.parametrize("value", [-1, 11, 2.5, True])
-def test_copy_steps_must_be_an_integer_below_steps(value):
+def test_copy_steps_must_be_an_integer_up_to_steps(value):
     with pytest.raises(FbtError, match="copy_steps"):
         TrainConfig(tasks=REG, steps=10, copy_steps=value)
 

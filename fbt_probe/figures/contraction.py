@@ -25,9 +25,10 @@ def fig3(table: pd.DataFrame, trained_passes: int | dict | None = None):
         loss_ax.set(title="Validation loss after k feedback passes", xlabel="feedback passes k", ylabel="loss (nats per token)")
         delta_ax.set(title="Change of the carried state per pass", xlabel="feedback passes k",
                      ylabel="mean ‖h(k) − h(k−1)‖ (log scale)")
-        depths = trained_passes if isinstance(trained_passes, dict) else {None: trained_passes} if trained_passes else {}
+        if not isinstance(trained_passes, dict):
+            trained_passes = {None: trained_passes} if trained_passes else {}
         marks = {}  # depth -> the runs trained to it
-        for run, depth in depths.items():
+        for run, depth in trained_passes.items():
             marks.setdefault(depth, []).append(run)
         for i, (depth, at) in enumerate(sorted(marks.items())):
             one = len(marks) == 1
