@@ -18,7 +18,8 @@ def register(app: typer.Typer) -> None:
 def train_cmd(
     out: Annotated[Path, typer.Option(help="Run folder to write (checkpoint, tokenizer, metrics.jsonl).")],
     preset: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
-    steps: Annotated[int | None, typer.Option(help="Optimizer steps (default: TrainConfig.steps, 800).")] = None,
+    recipe: Annotated[str | None, typer.Option(help="A named set of training fields, under the options given here: 'reference' (how the shipped reference models are trained: induction warm-up, register documents, 1,700 steps; docs/training.md).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Optimizer steps (default: the recipe's, else TrainConfig.steps, 800).")] = None,
     schedule: Annotated[str, typer.Option(help="Passes per batch: 'K:p,...' summing to 1, 'constant:K' or 'paper' (1:.75,2:.22,3:.03).")] = "paper",
     baseline: Annotated[bool, typer.Option(help="No-feedback baseline: same data and steps, 1 pass only, fusion unused.")] = False,
     one_pass_steps: Annotated[int | None, typer.Option(help="The first N steps train one pass only, then K follows --schedule (default: the training config's).")] = None,
@@ -36,6 +37,7 @@ def train_cmd(
     register_mix: Annotated[str | None, typer.Option(help="Register documents in place of the register tasks' training cells: space-separated kinds m:wpr:K:S[:weight] (m registers, K writes each, S scratch lines, 0 = none) or m:N:S[:weight] (N assignments); weight: share of the documents; a trailing :vN gives values 0..N-1, answered by the number itself.")] = None,
     register_queries: Annotated[int | None, typer.Option(help="Supervised queries at the end of each --register-mix document (default 1).")] = None,
     copy_steps: Annotated[int | None, typer.Option(help="Induction warm-up: the first N of --steps train on copy documents only (random numbers repeated after a random gap), then the tasks (default 0).")] = None,
+    register_steps: Annotated[int | None, typer.Option(help="After the warm-up, the next N steps train the register tasks alone, then all the tasks (default 0).")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (autocast on the training device).")] = "float32",
     resume: Annotated[bool, typer.Option(help="Continue an interrupted run in OUT (bit for bit on CPU).")] = False,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
@@ -48,6 +50,7 @@ def train_cmd(
     """Train a latent-feedback model (or its no-feedback baseline, or a Hidden Decoding model) on the three tasks.
 
     Example: fbt-probe train --preset tiny --out runs/tiny ; fbt-probe train --out runs/tiny-base --baseline ;
+    fbt-probe train --recipe reference --out runs/ref-feedback  (the shipped models' recipe; add --baseline) ;
     fbt-probe train --arch hidden-decoding --streams 2 --init runs/tiny-base --out runs/tiny-hd2 ;
     fbt-probe train --baseline --tasks registers,registers-count --register-mix "2:wpr:1:0 2:wpr:2:0"
     --register-queries 2 --answer-share 1 --min-lr-ratio 1 --steps 400 --out runs/r12  (a register stage; the next
@@ -64,10 +67,14 @@ def train_cmd(
     parse_schedule(schedule)
     dev = process_device(device)  # a missing GPU is refused before anything is written
     hidden = _hidden_options(arch, streams, cross_layers)
-    extra = {} if one_pass_steps is None else {"one_pass_steps": one_pass_steps}
+    from fbt_probe.training.recipes import recipe as recipe_fields
+
+    extra = {} if recipe is None else recipe_fields(recipe)
+    if one_pass_steps is not None:
+        extra["one_pass_steps"] = one_pass_steps
     given = {"steps": steps, "tokens_per_step": tokens_per_step, "lr": lr, "warmup": warmup, "min_lr_ratio": min_lr_ratio,
              "answer_share": answer_share, "register_mix": register_mix, "register_queries": register_queries,
-             "copy_steps": copy_steps}
+             "copy_steps": copy_steps, "register_steps": register_steps}
     extra.update({k: v for k, v in given.items() if v is not None})
     if tasks is not None:
         extra["tasks"] = parse_tasks(tasks)

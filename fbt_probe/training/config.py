@@ -113,6 +113,12 @@ class TrainConfig:
     a random gap, the same numbers again; `fbt_probe.training.copy`), then the configured tasks. It
     grows the content-based lookup the register tasks need (BENCHMARKS.md, "Registers: induction
     warm-up"). The steps count towards `steps`, and the lr schedule runs over all of them."""
+    register_steps: int = 0
+    """After the warm-up, the next `register_steps` steps draw the register tasks' documents only
+    (every other task's cells left out, the step filled to `tokens_per_step` all the same), then all
+    the tasks at their shares. Register binding forms in the first few hundred steps after the
+    warm-up when nothing else competes, and not within 1,700 steps when completion and memory share
+    them (BENCHMARKS.md, "The reference recipe")."""
 
     def __post_init__(self) -> None:
         sched = self.schedule_obj  # validates
@@ -154,6 +160,13 @@ class TrainConfig:
         c = self.copy_steps
         if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= self.steps:
             raise FbtError(f"train config: field 'copy_steps' (--copy-steps) must be an integer 0..steps ({self.steps}), got {c!r}")
+        r = self.register_steps
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r <= self.steps - c:
+            raise FbtError(f"train config: field 'register_steps' (--register-steps) must be an integer 0..steps - copy_steps "
+                           f"({self.steps - c}), got {r!r}")
+        if r and not any(load_spec(t).kind == "registers" for t in self.tasks):
+            raise FbtError(f"train config: field 'register_steps' (--register-steps) trains the register tasks alone: "
+                           f"tasks {list(self.tasks)} have none")
 
     def _check_register_mix(self) -> None:
         q = self.register_queries
@@ -226,7 +239,8 @@ def equal_cell_shares(tasks, knobs: dict | None = None) -> dict:
 
 # fields added after format fbt-probe/2, with the value that means "not used": config.json leaves
 # them out at that value and a run that lacks them used none of them
-ADDED_FIELDS = {"register_mix": None, "register_queries": 1, "init": None, "init_sha256": None, "copy_steps": 0}
+ADDED_FIELDS = {"register_mix": None, "register_queries": 1, "init": None, "init_sha256": None, "copy_steps": 0,
+                "register_steps": 0}
 ARCH_NAMES = ("feedback", HIDDEN_ARCH)  # each has its row in fbt_probe.training.arch.ARCHS
 ONE_PASS_ARCHS = (HIDDEN_ARCH,)  # no feedback passes: the schedule is always constant:1
 DEFAULT_TASK_SHARES = {"completion": 0.5, "memory": 0.25, "registers": 0.25, "registers-count": 0.25}

@@ -20,6 +20,7 @@ from fbt_probe.training.arch import ARCHS
 from fbt_probe.training.checkpoint import load_run, load_trained
 from fbt_probe.training.config import TRAIN_KNOBS
 from fbt_probe.training.evaluate import EVAL_MODES, answer_accuracy, eval_samples
+from fbt_probe.training.recipes import recipe_of
 
 CHECK_PAIRS = 4  # pairs per task x length cell of the check slice the tests recompute
 CHECK_SEED = 10_000  # eval_samples' default seed: contexts held out of training
@@ -48,6 +49,10 @@ def retrain_command(cfg, name: str) -> str:
     parts = ["fbt-probe train", f"--preset {cfg.preset}", f"--steps {cfg.steps}", f"--seed {cfg.seed}"]
     if ARCHS[cfg.arch].needs_init:
         raise FbtError("a Hidden Decoding run records no --init: pass --command (the line that trained it)")
+    named = recipe_of(cfg)
+    if named is not None and cfg.init is None:
+        parts = ["fbt-probe train", f"--recipe {named}", f"--preset {cfg.preset}", f"--seed {cfg.seed}"]
+        return " ".join(parts + (["--baseline"] if cfg.baseline else []) + [f"--out runs/{name}"])
     if cfg.init is not None or cfg.register_mix is not None:
         raise FbtError("a run started from --init or trained on --register-mix has no one-line retrain command: "
                        "pass --command (the lines that trained it and its init)")

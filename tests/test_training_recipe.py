@@ -1,0 +1,104 @@
+"""The reference recipe (`--recipe reference`) and its register phase (`register_steps`), issue 15
+(BENCHMARKS.md, "The reference recipe")."""
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fbt_probe.cli import app
+from fbt_probe.errors import FbtError
+from fbt_probe.reproduce.config import ReproConfig, train_config
+from fbt_probe.tasks import build_tokenizer
+from fbt_probe.training import TrainConfig
+from fbt_probe.training.data import MIX, batches_for_step, cell_probabilities
+from fbt_probe.training.pack import retrain_command
+from fbt_probe.training.recipes import RECIPES, recipe, recipe_of
+
+runner = CliRunner()
+TOK = build_tokenizer()
+MIXED = "2:wpr:1:0 4:wpr:2:3"
+
+
+def _shapes(batches):
+    return sorted(tuple(m[0].shape) for m in batches)
+
+
+def _lengths(cfg, kinds):
+    """Document lengths of the cells of `kinds` ('mix' or a task name), from the drawing table itself."""
+    cells, lengths, _ = cell_probabilities(cfg, TOK)
+    return {int(n) for (t, _), n in zip(cells, lengths) if (t == MIX) == (kinds == "mix") and (kinds == "mix" or t == kinds)}
+
+
+def test_register_steps_draw_only_register_documents_then_exactly_the_plain_runs_batches():
+    kw = dict(steps=12, tokens_per_step=900, register_mix=MIXED, copy_steps=2)
+    plain = TrainConfig(**kw)
+    phased = TrainConfig(**kw, register_steps=5)
+    mix_len = _lengths(plain, "mix")
+    other = _lengths(plain, "completion") | _lengths(plain, "memory")
+    assert mix_len and other and not mix_len & other  # the lengths tell the documents apart
+    for step in range(2, 7):  # the register phase: only register-mix rows, the step still filled
+        batches = batches_for_step(phased, TOK, step)
+        lens = {m[0].shape[1] for m in batches}
+        assert lens <= mix_len, (step, lens)
+        assert sum(m[0].shape[0] * m[0].shape[1] for m in batches) >= 900
+    seen_other = False
+    for step in (0, 1, 7, 8, 11):  # the warm-up and every step after the phase: exactly the plain run's
+        a, b = batches_for_step(phased, TOK, step), batches_for_step(plain, TOK, step)
+        assert len(a) == len(b) and all(torch.equal(x, y) for ma, mb in zip(a, b) for x, y in zip(ma, mb))
+        seen_other |= step >= 7 and bool({m[0].shape[1] for m in a} & other)
+    assert seen_other  # after the phase the other tasks are drawn again
+    # validation is never restricted
+    assert _shapes(batches_for_step(phased, TOK, 3, split="val")) == _shapes(batches_for_step(plain, TOK, 3, split="val"))
+
+
+@pytest.mark.parametrize("value", [-1, 9, 2.5, True])
+def test_register_steps_must_fit_after_the_warm_up(value):
+    with pytest.raises(FbtError, match="register_steps"):
+        TrainConfig(steps=10, copy_steps=2, register_steps=value)
+
+
+def test_register_steps_need_a_register_task_and_are_recorded_only_when_used(tmp_path):
+    with pytest.raises(FbtError, match="register_steps.*have none"):
+        TrainConfig(tasks=("completion",), steps=10, register_steps=2)
+    assert "register_steps" not in TrainConfig().to_dict()
+    assert TrainConfig(steps=10, register_steps=3).to_dict()["register_steps"] == 3
+    res = runner.invoke(app, ["train", "--baseline", "--tasks", "completion,registers", "--steps", "2", "--register-steps", "1",
+                              "--tokens-per-step", "100", "--warmup", "1", "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["register_steps"] == 1
+    res = runner.invoke(app, ["train", "--steps", "2", "--register-steps", "3", "--out", str(tmp_path / "bad")])
+    assert res.exit_code != 0 and "register_steps" in res.output and not (tmp_path / "bad").exists()
+
+
+def test_the_recipe_is_a_set_of_fields_options_override_and_a_run_knows_its_recipe(tmp_path):
+    fields = recipe("reference")
+    cfg = TrainConfig(**fields, seed=3, baseline=True)
+    for k, v in fields.items():
+        assert getattr(cfg, k) == (TrainConfig(register_mix=v).register_mix if k == "register_mix" else v)
+    assert recipe_of(cfg) == "reference" and recipe_of(TrainConfig()) is None
+    assert recipe_of(TrainConfig(**{**fields, "lam": 0.5})) is None  # any other field changed: not the recipe
+    assert retrain_command(cfg, "b") == "fbt-probe train --recipe reference --preset tiny --seed 3 --baseline --out runs/b"
+    fields["steps"] = 999  # recipe() hands out a copy
+    assert RECIPES["reference"]["steps"] == 1700
+    with pytest.raises(FbtError, match="--recipe 'nope': no such training recipe"):
+        recipe("nope")
+    res = runner.invoke(app, ["train", "--recipe", "nope", "--out", str(tmp_path / "x")])
+    assert res.exit_code != 0 and "no such training recipe" in res.output and not (tmp_path / "x").exists()
+    # an option given on the command line wins over the recipe; the rest is the recipe's
+    res = runner.invoke(app, ["train", "--recipe", "reference", "--steps", "2", "--copy-steps", "1", "--register-steps", "1",
+                              "--tokens-per-step", "300", "--warmup", "1", "--baseline", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    got = json.loads((tmp_path / "r" / "config.json").read_text())["train"]
+    assert (got["steps"], got["copy_steps"], got["register_steps"], got["tokens_per_step"]) == (2, 1, 1, 300)
+    assert (got["answer_share"], got["min_lr_ratio"], got["register_queries"]) == (1.0, 1.0, 4)
+    assert got["register_mix"] == cfg.register_mix and got["task_shares"] == cfg.task_shares
+
+
+def test_reproduce_trains_the_recipe_and_quick_trains_the_defaults():
+    full = train_config(ReproConfig(seed=2), baseline=False)
+    assert recipe_of(full) == "reference" and full.seed == 2 and full.steps == 1700
+    quick = train_config(ReproConfig.quick_config(), baseline=True)
+    assert recipe_of(quick) is None and quick.copy_steps == 0 and quick.steps == 60
+    with pytest.raises(FbtError, match="--steps 400: the reference recipe's induction warm-up alone takes 500 steps"):
+        train_config(ReproConfig(steps=400), baseline=False)
