@@ -75,11 +75,15 @@ def test_cli_errors(tmp_path):
     res = runner.invoke(app, ["reproduce", "--seeds", "3", "--out", str(tmp_path / "r4")])
     assert res.exit_code == 2 and "--seeds: needs --train" in res.output and not (tmp_path / "r4").exists()
     # the default studies the shipped models: a seed or step count they were not trained with is refused
-    for args, match in ((["--seed", "5"], "trained with seed 0 and 800 steps; pass --train"),
-                        (["--steps", "10"], "trained with seed 0 and 800 steps; pass --train")):
+    for args, match in ((["--seed", "5"], "trained with seed 0 and 1700 steps; pass --train"),
+                        (["--steps", "10"], "trained with seed 0 and 1700 steps; pass --train")):
         res = runner.invoke(app, ["reproduce", *args, "--out", str(tmp_path / "r3")])
         assert res.exit_code == 2 and res.output.count("\n") == 1 and match in res.output, res.output
         assert not (tmp_path / "r3").exists()
+    # --train with fewer steps than the recipe's warm-up: one line, nothing written
+    res = runner.invoke(app, ["reproduce", "--train", "--steps", "300", "--out", str(tmp_path / "r5")])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "induction warm-up alone takes 500 steps" in res.output, res.output
+    assert not (tmp_path / "r5").exists()
 
 
 def test_wilson_interval_is_scipys():
@@ -174,6 +178,10 @@ def test_quick_study_end_to_end(tmp_path):
     row = head[(head["model"] == "feedback") & (head["quantity"] == "answer-accuracy") & (head["task"] == "completion")
                & (head["mode"] == "standard")]
     assert len(row) == 1 and abs(row["value"].iloc[0] - p) < 1e-6 and set(head["study"]) == {"quick"}
+    # Fig. 7b's numbers too: depth 0 on the register tasks under each probed mode, both models
+    regs = head[(head["quantity"] == "depth0-decodability") & (head["task"] == "registers")]
+    assert {(m, mode) for m, mode in zip(regs["model"], regs["mode"])} == \
+        {(m, mode) for m in ("feedback", "baseline") for mode in ("standard", "recurrent:1", "full")}
     import shutil
 
     multi = tmp_path / "multi"

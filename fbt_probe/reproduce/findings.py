@@ -59,6 +59,42 @@ def swap_effect(out: Path, model: str, task: str, condition: str = "state") -> t
     return float(r["mean"]), float(r["ci_low"]), float(r["ci_high"])
 
 
+def depth0_modes(cfg, out: Path, model: str, task: str) -> list[str]:
+    """The modes probed at depth 0 on `task`, in the study's order (the register suffixes as mapped;
+    `carried-state` has no depth 0)."""
+    p = out / "results" / "probes" / model / "probes.parquet"
+    if not p.is_file():
+        return []
+    t = pd.read_parquet(p, columns=["task", "mode", "depth", "metric"])
+    have = set(t[(t["task"] == task) & (t["depth"] == 0) & (t["metric"] == "accuracy")]["mode"])
+    order = list(cfg.modes.get(task, []))
+    return [m for m in order if m in have] + sorted(have - set(order))
+
+
+def register_findings(cfg, out: Path, task: str, seeds) -> list[str]:
+    """Fig. 7b in words for a register task the feedback model answers: depth-0 decodability of the
+    answer under each mode, the baseline's `recurrent:1` beside it, and the state swap's effect."""
+    modes = depth0_modes(cfg, out, "feedback", task)
+    if not modes:
+        return []
+    parts = [f"{fmt(*depth0(out, 'feedback', task, mode))} under `{mode}`"
+             f"{spread(seeds, 'feedback', 'depth0-decodability', task, mode)}" for mode in modes]
+    line = (f"At depth 0, the {task} answer is linearly decodable at " + ", ".join(parts)
+            + "; mean over length x fold cells, normal 95 % CI (Fig. 7b).")
+    if "baseline" in cfg.models():
+        b = depth0(out, "baseline", task, "recurrent:1")
+        if b[0] == b[0]:
+            line += (f" The baseline, whose fusion was never trained, reads {fmt(*b)}"
+                     f"{spread(seeds, 'baseline', 'depth0-decodability', task, 'recurrent:1')} under `recurrent:1`.")
+    lines = [line]
+    eff = swap_effect(out, "feedback", task)
+    if eff is not None:
+        lines.append(f"Swapping the carried state at the final position with the partner sample's moves the {task} answer by "
+                     f"a normalized {fmt(*eff)}{spread(seeds, 'feedback', 'swap-effect', task, 'recurrent:1')} "
+                     "(Fig. *ablation-bars-feedback*).")
+    return lines
+
+
 def feedback_contraction(out: Path) -> pd.DataFrame | None:
     """The feedback model's contraction table indexed by pass, if diagnosed."""
     c = out / "diagnostics" / "contraction.parquet"
@@ -90,6 +126,12 @@ def headline(cfg, out: Path) -> pd.DataFrame:
             rows.append((m, "answer-accuracy", tasks[0], "full", *answer_accuracy(out, m, tasks[0], "full")[:3]))
         for task in [t for t in ("completion", "memory") if t in tasks]:
             for mode in ("standard", "recurrent:1"):
+                rows.append((m, "depth0-decodability", task, mode, *depth0(out, m, task, mode)))
+            eff = swap_effect(out, m, task)
+            if eff is not None:
+                rows.append((m, "swap-effect", task, "recurrent:1", *eff))
+        for task in [t for t in tasks if t.startswith("registers")]:
+            for mode in depth0_modes(cfg, out, m, task):
                 rows.append((m, "depth0-decodability", task, mode, *depth0(out, m, task, mode)))
             eff = swap_effect(out, m, task)
             if eff is not None:
@@ -148,6 +190,8 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
             lines.append(f"{' and '.join(dead).capitalize()}: the feedback model's answer accuracy is not above chance "
                          "(first finding), so Fig. 7b's panels probe a model that has not learned the task; a flat line "
                          "there says nothing about what latent feedback can carry.")
+        for task in [t for t in regs if t not in dead]:
+            lines += register_findings(cfg, out, task, seeds)
     t = feedback_contraction(out)
     c = contraction_row(t)
     if c is not None and "feedback" in models:

@@ -179,6 +179,7 @@ def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), 
         raise FbtError(f"--model {cfg.model}: checkpoint folder not found")
     if cfg.shipped:
         check_shipped(cfg)
+    train_config(cfg, False)  # an unusable --steps for the recipe is refused before anything is written
     out.mkdir(parents=True, exist_ok=True)
     stages = build_stages(cfg, out)
     names = {s.name for s in stages} | {"figures", "report"}
@@ -190,7 +191,7 @@ def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), 
         runner.run(s)
     all_names = [s.name for s in stages]
     runner.run(Stage("figures", {}, [out / "figures"], lambda: stage_figures(cfg, out), after=all_names))
-    runner.run(Stage("report", {"v": 3, "seeds": source_key(cfg, out)}, [out / "report.md", out / "report.html", out / "headline.csv"],
+    runner.run(Stage("report", {"v": 4, "seeds": source_key(cfg, out)}, [out / "report.md", out / "report.html", out / "headline.csv"],
                      lambda: stage_report(cfg, out, runner.times), after=all_names + ["figures"]))
     return {"times": runner.times, "report": out / "report.html"}
 
@@ -204,6 +205,7 @@ def reproduce_seeds(cfg: ReproConfig, out: str | Path, seeds: int, force: set[st
                        "is already in the package)")
     if seeds < 2:
         raise FbtError(f"--seeds {seeds}: expected at least 2")
+    train_config(cfg, False)  # refused before OUT is made
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for s in range(seeds):
