@@ -1,11 +1,13 @@
 """Named training recipes: a set of `TrainConfig` fields under one name (`fbt-probe train --recipe NAME`).
 
 `reference` is how the shipped reference models (ref:tiny-feedback, ref:tiny-baseline) are trained
-and what `fbt-probe reproduce --train` retrains: an induction warm-up (copy documents), then the four
-tasks, the register tasks alone for the first 500 steps, drawn as register documents, half of them with 16-valued registers,
-four supervised queries each, the loss on the answers only and a constant lr after warm-up
-(BENCHMARKS.md, "Registers: induction warm-up" and "The reference recipe"). Without the warm-up no
-budget we tried bound a value to its register at all.
+and what `fbt-probe reproduce --train` retrains: an induction warm-up on copy documents (500 steps),
+the register tasks alone (500 steps), then all four tasks (700 steps). The register tasks are drawn
+as register documents, half of them with 16-valued registers, four supervised queries each; the
+loss is on the answers only and the lr constant after warm-up (BENCHMARKS.md, "Registers: induction
+warm-up" and "The reference recipe"). Without the warm-up no budget we tried bound a value to its
+register at all, and with completion and memory beside the registers from the start it did not
+form either.
 """
 from __future__ import annotations
 
