@@ -124,14 +124,10 @@ def headline(cfg, out: Path) -> pd.DataFrame:
             rows.append((m, "answer-accuracy", task, "standard", *answer_accuracy(out, m, task)[:3]))
         if m == "feedback" and tasks:
             rows.append((m, "answer-accuracy", tasks[0], "full", *answer_accuracy(out, m, tasks[0], "full")[:3]))
-        for task in [t for t in ("completion", "memory") if t in tasks]:
-            for mode in ("standard", "recurrent:1"):
-                rows.append((m, "depth0-decodability", task, mode, *depth0(out, m, task, mode)))
-            eff = swap_effect(out, m, task)
-            if eff is not None:
-                rows.append((m, "swap-effect", task, "recurrent:1", *eff))
-        for task in [t for t in tasks if t.startswith("registers")]:
-            for mode in depth0_modes(cfg, out, m, task):
+        # completion and memory: Fig. 7a's two modes; the register tasks: every mode of Fig. 7b
+        for task in [t for t in tasks if t in ("completion", "memory") or t.startswith("registers")]:
+            modes = depth0_modes(cfg, out, m, task) if task.startswith("registers") else ("standard", "recurrent:1")
+            for mode in modes:
                 rows.append((m, "depth0-decodability", task, mode, *depth0(out, m, task, mode)))
             eff = swap_effect(out, m, task)
             if eff is not None:

@@ -164,7 +164,7 @@ class TrainConfig:
         if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r <= self.steps - c:
             raise FbtError(f"train config: field 'register_steps' (--register-steps) must be an integer 0..steps - copy_steps "
                            f"({self.steps - c}), got {r!r}")
-        if r and not any(load_spec(t).kind == "registers" for t in self.tasks):
+        if r and not self._has_register_task():
             raise FbtError(f"train config: field 'register_steps' (--register-steps) trains the register tasks alone: "
                            f"tasks {list(self.tasks)} have none")
 
@@ -178,9 +178,12 @@ class TrainConfig:
                                "set field 'register_mix' (--register-mix) too")
             return
         object.__setattr__(self, "register_mix", " ".join(map(str, parse_register_mix(self.register_mix))))
-        if not any(load_spec(t).kind == "registers" for t in self.tasks):
+        if not self._has_register_task():
             raise FbtError(f"train config: field 'register_mix' (--register-mix) replaces the register tasks' cells: "
                            f"tasks {list(self.tasks)} have none (e.g. --tasks registers,registers-count)")
+
+    def _has_register_task(self) -> bool:
+        return any(load_spec(t).kind == "registers" for t in self.tasks)
 
     @property
     def schedule_obj(self) -> Schedule:

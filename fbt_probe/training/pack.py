@@ -46,16 +46,16 @@ def cpu_name() -> str:
 
 def retrain_command(cfg, name: str) -> str:
     """The `fbt-probe train` line that retrains the run from scratch (hidden-decoding: from its init)."""
-    parts = ["fbt-probe train", f"--preset {cfg.preset}", f"--steps {cfg.steps}", f"--seed {cfg.seed}"]
     if ARCHS[cfg.arch].needs_init:
         raise FbtError("a Hidden Decoding run records no --init: pass --command (the line that trained it)")
-    named = recipe_of(cfg)
-    if named is not None and cfg.init is None:
+    named = recipe_of(cfg) if cfg.init is None else None
+    if named is not None:  # the recipe holds the steps and the rest
         parts = ["fbt-probe train", f"--recipe {named}", f"--preset {cfg.preset}", f"--seed {cfg.seed}"]
-        return " ".join(parts + (["--baseline"] if cfg.baseline else []) + [f"--out runs/{name}"])
-    if cfg.init is not None or cfg.register_mix is not None:
+    elif cfg.init is not None or cfg.register_mix is not None:
         raise FbtError("a run started from --init or trained on --register-mix has no one-line retrain command: "
                        "pass --command (the lines that trained it and its init)")
+    else:
+        parts = ["fbt-probe train", f"--preset {cfg.preset}", f"--steps {cfg.steps}", f"--seed {cfg.seed}"]
     if cfg.baseline:
         parts.append("--baseline")
     return " ".join(parts + [f"--out runs/{name}"])
