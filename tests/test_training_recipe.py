@@ -80,7 +80,7 @@ def test_the_recipe_is_a_set_of_fields_options_override_and_a_run_knows_its_reci
     assert recipe_of(TrainConfig(**{**fields, "lam": 0.5})) is None  # any other field changed: not the recipe
     assert retrain_command(cfg, "b") == "fbt-probe train --recipe reference --preset tiny --seed 3 --baseline --out runs/b"
     fields["steps"] = 999  # recipe() hands out a copy
-    assert RECIPES["reference"]["steps"] == 1700
+    assert RECIPES["reference"]["steps"] == 2100
     with pytest.raises(FbtError, match="--recipe 'nope': no such training recipe"):
         recipe("nope")
     res = runner.invoke(app, ["train", "--recipe", "nope", "--out", str(tmp_path / "x")])
@@ -97,8 +97,13 @@ def test_the_recipe_is_a_set_of_fields_options_override_and_a_run_knows_its_reci
 
 def test_reproduce_trains_the_recipe_and_quick_trains_the_defaults():
     full = train_config(ReproConfig(seed=2), baseline=False)
-    assert recipe_of(full) == "reference" and full.seed == 2 and full.steps == 1700
+    assert recipe_of(full) == "reference" and full.seed == 2 and full.steps == RECIPES["reference"]["steps"]
     quick = train_config(ReproConfig.quick_config(), baseline=True)
     assert recipe_of(quick) is None and quick.copy_steps == 0 and quick.steps == 60
     with pytest.raises(FbtError, match="--steps 400: the reference recipe's induction warm-up alone takes 500 steps"):
         train_config(ReproConfig(steps=400), baseline=False)
+    # past the warm-up but inside the register phase: the message names both phases
+    with pytest.raises(FbtError, match="--steps 1000: the reference recipe trains 500 warm-up and 900 register-only "
+                                       "steps before the other tasks; pass more than 1400"):
+        train_config(ReproConfig(steps=1000), baseline=False)
+    assert train_config(ReproConfig(steps=1401), baseline=False).steps == 1401

@@ -28,7 +28,7 @@ EXPERIMENTS = tuple(name for name, e in REGISTRY.items() if e.study_modes)
 class ReproConfig:
     preset: str = "tiny"
     seed: int = 0
-    steps: int = 1700
+    steps: int = 2100
     recipe: str | None = "reference"
     """The training recipe of --train (`fbt_probe.training.recipes`; the shipped models' own); None:
     `TrainConfig`'s defaults (--quick trains that way, 60 steps)."""
@@ -99,10 +99,13 @@ class ReproConfig:
 
 def train_config(cfg: ReproConfig, baseline: bool) -> TrainConfig:
     fields = {} if cfg.recipe is None else recipe(cfg.recipe)
-    warm = fields.get("copy_steps", 0)
+    warm, reg = fields.get("copy_steps", 0), fields.get("register_steps", 0)
     if cfg.steps <= warm:
         raise FbtError(f"--steps {cfg.steps}: the {cfg.recipe} recipe's induction warm-up alone takes {warm} steps; "
                        f"pass more (the recipe's own: {fields['steps']})")
+    if reg and cfg.steps <= warm + reg:
+        raise FbtError(f"--steps {cfg.steps}: the {cfg.recipe} recipe trains {warm} warm-up and {reg} register-only "
+                       f"steps before the other tasks; pass more than {warm + reg} (the recipe's own: {fields['steps']})")
     fields.update(preset=cfg.preset, steps=cfg.steps, seed=cfg.seed, baseline=baseline, tasks=tuple(cfg.knobs),
                   eval_every=max(1, min(100, cfg.steps)), save_every=max(1, min(100, cfg.steps)))
     return TrainConfig(**fields)
