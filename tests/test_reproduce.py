@@ -75,8 +75,9 @@ def test_cli_errors(tmp_path):
     res = runner.invoke(app, ["reproduce", "--seeds", "3", "--out", str(tmp_path / "r4")])
     assert res.exit_code == 2 and "--seeds: needs --train" in res.output and not (tmp_path / "r4").exists()
     # the default studies the shipped models: a seed or step count they were not trained with is refused
-    for args, match in ((["--seed", "5"], "trained with seed 0 and 1700 steps; pass --train"),
-                        (["--steps", "10"], "trained with seed 0 and 1700 steps; pass --train")):
+    from fbt_probe.reference import record
+    shipped = f"trained with seed 0 and {record('tiny-feedback')['steps']} steps; pass --train"
+    for args, match in ((["--seed", "5"], shipped), (["--steps", "10"], shipped)):
         res = runner.invoke(app, ["reproduce", *args, "--out", str(tmp_path / "r3")])
         assert res.exit_code == 2 and res.output.count("\n") == 1 and match in res.output, res.output
         assert not (tmp_path / "r3").exists()
