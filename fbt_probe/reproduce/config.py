@@ -10,7 +10,7 @@ from fbt_probe.interventions.registry import EXPERIMENTS as REGISTRY
 from fbt_probe.reference import folder
 from fbt_probe.tasks import build_tokenizer, load_tokenizer
 from fbt_probe.training.config import TrainConfig
-from fbt_probe.training.recipes import recipe
+from fbt_probe.training.recipes import RECIPES, recipe
 
 PROBE_KNOBS = {"completion": [0, 8, 32], "memory": [0, 8, 32], "registers": [2, 4, 8], "registers-count": [1, 2, 4, 8]}  # training lengths
 LONG_KNOBS = {"completion": [0, 8, 32, 128, 256], "memory": [0, 8, 32, 128, 256], "registers": [2, 4, 8],
@@ -28,7 +28,7 @@ EXPERIMENTS = tuple(name for name, e in REGISTRY.items() if e.study_modes)
 class ReproConfig:
     preset: str = "tiny"
     seed: int = 0
-    steps: int = 2100
+    steps: int = RECIPES["reference"]["steps"]  # the default recipe's own
     recipe: str | None = "reference"
     """The training recipe of --train (`fbt_probe.training.recipes`; the shipped models' own); None:
     `TrainConfig`'s defaults (--quick trains that way, 60 steps)."""
