@@ -6,8 +6,6 @@ from typing import Annotated
 
 import typer
 
-from fbt_probe.training.recipes import RECIPES
-
 diagnose_app = typer.Typer(help="Diagnostics of a trained run.", no_args_is_help=True)
 
 
@@ -20,7 +18,7 @@ def register(app: typer.Typer) -> None:
 def train_cmd(
     out: Annotated[Path, typer.Option(help="Run folder to write (checkpoint, tokenizer, metrics.jsonl).")],
     preset: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
-    recipe: Annotated[str | None, typer.Option(help=f"A named set of training fields, under the options given here: 'reference' (how the shipped reference models are trained: induction warm-up, register documents, {RECIPES['reference']['steps']:,} steps; docs/training.md).")] = None,
+    recipe: Annotated[str | None, typer.Option(help="A named set of training fields, under the options given here: 'reference' (how the shipped reference models are trained: induction warm-up, register documents, 2,100 steps; docs/training.md).")] = None,
     steps: Annotated[int | None, typer.Option(help="Optimizer steps (default: the recipe's, else TrainConfig.steps, 800).")] = None,
     schedule: Annotated[str, typer.Option(help="Passes per batch: 'K:p,...' summing to 1, 'constant:K' or 'paper' (1:.75,2:.22,3:.03).")] = "paper",
     baseline: Annotated[bool, typer.Option(help="No-feedback baseline: same data and steps, 1 pass only, fusion unused.")] = False,
