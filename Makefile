@@ -2,6 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fbt-installed
+DEV_STAMP := $(VENV)/.fbt-dev-installed
 
 .PHONY: setup demo test reference-report clean
 
@@ -9,11 +10,16 @@ setup: $(STAMP)
 
 # torch is installed first, pinned to the CPU build that lies on local disk on these machines;
 # an unpinned torch can pull a multi-GB CUDA build. The package itself only asks for a range.
+# The demo needs the package only; the tests add the dev extras (pytest, the HF oracle, triton, ...).
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e .
 	touch $(STAMP)
+
+$(DEV_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(DEV_STAMP)
 
 # The main job: the tiny study on the shipped reference models (datasets, probes, interventions,
 # attribution/DAS/lens, figures, report) in its lighter demo form; without --demo it is the full study
@@ -28,7 +34,7 @@ reference-report: setup
 	cp runs/reference/report.md reports/tiny/report.md
 	cp runs/reference/figures/*.png reports/tiny/figures/
 
-test: setup
+test: $(DEV_STAMP)
 	$(PY) -m pytest -m "not gpu" -q
 
 clean:

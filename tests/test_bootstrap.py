@@ -64,3 +64,24 @@ def test_parity_resamples_equal_one_resample_at_a_time():
         ref = np.array([_stats_one_at_a_time(A[:, i], E[:, i]) for i in idx])
         np.testing.assert_allclose(rho, ref[:, 0], rtol=0, atol=1e-12)
         np.testing.assert_allclose(worst, ref[:, 1], rtol=0, atol=1e-12)
+
+
+def test_the_summary_splits_pairs_by_condition_as_a_pandas_groupby_does():
+    """`_split_by_keys` (contiguous runs of the sorted index) against iterating a pandas groupby, the
+    oracle, on mixed key types, groups of one and a key that changes while the others do not."""
+    import pandas as pd
+
+    rng = np.random.default_rng(3)
+    n = 400
+    frame = pd.DataFrame({"hook": rng.choice(["a.x", "b.y", "c"], n), "layer": rng.integers(0, 3, n),
+                          "mode": rng.choice(["standard", "recurrent:1"], n), "pos": rng.integers(-1, 2, n),
+                          "pair_id": rng.integers(0, 40, n), "value": rng.normal(size=n)})
+    frame.loc[n] = ["b.y", 9, "standard", 0, 3, 0.5]  # a condition with one pair
+    keys = ["hook", "layer", "mode", "pos"]
+    per_pair = frame.groupby(keys + ["pair_id"], sort=True)["value"].mean()
+    want = {k: v.to_numpy() for k, v in per_pair.groupby(level=list(range(len(keys))), sort=True)}
+    got = metrics._split_by_keys(per_pair, len(keys))
+    assert list(got) == list(want) and len(got) > 20 and any(len(v) == 1 for v in want.values())
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+    assert metrics._split_by_keys(per_pair.iloc[:0], len(keys)) == {}

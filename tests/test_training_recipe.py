@@ -107,3 +107,47 @@ def test_reproduce_trains_the_recipe_and_quick_trains_the_defaults():
                                        "steps before the other tasks; pass more than 1400"):
         train_config(ReproConfig(steps=1000), baseline=False)
     assert train_config(ReproConfig(steps=1401), baseline=False).steps == 1401
+
+
+RAMPED = "1:16:8 2:wpr:1:0 4:wpr:2:3 8:wpr:1:0"
+
+
+def test_the_register_ramp_draws_only_kinds_with_few_registers_in_its_windows_then_exactly_the_plain_phase():
+    kw = dict(steps=14, tokens_per_step=900, register_mix=RAMPED, copy_steps=2, register_steps=8)
+    plain = TrainConfig(**kw)
+    ramped = TrainConfig(**kw, register_ramp="2:3, 4:2")
+    assert ramped.register_ramp == "2:3 4:2" and ramped.to_dict()["register_ramp"] == "2:3 4:2"
+    cells, lengths, _ = cell_probabilities(plain, TOK)
+    regs = {int(n): plain.register_kinds[k].registers for (t, k), n in zip(cells, lengths) if t == MIX}
+    assert len(regs) == 4  # each kind has its own document length: a row's length names its kind
+    seen = {}
+    for step in range(2, 10):
+        got = {regs[m[0].shape[1]] for m in batches_for_step(ramped, TOK, step)}
+        seen[step] = got
+        bound = 2 if step < 5 else 4 if step < 7 else 8
+        assert got and max(got) <= bound and ramped.ramp_bound(step) == (bound if step < 7 else None), (step, got)
+    assert any(8 in seen[s] for s in (7, 8, 9)) and any(4 in seen[s] for s in (5, 6))  # the bound lifts
+    for step in (0, 1, 7, 8, 9, 10, 13):  # the warm-up, the phase after the ramp and the rest: the plain run's batches
+        a, b = batches_for_step(ramped, TOK, step), batches_for_step(plain, TOK, step)
+        assert len(a) == len(b) and all(torch.equal(x, y) for ma, mb in zip(a, b) for x, y in zip(ma, mb))
+    assert "register_ramp" not in plain.to_dict()
+
+
+@pytest.mark.parametrize("ramp, match", [("2:9", "more than the register phase"), ("2:x", "expected M:N"),
+                                         ("0:3", "M and N must be >= 1"), ("", "one or more windows"),
+                                         ("1:2", "no kind of the register mix has at most 1")])
+def test_a_bad_register_ramp_is_one_line_naming_the_field(ramp, match):
+    with pytest.raises(FbtError, match=match):
+        TrainConfig(steps=14, register_mix="2:wpr:1:0 4:wpr:2:3", copy_steps=2, register_steps=8, register_ramp=ramp)
+    with pytest.raises(FbtError, match="set field 'register_mix'"):
+        TrainConfig(steps=14, copy_steps=2, register_steps=8, register_ramp="2:3")
+
+
+def test_register_ramp_from_the_command_line(tmp_path):
+    res = runner.invoke(app, ["train", "--baseline", "--steps", "3", "--register-steps", "2", "--register-mix", "2:wpr:1:0 4:wpr:1:0",
+                              "--register-ramp", "2:1", "--tokens-per-step", "200", "--warmup", "1", "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["register_ramp"] == "2:1"
+    res = runner.invoke(app, ["train", "--steps", "3", "--register-steps", "2", "--register-mix", "2:wpr:1:0",
+                              "--register-ramp", "2:5", "--out", str(tmp_path / "bad")])
+    assert res.exit_code != 0 and "register_ramp" in res.output and not (tmp_path / "bad").exists()

@@ -38,6 +38,7 @@ def train_cmd(
     register_queries: Annotated[int | None, typer.Option(help="Supervised queries at the end of each --register-mix document (default 1).")] = None,
     copy_steps: Annotated[int | None, typer.Option(help="Induction warm-up: the first N of --steps train on copy documents only (random numbers repeated after a random gap), then the tasks (default 0).")] = None,
     register_steps: Annotated[int | None, typer.Option(help="After the warm-up, the next N steps train the register tasks alone, then all the tasks (default 0).")] = None,
+    register_ramp: Annotated[str | None, typer.Option(help="A curriculum over the register count inside the register phase: 'M:N ...' (the first N register-phase steps draw only --register-mix kinds with at most M registers, then the next window, then every kind); 'none' for no ramp (default).")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (autocast on the training device).")] = "float32",
     resume: Annotated[bool, typer.Option(help="Continue an interrupted run in OUT (bit for bit on CPU).")] = False,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
@@ -76,6 +77,8 @@ def train_cmd(
              "answer_share": answer_share, "register_mix": register_mix, "register_queries": register_queries,
              "copy_steps": copy_steps, "register_steps": register_steps}
     extra.update({k: v for k, v in given.items() if v is not None})
+    if register_ramp is not None:
+        extra["register_ramp"] = None if register_ramp.strip().lower() == "none" else register_ramp
     if tasks is not None:
         extra["tasks"] = parse_tasks(tasks)
     if task_shares is not None:

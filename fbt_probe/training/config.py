@@ -119,6 +119,11 @@ class TrainConfig:
     the tasks at their shares. Register binding forms in the first few hundred steps after the
     warm-up when nothing else competes, and not within 1,700 steps when completion and memory share
     them (BENCHMARKS.md, "The reference recipe")."""
+    register_ramp: str | None = None
+    """A curriculum over the register count inside the register phase: 'M:N M:N ...' (e.g. '2:300
+    4:200'): the first N steps of the register phase draw only the mix's kinds with at most M
+    registers, the next window the next bound, then every kind. Needs `register_mix` and must fit
+    in `register_steps`."""
 
     def __post_init__(self) -> None:
         sched = self.schedule_obj  # validates
@@ -167,6 +172,34 @@ class TrainConfig:
         if r and not self._has_register_task():
             raise FbtError(f"train config: field 'register_steps' (--register-steps) trains the register tasks alone: "
                            f"tasks {list(self.tasks)} have none")
+        self._check_register_ramp()
+
+    def _check_register_ramp(self) -> None:
+        if self.register_ramp is None:
+            return
+        where = f"train config: field 'register_ramp' (--register-ramp) {self.register_ramp!r}"
+        if self.register_mix is None:
+            raise FbtError(f"{where}: ramps the register mix's kinds: set field 'register_mix' (--register-mix) too")
+        windows = parse_ramp(self.register_ramp, where)
+        if sum(n for _, n in windows) > self.register_steps:
+            raise FbtError(f"{where}: its windows take {sum(n for _, n in windows)} steps, more than the register phase "
+                           f"(register_steps = {self.register_steps})")
+        least = min(k.registers for k in self.register_kinds)
+        for bound, _ in windows:
+            if bound < least:
+                raise FbtError(f"{where}: no kind of the register mix has at most {bound} registers (the fewest is {least})")
+        object.__setattr__(self, "register_ramp", " ".join(f"{m}:{n}" for m, n in windows))
+
+    def ramp_bound(self, step: int) -> int | None:
+        """The most registers a register-mix document may have at training step `step` (None: any)."""
+        if self.register_ramp is None:
+            return None
+        at = step - self.copy_steps
+        for bound, n in parse_ramp(self.register_ramp, "register_ramp"):
+            if 0 <= at < n:
+                return bound
+            at -= n
+        return None
 
     def _check_register_mix(self) -> None:
         q = self.register_queries
@@ -243,7 +276,24 @@ def equal_cell_shares(tasks, knobs: dict | None = None) -> dict:
 # fields added after format fbt-probe/2, with the value that means "not used": config.json leaves
 # them out at that value and a run that lacks them used none of them
 ADDED_FIELDS = {"register_mix": None, "register_queries": 1, "init": None, "init_sha256": None, "copy_steps": 0,
-                "register_steps": 0}
+                "register_steps": 0, "register_ramp": None}
+
+
+def parse_ramp(text, where: str) -> list[tuple[int, int]]:
+    """'2:300 4:200' -> [(2, 300), (4, 200)]: (most registers, steps) windows, in order."""
+    items = text.replace(",", " ").split() if isinstance(text, str) else []
+    out = []
+    for item in items:
+        try:
+            m, n = (int(x) for x in item.split(":"))
+        except ValueError:
+            raise FbtError(f"{where}: window {item!r}: expected M:N (at most M registers for N steps)") from None
+        if m < 1 or n < 1:
+            raise FbtError(f"{where}: window {item!r}: M and N must be >= 1")
+        out.append((m, n))
+    if not out:
+        raise FbtError(f"{where}: expected one or more windows M:N (at most M registers for N steps)")
+    return out
 ARCH_NAMES = ("feedback", HIDDEN_ARCH)  # each has its row in fbt_probe.training.arch.ARCHS
 ONE_PASS_ARCHS = (HIDDEN_ARCH,)  # no feedback passes: the schedule is always constant:1
 DEFAULT_TASK_SHARES = {"completion": 0.5, "memory": 0.25, "registers": 0.25, "registers-count": 0.25}

@@ -161,13 +161,17 @@ def batches_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train
     Their gradients are accumulated into one optimizer step, so every step mixes tasks, and short
     documents come many to a step. Split 'train' excludes the held-out contexts; 'val' draws only
     from them. The first `copy_steps` training steps are one micro-batch of copy documents instead
-    (`fbt_probe.training.copy`); the `register_steps` after them draw the register tasks' cells only."""
+    (`fbt_probe.training.copy`); the `register_steps` after them draw the register tasks' cells only (under
+    `register_ramp`, at first only the mix's kinds with few registers)."""
     if split == "train" and step < cfg.copy_steps:
         return [copy_batch(tokenizer, copy_rows(cfg.tokens_per_step), step_seed(cfg.seed, step, "copy"))]
     cells, lengths, p = cell_probabilities(cfg, tokenizer)
     if split == "train" and step < cfg.copy_steps + cfg.register_steps:
         reg = set(register_tasks(cfg)) | {MIX}
         p = np.where([t in reg for t, _ in cells], p, 0.0)
+        bound = cfg.ramp_bound(step)
+        if bound is not None:  # the register ramp: only the kinds with at most `bound` registers
+            p = np.where([t != MIX or cfg.register_kinds[k].registers <= bound for t, k in cells], p, 0.0)
         p = p / p.sum()
     rng = np.random.default_rng(step_seed(cfg.seed, step, split + "-cells"))
     counts, used = np.zeros(len(cells), dtype=int), 0
