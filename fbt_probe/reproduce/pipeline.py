@@ -107,7 +107,7 @@ def task_modes(cfg: ReproConfig, out: Path, task: str) -> list[str]:
 def stage_extract(cfg: ReproConfig, out: Path, name: str) -> None:
     for task in cfg.modes:
         extract(str(model_path(cfg, out, name)), out / "data" / f"{task}.parquet", task_modes(cfg, out, task),
-                out / "acts" / name / task, force=True)
+                out / "acts" / name / task, force=True, batch_size=cfg.extract_batch())
 
 
 def stage_probe(cfg: ReproConfig, out: Path, name: str) -> None:
@@ -162,7 +162,8 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
     st.append(Stage("contraction", {**ck, "passes": cfg.passes}, [out / "diagnostics"], lambda: stage_contraction(cfg, out), after=trained))
     for name in cfg.models():
         dep = [f"train-{name}"] if not cfg.model and not cfg.shipped else []
-        st.append(Stage(f"extract-{name}", {**ck, "modes": cfg.modes}, [out / "acts" / name],
+        batch = {} if cfg.extract_batch() == 16 else {"batch": cfg.extract_batch()}  # the full study's key as before
+        st.append(Stage(f"extract-{name}", {**ck, "modes": cfg.modes, **batch}, [out / "acts" / name],
                         lambda n=name: stage_extract(cfg, out, n), after=["data"] + dep))
         st.append(Stage(f"probe-{name}", ck, [out / "results" / "probes" / name], lambda n=name: stage_probe(cfg, out, n),
                         after=[f"extract-{name}"]))
