@@ -252,3 +252,17 @@ def test_methods_pairs_are_spread_over_groups():
     assert sorted(set(got["pair_id"])) == [0, 1, 4, 5, 8]  # round 1: 0, 4, 8; round 2: 1, 5
     assert list(got.index) == sorted(got.index) and (got.groupby("pair_id").size() == 2).all()
     assert len(pairs_over_groups(df, 100)) == len(df)
+
+
+def test_the_demo_extracts_64_rows_a_forward_and_the_full_studys_extract_key_is_as_before(tmp_path):
+    from fbt_probe.reproduce import ReproConfig
+    from fbt_probe.reproduce.pipeline import build_stages
+
+    def extract_inputs(cfg):
+        return {s.name: s.inputs for s in build_stages(cfg, tmp_path) if s.name.startswith("extract-")}
+
+    demo = ReproConfig.demo_config(preset="tiny", shipped=True)
+    full = ReproConfig(preset="tiny", shipped=True)
+    assert (demo.extract_batch(), full.extract_batch()) == (64, 16)
+    assert all(v["batch"] == 64 for v in extract_inputs(demo).values()) and len(extract_inputs(demo)) == 2
+    assert all("batch" not in v and set(v) >= {"modes"} for v in extract_inputs(full).values())
