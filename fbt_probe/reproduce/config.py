@@ -12,6 +12,7 @@ from fbt_probe.tasks import build_tokenizer, load_tokenizer
 from fbt_probe.training.config import TrainConfig
 from fbt_probe.training.recipes import RECIPES, recipe
 
+EXTRACT_BATCH = 16  # rows a forward of the full study's extraction (as `fbt_probe.activations.extract` defaults to)
 PROBE_KNOBS = {"completion": [0, 8, 32], "memory": [0, 8, 32], "registers": [2, 4, 8], "registers-count": [1, 2, 4, 8]}  # training lengths
 LONG_KNOBS = {"completion": [0, 8, 32, 128, 256], "memory": [0, 8, 32, 128, 256], "registers": [2, 4, 8],
               "registers-count": [1, 2, 4, 8]}  # --long: the paper's whole grid (past the training lengths)
@@ -92,7 +93,7 @@ class ReproConfig:
     def extract_batch(self) -> int:
         """Rows a forward of the activation extraction: 64 under --demo (a fifth less time than 16 on
         2 cores; BENCHMARKS.md), else `extract`'s default 16, which the committed full report used."""
-        return 64 if self.demo else 16
+        return 64 if self.demo else EXTRACT_BATCH
 
     def figure_formats(self) -> tuple[str, ...]:
         """PNG (what the report shows) and SVG; the demo writes PNG only."""

@@ -20,6 +20,7 @@ from fbt_probe.reference import names, record
 from fbt_probe.reproduce import methods as M
 from fbt_probe.reproduce.config import (  # noqa: F401
     EXPERIMENTS,
+    EXTRACT_BATCH,
     FEEDBACK_MODES,
     LONG_KNOBS,
     PROBE_KNOBS,
@@ -162,7 +163,7 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
     st.append(Stage("contraction", {**ck, "passes": cfg.passes}, [out / "diagnostics"], lambda: stage_contraction(cfg, out), after=trained))
     for name in cfg.models():
         dep = [f"train-{name}"] if not cfg.model and not cfg.shipped else []
-        batch = {} if cfg.extract_batch() == 16 else {"batch": cfg.extract_batch()}  # the full study's key as before
+        batch = {} if cfg.extract_batch() == EXTRACT_BATCH else {"batch": cfg.extract_batch()}  # the full study's key as before
         st.append(Stage(f"extract-{name}", {**ck, "modes": cfg.modes, **batch}, [out / "acts" / name],
                         lambda n=name: stage_extract(cfg, out, n), after=["data"] + dep))
         st.append(Stage(f"probe-{name}", ck, [out / "results" / "probes" / name], lambda n=name: stage_probe(cfg, out, n),

@@ -181,8 +181,9 @@ class TrainConfig:
         if self.register_mix is None:
             raise FbtError(f"{where}: ramps the register mix's kinds: set field 'register_mix' (--register-mix) too")
         windows = parse_ramp(self.register_ramp, where)
-        if sum(n for _, n in windows) > self.register_steps:
-            raise FbtError(f"{where}: its windows take {sum(n for _, n in windows)} steps, more than the register phase "
+        total = sum(n for _, n in windows)
+        if total > self.register_steps:
+            raise FbtError(f"{where}: its windows take {total} steps, more than the register phase "
                            f"(register_steps = {self.register_steps})")
         least = min(k.registers for k in self.register_kinds)
         for bound, _ in windows:

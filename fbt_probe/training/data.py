@@ -171,7 +171,8 @@ def batches_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train
         p = np.where([t in reg for t, _ in cells], p, 0.0)
         bound = cfg.ramp_bound(step)
         if bound is not None:  # the register ramp: only the kinds with at most `bound` registers
-            p = np.where([t != MIX or cfg.register_kinds[k].registers <= bound for t, k in cells], p, 0.0)
+            kinds = cfg.register_kinds  # parsed from the config's string on each access
+            p = np.where([t != MIX or kinds[k].registers <= bound for t, k in cells], p, 0.0)
         p = p / p.sum()
     rng = np.random.default_rng(step_seed(cfg.seed, step, split + "-cells"))
     counts, used = np.zeros(len(cells), dtype=int), 0
