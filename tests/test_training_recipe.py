@@ -133,7 +133,10 @@ def test_the_register_ramp_draws_only_kinds_with_few_registers_in_its_windows_th
     assert "register_ramp" not in plain.to_dict()
 
 
-@pytest.mark.parametrize("ramp, match", [("2:9", "more than the register phase"), ("2:x", "expected M:N"),
+TOO_LONG = r"more than the register phase \(register_steps = 8\); pass a shorter ramp, or 'none'"
+
+
+@pytest.mark.parametrize("ramp, match", [("2:9", TOO_LONG), ("2:x", "expected M:N"),
                                          ("0:3", "M and N must be >= 1"), ("", "one or more windows"),
                                          ("1:2", "no kind of the register mix has at most 1")])
 def test_a_bad_register_ramp_is_one_line_naming_the_field(ramp, match):

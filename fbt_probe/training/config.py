@@ -184,7 +184,7 @@ class TrainConfig:
         total = sum(n for _, n in windows)
         if total > self.register_steps:
             raise FbtError(f"{where}: its windows take {total} steps, more than the register phase "
-                           f"(register_steps = {self.register_steps})")
+                           f"(register_steps = {self.register_steps}); pass a shorter ramp, or 'none'")
         least = min(k.registers for k in self.register_kinds)
         for bound, _ in windows:
             if bound < least:
