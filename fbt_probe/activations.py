@@ -59,6 +59,7 @@ from fbt_probe.shards import (  # noqa: F401  (re-exported: the CLI and tests us
 from fbt_probe.tasks import SAMPLE_COLUMNS
 
 REFERENCE_MODE = "carried-state"
+BATCH_SIZE = 16  # samples per forward unless the caller says otherwise
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
@@ -235,7 +236,7 @@ def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int,
         return record_sha256(tmp, path)  # recorded before the shard itself appears
 
 
-def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool = True, batch_size: int = 16,
+def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool = True, batch_size: int = BATCH_SIZE,
             shard_rows: int = 256, dtype: str = "float32", device: str | None = None, force: bool = False,
             progress=None, on_shard=None, require_arch: str | None = None) -> "ActivationStore":
     """Extract activations (see module doc); returns the finished `ActivationStore`.

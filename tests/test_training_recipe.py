@@ -154,4 +154,3 @@ def test_register_ramp_from_the_command_line(tmp_path):
     res = runner.invoke(app, ["train", "--steps", "3", "--register-steps", "2", "--register-mix", "2:wpr:1:0",
                               "--register-ramp", "2:5", "--out", str(tmp_path / "bad")])
     assert res.exit_code != 0 and "register_ramp" in res.output and not (tmp_path / "bad").exists()
-

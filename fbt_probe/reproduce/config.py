@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fbt_probe.activations import BATCH_SIZE as EXTRACT_BATCH  # the full study extracts at `extract`'s default
 from fbt_probe.errors import FbtError
 from fbt_probe.interventions.registry import EXPERIMENTS as REGISTRY
 from fbt_probe.reference import folder
@@ -12,7 +13,6 @@ from fbt_probe.tasks import build_tokenizer, load_tokenizer
 from fbt_probe.training.config import TrainConfig
 from fbt_probe.training.recipes import RECIPES, recipe
 
-EXTRACT_BATCH = 16  # rows a forward of the full study's extraction (as `fbt_probe.activations.extract` defaults to)
 PROBE_KNOBS = {"completion": [0, 8, 32], "memory": [0, 8, 32], "registers": [2, 4, 8], "registers-count": [1, 2, 4, 8]}  # training lengths
 LONG_KNOBS = {"completion": [0, 8, 32, 128, 256], "memory": [0, 8, 32, 128, 256], "registers": [2, 4, 8],
               "registers-count": [1, 2, 4, 8]}  # --long: the paper's whole grid (past the training lengths)
