@@ -80,17 +80,25 @@ def test_the_recipe_is_a_set_of_fields_options_override_and_a_run_knows_its_reci
     assert recipe_of(TrainConfig(**{**fields, "lam": 0.5})) is None  # any other field changed: not the recipe
     assert retrain_command(cfg, "b") == "fbt-probe train --recipe reference --preset tiny --seed 3 --baseline --out runs/b"
     fields["steps"] = 999  # recipe() hands out a copy
-    assert RECIPES["reference"]["steps"] == 2100
+    assert RECIPES["reference"]["steps"] == 2500
+    assert cfg.register_ramp == "2:300 4:400" and cfg.ramp_bound(500) == 2 and cfg.ramp_bound(800) == 4
+    assert cfg.ramp_bound(1199) == 4 and cfg.ramp_bound(1200) is None and cfg.ramp_bound(499) is None
     with pytest.raises(FbtError, match="--recipe 'nope': no such training recipe"):
         recipe("nope")
     res = runner.invoke(app, ["train", "--recipe", "nope", "--out", str(tmp_path / "x")])
     assert res.exit_code != 0 and "no such training recipe" in res.output and not (tmp_path / "x").exists()
     # an option given on the command line wins over the recipe; the rest is the recipe's
-    res = runner.invoke(app, ["train", "--recipe", "reference", "--steps", "2", "--copy-steps", "1", "--register-steps", "1",
-                              "--tokens-per-step", "300", "--warmup", "1", "--baseline", "--out", str(tmp_path / "r")])
+    short = ["train", "--recipe", "reference", "--steps", "2", "--copy-steps", "1", "--register-steps", "1",
+             "--tokens-per-step", "300", "--warmup", "1", "--baseline"]
+    # the recipe's register ramp (700 steps) does not fit a 1-step register phase: one line, nothing written
+    res = runner.invoke(app, [*short, "--out", str(tmp_path / "no")])
+    assert res.exit_code != 0 and "register_ramp" in res.output and "'none'" in res.output
+    assert not (tmp_path / "no").exists()
+    res = runner.invoke(app, [*short, "--register-ramp", "none", "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
     got = json.loads((tmp_path / "r" / "config.json").read_text())["train"]
     assert (got["steps"], got["copy_steps"], got["register_steps"], got["tokens_per_step"]) == (2, 1, 1, 300)
+    assert "register_ramp" not in got  # turned off: recorded as a run without one
     assert (got["answer_share"], got["min_lr_ratio"], got["register_queries"]) == (1.0, 1.0, 4)
     assert got["register_mix"] == cfg.register_mix and got["task_shares"] == cfg.task_shares
 
@@ -103,10 +111,10 @@ def test_reproduce_trains_the_recipe_and_quick_trains_the_defaults():
     with pytest.raises(FbtError, match="--steps 400: the reference recipe's induction warm-up alone takes 500 steps"):
         train_config(ReproConfig(steps=400), baseline=False)
     # past the warm-up but inside the register phase: the message names both phases
-    with pytest.raises(FbtError, match="--steps 1000: the reference recipe trains 500 warm-up and 900 register-only "
-                                       "steps before the other tasks; pass more than 1400"):
+    with pytest.raises(FbtError, match="--steps 1000: the reference recipe trains 500 warm-up and 1300 register-only "
+                                       "steps before the other tasks; pass more than 1800"):
         train_config(ReproConfig(steps=1000), baseline=False)
-    assert train_config(ReproConfig(steps=1401), baseline=False).steps == 1401
+    assert train_config(ReproConfig(steps=1801), baseline=False).steps == 1801
 
 
 RAMPED = "1:16:8 2:wpr:1:0 4:wpr:2:3 8:wpr:1:0"
