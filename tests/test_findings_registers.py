@@ -51,3 +51,19 @@ def test_register_findings_quote_each_probed_mode_the_baseline_and_the_swap(tmp_
 
 def test_no_probes_no_register_findings(tmp_path):
     assert register_findings(ReproConfig(), tmp_path, "registers", None) == []
+
+
+def test_contraction_ratio_spread_keeps_small_ratios_and_counts_contracting_seeds():
+    """A ratio of 2e-4 is not '0.00': the contraction spread uses significant digits, and the
+    count of contracting seeds (ratio below CONTRACTS_BELOW) is computed from the table."""
+    from fbt_probe.reproduce.findings import CONTRACTS_BELOW, contracting_seeds
+    ratios = (1.85e-4, 0.278, 0.0064)
+    seeds = pd.DataFrame([{"model": "feedback", "quantity": "state-change-last/pass-2", "task": "validation", "mode": "full",
+                           "value": v, "seed": s} for s, v in enumerate(ratios)])
+    got = spread(seeds, "feedback", "state-change-last/pass-2", "validation", "full", ".2g")
+    assert got == f" (seeds 0-2: mean {np.mean(ratios):.2g}, range 0.00018-0.28)"
+    n = sum(r < CONTRACTS_BELOW for r in ratios)
+    assert n == 2 and contracting_seeds(seeds) == "; it contracts on 2 of 3 seeds"
+    assert contracting_seeds(seeds.iloc[:1]) == "" and contracting_seeds(None) == ""
+    # the default spec is unchanged for accuracies
+    assert spread(seeds, "feedback", "state-change-last/pass-2", "validation", "full").endswith("range 0.00-0.28)")

@@ -105,6 +105,19 @@ def feedback_contraction(out: Path) -> pd.DataFrame | None:
     return None if t.empty else t
 
 
+CONTRACTS_BELOW = 0.1  # the iteration "contracts" when the last pass's state change is below this share of pass 2's
+
+
+def contracting_seeds(seeds: pd.DataFrame | None) -> str:
+    """'; it contracts on 2 of 3 seeds' from the seeds table's contraction ratios, or '' with fewer than 2 seeds."""
+    if seeds is None:
+        return ""
+    g = seeds[(seeds["model"] == "feedback") & (seeds["quantity"] == "state-change-last/pass-2")].dropna(subset=["value"])
+    if len(g) < 2:
+        return ""
+    return f"; it contracts on {int((g['value'] < CONTRACTS_BELOW).sum())} of {len(g)} seeds"
+
+
 def contraction_row(t: pd.DataFrame | None) -> tuple[float, float, int] | None:
     """(state change at pass 2, at the last pass, the last pass) of `feedback_contraction`'s table."""
     if t is None:
@@ -192,10 +205,11 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
     c = contraction_row(t)
     if c is not None and "feedback" in models:
         d2, dl, last = c
-        verdict = "contracts" if dl < 0.1 * d2 else "does not contract"
+        verdict = "contracts" if dl < CONTRACTS_BELOW * d2 else "does not contract"
         full = answer_accuracy(out, "feedback", tasks[0], "full")
         lines.append(f"The feedback iteration {verdict}: the carried state changes by {d2:.3g} at pass 2 and {dl:.3g} at "
-                     f"pass {last}, a ratio of {dl / d2:.2f}{spread(seeds, 'feedback', 'state-change-last/pass-2', 'validation', 'full')}, "
+                     f"pass {last}, a ratio of {dl / d2:.2g}{spread(seeds, 'feedback', 'state-change-last/pass-2', 'validation', 'full', '.2g')}"
+                     f"{contracting_seeds(seeds)}, "
                      f"and validation loss goes from {t.loc[1, 'val_loss']:.3f} to {t.loc[last, 'val_loss']:.3f} "
                      f"(Fig. 3); under `full` recurrence {tasks[0]} is answered at {fmt(*full[:3])}"
                      f"{spread(seeds, 'feedback', 'answer-accuracy', tasks[0], 'full')}.")

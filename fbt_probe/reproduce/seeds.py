@@ -48,8 +48,9 @@ def source_key(cfg, out: Path) -> str | None:
     return None if src is None else sha256_file(src)
 
 
-def spread(table: pd.DataFrame | None, model: str, quantity: str, task: str, mode: str) -> str:
-    """' (seeds 0-2: mean 0.91, range 0.88-0.95)' or '' when the table lacks the number or has one seed."""
+def spread(table: pd.DataFrame | None, model: str, quantity: str, task: str, mode: str, spec: str = ".2f") -> str:
+    """' (seeds 0-2: mean 0.91, range 0.88-0.95)' or '' when the table lacks the number or has one seed.
+    `spec` formats the numbers (".2g" for a ratio that spans orders of magnitude)."""
     if table is None:
         return ""
     g = table[(table["model"] == model) & (table["quantity"] == quantity) & (table["task"] == task) & (table["mode"] == mode)]
@@ -58,7 +59,8 @@ def spread(table: pd.DataFrame | None, model: str, quantity: str, task: str, mod
         return ""
     seeds = sorted(int(s) for s in g["seed"])
     label = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ",".join(map(str, seeds))
-    return f" (seeds {label}: mean {g['value'].mean():.2f}, range {g['value'].min():.2f}-{g['value'].max():.2f})"
+    v = g["value"]
+    return f" (seeds {label}: mean {v.mean():{spec}}, range {v.min():{spec}}-{v.max():{spec}})"
 
 
 def combine(out: Path, seeds: list[int]) -> pd.DataFrame:
