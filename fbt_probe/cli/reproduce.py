@@ -19,7 +19,7 @@ def reproduce_cmd(
     quick: Annotated[bool, typer.Option(help="A small version of every stage, training small models (minutes; for checking the pipeline).")] = False,
     demo: Annotated[bool, typer.Option("--demo", help="The lighter study `make demo` runs (fewer probe groups, no `full` on the register tasks, lighter AtP/DAS/lens): about 5 minutes on 2 cores.")] = False,
     long: Annotated[bool, typer.Option("--long", help="Probe sets also at 128 and 256 distractors, past the training lengths (slower).")] = False,
-    steps: Annotated[int | None, typer.Option(help="Training steps with --train (default 2500, the shipped models' recipe, `fbt-probe train --recipe reference`; 60 with --quick, which trains on the training defaults).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Training steps with --train (default: the shipped models' recipe's, `fbt-probe train --recipe reference`, docs/training.md; 60 with --quick, which trains on the training defaults).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of data, training and probes.")] = 0,
     methods: Annotated[bool, typer.Option("--methods/--no-methods", help="Run attribution patching, DAS and the lens (stages methods-*, lens-*).")] = True,
     seeds: Annotated[int | None, typer.Option(help="With --train: study N training seeds (0..N-1) in OUT/seed-S/ and quote each headline number's mean and range over them (OUT/seeds.csv).")] = None,

@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
 def train_cmd(
     out: Annotated[Path, typer.Option(help="Run folder to write (checkpoint, tokenizer, metrics.jsonl).")],
     preset: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
-    recipe: Annotated[str | None, typer.Option(help="A named set of training fields, under the options given here: 'reference' (how the shipped reference models are trained: induction warm-up, register documents with a ramp over the register count, 2,500 steps; docs/training.md).")] = None,
+    recipe: Annotated[str | None, typer.Option(help="A named set of training fields, under the options given here: 'reference' (how the shipped reference models are trained: induction warm-up, register documents with a ramp over the register count; its fields: docs/training.md).")] = None,
     steps: Annotated[int | None, typer.Option(help="Optimizer steps (default: the recipe's, else TrainConfig.steps, 800).")] = None,
     schedule: Annotated[str, typer.Option(help="Passes per batch: 'K:p,...' summing to 1, 'constant:K' or 'paper' (1:.75,2:.22,3:.03).")] = "paper",
     baseline: Annotated[bool, typer.Option(help="No-feedback baseline: same data and steps, 1 pass only, fusion unused.")] = False,
@@ -38,7 +38,7 @@ def train_cmd(
     register_queries: Annotated[int | None, typer.Option(help="Supervised queries at the end of each --register-mix document (default 1).")] = None,
     copy_steps: Annotated[int | None, typer.Option(help="Induction warm-up: the first N of --steps train on copy documents only (random numbers repeated after a random gap), then the tasks (default 0).")] = None,
     register_steps: Annotated[int | None, typer.Option(help="After the warm-up, the next N steps train the register tasks alone, then all the tasks (default 0).")] = None,
-    register_ramp: Annotated[str | None, typer.Option(help="A curriculum over the register count inside the register phase: 'M:N ...' (the first N register-phase steps draw only --register-mix kinds with at most M registers, then the next window, then every kind); 'none' for no ramp (the default, except under --recipe reference: '2:300 4:400').")] = None,
+    register_ramp: Annotated[str | None, typer.Option(help="A curriculum over the register count inside the register phase: 'M:N ...' (the first N register-phase steps draw only --register-mix kinds with at most M registers, then the next window, then every kind); 'none' for no ramp (the default, except under a --recipe that sets one, as 'reference' does).")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (autocast on the training device).")] = "float32",
     resume: Annotated[bool, typer.Option(help="Continue an interrupted run in OUT (bit for bit on CPU).")] = False,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,

@@ -11,7 +11,7 @@ from fbt_probe.loading import checkpoint_hash
 from fbt_probe.reference import names, record
 from fbt_probe.provenance import git_commit
 from fbt_probe.reproduce.config import model_path, shipped_name
-from fbt_probe.reproduce.seeds import spread
+from fbt_probe.reproduce.seeds import rows as seed_rows, spread
 from fbt_probe.reproduce.tables import PAPER_DEPTH0, _summary, mean_ci
 
 CHANCE = 0.5
@@ -106,13 +106,12 @@ def feedback_contraction(out: Path) -> pd.DataFrame | None:
 
 
 CONTRACTS_BELOW = 0.1  # the iteration "contracts" when the last pass's state change is below this share of pass 2's
+CONTRACTION = ("feedback", "state-change-last/pass-2", "validation", "full")  # its headline row: model, quantity, task, mode
 
 
 def contracting_seeds(seeds: pd.DataFrame | None) -> str:
     """'; it contracts on 2 of 3 seeds' from the seeds table's contraction ratios, or '' with fewer than 2 seeds."""
-    if seeds is None:
-        return ""
-    g = seeds[(seeds["model"] == "feedback") & (seeds["quantity"] == "state-change-last/pass-2")].dropna(subset=["value"])
+    g = seed_rows(seeds, *CONTRACTION)
     if len(g) < 2:
         return ""
     return f"; it contracts on {int((g['value'] < CONTRACTS_BELOW).sum())} of {len(g)} seeds"
@@ -147,7 +146,7 @@ def headline(cfg, out: Path) -> pd.DataFrame:
                 rows.append((m, "swap-effect", task, "recurrent:1", *eff))
     c = contraction_row(feedback_contraction(out))
     if c is not None and "feedback" in cfg.models():
-        rows.append(("feedback", "state-change-last/pass-2", "validation", "full", c[1] / c[0], float("nan"), float("nan")))
+        rows.append((*CONTRACTION, c[1] / c[0], float("nan"), float("nan")))
     t = pd.DataFrame(rows, columns=["model", "quantity", "task", "mode", "value", "ci_low", "ci_high"])
     sha = {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.models()}
     return t.assign(seed=cfg.seed, study="quick" if cfg.quick else "demo" if cfg.demo else "full",
@@ -208,7 +207,7 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
         verdict = "contracts" if dl < CONTRACTS_BELOW * d2 else "does not contract"
         full = answer_accuracy(out, "feedback", tasks[0], "full")
         lines.append(f"The feedback iteration {verdict}: the carried state changes by {d2:.3g} at pass 2 and {dl:.3g} at "
-                     f"pass {last}, a ratio of {dl / d2:.2g}{spread(seeds, 'feedback', 'state-change-last/pass-2', 'validation', 'full', '.2g')}"
+                     f"pass {last}, a ratio of {dl / d2:.2g}{spread(seeds, *CONTRACTION, '.2g')}"
                      f"{contracting_seeds(seeds)}, "
                      f"and validation loss goes from {t.loc[1, 'val_loss']:.3f} to {t.loc[last, 'val_loss']:.3f} "
                      f"(Fig. 3); under `full` recurrence {tasks[0]} is answered at {fmt(*full[:3])}"

@@ -48,13 +48,18 @@ def source_key(cfg, out: Path) -> str | None:
     return None if src is None else sha256_file(src)
 
 
+def rows(table: pd.DataFrame | None, model: str, quantity: str, task: str, mode: str) -> pd.DataFrame:
+    """The seeds table's rows of one headline number that have a value (none without a table)."""
+    if table is None:
+        return pd.DataFrame(columns=["seed", "value"])
+    g = table[(table["model"] == model) & (table["quantity"] == quantity) & (table["task"] == task) & (table["mode"] == mode)]
+    return g.dropna(subset=["value"])
+
+
 def spread(table: pd.DataFrame | None, model: str, quantity: str, task: str, mode: str, spec: str = ".2f") -> str:
     """' (seeds 0-2: mean 0.91, range 0.88-0.95)' or '' when the table lacks the number or has one seed.
     `spec` formats the numbers (".2g" for a ratio that spans orders of magnitude)."""
-    if table is None:
-        return ""
-    g = table[(table["model"] == model) & (table["quantity"] == quantity) & (table["task"] == task) & (table["mode"] == mode)]
-    g = g.dropna(subset=["value"])
+    g = rows(table, model, quantity, task, mode)
     if len(g) < 2:
         return ""
     seeds = sorted(int(s) for s in g["seed"])
