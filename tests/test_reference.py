@@ -63,6 +63,8 @@ def test_pack_records_every_file_hash_and_a_card(packed):
         assert sha256_file(packed / "toy" / f) == h
     card = (packed / "toy" / "card.md").read_text()
     assert rec["checkpoint_sha256"] in card and "fbt-probe train --preset tiny --steps 2 --seed 0" in card
+    assert "timing" not in rec and "Training time alone" not in card  # nothing measured, nothing claimed
+    assert "lr 0.001 (a cosine to 0.1x after a 1-step warm-up)" in card
     assert reference.folder("ref:toy", packed) == packed / "toy"
 
 
@@ -113,6 +115,7 @@ def test_pack_re_evaluates_a_shipped_model_by_name_and_keeps_its_training_record
     rec = json.loads((root / "toy" / reference.RECORD).read_text())
     rec["accuracy"]["rows"], rec["check"]["rows"] = [], []  # stale tables must be recomputed, not kept
     rec["command"], rec["cpu"] = "fbt-probe train --the-line-that-trained-it", "the training machine"
+    rec["timing"] = "1,234 s, measured alone"
     (root / "toy" / reference.RECORD).write_text(json.dumps(rec))
     res = runner.invoke(app, ["model", "pack", "ref:toy", "--name", "toy", "--eval-pairs", "2", "--force"])
     assert res.exit_code == 0, res.output
@@ -122,6 +125,9 @@ def test_pack_re_evaluates_a_shipped_model_by_name_and_keeps_its_training_record
     assert (got["steps"], got["train_seconds"], got["checkpoint_sha256"]) == (want["steps"], want["train_seconds"], want["checkpoint_sha256"])
     assert got["sha256"]["model.safetensors"] == want["sha256"]["model.safetensors"]
     assert "the-line-that-trained-it" in (root / "toy" / "card.md").read_text()
+    assert got["timing"] == rec["timing"] and "Training time alone: 1,234 s, measured alone" in (root / "toy" / "card.md").read_text()
+    res = runner.invoke(app, ["model", "pack", "ref:toy", "--name", "toy", "--eval-pairs", "2", "--force", "--timing", "5 s"])
+    assert res.exit_code == 0 and reference.record("toy", root)["timing"] == "5 s", res.output
     assert reference.folder("ref:toy", root) == root / "toy"  # every hash verifies after the rewrite
 
 
@@ -155,3 +161,17 @@ def test_eval_and_diagnose_refuse_to_write_into_the_package(argv):
     r = runner.invoke(app, argv)
     assert r.exit_code != 0
     assert "needs --out" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_the_card_names_the_lr_schedule_the_run_had():
+    from fbt_probe.training.loop import lr_at
+    from fbt_probe.training.pack import _lr_schedule
+
+    for cfg, words in [(TrainConfig(steps=50, warmup=5, min_lr_ratio=1.0), "constant after a 5-step warm-up"),
+                       (TrainConfig(steps=50, warmup=5, min_lr_ratio=0.1, decay_steps=10),
+                        "constant after a 5-step warm-up, then a cosine to 0.1x over the last 10 steps"),
+                       (TrainConfig(steps=50, warmup=5, min_lr_ratio=0.1, decay_steps=45), "a cosine to 0.1x after a 5-step warm-up"),
+                       (TrainConfig(steps=50, warmup=5, min_lr_ratio=0.1), "a cosine to 0.1x after a 5-step warm-up")]:
+        assert _lr_schedule(cfg.to_dict()) == words
+        # the words against the schedule itself: still at the peak at step 30 exactly when they say "constant"
+        assert (lr_at(cfg, 30) == cfg.lr) == words.startswith("constant")

@@ -184,6 +184,67 @@ def test_constant_lr_after_warmup():
     assert [lr_at(cfg, s) for s in range(3)] == [2.5e-4, 5e-4, 7.5e-4] and {lr_at(cfg, s) for s in range(3, 50)} == {1e-3}
 
 
+def test_decay_steps_is_a_cosine_tail_after_a_constant_lr():
+    """`decay_steps` N: the lr of the constant-lr config until step steps - N, then a cosine that
+    reaches lr · min_lr_ratio at `steps`; N = steps - warmup is the plain cosine, N = 0 too."""
+    lr, warmup, steps, n, floor = 1e-3, 4, 50, 10, 0.1
+    tail = TrainConfig(lr=lr, warmup=warmup, min_lr_ratio=floor, steps=steps, decay_steps=n)
+    const = TrainConfig(lr=lr, warmup=warmup, min_lr_ratio=1.0, steps=steps)
+    assert [lr_at(tail, s) for s in range(steps - n + 1)] == [lr_at(const, s) for s in range(steps - n + 1)]
+    for s in range(steps - n, steps + 1):  # an independent float64 formula
+        want = lr * (floor + (1 - floor) * 0.5 * (1 + np.cos(np.pi * (s - (steps - n)) / n)))
+        assert lr_at(tail, s) == pytest.approx(want, rel=1e-12, abs=0)
+    assert lr_at(tail, steps) == pytest.approx(lr * floor, rel=1e-12)
+    assert all(lr_at(tail, s + 1) < lr_at(tail, s) for s in range(steps - n, steps))
+    cosine = TrainConfig(lr=lr, warmup=warmup, min_lr_ratio=floor, steps=steps)
+    whole = TrainConfig(lr=lr, warmup=warmup, min_lr_ratio=floor, steps=steps, decay_steps=steps - warmup)
+    assert [lr_at(whole, s) for s in range(steps)] == [lr_at(cosine, s) for s in range(steps)]
+    assert "decay_steps" not in cosine.to_dict() and tail.to_dict()["decay_steps"] == n
+    assert TrainConfig.from_dict(tail.to_dict()) == tail and TrainConfig.from_dict(cosine.to_dict()) == cosine
+
+
+@pytest.mark.parametrize("bad", [-1, 51, True, 2.5])
+def test_bad_decay_steps_is_a_one_line_error(bad):
+    with pytest.raises(FbtError) as err:
+        TrainConfig(steps=50, decay_steps=bad)
+    assert "'decay_steps' (--decay-steps) must be an integer 0..steps (50)" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_decay_steps_from_the_cli_is_recorded_and_a_bad_value_writes_nothing(tmp_path):
+    base = ["train", "--baseline", "--tasks", "registers", "--tokens-per-step", "100", "--warmup", "1"]
+    res = runner.invoke(app, [*base, "--steps", "3", "--decay-steps", "2", "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    run = tmp_path / "run"
+    assert json.loads((run / "config.json").read_text())["train"]["decay_steps"] == 2
+    lrs = [json.loads(line)["lr"] for line in (run / "metrics.jsonl").read_text().splitlines() if '"lr"' in line]
+    cfg = TrainConfig(steps=3, decay_steps=2, warmup=1, tasks=("registers",))
+    assert lrs == [lr_at(cfg, s) for s in range(3)] and lrs[0] == lrs[1] > lrs[2]  # constant, then the decay
+    res = runner.invoke(app, [*base, "--steps", "3", "--decay-steps", "4", "--out", str(tmp_path / "bad")])
+    assert res.exit_code != 0 and "'decay_steps' (--decay-steps) must be an integer 0..steps (3)" in res.output
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_decay_tail_added_to_a_finished_constant_lr_run_is_the_decay_run_from_scratch(tmp_path):
+    """How the round-4 recipe was measured (BENCHMARKS.md, "The reference recipe, round 4"): a run
+    with a constant lr, resumed after its config was given `decay_steps` and more `steps`, ends with
+    the bytes of the decay run trained from scratch."""
+    fields = dict(tokens_per_step=200, warmup=1, eval_every=10_000, save_every=10_000, tasks=REG,
+                  register_mix="2:wpr:1:0 2:wpr:2:0", register_queries=2, answer_share=1.0)
+    run_training(TrainConfig(steps=4, min_lr_ratio=1.0, **fields), tmp_path / "tail", progress=False, eval_pairs=2)
+    meta = json.loads((tmp_path / "tail" / "config.json").read_text())
+    meta["train"].update(steps=6, decay_steps=2, min_lr_ratio=0.1)
+    (tmp_path / "tail" / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+    run_training(TrainConfig(steps=6, **fields), tmp_path / "tail", resume=True, progress=False, eval_pairs=2)
+    run_training(TrainConfig(steps=6, decay_steps=2, min_lr_ratio=0.1, **fields), tmp_path / "scratch", progress=False, eval_pairs=2)
+    digest = lambda run: hashlib.sha256((tmp_path / run / "model.safetensors").read_bytes()).hexdigest()
+    assert digest("tail") == digest("scratch")
+    lrs = lambda run: [json.loads(l)["lr"] for l in (tmp_path / run / "metrics.jsonl").read_text().splitlines() if '"lr"' in l]
+    assert lrs("tail") == lrs("scratch") and lrs("scratch")[3] > lrs("scratch")[5]
+    cold = TrainConfig(steps=6, min_lr_ratio=1.0, **fields)  # and the decay changed the run: not the constant-lr one
+    run_training(cold, tmp_path / "constant", progress=False, eval_pairs=2)
+    assert digest("constant") != digest("scratch")
+
+
 SMALL = dict(tokens_per_step=300, warmup=2, eval_every=10_000, save_every=10_000, tasks=REG, register_mix="2:wpr:1:0 2:wpr:2:0",
              register_queries=2, answer_share=1.0, min_lr_ratio=1.0)
 

@@ -161,6 +161,7 @@ def pack(
     eval_pairs: Annotated[int, typer.Option(help="Held-out minimal pairs per task x length for the model card.")] = 16,
     force: Annotated[bool, typer.Option(help="Replace a reference model of the same name.")] = False,
     command: Annotated[str | None, typer.Option(help="The command that retrains RUN, for the card (default: derived from its config; required for Hidden Decoding).")] = None,
+    timing: Annotated[str | None, typer.Option(help="How long the retrain command takes alone, as measured, for the card (the optimizer steps' summed times are an upper bound when RUN trained beside other jobs); kept when re-packing a ref:<name>.")] = None,
 ) -> None:
     """Make RUN a reference model: copy its checkpoint, evaluate it on held-out contexts, write its
     model card (card.md) and the sha256 record every load verifies (reference.json).
@@ -178,5 +179,5 @@ def pack(
         raise FbtError(f"--name {name!r}: expected lower-case letters, digits and '-'")
     if eval_pairs < 1:
         raise FbtError(f"--eval-pairs {eval_pairs}: expected an integer >= 1")
-    dest = do_pack(run, name, out or ROOT, eval_pairs=eval_pairs, force=force, command=command)
+    dest = do_pack(run, name, out or ROOT, eval_pairs=eval_pairs, force=force, command=command, timing=timing)
     typer.echo(f"wrote {dest} (ref:{name}; card: {dest / 'card.md'})")

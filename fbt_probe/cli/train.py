@@ -33,6 +33,7 @@ def train_cmd(
     lr: Annotated[float | None, typer.Option(help="Peak learning rate (default 1e-3).")] = None,
     warmup: Annotated[int | None, typer.Option(help="Linear warm-up steps (default 100).")] = None,
     min_lr_ratio: Annotated[float | None, typer.Option(help="Cosine decay to this share of --lr; 1 keeps it constant after warm-up (default 0.1).")] = None,
+    decay_steps: Annotated[int | None, typer.Option(help="The cosine decay to --min-lr-ratio runs over the last N steps, the lr constant before them (default 0: over every step after the warm-up).")] = None,
     answer_share: Annotated[float | None, typer.Option(help="The answers' share of each document's loss weight, in (0, 1]; 1: loss on the answers only (default 0.5).")] = None,
     register_mix: Annotated[str | None, typer.Option(help="Register documents in place of the register tasks' training cells: space-separated kinds m:wpr:K:S[:weight] (m registers, K writes each, S scratch lines, 0 = none) or m:N:S[:weight] (N assignments); weight: share of the documents; a trailing :vN gives values 0..N-1, answered by the number itself.")] = None,
     register_queries: Annotated[int | None, typer.Option(help="Supervised queries at the end of each --register-mix document (default 1).")] = None,
@@ -74,7 +75,7 @@ def train_cmd(
     if one_pass_steps is not None:
         extra["one_pass_steps"] = one_pass_steps
     given = {"steps": steps, "tokens_per_step": tokens_per_step, "lr": lr, "warmup": warmup, "min_lr_ratio": min_lr_ratio,
-             "answer_share": answer_share, "register_mix": register_mix, "register_queries": register_queries,
+             "decay_steps": decay_steps, "answer_share": answer_share, "register_mix": register_mix, "register_queries": register_queries,
              "copy_steps": copy_steps, "register_steps": register_steps}
     extra.update({k: v for k, v in given.items() if v is not None})
     if register_ramp is not None:

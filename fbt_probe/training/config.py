@@ -124,6 +124,11 @@ class TrainConfig:
     4:200'): the first N steps of the register phase draw only the mix's kinds with at most M
     registers, the next window the next bound, then every kind. Needs `register_mix` and must fit
     in `register_steps`."""
+    decay_steps: int = 0
+    """The lr's cosine decay to `min_lr_ratio` runs over the last `decay_steps` steps, the lr constant
+    from the end of the warm-up until then (a warm-up-stable-decay schedule); 0: over every step
+    after the warm-up. Until the decay starts, the lr (and so the run) is that of the same config
+    with a constant lr (BENCHMARKS.md, "The reference recipe, round 4")."""
 
     def __post_init__(self) -> None:
         sched = self.schedule_obj  # validates
@@ -160,6 +165,9 @@ class TrainConfig:
         if not (math.isfinite(self.lr) and self.lr >= 0) or self.warmup < 0:
             raise FbtError(f"train config: fields 'lr' and 'warmup' (--lr, --warmup) must be finite and >= 0, got {self.lr} and {self.warmup}")
         self._check_register_mix()
+        d = self.decay_steps
+        if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= self.steps:
+            raise FbtError(f"train config: field 'decay_steps' (--decay-steps) must be an integer 0..steps ({self.steps}), got {d!r}")
         if self.one_pass_steps < 0:
             raise FbtError("train config: field 'one_pass_steps' must be >= 0")
         c = self.copy_steps
@@ -277,7 +285,7 @@ def equal_cell_shares(tasks, knobs: dict | None = None) -> dict:
 # fields added after format fbt-probe/2, with the value that means "not used": config.json leaves
 # them out at that value and a run that lacks them used none of them
 ADDED_FIELDS = {"register_mix": None, "register_queries": 1, "init": None, "init_sha256": None, "copy_steps": 0,
-                "register_steps": 0, "register_ramp": None}
+                "register_steps": 0, "register_ramp": None, "decay_steps": 0}
 
 
 def parse_ramp(text, where: str) -> list[tuple[int, int]]:

@@ -62,7 +62,7 @@ def retrain_command(cfg, name: str) -> str:
 
 
 def pack(run: str | Path, name: str, out_root: str | Path = ROOT, eval_pairs: int = 16, force: bool = False,
-         command: str | None = None) -> Path:
+         command: str | None = None, timing: str | None = None) -> Path:
     prior = None
     if is_reference(str(run)):  # re-evaluate a shipped model (after an evaluation change): its training record stays
         model, cfg, run = load_trained(str(run))  # verifies every shipped file's sha256
@@ -87,6 +87,9 @@ def pack(run: str | Path, name: str, out_root: str | Path = ROOT, eval_pairs: in
         "accuracy": {"pairs": eval_pairs, "rows": acc[["task", "length_knob", "mode", "correct", "n", "accuracy"]].to_dict("records")},
         "provenance": provenance(seed=cfg.seed),
     }
+    timing = timing if timing is not None else (prior or {}).get("timing")
+    if timing is not None:  # how long the recipe takes alone, as measured (the summed step times are not, beside other runs)
+        rec["timing"] = timing
     dest = Path(out_root) / name
     with atomic_dir(dest, force=force, own=lambda p: (p / RECORD).is_file(), kind="a reference model folder") as tmp:
         for f in ("config.json", "model.safetensors", "tokenizer.json", "metrics.jsonl"):
@@ -106,10 +109,11 @@ def card(rec: dict, acc: pd.DataFrame) -> str:
         f"# ref:{rec['name']}", "",
         f"A {t['preset']} model, {kind}, trained {'from the checkpoint named in the retrain command' if arch.needs_init or t.get('init') else 'from scratch'} "
         f"on the task mix below ({rec['steps']} steps, seed {rec['seed']}, "
-        f"{rec['train_seconds'] / 60:.1f} min of optimizer steps on {rec['cpu']}).", "",
+        f"{rec['train_seconds'] / 60:.1f} min of optimizer steps on {rec['cpu']}, summed from its metrics).", "",
+        *([f"Training time alone: {rec['timing']}", ""] if rec.get("timing") else []),
         f"- checkpoint sha256: `{rec['checkpoint_sha256']}`",
         f"- tasks and training lengths: {json.dumps(rec['knobs'])}; token shares {json.dumps(t['task_shares'])}",
-        f"- schedule {t['schedule']!r}, lr {t['lr']}, tokens/step {t['tokens_per_step']}, seed {rec['seed']}",
+        f"- schedule {t['schedule']!r}, lr {t['lr']} ({_lr_schedule(t)}), tokens/step {t['tokens_per_step']}, seed {rec['seed']}",
         f"- retrain: `{rec['command']}`",
         f"- commit {rec['provenance']['git_commit']}, torch {rec['provenance']['versions'].get('torch')}", "",
         f"## Held-out answer accuracy ({rec['accuracy']['pairs']} minimal pairs per task x length, contexts held out of training)", "",
@@ -117,6 +121,16 @@ def card(rec: dict, acc: pd.DataFrame) -> str:
         "Chance is 0.5 everywhere (the two samples of a pair have opposite answers).", "",
     ]
     return "\n".join(lines)
+
+
+def _lr_schedule(t: dict) -> str:
+    """The lr schedule of a run's train config, in words (`fbt_probe.training.loop.lr_at`)."""
+    warm, floor, decay = t["warmup"], t["min_lr_ratio"], t.get("decay_steps", 0)
+    if floor == 1:
+        return f"constant after a {warm}-step warm-up"
+    if decay and t["steps"] - decay > warm:  # a decay that starts at or before the warm-up's end is the plain cosine
+        return f"constant after a {warm}-step warm-up, then a cosine to {floor:g}x over the last {decay} steps"
+    return f"a cosine to {floor:g}x after a {warm}-step warm-up"
 
 
 def _md(df: pd.DataFrame) -> str:
