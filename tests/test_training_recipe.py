@@ -80,7 +80,7 @@ def test_the_recipe_is_a_set_of_fields_options_override_and_a_run_knows_its_reci
     assert recipe_of(TrainConfig(**{**fields, "lam": 0.5})) is None  # any other field changed: not the recipe
     assert retrain_command(cfg, "b") == "fbt-probe train --recipe reference --preset tiny --seed 3 --baseline --out runs/b"
     fields["steps"] = 999  # recipe() hands out a copy
-    assert RECIPES["reference"]["steps"] == 2500
+    assert RECIPES["reference"]["steps"] == 2800
     assert cfg.register_ramp == "2:300 4:400" and cfg.ramp_bound(500) == 2 and cfg.ramp_bound(800) == 4
     assert cfg.ramp_bound(1199) == 4 and cfg.ramp_bound(1200) is None and cfg.ramp_bound(499) is None
     with pytest.raises(FbtError, match="--recipe 'nope': no such training recipe"):
@@ -89,7 +89,7 @@ def test_the_recipe_is_a_set_of_fields_options_override_and_a_run_knows_its_reci
     assert res.exit_code != 0 and "no such training recipe" in res.output and not (tmp_path / "x").exists()
     # an option given on the command line wins over the recipe; the rest is the recipe's
     short = ["train", "--recipe", "reference", "--steps", "2", "--copy-steps", "1", "--register-steps", "1",
-             "--tokens-per-step", "300", "--warmup", "1", "--baseline"]
+             "--tokens-per-step", "300", "--warmup", "1", "--baseline", "--decay-steps", "1"]
     # the recipe's register ramp (700 steps) does not fit a 1-step register phase: one line, nothing written
     res = runner.invoke(app, [*short, "--out", str(tmp_path / "no")])
     assert res.exit_code != 0 and "register_ramp" in res.output and "'none'" in res.output
@@ -99,7 +99,11 @@ def test_the_recipe_is_a_set_of_fields_options_override_and_a_run_knows_its_reci
     got = json.loads((tmp_path / "r" / "config.json").read_text())["train"]
     assert (got["steps"], got["copy_steps"], got["register_steps"], got["tokens_per_step"]) == (2, 1, 1, 300)
     assert "register_ramp" not in got  # turned off: recorded as a run without one
-    assert (got["answer_share"], got["min_lr_ratio"], got["register_queries"]) == (1.0, 1.0, 4)
+    assert (got["answer_share"], got["min_lr_ratio"], got["decay_steps"], got["register_queries"]) == (1.0, 0.1, 1, 4)
+    # the recipe's 300-step decay does not fit 2 steps: one line naming the option, nothing written
+    res = runner.invoke(app, [*short[:-2], "--register-ramp", "none", "--out", str(tmp_path / "d")])
+    assert res.exit_code != 0 and "'decay_steps' (--decay-steps) must be an integer 0..steps (2), got 300" in res.output
+    assert not (tmp_path / "d").exists()
     assert got["register_mix"] == cfg.register_mix and got["task_shares"] == cfg.task_shares
 
 
