@@ -85,7 +85,7 @@ def test_a_run_records_every_train_config_field(tmp_path):
     model = fp.load_model("tiny")
     opt = torch.optim.AdamW(model.parameters())
     used = TrainConfig(steps=2, tasks=("registers",), register_mix="2:wpr:1:0", register_queries=2, init="x", init_sha256="0" * 64,
-                     copy_steps=1, register_steps=1, register_ramp="2:1")
+                     copy_steps=1, register_steps=1, register_ramp="2:1", decay_steps=1)
     (tmp_path / "used").mkdir()
     save_run(model, opt, used, tmp_path / "used", 0)
     assert set(json.loads((tmp_path / "used" / "config.json").read_text())["train"]) == set(TrainConfig.__dataclass_fields__)
