@@ -109,12 +109,17 @@ CONTRACTS_BELOW = 0.1  # the iteration "contracts" when the last pass's state ch
 CONTRACTION = ("feedback", "state-change-last/pass-2", "validation", "full")  # its headline row: model, quantity, task, mode
 
 
+def contracts(ratio: float) -> bool:
+    """Whether a contraction ratio (last pass's state change over pass 2's) counts as contracting."""
+    return ratio < CONTRACTS_BELOW
+
+
 def contracting_seeds(seeds: pd.DataFrame | None) -> str:
     """'; it contracts on 2 of 3 seeds' from the seeds table's contraction ratios, or '' with fewer than 2 seeds."""
     g = seed_rows(seeds, *CONTRACTION)
     if len(g) < 2:
         return ""
-    return f"; it contracts on {int((g['value'] < CONTRACTS_BELOW).sum())} of {len(g)} seeds"
+    return f"; it contracts on {sum(contracts(v) for v in g['value'])} of {len(g)} seeds"
 
 
 def contraction_row(t: pd.DataFrame | None) -> tuple[float, float, int] | None:
@@ -204,7 +209,7 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
     c = contraction_row(t)
     if c is not None and "feedback" in models:
         d2, dl, last = c
-        verdict = "contracts" if dl < CONTRACTS_BELOW * d2 else "does not contract"
+        verdict = "contracts" if contracts(dl / d2) else "does not contract"
         full = answer_accuracy(out, "feedback", tasks[0], "full")
         lines.append(f"The feedback iteration {verdict}: the carried state changes by {d2:.3g} at pass 2 and {dl:.3g} at "
                      f"pass {last}, a ratio of {dl / d2:.2g}{spread(seeds, *CONTRACTION, '.2g')}"

@@ -199,6 +199,11 @@ class TrainConfig:
                 raise FbtError(f"{where}: no kind of the register mix has at most {bound} registers (the fewest is {least})")
         object.__setattr__(self, "register_ramp", " ".join(f"{m}:{n}" for m, n in windows))
 
+    @property
+    def decay_start(self) -> int:
+        """The step the lr's cosine starts at: the warm-up's end, or `steps - decay_steps` when later."""
+        return max(self.warmup, self.steps - self.decay_steps) if self.decay_steps else self.warmup
+
     def ramp_bound(self, step: int) -> int | None:
         """The most registers a register-mix document may have at training step `step` (None: any)."""
         if self.register_ramp is None:

@@ -39,7 +39,7 @@ def prefix_mask(rows: int, ctx: int, share: float, gen: torch.Generator) -> torc
 def lr_at(cfg: TrainConfig, step: int) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
-    start = max(cfg.warmup, cfg.steps - cfg.decay_steps) if cfg.decay_steps else cfg.warmup
+    start = cfg.decay_start
     t = max(0, step - start) / max(1, cfg.steps - start)
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
 

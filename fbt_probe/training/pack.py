@@ -18,7 +18,7 @@ from fbt_probe.reference import FILES, RECORD, ROOT, is_reference
 from fbt_probe.tasks import load_tokenizer
 from fbt_probe.training.arch import ARCHS
 from fbt_probe.training.checkpoint import load_run, load_trained
-from fbt_probe.training.config import TRAIN_KNOBS
+from fbt_probe.training.config import TRAIN_KNOBS, TrainConfig
 from fbt_probe.training.evaluate import EVAL_MODES, answer_accuracy, eval_samples
 from fbt_probe.training.recipes import recipe_of
 
@@ -125,11 +125,12 @@ def card(rec: dict, acc: pd.DataFrame) -> str:
 
 def _lr_schedule(t: dict) -> str:
     """The lr schedule of a run's train config, in words (`fbt_probe.training.loop.lr_at`)."""
-    warm, floor, decay = t["warmup"], t["min_lr_ratio"], t.get("decay_steps", 0)
+    cfg = TrainConfig.from_dict(t, "reference record's train config")
+    warm, floor = cfg.warmup, cfg.min_lr_ratio
     if floor == 1:
         return f"constant after a {warm}-step warm-up"
-    if decay and t["steps"] - decay > warm:  # a decay that starts at or before the warm-up's end is the plain cosine
-        return f"constant after a {warm}-step warm-up, then a cosine to {floor:g}x over the last {decay} steps"
+    if cfg.decay_start > warm:  # a decay that starts at the warm-up's end is the plain cosine
+        return f"constant after a {warm}-step warm-up, then a cosine to {floor:g}x over the last {cfg.steps - cfg.decay_start} steps"
     return f"a cosine to {floor:g}x after a {warm}-step warm-up"
 
 
