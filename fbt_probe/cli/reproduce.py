@@ -38,7 +38,9 @@ def reproduce_cmd(
     from fbt_probe.errors import FbtError
     from fbt_probe.reproduce import ReproConfig, reproduce
     from fbt_probe.reproduce.pipeline import reproduce_seeds
+    from fbt_probe.reproduce.stages import check_out
 
+    check_out(out, seeds=seeds is not None)  # before anything is made or read: a user's folder is never written into
     check_preset(preset)
     if preset != "tiny" and model is None:
         raise FbtError(f"--preset {preset}: training it here is not supported; pass --model PATH (a checkpoint folder)")
@@ -50,6 +52,7 @@ def reproduce_cmd(
         raise FbtError("--quick, --demo and --long: choose one")
     make = ReproConfig.quick_config if quick else ReproConfig.demo_config if demo else ReproConfig.long_config if long else ReproConfig
     cfg = make(**kw)
+    _check_force(cfg, out, set(force or []))
     t0 = time.perf_counter()
     if seeds is not None:
         res = reproduce_seeds(cfg, out, seeds, set(force or []), echo=typer.echo)
@@ -58,3 +61,16 @@ def reproduce_cmd(
         return
     res = reproduce(cfg, out, set(force or []), echo=typer.echo)
     typer.echo(f"finished in {time.perf_counter() - t0:.0f} s; report: {res['report']}")
+
+
+def _check_force(cfg, out: Path, force: set[str]) -> None:
+    """An unknown --force stage is refused before OUT is made."""
+    from fbt_probe.errors import FbtError
+    from fbt_probe.reproduce.pipeline import build_stages
+
+    if not force:
+        return
+    stages = [s.name for s in build_stages(cfg, out)] + ["figures", "report"]
+    unknown = sorted(force - set(stages))
+    if unknown:
+        raise FbtError(f"--force {unknown[0]}: unknown stage (stages: {', '.join(stages)})")

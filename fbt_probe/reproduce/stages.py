@@ -1,18 +1,27 @@
 """A tiny stage runner: each stage has a key (sha256 of its inputs, which include the keys of the
 stages it reads), its outputs, and a function. A stage whose recorded key matches and whose outputs
-exist is skipped, so a re-run after an interruption continues; `force` redoes named stages."""
+exist is skipped, so a re-run after an interruption continues; `force` redoes named stages.
+
+The runner writes only into a study folder: an absent or empty one, or one with its `stages.json`
+(`check_out`). A stage that is redone moves its old outputs aside and deletes them only once it has
+finished; if it fails, the old outputs are put back."""
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from fbt_probe.errors import FbtError
-from fbt_probe.io import read_json, write_json
+from fbt_probe.io import is_empty_dir, read_json, write_json
+
+STATE = "stages.json"
 
 
 @dataclass
@@ -31,9 +40,10 @@ class Stage:
 
 class Runner:
     def __init__(self, out: Path, force: set[str] = frozenset(), echo: Callable[[str], None] = print):
-        self.out, self.force, self.echo = out, set(force), echo
-        self.state_path = out / "stages.json"
-        self.state = read_json(self.state_path) if self.state_path.is_file() else {}
+        check_out(out)
+        self.out, self.force, self.echo = Path(out), set(force), echo
+        self.state_path = self.out / STATE
+        self.state = read_state(self.state_path) if self.state_path.is_file() else {}
         self.keys: dict[str, str] = {}
         self.times: dict[str, float] = {}
 
@@ -50,14 +60,25 @@ class Runner:
         if stale_model and stage.name not in self.force:  # never delete a trained model unasked
             raise FbtError(f"{self.out}: stage {stage.name}'s inputs changed since {stage.outputs[0]} was made; "
                            f"pass --force {stage.name} to redo it (deletes it) or choose another --out")
+        aside = None
         if not (stage.resumable and rec.get("key") == key) or stage.name in self.force:
-            for p in stage.outputs:  # stale or forced: start the stage's outputs afresh
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            if stage.resumable:  # forced (a stale model was refused above): the run starts afresh
+                for p in stage.outputs:
+                    _remove(p)
+            else:  # stale or forced: the outputs are made afresh, the old ones kept aside until then
+                aside = self._move_aside(stage)
         self.state[stage.name] = {"key": key, "status": "running"}
         write_json(self.state_path, self.state)
         self.echo(f"[run ] {stage.name:22s} ...")
         t0 = time.perf_counter()
-        stage.fn()
+        try:
+            stage.fn()
+        except BaseException:
+            if aside is not None:
+                self._put_back(stage, aside)
+            raise
+        if aside is not None:
+            shutil.rmtree(aside)
         dt = time.perf_counter() - t0
         self.times[stage.name] = dt
         finished = time.strftime("%Y-%m-%dT%H:%M:%S") + f".{time.time_ns() % 10**9:09d}"
@@ -65,6 +86,66 @@ class Runner:
         self.keys[stage.name] = _chain(key, finished)  # a redone stage invalidates the stages that read it
         write_json(self.state_path, self.state)
         self.echo(f"[done] {stage.name:22s} {dt:6.1f} s")
+
+    def _move_aside(self, stage: Stage) -> Path | None:
+        present = [(i, p) for i, p in enumerate(stage.outputs) if p.exists() or p.is_symlink()]
+        if not present:
+            return None
+        aside = Path(tempfile.mkdtemp(prefix=f".{stage.name}.", suffix=".old", dir=self.out))
+        for i, p in present:
+            os.replace(p, aside / str(i))
+        return aside
+
+    def _put_back(self, stage: Stage, aside: Path) -> None:
+        for i, p in enumerate(stage.outputs):
+            old = aside / str(i)
+            if old.exists() or old.is_symlink():
+                _remove(p)  # whatever the failed run left half-written
+                os.replace(old, p)
+        shutil.rmtree(aside)
+
+
+def _remove(p: Path) -> None:
+    shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+
+
+def read_state(path: Path) -> dict:
+    state = read_json(path, "stage record")
+    if not isinstance(state, dict) or not all(isinstance(v, dict) for v in state.values()):
+        raise FbtError(f"{path}: expected an object of stage records (written by fbt-probe reproduce)")
+    return state
+
+
+def is_study(folder: Path) -> bool:
+    """`folder` holds a study of `fbt-probe reproduce` (its stage record, stages.json)."""
+    try:
+        read_state(Path(folder) / STATE)
+    except FbtError:
+        return False
+    return True
+
+
+SEED_ENTRY = re.compile(r"seed-\d+")
+
+
+def is_seeds_study(folder: Path) -> bool:
+    """`folder` holds only a study over seeds: seed-S/ studies and seeds.csv (hidden temporary files aside)."""
+    entries = [e for e in Path(folder).iterdir() if not e.name.startswith(".")]
+    return all(e.name == "seeds.csv" and e.is_file() or SEED_ENTRY.fullmatch(e.name) and e.is_dir()
+               and (is_study(e) or is_empty_dir(e)) for e in entries)
+
+
+def check_out(out: Path, seeds: bool = False) -> None:
+    """Refuse an OUT the study may not write into: a file, or a folder with content that is not a
+    study (`seeds`: nor a study over seeds) - its files would be replaced by the stages' outputs."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FbtError(f"--out {out}: is a file; expected a study folder (absent, empty, or an earlier study's)")
+    if not out.is_dir() or is_empty_dir(out) or is_study(out) or (seeds and is_seeds_study(out)):
+        return
+    what = "a study over seeds (seed-S/ and seeds.csv)" if seeds else f"a study folder ({STATE} missing)"
+    raise FbtError(f"--out {out}: exists and is not {what}; refusing to write into it, the stages would replace "
+                   "its files (choose another --out, or an empty folder)")
 
 
 def _chain(key: str, finished: str | None) -> str:
