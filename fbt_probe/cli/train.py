@@ -16,6 +16,7 @@ def register(app: typer.Typer) -> None:
 
 
 def train_cmd(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option(help="Run folder to write (checkpoint, tokenizer, metrics.jsonl).")],
     preset: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
     recipe: Annotated[str | None, typer.Option(help="A named set of training fields, under the options given here: 'reference' (how the shipped reference models are trained: induction warm-up, register documents with a ramp over the register count; its fields: docs/training.md).")] = None,
@@ -41,7 +42,7 @@ def train_cmd(
     register_steps: Annotated[int | None, typer.Option(help="After the warm-up, the next N steps train the register tasks alone, then all the tasks (default 0).")] = None,
     register_ramp: Annotated[str | None, typer.Option(help="A curriculum over the register count inside the register phase: 'M:N ...' (the first N register-phase steps draw only --register-mix kinds with at most M registers, then the next window, then every kind); 'none' for no ramp (the default, except under a --recipe that sets one, as 'reference' does).")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (autocast on the training device).")] = "float32",
-    resume: Annotated[bool, typer.Option(help="Continue an interrupted run in OUT (bit for bit on CPU).")] = False,
+    resume: Annotated[bool, typer.Option(help="Continue the run in OUT (bit for bit on CPU) to its recorded steps, or to --steps N past them; every other training option is the record's (one given that differs is refused).")] = False,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
     arch: Annotated[str, typer.Option(help="'feedback' (latent feedback) or 'hidden-decoding' (n streams per token, one pass; fbt_probe.hidden).")] = "feedback",
     streams: Annotated[int | None, typer.Option(help="hidden-decoding: streams per token n (default 2).")] = None,
@@ -84,8 +85,19 @@ def train_cmd(
         extra["tasks"] = parse_tasks(tasks)
     if task_shares is not None:
         extra["task_shares"] = parse_task_shares(task_shares)
-    cfg = TrainConfig(preset=preset, schedule=schedule, baseline=baseline, seed=seed, lam=lam, noise=noise, dtype=dtype,
-                      **hidden, **extra)
+    fields = {"preset": preset, "schedule": schedule, "baseline": baseline, "seed": seed, "lam": lam, "noise": noise,
+              "dtype": dtype, "arch": arch, **hidden, **extra}
+    if resume:
+        from fbt_probe.training.resume import RunFinished, resume_config
+
+        try:
+            cfg = resume_config(out, _named_fields(ctx, fields, recipe, init), steps)
+        except RunFinished as done:
+            typer.echo(str(done))
+            return
+        init = None
+    else:
+        cfg = TrainConfig(**fields)
     replacing = force and not resume and out.is_dir() and any(out.iterdir())
     try:
         res = run_training(cfg, out, init=init, resume=resume, force=force, fsdp=fsdp, device=dev)
@@ -100,6 +112,29 @@ def train_cmd(
     if res.get("replaced"):
         typer.echo(f"replaced the earlier run in {out}")
     typer.echo(f"trained {res['step']} steps in {res['seconds']:.0f} s ({res['tokens'] / max(res['seconds'], 1e-9):,.0f} tokens/s); run folder: {out}")
+
+
+# the options of `train` that are not train config fields (a resume may name them freely)
+NOT_CONFIG = {"ctx", "out", "resume", "force", "device", "fsdp", "steps", "recipe", "init"}
+OPTION_FIELDS = {"cross_layers": "cross_stream_layers"}
+
+
+def _named_fields(ctx: typer.Context, fields: dict, recipe: str | None, init) -> dict:
+    """The train config fields the command line named, with their values (a recipe names its fields)."""
+    named = {}
+    for name in ctx.params:
+        source = ctx.get_parameter_source(name)
+        if name in NOT_CONFIG or source is None or source.name == "DEFAULT":
+            continue
+        field = OPTION_FIELDS.get(name, name)
+        named[field] = fields.get(field)
+    if recipe is not None:
+        from fbt_probe.training.recipes import recipe as recipe_fields
+
+        named.update({k: fields[k] for k in recipe_fields(recipe) if k != "steps"})
+    if init is not None:
+        named["init"] = str(init)
+    return named
 
 
 def parse_tasks(text: str) -> tuple[str, ...]:

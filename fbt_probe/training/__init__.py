@@ -16,6 +16,7 @@ from fbt_probe.training.checkpoint import load_run, truncate_metrics
 from fbt_probe.training.config import PAPER_SCHEDULE, TRAIN_KNOBS, Schedule, TrainConfig, parse_schedule
 from fbt_probe.training.evaluate import answer_accuracy, eval_samples
 from fbt_probe.training.loop import make_optimizer, multipass_loss, train, weighted_ce
+from fbt_probe.training.resume import recorded, unfinished_run
 
 __all__ = ["PAPER_SCHEDULE", "TRAIN_KNOBS", "Schedule", "TrainConfig", "multipass_loss", "parse_schedule",
            "run_training", "train", "weighted_ce"]
@@ -52,20 +53,23 @@ def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = No
     out, replacing = Path(out), False
     main = distributed.world().main  # under torchrun, rank 0 alone writes into the run folder
     if resume:
-        if not (out / "config.json").is_file():
-            raise FbtError(f"{out}: no run to resume (config.json missing)")
+        recorded(out)  # a folder without a run (or one stopped before its first checkpoint) is refused by name
         model, saved, opt_state, step = load_run(out)
         model = _on_device(model, device)  # before the optimizer: its loaded state follows the parameters
         if cfg.steps > saved.steps:
             saved = TrainConfig.from_dict({**saved.to_dict(), "steps": cfg.steps})
         cfg, tokenizer = saved, load_tokenizer(out / "tokenizer.json")
         opt = make_optimizer(model, cfg)
-        opt.load_state_dict(opt_state)
+        try:
+            opt.load_state_dict(opt_state)
+        except (ValueError, KeyError, TypeError, RuntimeError, IndexError) as exc:
+            raise FbtError(f"{out / 'train_state.pt'}: optimizer state does not fit the model "
+                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); cannot resume") from None
         distributed.on_main(lambda: truncate_metrics(out, step))
     else:
         replacing = distributed.on_main(lambda: refuse_existing(
-            out, force, hint="--resume to continue it or --force", own=is_run_folder,
-            kind="a training run folder (config.json with a 'train' field)"))
+            out, force, hint="--resume to continue it or --force", own=lambda p: is_run_folder(p) or unfinished_run(p),
+            kind="a training run folder (config.json with a 'train' field, or a run stopped before its first checkpoint)"))
         tokenizer = build_tokenizer()
         init = init if init is not None else cfg.init
         model = _on_device(_initial_model(cfg, tokenizer, init), device)  # every input is read before anything is written

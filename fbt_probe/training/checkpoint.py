@@ -65,9 +65,32 @@ def load_run(out: Path):
         state = torch.load(state_path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for a corrupt pickle/zip
         raise FbtError(f"{state_path}: corrupt train state ({type(exc).__name__})") from None
+    check_train_state(state, state_path)
     if state["step"] != meta.get("step"):
         raise FbtError(f"{out}: train_state.pt is at step {state['step']} but config.json at {meta.get('step')}")
     return model, cfg, state["optimizer"], state["step"]
+
+
+def check_train_state(state, path: Path) -> None:
+    """The structure `save_run` writes: {'step': int, 'optimizer': an optimizer state dict}."""
+    def bad(what: str):
+        return FbtError(f"{path}: {what} (not a train state fbt-probe wrote; cannot resume)")
+
+    if not isinstance(state, dict):
+        raise bad(f"expected an object with 'step' and 'optimizer', got a {type(state).__name__}")
+    for key in ("step", "optimizer"):
+        if key not in state:
+            raise bad(f"field '{key}' missing")
+    if isinstance(state["step"], bool) or not isinstance(state["step"], int) or state["step"] < 0:
+        raise bad(f"field 'step' must be an integer >= 0, got {state['step']!r}")
+    opt = state["optimizer"]
+    if not isinstance(opt, dict):
+        raise bad(f"field 'optimizer' must be an optimizer state, got a {type(opt).__name__}")
+    for key, kind in (("state", dict), ("param_groups", list)):
+        if not isinstance(opt.get(key), kind):
+            raise bad(f"field 'optimizer.{key}' missing or not a {kind.__name__}")
+    if not opt["param_groups"] or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in opt["param_groups"]):
+        raise bad("field 'optimizer.param_groups' must list groups with their 'params'")
 
 
 def truncate_metrics(out: Path, step: int) -> None:

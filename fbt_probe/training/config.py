@@ -53,8 +53,8 @@ def parse_schedule(text: str) -> Schedule:
             k, p = int(k), float(p)
         except ValueError:
             raise FbtError(f"schedule '{text}': expected 'K:p,K:p,...' (e.g. {PAPER_SCHEDULE}) or 'constant:K'") from None
-        if k < 1 or p < 0 or k in probs:
-            raise FbtError(f"schedule '{text}': each K must be a distinct integer >= 1 with p >= 0")
+        if k < 1 or not (math.isfinite(p) and p >= 0) or k in probs:
+            raise FbtError(f"schedule '{text}': each K must be a distinct integer >= 1 with a finite p >= 0")
         probs[k] = p
     if abs(sum(probs.values()) - 1.0) > 1e-6:
         raise FbtError(f"schedule '{text}': probabilities sum to {sum(probs.values()):g}, expected 1")
@@ -154,7 +154,7 @@ class TrainConfig:
         else:
             object.__setattr__(self, "task_shares", dict(self.task_shares))
         shares = self.task_shares
-        if sorted(shares) != sorted(self.tasks) or any(not isinstance(v, (int, float)) or v <= 0 for v in shares.values()):
+        if sorted(shares) != sorted(self.tasks) or any(not _number(v) or not math.isfinite(v) or v <= 0 for v in shares.values()):
             raise FbtError(f"train config: field 'task_shares' needs a positive share for each of {list(self.tasks)}, got {shares}")
         if abs(sum(shares.values()) - 1.0) > 1e-6:
             raise FbtError(f"train config: field 'task_shares' sums to {sum(shares.values()):g}, expected 1")
@@ -164,6 +164,7 @@ class TrainConfig:
             raise FbtError(f"train config: field 'min_lr_ratio' (--min-lr-ratio) must be in [0, 1] (1: constant lr), got {self.min_lr_ratio}")
         if not (math.isfinite(self.lr) and self.lr >= 0) or self.warmup < 0:
             raise FbtError(f"train config: fields 'lr' and 'warmup' (--lr, --warmup) must be finite and >= 0, got {self.lr} and {self.warmup}")
+        self._check_floats()
         self._check_register_mix()
         d = self.decay_steps
         if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= self.steps:
@@ -181,6 +182,19 @@ class TrainConfig:
             raise FbtError(f"train config: field 'register_steps' (--register-steps) trains the register tasks alone: "
                            f"tasks {list(self.tasks)} have none")
         self._check_register_ramp()
+
+    def _check_floats(self) -> None:
+        """Every float field finite and in its range (NaN passes no comparison, so each is explicit)."""
+        ranges = {"lam": (0, None, "--lam"), "noise": (0, None, "--noise"), "weight_decay": (0, None, ""),
+                  "clip": (0, None, ""), "answer_weight": (0, None, ""), "prefix_mix": (0, 1, ""), "heldout_fraction": (0, 1, "")}
+        for name, (low, high, option) in ranges.items():
+            v = getattr(self, name)
+            if not (_number(v) and math.isfinite(v) and v >= low and (high is None or v <= high)):
+                within = f"in [{low}, {high}]" if high is not None else f">= {low}"
+                opt = f" ({option})" if option else ""
+                raise FbtError(f"train config: field '{name}'{opt} must be a finite number {within}, got {v!r}")
+        if len(self.betas) != 2 or not all(_number(b) and 0 <= b < 1 for b in self.betas):
+            raise FbtError(f"train config: field 'betas' must be two numbers in [0, 1), got {self.betas!r}")
 
     def _check_register_ramp(self) -> None:
         if self.register_ramp is None:
@@ -277,6 +291,10 @@ class TrainConfig:
             return cls(**d)
         except (TypeError, ValueError) as exc:
             raise FbtError(f"{source}: {exc}") from None
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def equal_cell_shares(tasks, knobs: dict | None = None) -> dict:

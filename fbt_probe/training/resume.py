@@ -1,0 +1,86 @@
+"""`train --resume` continues the recorded run: the options a resume names are checked against the
+run's config.json, and the steps default to the recorded total."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from fbt_probe.errors import FbtError
+from fbt_probe.io import read_json
+from fbt_probe.training.config import TrainConfig
+
+
+class RunFinished(Exception):
+    """The run to resume has trained every step it records (nothing to do)."""
+
+
+def recorded(out: Path) -> tuple[TrainConfig, int]:
+    """(TrainConfig, step) config.json of run folder `out` records."""
+    out = Path(out)
+    path = out / "config.json"
+    if not path.is_file():
+        hint = ("; it stopped before its first checkpoint: start it again with --force" if unfinished_run(out) else "")
+        raise FbtError(f"{out}: no run to resume (config.json missing){hint}")
+    meta = read_json(path, "run config")
+    if not isinstance(meta, dict) or "train" not in meta:
+        raise FbtError(f"{path}: field 'train' missing (not a training run folder)")
+    step = meta.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise FbtError(f"{path}: field 'step' missing or not an integer >= 0 (got {step!r})")
+    return TrainConfig.from_dict(meta["train"], source=f"{path}: field 'train'"), step
+
+
+def resume_config(out: Path, given: dict, steps: int | None) -> TrainConfig:
+    """The config a resume of `out` trains with: the recorded one, to `steps` (default: the recorded
+    total; a larger total trains on past it). `given`: the train config fields the command named;
+    one that differs from the record is refused, named by its option. Raises `RunFinished` when the
+    run has trained every step it would train to."""
+    saved, step = recorded(out)
+    where = f"--resume {out}"
+    differ = _differing(saved, given)
+    if differ:
+        shown = ", ".join(f"--{f.replace('_', '-')} {_show(given[f])} (recorded: {_show(_normal(saved, f))})" for f in differ)
+        raise FbtError(f"{where}: {shown}: a resume continues the recorded run; leave the option out, "
+                       "or train a new run in another --out")
+    if steps is not None and steps < saved.steps:
+        raise FbtError(f"{where}: --steps {steps}: the run records {saved.steps} steps; resume trains to them "
+                       "(leave --steps out) or past them")
+    total = saved.steps if steps is None else steps
+    if step >= total:
+        raise RunFinished(f"{out}: the run is finished ({step} of {total} steps); pass --steps N "
+                          f"(more than {total}) to train on")
+    return saved if total == saved.steps else dataclasses.replace(saved, steps=total)
+
+
+def _differing(saved: TrainConfig, given: dict) -> list[str]:
+    unknown = sorted(set(given) - {f.name for f in dataclasses.fields(TrainConfig)})
+    assert not unknown, unknown
+    try:  # the record with the named values, normalised as the run's own were ('paper' = its K:p list)
+        probe = dataclasses.replace(saved, **given)
+    except FbtError:  # the named values do not make a valid config with the record's: compare them as given
+        return [f for f in given if given[f] != getattr(saved, f)]
+    return [f for f in given if _normal(probe, f) != _normal(saved, f)]
+
+
+def _normal(cfg: TrainConfig, field: str):
+    return str(cfg.schedule_obj) if field == "schedule" else getattr(cfg, field)
+
+
+def _show(value) -> str:
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value))
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{v:g}" for k, v in value.items())
+    return str(value)
+
+
+RUN_ENTRIES = {"tokenizer.json", "metrics.jsonl"}
+
+
+def unfinished_run(folder: Path) -> bool:
+    """`folder` is a training run stopped before its first checkpoint: the tokenizer the trainer
+    writes first, perhaps its log, and temporary files (hidden, `.tmp`) of a checkpoint being written."""
+    folder = Path(folder)
+    if not folder.is_dir() or not (folder / "tokenizer.json").is_file():
+        return False
+    return all(e.name in RUN_ENTRIES or e.name.startswith(".") and e.name.endswith(".tmp") for e in folder.iterdir())
