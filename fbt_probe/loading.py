@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from fbt_probe.config import PRESETS, check_device, preset
+from fbt_probe.config import PRESETS, arch_of, check_device, preset
 from fbt_probe.errors import FbtError
 from fbt_probe.hidden.checkpoint import load_hidden
 from fbt_probe.hidden.config import ARCH as HIDDEN_ARCH
@@ -100,7 +101,9 @@ def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrid
     torch.Size([1, 3])
     """
     check_device(device)
-    source = resolve(source)  # ref:<name>: a shipped reference model, hashes verified
+    source = resolve(source)  # ref:<name> (also as a Path): a shipped reference model, hashes verified
+    if isinstance(source, os.PathLike) and str(source) in PRESETS and not Path(source).exists():
+        source = str(source)  # Path("tiny"): the preset, as no such folder exists
     if isinstance(source, str) and source in PRESETS:
         cfg = preset(source, device=device, **overrides)
         with torch.random.fork_rng(devices=[]):
@@ -223,11 +226,11 @@ def _frame_hash(df: pd.DataFrame) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def load_data(dataset, tasks=None, *, pairs: bool = False) -> pd.DataFrame:
+def load_data(dataset, tasks=None, *, pairs: bool = False, command: str = "patch") -> pd.DataFrame:
     """A dataset file (.parquet or its .manifest.json), a folder of them or a DataFrame, as one frame.
 
     `tasks` keeps only those tasks' files. With `pairs` (the intervention commands) every file must
-    have rows and two distinct single-token label words, recorded in ``attrs["label_token_ids"]``
+    have rows (`command` names the command in the refusal) and two distinct single-token label words, recorded in ``attrs["label_token_ids"]``
     {task: (id of the label-0 word, id of the label-1 word)}. ``df.attrs`` also holds
     ``dataset_hash`` (the provenance hash), ``dataset_files``, ``dataset_sha256`` (per kept file)
     and ``tokenizer_sha256`` (None when the manifests do not say).
@@ -251,7 +254,7 @@ def load_data(dataset, tasks=None, *, pairs: bool = False) -> pd.DataFrame:
         if tasks and man["task"] not in tasks:
             continue
         if pairs:
-            ids[man["task"]] = _label_ids(f, df, man)
+            ids[man["task"]] = _label_ids(f, df, man, command)
         shas.append(man["sha256"])
         toks.add((man.get("tokenizer") or {}).get("sha256"))
         frames.append(df)
@@ -267,12 +270,12 @@ def load_data(dataset, tasks=None, *, pairs: bool = False) -> pd.DataFrame:
     return out
 
 
-def _label_ids(f: Path, df: pd.DataFrame, manifest: dict) -> tuple[int, int]:
+def _label_ids(f: Path, df: pd.DataFrame, manifest: dict, command: str = "patch") -> tuple[int, int]:
     """(id of the label-0 word, id of the label-1 word) of one pair dataset, refused when the words
     are not two distinct single tokens or one is the tokenizer's unknown token (datasets written
     before generation refused them: the logit difference would be taken against <unk>)."""
     if df.empty:
-        raise FbtError(f"{f}: the dataset has no rows; nothing to patch")
+        raise FbtError(f"{f}: the dataset has no rows; nothing to {command}")
     known = (manifest.get("tokenizer") or {}).get("label_token_ids") or {}
     words = {int(k): v for k, v in manifest["spec"]["label_words"].items()}
     if any(known.get(words[c]) is None for c in (0, 1)):
@@ -331,17 +334,23 @@ def check_compatible(model, df: pd.DataFrame, tokenizer: Path | None = None, whe
                            f"--tokenizer {tokenizer})")
 
 
-def load_pairs(dataset, tasks=None) -> pd.DataFrame:
+def load_pairs(dataset, tasks=None, command: str = "patch") -> pd.DataFrame:
     """`load_data` of the intervention commands: every file has rows and single-token label words
     (``attrs["label_token_ids"]``)."""
-    return load_data(dataset, tasks, pairs=True)
+    return load_data(dataset, tasks, pairs=True, command=command)
 
 
-def open_pairs(run, dataset, tasks=None, device: str | None = None, seed: int = 0) -> tuple[LoadedModel, pd.DataFrame]:
-    """(model, pair frame) of ``fbt-probe patch | lens RUN DATASET``: the dataset is read first (its
-    errors come before a model loads), then the model, then their compatibility, with the run's
-    tokenizer required to be the dataset's."""
-    df = load_pairs(dataset, tasks)
+def open_pairs(run, dataset, tasks=None, device: str | None = None, seed: int = 0,
+               command: str = "patch") -> tuple[LoadedModel, pd.DataFrame]:
+    """(model, pair frame) of ``fbt-probe patch | lens RUN DATASET`` (`command`): the dataset is read
+    first (its errors come before a model loads), then the model, then their compatibility, with the
+    run's tokenizer required to be the dataset's. A Hidden Decoding model is refused: the
+    interventions and the lens act on feedback passes and the serial scan, which it has none of."""
+    df = load_pairs(dataset, tasks, command)
     lm = open_model(run, device or "cpu", seed)
+    if arch_of(lm.model) == HIDDEN_ARCH:
+        raise FbtError(f"{run}: a hidden-decoding model ({lm.model.cfg.n_streams} streams per token, one pass): "
+                       f"`fbt-probe {command}` needs a latent-feedback model (feedback passes, serial scan); "
+                       "study this one with `fbt-probe extract` and `fbt-probe probe`")
     check_compatible(lm.model, df, lm.tokenizer, exact_tokenizer=True)
     return lm, df

@@ -48,7 +48,7 @@ def lens(
                      batch_size=batch_size, n_boot=n_boot, seed=seed)
     replacing = refuse_existing(out, force, own=is_lens_folder, kind=LENS_KIND)  # before loading anything
     lm, df = open_pairs(run, dataset, [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
-                        device=device, seed=seed)
+                        device=device, seed=seed, command="lens")
     model = lm.model
     res = run_lens(model, df, cfg)
     write_lens(res, out, df, lm.provenance(), force=force, figures=figures)

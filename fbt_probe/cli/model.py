@@ -140,8 +140,8 @@ def refs() -> None:
     """
     from fbt_probe import reference
 
-    for name in reference.names():
-        rec = reference.record(name)
+    records = {name: reference.record(name) for name in reference.names()}  # every record checked before a line is written
+    for name, rec in records.items():
         std = [r for r in rec["accuracy"]["rows"] if r["mode"] == "standard"]
         per_task = {}
         for r in std:
