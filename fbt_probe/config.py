@@ -85,6 +85,7 @@ class ModelConfig:
         check = _checker("model config")
         for name in POSITIVE_INTS:
             check(_is_int(getattr(self, name)) and getattr(self, name) >= 1, name, "an integer >= 1")
+        check(self.n_ctx <= MAX_N_CTX, "n_ctx", f"an integer 1..{MAX_N_CTX:,} (the context length), not {self.n_ctx:,}")
         check(self.window is None or _is_int(self.window), "window", "a positive integer or null")
         for name, low in (("rope_theta", 0), ("rms_eps", 0), ("init_std", 0), ("feedback_noise", None), ("qk_norm_init", None)):
             value = getattr(self, name)
@@ -183,6 +184,7 @@ class ModelConfig:
 
 
 DTYPES = ("float32", "float64", "float16", "bfloat16")
+MAX_N_CTX = 1 << 20  # 1,048,576 positions: far past any model here (paper-1b: 8,192); an absurd context is refused by name
 POSITIVE_INTS = ("d_vocab", "d_model", "n_layers", "n_heads", "n_key_value_heads", "d_head", "d_mlp", "n_ctx", "global_every")
 # Checkpoints of format fbt-probe/1 were written before these fields existed. Both only set the
 # initial value of weights that a checkpoint stores (QK-norm gains, fusion norm), so the values at

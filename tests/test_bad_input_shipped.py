@@ -112,3 +112,57 @@ def test_a_model_may_be_named_by_a_path():
     assert fp.load_model(Path("tiny")).cfg == fp.load_model("tiny").cfg
     with pytest.raises(FbtError, match="ref:nope: no such reference model"):
         fp.load_model(Path("ref:nope"))
+
+
+def test_a_code_running_nanochat_pickle_gets_no_advice_to_run_it(tmp_path):
+    import torch
+
+    from fbt_probe.model.nanochat_import import read_state
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("ran",))
+
+    path = tmp_path / "model_000001.pt"
+    torch.save({"x": Evil()}, path)
+    with pytest.raises(FbtError) as err:
+        read_state(path)
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: not a loadable state dict") and "could run code" in msg
+    assert "weights_only" not in msg and "can still be loaded" not in msg and "\n" not in msg
+
+
+def test_an_absurd_context_length_is_refused_by_name(tmp_path):
+    from fbt_probe.config import MAX_N_CTX
+    from fbt_probe.model.checkpoint import save_checkpoint
+    from fbt_probe.model.nanochat_import import import_nanochat
+    from tests.helpers import make_model
+    from tests.nanochat_helpers import random_state, write_nanochat
+
+    mc, state = random_state(0)
+    folder = write_nanochat(tmp_path / "nc", {**mc, "sequence_len": 10**8}, state)
+    with pytest.raises(FbtError, match=r"field 'model_config.sequence_len' must be at most 1,048,576 .* got 100,000,000"):
+        import_nanochat(folder)
+    save_checkpoint(make_model(), tmp_path / "ours")
+    meta = json.loads((tmp_path / "ours" / "config.json").read_text())
+    meta["model"]["n_ctx"] = 10**8
+    (tmp_path / "ours" / "config.json").write_text(json.dumps(meta))
+    res = runner.invoke(app, ["model", "info", str(tmp_path / "ours")])
+    one_line_error(res, f"field 'n_ctx' must be an integer 1..{MAX_N_CTX:,}")
+
+
+def test_a_long_context_allocates_rope_by_the_input_length():
+    """n_ctx bounds the input, not the first allocation: a 3-token forward of a model with the largest
+    n_ctx builds a rotary table of EAGER positions, and gives the logits of the same model at n_ctx 128."""
+    import torch
+
+    from fbt_probe.config import MAX_N_CTX
+    from fbt_probe.model.components import RotaryTable
+    from tests.helpers import make_model, tokens
+
+    big, small = make_model(n_ctx=MAX_N_CTX), make_model(n_ctx=128)
+    toks = tokens(2, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(big(toks, mode="jacobi:2"), small(toks, mode="jacobi:2"), rtol=0, atol=1e-12)
+    tables = [b.attn.rope for b in big.blocks]
+    assert all(cos.shape[0] == RotaryTable.EAGER for t in tables for cos, *_ in t._tables.values())

@@ -81,7 +81,11 @@ def rotary(positions: torch.Tensor, d_head: int, theta: float, dtype: torch.dtyp
 
 class RotaryTable:
     """`rotary` for positions 0..n-1 computed once per (dtype, device) and sliced per call (grown
-    when a call reaches past it). Plain attribute, not a buffer: not in the state dict."""
+    when a call reaches past it). Plain attribute, not a buffer: not in the state dict. The first
+    table covers n_ctx positions up to EAGER positions; a longer context grows it by the inputs'
+    lengths, so a large n_ctx costs nothing until an input is that long."""
+
+    EAGER = 8192
 
     def __init__(self, d_head: int, theta: float, n_ctx: int, sign: int = 1):
         self.d_head, self.theta, self.n_ctx = d_head, theta, n_ctx
@@ -92,7 +96,7 @@ class RotaryTable:
         key = (dtype, device)
         table = self._tables.get(key)
         if table is None or table[0].shape[0] < n:
-            n = max(n, self.n_ctx, 2 * table[0].shape[0] if table is not None else 0)
+            n = max(n, min(self.n_ctx, self.EAGER), 2 * table[0].shape[0] if table is not None else 0)
             with torch.inference_mode(False), torch.no_grad():  # a normal tensor even if first built in inference mode
                 cos, sin = rotary(torch.arange(n, device=device), self.d_head, self.theta, dtype)
                 sin = sin if self.sign == 1 else -sin

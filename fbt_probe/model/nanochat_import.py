@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from fbt_probe.config import FLOAT32_EPS, ModelConfig
+from fbt_probe.config import FLOAT32_EPS, MAX_N_CTX, ModelConfig
 from fbt_probe.errors import FbtError
 from fbt_probe.io import read_json, sha256_file
 from fbt_probe.model.checkpoint import save_checkpoint
@@ -122,6 +122,8 @@ def config_from_meta(mc: dict, source: str) -> ModelConfig:
         v = mc[name]
         if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
             refuse(name, f"must be an integer >= 1, got {v!r}")
+    if mc["sequence_len"] > MAX_N_CTX:
+        refuse("sequence_len", f"must be at most {MAX_N_CTX:,} (the context length), got {mc['sequence_len']:,}")
     for name in ("latent_feedback", "weight_tying"):
         if not isinstance(mc[name], bool):
             refuse(name, f"must be true or false, got {mc[name]!r}")
@@ -166,10 +168,19 @@ def read_state(path: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure is one line naming the file
-        raise FbtError(f"{path}: not a loadable state dict ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+        raise FbtError(f"{path}: not a loadable state dict ({type(exc).__name__}: {_why(exc)})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise FbtError(f"{path}: expected a state dict (names -> tensors)")
     return {k.removeprefix("_orig_mod."): v for k, v in state.items()}
+
+
+def _why(exc: Exception) -> str:
+    """The reason a load failed, without torch's advice to load with weights_only=False (which on
+    these files would run the code they embed)."""
+    text = str(exc)
+    if "Weights only load failed" in text:
+        return "it holds pickled objects other than tensors, which could run code when loaded; refused unloaded"
+    return (text.splitlines() or [""])[0][:200]
 
 
 def key_map(cfg: ModelConfig, latent_feedback: bool) -> dict[str, str]:
