@@ -17,7 +17,7 @@ def extract(
     run: Annotated[str, typer.Argument(help="Checkpoint folder (config.json, model.safetensors, tokenizer.json), ref:<name> (a shipped reference model) or preset name.", show_default=False)],
     dataset: Annotated[Path, typer.Argument(help="A dataset .parquet (with its .manifest.json) or a folder of them.", show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="Activation folder (shards + manifest).")],
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated prefill modes: standard, recurrent:k, full, jacobi:K (default standard,recurrent:1; a Hidden Decoding model has only standard).")] = None,
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated prefill modes: standard, recurrent:k, full, jacobi:K (K passes; K >= the input's length T is the exact recurrence, jacobi:T = full, and runs as full) (default standard,recurrent:1; a Hidden Decoding model has only standard).")] = None,
     hooks: Annotated[Optional[str], typer.Option(help="Extra hook names, comma-separated; NAME@-2 takes the position before the last.")] = None,
     reference: Annotated[bool, typer.Option(help="Also extract the carried state h(T-1) (pseudo-mode carried-state).")] = True,
     batch_size: Annotated[int, typer.Option(help="Samples per forward (all of one exact length).")] = 16,

@@ -345,8 +345,10 @@ class FeedbackTransformer(HookedRootModule):
         mode.check_length(T)
         if mode.first_fed_position(T) >= T:
             return None, None
-        if mode.kind == "jacobi":
+        if mode.kind == "jacobi" and mode.k < T:
             return self._jacobi_states(tokens, mode.passes(T)), torch.arange(T, device=tokens.device) >= 1
+        if mode.kind == "jacobi":  # K >= T: jacobi:T = full, whose serial scan is T steps, not T passes over T positions
+            mode = parse_mode("full")
         # the final position's own step would only produce the state carried out of the sequence
         _, states, _, last = self.serial_scan(tokens, mode.n_serial(T), stop=T - 1)
         states[:, T - 1] = last
@@ -367,7 +369,8 @@ class FeedbackTransformer(HookedRootModule):
             [batch, pos] token ids.
         mode : str or Mode, optional
             ``standard``, ``recurrent:k``, ``full`` or ``jacobi:K`` (None: `self.default_mode`).
-            ``jacobi:K`` runs min(K, T) passes.
+            ``jacobi:K`` runs min(K, T) passes; for K >= T the answer is the exact recurrence
+            (``jacobi:T`` = ``full``), computed by the serial scan of ``full`` when hooks fire once.
         serial : bool, default False
             Where hooks fire. False: once, in one final pass over the whole sequence whose inputs are
             the mode's (carried states computed before it with hooks off), so an edit there does not
