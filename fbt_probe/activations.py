@@ -102,8 +102,20 @@ def targets_for(mode: str, model, extra_hooks=()) -> list[Target]:
             position = int(pos) if pos else -1
         except ValueError:
             raise FbtError(f"hook '{spec}': expected NAME or NAME@POSITION (e.g. @-2)") from None
+        if position >= 0:
+            raise FbtError(f"hook '{spec}': position {position}: expected a position from the end (-1 the final, -2 the one before)")
+        if hook not in model.hook_dict:
+            raise FbtError(f"hooks: unknown hook '{hook}' (this model's hooks: {hook_patterns(model)}; "
+                           "`fbt-probe model info` lists every name)")
         out.append(Target(f"{hook}@{position}", hook, position, None))
     return out
+
+
+def hook_patterns(model) -> str:
+    """The model's hook names with layer numbers folded into <l> (e.g. blocks.<l>.hook_resid_pre), comma-separated."""
+    import re
+
+    return ", ".join(dict.fromkeys(re.sub(r"\.\d+\.", ".<l>.", n) for n in model.hook_dict))
 
 
 def stream_targets(mode: str, model, extra_hooks=()) -> list[Target]:
@@ -272,10 +284,10 @@ def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool =
         raise FbtError(f"hooks: not supported for {arch.label} ({lm.source}): its targets are fixed")
     if reference and arch.reference and REFERENCE_MODE not in modes:
         modes.append(REFERENCE_MODE)
+    targets = {m: arch.targets(m, model, extra_hooks) for m in modes}  # bad hook names refused before any data is read
     df = load_data(dataset)
     data_hash, data_tok, data_paths = df.attrs["dataset_hash"], df.attrs["tokenizer_sha256"], df.attrs["dataset_files"]
     check_compatible(model, df, lm.tokenizer, where=str(data_paths[0]) if len(data_paths) == 1 else str(dataset))
-    targets = {m: arch.targets(m, model, extra_hooks) for m in modes}
     extra = arch.manifest(model)
     plan = {"format": FORMAT, "model": {"source": lm.source, "hash": lm.hash, "n_layers": model.cfg.n_layers,
                                         "d_model": model.cfg.d_model, **extra.pop("model", {})},
