@@ -6,6 +6,7 @@ renamed into place only when complete, so an interrupted run never leaves a half
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -70,8 +71,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp_path = Path(tmp)
     os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
     try:
-        yield tmp_path
-        os.replace(tmp_path, path)
+        with disk_full(path.parent, tmp_path):
+            yield tmp_path
+            os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
@@ -85,11 +87,46 @@ def atomic_dir(path: str | Path, force: bool = False, own=None, kind: str = "") 
     refuse_existing(path, force, own=own, kind=kind)
     tmp = temp_sibling(path)
     try:
-        yield tmp
-        swap_in(tmp, path)
+        with disk_full(path.parent, tmp):
+            yield tmp
+            swap_in(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """An OSError ENOSPC/EDQUOT, or a writer's own error that wraps one (safetensors, torch, pyarrow)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return "No space left on device" in text or "Disk quota exceeded" in text
+
+
+@contextlib.contextmanager
+def disk_full(folder: Path, written: Path) -> Iterator[None]:
+    """Turn a full disk inside the block into one line naming `folder` and the space needed (what
+    was written into `written` before the disk filled, at least, beyond what is free)."""
+    try:
+        yield
+    except Exception as exc:
+        if not is_disk_full(exc):
+            raise
+        size = _size(written)
+        free = shutil.disk_usage(folder).free if Path(folder).exists() else 0
+        raise FbtError(f"{folder}: no space left on the device (free {_mb(free)}; the output being written had "
+                       f"reached {_mb(size)} and needs more: free at least that much and run the command again)") from None
+
+
+def _size(path: Path) -> int:
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
 
 
 def _umask() -> int:

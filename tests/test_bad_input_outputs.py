@@ -76,3 +76,59 @@ def test_a_failed_redo_puts_the_old_outputs_back(tmp_path):
     Runner(out, echo=lambda _: None).run(Stage("a", {"v": 2}, [target], write("new")))
     assert (target / "t.txt").read_text() == "new"
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+
+
+def raise_full(*args, **kwargs):
+    import errno
+    import os
+
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def raise_safetensors_full(*args, **kwargs):
+    raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: \"No space left on device\" })")
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
+    from fbt_probe.io import atomic_dir, atomic_path
+
+    target = tmp_path / "out" / "file.bin"
+    with pytest.raises(FbtError, match=rf"^{tmp_path / 'out'}: no space left on the device \(free .* MB; the output being written had reached 0.0 MB"):
+        with atomic_path(target) as tmp:
+            tmp.write_bytes(b"")
+            raise_full()
+    assert list((tmp_path / "out").iterdir()) == []
+    with pytest.raises(FbtError, match="no space left on the device"):
+        with atomic_dir(tmp_path / "folder") as tmp:
+            (tmp / "a").write_bytes(b"x" * 10)
+            raise_safetensors_full()
+    assert not (tmp_path / "folder").exists() and not list(tmp_path.glob(".folder*"))
+    with pytest.raises(ValueError):  # any other error passes through unchanged
+        with atomic_path(target):
+            raise ValueError("other")
+
+
+def test_train_on_a_full_disk_is_one_line(tmp_path, monkeypatch):
+    import fbt_probe.model.checkpoint as ck
+
+    monkeypatch.setattr(ck, "save_file", raise_safetensors_full)
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["train", "--out", str(out), "--steps", "1", "--tasks", "completion",
+                              "--tokens-per-step", "200", "--warmup", "1"])
+    assert res.exit_code == 2, res.output  # the progress bar's line may come first; the error is one line
+    assert res.output.splitlines()[-1].startswith(f"error: {out}: no space left on the device")
+    assert "Traceback" not in res.output and not (out / "model.safetensors").exists() and not (out / "config.json").exists()
+
+
+def test_extract_and_generate_on_a_full_disk_are_one_line(tmp_path, monkeypatch):
+    import fbt_probe.activations as acts
+    res = runner.invoke(app, ["tasks", "generate", "completion", "--groups", "2", "--out", str(tmp_path / "data")])
+    assert res.exit_code == 0, res.output
+    monkeypatch.setattr(acts, "save_file", raise_full)
+    res = runner.invoke(app, ["extract", "tiny", str(tmp_path / "data"), "--modes", "standard", "--out", str(tmp_path / "acts")])
+    one_line_error(res, "no space left on the device")
+    assert str(tmp_path) in res.output
+    monkeypatch.setattr("pyarrow.parquet.write_table", raise_full)
+    res = runner.invoke(app, ["tasks", "generate", "memory", "--groups", "2", "--out", str(tmp_path / "data2")])
+    one_line_error(res, f"{tmp_path / 'data2'}: no space left on the device")
+    assert not list((tmp_path / "data2").glob("*.parquet")) if (tmp_path / "data2").exists() else True
