@@ -11,3 +11,19 @@ def one_thread():
     with threadpool_limits(1):
         yield
     torch.set_num_threads(n)
+
+
+def pytest_configure(config):
+    """Under pytest-xdist each worker is one process of the suite: one torch / BLAS thread per worker,
+    so two workers on two cores do not oversubscribe them."""
+    import os
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
+        threadpool_limits(1)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The slow tests first (stable order otherwise): spread over workers, they then run beside the
+    many short ones instead of finishing last."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -118,13 +118,14 @@ def test_resume_after_a_killed_process_yields_identical_shards(tmp_path):
     df = frame(n_pairs=8, lengths=(6, 9, 12))
     df.to_pickle(tmp_path / "df.pkl")
     script = (
-        "import sys, time, pandas as pd\n"
+        "import sys, time, pandas as pd, torch\n"
+        "torch.set_num_threads(int(sys.argv[3]))  # the parent's: BLAS blocks by its thread count\n"
         "from fbt_probe.activations import extract\n"
         "df = pd.read_pickle(sys.argv[1])\n"
         "extract('tiny', df, ['standard'], sys.argv[2], shard_rows=4, reference=False,\n"
         "        on_shard=lambda s: (print('shard', flush=True), time.sleep(0.5)))\n")
-    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "df.pkl"), str(tmp_path / "cut")],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "df.pkl"), str(tmp_path / "cut"),
+                             str(torch.get_num_threads())], stdout=subprocess.PIPE, text=True)
     for _ in range(2):
         assert proc.stdout.readline().strip() == "shard"
     proc.send_signal(signal.SIGKILL)

@@ -130,7 +130,10 @@ def test_jacobi_passes_are_capped_at_the_sequence_length(model):
         with model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: calls.append(1))]):
             capped = model(toks, mode="jacobi:60", serial=True)
         one_pass = model(toks, mode="jacobi:60")
-    assert torch.equal(capped, ref) and len(calls) == 6  # before: 60 passes (99999 ran for minutes)
+    # a hook attached takes the hooked attention path (other kernels than `ref`'s fused GEMM):
+    # float64 closeness, and exactly T passes
+    assert len(calls) == 6
+    torch.testing.assert_close(capped, ref, **TOL)
     assert torch.equal(one_pass, ref)
     # with autograd on, the model takes its training path (separate q/k/v GEMMs, not the fused
     # inference GEMM of `ref`: other kernels, so float64 closeness across the two paths, and bitwise

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 import fbt_probe as fp
 from fbt_probe.cli import app
-from fbt_probe.reproduce.stages import Runner, Stage
+from fbt_probe.reproduce.stages import Runner, Stage, time_table
 
 runner = CliRunner()
 
@@ -38,6 +38,14 @@ def test_stage_runner_skips_up_to_date_stages_and_redoes_forced_ones(tmp_path):
     r4.run(make("a", "2"))
     r4.run(Stage("b", {}, [tmp_path / "b"], lambda: (calls.append("b4"), (tmp_path / "b").write_text("z")), after=["a"]))
     assert calls[-2:] == ["a", "b4"]  # a forced stage also invalidates what reads it
+
+
+def test_the_time_table_lists_each_stage_run_or_skipped_and_totals_those_run():
+    text = time_table({"data": 0.4, "train": 61.25, "figures": 12.0}, {"data": False, "train": True, "figures": True})
+    lines = text.splitlines()
+    assert lines[0].split() == ["stage", "seconds"]
+    assert [ln.split() for ln in lines[1:4]] == [["data", "skip", "0.4"], ["train", "run", "61.2"], ["figures", "run", "12.0"]]
+    assert lines[4].split() == ["total", "run", "here", "73.2"]  # the skipped stage's recorded 0.4 s is not counted
 
 
 def test_a_stale_trained_model_is_kept_unless_forced(tmp_path):
@@ -144,11 +152,17 @@ def _depth0_numbers(report: str) -> list[float]:
     return [float(x) for x in re.findall(r"\| (\d\.\d{3}) \[", section)]
 
 
+QUICK = ["reproduce", "--quick", "--steps", "20"]  # the pipeline check, on models trained 20 steps (the quick study's are 60)
+
+
 @pytest.mark.slow
 def test_quick_study_end_to_end(tmp_path):
     out = tmp_path / "repro"
-    res = runner.invoke(app, ["reproduce", "--quick", "--out", str(out)])
+    res = runner.invoke(app, [*QUICK, "--out", str(out)])
     assert res.exit_code == 0, res.output
+    table = res.output.split("\nstage ")[1].splitlines()  # the per-stage time table at the end
+    state = json.loads((out / "stages.json").read_text())
+    assert sorted(ln.split()[0] for ln in table[1:-2]) == sorted(state) and table[-2].startswith("total run here")
     report = (out / "report.md").read_text()
     html = (out / "report.html").read_text()
     assert "data:image/png;base64," in html and "fig7a-feedback" in html
@@ -171,7 +185,7 @@ def test_quick_study_end_to_end(tmp_path):
     assert "differs from the shipped `ref:tiny-feedback`" in report
     state = json.loads((out / "stages.json").read_text())
     assert all(v["status"] == "done" for v in state.values()) and "train-baseline" in state
-    again = runner.invoke(app, ["reproduce", "--quick", "--out", str(out)])
+    again = runner.invoke(app, [*QUICK, "--out", str(out)])
     assert again.exit_code == 0 and again.output.count("[skip]") == len(state)
     # the headline table holds the findings' numbers; a seeds table beside the study (OUT/../seeds.csv,
     # what `--seeds N` writes) redoes only the report, which then quotes the mean and range over seeds
@@ -189,7 +203,7 @@ def test_quick_study_end_to_end(tmp_path):
     shutil.copytree(out, multi / "seed-0")
     other = head.assign(seed=1, value=head["value"] * 0.5)  # a stand-in second seed: the spread's arithmetic is the test
     pd.concat([head, other]).to_csv(multi / "seeds.csv", index=False)
-    res = runner.invoke(app, ["reproduce", "--quick", "--out", str(multi / "seed-0")])
+    res = runner.invoke(app, [*QUICK, "--out", str(multi / "seed-0")])
     assert res.exit_code == 0 and res.output.count("[run ]") == 1 and "[run ] report" in res.output, res.output
     seeded = (multi / "seed-0" / "report.md").read_text()
     assert (f"completion **{p:.2f}** [{lo:.2f}, {hi:.2f}] (seeds 0-1: "

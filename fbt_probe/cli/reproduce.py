@@ -38,7 +38,7 @@ def reproduce_cmd(
     from fbt_probe.errors import FbtError
     from fbt_probe.reproduce import ReproConfig, reproduce
     from fbt_probe.reproduce.pipeline import reproduce_seeds
-    from fbt_probe.reproduce.stages import check_out
+    from fbt_probe.reproduce.stages import check_out, time_table
 
     check_out(out, seeds=seeds is not None)  # before anything is made or read: a user's folder is never written into
     check_preset(preset)
@@ -60,6 +60,7 @@ def reproduce_cmd(
                    + ", ".join(str(r) for r in res["reports"]))
         return
     res = reproduce(cfg, out, set(force or []), echo=typer.echo)
+    typer.echo(time_table(res["times"], res["ran"]))
     typer.echo(f"finished in {time.perf_counter() - t0:.0f} s; report: {res['report']}")
 
 

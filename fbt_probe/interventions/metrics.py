@@ -151,14 +151,15 @@ def summarize(long: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed: in
     data = pd.concat(frames, ignore_index=True)
     excluded = (data["metric"] == "normalized") & data["tiny_gap"].astype(bool)
     n_excl = data[excluded].groupby(keys, sort=True)["pair_id"].nunique()
+    n_excl = {(k if isinstance(k, tuple) else (k,)): int(v) for k, v in n_excl.items()}  # Series.get per key: most of the time
     per_pair = data[~excluded].groupby(keys + ["pair_id"], sort=True)["value"].mean()
     values = _split_by_keys(per_pair, len(keys))
     out = []
-    order = sorted(set(values) | set(n_excl.index), key=str)
+    order = sorted(set(values) | set(n_excl), key=str)
     cis = bootstrap_cis([values.get(key, np.array([])) for key in order], n_boot, ci, seed)
     for key, (mean, lo, hi) in zip(order, cis):
         row = dict(zip(keys, key))
         row.update(mean=mean, ci_low=lo, ci_high=hi, n_pairs=int(np.sum(~np.isnan(values.get(key, np.array([]))))),
-                   n_excluded=int(n_excl.get(key, 0)))
+                   n_excluded=n_excl.get(key, 0))
         out.append(row)
     return pd.DataFrame(out).sort_values(keys, kind="stable").reset_index(drop=True)

@@ -96,8 +96,8 @@ class ReproConfig:
         return 64 if self.demo else EXTRACT_BATCH
 
     def figure_formats(self) -> tuple[str, ...]:
-        """PNG (what the report shows) and SVG; the demo writes PNG only."""
-        return ("png",) if self.demo else ("png", "svg")
+        """PNG (what the report shows) and SVG; the demo and the quick study write PNG only."""
+        return ("png",) if (self.demo or self.quick) else ("png", "svg")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

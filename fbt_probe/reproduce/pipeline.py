@@ -195,7 +195,7 @@ def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), 
     runner.run(Stage("figures", {}, [out / "figures"], lambda: stage_figures(cfg, out), after=all_names))
     runner.run(Stage("report", {"v": 4, "seeds": source_key(cfg, out)}, [out / "report.md", out / "report.html", out / "headline.csv"],
                      lambda: stage_report(cfg, out, runner.times), after=all_names + ["figures"]))
-    return {"times": runner.times, "report": out / "report.html"}
+    return {"times": runner.times, "ran": runner.ran, "report": out / "report.html"}
 
 
 def reproduce_seeds(cfg: ReproConfig, out: str | Path, seeds: int, force: set[str] = frozenset(), echo=print) -> dict:

@@ -46,6 +46,7 @@ class Runner:
         self.state = read_state(self.state_path) if self.state_path.is_file() else {}
         self.keys: dict[str, str] = {}
         self.times: dict[str, float] = {}
+        self.ran: dict[str, bool] = {}  # stage -> run here (True) or skipped as up to date (False)
 
     def run(self, stage: Stage) -> None:
         key = stage.key(self.keys)
@@ -54,6 +55,7 @@ class Runner:
         if done and stage.name not in self.force:
             self.keys[stage.name] = _chain(key, rec.get("finished"))
             self.times[stage.name] = rec.get("seconds", 0.0)
+            self.ran[stage.name] = False
             self.echo(f"[skip] {stage.name:22s} up to date ({rec.get('seconds', 0):.0f} s when run)")
             return
         stale_model = stage.resumable and rec.get("key") not in (None, key) and any(p.exists() for p in stage.outputs)
@@ -81,6 +83,7 @@ class Runner:
             shutil.rmtree(aside)
         dt = time.perf_counter() - t0
         self.times[stage.name] = dt
+        self.ran[stage.name] = True
         finished = time.strftime("%Y-%m-%dT%H:%M:%S") + f".{time.time_ns() % 10**9:09d}"
         self.state[stage.name] = {"key": key, "status": "done", "seconds": dt, "finished": finished}
         self.keys[stage.name] = _chain(key, finished)  # a redone stage invalidates the stages that read it
@@ -103,6 +106,18 @@ class Runner:
                 _remove(p)  # whatever the failed run left half-written
                 os.replace(old, p)
         shutil.rmtree(aside)
+
+
+def time_table(times: dict[str, float], ran: dict[str, bool]) -> str:
+    """The stages in run order with their seconds: run here, or skipped (the seconds recorded when
+    the stage last ran), and the total of those run here."""
+    width = max([len(n) for n in times] + [len("stage")])
+    lines = [f"{'stage':{width}s}  {'':4s}  {'seconds':>8s}"]
+    for name, sec in times.items():
+        lines.append(f"{name:{width}s}  {'run' if ran.get(name) else 'skip':4s}  {sec:8.1f}")
+    total = sum(sec for name, sec in times.items() if ran.get(name))
+    lines.append(f"{'total run here':{width}s}  {'':4s}  {total:8.1f}")
+    return "\n".join(lines)
 
 
 def _remove(p: Path) -> None:
