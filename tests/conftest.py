@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 from threadpoolctl import threadpool_limits
@@ -16,8 +18,6 @@ def one_thread():
 def pytest_configure(config):
     """Under pytest-xdist each worker is one process of the suite: one torch / BLAS thread per worker,
     so two workers on two cores do not oversubscribe them."""
-    import os
-
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
         threadpool_limits(1)

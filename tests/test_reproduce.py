@@ -183,7 +183,6 @@ def test_quick_study_end_to_end(tmp_path):
     assert f"completion **{p:.2f}** [{lo:.2f}, {hi:.2f}]" in report.split("## Figures")[0]
     # a retrained study says how it compares with the shipped models
     assert "differs from the shipped `ref:tiny-feedback`" in report
-    state = json.loads((out / "stages.json").read_text())
     assert all(v["status"] == "done" for v in state.values()) and "train-baseline" in state
     again = runner.invoke(app, [*QUICK, "--out", str(out)])
     assert again.exit_code == 0 and again.output.count("[skip]") == len(state)
