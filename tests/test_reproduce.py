@@ -40,12 +40,12 @@ def test_stage_runner_skips_up_to_date_stages_and_redoes_forced_ones(tmp_path):
     assert calls[-2:] == ["a", "b4"]  # a forced stage also invalidates what reads it
 
 
-def test_the_time_table_lists_each_stage_run_or_skipped_and_totals_those_run():
+def test_the_time_table_lists_each_stage_run_or_skipped_and_sums_those_run():
     text = time_table({"data": 0.4, "train": 61.25, "figures": 12.0}, {"data": False, "train": True, "figures": True})
     lines = text.splitlines()
     assert lines[0].split() == ["stage", "seconds"]
     assert [ln.split() for ln in lines[1:4]] == [["data", "skip", "0.4"], ["train", "run", "61.2"], ["figures", "run", "12.0"]]
-    assert lines[4].split() == ["total", "run", "here", "73.2"]  # the skipped stage's recorded 0.4 s is not counted
+    assert lines[4].split() == ["sum", "run", "here", "73.2"]  # the skipped stage's recorded 0.4 s is not counted
 
 
 def test_a_stale_trained_model_is_kept_unless_forced(tmp_path):
@@ -162,7 +162,7 @@ def test_quick_study_end_to_end(tmp_path):
     assert res.exit_code == 0, res.output
     table = res.output.split("\nstage ")[1].splitlines()  # the per-stage time table at the end
     state = json.loads((out / "stages.json").read_text())
-    assert sorted(ln.split()[0] for ln in table[1:-2]) == sorted(state) and table[-2].startswith("total run here")
+    assert sorted(ln.split()[0] for ln in table[1:-2]) == sorted(state) and table[-2].startswith("sum run here")
     report = (out / "report.md").read_text()
     html = (out / "report.html").read_text()
     assert "data:image/png;base64," in html and "fig7a-feedback" in html

@@ -24,6 +24,7 @@ def reproduce_cmd(
     methods: Annotated[bool, typer.Option("--methods/--no-methods", help="Run attribution patching, DAS and the lens (stages methods-*, lens-*).")] = True,
     seeds: Annotated[int | None, typer.Option(help="With --train: study N training seeds (0..N-1) in OUT/seed-S/ and quote each headline number's mean and range over them (OUT/seeds.csv).")] = None,
     force: Annotated[list[str] | None, typer.Option(help="Redo this stage even if up to date (repeatable).")] = None,
+    jobs: Annotated[int | None, typer.Option(min=1, help="Stages run side by side in worker processes, each with cores/JOBS threads (default: 2 where there are 2 cores or more; 1 runs every stage in this process). The bytes of a stage's outputs can depend on its thread count: compare studies made with the same --jobs on the same machine.")] = None,
 ) -> None:
     """Generate the task datasets, take the shipped feedback model and its no-feedback baseline (or
     train them: --train), run the contraction diagnostic, extract activations, fit the probe sweep, run the causal experiments,
@@ -38,7 +39,7 @@ def reproduce_cmd(
     from fbt_probe.errors import FbtError
     from fbt_probe.reproduce import ReproConfig, reproduce
     from fbt_probe.reproduce.pipeline import reproduce_seeds
-    from fbt_probe.reproduce.stages import check_out, time_table
+    from fbt_probe.reproduce.stages import check_out, default_jobs, time_table
 
     check_out(out, seeds=seeds is not None)  # before anything is made or read: a user's folder is never written into
     check_preset(preset)
@@ -53,13 +54,14 @@ def reproduce_cmd(
     make = ReproConfig.quick_config if quick else ReproConfig.demo_config if demo else ReproConfig.long_config if long else ReproConfig
     cfg = make(**kw)
     _check_force(cfg, out, set(force or []))
+    jobs = default_jobs() if jobs is None else jobs
     t0 = time.perf_counter()
     if seeds is not None:
-        res = reproduce_seeds(cfg, out, seeds, set(force or []), echo=typer.echo)
+        res = reproduce_seeds(cfg, out, seeds, set(force or []), echo=typer.echo, jobs=jobs)
         typer.echo(f"finished in {time.perf_counter() - t0:.0f} s; over seeds: {res['seeds']}; reports: "
                    + ", ".join(str(r) for r in res["reports"]))
         return
-    res = reproduce(cfg, out, set(force or []), echo=typer.echo)
+    res = reproduce(cfg, out, set(force or []), echo=typer.echo, jobs=jobs)
     typer.echo(time_table(res["times"], res["ran"]))
     typer.echo(f"finished in {time.perf_counter() - t0:.0f} s; report: {res['report']}")
 

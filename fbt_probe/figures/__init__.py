@@ -126,5 +126,33 @@ def save_figure(fig, out_dir: str | Path, stem: str, force: bool = False,
     return paths
 
 
-__all__ = ["FIGURES", "FigureEntry", "draw", "figure_names", "get_figure", "load_table", "register_figure",
+def _draw_and_save(job: tuple, out_dir: Path, formats: tuple[str, ...], dpi: int) -> None:
+    import matplotlib.pyplot as plt
+
+    stem, name, table, options = job
+    fig = draw(name, table, **options)
+    save_figure(fig, out_dir, stem, force=True, dpi=dpi, formats=formats)
+    plt.close(fig)
+
+
+def draw_all(jobs: list[tuple], out_dir: str | Path, formats: tuple[str, ...] = ("png", "svg"), dpi: int = 200,
+             workers: int = 1) -> None:
+    """Draw and save each job `(stem, figure name, table, options)` into `out_dir`, replacing files of
+    the same stem; `workers` > 1 draws them side by side in spawned processes (a figure is a pure
+    function of its table, so the files are the same either way; most of a figure's time is the
+    rendering of its PNG)."""
+    out_dir = Path(out_dir)
+    if workers <= 1 or len(jobs) < 2:
+        for job in jobs:
+            _draw_and_save(job, out_dir, formats, dpi)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        for fut in [pool.submit(_draw_and_save, job, out_dir, formats, dpi) for job in jobs]:
+            fut.result()  # the first failure is raised here
+
+
+__all__ = ["FIGURES", "FigureEntry", "draw", "draw_all", "figure_names", "get_figure", "load_table", "register_figure",
            "save_figure"]

@@ -4,6 +4,7 @@ patching, DAS and the lens) -> figures -> report."""
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -140,8 +141,8 @@ def stage_patch(cfg: ReproConfig, out: Path, name: str) -> None:
 def methods_stages(cfg: ReproConfig, out: Path, name: str, ck: dict, after: list[str]) -> list[Stage]:
     """AtP (with its parity check) and DAS, then the lens (fbt_probe.reproduce.methods)."""
     key = {**ck, "patch_pairs": cfg.patch_pairs, "patch_knobs": cfg.patch_knobs, **M.methods_settings(cfg)}
-    return [Stage(f"methods-{name}", key, [out / "results" / "methods" / name], lambda: M.stage_methods(cfg, out, name), after=after),
-            Stage(f"lens-{name}", key, [out / "results" / "lens" / name], lambda: M.stage_lens(cfg, out, name), after=after)]
+    return [Stage(f"methods-{name}", key, [out / "results" / "methods" / name], partial(M.stage_methods, cfg, out, name), after=after),
+            Stage(f"lens-{name}", key, [out / "results" / "lens" / name], partial(M.stage_lens, cfg, out, name), after=after)]
 
 
 def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
@@ -150,32 +151,40 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
     if cfg.shipped:  # a new shipped model (another package version) redoes every stage that reads it
         ck["shipped"] = {n: record(shipped_name(cfg, n))["checkpoint_sha256"] for n in cfg.models()}
     st = [Stage("data", {**ck, "groups": cfg.groups, "knobs": cfg.knobs, "protocol": "appendix-F"}, [out / "data"],
-                lambda: stage_data(cfg, out))]
+                partial(stage_data, cfg, out))]
     trained = []
     for name in cfg.models():
         if not cfg.model and not cfg.shipped:
             st.append(Stage(f"train-{name}", {**ck, "steps": cfg.steps}, [out / "models" / name],
-                            lambda n=name: stage_train(cfg, out, n), resumable=True))
+                            partial(stage_train, cfg, out, name), resumable=True))
             trained.append(f"train-{name}")
     # every kind of pair a group holds evaluated (before: its first: r0 only, required = the smaller count), so an earlier study's eval is redone
-    st.append(Stage("eval", {**ck, "eval_pairs": cfg.eval_pairs, "quick": cfg.quick, "pairs": "every-kind"}, [out / "eval"],
-                    lambda: stage_eval(cfg, out), after=trained))
-    st.append(Stage("contraction", {**ck, "passes": cfg.passes}, [out / "diagnostics"], lambda: stage_contraction(cfg, out), after=trained))
+    evaluate = Stage("eval", {**ck, "eval_pairs": cfg.eval_pairs, "quick": cfg.quick, "pairs": "every-kind"}, [out / "eval"],
+                     partial(stage_eval, cfg, out), after=trained)
+    contract = Stage("contraction", {**ck, "passes": cfg.passes}, [out / "diagnostics"], partial(stage_contraction, cfg, out),
+                     after=trained)
+    per = {kind: [] for kind in ("extract", "methods", "lens", "probe", "patch")}
     for name in cfg.models():
         dep = [f"train-{name}"] if not cfg.model and not cfg.shipped else []
         batch = {} if cfg.extract_batch() == EXTRACT_BATCH else {"batch": cfg.extract_batch()}  # the full study's key as before
-        st.append(Stage(f"extract-{name}", {**ck, "modes": cfg.modes, **batch}, [out / "acts" / name],
-                        lambda n=name: stage_extract(cfg, out, n), after=["data"] + dep))
-        st.append(Stage(f"probe-{name}", ck, [out / "results" / "probes" / name], lambda n=name: stage_probe(cfg, out, n),
-                        after=[f"extract-{name}"]))
-        st.append(Stage(f"patch-{name}", {**ck, "patch_pairs": cfg.patch_pairs, "patch_knobs": cfg.patch_knobs},
-                        [out / "results" / "interventions" / name], lambda n=name: stage_patch(cfg, out, n), after=["data"] + dep))
+        per["extract"].append(Stage(f"extract-{name}", {**ck, "modes": cfg.modes, **batch}, [out / "acts" / name],
+                                    partial(stage_extract, cfg, out, name), after=["data"] + dep))
+        per["probe"].append(Stage(f"probe-{name}", ck, [out / "results" / "probes" / name], partial(stage_probe, cfg, out, name),
+                                  after=[f"extract-{name}"]))
+        per["patch"].append(Stage(f"patch-{name}", {**ck, "patch_pairs": cfg.patch_pairs, "patch_knobs": cfg.patch_knobs},
+                                  [out / "results" / "interventions" / name], partial(stage_patch, cfg, out, name), after=["data"] + dep))
         if cfg.methods and name in cfg.methods_models():
-            st += methods_stages(cfg, out, name, ck, ["data"] + dep)
+            methods, lens = methods_stages(cfg, out, name, ck, ["data"] + dep)
+            per["methods"].append(methods)
+            per["lens"].append(lens)
+    # the order is the one stages start in when they can run side by side (`--jobs`): the longest chains
+    # first (extract -> probe; AtP/DAS), the short stages last, so that no long stage is left to run alone
+    st += per["extract"] + per["methods"] + [evaluate] + per["lens"] + per["probe"] + [contract] + per["patch"]
     return st
 
 
-def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), echo=print) -> dict:
+def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), echo=print, jobs: int = 1) -> dict:
+    """The study in OUT; `jobs` stages at a time side by side (`Runner.run_all`), figures and report last."""
     out = Path(out)
     if cfg.model and not Path(cfg.model).is_dir():
         raise FbtError(f"--model {cfg.model}: checkpoint folder not found")
@@ -189,16 +198,16 @@ def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), 
     if unknown:
         raise FbtError(f"--force {unknown[0]}: unknown stage (stages: {', '.join(s.name for s in stages)}, figures, report)")
     runner = Runner(out, force, echo)
-    for s in stages:
-        runner.run(s)
+    runner.run_all(stages, jobs)
     all_names = [s.name for s in stages]
-    runner.run(Stage("figures", {}, [out / "figures"], lambda: stage_figures(cfg, out), after=all_names))
+    runner.run(Stage("figures", {}, [out / "figures"], lambda: stage_figures(cfg, out, workers=jobs), after=all_names))
     runner.run(Stage("report", {"v": 4, "seeds": source_key(cfg, out)}, [out / "report.md", out / "report.html", out / "headline.csv"],
                      lambda: stage_report(cfg, out, runner.times), after=all_names + ["figures"]))
     return {"times": runner.times, "ran": runner.ran, "report": out / "report.html"}
 
 
-def reproduce_seeds(cfg: ReproConfig, out: str | Path, seeds: int, force: set[str] = frozenset(), echo=print) -> dict:
+def reproduce_seeds(cfg: ReproConfig, out: str | Path, seeds: int, force: set[str] = frozenset(), echo=print,
+                    jobs: int = 1) -> dict:
     """Study seeds 0..N-1 (each trained from scratch: `cfg.shipped` must be off) in OUT/seed-S/, write
     OUT/seeds.csv (`seeds.combine`), then redo each seed's report (its key names seeds.csv) so that
     its findings quote the mean and range over the seeds."""
@@ -212,7 +221,7 @@ def reproduce_seeds(cfg: ReproConfig, out: str | Path, seeds: int, force: set[st
     out.mkdir(parents=True, exist_ok=True)
     for s in range(seeds):
         echo(f"== seed {s} ==")
-        reproduce(dataclasses.replace(cfg, seed=s), seed_folder(out, s), force, echo=echo)
+        reproduce(dataclasses.replace(cfg, seed=s), seed_folder(out, s), force, echo=echo, jobs=jobs)
     with atomic_path(out / "seeds.csv") as tmp:
         combine(out, list(range(seeds))).to_csv(tmp, index=False, float_format="%.6g")
     for s in range(seeds):  # every stage is up to date but the report

@@ -8,11 +8,10 @@ import json
 import re
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from fbt_probe.figures import draw, save_figure
+from fbt_probe.figures import draw_all
 from fbt_probe.loading import checkpoint_hash
 from fbt_probe.io import atomic_dir, atomic_path
 from fbt_probe.provenance import provenance
@@ -44,12 +43,10 @@ def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
     return jobs + figure_jobs(cfg, out)
 
 
-def stage_figures(cfg, out: Path) -> None:
+def stage_figures(cfg, out: Path, workers: int = 1) -> None:
+    """Every figure of the study into OUT/figures (`workers` processes draw them side by side)."""
     with atomic_dir(out / "figures", force=True) as tmp:
-        for stem, name, table, opts in _figure_jobs(cfg, out):
-            fig = draw(name, table, **opts)
-            save_figure(fig, tmp, stem, force=True, dpi=150, formats=cfg.figure_formats())
-            plt.close(fig)
+        draw_all(_figure_jobs(cfg, out), tmp, formats=cfg.figure_formats(), dpi=150, workers=workers)
 
 
 def _ci(values: np.ndarray) -> str:

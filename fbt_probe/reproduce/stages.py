@@ -4,7 +4,12 @@ exist is skipped, so a re-run after an interruption continues; `force` redoes na
 
 The runner writes only into a study folder: an absent or empty one, or one with its `stages.json`
 (`check_out`). A stage that is redone moves its old outputs aside and deletes them only once it has
-finished; if it fails, the old outputs are put back."""
+finished; if it fails, the old outputs are put back.
+
+`Runner.run_all(stages, jobs)` runs stages whose inputs are ready side by side in `jobs` worker
+processes (each with `cpus // jobs` BLAS/torch threads); the parent alone decides, records and
+moves outputs, so `stages.json` has one writer. A stage's function must then pickle (a
+module-level function or a `functools.partial` of one)."""
 from __future__ import annotations
 
 import hashlib
@@ -14,9 +19,12 @@ import re
 import shutil
 import tempfile
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+import multiprocessing
+from typing import Callable, Iterator
 
 from fbt_probe.errors import FbtError
 from fbt_probe.io import is_empty_dir, read_json, write_json
@@ -49,6 +57,67 @@ class Runner:
         self.ran: dict[str, bool] = {}  # stage -> run here (True) or skipped as up to date (False)
 
     def run(self, stage: Stage) -> None:
+        """Run one stage here (or skip it as up to date)."""
+        started = self._begin(stage)
+        if started is None:
+            return
+        key, aside, t0 = started
+        try:
+            stage.fn()
+        except BaseException:
+            self._failed(stage, aside)
+            raise
+        self._finish(stage, key, aside, t0)
+
+    def run_all(self, stages: list[Stage], jobs: int = 1) -> None:
+        """Run `stages` (in list order where one must wait for another, through `after`), up to
+        `jobs` at a time in worker processes. The first failure stops new stages from starting; the
+        ones running finish and are recorded, then the failure is raised. An interruption stops the
+        workers and puts back the old outputs of every stage that was running."""
+        if jobs <= 1:
+            for s in stages:
+                self.run(s)
+            return
+        pending, running, error = list(stages), {}, None
+        with _pool(jobs) as pool:
+            try:
+                while pending or running:
+                    progressed = True
+                    while error is None and progressed and len(running) < jobs:
+                        progressed = False
+                        for s in pending:
+                            if all(a in self.keys for a in s.after):
+                                pending.remove(s)
+                                started = self._begin(s)
+                                if started is not None:
+                                    running[pool.submit(s.fn)] = (s, *started)
+                                progressed = True
+                                break
+                    if not running:
+                        if error is not None or not pending:
+                            break
+                        raise FbtError(f"stages {', '.join(s.name for s in pending)}: wait for stages that never finish")
+                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        s, key, aside, t0 = running.pop(fut)
+                        exc = fut.exception()
+                        if exc is None:
+                            self._finish(s, key, aside, t0)
+                        else:
+                            self._failed(s, aside)
+                            error = error or exc
+            except BaseException:
+                _stop_workers(pool)
+                for s, _key, aside, _t0 in running.values():
+                    self._failed(s, aside)
+                raise
+        order = [s.name for s in stages]
+        self.times = {n: self.times[n] for n in sorted(self.times, key=lambda n: order.index(n) if n in order else len(order))}
+        if error is not None:
+            raise error
+
+    def _begin(self, stage: Stage) -> tuple[str, Path | None, float] | None:
+        """Skip `stage` (None) if up to date, else record it as running with its old outputs moved aside."""
         key = stage.key(self.keys)
         rec = self.state.get(stage.name, {})
         done = rec.get("key") == key and rec.get("status") == "done" and all(p.exists() for p in stage.outputs)
@@ -57,7 +126,7 @@ class Runner:
             self.times[stage.name] = rec.get("seconds", 0.0)
             self.ran[stage.name] = False
             self.echo(f"[skip] {stage.name:22s} up to date ({rec.get('seconds', 0):.0f} s when run)")
-            return
+            return None
         stale_model = stage.resumable and rec.get("key") not in (None, key) and any(p.exists() for p in stage.outputs)
         if stale_model and stage.name not in self.force:  # never delete a trained model unasked
             raise FbtError(f"{self.out}: stage {stage.name}'s inputs changed since {stage.outputs[0]} was made; "
@@ -72,13 +141,13 @@ class Runner:
         self.state[stage.name] = {"key": key, "status": "running"}
         write_json(self.state_path, self.state)
         self.echo(f"[run ] {stage.name:22s} ...")
-        t0 = time.perf_counter()
-        try:
-            stage.fn()
-        except BaseException:
-            if aside is not None:
-                self._put_back(stage, aside)
-            raise
+        return key, aside, time.perf_counter()
+
+    def _failed(self, stage: Stage, aside: Path | None) -> None:
+        if aside is not None:
+            self._put_back(stage, aside)
+
+    def _finish(self, stage: Stage, key: str, aside: Path | None, t0: float) -> None:
         if aside is not None:
             shutil.rmtree(aside)
         dt = time.perf_counter() - t0
@@ -109,14 +178,15 @@ class Runner:
 
 
 def time_table(times: dict[str, float], ran: dict[str, bool]) -> str:
-    """The stages in run order with their seconds: run here, or skipped (the seconds recorded when
-    the stage last ran), and the total of those run here."""
+    """The stages in the study's order with their seconds: run here, or skipped (the seconds recorded
+    when the stage last ran), and the sum of those run here (more than the wall time where stages ran
+    side by side)."""
     width = max([len(n) for n in times] + [len("stage")])
     lines = [f"{'stage':{width}s}  {'':4s}  {'seconds':>8s}"]
     for name, sec in times.items():
         lines.append(f"{name:{width}s}  {'run' if ran.get(name) else 'skip':4s}  {sec:8.1f}")
     total = sum(sec for name, sec in times.items() if ran.get(name))
-    lines.append(f"{'total run here':{width}s}  {'':4s}  {total:8.1f}")
+    lines.append(f"{'sum run here':{width}s}  {'':4s}  {total:8.1f}")
     return "\n".join(lines)
 
 
@@ -165,3 +235,49 @@ def check_out(out: Path, seeds: bool = False) -> None:
 
 def _chain(key: str, finished: str | None) -> str:
     return hashlib.sha256(f"{key}:{finished}".encode()).hexdigest()
+
+
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def default_jobs() -> int:
+    """Two stages side by side where there are two cores: the study's stages use about 1.5 cores
+    each on 2 (tokenising, pandas and small GEMMs are serial), two on one thread each fill both."""
+    return min(2, cpus())
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+@contextmanager
+def _pool(jobs: int) -> Iterator[ProcessPoolExecutor]:
+    """`jobs` spawned workers, each with `cpus() // jobs` threads: the thread variables are set for
+    the pool's lifetime so that the workers' BLAS libraries start with them (the parent's own
+    libraries are already started and keep theirs)."""
+    threads = str(max(1, cpus() // jobs))
+    saved = {v: os.environ.get(v) for v in THREAD_VARS}
+    os.environ.update({v: threads for v in THREAD_VARS})
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_init_worker, initargs=(int(threads),)) as pool:
+            yield pool
+    finally:
+        for v, val in saved.items():
+            os.environ.pop(v, None) if val is None else os.environ.__setitem__(v, val)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Stop the workers now (an interruption): a stage's old outputs go back only once nothing writes to them."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # the executor has no public terminate
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.join()
+    pool.shutdown(wait=True, cancel_futures=True)
