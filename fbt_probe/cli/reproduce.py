@@ -35,11 +35,13 @@ def reproduce_cmd(
     """
     import time
 
+    from fbt_probe.reproduce.stages import check_out, default_jobs, start_workers, time_table
+
+    start_workers(default_jobs() if jobs is None else jobs)  # the workers' imports run beside this process's
     from fbt_probe.config import preset as check_preset
     from fbt_probe.errors import FbtError
     from fbt_probe.reproduce import ReproConfig, reproduce
     from fbt_probe.reproduce.pipeline import reproduce_seeds
-    from fbt_probe.reproduce.stages import check_out, default_jobs, time_table
 
     check_out(out, seeds=seeds is not None)  # before anything is made or read: a user's folder is never written into
     check_preset(preset)

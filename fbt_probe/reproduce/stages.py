@@ -256,21 +256,61 @@ def _init_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+# What a worker imports before its first stage: with the forkserver start method its server imports
+# these once and every worker is forked from it ready (a spawned worker pays them itself, ~7 s on
+# 2 cores). The server never runs torch, so forking it is safe.
+PRELOAD = ["fbt_probe.reproduce.pipeline"]
+
+
+def _context():
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
 @contextmanager
-def _pool(jobs: int) -> Iterator[ProcessPoolExecutor]:
-    """`jobs` spawned workers, each with `cpus() // jobs` threads: the thread variables are set for
-    the pool's lifetime so that the workers' BLAS libraries start with them (the parent's own
-    libraries are already started and keep theirs)."""
-    threads = str(max(1, cpus() // jobs))
+def _thread_env(threads: int) -> Iterator[None]:
+    """The thread variables set to `threads` while the block runs (what a process started inside
+    it inherits; this process's BLAS libraries are already started and keep theirs)."""
     saved = {v: os.environ.get(v) for v in THREAD_VARS}
-    os.environ.update({v: threads for v in THREAD_VARS})
+    os.environ.update({v: str(threads) for v in THREAD_VARS})
     try:
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_init_worker, initargs=(int(threads),)) as pool:
-            yield pool
+        yield
     finally:
         for v, val in saved.items():
             os.environ.pop(v, None) if val is None else os.environ.__setitem__(v, val)
+
+
+def worker_threads(jobs: int) -> int:
+    return max(1, cpus() // jobs)
+
+
+def start_workers(jobs: int) -> None:
+    """Start the worker server now (forkserver platforms), so that it imports the pipeline while
+    this process imports its own; `run_all` then forks its workers from it at once."""
+    ctx = _context()
+    if jobs > 1 and ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        with _thread_env(worker_threads(jobs)):
+            forkserver.ensure_running()
+
+
+@contextmanager
+def _pool(jobs: int) -> Iterator[ProcessPoolExecutor]:
+    """`jobs` workers, each with `cpus() // jobs` threads (the thread variables are set while the
+    workers start, and torch's count by the initializer)."""
+    threads = worker_threads(jobs)
+    with _thread_env(threads):  # for the whole pool: spawned workers start when stages are submitted
+        ctx = _context()
+        if ctx.get_start_method() == "forkserver":
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()  # started here unless `start_workers` started it
+        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads,)) as pool:
+            yield pool
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
