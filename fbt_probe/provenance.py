@@ -10,8 +10,12 @@ _LIBS = ("fbt-probe", "torch", "transformer-lens", "scikit-learn", "pandas", "nu
 
 
 def git_commit(cwd: str | Path | None = None) -> str:
-    """The commit of the source tree, with '-dirty' if it has uncommitted changes; 'unknown' outside git."""
+    """The commit of the source tree, with '-dirty' if it has uncommitted changes; 'unknown' outside git
+    and for an installed (not editable) package, whose folder is no checkout of this project (a
+    site-packages inside some other repository would otherwise report that repository's commit)."""
     root = Path(cwd) if cwd else Path(__file__).resolve().parent.parent
+    if cwd is None and not (root / "pyproject.toml").is_file():
+        return "unknown"
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True).stdout.strip()

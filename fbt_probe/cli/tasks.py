@@ -13,7 +13,7 @@ app = typer.Typer(help="Synthetic probe tasks (completion, memory, registers, re
 
 @app.command("list")
 def list_cmd() -> None:
-    """List the task specs in the repository's top-level tasks/ folder.
+    """List the built-in task specs (fbt_probe/tasks/specs/, shipped in the package).
 
     Example: fbt-probe tasks list
     """

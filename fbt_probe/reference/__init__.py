@@ -8,13 +8,14 @@ never a silently different model. `fbt-probe model refs` lists them; `fbt-probe 
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
 
 from fbt_probe.errors import FbtError
 from fbt_probe.io import read_json, sha256_file
 
 PREFIX = "ref:"
-ROOT = Path(__file__).resolve().parent / "models"
+ROOT = Path(str(resources.files("fbt_probe.reference").joinpath("models")))  # package data: in the wheel
 RECORD = "reference.json"
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "metrics.jsonl", "card.md")
 

@@ -9,6 +9,7 @@ study of them shows the spread without training anything.
 """
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +20,8 @@ KEY = ["model", "quantity", "task", "mode"]
 
 
 def packaged(preset: str) -> Path:
-    return Path(__file__).resolve().parent.parent / "reference" / f"seeds-{preset}.csv"
+    """The preset's shipped seeds table (package data of `fbt_probe.reference`)."""
+    return Path(str(resources.files("fbt_probe.reference").joinpath(f"seeds-{preset}.csv")))
 
 
 def seed_folder(out: Path, seed: int) -> Path:

@@ -1,8 +1,8 @@
-"""Task specifications: one declarative JSON file per task in the top-level `tasks/` folder.
+"""Task specifications: one declarative JSON file per task in the package's `fbt_probe/tasks/specs/` folder.
 
 A spec names a `kind` (the generator and label interpreter: completion, memory or registers) and
 fills in its template lines, label words, length grid, group count and seed. The built-in files follow
-the paper's appendix F (`tasks/README.md` lists every departure). Validation happens once, here,
+the paper's appendix F (`fbt_probe/tasks/specs/README.md` lists every departure). Validation happens once, here,
 with messages that name the file and the field; generators trust a `TaskSpec`.
 """
 from __future__ import annotations
@@ -12,6 +12,8 @@ import json
 import re
 import string
 from dataclasses import asdict, dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from fbt_probe.errors import FbtError
@@ -46,7 +48,7 @@ _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """A validated task specification (see `tasks/README.md` for the file format)."""
+    """A validated task specification (see `fbt_probe/tasks/specs/README.md` for the file format)."""
 
     task: str  # dataset name: `<task>.parquet`, prefix of every group and context id
     kind: str  # which generator and label interpreter: completion | memory | registers
@@ -95,19 +97,23 @@ class TaskSpec:
         return {k: v for k, v in d.items() if v is not None}
 
 
-def repo_tasks_dir() -> Path:
-    """The top-level `tasks/` folder of the source tree this package is installed from (editable)."""
-    return Path(__file__).resolve().parents[2] / "tasks"
+def builtin_tasks_dir() -> Traversable:
+    """The package's own `fbt_probe/tasks/specs/` folder (package data: in the wheel, wherever it is installed)."""
+    return resources.files("fbt_probe.tasks").joinpath("specs")
 
 
-def builtin_spec_paths() -> dict[str, Path]:
-    folder = repo_tasks_dir()
-    return {p.stem: p for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
+def builtin_spec_paths() -> dict[str, Traversable]:
+    """Built-in task name -> its spec file, sorted by name."""
+    folder = builtin_tasks_dir()
+    if not folder.is_dir():
+        return {}
+    files = sorted((f for f in folder.iterdir() if f.name.endswith(".json")), key=lambda f: f.name)
+    return {f.name.removesuffix(".json"): f for f in files}
 
 
 def load_spec(path_or_name) -> TaskSpec:
     """A spec from a file path, or a built-in name (`completion`, `memory`, `registers`,
-    `registers-count`) resolved in the repository's top-level `tasks/` folder. A `TaskSpec` is
+    `registers-count`) resolved in the package's `fbt_probe/tasks/specs/` folder. A `TaskSpec` is
     returned unchanged."""
     if isinstance(path_or_name, TaskSpec):
         return path_or_name
@@ -115,7 +121,7 @@ def load_spec(path_or_name) -> TaskSpec:
     if not path.is_file():
         specs = builtin_spec_paths()
         if str(path_or_name) not in specs:
-            known = ", ".join(specs) or "none found in " + str(repo_tasks_dir())
+            known = ", ".join(specs) or "none found in " + str(builtin_tasks_dir())
             raise FbtError(f"{path_or_name}: unknown task and no such spec file (built-in tasks: {known})")
         path = specs[str(path_or_name)]
     try:

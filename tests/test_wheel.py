@@ -1,0 +1,78 @@
+"""The built wheel works outside the checkout: its task specs, shipped reference models and seeds
+table are package data, read through importlib.resources, so an installed package generates tasks,
+lists and loads the shipped models and runs a forward from any working directory."""
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """The wheel built from this checkout, installed (without its dependencies, which this
+    environment has) into a fresh target folder; commands run from another folder."""
+    root = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(root / "dist"), str(REPO)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    (wheel,) = (root / "dist").glob("fbt_probe-*.whl")
+    target = root / "site"
+    inst = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q", "--target",
+                           str(target), str(wheel)], capture_output=True, text=True)
+    assert inst.returncode == 0, inst.stderr
+    work = root / "elsewhere"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(target), "OMP_NUM_THREADS": "1"}
+    return wheel, target, work, env
+
+
+def run(installed, *args):
+    _, _, work, env = installed
+    return subprocess.run([sys.executable, *args], cwd=work, env=env, capture_output=True, text=True)
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_the_package_data(installed):
+    wheel = installed[0]
+    names = zipfile.ZipFile(wheel).namelist()
+    for spec in ("completion", "memory", "registers", "registers-count"):
+        assert f"fbt_probe/tasks/specs/{spec}.json" in names
+    for ref in ("tiny-feedback", "tiny-baseline"):
+        for f in ("config.json", "model.safetensors", "tokenizer.json", "reference.json"):
+            assert f"fbt_probe/reference/models/{ref}/{f}" in names
+    assert "fbt_probe/reference/seeds-tiny.csv" in names
+
+
+@pytest.mark.slow
+def test_the_installed_package_runs_from_another_folder(installed):
+    _, target, work, _ = installed
+    where = run(installed, "-c", "import fbt_probe; print(fbt_probe.__file__)")
+    assert where.returncode == 0 and Path(where.stdout.strip()).is_relative_to(target), where.stdout + where.stderr
+    tasks = run(installed, "-m", "fbt_probe", "tasks", "list")
+    assert tasks.returncode == 0, tasks.stderr
+    assert sorted(ln.split()[0] for ln in tasks.stdout.splitlines()) == ["completion", "memory", "registers", "registers-count"]
+    assert str(target) in tasks.stdout  # the specs are read from the installed package
+    gen = run(installed, "-m", "fbt_probe", "tasks", "generate", "completion", "--groups", "4", "--out", "data")
+    assert gen.returncode == 0, gen.stderr
+    df = pd.read_parquet(work / "data" / "completion.parquet")
+    assert len(df) > 0 and set(df["task"]) == {"completion"}
+    assert json.loads((work / "data" / "completion.manifest.json").read_text())  # written beside it
+    refs = run(installed, "-m", "fbt_probe", "model", "refs")
+    assert refs.returncode == 0 and "tiny-feedback" in refs.stdout and "tiny-baseline" in refs.stdout, refs.stderr
+    forward = run(installed, "-c", (
+        "import torch, fbt_probe as fp\n"
+        "m = fp.load_model('ref:tiny-feedback')\n"
+        "print(m.cfg.d_vocab, tuple(m(torch.tensor([[1, 2, 3, 4]])).shape))\n"
+        "from fbt_probe.reproduce.seeds import packaged\n"
+        "print(packaged('tiny').is_file())"))
+    assert forward.returncode == 0, forward.stderr
+    vocab_and_shape, seeds = forward.stdout.strip().splitlines()
+    d_vocab, shape = vocab_and_shape.split(" ", 1)
+    assert shape == f"(1, 4, {d_vocab})" and seeds == "True", forward.stdout
