@@ -133,6 +133,38 @@ def test_an_older_dataset_with_an_unknown_label_word_is_refused_by_patch(workdir
     one_line_error(res, "label word 'done' is the unknown token of")
 
 
+def flipped_copy(workdir, tmp_path, *, word_too: bool):
+    """The dataset with row 0's label flipped (and its label word, `word_too`), the manifest's sha256 updated."""
+    import shutil
+
+    from fbt_probe.io import sha256_file
+
+    shutil.copytree(workdir / "data", tmp_path / "data")
+    parquet = tmp_path / "data" / "completion.parquet"
+    table = pq.read_table(parquet)
+    df = table.to_pandas()
+    words = json.loads((tmp_path / "data" / "completion.manifest.json").read_text())["spec"]["label_words"]
+    df.loc[0, "label"] = 1 - df.loc[0, "label"]
+    if word_too:
+        df.loc[0, "label_word"] = words[str(df.loc[0, "label"])]
+    pq.write_table(pa.Table.from_pandas(df, schema=table.schema, preserve_index=False), parquet)
+    mpath = tmp_path / "data" / "completion.manifest.json"
+    mpath.write_text(json.dumps({**json.loads(mpath.read_text()), "sha256": sha256_file(parquet)}))
+    return tmp_path / "data", int(df.loc[0, "pair_id"])
+
+
+@pytest.mark.parametrize("word_too", [True, False], ids=["label-and-word", "label-only"])
+def test_labels_flipped_against_the_text_are_refused_on_load(workdir, tmp_path, word_too):
+    """The manifest's sha256 matches the tampered file; the labels are re-derived from the text."""
+    data, pair = flipped_copy(workdir, tmp_path, word_too=word_too)
+    for cmd in (["extract", str(workdir / "run"), str(data), "--out", str(tmp_path / "acts")],
+                ["patch", str(workdir / "run"), str(data), "--experiment", "feedback-swap", "--out", str(tmp_path / "res")]):
+        res = runner.invoke(app, cmd)
+        one_line_error(res, f"completion.parquet: row 0 (pair {pair}): field 'label' is ")
+        assert "but its text says" in res.output
+    assert not (tmp_path / "acts").exists() and not (tmp_path / "res").exists()
+
+
 # ----------------------------------------------------------------------------- task specs
 def spec_file(tmp_path, **changes):
     raw = {**load_spec("completion").to_dict(), "task": "variant", "length_grid": [0], **changes}
