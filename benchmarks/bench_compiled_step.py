@@ -1,5 +1,6 @@
-"""The static-buffer serial step compiled on CPU (BENCHMARKS.md, "a compiled CPU step"): per-step time
-of the lean loop, the static-buffer step run eagerly, and the same step compiled per attention width.
+"""The static-buffer serial step compiled on CPU (docs/research/rejected-speedups.md, "A compiled CPU
+step"): per-step time of the lean loop, the static-buffer step run eagerly, and the same step
+compiled per attention width.
 
     python benchmarks/bench_compiled_step.py          (tiny, batch 8, T = 1,024; ~2 minutes incl. compiling)
 """

@@ -1,8 +1,10 @@
-"""Issue 15, P5 (BENCHMARKS.md, "Registers: V1–V5", P-runs): can the `tiny` model learn a plain induction
-head on this budget? Documents are N random tokens (the numbers 0-99 of the task vocabulary), then
-0 to --gap random filler tokens, then the N tokens again; the loss is on the second copy only (each
-token there is the token after the previous occurrence of the token before it). The random gap means
-no fixed-offset head can copy: only content-based lookup (an induction head) can. The package's model, objective (K = 1), optimizer and clip, as registers_dense.py.
+"""Can the `tiny` model learn a plain induction head on this budget (runs P5 and P6 of
+docs/research/register-binding.md, "The induction warm-up: P1–P10")? Documents are N random tokens
+(the numbers 0-99 of the task vocabulary), then 0 to --gap random filler tokens, then the N tokens
+again; the loss is on the second copy only (each token there is the token after the previous
+occurrence of the token before it). The random gap means no fixed-offset head can copy: only
+content-based lookup (an induction head) can. The package's model, objective (K = 1), optimizer and
+clip, as registers_dense.py.
 Prints the accuracy on the second copy (first token excluded) every 100 steps.
 
     python benchmarks/induction_check.py --n 20 --steps 1500 --lr 3e-3

@@ -1,4 +1,5 @@
-"""Issue 15 (BENCHMARKS.md, "Registers: R10-"): attention at the final ':' of register documents.
+"""Attention at the final ':' of register documents (docs/research/register-binding.md,
+"Dense supervision and a curriculum: R10–R21").
 For every layer and head, the mean attention mass on the value token of the queried register's
 latest write vs all other value tokens ("val right/others"), on that write's whole line vs the mean
 other write line ("line"), and on the query's register digit ("q").

@@ -1,5 +1,6 @@
-"""Issue 15, R10-R17 (BENCHMARKS.md, "Registers: R10-"): a standalone register-training loop around
-the package's `tiny` model, objective (`multipass_loss`), optimizer (`make_optimizer`) and clip.
+"""A standalone register-training loop around the package's `tiny` model, objective
+(`multipass_loss`), optimizer (`make_optimizer`) and clip: the loop of runs R10–R19, V1–V5 and the
+P-runs on register documents (P1–P4, P7–P10) of docs/research/register-binding.md.
 
 Documents are built directly as token ids in the package's task language (checked against
 `fbt_probe.tasks.words_of` once at start): writes `r{i} = {v}`, scratch lines, then Q queries
@@ -11,7 +12,8 @@ package's own `eval_samples` / `answer_accuracy` on registers-count (m = 1,2,4,8
 
     python benchmarks/registers_dense.py --name R12 --m 2 --writes wpr:1,wpr:2 --scratch 0 --queries 2 \
         --batch 64 --steps 400 --save runs/registers-dense/R12.pt
-    (the other runs: BENCHMARKS.md, "Registers: R10-"; one JSON line per evaluation in --log-dir)
+    (the other runs: docs/research/register-binding.md, "Dense supervision and a curriculum: R10–R21";
+    one JSON line per evaluation in --log-dir)
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Issue 15 (BENCHMARKS.md, "Registers: R10-"): held-out Std accuracy of a state dict on EVERY
-query register, per cell and per query register at knob 8 (every pair of each held-out group;
-`eval_samples` takes one pair per group, before commit 40f814c always the query of register 0).
+"""Held-out Std accuracy of a state dict on EVERY query register (docs/research/register-binding.md,
+"Dense supervision and a curriculum: R10–R21"), per cell and per query register at knob 8 (every
+pair of each held-out group; `eval_samples` takes one pair per group, before commit 40f814c always
+the query of register 0).
 
     python benchmarks/registers_eval_all.py STATE.pt [GROUPS_PER_CELL]
 """

@@ -1,6 +1,7 @@
-"""The training experiments behind the `tiny` preset's defaults (BENCHMARKS.md, "Training"): each
-named run trains with `run_training`, evaluates held-out Std accuracy every `eval_every` steps and
-prints one line per evaluation.
+"""The training experiments behind the `tiny` preset's defaults (docs/research/qk-norm-gain-and-lr.md
+and docs/research/completion-dependable.md; the current time of W8: BENCHMARKS.md, "Other
+trainings"): each named run trains with `run_training`, evaluates held-out Std accuracy every
+`eval_every` steps and prints one line per evaluation.
 
     python benchmarks/train_experiments.py M6 --out /tmp/exp          # one experiment
     python benchmarks/train_experiments.py --list

@@ -1,5 +1,7 @@
 """Gradient norm of one training step at initialisation, K = 1 vs K = 2 passes, and K = 2 with the
-carried state detached (BENCHMARKS.md, "Training": why QK-norm gain 3 makes multi-pass steps spiky).
+carried state detached: why QK-norm gain 3 makes multi-pass steps spiky
+(docs/research/qk-norm-gain-and-lr.md, "The cost of gain 3 in multi-pass training") and what the
+fusion norm at 1 changes (docs/research/completion-dependable.md, "What each change does").
 
     python benchmarks/train_grad_norms.py 3.0          # QK-norm gain (1.0 = Qwen3's); the tiny preset's fusion norm
     python benchmarks/train_grad_norms.py 3.0 emb      # fusion norm at the embedding RMS (fusion_norm_init null)

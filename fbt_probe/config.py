@@ -42,21 +42,24 @@ class ModelConfig:
     feedback_source: str = "post_norm"
     """Which top-layer state is carried: "pre_norm" is h^L (the residual stream before the final
     norm, the paper's definition); "post_norm" is RMSNorm_final(h^L), whose scale stays near 1 in
-    training (BENCHMARKS.md, "Why the defaults are what they are")."""
+    training (in the prototype the RMS of h^L grew to 9-40 and the normed state trained faster;
+    docs/research/README.md)."""
     feedback_noise: float = 0.02  # U[-σ, σ] added to every carried state, in training mode only
     fast_fusion: bool = True  # use the CUDA kernel for the fusion epilogue when on CUDA and available
     init_std: float = 0.02
     qk_norm_init: float = 1.0
     """Initial gain of the per-head QK RMSNorms (Qwen3 and HF start them at 1). After QK-norm sharp
     attention must first grow the gains, so the tiny preset starts them at 3, as Henry et al. (2020,
-    "Query-Key Normalization for Transformers") start the scale above 1 (BENCHMARKS.md, "Why the
-    defaults are what they are"). Loaded weights (checkpoints, Qwen3 imports) override it."""
+    "Query-Key Normalization for Transformers") start the scale above 1: at gain 1 completion sat at
+    chance for 1,000 steps, at 3 it learned in about 250 (docs/research/qk-norm-gain-and-lr.md).
+    Loaded weights (checkpoints, Qwen3 imports) override it."""
     fusion_norm_init: float | None = None
     """Initial weight of the fusion RMSNorm (every entry). None: the mean RMS of the embedding rows, so
     a fused input starts at the scale of a plain embedding (right for a warm start from a trained
     checkpoint, whose layer 0 expects embedding-scale inputs). The tiny preset sets 1: trained from
-    scratch, embedding-scale fused inputs unbalance the multi-pass gradients (BENCHMARKS.md, "Why
-    the defaults are what they are"). Loaded weights override it."""
+    scratch, embedding-scale fused inputs unbalance the multi-pass gradients (a two-pass step's
+    backbone gradient 12.6x a one-pass step's at initialisation, 1.6x at 1;
+    docs/research/completion-dependable.md). Loaded weights override it."""
     # ---- backbone extras of nanochat-style checkpoints (fbt_probe.model.nanochat); each one's
     # default is the identity, so a config that leaves them alone computes exactly the model above
     fusion: str = "glu"
@@ -244,7 +247,7 @@ def _checker(source: str):
 
 
 PRESETS: dict[str, ModelConfig] = {
-    # 4 layers, d_model 128: trains on a 2-core CPU in minutes (2 layers are too few: BENCHMARKS.md, "Why the defaults").
+    # 4 layers, d_model 128: trains on a 2-core CPU in minutes (the prototype's 2 layers never learned completion).
     "tiny": ModelConfig(qk_norm_init=3.0, fusion_norm_init=1.0),
     # The paper's 1B: 24 layers, D=1536, 16/8 heads, FFN 6656, vocab 100,352, ctx 8192, window 2048, every 6th global.
     "paper-1b": ModelConfig(

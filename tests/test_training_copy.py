@@ -1,5 +1,5 @@
-"""The induction warm-up (`copy_steps`) and many-valued register-mix kinds (`:vN`), issue 15
-(BENCHMARKS.md, "Registers: induction warm-up")."""
+"""The induction warm-up (`copy_steps`) and many-valued register-mix kinds (`:vN`)
+(docs/research/register-binding.md, "The induction warm-up: P1–P10")."""
 import json
 import re
 

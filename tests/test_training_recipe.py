@@ -1,5 +1,5 @@
-"""The reference recipe (`--recipe reference`) and its register phase (`register_steps`), issue 15
-(BENCHMARKS.md, "The reference recipe")."""
+"""The reference recipe (`--recipe reference`) and its register phase (`register_steps`)
+(docs/research/reference-recipe.md; its time: BENCHMARKS.md, "The reference recipe, alone")."""
 import json
 
 import pytest

@@ -1,4 +1,4 @@
-"""Register training stages (issue 15): the register mix (several supervised queries per document,
+"""Register training stages: the register mix (several supervised queries per document,
 zero scratch lines, a weighted mixture of kinds), answer-only loss, constant lr, `--init` of a
 feedback or baseline run, and the defaults left exactly as they were."""
 import hashlib
@@ -225,9 +225,10 @@ def test_decay_steps_from_the_cli_is_recorded_and_a_bad_value_writes_nothing(tmp
 
 
 def test_a_decay_tail_added_to_a_finished_constant_lr_run_is_the_decay_run_from_scratch(tmp_path):
-    """How the round-4 recipe was measured (BENCHMARKS.md, "The reference recipe, round 4"): a run
-    with a constant lr, resumed after its config was given `decay_steps` and more `steps`, ends with
-    the bytes of the decay run trained from scratch."""
+    """How the shipped recipe's lr decay was measured (docs/research/reference-recipe.md, "The shipped
+    recipe: phase-1300 with a 300-step lr decay at the end (phase-1300+decay)"): a run with a
+    constant lr, resumed after its config was given `decay_steps` and more `steps`, ends with the
+    bytes of the decay run trained from scratch."""
     fields = dict(tokens_per_step=200, warmup=1, eval_every=10_000, save_every=10_000, tasks=REG,
                   register_mix="2:wpr:1:0 2:wpr:2:0", register_queries=2, answer_share=1.0)
     run_training(TrainConfig(steps=4, min_lr_ratio=1.0, **fields), tmp_path / "tail", progress=False, eval_pairs=2)

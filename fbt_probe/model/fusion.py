@@ -27,10 +27,11 @@ def fusion_reference(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tens
 
 FUSED_MIN_ROWS = 16_384
 """Rows (batch x positions) from which a call that needs autograd runs the Triton kernel (through the
-custom op, whose dispatch costs tens of microseconds of Python); fewer take the eager reference. On
-the H200 (reports/bench/fusion-gpu.md, seventh session) the op was 0.31-0.99x eager from 1 to 4,096
-rows and 7.3x at 16,384. Calls that need no autograd launch the kernel directly
-(`glu_fusion_direct`) at every size: one launch against the ~6 of the eager reference."""
+custom op, whose dispatch costs tens of microseconds of Python); fewer take the eager reference,
+because below this size the dispatch costs more than the kernel saves: on an H200 the op measured
+0.31-0.99x eager from 1 to 4,096 rows and 7.3x at 16,384 (docs/research/fusion-kernel-gpu.md).
+Calls that need no autograd launch the kernel directly (`glu_fusion_direct`) at every size: one
+launch against the ~6 of the eager reference."""
 
 
 def _needs_autograd(*tensors: torch.Tensor) -> bool:

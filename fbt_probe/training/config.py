@@ -69,12 +69,12 @@ class TrainConfig:
     task_shares: dict | None = None
     """task -> expected share of a step's tokens, split equally over the task's (length) cells.
     None: DEFAULT_TASK_SHARES over the configured tasks, renormalised (resolved at construction, so
-    config.json records the shares used). Half on completion, the task that equal shares left
-    unlearned on most seeds (BENCHMARKS.md, "Why the defaults are what they are")."""
+    config.json records the shares used). Half on completion: with equal cell shares completion was
+    learned at every length on 1 seed of 3, with these shares on 5 of 6 (docs/research/completion-dependable.md)."""
     steps: int = 800
     tokens_per_step: int = 2048  # documents (one per row, whole) are drawn until this many tokens
-    lr: float = 1e-3  # the prototype's 2e-3 learned completion later or not at all (BENCHMARKS.md, "Why the defaults")
-    min_lr_ratio: float = 0.1  # cosine decay to 10 % (a constant lr oscillates: BENCHMARKS.md, "Why the defaults")
+    lr: float = 1e-3  # the prototype's 2e-3 learned completion later or not at all (docs/research/qk-norm-gain-and-lr.md)
+    min_lr_ratio: float = 0.1  # cosine decay to 10 %: at a constant lr accuracy oscillates (docs/research/reference-recipe.md)
     warmup: int = 100
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = 0.01  # on matrices only
@@ -83,11 +83,12 @@ class TrainConfig:
     lam: float = 1.0  # λ of eq. 12
     noise: float = 0.02  # σ of the uniform noise on carried states
     prefix_mix: float = 0.25  # share of rows whose random prompt prefix keeps plain embeddings
-    answer_weight: float = 20.0  # with answer_share None: the answer weighs this many text tokens (BENCHMARKS.md, "Why the defaults")
+    answer_weight: float = 20.0  # with answer_share None: the answer weighs this many text tokens (at 5 the mix sat at chance 900 steps)
     answer_share: float | None = 0.5
     """The answer's share of every document's loss weight, whatever the document's length (None:
     `answer_weight` instead): a fixed weight makes the answer a smaller share of longer documents
-    (BENCHMARKS.md, "Why the defaults are what they are"). 1: the loss is on the answers only.
+    (12 % of a 144-token completion document at weight 20, and that cell learned last;
+    docs/research/completion-dependable.md). 1: the loss is on the answers only.
     A document with several answers (`register_queries`) splits the share equally among them."""
     baseline: bool = False  # no-feedback baseline: 1 pass only, fusion never used
     one_pass_steps: int = 0  # the first steps train one pass only (K = 1), then K follows the schedule
@@ -111,14 +112,15 @@ class TrainConfig:
     copy_steps: int = 0
     """Induction warm-up: the first `copy_steps` steps train on copy documents only (random numbers,
     a random gap, the same numbers again; `fbt_probe.training.copy`), then the configured tasks. It
-    grows the content-based lookup the register tasks need (BENCHMARKS.md, "Registers: induction
-    warm-up"). The steps count towards `steps`, and the lr schedule runs over all of them."""
+    grows the content-based lookup the register tasks need, which register documents alone never
+    taught the `tiny` model (docs/research/register-binding.md). The steps count towards `steps`,
+    and the lr schedule runs over all of them."""
     register_steps: int = 0
     """After the warm-up, the next `register_steps` steps draw the register tasks' documents only
     (every other task's cells left out, the step filled to `tokens_per_step` all the same), then all
     the tasks at their shares. Register binding forms in the first few hundred steps after the
     warm-up when nothing else competes, and not within 1,700 steps when completion and memory share
-    them (BENCHMARKS.md, "The reference recipe")."""
+    them (docs/research/reference-recipe.md)."""
     register_ramp: str | None = None
     """A curriculum over the register count inside the register phase: 'M:N M:N ...' (e.g. '2:300
     4:200'): the first N steps of the register phase draw only the mix's kinds with at most M
@@ -128,7 +130,8 @@ class TrainConfig:
     """The lr's cosine decay to `min_lr_ratio` runs over the last `decay_steps` steps, the lr constant
     from the end of the warm-up until then (a warm-up-stable-decay schedule); 0: over every step
     after the warm-up. Until the decay starts, the lr (and so the run) is that of the same config
-    with a constant lr (BENCHMARKS.md, "The reference recipe, round 4")."""
+    with a constant lr; in the reference recipe 300 decay steps removed the misses a constant lr left
+    (docs/research/reference-recipe.md)."""
 
     def __post_init__(self) -> None:
         sched = self.schedule_obj  # validates

@@ -1,5 +1,5 @@
-"""Copy documents: the induction warm-up of `TrainConfig.copy_steps` (BENCHMARKS.md, "Registers:
-induction warm-up").
+"""Copy documents: the induction warm-up of `TrainConfig.copy_steps` (after 500 such steps the
+register documents bind within a few hundred steps; docs/research/register-binding.md).
 
 A row is COPY_LEN random numbers (the task vocabulary's words 0-99), then 0..COPY_GAP random filler
 numbers, then the same COPY_LEN numbers again, then filler to the fixed row length. The loss is on

@@ -56,7 +56,7 @@ def train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int = 0, op
     """Train `model` in place from `start_step` to `cfg.steps`, checkpointing into `out`.
 
     Attention takes the explicit path throughout (steps and evaluations): the arithmetic the
-    recorded runs were trained with, so a seed still gives the checkpoint BENCHMARKS.md and the
+    recorded runs were trained with, so a seed still gives the checkpoint docs/research/ and the
     reference report describe, byte for byte (the SDPA path would differ in the last float bits,
     and training amplifies that into a different model).
 

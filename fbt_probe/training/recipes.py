@@ -7,11 +7,10 @@ drawn as register documents, half of them with 16-valued registers, four supervi
 the first 300 register steps draw only documents with at most 2 registers and the next 400 at most
 4 (a ramp over the register count), then every kind. The loss is on the answers only; the lr is
 constant after warm-up until the last 300 steps, which decay it (a cosine to 0.1x): without that
-decay 6 cells of 78 fell short of the targets on three seeds, with it none (BENCHMARKS.md,
-"Registers: induction warm-up", "The reference recipe", "A longer register phase with the ramp"
-and "The reference recipe, round 4"). Without the warm-up no budget we tried bound a value to its
-register at all, and with completion and memory beside the registers from the start it did not
-form either.
+decay 6 cells of 78 fell short of the targets on three seeds, with it none
+(docs/research/reference-recipe.md). Without the warm-up no budget we tried bound a value to its
+register at all (docs/research/register-binding.md), and with completion and memory beside the
+registers from the start it did not form either.
 """
 from __future__ import annotations
 
