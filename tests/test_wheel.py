@@ -3,6 +3,7 @@ table are package data, read through importlib.resources, so an installed packag
 lists and loads the shipped models and runs a forward from any working directory."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -19,8 +20,10 @@ def installed(tmp_path_factory):
     """The wheel built from this checkout, installed (without its dependencies, which this
     environment has) into a fresh target folder; commands run from another folder."""
     root = tmp_path_factory.mktemp("wheel")
+    src = root / "src"  # a copy: setuptools builds in the source tree, and a stale build/ there could leak into the wheel
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "build", "*.egg-info", "__pycache__"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(root / "dist"), str(REPO)], capture_output=True, text=True)
+                            "-w", str(root / "dist"), str(src)], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     (wheel,) = (root / "dist").glob("fbt_probe-*.whl")
     target = root / "site"
@@ -48,6 +51,14 @@ def test_the_wheel_holds_the_package_data(installed):
         for f in ("config.json", "model.safetensors", "tokenizer.json", "reference.json"):
             assert f"fbt_probe/reference/models/{ref}/{f}" in names
     assert "fbt_probe/reference/seeds-tiny.csv" in names
+    from fbt_probe._version import __version__
+
+    (meta_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    meta = zipfile.ZipFile(wheel).read(meta_name).decode()
+    assert f"\nVersion: {__version__}\n" in meta and "\nLicense-Expression: MIT\n" in meta  # the version from one place
+    assert any(n.endswith("/licenses/LICENSE") for n in names)
+    cff = (REPO / "CITATION.cff").read_text()
+    assert f'\nversion: "{__version__}"\n' in cff
 
 
 @pytest.mark.slow
