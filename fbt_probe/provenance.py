@@ -1,6 +1,7 @@
 """What every result table and report records: config, seed, git commit, hashes, library versions."""
 from __future__ import annotations
 
+import json
 import platform
 import subprocess
 from importlib import metadata
@@ -34,6 +35,43 @@ def library_versions() -> dict[str, str]:
     return out
 
 
+def package_install() -> dict:
+    """How fbt-probe is installed, from its own metadata: the version, and for a pip install from a
+    folder or a VCS its `direct_url.json` (`editable`, the URL, the VCS commit where pip recorded one)."""
+    out: dict = {"version": "unknown", "kind": "not installed"}
+    # one pip recorded first (an *.egg-info left in a source folder on sys.path can be found before
+    # the installed dist-info), and of those the one installed where this package was imported from
+    here = Path(__file__).resolve().parent.parent
+
+    def rank(d) -> tuple[bool, bool]:
+        return d.read_text("direct_url.json") is None, Path(str(d.locate_file(""))).resolve() != here
+
+    dists = sorted(metadata.distributions(name="fbt-probe"), key=rank)
+    if not dists:
+        return out
+    dist = dists[0]
+    out.update(version=dist.version, kind="wheel or index")
+    raw = dist.read_text("direct_url.json")
+    if raw:
+        try:
+            url = json.loads(raw)
+        except json.JSONDecodeError:
+            return out
+        out["url"] = url.get("url")
+        if url.get("dir_info", {}).get("editable"):
+            out["kind"] = "editable"
+        elif "vcs_info" in url:
+            out.update(kind="vcs", vcs_commit=url["vcs_info"].get("commit_id"))
+        else:
+            out["kind"] = "local folder or file"
+    return out
+
+
 def provenance(**extra) -> dict:
-    """A provenance record; callers add config, seed, checkpoint hash, dataset hash as keywords."""
-    return {"git_commit": git_commit(), "versions": library_versions(), "machine": platform.machine(), **extra}
+    """A provenance record; callers add config, seed, checkpoint hash, dataset hash as keywords.
+    `git_commit` is fbt-probe's own source tree (an editable checkout; 'unknown' for an installed
+    package, whose version and install are in `package`); `working_directory_commit` is the commit
+    of the folder the command ran in (a user's repository, say), labelled as such."""
+    return {"git_commit": git_commit(), "package": package_install(),
+            "working_directory_commit": git_commit(Path.cwd()), "versions": library_versions(),
+            "machine": platform.machine(), **extra}

@@ -87,3 +87,28 @@ def test_the_installed_package_runs_from_another_folder(installed):
     vocab_and_shape, seeds = forward.stdout.strip().splitlines()
     d_vocab, shape = vocab_and_shape.split(" ", 1)
     assert shape == f"(1, 4, {d_vocab})" and seeds == "True", forward.stdout
+
+
+@pytest.mark.slow
+def test_provenance_inside_a_users_repository_names_the_package_not_the_repository(installed, tmp_path):
+    """A user's repository as the working directory, the package installed from the wheel: the
+    record's own commit is 'unknown' (no checkout of fbt-probe), the package's version and install
+    come from its metadata, and the user's commit is recorded under its own label."""
+    _, target, _, env = installed
+    repo = tmp_path / "users-repo"
+    repo.mkdir()
+    git = {**env, "GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@x", "GIT_COMMITTER_NAME": "u", "GIT_COMMITTER_EMAIL": "u@x"}
+    for cmd in (["git", "init", "-q"], ["git", "commit", "-q", "--allow-empty", "-m", "theirs"]):
+        subprocess.run(cmd, cwd=repo, env=git, check=True)
+    theirs = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+    shutil.copytree(target, repo / "site")  # the install inside their repository, as a venv inside it would be
+    env = {**env, "PYTHONPATH": str(repo / "site")}
+    res = subprocess.run([sys.executable, "-c", "import json, fbt_probe.provenance as p; print(json.dumps(p.provenance()))"],
+                         cwd=repo, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    rec = json.loads(res.stdout)
+    from fbt_probe._version import __version__
+
+    assert rec["git_commit"] == "unknown" and rec["working_directory_commit"] == theirs
+    assert rec["package"]["version"] == __version__ and rec["versions"]["fbt-probe"] == __version__
+    assert rec["package"]["kind"] == "local folder or file" and rec["package"]["url"].endswith(".whl")  # pip's direct_url.json
