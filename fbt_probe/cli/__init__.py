@@ -7,6 +7,7 @@ process group (`fbt_probe.distributed.session`); extract, patch and train share 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import typer
@@ -19,7 +20,22 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
     rich_markup_mode=None,  # plain help and plain one-line errors (FbtError.show)
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command and group
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from fbt_probe._version import __version__
+
+        typer.echo(f"fbt-probe {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """fbt-probe: build, train, probe and intervene on latent-feedback transformers."""
 
 # (name, module): each module exposes either `app` (a typer.Typer, added as a group) or
 # `register(app)` (adds plain commands to the root app).
@@ -44,10 +60,13 @@ for _name, _module in _SUBCOMMANDS:
 
 
 def main() -> None:
-    from fbt_probe.distributed import session
-
     try:
-        with session():  # torchrun: one process group for the whole command (fbt_probe.distributed)
+        if "WORLD_SIZE" in os.environ:  # torchrun: one process group for the whole command (fbt_probe.distributed)
+            from fbt_probe.distributed import session
+
+            with session():
+                app()
+        else:  # one process: nothing to set up, and `--help` does not import torch
             app()
     except FbtError as exc:
         print(f"error: {exc}", file=sys.stderr)
