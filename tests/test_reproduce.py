@@ -172,6 +172,8 @@ def test_quick_study_end_to_end(tmp_path):
     # findings first, then figures, then the tables (collapsed in the HTML)
     assert report.index("## Findings") < report.index("## Figures") < report.index("## Tables")
     assert html.count("<details>") >= 4 and html.index("<h2>Findings</h2>") < html.index("<h2>Figures</h2>")
+    text = re.sub(r"<pre>.*?</pre>|<code>.*?</code>|src=\"data:[^\"]*\"", "", html, flags=re.S)
+    assert "**" not in text and "`" not in text  # the Markdown is rendered, not shown
     # the first finding's numbers are the eval table's, recomputed here
     import pandas as pd
 
@@ -279,3 +281,14 @@ def test_the_demo_extracts_64_rows_a_forward_and_the_full_studys_extract_key_is_
     assert (demo.extract_batch(), full.extract_batch()) == (64, 16)
     assert all(v["batch"] == 64 for v in extract_inputs(demo).values()) and len(extract_inputs(demo)) == 2
     assert all("batch" not in v and set(v) >= {"modes"} for v in extract_inputs(full).values())
+
+
+def test_report_markdown_is_rendered_not_escaped():
+    from fbt_probe.reproduce.report import _inline, _md_to_html
+
+    out = _md_to_html("A **bold** note on `recurrent:1`.\n\n| model | mode |\n|---|---|\n| **feedback** | `full` <b> |\n")
+    assert "<strong>bold</strong>" in out and "<code>recurrent:1</code>" in out
+    assert "<td><strong>feedback</strong></td>" in out and "<code>full</code> &lt;b&gt;" in out  # raw HTML stays text
+    assert "**" not in out and "`" not in out
+    assert _inline("completion **1.00** [0.93, 1.00] under `standard`") == \
+        "completion <strong>1.00</strong> [0.93, 1.00] under <code>standard</code>"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -206,35 +205,18 @@ def stage_report(cfg, out: Path, times: dict) -> None:
         tmp.write_text(page)
 
 
+def _markdown():
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": False}).enable("table")  # raw HTML in a table cell stays text
+
+
 def _inline(text: str) -> str:
-    """Markdown **bold**, `code` and *emphasis* of one finding as HTML (the rest escaped)."""
-    t = html.escape(text)
-    t = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", t)
-    t = re.sub(r"`(.+?)`", r"<code>\1</code>", t)
-    return re.sub(r"\*(.+?)\*", r"<i>\1</i>", t)
+    """One finding's Markdown (bold, code, emphasis, links) as inline HTML, everything else escaped."""
+    return _markdown().renderInline(text)
 
 
 def _md_to_html(text: str) -> str:
-    """Just enough Markdown for the report: pipe tables, fenced code, paragraphs."""
-    out, lines, i = [], text.splitlines(), 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("```"):
-            j = i + 1
-            while j < len(lines) and not lines[j].startswith("```"):
-                j += 1
-            out.append("<pre>" + html.escape("\n".join(lines[i + 1: j])) + "</pre>")
-            i = j + 1
-        elif line.startswith("|"):
-            rows = []
-            while i < len(lines) and lines[i].startswith("|"):
-                if not lines[i].startswith("|---"):
-                    rows.append([html.escape(c.strip()) for c in lines[i].strip("|").split("|")])
-                i += 1
-            out.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in rows[0]) + "</tr>"
-                       + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows[1:]) + "</table>")
-        else:
-            if line.strip():
-                out.append(f"<p>{html.escape(line)}</p>")
-            i += 1
-    return "\n".join(out)
+    """A section's Markdown (pipe tables, fenced code, paragraphs, inline markup) as HTML, by
+    markdown-it-py (CommonMark with GFM tables)."""
+    return _markdown().render(text)
