@@ -29,3 +29,18 @@ def test_help_imports_no_torch():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_examples_in_help_are_kept_as_blocks():
+    res = runner.invoke(app, ["tasks", "generate", "--help"], terminal_width=80)
+    assert "  Example: fbt-probe tasks generate completion memory registers registers-count --out data/tasks\n" in res.output
+
+
+@pytest.mark.parametrize("cmd", [["extract"], ["patch"], ["lens"]])
+def test_mode_and_modes_name_the_same_option(cmd):
+    res = runner.invoke(app, [*cmd, "--help"], terminal_width=200)
+    assert res.exit_code == 0 and ("--mode, --modes" in res.output or "--modes, --mode" in res.output), res.output
+
+
+def test_train_help_counts_four_tasks():
+    assert "on the four tasks" in runner.invoke(app, ["train", "--help"], terminal_width=200).output

@@ -49,6 +49,7 @@ def fusion(
     torch.compile, bandwidth vs the device peak, and its share of a paper-1b decode step. On CPU only
     the reference path is timed (labelled as such).
 
+    \b
     Example: fbt-probe bench fusion --rows 1,64,4k,64k --out reports/bench/fusion.md
     """
     from fbt_probe.bench.fusion import FusionBenchConfig, parse_rows, run_fusion_bench, to_markdown
@@ -79,6 +80,7 @@ def model(
     time per serial step, and run_with_cache over a plain forward, on this machine's CPU (or GPU:
     --device cuda).
 
+    \b
     Example: fbt-probe bench model --out reports/bench/model.md
     """
     from fbt_probe.bench.model import run_model_bench, to_markdown
@@ -114,6 +116,7 @@ def patch(
     process), and on a subset the speed-up of prefix reuse over the full re-run with the largest
     difference between their summary tables.
 
+    \b
     Example: fbt-probe bench patch --out reports/bench/patch.md
     """
     from fbt_probe.bench.patch import EXPERIMENTS, run_patch_bench, to_markdown
@@ -151,6 +154,7 @@ def probes(
     thread per fit, fits over cores) against scikit-learn defaults in one loop, and with --torch the
     batched torch path, with the largest held-out accuracy difference between them.
 
+    \b
     Example: fbt-probe bench probes --torch --out reports/bench/probes.md ; fbt-probe bench probes --depths 3 --d 64 --n 200
     """
     from fbt_probe.bench.probes import bench_probe_sweep, to_markdown

@@ -13,7 +13,7 @@ def lens(
     run: Annotated[str, typer.Argument(help="Run / checkpoint folder or a preset name (random init).", show_default=False)],
     dataset: Annotated[Path, typer.Argument(help="A dataset .parquet (with its .manifest.json) or a folder of them.", show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="Output folder (tables, translators, manifest, figures/).")],
-    mode: Annotated[str, typer.Option(help="Prefill modes, comma-separated; jacobi:K draws one line per pass (min(K, T) passes on T tokens: K > T adds none).")] = "standard,recurrent:1,full,jacobi:3",
+    mode: Annotated[str, typer.Option("--mode", "--modes", help="Prefill modes, comma-separated; jacobi:K draws one line per pass (min(K, T) passes on T tokens: K > T adds none).")] = "standard,recurrent:1,full,jacobi:3",
     tasks: Annotated[Optional[str], typer.Option(help="Only these tasks (comma-separated).")] = None,
     lengths: Annotated[Optional[str], typer.Option(help="Length knobs to keep, comma-separated or 'all'.")] = None,
     max_pairs: Annotated[Optional[int], typer.Option(help="Pairs per task x length cell (default all).")] = None,
@@ -35,6 +35,7 @@ def lens(
     Writes rows.parquet|csv, lens_summary.parquet|csv (mean with bootstrap CI over held-out pairs),
     training.parquet|csv, translators.safetensors, manifest.json and figures/lens.png.
 
+    \b
     Example: fbt-probe lens runs/tiny data/tasks --mode standard,recurrent:1,full,jacobi:3 --out results/lens
     """
     from fbt_probe.cli.patch import _ints

@@ -26,6 +26,7 @@ def info(
 ) -> None:
     """Config, parameter counts and hook points of a model.
 
+    \b
     Example: fbt-probe model info paper-1b   (built on the meta device: no memory used)
     """
     import torch
@@ -64,6 +65,7 @@ def import_hf(
     """Import a Qwen3 checkpoint and add fresh fusion weights (W_U, W_G ~ N(0, 0.02); fusion norm
     weight = mean embedding-row RMS), depth scaling off, post-norm feedback.
 
+    \b
     Example: fbt-probe model import-hf ./qwen3-small runs/imported
     """
     from fbt_probe.io import atomic_dir, refuse_existing
@@ -91,6 +93,7 @@ def import_nanochat(
     """Import a checkpoint of the nanochat latent-feedback reproduction (every backbone extra and the
     fusion variant of its meta; see fbt_probe/model/nanochat_import.py). Refuses what it cannot represent.
 
+    \b
     Example: fbt-probe model import-nanochat ~/.cache/nanochat/base_checkpoints/d20 runs/d20 --step 5000
     """
     from fbt_probe.errors import FbtError
@@ -118,6 +121,7 @@ def export_hf(
 ) -> None:
     """Export the backbone as a Qwen3 checkpoint (fusion weights go to fusion.safetensors beside it).
 
+    \b
     Example: fbt-probe model export-hf runs/imported ./qwen3-again
     """
     from fbt_probe.io import atomic_dir, refuse_existing
@@ -136,6 +140,7 @@ def export_hf(
 def refs() -> None:
     """The reference models shipped with the package (load them as ref:<name> wherever a model is read).
 
+    \b
     Example: fbt-probe model refs
     """
     from fbt_probe import reference
@@ -166,6 +171,7 @@ def pack(
     """Make RUN a reference model: copy its checkpoint, evaluate it on held-out contexts, write its
     model card (card.md) and the sha256 record every load verifies (reference.json).
 
+    \b
     Example: fbt-probe model pack runs/reference/models/feedback --name tiny-feedback --force
     (after a change to evaluation: fbt-probe model pack ref:tiny-feedback --name tiny-feedback --force)
     """

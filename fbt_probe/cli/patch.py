@@ -34,7 +34,7 @@ def patch(
     dataset: Annotated[Path, typer.Argument(help="A dataset .parquet (with its .manifest.json) or a folder of them.", show_default=False)],
     experiment: Annotated[str, typer.Option(help="feedback-swap | state-replacement | gate-ablation | residual | probe-direction | attribution | das; several comma-separated run in one command (the final-position ones share one prefill).")],
     out: Annotated[Path, typer.Option("--out", help="Results folder; each experiment writes OUT/<experiment>/.")],
-    mode: Annotated[str, typer.Option(help="Prefill mode(s), comma-separated: standard, recurrent:k, full, jacobi:K (K passes; K >= the input's length T is the exact recurrence, jacobi:T = full, and runs as full).")] = "recurrent:1",
+    mode: Annotated[str, typer.Option("--mode", "--modes", help="Prefill mode(s), comma-separated: standard, recurrent:k, full, jacobi:K (K passes; K >= the input's length T is the exact recurrence, jacobi:T = full, and runs as full).")] = "recurrent:1",
     tasks: Annotated[Optional[str], typer.Option(help="Only these tasks (comma-separated; default all in DATASET).")] = None,
     lengths: Annotated[Optional[str], typer.Option(help="Length knobs to keep, comma-separated or 'all' (residual default: the shortest per task).")] = None,
     max_pairs: Annotated[Optional[int], typer.Option(help="Pairs per task x length cell (default all; residual 16).")] = None,
@@ -63,6 +63,7 @@ def patch(
     Writes rows.parquet|csv (one row per sample of a pair x condition x metric), summary.parquet|csv
     (mean with bootstrap CI over pairs; length_knob -1 = pooled), manifest.json and figures/.
 
+    \b
     Example: fbt-probe patch runs/tiny data/tasks --experiment feedback-swap --mode recurrent:1 --out results/ ;
     fbt-probe patch runs/tiny data/tasks --experiment feedback-swap,state-replacement,gate-ablation,residual,probe-direction --out results/
     (one command: the final-position experiments share each batch's prefill) ;

@@ -17,7 +17,7 @@ def extract(
     run: Annotated[str, typer.Argument(help="Checkpoint folder (config.json, model.safetensors, tokenizer.json), ref:<name> (a shipped reference model) or preset name.", show_default=False)],
     dataset: Annotated[Path, typer.Argument(help="A dataset .parquet (with its .manifest.json) or a folder of them.", show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="Activation folder (shards + manifest).")],
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated prefill modes: standard, recurrent:k, full, jacobi:K (K passes; K >= the input's length T is the exact recurrence, jacobi:T = full, and runs as full) (default standard,recurrent:1; a Hidden Decoding model has only standard).")] = None,
+    modes: Annotated[Optional[str], typer.Option("--modes", "--mode", help="Comma-separated prefill modes: standard, recurrent:k, full, jacobi:K (K passes; K >= the input's length T is the exact recurrence, jacobi:T = full, and runs as full) (default standard,recurrent:1; a Hidden Decoding model has only standard).")] = None,
     hooks: Annotated[Optional[str], typer.Option(help="Extra hook names, comma-separated; NAME@-2 takes the position before the last.")] = None,
     reference: Annotated[bool, typer.Option(help="Also extract the carried state h(T-1) (pseudo-mode carried-state).")] = True,
     batch_size: Annotated[int, typer.Option(help="Samples per forward (all of one exact length).")] = 16,
@@ -34,6 +34,7 @@ def extract(
     Under torchrun every process writes its share of the shards and rank 0 the manifest; the folder
     is byte for byte the single-process one (manifest: world_size). OUT must be one shared folder.
 
+    \b
     Example: fbt-probe extract runs/tiny data/tasks --modes standard,recurrent:1 --out runs/tiny/acts ;
     torchrun --standalone --nproc_per_node 4 -m fbt_probe extract runs/tiny data/tasks --out runs/tiny/acts
     """
@@ -86,6 +87,7 @@ def probe(
 ) -> None:
     """Fit grouped-CV probes at every depth for each task x mode x length.
 
+    \b
     Example: fbt-probe probe runs/tiny/acts --out runs/tiny/results
     """
     from fbt_probe.io import refuse_existing
@@ -118,6 +120,7 @@ def figures(
 ) -> None:
     """Draw a figure from a results table (never runs a model).
 
+    \b
     Example: fbt-probe figures fig7a runs/tiny/results --out reports/tiny
     """
     from fbt_probe.errors import FbtError

@@ -30,6 +30,7 @@ def reproduce_cmd(
     train them: --train), run the contraction diagnostic, extract activations, fit the probe sweep, run the causal experiments,
     draw every figure and write OUT/report.html and OUT/report.md. Up-to-date stages are skipped.
 
+    \b
     Example: fbt-probe reproduce --preset tiny --out runs/repro          (the shipped models)
              fbt-probe reproduce --preset tiny --train --out runs/retrained (from scratch)
     """

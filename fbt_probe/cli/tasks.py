@@ -15,6 +15,7 @@ app = typer.Typer(help="Synthetic probe tasks (completion, memory, registers, re
 def list_cmd() -> None:
     """List the built-in task specs (fbt_probe/tasks/specs/, shipped in the package).
 
+    \b
     Example: fbt-probe tasks list
     """
     from fbt_probe.tasks.spec import builtin_spec_paths, load_spec
@@ -40,6 +41,7 @@ def generate(
 ) -> None:
     """Generate minimal-pair datasets from task specs.
 
+    \b
     Example: fbt-probe tasks generate completion memory registers registers-count --out data/tasks
     """
     from fbt_probe.io import refuse_existing
@@ -76,6 +78,7 @@ def show(
 ) -> None:
     """Print pairs side by side with labels and token counts ('*' marks lines that differ).
 
+    \b
     Example: fbt-probe tasks show data/tasks/completion.parquet --n 3 --knob 8
     """
     from fbt_probe.tasks import load_dataset
@@ -97,6 +100,7 @@ def tokenizer_cmd(
 ) -> None:
     """Save the built-in word-level tokenizer of the task language.
 
+    \b
     Example: fbt-probe tasks tokenizer --out runs/tokenizer.json
     """
     from fbt_probe.io import refuse_existing

@@ -50,8 +50,9 @@ def train_cmd(
     device: Annotated[str, typer.Option(help="auto (cuda if available, else cpu), cpu or cuda. Under torchrun each process takes its own GPU, cuda:LOCAL_RANK.")] = "auto",
     fsdp: Annotated[bool, typer.Option("--fsdp", help="Under torchrun: shard parameters, gradients and optimizer state with FSDP2 (for paper-1b-sized models; default DDP). No evaluation during training: run fbt-probe eval afterwards.")] = False,
 ) -> None:
-    """Train a latent-feedback model (or its no-feedback baseline, or a Hidden Decoding model) on the three tasks.
+    """Train a latent-feedback model (or its no-feedback baseline, or a Hidden Decoding model) on the four tasks.
 
+    \b
     Example: fbt-probe train --preset tiny --out runs/tiny ; fbt-probe train --out runs/tiny-base --baseline ;
     fbt-probe train --recipe reference --out runs/ref-feedback  (the shipped models' recipe; add --baseline) ;
     fbt-probe train --arch hidden-decoding --streams 2 --init runs/tiny-base --out runs/tiny-hd2 ;
@@ -194,6 +195,7 @@ def eval_cmd(
     """Answer accuracy per task × length under Std/Soft, Fused, recurrent:1, jacobi:3 and full, on
     contexts held out of training, plus validation loss per pass.
 
+    \b
     Example: fbt-probe eval runs/tiny
     """
     from fbt_probe.tasks import load_tokenizer
@@ -230,6 +232,7 @@ def contraction_cmd(
 
     Every run is measured on the same held-out validation rows (those of the first run's config).
 
+    \b
     Example: fbt-probe diagnose contraction runs/tiny --passes 32 ;
     fbt-probe diagnose contraction runs/tiny runs/tiny-1-2 --out runs/schedules
     """
