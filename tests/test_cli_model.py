@@ -42,3 +42,17 @@ def test_import_export_cli_round_trip(tmp_path):
     corrupt.write_bytes(b"not a safetensors file")
     bad = runner.invoke(app, ["model", "info", str(tmp_path / "ckpt")])
     assert bad.exit_code == 2 and "corrupt safetensors" in bad.output
+
+
+def test_refs_quotes_the_cards_time_alone():
+    """`model refs` quotes the time measured alone that the card states, not the optimizer steps' sum
+    (an upper bound when the model trained beside other jobs)."""
+    import re
+
+    from fbt_probe.reference import ROOT
+
+    out = runner.invoke(app, ["model", "refs"]).output
+    card = (ROOT / "tiny-feedback" / "card.md").read_text()
+    minutes = re.search(r"Training time alone: [^(]*\(([\d.]+) min\)", card).group(1)
+    line = next(ln for ln in out.splitlines() if ln.startswith("ref:tiny-feedback"))
+    assert f"{minutes} min to retrain alone (card)" in line
