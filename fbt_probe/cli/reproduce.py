@@ -38,7 +38,8 @@ def reproduce_cmd(
 
     from fbt_probe.reproduce.stages import check_out, default_jobs, start_workers, time_table
 
-    start_workers(default_jobs() if jobs is None else jobs)  # the workers' imports run beside this process's
+    jobs = default_jobs() if jobs is None else jobs
+    start_workers(jobs)  # the workers' imports run beside this process's
     from fbt_probe.config import preset as check_preset
     from fbt_probe.errors import FbtError
     from fbt_probe.reproduce import ReproConfig, reproduce
@@ -57,7 +58,6 @@ def reproduce_cmd(
     make = ReproConfig.quick_config if quick else ReproConfig.demo_config if demo else ReproConfig.long_config if long else ReproConfig
     cfg = make(**kw)
     _check_force(cfg, out, set(force or []))
-    jobs = default_jobs() if jobs is None else jobs
     t0 = time.perf_counter()
     if seeds is not None:
         res = reproduce_seeds(cfg, out, seeds, set(force or []), echo=typer.echo, jobs=jobs)

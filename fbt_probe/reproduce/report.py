@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import json
 from pathlib import Path
@@ -205,6 +206,7 @@ def stage_report(cfg, out: Path, times: dict) -> None:
         tmp.write_text(page)
 
 
+@functools.lru_cache(maxsize=1)
 def _markdown():
     from markdown_it import MarkdownIt
 

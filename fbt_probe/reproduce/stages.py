@@ -287,15 +287,20 @@ def worker_threads(jobs: int) -> int:
     return max(1, cpus() // jobs)
 
 
+def _start_server(ctx) -> None:
+    """The forkserver running (started with the environment of the moment), where `ctx` uses one."""
+    if ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
 def start_workers(jobs: int) -> None:
     """Start the worker server now (forkserver platforms), so that it imports the pipeline while
     this process imports its own; `run_all` then forks its workers from it at once."""
-    ctx = _context()
-    if jobs > 1 and ctx.get_start_method() == "forkserver":
-        from multiprocessing import forkserver
-
+    if jobs > 1:
         with _thread_env(worker_threads(jobs)):
-            forkserver.ensure_running()
+            _start_server(_context())
 
 
 @contextmanager
@@ -305,10 +310,7 @@ def _pool(jobs: int) -> Iterator[ProcessPoolExecutor]:
     threads = worker_threads(jobs)
     with _thread_env(threads):  # for the whole pool: spawned workers start when stages are submitted
         ctx = _context()
-        if ctx.get_start_method() == "forkserver":
-            from multiprocessing import forkserver
-
-            forkserver.ensure_running()  # started here unless `start_workers` started it
+        _start_server(ctx)  # started here unless `start_workers` started it
         with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads,)) as pool:
             yield pool
 

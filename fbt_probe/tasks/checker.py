@@ -93,12 +93,19 @@ def interpret(spec, text: str) -> int:
     return value
 
 
-def check_sample(spec, text: str, label: int, label_word: str, where: str) -> None:
-    """Raise unless the interpreter agrees with the generator's label and label word."""
+def disagreement(spec, text: str, label: int, label_word: str, where: str) -> int | None:
+    """The interpreter's label of `text` where it disagrees with `label` or `label_word`, else None;
+    a text it cannot read raises, naming `where`."""
     try:
         got = interpret(spec, text)
     except FbtError as exc:
         raise FbtError(f"{where}: label checker cannot read the sample: {exc.message}") from None
-    if got != label or spec.label_words[got] != label_word:
+    return got if got != label or spec.label_words[got] != label_word else None
+
+
+def check_sample(spec, text: str, label: int, label_word: str, where: str) -> None:
+    """Raise unless the interpreter agrees with the generator's label and label word."""
+    got = disagreement(spec, text, label, label_word, where)
+    if got is not None:
         raise FbtError(f"{where}: label checker says {got} ({spec.label_words[got]}) but the generator "
                        f"wrote {label} ({label_word}); refusing to write an inconsistent dataset")

@@ -134,18 +134,15 @@ def check_labels(df: pd.DataFrame, manifest: dict, parquet: Path) -> None:
     """Re-derive every row's label from its text with the independent interpreter (under the spec
     the manifest records) and refuse a file whose labels or label words disagree: a sha256 in the
     manifest proves the file is the one it names, not that its labels are the task's."""
-    from fbt_probe.tasks.checker import interpret
+    from fbt_probe.tasks.checker import disagreement
     from fbt_probe.tasks.spec import spec_from_dict
 
     if not isinstance(manifest.get("spec"), dict):
         raise FbtError(f"{parquet}: the manifest's field 'spec' is missing or not an object (regenerate with `fbt-probe tasks generate`)")
     spec = spec_from_dict(manifest["spec"], source=f"{parquet.name}'s manifest, field 'spec'")
     for row, (text, label, word, pair) in enumerate(zip(df["text"], df["label"], df["label_word"], df["pair_id"])):
-        try:
-            got = interpret(spec, text)
-        except FbtError as exc:
-            raise FbtError(f"{parquet}: row {row} (pair {pair}): the label interpreter cannot read its text ({exc.message})") from None
-        if got != label or spec.label_words[got] != word:
+        got = disagreement(spec, text, label, word, where=f"{parquet}: row {row} (pair {pair})")
+        if got is not None:
             raise FbtError(f"{parquet}: row {row} (pair {pair}): field 'label' is {label} ({word}) but its text says "
                            f"{got} ({spec.label_words[got]}); the labels were changed after generation "
                            "(regenerate with `fbt-probe tasks generate`)")
