@@ -147,6 +147,40 @@ class ModelConfig:
     def n_fusion_params(self) -> int:
         return 2 * self.d_model * self.d_model  # W_U and W_G, W_U and W_T, or W_C (the fusion norm's D weights aside)
 
+    # What TransformerLens's `ActivationCache` methods read from `model.cfg` (read-only, not saved).
+    @property
+    def normalization_type(self) -> str:
+        """"RMS" (RMSNorm with a gain) or "RMSPre" (weightless): every norm of the model."""
+        return "RMS" if self.norm_weights else "RMSPre"
+
+    @property
+    def attn_only(self) -> bool:
+        return False
+
+    @property
+    def final_rms(self) -> bool:
+        return True
+
+    @property
+    def positional_embedding_type(self) -> str:
+        return "rotary"
+
+    @property
+    def act_fn(self) -> str:
+        return "relu2" if self.mlp_act == "relu2" else "silu"
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.mlp_act != "relu2"
+
+    @property
+    def d_vocab_out(self) -> int:
+        return self.d_vocab
+
+    @property
+    def default_prepend_bos(self) -> bool:
+        return False  # the task tokenizer has no BOS token
+
     @property
     def nanochat_input(self) -> bool:
         """Whether the plain input is more than the looked-up embedding (norm, scale or smear)."""

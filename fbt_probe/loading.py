@@ -115,6 +115,10 @@ def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrid
     if overrides:
         raise FbtError(f"{source}: config overrides ({', '.join(sorted(overrides))}) apply to presets only; "
                        "a folder carries its own config")
+    return _with_tokenizer(_load_folder(folder, device, seed), folder)
+
+
+def _load_folder(folder: Path, device: str, seed: int):
     kind = checkpoint_kind(folder)
     if kind is None:  # not ours: another kind we import, else a Qwen3-format folder
         for recognises, load in FOREIGN_LOADERS:
@@ -124,6 +128,14 @@ def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrid
     if kind not in CHECKPOINT_LOADERS:
         raise FbtError(f"{folder / 'config.json'}: field 'model.arch': expected one of {sorted(CHECKPOINT_LOADERS)}, got {kind!r}")
     return CHECKPOINT_LOADERS[kind](folder, device=device)
+
+
+def _with_tokenizer(model, folder: Path):
+    """`model.tokenizer` (what `to_tokens`, `to_str_tokens` and `generate` read): the folder's
+    tokenizer.json, where it has one."""
+    if (folder / "tokenizer.json").is_file():
+        model.tokenizer = load_tokenizer(folder)
+    return model
 
 
 def resolve_checkpoint(run: str | Path) -> Path | None:

@@ -23,7 +23,7 @@ from fbt_probe.errors import FbtError
 from fbt_probe.hidden.config import HiddenConfig
 from fbt_probe.hidden.streams import stream_mask, stream_slice
 from fbt_probe.model.components import Attention, Block, Hk, HookedRMSNorm, KVCache, hooked, silent
-from fbt_probe.model.transformer import check_tokens
+from fbt_probe.model.tokens import check_tokens
 
 
 class StreamAttention(Attention):

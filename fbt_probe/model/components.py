@@ -61,13 +61,35 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-class HookedRMSNorm(RMSNorm):
+class ScaledRMSNorm(RMSNorm):
+    """An RMSNorm with TransformerLens's `hook_scale` [batch, pos, 1]: sqrt(mean(x²) + eps), the
+    divisor of the normalisation (what `ActivationCache.apply_ln_to_stack` reads). The scale is
+    computed only while a hook is attached to it; a hook that returns a different scale makes the
+    norm divide by that one, and otherwise the norm is computed as without the hook."""
+
+    def __init__(self, d: int, eps: float, weight: bool = True):
+        super().__init__(d, eps, weight)
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+
+    def forward(self, x: torch.Tensor, hk: Hk = silent) -> torch.Tensor:
+        if hk is silent or not has_hooks(self.hook_scale):
+            return super().forward(x)
+        work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        scale = (work.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+        edited = hk(self.hook_scale, scale)
+        if edited is scale:
+            return super().forward(x)
+        normed = (work / edited).to(x.dtype)
+        return normed if self.weight is None else self.weight * normed
+
+
+class HookedRMSNorm(ScaledRMSNorm):
     def __init__(self, d: int, eps: float, weight: bool = True):
         super().__init__(d, eps, weight)
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: torch.Tensor, hk: Hk = hooked) -> torch.Tensor:
-        return hk(self.hook_normalized, super().forward(x))
+        return hk(self.hook_normalized, super().forward(x, hk))
 
 
 def rotary(positions: torch.Tensor, d_head: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,10 +285,11 @@ class KVCache:
 
 
 def has_hooks(hp: nn.Module) -> bool:
-    """Whether calling `hp` would run any hook (its own, or a global module hook)."""
+    """Whether calling `hp` would run any hook (its own, a global module hook, or an instance-level
+    `forward` such as nnsight installs to observe the module)."""
     from torch.nn.modules import module as M
 
-    return bool(hp._forward_hooks or hp._forward_pre_hooks or hp._backward_hooks or hp._backward_pre_hooks
+    return bool("forward" in hp.__dict__ or hp._forward_hooks or hp._forward_pre_hooks or hp._backward_hooks or hp._backward_pre_hooks
                 or M._global_forward_hooks or M._global_forward_pre_hooks or M._global_backward_hooks
                 or M._global_backward_pre_hooks)
 
@@ -376,6 +399,24 @@ class Attention(nn.Module):
         if self.window is not None:
             allowed &= (q_pos[:, None] - k_pos[None, :]) < self.window
         return allowed
+
+    # TransformerLens's weight shapes (read-only views; W_O includes the depth scaling, so z @ W_O
+    # summed over heads is `hook_attn_out`; the K/V weights are per KV head, `_W_K` / `_W_V` in TL).
+    @property
+    def W_Q(self) -> torch.Tensor:  # [n_heads, d_model, d_head]
+        return self.q_proj.weight.t().reshape(self.cfg.d_model, self.cfg.n_heads, self.cfg.d_head).transpose(0, 1)
+
+    @property
+    def _W_K(self) -> torch.Tensor:  # [n_kv_heads, d_model, d_head]
+        return self.k_proj.weight.t().reshape(self.cfg.d_model, self.cfg.n_key_value_heads, self.cfg.d_head).transpose(0, 1)
+
+    @property
+    def _W_V(self) -> torch.Tensor:  # [n_kv_heads, d_model, d_head]
+        return self.v_proj.weight.t().reshape(self.cfg.d_model, self.cfg.n_key_value_heads, self.cfg.d_head).transpose(0, 1)
+
+    @property
+    def W_O(self) -> torch.Tensor:  # [n_heads, d_head, d_model]
+        return (self.o_proj.weight.t() * self.out_scale).reshape(self.cfg.n_heads, self.cfg.d_head, self.cfg.d_model)
 
     def forward(self, x: torch.Tensor, start: int, cache: KVCache | None, layer: int, hk: Hk,
                 tokens: torch.Tensor | None = None) -> torch.Tensor:
@@ -526,6 +567,20 @@ class MLP(nn.Module):
         self.hook_pre_linear = HookPoint()  # [batch, pos, d_mlp]  linear (up) branch
         self.hook_post = HookPoint()  # [batch, pos, d_mlp]  silu(pre) * pre_linear
 
+    # TransformerLens's shapes: W_in (the linear branch) / W_gate [d_model, d_mlp]; W_out
+    # [d_mlp, d_model] includes the depth scaling, so hook_post @ W_out is `hook_mlp_out`.
+    @property
+    def W_in(self) -> torch.Tensor:
+        return self.up_proj.weight.t()
+
+    @property
+    def W_gate(self) -> torch.Tensor | None:
+        return None if self.gate_proj is None else self.gate_proj.weight.t()
+
+    @property
+    def W_out(self) -> torch.Tensor:
+        return self.down_proj.weight.t() * self.out_scale
+
     def forward(self, x: torch.Tensor, hk: Hk) -> torch.Tensor:
         if self.relu2:  # hook_pre: up(x); hook_post: relu(pre)²
             post = hk(self.hook_post, F.relu(hk(self.hook_pre, self.up_proj(x))).square())
@@ -549,9 +604,9 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.ln1 = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_weights)
+        self.ln1 = ScaledRMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_weights)
         self.attn = Attention(cfg, cfg.resolved_layer_types[layer], layer)
-        self.ln2 = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_weights)
+        self.ln2 = ScaledRMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_weights)
         self.mlp = MLP(cfg)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
         if cfg.x0_mixing:
@@ -571,7 +626,7 @@ class Block(nn.Module):
         else:
             lam_r, lam_x, x0 = mix
             resid_pre = hk(self.hook_resid_mix, lam_r * x + lam_x * x0)
-        attn_out = hk(self.hook_attn_out, self.attn(self.ln1(resid_pre), start, cache, self.layer, hk, tokens))
+        attn_out = hk(self.hook_attn_out, self.attn(self.ln1(resid_pre, hk), start, cache, self.layer, hk, tokens))
         resid_mid = hk(self.hook_resid_mid, resid_pre + attn_out)
-        mlp_out = hk(self.hook_mlp_out, self.mlp(self.ln2(resid_mid), hk))
+        mlp_out = hk(self.hook_mlp_out, self.mlp(self.ln2(resid_mid, hk), hk))
         return hk(self.hook_resid_post, resid_mid + mlp_out)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from fbt_probe.errors import FbtError
-from fbt_probe.model.transformer import check_tokens
+from fbt_probe.model.tokens import check_tokens
 
 DECODINGS = ("std", "soft", "fused")
 

@@ -91,11 +91,14 @@ def _smear_gate(model, x: torch.Tensor) -> torch.Tensor:
     return model.smear_lambda * torch.sigmoid(model.smear_gate(x[..., :model.cfg.smear_channels]))
 
 
-def trunk_with_extras(model, x: torch.Tensor, start: int, cache, hk, tokens: torch.Tensor | None) -> torch.Tensor:
-    """The blocks with x0 mixing and / or backout (the model's `_trunk` otherwise)."""
+def trunk_with_extras(model, x: torch.Tensor, start: int, cache, hk, tokens: torch.Tensor | None,
+                      stop: int | None = None) -> torch.Tensor:
+    """Blocks 0..stop-1 (default all) with x0 mixing and / or backout (the model's `_trunk`
+    otherwise); the backout applies once every block has run."""
     cfg = model.cfg
     x0, kept = None, None
-    for l, block in enumerate(model.blocks):
+    stop = cfg.n_layers if stop is None else stop
+    for l, block in enumerate(model.blocks[:stop]):
         if cfg.x0_mixing:
             x = hk(block.hook_resid_pre, x)
             x0 = x if x0 is None else x0
@@ -104,6 +107,6 @@ def trunk_with_extras(model, x: torch.Tensor, start: int, cache, hk, tokens: tor
             x = block(x, start, cache, hk, tokens)
         if l == cfg.backout_layer:
             kept = x
-    if kept is not None:
+    if kept is not None and stop == cfg.n_layers:
         x = hk(model.hook_backout, x - model.backout_lambda * kept)
     return x

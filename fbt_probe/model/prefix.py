@@ -24,7 +24,8 @@ import torch
 
 from fbt_probe.model.components import KVCache, hooked, silent
 from fbt_probe.model.modes import Mode, parse_mode
-from fbt_probe.model.transformer import HookContext, check_tokens
+from fbt_probe.model.tokens import check_tokens
+from fbt_probe.model.transformer import HookContext
 
 
 @dataclass

@@ -15,9 +15,9 @@ would keep only the last chunk. Here each firing is recorded with `model.hook_co
 from __future__ import annotations
 
 import torch
-from transformer_lens.ActivationCache import ActivationCache
 
 from fbt_probe.errors import FbtError
+from fbt_probe.model.tl_native import FeedbackActivationCache
 
 
 def _keep(names_filter):
@@ -58,7 +58,8 @@ def run_with_serial_cache(model, tokens, mode=None, *, names_filter=None, device
         if logits.shape[0] != 1:
             raise FbtError(f"run_with_cache: remove_batch_dim needs batch size 1, got {logits.shape[0]}")
         cache = {k: v[0] for k, v in cache.items()}
-    return logits, ActivationCache(cache, model, has_batch_dim=not remove_batch_dim)
+    mode = model.default_mode if mode is None else str(mode)
+    return logits, FeedbackActivationCache(cache, model, has_batch_dim=not remove_batch_dim, mode=mode)
 
 
 def _assemble(name: str, parts: list, T: int) -> dict[str, torch.Tensor]:

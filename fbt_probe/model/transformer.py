@@ -39,30 +39,10 @@ from fbt_probe.model.fusion import Fusion
 from fbt_probe.model.modes import Mode, parse_mode
 from fbt_probe.model.nanochat import add_extras, init_extras, plain_input, trunk_with_extras
 from fbt_probe.model.serial_cache import run_with_serial_cache
+from fbt_probe.model.tl_native import FeedbackActivationCache, TransformerLensSurface, without_wrappers
+from fbt_probe.model.tokens import check_tokens
 
 SILENT_CHUNK_TOKENS = 8192  # batch x positions per chunk of a silent pass through the KV cache (memory bound)
-
-
-def check_tokens(tokens, cfg) -> torch.Tensor:
-    """`tokens` as a LongTensor [batch, pos], or a one-line FbtError: integer ids in [0, d_vocab),
-    2-D, 1 <= pos <= n_ctx."""
-    if not isinstance(tokens, torch.Tensor):
-        raise FbtError(f"tokens: expected a LongTensor [batch, pos], got {type(tokens).__name__} "
-                       "(wrap it: torch.tensor([ids]))")
-    if tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex():
-        raise FbtError(f"tokens: expected integer token ids, got dtype {tokens.dtype}")
-    if tokens.dim() != 2:
-        hint = " (add a batch dimension: tokens[None])" if tokens.dim() == 1 else ""
-        raise FbtError(f"tokens: expected shape [batch, pos], got {tuple(tokens.shape)}{hint}")
-    if tokens.shape[0] == 0 or tokens.shape[1] == 0:
-        raise FbtError(f"tokens: expected at least one sample and one position, got shape {tuple(tokens.shape)}")
-    if tokens.shape[1] > cfg.n_ctx:
-        raise FbtError(f"tokens: {tokens.shape[1]} positions exceed the model's context n_ctx = {cfg.n_ctx}")
-    if tokens.device.type != "meta":
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= cfg.d_vocab:
-            raise FbtError(f"tokens: id {lo if lo < 0 else hi} is outside the vocabulary 0..{cfg.d_vocab - 1}")
-    return tokens.long()
 
 
 @dataclass(frozen=True)
@@ -72,7 +52,7 @@ class HookContext:
     pass_index: int = 1  # Jacobi pass (1-based); 1 elsewhere
 
 
-class FeedbackTransformer(HookedRootModule):
+class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
     """A decoder whose input can carry the previous position's top-layer state (docs/model.md).
 
     Parameters
@@ -160,17 +140,17 @@ class FeedbackTransformer(HookedRootModule):
             self._default_mode = old
 
     def run_with_cache(self, *model_args, serial: bool = False, **kwargs):
-        """TransformerLens's `run_with_cache`. With `serial=True` the hooks fire in every chunk of
+        """TransformerLens's `run_with_cache`, returning an `ActivationCache` (a
+        `FeedbackActivationCache`, see `fbt_probe.model.tl_native`). With `serial=True` the hooks fire in every chunk of
         the serial computation and the chunks are stitched into [batch, pos, ...] (Jacobi: one entry
         per pass); see `fbt_probe.model.serial_cache`."""
-        if not serial:
-            return super().run_with_cache(*model_args, **kwargs)
-
-        return run_with_serial_cache(self, *model_args, **kwargs)
-
-    @property
-    def W_E(self) -> torch.Tensor:
-        return self.embed.weight
+        if serial:
+            return run_with_serial_cache(self, *model_args, **kwargs)
+        remove_batch_dim = kwargs.get("remove_batch_dim", False)
+        out, cache = super().run_with_cache(*model_args, **kwargs)
+        mode = kwargs.get("mode", model_args[1] if len(model_args) > 1 else None)
+        mode = self.default_mode if mode is None else str(parse_mode(mode))
+        return out, FeedbackActivationCache(cache, self, has_batch_dim=not remove_batch_dim, mode=mode)
 
     # ----------------------------------------------------------------- primitives
     def _input(self, tokens: torch.Tensor, states: torch.Tensor | None, has_state: torch.Tensor | None, hk: Hk,
@@ -191,10 +171,12 @@ class FeedbackTransformer(HookedRootModule):
         """[batch, pos, d_model] the layer-0 input of every position without feedback (hooks off)."""
         return self._input(tokens, None, None, silent)
 
-    def _trunk(self, x: torch.Tensor, start: int, cache: KVCache | None, hk: Hk, tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def _trunk(self, x: torch.Tensor, start: int, cache: KVCache | None, hk: Hk, tokens: torch.Tensor | None = None,
+               stop: int | None = None) -> torch.Tensor:
+        """Blocks 0..stop-1 (default all) on the layer-0 input x."""
         if self.cfg.x0_mixing or self.cfg.backout_layer is not None:
-            return trunk_with_extras(self, x, start, cache, hk, tokens)
-        for block in self.blocks:
+            return trunk_with_extras(self, x, start, cache, hk, tokens, stop)
+        for block in self.blocks if stop is None else self.blocks[:stop]:
             x = block(x, start, cache, hk, tokens)
         return x
 
@@ -339,7 +321,12 @@ class FeedbackTransformer(HookedRootModule):
         return states, torch.arange(T, device=tokens.device) >= T - n_serial, logits
 
     def carried_states(self, tokens: torch.Tensor, mode: "str | Mode"):
-        """(states, has_state) that `mode` feeds into its final pass; (None, None) for no feedback."""
+        """(states, has_state) that `mode` feeds into its final pass; (None, None) for no feedback.
+        Module-level `forward` wrappers (nnsight's) are lifted meanwhile: they see the final pass only."""
+        with without_wrappers(self):
+            return self._carried_states(tokens, mode)
+
+    def _carried_states(self, tokens: torch.Tensor, mode: "str | Mode"):
         mode = parse_mode(mode)
         T = tokens.shape[1]
         mode.check_length(T)
@@ -360,13 +347,15 @@ class FeedbackTransformer(HookedRootModule):
             states = self.shift_states(self.feedback_pass(tokens, states, None if states is None else has)[0])
         return states
 
-    def forward(self, tokens: torch.Tensor, mode: "str | Mode | None" = None, serial: bool = False) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, mode: "str | Mode | None" = None, serial: bool = False,
+                stop_at_layer: int | None = None, return_type: str | None = "logits",
+                prepend_bos: bool | None = None) -> torch.Tensor:
         """Logits of `tokens` under a prefill mode (docs/modes.md).
 
         Parameters
         ----------
-        tokens : torch.LongTensor
-            [batch, pos] token ids.
+        tokens : torch.LongTensor, str or list of str
+            [batch, pos] token ids (text goes through `to_tokens`, with `prepend_bos`).
         mode : str or Mode, optional
             ``standard``, ``recurrent:k``, ``full`` or ``jacobi:K`` (None: `self.default_mode`).
             ``jacobi:K`` runs min(K, T) passes; for K >= T the answer is the exact recurrence
@@ -377,11 +366,17 @@ class FeedbackTransformer(HookedRootModule):
             reach later positions' inputs through the feedback. True: in every chunk of the real
             computation (the standard prefix, then each step, `self.hook_context` naming the
             positions), so a patch at position t reaches t+1's input. The logits are the same.
+        stop_at_layer : int, optional
+            TransformerLens's: run the analysed pass through blocks 0..stop_at_layer-1 only and
+            return the residual stream there ([batch, pos, d_model]; negative counts from the top).
+            The carried states a feedback mode feeds in still come from the whole model.
+        return_type : {"logits", "loss", "both", None}
+            TransformerLens's: the logits, the mean next-token cross-entropy, (logits, loss), or None.
 
         Returns
         -------
         torch.Tensor
-            [batch, pos, d_vocab] logits.
+            [batch, pos, d_vocab] logits (see `return_type`, `stop_at_layer`).
 
         Examples
         --------
@@ -397,15 +392,49 @@ class FeedbackTransformer(HookedRootModule):
         >>> torch.allclose(full, model(tokens, mode="full", serial=True))
         True
         """
+        if isinstance(tokens, str) or (isinstance(tokens, list) and tokens and isinstance(tokens[0], str)):
+            tokens = self.to_tokens(tokens, prepend_bos=prepend_bos)
         tokens = check_tokens(tokens, self.cfg)
         mode = self._default_mode if mode is None else parse_mode(mode)
+        if return_type not in ("logits", "loss", "both", None):
+            raise FbtError(f"return_type: expected 'logits', 'loss', 'both' or None, got {return_type!r}")
         T = tokens.shape[1]
         mode.check_length(T)
+        if stop_at_layer is not None:
+            return self._stopped(tokens, mode, serial, stop_at_layer)
         if serial and mode.kind == "jacobi":
-            return self.jacobi_passes(tokens, mode.passes(T), serial_hooks=True)[-1]
-        if serial and mode.kind in ("recurrent", "full"):
-            return self.serial_states(tokens, mode.n_serial(T), hooks=True)[2]
+            logits = self.jacobi_passes(tokens, mode.passes(T), serial_hooks=True)[-1]
+        elif serial and mode.kind in ("recurrent", "full"):
+            logits = self.serial_states(tokens, mode.n_serial(T), hooks=True)[2]
+        else:
+            states, has = self.carried_states(tokens, mode)
+            ctx = HookContext("final", range(T), mode.passes(T))
+            logits = self._with_context(ctx, self.feedback_pass, tokens, states, has, hooked)[1]
+        if return_type == "logits":
+            return logits
+        if return_type is None:
+            return None
+        if T < 2:
+            raise FbtError("return_type: the next-token loss needs at least 2 positions")
+        flat = logits[:, :-1].flatten(0, 1)
+        loss = F.cross_entropy(flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat,
+                               tokens[:, 1:].flatten())
+        return loss if return_type == "loss" else (logits, loss)
+
+    def _stopped(self, tokens: torch.Tensor, mode: Mode, serial: bool, stop_at_layer) -> torch.Tensor:
+        """The analysed pass through blocks 0..stop-1: the residual stream there."""
+        L = self.cfg.n_layers
+        if isinstance(stop_at_layer, bool) or not isinstance(stop_at_layer, int) or not -L <= stop_at_layer <= L:
+            raise FbtError(f"stop_at_layer: expected an integer in [{-L}, {L}], got {stop_at_layer!r}")
+        if serial:
+            raise FbtError("stop_at_layer: not with serial=True (every serial step needs the top layer's state); "
+                           "cache the final pass (serial=False), whose layers below the stop are the same")
+        stop = stop_at_layer if stop_at_layer >= 0 else L + stop_at_layer
+        T = tokens.shape[1]
         states, has = self.carried_states(tokens, mode)
-        ctx = HookContext("final", range(T), mode.passes(T))
-        return self._with_context(ctx, self.feedback_pass, tokens, states, has, hooked)[1]
+
+        def run():
+            return self._trunk(self._input(tokens, states, has, hooked), 0, None, hooked, tokens, stop=stop)
+
+        return self._with_context(HookContext("final", range(T), mode.passes(T)), run)
 

@@ -1,0 +1,283 @@
+"""What a TransformerLens user reaches for on `HookedTransformer`, on the latent-feedback model.
+
+- `FeedbackActivationCache`: TransformerLens's `ActivationCache` (what `run_with_cache` returns in
+  every mode). Its methods read `model.cfg` (`normalization_type`, `attn_only`, ...), the norms'
+  `hook_scale`, `blocks[l].attn.W_O` and `blocks[l].mlp.W_out`, which the model provides. One
+  difference is structural: under a feedback mode the layer-0 input is u_t = fusion(h_{t-1}, e_t),
+  not the embedding, so the residual decompositions (`decompose_resid`,
+  `get_full_resid_decomposition`) start from `blocks.0.hook_resid_pre`, labelled ``input`` (it is
+  ``embed`` where the mode carries no state and the input is the plain embedding): the components
+  still sum to the residual stream.
+- `TransformerLensSurface`: weights in TransformerLens's shapes (`W_E`, `W_U`, `W_Q`, `W_K`, `W_V`,
+  `W_O`, `W_in`, `W_gate`, `W_out`, `QK`, `OV`), the tokenizer helpers (`to_tokens`,
+  `to_str_tokens`, `to_string`, `to_single_token`) and `generate` (our greedy decoding).
+  `W_O` and `W_out` include the depth scaling (z @ W_O is the head's write to the stream);
+  `tokens_to_residual_directions` folds in the final norm's gain, so `logit_attrs` of a stack
+  normalised with `apply_ln` sums to the logits (before any soft-capping).
+- `without_wrappers`: the hooks-off computations of carried states run with module-level
+  `forward` overrides lifted, so a wrapper that instruments modules that way (nnsight) sees only
+  the analysed pass, the one whose activations the mode defines.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from transformer_lens.ActivationCache import ActivationCache
+from transformer_lens.FactoredMatrix import FactoredMatrix
+
+from fbt_probe.errors import FbtError
+
+
+class FeedbackActivationCache(ActivationCache):
+    """`ActivationCache` of a latent-feedback model; `mode` is the prefill mode it was cached under."""
+
+    def __init__(self, cache_dict, model, has_batch_dim: bool = True, mode: str | None = None):
+        super().__init__(cache_dict, model, has_batch_dim=has_batch_dim)
+        self.mode = mode
+
+    def _input_label(self) -> str:
+        from fbt_probe.model.modes import parse_mode
+
+        cfg = self.model.cfg
+        carries = False
+        if self.mode is not None:
+            mode = parse_mode(self.mode)
+            T = self["blocks.0.hook_resid_pre"].shape[-2]
+            carries = mode.first_fed_position(T) < T
+        return "input" if carries or getattr(cfg, "nanochat_input", False) else "embed"
+
+    def _check_sum(self, what: str, final: bool) -> None:
+        cfg = self.model.cfg
+        if getattr(cfg, "x0_mixing", False):
+            raise FbtError(f"{what}: this model mixes block 0's input into every block (x0_mixing), so a block's "
+                           "input is not the sum of the earlier components; read blocks.{l}.hook_resid_mix instead")
+        if final and getattr(cfg, "backout_layer", None) is not None:
+            raise FbtError(f"{what}: this model subtracts block {cfg.backout_layer}'s output before ln_final "
+                           "(backout_layer), so the final norm's input is hook_backout, not the sum of the components")
+
+    def apply_ln_to_stack(self, residual_stack, layer=None, mlp_input=False, pos_slice=None, batch_slice=None,
+                          has_batch_dim=True, recompute_ln=False):
+        self._check_sum("apply_ln_to_stack", layer is None or layer in (-1, self.model.cfg.n_layers))
+        return super().apply_ln_to_stack(residual_stack, layer, mlp_input, pos_slice, batch_slice, has_batch_dim,
+                                         recompute_ln)
+
+    def decompose_resid(self, layer=None, mlp_input=False, mode="all", apply_ln=False, pos_slice=None,
+                        incl_embeds=True, return_labels=False):
+        """TransformerLens's `decompose_resid`, with the layer-0 input as the first component (see module doc)."""
+        L = self.model.cfg.n_layers
+        layer = L if layer is None or layer == -1 else layer
+        self._check_sum("decompose_resid", layer == L)
+        if layer > 0 or (mlp_input and mode != "mlp"):
+            stack, labels = self._without_embed(super().decompose_resid, layer, mlp_input, mode, False, pos_slice,
+                                                False, True)
+        else:  # nothing before layer 0's attention but the input
+            row = self._input_row(pos_slice)
+            stack, labels = row.new_zeros(0, *row.shape[1:]), []
+        if incl_embeds:
+            stack = torch.cat([self._input_row(pos_slice), stack], dim=0)
+            labels = [self._input_label(), *labels]
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice, mlp_input=mlp_input)
+        return (stack, labels) if return_labels else stack
+
+    def get_full_resid_decomposition(self, layer=None, mlp_input=False, expand_neurons=True, apply_ln=False,
+                                     pos_slice=None, return_labels=False, project_output_onto=None):
+        """TransformerLens's `get_full_resid_decomposition` (heads, neurons, input, bias), the
+        input row being the layer-0 input (see module doc)."""
+        L = self.model.cfg.n_layers
+        layer = L if layer is None or layer == -1 else layer
+        self._check_sum("get_full_resid_decomposition", layer == L)
+        stack, labels = self._without_embed(super().get_full_resid_decomposition, layer, mlp_input, expand_neurons,
+                                            False, pos_slice, True, None)
+        at = labels.index("bias")
+        stack = torch.cat([stack[:at], self._input_row(pos_slice), stack[at:]], dim=0)
+        labels = [*labels[:at], self._input_label(), *labels[at:]]
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice, mlp_input=mlp_input)
+        if project_output_onto is not None:
+            stack = stack @ project_output_onto
+        return (stack, labels) if return_labels else stack
+
+    def _input_row(self, pos_slice) -> torch.Tensor:
+        from transformer_lens.utilities import Slice
+
+        pos_slice = pos_slice if isinstance(pos_slice, Slice) else Slice(pos_slice)
+        return pos_slice.apply(self["blocks.0.hook_resid_pre"], dim=-2)[None]
+
+    def _without_embed(self, fn, *args):
+        has = self.has_embed, self.has_pos_embed
+        self.has_embed = self.has_pos_embed = False
+        try:
+            return fn(*args)
+        finally:
+            self.has_embed, self.has_pos_embed = has
+
+
+class TransformerLensSurface:
+    """Mixin of `FeedbackTransformer`: TransformerLens's weight properties, tokenizer helpers and
+    `generate` (see module doc). Needs `cfg`, `embed`, `blocks`, `ln_final` and `tokenizer`."""
+
+    tokenizer = None  # a `tokenizers.Tokenizer`; checkpoint folders with a tokenizer.json set it on load
+
+    # ------------------------------------------------------------------ weights
+    @property
+    def W_E(self) -> torch.Tensor:  # [d_vocab, d_model]
+        return self.embed.weight
+
+    @property
+    def W_U(self) -> torch.Tensor:  # [d_model, d_vocab]
+        head = self.embed if self.cfg.tie_embeddings else self.unembed
+        return head.weight.t()
+
+    @property
+    def b_U(self) -> torch.Tensor:
+        return self.W_U.new_zeros(self.cfg.d_vocab)
+
+    def _stack(self, name: str) -> torch.Tensor:
+        return torch.stack([getattr(b.attn if name.endswith(("Q", "K", "V", "O")) else b.mlp, name) for b in self.blocks])
+
+    @property
+    def W_Q(self) -> torch.Tensor:  # [n_layers, n_heads, d_model, d_head]
+        return self._stack("W_Q")
+
+    @property
+    def W_K(self) -> torch.Tensor:  # [n_layers, n_heads, d_model, d_head]: each query head's KV head
+        return self._stack("_W_K").repeat_interleave(self.cfg.n_heads // self.cfg.n_key_value_heads, dim=1)
+
+    @property
+    def W_V(self) -> torch.Tensor:  # [n_layers, n_heads, d_model, d_head]
+        return self._stack("_W_V").repeat_interleave(self.cfg.n_heads // self.cfg.n_key_value_heads, dim=1)
+
+    @property
+    def W_O(self) -> torch.Tensor:  # [n_layers, n_heads, d_head, d_model], depth scaling included
+        return self._stack("W_O")
+
+    @property
+    def W_in(self) -> torch.Tensor:  # [n_layers, d_model, d_mlp]
+        return self._stack("W_in")
+
+    @property
+    def W_gate(self) -> torch.Tensor | None:  # [n_layers, d_model, d_mlp]; None for relu2 MLPs
+        return None if self.blocks[0].mlp.gate_proj is None else self._stack("W_gate")
+
+    @property
+    def W_out(self) -> torch.Tensor:  # [n_layers, d_mlp, d_model], depth scaling included
+        return self._stack("W_out")
+
+    @property
+    def QK(self) -> FactoredMatrix:
+        """W_Q W_K^T per layer and head (before QK-norm and RoPE, which act between them)."""
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        return FactoredMatrix(self.W_V, self.W_O)
+
+    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> torch.Tensor:
+        """Zero: the model has no biases (TransformerLens's cache methods add this row)."""
+        return self.W_E.new_zeros(self.cfg.d_model)
+
+    def tokens_to_residual_directions(self, tokens) -> torch.Tensor:
+        """The direction d of each token with logit = ln_final(resid) · d before the gain: W_U's
+        column times the final norm's gain (so the cache's `logit_attrs` sum to the logits)."""
+        if isinstance(tokens, str):
+            tokens = self.to_single_token(tokens)
+        W = self.W_U
+        if self.ln_final.weight is not None:
+            W = W * self.ln_final.weight[:, None]
+        if isinstance(tokens, torch.Tensor) and tokens.dim() > 0:
+            return W[:, tokens].movedim(0, -1)
+        return W[:, int(tokens)]
+
+    # ------------------------------------------------------------------ tokenizer
+    def _tok(self):
+        if self.tokenizer is None:
+            raise FbtError("this model has no tokenizer: load a checkpoint folder holding tokenizer.json "
+                           "(e.g. ref:tiny-feedback), or set model.tokenizer = tokenizers.Tokenizer.from_file(...)")
+        return self.tokenizer
+
+    def to_tokens(self, input, prepend_bos: bool | None = None, padding_side: str = "right",
+                  move_to_device: bool = True, truncate: bool = True) -> torch.Tensor:
+        """[batch, pos] token ids of a string or a list of strings (shorter rows padded with
+        <pad> on `padding_side`). No BOS: the task tokenizer has none (`prepend_bos=True` refuses)."""
+        if prepend_bos:
+            raise FbtError("to_tokens: prepend_bos=True, but this model's tokenizer has no BOS token")
+        if padding_side not in ("right", "left"):
+            raise FbtError(f"to_tokens: padding_side: expected 'right' or 'left', got {padding_side!r}")
+        texts = [input] if isinstance(input, str) else list(input)
+        tok = self._tok()
+        ids = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+        if truncate:
+            ids = [row[: self.cfg.n_ctx] for row in ids]
+        pad = tok.token_to_id("<pad>")
+        pad = 0 if pad is None else pad
+        width = max(len(row) for row in ids)
+        rows = [row + [pad] * (width - len(row)) if padding_side == "right" else [pad] * (width - len(row)) + row
+                for row in ids]
+        out = torch.tensor(rows, dtype=torch.long)
+        return out.to(self.W_E.device) if move_to_device else out
+
+    def to_str_tokens(self, input, prepend_bos: bool | None = None):
+        """The token strings: of a string (a list), a list of strings (a list of lists), or ids
+        (a 1-D or [1, pos] tensor, or a list of ints)."""
+        tok = self._tok()
+        if isinstance(input, list) and input and isinstance(input[0], str):
+            return [self.to_str_tokens(text, prepend_bos) for text in input]
+        if isinstance(input, str):
+            return tok.encode(input, add_special_tokens=False).tokens
+        ids = torch.as_tensor(input)
+        if ids.dim() == 2:
+            if ids.shape[0] != 1:
+                raise FbtError(f"to_str_tokens: expected one sequence, got a batch of shape {tuple(ids.shape)}")
+            ids = ids[0]
+        return [tok.id_to_token(int(i)) for i in ids.reshape(-1)]
+
+    def to_string(self, tokens):
+        """Text of token ids: a 1-D tensor gives a string, a [batch, pos] tensor a list of strings."""
+        tok = self._tok()
+        ids = torch.as_tensor(tokens)
+        if ids.dim() == 2:
+            return [tok.decode([int(i) for i in row], skip_special_tokens=False) for row in ids]
+        return tok.decode([int(i) for i in ids.reshape(-1)], skip_special_tokens=False)
+
+    def to_single_token(self, string: str) -> int:
+        ids = self._tok().encode(string, add_special_tokens=False).ids
+        if len(ids) != 1:
+            raise FbtError(f"to_single_token: {string!r} is {len(ids)} tokens, not one")
+        return ids[0]
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, input, max_new_tokens: int = 10, decoding: str = "std", do_sample: bool = False,
+                 return_type: str = "input", verbose: bool = False):
+        """Greedy continuation under one of the paper's decodings (``std``, ``soft``, ``fused``;
+        `fbt_probe.model.decoding`). Like TransformerLens, returns the input followed by the new
+        tokens: a string for a string input (`return_type="input"`, or ``"str"``), ids for ids
+        (or ``"tokens"``)."""
+        from fbt_probe.model.decoding import generate as greedy
+
+        if do_sample:
+            raise FbtError("generate: do_sample=True: only greedy decoding is implemented")
+        if return_type not in ("input", "str", "tokens"):
+            raise FbtError(f"generate: return_type: expected 'input', 'str' or 'tokens', got {return_type!r}")
+        text = isinstance(input, str) or (isinstance(input, list) and input and isinstance(input[0], str))
+        tokens = self.to_tokens(input) if text else input
+        new = greedy(self, tokens, max_new_tokens, decoding)
+        out = torch.cat([tokens, new], dim=1)
+        as_text = return_type == "str" or (return_type == "input" and text)
+        if not as_text:
+            return out
+        strings = self.to_string(out)
+        return strings[0] if isinstance(input, str) else strings
+
+
+@contextlib.contextmanager
+def without_wrappers(model):
+    """Lift instance-level `forward` overrides (how nnsight instruments modules) for the block,
+    so a hooks-off computation of carried states is invisible to such a wrapper; they come back after."""
+    lifted = [(m, m.__dict__.pop("forward")) for m in model.modules() if "forward" in m.__dict__]
+    try:
+        yield
+    finally:
+        for m, fwd in lifted:
+            m.__dict__["forward"] = fwd
