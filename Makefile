@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fbt-installed
 DEV_STAMP := $(VENV)/.fbt-dev-installed
 
-.PHONY: setup demo test reference-report clean
+.PHONY: setup demo test docs reference-report clean
 
 # Python writes the byte-code of the modules a run imports (torch, transformers, sklearn, ...) on
 # first import; with PYTHONDONTWRITEBYTECODE set every run re-compiles them (import torch: ~6 s
@@ -45,6 +45,11 @@ reference-report: setup
 # tests scheduled first so that they do not form the tail: about half the serial wall time on 2 cores.
 test: $(DEV_STAMP)
 	$(PY) -m pytest -m "not gpu" -q -n 2
+
+# The manual (docs/, mkdocs.yml) rendered with MkDocs Material into build/site/; --strict fails on
+# any warning (a broken link, a docstring mkdocstrings cannot render).
+docs: $(DEV_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,4 +1,4 @@
-"""Benchmark of the fusion epilogue (issue 7, docs/kernels.md).
+"""Benchmark of the fusion epilogue (docs/kernels.md).
 
 For D = 1536 and 1..64k rows (batch × positions) it times `RMSNorm(value ⊙ gate) · w` as
   eager      the pure-PyTorch reference (what the model runs on CPU),
