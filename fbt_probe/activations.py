@@ -226,8 +226,10 @@ def _plan(df: pd.DataFrame, modes: list[str], shard_rows: int) -> list[dict]:
     return shards
 
 
-def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int, dtype, path: Path) -> str:
-    """Write one shard (atomically) and its sha256 sidecar; returns the sha256."""
+def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int, dtype, path: Path,
+                 on_batch=None) -> str:
+    """Write one shard (atomically) and its sha256 sidecar; returns the sha256. `on_batch(shard,
+    n_rows)` is called after each forward."""
     parts: dict[str, list[torch.Tensor]] = {t.key: [] for t in targets}
     rows = shard["rows"]
     for i in range(0, len(rows), batch_size):
@@ -236,6 +238,8 @@ def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int,
                               device=_device(model))
         for key, value in collect(model, tokens, shard["mode"], targets, dtype).items():
             parts[key].append(value)
+        if on_batch is not None:
+            on_batch(shard, len(batch))
     tensors = {k: torch.cat(v).contiguous() for k, v in parts.items()}
     for key, value in tensors.items():
         if not torch.isfinite(value.float()).all():
@@ -258,8 +262,10 @@ def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool =
     or comma-separated string, None for the architecture's default (`ARCH_TARGETS`). A Hidden
     Decoding model has only mode `standard` (its streams x depths; `reference` and `extra_hooks`
     do not apply). `progress(done, total, shard)` and `on_shard(shard)` are called after each shard
-    (the latter lets tests interrupt an extraction); `require_arch` refuses a model of another
-    architecture.
+    (the latter lets tests interrupt an extraction); a `progress` object may also have
+    `start(shards)`, called with this process's shards before the first one, and `batch(shard,
+    n_rows)`, called after each forward (`ExtractProgress`, the command's bar, has both);
+    `require_arch` refuses a model of another architecture.
     """
     out_dir = Path(out_dir)
     spec = modes
@@ -353,6 +359,51 @@ def shard_cost(shard: dict) -> float:
     return float(len(shard["rows"]) * shard["n_tokens"])
 
 
+class ExtractProgress:
+    """The rich bar of `fbt-probe extract` (`fbt_probe.progress.bar`, as `train` draws its own): one
+    bar over this process's shards, each weighted by its work, samples x tokens (`shard_cost`), so
+    that the ETA does not take a long shard for a short one; it moves after every forward and jumps
+    over a shard an interrupted run already finished. Pass it as `extract(progress=...)` and stop it
+    after (`with ExtractProgress(console):`); `console`: a rich Console (default: stderr)."""
+
+    def __init__(self, console=None):
+        if console is None:
+            from rich.console import Console
+
+            console = Console(stderr=True)
+        self.console, self.progress, self.task, self.costs = console, None, None, []
+
+    def start(self, shards: list[dict]) -> None:
+        from rich.progress import TextColumn
+
+        from fbt_probe.progress import bar
+
+        self.costs = [shard_cost(s) for s in shards]
+        self.progress, self.task = bar(
+            "extract", float(sum(self.costs)), 0, TextColumn("{task.percentage:>3.0f}%"),
+            TextColumn("{task.fields[shards]} shards"), TextColumn("{task.fields[what]}"), console=self.console,
+            shards=f"0/{len(shards)}", what="")
+
+    def batch(self, shard: dict, n_rows: int) -> None:
+        if self.progress is not None:
+            self.progress.advance(self.task, float(n_rows * shard["n_tokens"]))
+
+    def __call__(self, done: int, total: int, shard: dict) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=sum(self.costs[:done]), shards=f"{done}/{total}",
+                                 what=f"{shard['mode']} {shard['task']} T={shard['n_tokens']}")
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def __enter__(self) -> "ExtractProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 def _run_plan(model, df, plan: dict, targets: dict, out_dir: Path, batch_size: int, dtype: str,
               progress, on_shard, model_hash: str, data_hash: str) -> None:
     """Write this rank's shards of the plan (all of them in a world of one; `distributed.assign`
@@ -361,13 +412,17 @@ def _run_plan(model, df, plan: dict, targets: dict, out_dir: Path, batch_size: i
     owner = distributed.assign([shard_cost(s) for s in plan["shards"]], world.size)
     mine = [(n, s) for n, s in enumerate(plan["shards"]) if owner[n] == world.rank]
     written, error = {}, None
+    if callable(getattr(progress, "start", None)):
+        progress.start([s for _, s in mine])
+    on_batch = getattr(progress, "batch", None)
     try:
         for done, (n, shard) in enumerate(mine):
             path = out_dir / shard["file"]
             if path.exists():  # a finished shard is kept as it is, once its bytes match the recorded sha256
                 digest = verify_finished(path)
             else:
-                digest = _write_shard(model, df, shard, targets[shard["mode"]], batch_size, DTYPES[dtype], path)
+                digest = _write_shard(model, df, shard, targets[shard["mode"]], batch_size, DTYPES[dtype], path,
+                                      on_batch if callable(on_batch) else None)
             written[n] = {"sha256": digest, "rss_mb": round(_rss_mb(), 1)}
             if progress is not None:
                 progress(done + 1, len(mine), shard)

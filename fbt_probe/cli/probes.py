@@ -25,6 +25,7 @@ def extract(
     dtype: Annotated[str, typer.Option(help="Stored dtype: float32, float16, bfloat16, float64.")] = "float32",
     device: Annotated[Optional[str], typer.Option(help="Device to run the model on (default cpu).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing activation folder (and nothing else): the new one is built beside it and swapped in when done.")] = False,
+    progress: Annotated[Optional[bool], typer.Option("--progress/--no-progress", help="A progress bar with ETA on stderr instead of one line per shard (default: when stderr is a terminal and one process runs).", show_default=False)] = None,
 ) -> None:
     """Extract the final-position residual stream at every depth for each prefill mode.
 
@@ -38,21 +39,31 @@ def extract(
     Example: fbt-probe extract runs/tiny data/tasks --modes standard,recurrent:1 --out runs/tiny/acts ;
     torchrun --standalone --nproc_per_node 4 -m fbt_probe extract runs/tiny data/tasks --out runs/tiny/acts
     """
+    import contextlib
+
+    from rich.console import Console
+
+    from fbt_probe.activations import ExtractProgress, is_activation_folder
     from fbt_probe.activations import extract as run_extract
-    from fbt_probe.activations import is_activation_folder
     from fbt_probe.distributed import world
 
     where = f"rank {world().rank} " if world().several else ""
 
-    def progress(done: int, total: int, shard: dict) -> None:
+    def lines(done: int, total: int, shard: dict) -> None:
         typer.echo(f"{where}[{done}/{total}] {shard['mode']:<14} {shard['task']:<11} T={shard['n_tokens']:<5} "
                    f"{len(shard['rows'])} samples", err=True)
 
+    # the bar where someone watches a terminal (or --progress asks for it); lines in a log or a pipe, and
+    # under torchrun, whose processes share one terminal
+    console = Console(stderr=True)
+    use_bar = (console.is_terminal if progress is None else progress) and not world().several
+    report = ExtractProgress(console) if use_bar else lines
     extra = [h.strip() for h in hooks.split(",") if h.strip()] if hooks else []
     replacing = force and out.is_dir() and is_activation_folder(out)
     try:
-        store = run_extract(run, dataset, modes, out, extra_hooks=extra, reference=reference, batch_size=batch_size,
-                            shard_rows=shard_rows, dtype=dtype, device=device, force=force, progress=progress)
+        with report if use_bar else contextlib.nullcontext():
+            store = run_extract(run, dataset, modes, out, extra_hooks=extra, reference=reference, batch_size=batch_size,
+                                shard_rows=shard_rows, dtype=dtype, device=device, force=force, progress=report)
     except KeyboardInterrupt:
         msg = f"{out} is unchanged (a forced extraction replaces it only when done)" if replacing else \
             "rerun the same command to resume"

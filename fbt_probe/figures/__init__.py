@@ -38,7 +38,7 @@ FIGURES: dict[str, FigureEntry] = {
     "fig7a": FigureEntry("fbt_probe.figures.probes", "fig7a", "probes.parquet",
                          "probe accuracy vs depth; panels task x {standard, recurrent:1}; colour = length"),
     "fig7b": FigureEntry("fbt_probe.figures.probes", "fig7b", "probes.parquet",
-                         "register sweeps (count m, writes per register): probe accuracy vs depth; lines = prefill modes, 95% CI over folds"),
+                         "register sweeps (count m, writes per register): probe accuracy vs depth; lines = prefill modes, band = min-max over folds"),
     "hidden": FigureEntry("fbt_probe.figures.hidden", "hidden_streams", "probes.parquet",
                           "Hidden Decoding: accuracy along (stream, depth), next to the feedback model's depth curve"),
     "patching-heatmap": FigureEntry("fbt_probe.figures.interventions", "patching_heatmap", "summary.parquet",

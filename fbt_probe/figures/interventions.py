@@ -10,16 +10,18 @@ steering-sweep:    probe-direction, the answer's movement (1 - normalized) vs st
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from fbt_probe.errors import FbtError
 from fbt_probe.figures import FIGURES as REGISTRY
 from fbt_probe.figures import FigureEntry, get_figure, register_figure
-from fbt_probe.figures.style import paper_style, subplots
+from fbt_probe.figures.style import model_words, paper_style, subplots, titled
 
 NEED = {"experiment", "condition", "mode", "task", "length_knob", "metric", "mean", "ci_low", "ci_high"}
 POOLED = -1  # length_knob of rows pooled over lengths
@@ -46,9 +48,21 @@ def _modes(t: pd.DataFrame) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- heatmap
-def patching_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | None = None):
+def position_labels(positions, final: int | None = None, offsets: bool = True) -> list[str]:
+    """Tick labels of sequence positions: the index, and under it its place relative to the final
+    position (the answer is read there): 'final', and with `offsets` 'final−1', 'final−2', ... The
+    summary tables carry position indices only (no tokens), and a length knob is one token length,
+    so its largest position is the final one."""
+    positions = [int(p) for p in positions]
+    final = max(positions) if final is None else int(final)
+    return [f"{p}\nfinal" if p == final else (f"{p}\nfinal−{final - p}" if offsets else str(p)) for p in positions]
+
+
+def patching_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | None = None,
+                     model_label: str | None = None):
     """Residual patching: depth (rows) × position (columns) of the mean `metric`; one panel per
-    task × mode × direction, at one length knob per task (`length`, default the shortest)."""
+    task × mode × direction, at one length knob per task (`length`, default the shortest). Columns
+    are labelled with the position index and its offset from the final position."""
     t = _check(table, ("residual",), "patching-heatmap")
     length = None if length is None else int(length)  # options may arrive as strings from the CLI
     t = t[(t["metric"] == metric) & (t["position"] >= 0)]
@@ -60,16 +74,18 @@ def patching_heatmap(table: pd.DataFrame, metric: str = "normalized", length: in
     n_rows = -(-len(panels) // n_cols)
     vmin, vmax, cmap = (0.0, 1.0, "viridis") if metric == "normalized" else (None, None, "coolwarm")
     with paper_style():
-        fig, axes = subplots(n_rows, n_cols, panel_height_in=1.9)
+        fig, axes = subplots(n_rows, n_cols, panel_height_in=2.0)
         for ax, (task, mode, d) in zip(axes.flat, panels):
             sub = t[(t.task == task) & (t["mode"] == mode) & (t.direction == d)]
             knob = length if length is not None else int(sub["length_knob"].min())
             sub = sub[sub["length_knob"] == knob]
             grid = sub.pivot_table(index="depth", columns="position", values="mean")
+            rule = sub["hook_rule"].iloc[0] if "hook_rule" in sub and len(sub) else ""
+            ax.set_title(f"{task} · {mode} · {d}\nlength {knob}" + (f", {rule}" if rule else ""))
             if grid.empty:  # every pair below the min-gap threshold: nothing to normalise
                 ax.text(0.5, 0.5, "no pair above the clean–corrupt\ngap threshold", ha="center", va="center", transform=ax.transAxes)
-                ax.set_title(f"{task} · {mode} · {d} (length {knob})")
                 continue
+            grid = grid.reindex(columns=range(int(grid.columns.min()), int(grid.columns.max()) + 1))
             if vmin is None:
                 lim = float(np.nanmax(np.abs(grid.to_numpy()))) or 1.0
                 lo, hi = -lim, lim
@@ -77,48 +93,123 @@ def patching_heatmap(table: pd.DataFrame, metric: str = "normalized", length: in
                 lo, hi = vmin, vmax
             im = ax.imshow(grid.to_numpy(), aspect="auto", origin="lower", cmap=cmap, vmin=lo, vmax=hi,
                            extent=(grid.columns.min() - .5, grid.columns.max() + .5, grid.index.min() - .5, grid.index.max() + .5))
-            rule = sub["hook_rule"].iloc[0] if "hook_rule" in sub else ""
-            ax.set_title(f"{task} · {mode} · {d} (length {knob}, {rule})")
+            cols = list(grid.columns)
+            step = max(1, -(-len(cols) // 8))  # at most 8 labels; the final position always has one
+            shown = sorted(set(cols[::-1][::step]))
+            ax.set_xticks(shown, position_labels(shown, final=cols[-1]), fontsize=6)
+            ax.set_yticks(sorted(grid.index))
             ax.set_xlabel("position")
             ax.set_ylabel("depth")
             ax.grid(False)
             fig.colorbar(im, ax=ax, shrink=0.85, label=metric)
         for ax in list(axes.flat)[len(panels):]:
             ax.set_visible(False)
+        shown_model = model_words(t, model_label)
+        if shown_model:
+            fig.suptitle(titled("Residual patching by depth and position", shown_model))
     return fig
 
 
 # ----------------------------------------------------------------------------- bars
-def ablation_bars(table: pd.DataFrame, metric: str = "normalized", length: int = POOLED):
+UNSTABLE_CI_WIDTH = 1.0
+"""A normalized bar whose 95 % CI is wider than this is left out of ablation-bars (see there)."""
+
+
+def ablation_bars(table: pd.DataFrame, metric: str = "normalized", length: int = POOLED, tasks: str | None = None,
+                  model_label: str | None = None, max_ci_width: float = UNSTABLE_CI_WIDTH):
     """Mean `metric` per condition with its bootstrap CI; bars grouped by task. One panel per
-    experiment × mode × decoding. `length`: a length knob, or -1 = pooled over lengths."""
+    experiment × mode × decoding. `length`: a length knob, or -1 = pooled over lengths.
+
+    `tasks`: comma-separated tasks the figure accounts for (default: those in the table); one with
+    no rows in the table is still listed in the legend, marked "not in this table", so a task the
+    experiments were not run on reads as such instead of silently missing. `model_label` names
+    the model in the title.
+
+    Bars left out: the normalized effect is a ratio, (patched − corrupt)/(clean − corrupt), whose
+    denominator is each pair's clean–corrupt logit-difference gap. A gap can pass the min-gap rule
+    (0.1) and still be small next to the change the intervention makes, and a few such pairs blow
+    the mean and its bootstrap CI up (a mean of 3.6 with CI [−1.4, 9.2]). A CI wider than
+    `max_ci_width` (default 1, the whole span from 0 = behaves like the corrupt run to 1 = like the
+    clean one) cannot tell no effect from a full one; drawn, such a bar also rescales the axis and
+    flattens every other bar. It is therefore replaced by a × at 0 and named in a note under the
+    panels (its numbers stay in the tables); other metrics are not ratios and are always drawn.
+    """
     t = _check(table, ("feedback-swap", "state-replacement", "gate-ablation"), "ablation-bars")
     length = int(length)
+    shown_model = model_words(t, model_label)
     t = t[(t["metric"] == metric) & (t["length_knob"] == length)]
     if t.empty:
         raise FbtError(f"ablation-bars: no rows for metric '{metric}' at length {length}")
     decoding = t["decoding"] if "decoding" in t else pd.Series("prefill", index=t.index)
     t = t.assign(decoding=decoding)
     panels = list(t.groupby(["experiment", "mode", "decoding"], sort=True))
-    tasks = _tasks(t)
+    present = _tasks(t)
+    wanted = [x.strip() for x in str(tasks).split(",") if x.strip()] if tasks else []
+    task_list = list(dict.fromkeys(wanted + present)) if wanted else present
+    missing = [x for x in task_list if x not in present]
+    colors = {task: f"C{i}" for i, task in enumerate(task_list)}
+    max_ci_width = float(max_ci_width)
+    conds_of = [sorted(dict.fromkeys(sub["condition"]), key=lambda c: (
+        CONDITION_ORDER.index(c) if c in CONDITION_ORDER else len(CONDITION_ORDER), c)) for _, sub in panels]
+    left_out: dict = {}  # task -> experiment -> condition -> the panels (mode / decoding) it was left out of
     with paper_style():
-        fig, axes = subplots(1, len(panels), panel_height_in=2.3, sharey=True)
-        for ax, ((exp, mode, dec), sub) in zip(axes.flat, panels):
-            conds = sorted(dict.fromkeys(sub["condition"]), key=lambda c: (
-                CONDITION_ORDER.index(c) if c in CONDITION_ORDER else len(CONDITION_ORDER), c))
-            width = 0.8 / max(len(tasks), 1)
-            for j, task in enumerate(tasks):
+        # panel widths follow their condition counts, so a one-condition panel has bars as narrow as the others
+        any_wide = metric == "normalized" and bool(((t["ci_high"] - t["ci_low"]) > max_ci_width).any())
+        fig, axes = subplots(1, len(panels), panel_height_in=2.4 + 0.5 * any_wide, sharey=True,  # room for the note
+                             gridspec_kw={"width_ratios": [max(len(c), 1.5) for c in conds_of]})
+        for ax, ((exp, mode, dec), sub), conds in zip(axes.flat, panels, conds_of):
+            width = 0.8 / max(len(present), 1)
+            where = mode if dec == "prefill" else dec + " decoding"
+            for j, task in enumerate(present):
                 s = sub[sub.task == task].set_index("condition").reindex(conds)
-                x = np.arange(len(conds)) + (j - (len(tasks) - 1) / 2) * width
+                x = np.arange(len(conds)) + (j - (len(present) - 1) / 2) * width
+                wide = ((s["ci_high"] - s["ci_low"]) > max_ci_width).to_numpy() if metric == "normalized" else \
+                    np.zeros(len(conds), bool)
+                keep = ~wide
+                mean = s["mean"].to_numpy(float)
                 err = np.vstack([s["mean"] - s["ci_low"], s["ci_high"] - s["mean"]])
-                ax.bar(x, s["mean"], width, yerr=np.nan_to_num(err), capsize=2, label=task)
+                ax.bar(x[keep], mean[keep], width, yerr=np.nan_to_num(err[:, keep]), capsize=2, color=colors[task],
+                       label=task)
+                if wide.any():
+                    ax.plot(x[wide], np.zeros(int(wide.sum())), ls="none", marker="x", ms=5, mew=1.2, color=colors[task])
+                    for c in np.array(conds)[wide]:
+                        left_out.setdefault(task, {}).setdefault(exp, {}).setdefault(str(c), []).append(where)
             ax.set_xticks(np.arange(len(conds)), conds, rotation=30, ha="right")
             ax.axhline(0, color="black", lw=0.6)
             if metric == "normalized":
                 ax.axhline(1, color="0.4", lw=0.6, ls="--")
             ax.set_title(f"{exp}\n{mode if dec == 'prefill' else dec + ' decoding'}")
-        axes.flat[0].set_ylabel(f"{metric} (mean, bootstrap CI over pairs)")
-        axes.flat[0].legend(title="task")
+        axes.flat[0].set_ylabel(f"{metric}\n(mean, bootstrap 95 % CI, pairs)")
+        from matplotlib.patches import Patch
+
+        handles = [Patch(facecolor=colors[x], label=x) for x in present]
+        handles += [Patch(facecolor="white", edgecolor=colors[x], hatch="///", label=f"{x}: not run (no rows)")
+                    for x in missing]
+        note = None
+        if left_out:
+            handles.append(Line2D([], [], ls="none", marker="x", ms=5, mew=1.2, color="0.3",
+                                  label=f"left out: CI wider than {max_ci_width:g} (above)"))
+            which = "; ".join(f"{task} — " + ", ".join(
+                f"{exp}: {', '.join(f'{c} ({chr(47).join(dict.fromkeys(w))})' for c, w in conds.items())}"
+                for exp, conds in exps.items()) for task, exps in left_out.items())
+            note = textwrap.fill(
+                f"×: bar left out, its 95 % CI is wider than {max_ci_width:g}, the span from corrupt (0) to clean (1): the "
+                "normalized effect divides by each pair's clean–corrupt gap, and pairs with a small gap blow it up "
+                f"(values in the summary table). Left out: {which}.", 160)
+        # under the panels, outside them (inside a panel the legend covers bars wherever it goes); the note
+        # on left-out bars is its title, so that the layout makes room for both
+        fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5), frameon=False,
+                   title=note, title_fontsize=6)
+        where = ""
+        if "lengths" in t.columns and int(length) == POOLED:  # say what a pooled bar pools
+            pooled = sorted({x for v in t["lengths"].dropna() for x in str(v).split(",") if x}, key=int)
+            where = f" (pooled over length{'s' if len(pooled) > 1 else ''} {', '.join(pooled)})" if pooled else ""
+        elif int(length) != POOLED:
+            where = f" (length {int(length)})"
+        if shown_model:
+            fig.suptitle(titled("Ablations of the feedback path" + where, shown_model))
+        elif where:
+            fig.suptitle("Ablations of the feedback path" + where)
     return fig
 
 

@@ -1,11 +1,13 @@
 """Figures of attribution patching and DAS, drawn from an experiment's `summary.parquet`.
 
 atp-heatmap: the AtP map, (pass ×) hook × position of the mean metric; one panel per task × mode ×
-             direction; cells that the parity check patched exactly are ringed.
+             direction, cropped to the positions that carry an effect (the final one always);
+             cells that the parity check patched exactly are ringed.
 atp-parity:  AtP against exact patching on the checked cells (means over pairs), one panel per task ×
              mode, with the diagonal; Spearman and the worst error in the title.
-das-iia:     interchange intervention accuracy against the subspace dimension k, one line per hook
-             (DAS solid, random rotation dashed, full-vector interchange dotted), bootstrap CIs.
+das-iia:     interchange intervention accuracy per subspace dimension k: points with bootstrap CIs per
+             hook × method (DAS, random rotation; the full-vector interchange in its own slot), not
+             joined across k, and the chance line 1 / the task's label count.
 """
 from __future__ import annotations
 
@@ -45,11 +47,36 @@ def _atp_rows(table: pd.DataFrame, metric: str) -> pd.DataFrame:
     return t.assign(pass_index=t["pass_index"] if "pass_index" in t else 1)
 
 
+def signal_columns(values: np.ndarray, base: float, keep: int, min_share: float) -> list[int]:
+    """Columns of an AtP map worth drawing: the last (the final position, where the answer is read)
+    and, of the others, the `keep` - 1 whose largest |value - base| is largest, if at least
+    `min_share` of the map's largest; in position order. `keep` <= 0: every column."""
+    n = values.shape[1]
+    if keep <= 0 or n <= 1:
+        return list(range(n))
+    dev = np.abs(values - base)
+    col = np.where(np.isnan(dev).all(axis=0), 0.0, np.nanmax(np.where(np.isnan(dev), -np.inf, dev), axis=0))
+    top = float(col.max()) if n else 0.0
+    ranked = [j for j in np.argsort(-col[:-1], kind="stable") if top > 0 and col[j] >= min_share * top]
+    return sorted([n - 1] + [int(j) for j in ranked[:max(keep - 1, 0)]])
+
+
 def atp_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | None = None,
-                direction: str | None = None, mode: str | None = None):
+                direction: str | None = None, mode: str | None = None, positions: int = 12,
+                min_share: float = 0.1, model_label: str | None = None):
     """AtP map: rows are (pass, hook) in forward order, columns positions. `direction` / `mode`: only
-    those panels (with both samples of every pair in the table, noising is 1 - denoising of the partner)."""
+    those panels (with both samples of every pair in the table, noising is 1 - denoising of the partner).
+
+    Columns: an AtP map spans every position of the context, and the effect sits in a few of them
+    (mostly the final one), so drawn whole it is a grey field with a one-pixel signal. Each panel
+    therefore shows at most `positions` columns: the final position and those whose largest effect
+    is at least `min_share` of the panel's largest (white lines mark skipped positions; ticks give
+    each position's index and its offset from the final one). `positions=0` draws every position."""
+    from fbt_probe.figures.interventions import position_labels
+    from fbt_probe.figures.style import model_words, titled
+
     t = _atp_rows(table, metric)
+    positions, min_share = int(positions), float(min_share)
     atp, exact = t[t["method"] == "atp"], t[t["method"] == "exact"]
     dirs = ("denoising", "noising") if direction is None else (direction,)
     modes = _modes(atp) if mode is None else [m.strip() for m in str(mode).split(",")]
@@ -60,6 +87,7 @@ def atp_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | N
     n_cols = min(len(panels), 2)
     n_rows = -(-len(panels) // n_cols)
     heights = [len(atp[(atp.task == p[0]) & (atp["mode"] == p[1])][["condition", "pass_index"]].drop_duplicates()) for p in panels]
+    hidden_checks = 0
     with paper_style():
         fig, axes = subplots(n_rows, n_cols, panel_height_in=max(1.9, 0.16 * max(heights)))
         for ax, (task, mode, d) in zip(axes.flat, panels):
@@ -77,6 +105,9 @@ def atp_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | N
                 ax.set_yticks([])
                 continue
             base = 0.0 if (metric != "normalized" or d == "denoising") else 1.0
+            kept = signal_columns(values, base, positions, min_share)
+            all_positions = [int(p) for p in grid.columns]
+            grid, values = grid.iloc[:, kept], values[:, kept]
             lim = float(np.nanmax(np.abs(values - base))) or 1.0
             im = ax.imshow(values, aspect="auto", cmap="coolwarm", vmin=base - lim, vmax=base + lim, interpolation="nearest")
             rows = {ix: i for i, ix in enumerate(grid.index)}
@@ -85,17 +116,28 @@ def atp_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | N
             for r in chk.itertuples():
                 if (r.pass_index, r.condition) in rows and r.position in cols:
                     ax.scatter(cols[r.position], rows[(r.pass_index, r.condition)], s=14, facecolors="none", edgecolors="black", lw=0.7)
+                elif (r.pass_index, r.condition) in rows:
+                    hidden_checks += 1
+            shown = [int(p) for p in grid.columns]
+            for j in range(1, len(shown)):  # a skipped stretch of positions
+                if shown[j] - shown[j - 1] > 1:
+                    ax.axvline(j - 0.5, color="white", lw=2.0)
             multi = grid.index.get_level_values(0).nunique() > 1
             ax.set_yticks(range(len(grid.index)), [(f"p{k} " if multi else "") + short_hook(h) for k, h in grid.index], fontsize=5.5)
-            step = max(1, -(-len(grid.columns) // 6))
-            ax.set_xticks(range(0, len(grid.columns), step), [str(p) for p in grid.columns[::step]])
-            ax.set_xlabel("position")
+            ax.set_xticks(range(len(shown)), position_labels(shown, final=max(all_positions), offsets=False), fontsize=5.5)
+            ax.set_xlabel(f"position ({len(shown)} of {len(all_positions)} shown)" if len(shown) < len(all_positions) else "position")
             ax.grid(False)
             ax.set_title(title)
             fig.colorbar(im, ax=ax, shrink=0.85, label=f"AtP {metric}")
         for ax in list(axes.flat)[len(panels):]:
             ax.set_visible(False)
-        fig.suptitle("attribution patching (first-order); ringed: cells patched exactly by the parity check")
+        what = "attribution patching (first-order); ringed: cells patched exactly by the parity check"
+        if positions > 0:
+            what += (f"\ncolumns: the final position and those with at least {min_share:.0%} of the panel's largest effect;"
+                     "\nwhite lines: positions skipped")
+            if hidden_checks:
+                what += f" ({hidden_checks} checked cells lie at positions not shown)"
+        fig.suptitle(titled(what, model_words(t, model_label)))
     return fig
 
 
@@ -148,38 +190,80 @@ def atp_parity(table: pd.DataFrame, metric: str = "normalized"):
     return fig
 
 
-def das_iia(table: pd.DataFrame, metric: str = "iia", length: int = -1):
-    """IIA vs k per hook; DAS solid, random rotation dashed, full-vector interchange dotted."""
+CHANCE_METRICS = ("iia", "iia_choice", "accuracy", "choice")
+"""DAS metrics that are a rate of picking one label among the task's labels: they get a chance line."""
+
+
+def n_classes(task: str, table: pd.DataFrame | None = None) -> int:
+    """How many labels `task` has: the table's `n_classes` column where it has one, else 2: every
+    task spec names exactly two label words (spec validation). Figures read tables only, never the
+    task specs (the layer contract), so a table of a task with more labels carries the column."""
+    if table is not None and "n_classes" in table.columns:
+        v = table.loc[table["task"] == task, "n_classes"].dropna()
+        if len(v):
+            return int(v.iloc[0])
+    return 2
+
+
+def das_iia(table: pd.DataFrame, metric: str = "iia", length: int = -1, model_label: str | None = None):
+    """IIA per subspace dimension k and hook: one point (bootstrap CI as error bar) per hook ×
+    method side by side at each k, DAS filled circles, random rotation open squares, the
+    full-vector interchange (diamonds) at its own slot after the largest k. k is a discrete choice of
+    subspace size, so points are not joined across k. Dashed: chance, 1 / the task's label count
+    (`n_classes`), for a metric that is a rate of picking the source's label."""
+    from fbt_probe.figures.style import model_words, titled
+
     t = _check(table, ("das",), "das-iia")
     t = t[(t["metric"] == metric) & (t["length_knob"] == int(length))]
     if t.empty:
         raise FbtError(f"das-iia: no rows for metric '{metric}' at length {length}")
     panels = [(task, mode) for task in _tasks(t) for mode in _modes(t) if not t[(t.task == task) & (t["mode"] == mode)].empty]
     hooks = sorted(t["condition"].unique(), key=_hook_rank)
+    styles = (("das", "o", True), ("random-rotation", "s", False))
     with paper_style():
         fig, axes = subplots(1, len(panels), panel_height_in=2.5, sharey=True)
         for ax, (task, mode) in zip(axes.flat, panels):
             sub = t[(t.task == task) & (t["mode"] == mode)]
+            ks = sorted(int(k) for k in sub.loc[sub.method.isin(["das", "random-rotation"]), "subspace_dim"].unique())
+            full = sub[sub.method == "full-interchange"]
+            slots = {k: i for i, k in enumerate(ks)}
+            n_series = len(hooks) * len(styles)
+            step = 0.7 / max(n_series, 1)
             for i, hook in enumerate(hooks):
                 color = f"C{i}"
-                for method, ls, lab in (("das", "-", short_hook(hook)), ("random-rotation", "--", None)):
+                for m, (method, marker, filled) in enumerate(styles):
                     r = sub[(sub.condition == hook) & (sub.method == method)].sort_values("subspace_dim")
                     if r.empty:
                         continue
-                    ax.plot(r["subspace_dim"], r["mean"], marker="o", ls=ls, color=color, label=lab)
-                    ax.fill_between(r["subspace_dim"], r["ci_low"], r["ci_high"], color=color, alpha=0.12, lw=0)
-                full = sub[(sub.condition == hook) & (sub.method == "full-interchange")]
-                if len(full):
-                    ax.axhline(float(full["mean"].iloc[0]), color=color, ls=":", lw=0.9)
-            ax.set_xscale("log", base=2)
-            ks = sorted(sub.loc[sub.method == "das", "subspace_dim"].unique())
-            ax.set_xticks(ks, [str(k) for k in ks])
+                    off = (i * len(styles) + m - (n_series - 1) / 2) * step
+                    x = np.array([slots[int(k)] for k in r["subspace_dim"]]) + off
+                    y = r["mean"].to_numpy(float)
+                    ax.errorbar(x, y, yerr=np.nan_to_num(np.vstack([y - r["ci_low"], r["ci_high"] - y])), ls="none",
+                                marker=marker, color=color, mfc=color if filled else "white", capsize=1.5, elinewidth=0.8,
+                                label=f"{short_hook(hook)} · {'DAS' if method == 'das' else 'random rotation'}")
+                f = full[full.condition == hook]
+                if len(f):
+                    off = (i - (len(hooks) - 1) / 2) * (0.7 / max(len(hooks), 1))
+                    y = float(f["mean"].iloc[0])
+                    ax.errorbar([len(ks) + off], [y], yerr=[[y - float(f["ci_low"].iloc[0])], [float(f["ci_high"].iloc[0]) - y]],
+                                ls="none", marker="D", color=color, capsize=1.5, elinewidth=0.8,
+                                label=f"{short_hook(hook)} · full-vector interchange")
+            if metric in CHANCE_METRICS:
+                n = n_classes(task, table)
+                ax.axhline(1.0 / n, color="black", lw=0.8, ls="--", label=f"chance (1/{n} labels)")
+            ticks = list(range(len(ks))) + ([len(ks)] if len(full) else [])
+            ax.set_xticks(ticks, [str(k) for k in ks] + (["full\nvector"] if len(full) else []))
+            ax.set_xlim(-0.6, max(ticks) + 0.6)
             ax.set_ylim(-0.03, 1.03)
             ax.set_xlabel("subspace dimension k")
             ax.set_title(f"{task} · {mode}")
         axes.flat[0].set_ylabel(f"{metric} on held-out groups")
-        handles, labels = axes.flat[0].get_legend_handles_labels()
-        fig.legend(handles, labels, title="DAS (solid) · random rotation (dashed) · full-vector interchange (dotted)",
-                   loc="upper center", ncol=max(1, len(labels)), fontsize=7, title_fontsize=7, frameon=False,
-                   bbox_to_anchor=(0.5, 0.0))  # under the panels (saved with a tight box), off the curves and labels
+        handles = {}
+        for ax in axes.flat:  # every series once, whichever panel has it
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(lab, h)
+        order = sorted(handles, key=lambda lab: lab.startswith("chance"))  # the series, then the chance line
+        fig.legend([handles[lab] for lab in order], order, loc="outside lower center", ncols=3, frameon=False)
+        shown = model_words(t, model_label)
+        fig.suptitle(titled("DAS: interchange intervention accuracy by subspace dimension (bootstrap 95 % CI)", shown))
     return fig

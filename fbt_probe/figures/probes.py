@@ -2,7 +2,7 @@
 
 fig7a: held-out accuracy vs depth, panels task x {standard, recurrent:1}, one colour per length.
 fig7b: the register sweeps (count m = 1/2/4/8, writes 2/4/8 at m = 8), one line per prefill mode,
-95 % CI over folds. Both show the 0.5 chance line and the majority baseline on the same splits;
+the spread over folds (min-max). Both show the 0.5 chance line and the majority baseline on the same splits;
 fig7a shades the fold spread (min-max over folds).
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from fbt_probe.errors import FbtError
-from fbt_probe.figures.style import paper_style, subplots
+from fbt_probe.figures.style import model_words, paper_style, subplots, titled
 
 REFERENCE_MODE = "carried-state"
 MODE_ORDER = ("standard", "recurrent:1", "recurrent:2", "recurrent:4", "full")
@@ -74,19 +74,25 @@ def _legend(fig, axes, skip=()) -> None:
             key = lab.split(" (")[0] if lab.startswith("majority") else lab
             handles.setdefault(key, h)
             labels.setdefault(key, lab if not lab.startswith("majority") else "majority baseline, same splits")
+    # three columns: four of fig7a's longest labels are wider than the page and were cut off
     fig.legend(list(handles.values()), list(labels.values()), loc="outside lower center",
-               ncol=min(len(handles), 4), frameon=False)
+               ncol=min(len(handles), 3), frameon=False)
 
 
 def fig7a(table: pd.DataFrame, tasks: str | None = None, modes: str = "standard,recurrent:1",
-          baseline: pd.DataFrame | None = None, model: str | None = None):
+          baseline: pd.DataFrame | None = None, model: str | None = None, model_label: str | None = None):
     """Probe accuracy vs depth; rows = tasks (default: completion, memory), columns = modes.
+
+    The title names the model shown: `model_label` (e.g. "feedback model", "no-feedback baseline"),
+    else the checkpoint folder in the table's `model` column, since the feedback model's and the
+    baseline's figures are otherwise alike.
 
     `baseline`: a probe table of the no-feedback baseline model; its `recurrent:1` curve (mean over
     lengths) is drawn dashed in the recurrent:1 panels. The carried-state reference (the state that
     recurrent:1 feeds into depth 0) is drawn as a horizontal line in those panels.
     """
     table = _one_model(table, model, "fig7a")
+    shown = model_words(table, model_label)
     present = list(dict.fromkeys(table["task"]))
     task_list = tasks.split(",") if tasks else [t for t in ("completion", "memory") if t in present] or \
         [t for t in present if not t.startswith("registers")]
@@ -128,7 +134,7 @@ def fig7a(table: pd.DataFrame, tasks: str | None = None, modes: str = "standard,
                     ax.set_ylabel("Held-out probe accuracy")
         _length_legend(fig, colors, LENGTH_WORDS.get(task_list[0], "Distractor lines"))
         _legend(fig, axes, skip={f"{int(k)}" for k in lengths})
-        fig.suptitle("Where the label becomes linearly readable, by depth and prefill mode")
+        fig.suptitle(titled("Where the label becomes linearly readable, by depth and prefill mode", shown))
     return fig
 
 
@@ -146,17 +152,13 @@ def _viridis(n: int):
     return [cmap(x) for x in np.linspace(0.0, 0.85, max(n, 1))][:n]
 
 
-def fold_ci(table: pd.DataFrame, metric: str = "accuracy", level: float = 0.95) -> pd.DataFrame:
-    """Mean over folds and a t-interval of that mean per (length, depth): `mean`, `low`, `high`.
-
-    The fold, not the sample, is the unit: grouped folds keep each group's correlated samples
-    together, so a binomial interval over samples would be too narrow."""
-    from scipy import stats
-
+def fold_spread(table: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
+    """Mean over folds and the spread (min, max) over folds per (length, depth): `mean`, `low`,
+    `high`. Grouped folds are few and share the probe's training data, so they are not independent
+    draws: the band shows their spread, not an interval (the report's intervals: `fbt_probe.stats`)."""
     t = table[table["metric"] == metric]
-    g = t.groupby(["length", "depth"])["value"].agg(["mean", "std", "count"]).reset_index()
-    half = stats.t.ppf(0.5 + level / 2, np.maximum(g["count"] - 1, 1)) * g["std"].fillna(0) / np.sqrt(g["count"])
-    g["low"], g["high"] = (g["mean"] - half).clip(0, 1), (g["mean"] + half).clip(0, 1)
+    g = t.groupby(["length", "depth"])["value"].agg(["mean", "min", "max"]).reset_index()
+    g = g.rename(columns={"min": "low", "max": "high"})
     return g.sort_values(["length", "depth"])
 
 
@@ -170,12 +172,14 @@ def _sweep_title(task: str, length: int) -> str:
     return f"m = 8, {length} writes each"
 
 
-def fig7b(table: pd.DataFrame, tasks: str = "registers-count,registers", modes: str | None = None, model: str | None = None):
+def fig7b(table: pd.DataFrame, tasks: str = "registers-count,registers", modes: str | None = None, model: str | None = None,
+          model_label: str | None = None):
     """The register sweeps as the paper draws Fig. 7b: one panel per register count (task
     `registers-count`, first row) and per writes-per-register at m = 8 (task `registers`, second
     row); one line per prefill mode (default: standard, recurrent:1/2/4, full, then any other mode in
-    the table) with its 95 % CI over folds (t-interval); chance and majority-baseline lines."""
+    the table) with its spread over folds (min-max band); chance and majority-baseline lines."""
     table = _one_model(table, model, "fig7b")
+    shown = model_words(table, model_label)  # the title names the model, as in fig7a
     task_list = [t for t in tasks.split(",") if (table["task"] == t).any()]
     if not task_list:
         raise FbtError(f"fig7b: the table has no rows for task(s) {tasks} (has {', '.join(sorted(table['task'].unique()))})")
@@ -198,7 +202,7 @@ def fig7b(table: pd.DataFrame, tasks: str = "registers-count,registers", modes: 
                     continue
                 length = rows[task][j]
                 for mode in mode_list:
-                    c = fold_ci(cell[(cell["mode"] == mode) & (cell["length"] == length)])
+                    c = fold_spread(cell[(cell["mode"] == mode) & (cell["length"] == length)])
                     if not c.empty:
                         ax.plot(c["depth"], c["mean"], marker="o", color=palette.get(mode), label=mode)
                         ax.fill_between(c["depth"], c["low"], c["high"], color=palette.get(mode), alpha=0.15, lw=0)
@@ -209,6 +213,7 @@ def fig7b(table: pd.DataFrame, tasks: str = "registers-count,registers", modes: 
                 if j == 0:
                     ax.set_ylabel(f"{SWEEPS.get(task, (task,))[0].capitalize()} sweep\nheld-out probe accuracy")
         _legend(fig, axes)
-        fig.suptitle("Multi-register latest-write tracking: probe accuracy by depth per prefill mode "
-                     "(bands: 95 % CI over folds)")
+        fig.suptitle(titled("Multi-register latest-write tracking: probe accuracy by depth per prefill mode "
+                            "(bands: min-max over folds)" if not shown else
+                            "Multi-register latest-write tracking by depth per prefill mode (bands: min-max over folds)", shown))
     return fig

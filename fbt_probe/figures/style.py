@@ -28,3 +28,24 @@ def paper_style():
 def subplots(n_rows: int, n_cols: int, panel_height_in: float = 2.0, width_in: float = PAGE_WIDTH_IN, **kw):
     return plt.subplots(n_rows, n_cols, figsize=(width_in, panel_height_in * n_rows), squeeze=False,
                         constrained_layout=True, **kw)
+
+
+def model_words(table, label: str | None = None) -> str:
+    """Which model a figure shows, for its title: `label` when given (the study names its models:
+    "feedback model", "no-feedback baseline"), else the folder name of the table's one `model`
+    (a checkpoint path), else ""."""
+    if label:
+        return str(label)
+    if table is not None and "model" in getattr(table, "columns", ()):
+        names = sorted({str(m).rstrip("/").rsplit("/", 1)[-1] for m in table["model"].dropna().unique()})
+        if len(names) == 1 and names[0]:
+            return f"model {names[0]}"
+    return ""
+
+
+def titled(text: str, model: str) -> str:
+    """`Model: text` (the model's words first, where a reader looks, when known)."""
+    if not model:
+        return text
+    lead = text[0].lower() if text[1:2].islower() else text[0]  # an acronym (DAS) keeps its case
+    return f"{model[0].upper()}{model[1:]}: {lead}{text[1:]}"

@@ -23,6 +23,8 @@ from fbt_probe.tasks.generators import suffix_modes
 ATP_MODES = ("standard", "recurrent:1", "jacobi:2")
 LENS_MODES = ("standard", "recurrent:1", "full", "jacobi:3")
 FEEDBACK = "fusion.hook_feedback"
+MODEL_WORDS = {"feedback": "feedback model", "baseline": "no-feedback baseline"}
+"""How figure titles name the study's models (a figure of one model must say which)."""
 
 
 def _model(cfg, out: Path, name: str):
@@ -132,12 +134,14 @@ def figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
     jobs = []
     for n in cfg.methods_models():
         t = tables(out, n)
+        words = {"model_label": MODEL_WORDS.get(n, n)}
         if t["atp"] is not None:
-            jobs.append((f"atp-heatmap-{n}", "atp-heatmap", t["atp"], {"direction": "denoising", "mode": "recurrent:1,jacobi:2"}))
+            jobs.append((f"atp-heatmap-{n}", "atp-heatmap", t["atp"], {"direction": "denoising", "mode": "recurrent:1,jacobi:2",
+                                                                       **words}))
             if (t["atp"]["method"] == "exact").any():
                 jobs.append((f"atp-parity-{n}", "atp-parity", t["atp"], {}))
         if t["das"] is not None and len(t["das"]):
-            jobs.append((f"das-iia-{n}", "das-iia", t["das"], {}))
+            jobs.append((f"das-iia-{n}", "das-iia", t["das"], words))
         if t["lens"] is not None:
             jobs.append((f"lens-{n}", "lens", t["lens"], {}))
     return jobs

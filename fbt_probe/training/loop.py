@@ -13,12 +13,13 @@ import time
 from pathlib import Path
 
 import torch
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import TextColumn
 
 from fbt_probe import distributed
 from fbt_probe.errors import FbtError
 from fbt_probe.model.components import use_path
 from fbt_probe.model.loss import weighted_ce  # noqa: F401  (re-exported)
+from fbt_probe.progress import bar
 from fbt_probe.training import parallel
 from fbt_probe.training.checkpoint import save_run
 from fbt_probe.training.config import TrainConfig
@@ -171,9 +172,6 @@ def _append(path: Path, rec: dict) -> None:
 
 
 def _progress(total: int, done: int):
-    prog = Progress(TextColumn("train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[tps]:,.0f} tok/s"),
-                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), transient=False)
-    prog.start()
-    return prog, prog.add_task("train", total=total, completed=done, loss=float("nan"), tps=0.0)
+    return bar("train", total, done, TextColumn("{task.completed}/{task.total}"), TextColumn("loss {task.fields[loss]:.3f}"),
+               TextColumn("{task.fields[tps]:,.0f} tok/s"), loss=float("nan"), tps=0.0)
 
