@@ -241,7 +241,11 @@ def test_methods_run_every_task_and_report_the_papers_suffix_modes(tmp_path):
     from fbt_probe.reproduce.pipeline import ReproConfig
 
     cfg = ReproConfig()
-    assert methods_knobs(cfg) == {"completion": [8], "memory": [8], "registers": [2], "registers-count": [1]}
+    # the full study runs the causal experiments at every probe length; the demo at one per task
+    assert methods_knobs(cfg) == {"completion": [0, 8, 32], "memory": [0, 8, 32], "registers": [2, 4, 8],
+                                  "registers-count": [1]}
+    assert methods_knobs(ReproConfig.demo_config()) == {"completion": [8], "memory": [8], "registers": [2],
+                                                        "registers-count": [1]}
     assert methods_knobs(ReproConfig.quick_config())["registers-count"] == [2]
     for task, suffix in (("memory", None), ("registers", {"1": 3, "2": 5, "4": 9})):
         folder = tmp_path / "results" / "lens" / "feedback" / task

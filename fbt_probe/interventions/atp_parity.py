@@ -1,6 +1,7 @@
 """How far to trust an attribution map: exact patching on the K cells AtP ranks highest plus K random
 others (`fbt-probe patch --experiment attribution --check K`), then Spearman rank correlation and the
-worst absolute error of AtP against exact patching, with percentile-bootstrap CIs over pairs.
+worst absolute error of AtP against exact patching, with BCa group-bootstrap CIs (groups of pairs
+resampled together; `fbt_probe.stats`).
 
 A cell is (hook, pass, position) within one task × length × mode × direction. AtP ranks cells by the
 size of their estimated effect |mean over pairs of (LD − LD without patch)| (LD units, defined even
@@ -16,6 +17,7 @@ import pandas as pd
 from scipy.stats import rankdata
 
 from fbt_probe.interventions.attribution import exact_cells, traced_attribution
+from fbt_probe.stats import bca, group_weights
 
 GROUP = ["task", "length_knob", "mode", "hook_rule", "direction"]
 PARQUET_ONLY = ("atp_rows",)  # every sample × cell: ~200 bytes a row as CSV, a million rows in the tiny study
@@ -96,24 +98,32 @@ def _nanmean(M: np.ndarray, axis: int = 1) -> np.ndarray:
     return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
 
-def _boot_stats(A: np.ndarray, E: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`_stats(A[:, i], E[:, i])` for every resample i (rows of idx [n_boot, pairs]), the same numbers:
-    the cell means of all resamples in one op, ranks of every NaN-free resample in one `rankdata`,
-    the correlation per resample as `_spearman` computes it. -> (Spearman [n_boot], worst [n_boot])."""
-    a, e = _nanmean(A[:, idx], axis=2), _nanmean(E[:, idx], axis=2)  # [cells, n_boot]
+def _boot_stats(A: np.ndarray, E: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`_stats` of every reweighted sample: row i of W [n_resamples, pairs] weights the pairs (a group
+    bootstrap resample, or a leave-one-group-out jackknife sample); the cell means of all samples in
+    one product, ranks of every NaN-free sample in one `rankdata`, the correlation per sample as
+    `_spearman` computes it. -> (Spearman [n], worst [n])."""
+    a = (np.where(np.isnan(A), 0.0, A) @ W.T) / np.where((~np.isnan(A)) @ W.T > 0, (~np.isnan(A)) @ W.T, np.nan)
+    e = (np.where(np.isnan(E), 0.0, E) @ W.T) / np.where((~np.isnan(E)) @ W.T > 0, (~np.isnan(E)) @ W.T, np.nan)
     err = np.abs(a - e)
     some = np.any(~np.isnan(err), axis=0)
-    worst = np.full(idx.shape[0], np.nan)
+    worst = np.full(W.shape[0], np.nan)
     worst[some] = np.nanmax(err[:, some], axis=0)
-    rho = np.full(idx.shape[0], np.nan)
+    rho = np.full(W.shape[0], np.nan)
     clean = ~np.any(np.isnan(a) | np.isnan(e), axis=0)
     if a.shape[0] >= 3:
         ra, re = rankdata(a[:, clean], axis=0), rankdata(e[:, clean], axis=0)
         flat = (np.ptp(a[:, clean], axis=0) == 0) | (np.ptp(e[:, clean], axis=0) == 0)
         rho[np.flatnonzero(clean)] = [np.nan if f else float(np.corrcoef(x, y)[0, 1]) for x, y, f in zip(ra.T, re.T, flat)]
-    for j in np.flatnonzero(~clean):  # cells without a value in this resample: dropped, as _spearman drops them
+    for j in np.flatnonzero(~clean):  # cells without a value in this sample: dropped, as _spearman drops them
         rho[j] = _spearman(a[:, j], e[:, j])
     return rho, worst
+
+
+def _jackknife_weights(groups: np.ndarray) -> np.ndarray:
+    """[groups, pairs]: sample g leaves group g out."""
+    codes = np.unique(groups, return_inverse=True)[1].reshape(-1)
+    return (codes[None, :] != np.arange(codes.max() + 1)[:, None]).astype(float)
 
 
 def _matrices(ex: pd.DataFrame, at: pd.DataFrame, metric: str):
@@ -134,9 +144,10 @@ def parity_table(wide: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed:
     on the checked cells; empty when no check ran."""
     if "method" not in wide or not (wide["method"] == "exact").any():
         return pd.DataFrame()
-    rows, alpha = [], (1 - ci) / 2
+    rows = []
     for key, ex in wide[wide["method"] == "exact"].groupby(GROUP, sort=True):
         at = wide[(wide["method"] == "atp")].merge(pd.DataFrame([dict(zip(GROUP, key))]), on=GROUP)
+        groups_of = ex.groupby("pair_id")["group_id"].first() if "group_id" in ex.columns else None
         for metric in ("logit_diff", "normalized"):
             A, E, reasons, cells, pairs, worst_rows = _matrices(ex, at, metric)
             keep = ~np.all(np.isnan(E), axis=0)  # pairs with a value (normalized: above the gap)
@@ -147,7 +158,11 @@ def parity_table(wide: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed:
                 rows.append({**rec, "spearman": np.nan, "worst_abs_error": np.nan, "worst_abs_error_rows": np.nan})
                 continue
             rho, worst = _stats(A, E)
-            b_rho, b_worst = _boot_stats(A, E, np.random.default_rng(seed).integers(0, A.shape[1], size=(n_boot, A.shape[1])))
+            groups = groups_of.reindex(pairs).to_numpy() if groups_of is not None else pairs
+            b_rho, b_worst = _boot_stats(A, E, group_weights(groups, n_boot, seed))
+            j_rho, j_worst = _boot_stats(A, E, _jackknife_weights(groups))
+            rho_lo, rho_hi = bca(rho, b_rho, j_rho, ci)
+            worst_lo, worst_hi = bca(worst, b_worst, j_worst, ci)
             a, e = _nanmean(A), _nanmean(E)
             if metric == "normalized":
                 base = 0.0 if key[-1] == "denoising" else 1.0
@@ -157,17 +172,13 @@ def parity_table(wide: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed:
             top = reasons == "top"
             agree = np.sign(a[top] - base) == np.sign(e[top] - base)
             worst_i = int(np.nanargmax(np.abs(a - e)))
-            rows.append({**rec, "spearman": rho, "spearman_ci_low": _q(b_rho, alpha), "spearman_ci_high": _q(b_rho, 1 - alpha),
-                         "worst_abs_error": worst, "worst_ci_low": _q(b_worst, alpha), "worst_ci_high": _q(b_worst, 1 - alpha),
+            rows.append({**rec, "spearman": rho, "spearman_ci_low": rho_lo, "spearman_ci_high": rho_hi,
+                         "worst_abs_error": worst, "worst_ci_low": worst_lo, "worst_ci_high": worst_hi,
                          "worst_abs_error_rows": worst_rows, "worst_cell": "{}@pass{}:pos{}".format(*cells[worst_i]),
                          "sign_agreement_top": float(np.mean(agree)) if agree.size else np.nan,
                          "exact_range": float(np.nanmax(e) - np.nanmin(e))})
     return pd.DataFrame(rows)
 
-
-def _q(values: np.ndarray, q: float) -> float:
-    v = values[~np.isnan(values)]
-    return float(np.quantile(v, q)) if v.size else float("nan")
 
 
 def split_rows(long: pd.DataFrame, tables: dict) -> tuple[pd.DataFrame, dict]:

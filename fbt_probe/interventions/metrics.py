@@ -19,6 +19,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fbt_probe.stats import group_bootstrap_means
+
 METRICS = ("logit_diff", "normalized", "kl", "accuracy", "choice", "probe_accuracy", "iia", "iia_choice")
 METRIC_HELP = {
     "logit_diff": "logit[own label word] - logit[other label word] at the final position",
@@ -83,41 +85,16 @@ def to_long(wide: pd.DataFrame, metrics=METRICS) -> pd.DataFrame:
     return long[long["value"].notna() | (long["metric"] == "normalized")].reset_index(drop=True)
 
 
-def bootstrap_ci(values, n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
-    """(mean, low, high): percentile bootstrap of the mean over the given units (one value per pair),
-    NaN dropped; resamples drawn by `np.random.default_rng(seed)` (`bootstrap_cis` of one array)."""
-    return bootstrap_cis([values], n_boot, ci, seed)[0]
+def bootstrap_ci(values, n_boot: int = 1000, ci: float = 0.95, seed: int = 0, groups=None) -> tuple[float, float, float]:
+    """(mean, low, high): percentile bootstrap of the mean over the given units, NaN dropped; with
+    `groups` (one label per value) the groups are resampled, not the units (`fbt_probe.stats`)."""
+    return bootstrap_cis([values], n_boot, ci, seed, None if groups is None else [groups])[0]
 
 
-_BOOT_CELLS = 4_000_000  # resampled values held at once by `bootstrap_cis` (32 MB of float64)
-
-
-def bootstrap_cis(arrays, n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> list[tuple[float, float, float]]:
-    """`bootstrap_ci` of each array, computed together. The generator is seeded afresh for every
-    array, so all arrays with n non-NaN values resample with one [n_boot, n] index matrix: they are
-    stacked and resampled in one indexing op per chunk, not one call each (a summary of AtP's
-    depth × position × pass cells has tens of thousands)."""
-    out: list = [None] * len(arrays)
-    by_size: dict[int, list] = {}
-    for i, values in enumerate(arrays):
-        v = np.asarray(values, dtype=np.float64)
-        v = v[~np.isnan(v)]
-        if v.size <= 1:
-            out[i] = (float(v[0]),) * 3 if v.size else (float("nan"),) * 3
-        else:
-            by_size.setdefault(v.size, []).append((i, v))
-    a = (1 - ci) / 2
-    for n, items in by_size.items():
-        idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))  # what bootstrap_ci draws for size n
-        step = max(1, _BOOT_CELLS // (n_boot * n))
-        for c in range(0, len(items), step):
-            chunk = items[c:c + step]
-            V = np.stack([v for _, v in chunk])  # [arrays, n]
-            means = V[:, idx].mean(axis=2)  # [arrays, n_boot]
-            lo, hi = np.quantile(means, [a, 1 - a], axis=1)
-            for j, (i, v) in enumerate(chunk):
-                out[i] = (float(v.mean()), float(lo[j]), float(hi[j]))
-    return out
+def bootstrap_cis(arrays, n_boot: int = 1000, ci: float = 0.95, seed: int = 0, groups=None) -> list[tuple[float, float, float]]:
+    """`bootstrap_ci` of each array, computed together (arrays with one group structure share their
+    resamples; `fbt_probe.stats.group_bootstrap_means`)."""
+    return group_bootstrap_means(arrays, groups, n_boot, ci, seed)
 
 
 def _split_by_keys(per_pair: pd.Series, n_keys: int) -> dict[tuple, np.ndarray]:
@@ -137,11 +114,12 @@ def _split_by_keys(per_pair: pd.Series, n_keys: int) -> dict[tuple, np.ndarray]:
 
 
 def summarize(long: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed: int = 0, pool_lengths: bool = True) -> pd.DataFrame:
-    """Mean and bootstrap CI over pairs for every condition × metric (per length knob, and pooled
-    over lengths as length_knob = -1 for final-position experiments).
+    """Mean and group-bootstrap CI for every condition × metric (per length knob, and pooled over
+    lengths as length_knob = -1 for final-position experiments; `lengths` names what a row pools).
 
-    The unit is the pair: a pair's value is the mean over its rows (its two orientations, both
-    samples); tiny-gap rows are dropped from `normalized` first and counted in `n_excluded`."""
+    A pair's value is the mean over its rows (its two orientations, both samples); the resampling
+    unit is the group (`group_id`: pairs of one group are resampled together; without the column,
+    the pair). Tiny-gap rows are dropped from `normalized` first and counted in `n_excluded`."""
     keys = [k for k in SUMMARY_KEYS if k in long.columns]
     frames = [long]
     if pool_lengths:
@@ -152,14 +130,36 @@ def summarize(long: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed: in
     excluded = (data["metric"] == "normalized") & data["tiny_gap"].astype(bool)
     n_excl = data[excluded].groupby(keys, sort=True)["pair_id"].nunique()
     n_excl = {(k if isinstance(k, tuple) else (k,)): int(v) for k, v in n_excl.items()}  # Series.get per key: most of the time
-    per_pair = data[~excluded].groupby(keys + ["pair_id"], sort=True)["value"].mean()
+    kept = data[~excluded]
+    per_pair = kept.groupby(keys + ["pair_id"], sort=True)["value"].mean()
     values = _split_by_keys(per_pair, len(keys))
+    if "group_id" in kept.columns:  # pairs of one group share a context: the group is the resampling unit
+        groups = _split_by_keys(kept.groupby(keys + ["pair_id"], sort=True)["group_id"].first(), len(keys))
+    else:
+        groups = {}
+    lengths = {}
+    if "length_knob" in keys:
+        at = keys.index("length_knob")
+        src = long.groupby([k for k in keys if k != "length_knob"], sort=False)["length_knob"].unique() \
+            if len(keys) > 1 else None
+        for key in values:
+            if key[at] == -1 and src is not None:
+                rest = tuple(k for i, k in enumerate(key) if i != at)
+                found = src.get(rest if len(rest) > 1 else rest[0])
+                lengths[key] = ",".join(str(int(x)) for x in sorted(found)) if found is not None else ""
+            else:
+                lengths[key] = str(int(key[at]))
     out = []
     order = sorted(set(values) | set(n_excl), key=str)
-    cis = bootstrap_cis([values.get(key, np.array([])) for key in order], n_boot, ci, seed)
+    empty = np.array([])
+    cis = bootstrap_cis([values.get(key, empty) for key in order], n_boot, ci, seed,
+                        [groups.get(key) for key in order] if groups else None)
     for key, (mean, lo, hi) in zip(order, cis):
         row = dict(zip(keys, key))
-        row.update(mean=mean, ci_low=lo, ci_high=hi, n_pairs=int(np.sum(~np.isnan(values.get(key, np.array([]))))),
-                   n_excluded=n_excl.get(key, 0))
+        v = values.get(key, empty)
+        g = groups.get(key)
+        row.update(mean=mean, ci_low=lo, ci_high=hi, n_pairs=int(np.sum(~np.isnan(v))),
+                   n_groups=int(len(set(np.asarray(g)[~np.isnan(v)]))) if g is not None else int(np.sum(~np.isnan(v))),
+                   lengths=lengths.get(key, ""), n_excluded=n_excl.get(key, 0))
         out.append(row)
     return pd.DataFrame(out).sort_values(keys, kind="stable").reset_index(drop=True)

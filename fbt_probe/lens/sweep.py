@@ -208,13 +208,18 @@ SUMMARY_KEYS = ["task", "length_knob", "mode", "pass_index", "lens", "depth", "m
 
 
 def summarize_lens(rows: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> pd.DataFrame:
-    """Mean and bootstrap CI over lens-eval pairs (a pair's value: the mean of its two samples), per
-    length knob and pooled over lengths (length_knob = -1)."""
+    """Mean and group-bootstrap CI over lens-eval pairs (a pair's value: the mean of its two samples;
+    pairs of one group resampled together), per length knob and pooled over lengths (length_knob = -1)."""
     ev = rows[rows["eval"].astype(bool)]
     data = pd.concat([ev, ev.assign(length_knob=-1)], ignore_index=True)
     per_pair = data.groupby(SUMMARY_KEYS + ["pair_id"], sort=True)["value"].mean()
-    groups = [(key, v.to_numpy()) for key, v in per_pair.groupby(level=list(range(len(SUMMARY_KEYS))), sort=True)]
-    cis = bootstrap_cis([v for _, v in groups], n_boot, ci, seed)
+    levels = list(range(len(SUMMARY_KEYS)))
+    groups = [(key, v.to_numpy()) for key, v in per_pair.groupby(level=levels, sort=True)]
+    labels = None
+    if "group_id" in data.columns:
+        per_group = data.groupby(SUMMARY_KEYS + ["pair_id"], sort=True)["group_id"].first()
+        labels = [g.to_numpy() for _, g in per_group.groupby(level=levels, sort=True)]
+    cis = bootstrap_cis([v for _, v in groups], n_boot, ci, seed, labels)
     return pd.DataFrame([{**dict(zip(SUMMARY_KEYS, key)), "mean": mean, "ci_low": lo, "ci_high": hi, "n_pairs": len(v)}
                          for (key, v), (mean, lo, hi) in zip(groups, cis)])
 

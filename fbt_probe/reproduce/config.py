@@ -42,8 +42,9 @@ class ReproConfig:
     eval_pairs: int = 16
     passes: int = 32  # contraction diagnostic
     patch_pairs: int = 20  # pairs per cell in the causal experiments
-    patch_knobs: dict = field(default_factory=lambda: {"completion": [8], "memory": [8], "registers": [2]})
-    """Task -> lengths of the causal experiments (a task not named is left out)."""
+    patch_knobs: dict = field(default_factory=lambda: {t: list(PROBE_KNOBS[t]) for t in ("completion", "memory", "registers")})
+    """Task -> lengths of the causal experiments (a task not named is left out): every probe length
+    (effects such as the feedback swap change with length, so each length is reported on its own)."""
     model: str | None = None  # a user checkpoint (paper-1b path): no training, no baseline
     quick: bool = False
     demo: bool = False
@@ -58,6 +59,7 @@ class ReproConfig:
     def quick_config(cls, **kw) -> "ReproConfig":
         base = dict(steps=60, recipe=None, groups={"completion": 12, "memory": 12, "registers": 6, "registers-count": 6},
                     knobs=dict(QUICK_KNOBS), eval_pairs=8, passes=6, patch_pairs=5, quick=True,
+                    patch_knobs={"completion": [8], "memory": [8], "registers": [2]},
                     modes={"completion": ["standard", "recurrent:1"], "memory": ["standard", "recurrent:1"],
                            "registers": ["standard", "recurrent:1", "full"], "registers-count": ["standard", "recurrent:1"]})
         return cls(**{**base, **kw})
@@ -68,9 +70,10 @@ class ReproConfig:
         and figure of the full study on fewer probe groups (completion 40 of the paper's 80, memory
         64 of 128, register cells 8), the register tasks without `full` recurrence (its serial
         token-by-token extraction is most of the full study's time), and lighter AtP/DAS/lens
-        settings (`methods.methods_settings`). The full study: `fbt-probe reproduce` without --demo."""
+        settings (`methods.methods_settings`), and the causal experiments at one length per task
+        (completion and memory 8, registers 2). The full study: `fbt-probe reproduce` without --demo."""
         base = dict(groups={"completion": 40, "memory": 64, "registers": 8, "registers-count": 8}, eval_pairs=8,
-                    patch_pairs=10, demo=True,
+                    patch_pairs=10, demo=True, patch_knobs={"completion": [8], "memory": [8], "registers": [2]},
                     modes={"completion": FEEDBACK_MODES, "memory": FEEDBACK_MODES,
                            "registers": [m for m in REGISTER_MODES if m != "full"],
                            "registers-count": [m for m in REGISTER_MODES if m != "full"]})

@@ -2,7 +2,6 @@
 or table that shows it, computed from the tables earlier stages wrote (nothing here runs a model)."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pandas as pd
@@ -12,20 +11,10 @@ from fbt_probe.reference import names, record
 from fbt_probe.provenance import git_commit
 from fbt_probe.reproduce.config import model_path, shipped_name
 from fbt_probe.reproduce.seeds import rows as seed_rows, spread
-from fbt_probe.reproduce.tables import PAPER_DEPTH0, _summary, mean_ci
+from fbt_probe.reproduce.tables import PAPER_DEPTH0, SETTING, _summary, per_length, pooled_accuracy, probe_cells
+from fbt_probe.stats import wilson
 
 CHANCE = 0.5
-
-
-def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float, float]:
-    """Proportion and its Wilson score interval (exact enough at n of a few hundred, sane at 0 and 1)."""
-    if n == 0:
-        return float("nan"), float("nan"), float("nan")
-    p = correct / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return p, max(0.0, mid - half), min(1.0, mid + half)
 
 
 def fmt(m, lo, hi) -> str:
@@ -40,15 +29,25 @@ def answer_accuracy(out: Path, model: str, task: str, mode: str = "standard") ->
 
 
 def depth0(out: Path, model: str, task: str, mode: str) -> tuple[float, float, float]:
-    p = out / "results" / "probes" / model / "probes.parquet"
-    if not p.is_file():
-        return float("nan"), float("nan"), float("nan")
-    t = pd.read_parquet(p)
-    g = t[(t["task"] == task) & (t["mode"] == mode) & (t["depth"] == 0) & (t["metric"] == "accuracy")]
-    return mean_ci(g["value"].to_numpy())
+    """Depth-0 probe accuracy pooled over the length x fold cells, Wilson interval at n = groups."""
+    r = pooled_accuracy(out, probe_cells(out, model, task, mode), task)
+    return r["value"], r["ci_low"], r["ci_high"]
+
+
+def depth0_scope(out: Path, model: str, task: str, mode: str = "recurrent:1") -> str:
+    """'pooled over lengths 0, 8, 32: 1152 held-out predictions of 64 groups'."""
+    r = pooled_accuracy(out, probe_cells(out, model, task, mode), task)
+    if not r["n"]:
+        return ""
+    return (f"pooled over length{'s' if len(r['lengths']) > 1 else ''} {', '.join(map(str, r['lengths']))}: "
+            f"{r['n']} held-out predictions of {r['groups']} groups")
+
+
+DEPTH0_CI = "Wilson 95 % CI with n = groups (a group's samples counted as one draw)"
 
 
 def swap_effect(out: Path, model: str, task: str, condition: str = "state") -> tuple[float, float, float] | None:
+    """The pooled (length_knob = -1) normalized swap effect; `swap_by_length` gives each length."""
     s = _summary(out, model, "feedback-swap")
     if s is None:
         return None
@@ -57,6 +56,27 @@ def swap_effect(out: Path, model: str, task: str, condition: str = "state") -> t
         return None
     r = g.iloc[0]
     return float(r["mean"]), float(r["ci_low"]), float(r["ci_high"])
+
+
+def swap_by_length(out: Path, model: str, task: str, condition: str = "state") -> str:
+    """'at length 8 **0.56** [0.55, 0.57] (10 pairs, 10 groups)', one entry per length run."""
+    g = per_length(_summary(out, model, "feedback-swap"), task, condition)
+    parts = [f"at length {int(r.length_knob)} {fmt(r.mean, r.ci_low, r.ci_high)} ({int(r.n_pairs)} pairs, "
+             f"{int(getattr(r, 'n_groups', r.n_pairs))} groups)" for r in g.itertuples() if r.mean == r.mean]
+    return "; ".join(parts)
+
+
+def variant_range(out: Path, model: str, task: str) -> tuple[float, float] | None:
+    """(lowest, highest) pooled depth-0 `recurrent:1` accuracy over the robustness panel's probe variants."""
+    p = out / "results" / "probes" / model / "robustness.parquet"
+    if not p.is_file():
+        return None
+    t = pd.read_parquet(p)
+    t = t[t["task"] == task]
+    if t.empty:
+        return None
+    acc = t.groupby(["standardize", "C"]).apply(lambda g: (g["accuracy"] * g["n_test"]).sum() / g["n_test"].sum())
+    return float(acc.min()), float(acc.max())
 
 
 def depth0_modes(cfg, out: Path, model: str, task: str) -> list[str]:
@@ -80,18 +100,18 @@ def register_findings(cfg, out: Path, task: str, seeds) -> list[str]:
     parts = [f"{fmt(*depth0(out, 'feedback', task, mode))} under `{mode}`"
              f"{spread(seeds, 'feedback', 'depth0-decodability', task, mode)}" for mode in modes]
     line = (f"At depth 0, the {task} answer is linearly decodable at " + ", ".join(parts)
-            + "; mean over length x fold cells, normal 95 % CI (Fig. 7b).")
+            + f" ({depth0_scope(out, 'feedback', task, modes[0])}; {DEPTH0_CI}; Fig. 7b).")
     if "baseline" in cfg.models():
         b = depth0(out, "baseline", task, "recurrent:1")
         if b[0] == b[0]:
             line += (f" The baseline, whose fusion was never trained, reads {fmt(*b)}"
                      f"{spread(seeds, 'baseline', 'depth0-decodability', task, 'recurrent:1')} under `recurrent:1`.")
     lines = [line]
-    eff = swap_effect(out, "feedback", task)
-    if eff is not None:
+    by_length = swap_by_length(out, "feedback", task)
+    if by_length:
         lines.append(f"Swapping the carried state at the final position with the partner sample's moves the {task} answer by "
-                     f"a normalized {fmt(*eff)}{spread(seeds, 'feedback', 'swap-effect', task, 'recurrent:1')} "
-                     "(Fig. *ablation-bars-feedback*).")
+                     f"a normalized {by_length}{spread(seeds, 'feedback', 'swap-effect', task, 'recurrent:1')} "
+                     "(group-bootstrap 95 % CI; Fig. *ablation-bars-feedback*).")
     return lines
 
 
@@ -130,6 +150,28 @@ def contraction_row(t: pd.DataFrame | None) -> tuple[float, float, int] | None:
     return float(t.loc[2, "state_change"]), float(t.loc[last, "state_change"]), last
 
 
+def _variants_sentence(out: Path, task: str) -> str:
+    b, f = variant_range(out, "baseline", task), variant_range(out, "feedback", task)
+    if b is None or f is None:
+        return ""
+    return (f" Across probe variants (standardised or raw features, C from 0.01 to 10) the baseline reads "
+            f"{b[0]:.2f}–{b[1]:.2f} and the feedback model {f[0]:.2f}–{f[1]:.2f}"
+            + (": the control's reading depends on the probe more than the feedback model's"
+               if b[1] - b[0] > 2 * (f[1] - f[0]) else "")
+            + " (table *Robustness of depth-0 decodability*).")
+
+
+def study_kind(cfg) -> str:
+    return "quick" if cfg.quick else "demo" if cfg.demo else "full"
+
+
+def same_kind(seeds: pd.DataFrame | None, kind: str) -> pd.DataFrame | None:
+    """The seeds table's rows from studies of this kind (a demo's numbers are not a full study's)."""
+    if seeds is None or "study" not in seeds.columns:
+        return seeds
+    return seeds[seeds["study"] == kind]
+
+
 def headline(cfg, out: Path) -> pd.DataFrame:
     """The numbers the findings quote, one row each (model, quantity, task, mode, value, ci_low,
     ci_high) with the study's seed and kind: what `seeds.csv` stacks over training seeds."""
@@ -149,12 +191,14 @@ def headline(cfg, out: Path) -> pd.DataFrame:
             eff = swap_effect(out, m, task)
             if eff is not None:
                 rows.append((m, "swap-effect", task, "recurrent:1", *eff))
+                for r in per_length(_summary(out, m, "feedback-swap"), task, "state").itertuples():
+                    rows.append((m, f"swap-effect-length-{int(r.length_knob)}", task, "recurrent:1", r.mean, r.ci_low, r.ci_high))
     c = contraction_row(feedback_contraction(out))
     if c is not None and "feedback" in cfg.models():
         rows.append((*CONTRACTION, c[1] / c[0], float("nan"), float("nan")))
     t = pd.DataFrame(rows, columns=["model", "quantity", "task", "mode", "value", "ci_low", "ci_high"])
     sha = {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.models()}
-    return t.assign(seed=cfg.seed, study="quick" if cfg.quick else "demo" if cfg.demo else "full",
+    return t.assign(seed=cfg.seed, study=study_kind(cfg),
                     checkpoint_sha256=t["model"].map(sha), commit=git_commit())
 
 
@@ -166,6 +210,9 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
     tasks = list(cfg.modes)
     lines = []
     learned = {}
+    other_seeds = seeds
+    other_kind = seeds is not None and len(seeds) > 0 and len(same_kind(seeds, study_kind(cfg))) == 0
+    seeds = same_kind(seeds, study_kind(cfg))
     for m in models:
         parts = []
         for task in tasks:
@@ -182,20 +229,22 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
             lines.append(f"At depth 0, {task}'s label is linearly decodable at {fmt(*rec)} after one recurrent prefill "
                          f"step (`recurrent:1`){spread(seeds, 'feedback', 'depth0-decodability', task, 'recurrent:1')} "
                          f"against {fmt(*std)} under standard prefill{spread(seeds, 'feedback', 'depth0-decodability', task, 'standard')}"
-                         + (f" (paper: {paper:.3f} and chance)" if paper else "") + "; mean over length x fold cells, "
-                         "normal 95 % CI (Fig. 7a).")
+                         + (f" (paper: {paper:.3f} and chance, on its 1B general language model)" if paper else "")
+                         + f"; {depth0_scope(out, 'feedback', task)}; {DEPTH0_CI} (Fig. 7a). {SETTING}")
         if "baseline" in models:
             b = depth0(out, "baseline", task, "recurrent:1")
             if b[0] == b[0]:
                 lines.append(f"The baseline, whose fusion weights were never trained, reads {fmt(*b)}"
                              f"{spread(seeds, 'baseline', 'depth0-decodability', task, 'recurrent:1')} at depth 0 under "
                              f"`recurrent:1` on {task}: a random map of a state that already encodes the label, so "
-                             "decodability alone does not show that the feedback was learned (Fig. 7a, dashed).")
-        eff = swap_effect(out, "feedback", task)
-        if eff is not None:
+                             "decodability alone does not show that the feedback was learned (Fig. 7a, dashed)."
+                             + _variants_sentence(out, task))
+        by_length = swap_by_length(out, "feedback", task)
+        if by_length:
             lines.append(f"Swapping the carried state at the final position with the partner sample's moves {task}'s "
-                         f"answer by a normalized {fmt(*eff)}{spread(seeds, 'feedback', 'swap-effect', task, 'recurrent:1')} (1 = the answer follows the swapped-in state, 0 = ignores "
-                         "it; bootstrap 95 % CI over pairs; Fig. *ablation-bars-feedback*).")
+                         f"answer by a normalized {by_length}{spread(seeds, 'feedback', 'swap-effect', task, 'recurrent:1')} "
+                         "(1 = the answer follows the swapped-in state, 0 = ignores it; group-bootstrap 95 % CI, the "
+                         "pairs of one group resampled together; Fig. *ablation-bars-feedback*).")
     regs = [t for t in tasks if t.startswith("registers")]
     if regs:
         dead = [t for t in regs if not learned.get(("feedback", t), False)]
@@ -218,10 +267,12 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
                      f"(Fig. 3); under `full` recurrence {tasks[0]} is answered at {fmt(*full[:3])}"
                      f"{spread(seeds, 'feedback', 'answer-accuracy', tasks[0], 'full')}.")
     if seeds is None or seeds["seed"].nunique() < 2:
-        lines.append(f"Every number is one training seed ({cfg.seed}); the CIs are within the run (samples, folds or pairs), "
-                     "not over training seeds.")
+        lines.append(f"Every number is one training seed ({cfg.seed}); the CIs are within the run (samples or groups), "
+                     "not over training seeds"
+                     + (f" (the seeds table holds {'/'.join(sorted(set(other_seeds['study'])))} studies only, whose numbers "
+                        f"are not a {study_kind(cfg)} study's)" if other_kind else "") + ".")
     else:
-        lines.append(f"Each number is this study's seed ({cfg.seed}) with its within-run CI (samples, folds or pairs); "
+        lines.append(f"Each number is this study's seed ({cfg.seed}) with its within-run CI (samples or groups); "
                      f"\"seeds\" gives the mean and range of the same number over {seeds['seed'].nunique()} models trained "
                      "with different seeds (data, initialisation and probes; "
                      f"{' / '.join(sorted(set(seeds['study'])))} study of each), so the range shows how much of a number is "

@@ -16,6 +16,7 @@ from fbt_probe.interventions.combined import run_several
 from fbt_probe.interventions.runner import PatchConfig
 from fbt_probe.io import atomic_dir, atomic_path, read_json
 from fbt_probe.loading import checkpoint_hash, load_model, load_pairs
+from fbt_probe.probes.robustness import robustness
 from fbt_probe.probes.sweep import ProbeConfig, probe_sweep, write_results
 from fbt_probe.reference import names, record
 from fbt_probe.reproduce import methods as M
@@ -112,6 +113,9 @@ def stage_extract(cfg: ReproConfig, out: Path, name: str) -> None:
                 out / "acts" / name / task, force=True, batch_size=cfg.extract_batch())
 
 
+ROBUSTNESS_TASKS = ("completion", "memory")  # Fig. 7a's tasks: depth 0 under recurrent:1 across probe variants
+
+
 def stage_probe(cfg: ReproConfig, out: Path, name: str) -> None:
     tables = []
     for task in cfg.modes:
@@ -120,6 +124,11 @@ def stage_probe(cfg: ReproConfig, out: Path, name: str) -> None:
         tables.append(res.table)
     with atomic_path(out / "results" / "probes" / name / "probes.parquet") as tmp:
         pd.concat(tables, ignore_index=True).to_parquet(tmp, index=False)
+    panel = [robustness(out / "acts" / name / task, "recurrent:1", 0, ProbeConfig(seed=cfg.seed))
+             for task in ROBUSTNESS_TASKS if task in cfg.modes]
+    if panel:
+        with atomic_path(out / "results" / "probes" / name / "robustness.parquet") as tmp:
+            pd.concat(panel, ignore_index=True).assign(model=name).to_parquet(tmp, index=False)
 
 
 def stage_patch(cfg: ReproConfig, out: Path, name: str) -> None:

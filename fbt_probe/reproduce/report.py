@@ -8,7 +8,6 @@ import html
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from fbt_probe.figures import draw_all
@@ -16,10 +15,10 @@ from fbt_probe.loading import checkpoint_hash
 from fbt_probe.io import atomic_dir, atomic_path
 from fbt_probe.provenance import provenance
 from fbt_probe.reproduce.config import model_path, shipped_name
-from fbt_probe.reproduce.findings import findings, headline, shipped_comparison
-from fbt_probe.reproduce.methods import figure_jobs, methods_section
+from fbt_probe.reproduce.findings import findings, headline, same_kind, shipped_comparison, study_kind
+from fbt_probe.reproduce.methods import MODEL_WORDS, figure_jobs, methods_section
 from fbt_probe.reproduce.seeds import spread_table
-from fbt_probe.reproduce.tables import PAPER_DEPTH0, _summary, mean_ci  # noqa: F401  (mean_ci: re-exported)
+from fbt_probe.reproduce.tables import PAPER_DEPTH0, SETTING, _summary, pooled_accuracy
 
 
 def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
@@ -27,19 +26,22 @@ def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
     jobs = [("fig3-contraction", "fig3", pd.read_parquet(out / "diagnostics" / "contraction.parquet"), {"trained_passes": 3})]
     base = probes.get("baseline")
     for n, t in probes.items():
-        opts = {"baseline": base} if (n == "feedback" and base is not None) else {}
+        words = {"model_label": MODEL_WORDS.get(n, n)}
+        opts = {"baseline": base, **words} if (n == "feedback" and base is not None) else words
         if {"completion", "memory"} & set(t["task"]):
             jobs.append((f"fig7a-{n}", "fig7a", t, opts))
         if {"registers", "registers-count"} & set(t["task"]):
-            jobs.append((f"fig7b-{n}", "fig7b", t, {}))
+            jobs.append((f"fig7b-{n}", "fig7b", t, words))
     for n in cfg.models():
+        words = {"model_label": MODEL_WORDS.get(n, n)}
         abl = [s for s in (_summary(out, n, e) for e in ("feedback-swap", "state-replacement", "gate-ablation")) if s is not None]
-        if abl:
-            jobs.append((f"ablation-bars-{n}", "ablation-bars", pd.concat(abl, ignore_index=True), {}))
+        if abl:  # every task of the study is accounted for: one the causal experiments leave out is marked as such
+            jobs.append((f"ablation-bars-{n}", "ablation-bars", pd.concat(abl, ignore_index=True),
+                         {"tasks": ",".join(cfg.knobs), **words}))
         for exp, fig, stem in (("residual", "patching-heatmap", "patching"), ("probe-direction", "decodable-vs-used", "decodable-vs-used")):
             s = _summary(out, n, exp)
             if s is not None:
-                jobs.append((f"{stem}-{n}", fig, s, {}))
+                jobs.append((f"{stem}-{n}", fig, s, words if fig == "patching-heatmap" else {}))
     return jobs + figure_jobs(cfg, out)
 
 
@@ -49,47 +51,76 @@ def stage_figures(cfg, out: Path, workers: int = 1) -> None:
         draw_all(_figure_jobs(cfg, out), tmp, formats=cfg.figure_formats(), dpi=150, workers=workers)
 
 
-def _ci(values: np.ndarray) -> str:
-    m, lo, hi = mean_ci(values)
-    return f"{m:.3f}" if len(values) < 2 else f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
+def _pooled(out: Path, g: pd.DataFrame, task: str) -> str:
+    r = pooled_accuracy(out, g, task)
+    if r["value"] != r["value"]:
+        return ""
+    if r["ci_low"] != r["ci_low"]:
+        return f"{r['value']:.3f}"
+    return f"{r['value']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
 
 
 def depth0_table(out: Path, models: list[str]) -> pd.DataFrame:
-    """Depth-0 probe accuracy per task × mode (pooled over lengths: mean over length × fold cells,
-    95 % normal CI over those cells), beside the majority baseline and the paper's value."""
+    """Depth-0 probe accuracy per task × mode, pooled over the length × fold cells (correct over
+    tested samples; Wilson 95 % CI with n = the distinct groups), the lengths and groups it pools,
+    the fold spread (min–max over the cells), the majority baseline and the paper's value."""
     rows = []
     for n in models:
         t = pd.read_parquet(out / "results" / "probes" / n / "probes.parquet")
         t = t[t["depth"].isin([0, -1]) | (t["mode"] == "carried-state")]
         for (task, mode), g in t.groupby(["task", "mode"]):
-            acc = g[g["metric"] == "accuracy"]["value"].to_numpy()
+            acc = g[g["metric"] == "accuracy"]
             maj = g[g["metric"] == "majority_baseline"]["value"].to_numpy()
             ctl = g[g["metric"] == "control_accuracy"]["value"].to_numpy()
+            r = pooled_accuracy(out, acc, task)
             paper = PAPER_DEPTH0.get(task) if mode == "recurrent:1" else (0.5 if mode == "standard" else None)
-            rows.append({"model": n, "task": task, "mode": mode, "depth-0 accuracy [95% CI]": _ci(acc),
+            rows.append({"model": n, "task": task, "mode": mode, "depth-0 accuracy [95% CI]": _pooled(out, acc, task),
+                         "lengths": ",".join(map(str, r["lengths"])), "samples (groups)": f"{r['n']} ({r['groups']})",
+                         "cell spread": f"{acc['value'].min():.3f}–{acc['value'].max():.3f}" if len(acc) else "",
                          "majority baseline": f"{maj.mean():.3f}" if len(maj) else "", "control task": f"{ctl.mean():.3f}" if len(ctl) else "",
                          "paper": "" if paper is None else (f"{paper:.3f}" + (" (chance)" if mode == "standard" else ""))})
     return pd.DataFrame(rows)
 
 
+def robustness_table(out: Path, models: list[str]) -> pd.DataFrame:
+    """Model × task rows, one column per probe variant: pooled accuracy (control accuracy)."""
+    rows = []
+    for n in models:
+        p = out / "results" / "probes" / n / "robustness.parquet"
+        if not p.is_file():
+            continue
+        t = pd.read_parquet(p)
+        for task, g in t.groupby("task", sort=False):
+            row = {"model": n, "task": task}
+            for (std, C), v in g.groupby(["standardize", "C"], sort=False):
+                acc = (v["accuracy"] * v["n_test"]).sum() / v["n_test"].sum()
+                ctl = (v["control_accuracy"] * v["n_test"]).sum() / v["n_test"].sum()
+                row[f"{'std' if std else 'raw'} C={C:g}"] = f"{acc:.3f} ({ctl:.2f})"
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def causal_table(out: Path, models: list[str]) -> pd.DataFrame:
-    """One row per model × experiment × condition × decoding × task: normalized effect and answer
-    accuracy (pooled over lengths), each as mean [bootstrap 95 % CI], and the pairs counted."""
+    """One row per model × experiment × condition × decoding × task × length: normalized effect and
+    answer accuracy, each as mean [group-bootstrap 95 % CI], and the pairs and groups counted."""
     rows = []
     for n in models:
         for exp in ("feedback-swap", "state-replacement", "gate-ablation"):
             s = _summary(out, n, exp)
             if s is None:
                 continue
-            s = s[(s["length_knob"] == -1) & s["metric"].isin(["normalized", "accuracy"])]
-            for keys, g in s.groupby(["condition", "decoding", "task"], sort=True):
-                cell = {"model": n, "experiment": exp, "condition": keys[0], "decoding": keys[1], "task": keys[2]}
+            s = s[(s["length_knob"] != -1) & s["metric"].isin(["normalized", "accuracy"])]
+            for keys, g in s.groupby(["condition", "decoding", "task", "length_knob"], sort=True):
+                cell = {"model": n, "experiment": exp, "condition": keys[0], "decoding": keys[1], "task": keys[2],
+                        "length": int(keys[3])}
                 for r in g.itertuples():
                     cell[r.metric] = "n/a" if pd.isna(r.mean) else f"{r.mean:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
                     if r.metric == "normalized":
                         cell["pairs (tiny gap)"] = f"{int(r.n_pairs)} ({int(r.n_excluded)})"
+                        cell["groups"] = int(getattr(r, "n_groups", r.n_pairs))
                 rows.append(cell)
-    cols = ["model", "experiment", "condition", "decoding", "task", "normalized", "accuracy", "pairs (tiny gap)"]
+    cols = ["model", "experiment", "condition", "decoding", "task", "length", "normalized", "accuracy",
+            "pairs (tiny gap)", "groups"]
     return pd.DataFrame(rows).reindex(columns=cols).fillna("")
 
 
@@ -106,10 +137,65 @@ def contraction_table(out: Path) -> pd.DataFrame:
     return keep[["run", "pass", "val_loss", "answer_accuracy", "state_change"]].round(4)
 
 
+def _model_reference(cfg, name: str) -> str:
+    """How the study names model `name`: its shipped reference, the user's checkpoint, or the folder
+    it was trained in, with the preset."""
+    if cfg.model:
+        return f"checkpoint {cfg.model}"
+    if cfg.shipped:
+        return f"ref:{shipped_name(cfg, name)} (preset {cfg.preset})"
+    return f"trained here: models/{name} (preset {cfg.preset})"
+
+
 def _provenance(cfg, out: Path, times: dict) -> dict:
-    return provenance(config=cfg.to_dict(), seed=cfg.seed,
+    return provenance(config=cfg.to_dict(), seed=cfg.seed, models={n: _model_reference(cfg, n) for n in cfg.models()},
                       checkpoints={n: checkpoint_hash(model_path(cfg, out, n)) for n in cfg.models()},
                       stage_seconds={k: round(v, 1) for k, v in times.items()})
+
+
+def provenance_rows(record: dict) -> list[tuple[str, str]]:
+    """The provenance record's key facts, (what, value), for the report's short table: each model's
+    reference and checkpoint sha256, fbt-probe's commit and version, the working directory's commit
+    (where recorded), the torch and transformer-lens versions, the seed, the config's settings (its
+    scalar fields; the lists and tables of the config are in the full record)."""
+    rows = []
+    models, sums = record.get("models") or {}, record.get("checkpoints") or {}
+    for n in dict.fromkeys([*models, *sums]):
+        if n in models:
+            rows.append((f"model ({n})", str(models[n])))
+        if n in sums:
+            rows.append((f"checkpoint sha256 ({n})", str(sums[n])))
+    rows.append(("fbt-probe commit", str(record.get("git_commit", "unknown"))))
+    pkg = record.get("package") or {}
+    if pkg:
+        rows.append(("fbt-probe version", f"{pkg.get('version', 'unknown')} ({pkg.get('kind', 'unknown')})"))
+    if "working_directory_commit" in record:
+        rows.append(("working-directory commit", str(record["working_directory_commit"])))
+    versions = record.get("versions") or {}
+    for lib in ("torch", "transformer-lens", "python"):
+        if lib in versions:
+            rows.append((lib, str(versions[lib])))
+    if "seed" in record:
+        rows.append(("seed", str(record["seed"])))
+    cfg = record.get("config") or {}
+    scalars = [f"{k}={v}" for k, v in cfg.items() if v is None or isinstance(v, (str, int, float, bool))]
+    if scalars:
+        rows.append(("config", ", ".join(scalars)))
+    return rows
+
+
+def provenance_markdown(record: dict) -> str:
+    """The short provenance table, then the full record as JSON in a collapsed <details> block
+    (rendered by GitHub in the Markdown, and by `_md_to_html(..., trusted=True)` in the HTML).
+    Cell values are HTML-escaped and their pipes escaped, so a path or a version cannot break the
+    table or inject markup."""
+    def cell(v: str) -> str:
+        return html.escape(v, quote=False).replace("|", "\\|")
+
+    table = ["| what | value |", "|---|---|"] + [f"| {cell(k)} | {cell(v)} |" for k, v in provenance_rows(record)]
+    body = json.dumps(record, indent=1, default=str)
+    return ("\n".join(table) + "\n\n<details>\n<summary>Full provenance record (JSON)</summary>\n\n"
+            "```json\n" + body + "\n```\n\n</details>\n")
 
 
 def _md_table(df: pd.DataFrame) -> str:
@@ -147,16 +233,21 @@ def _sections(cfg, out: Path, times: dict) -> list[tuple[str, str, list[str]]]:
          "state per pass (the models were trained with at most 3 passes).\n\n" + _md_table(contraction_table(out)), pick("fig3")),
         ("Depth-0 decodability (Fig. 7a / 7b)", base_note + " `carried-state` probes the state `recurrent:1` feeds in "
          "(top layer, previous position, `standard`).\n\n" + _md_table(depth0_table(out, models)), pick("fig7a") + pick("fig7b")),
+        ("Robustness of depth-0 decodability", "Depth-0 accuracy under `recurrent:1`, pooled over lengths, refitted on "
+         "the same folds with standardised or raw features and C from 0.01 to 10 (the main table's probe is "
+         "standardised, C = 1); in brackets the control task (labels permuted across groups). A reading that moves "
+         "with the probe is the probe's, not the model's.\n\n" + _md_table(robustness_table(out, models)), []),
         ("Causal tests: is the carried state used?", "Metric: logit difference between the two label words at the final "
          "position; normalized = `(patched − corrupt)/(clean − corrupt)`. **Feedback swap** (run a sample with its "
          "partner's carried state, value or gate at the final position): 1 = the answer fully follows the swapped-in "
          "state, 0 = it ignores it (`gate` is an exact no-op control: both samples end in the same token). **State "
          "replacement / gate ablation** (noising): 1 = no effect, 0 = behaves like the partner; `accuracy` is the answer "
          "accuracy with the replacement (under `soft` decoding for the gate rows). Pairs whose clean–corrupt gap is "
-         "below 0.1 are left out of `normalized` (counted). Pooled over lengths; bootstrap 95 % CIs over pairs.\n\n" + _md_table(causal_table(out, models)),
+         "below 0.1 are left out of `normalized` (counted). One row per length; group-bootstrap 95 % CIs (the "
+         "pairs of one group resampled together).\n\n" + _md_table(causal_table(out, models)),
          pick("ablation-bars") + pick("patching") + pick("decodable-vs-used")),
         methods_section(cfg, out, _md_table, figs),
-        ("What was run", "```json\n" + json.dumps(_provenance(cfg, out, times), indent=1, default=str) + "\n```\n", []),
+        ("What was run", provenance_markdown(_provenance(cfg, out, times)), []),
     ]
 
 
@@ -172,13 +263,16 @@ def stage_report(cfg, out: Path, times: dict) -> None:
     source = ("the reference models shipped with the package (" + ", ".join(f"`ref:{shipped_name(cfg, n)}`" for n in cfg.models())
               + "); `fbt-probe reproduce --train` retrains them") if cfg.shipped else \
         (f"the checkpoint `{cfg.model}`" if cfg.model else "models trained from scratch in this study")
-    scope = (" The demo study: fewer probe groups, no `full` recurrence on the register tasks, lighter AtP/DAS/lens;"
+    scope = (" The demo study: fewer probe groups, no `full` recurrence on the register tasks, the causal experiments at "
+             "one length per task (" + ", ".join(f"{t} {','.join(map(str, k))}" for t, k in cfg.patch_knobs.items())
+             + "), lighter AtP/DAS/lens;"
              " `fbt-probe reproduce` without --demo runs the full one." if cfg.demo else "")
-    intro = f"Models: {source}.{scope} Stage times: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()) + "."
+    intro = f"Models: {source}.{scope} {SETTING} Stage times: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()) + "."
     seeds = spread_table(cfg, out)
     found = findings(cfg, out, seeds) + shipped_comparison(cfg, out)
-    if seeds is not None:
-        tables.append(("Over training seeds", seeds_table_text(seeds), []))
+    kind = same_kind(seeds, study_kind(cfg))
+    if kind is not None and len(kind):
+        tables.append(("Over training seeds", seeds_table_text(kind), []))
     md = [f"# {title}\n", intro + "\n", "## Findings\n", "\n".join(f"- {f}" for f in found) + "\n", "## Figures\n"]
     body = [f"<h1>{html.escape(title)}</h1>", f"<p>{_inline(intro)}</p>", "<h2>Findings</h2>",
             "<ul>" + "".join(f"<li>{_inline(f)}</li>" for f in found) + "</ul>", "<h2>Figures</h2>"]
@@ -194,7 +288,7 @@ def stage_report(cfg, out: Path, times: dict) -> None:
         md.append(f"### {head}\n\n{text}")
         body.append(f"<details><summary>{html.escape(head)}</summary>{_md_to_html(text)}</details>")
     md.append(f"## {prov_head}\n\n{prov_text}")
-    body.append(f"<h2>{html.escape(prov_head)}</h2>" + _md_to_html(prov_text))
+    body.append(f"<h2>{html.escape(prov_head)}</h2>" + _md_to_html(prov_text, trusted=True))
     with atomic_path(out / "report.md") as tmp:
         tmp.write_text("\n".join(md))
     page = ("<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title><style>"
@@ -206,11 +300,12 @@ def stage_report(cfg, out: Path, times: dict) -> None:
         tmp.write_text(page)
 
 
-@functools.lru_cache(maxsize=1)
-def _markdown():
+@functools.lru_cache(maxsize=2)
+def _markdown(trusted: bool = False):
     from markdown_it import MarkdownIt
 
-    return MarkdownIt("commonmark", {"html": False}).enable("table")  # raw HTML in a table cell stays text
+    # raw HTML in a table cell stays text, except in text this module wrote and escaped itself (`trusted`)
+    return MarkdownIt("commonmark", {"html": trusted}).enable("table")
 
 
 def _inline(text: str) -> str:
@@ -218,7 +313,8 @@ def _inline(text: str) -> str:
     return _markdown().renderInline(text)
 
 
-def _md_to_html(text: str) -> str:
+def _md_to_html(text: str, trusted: bool = False) -> str:
     """A section's Markdown (pipe tables, fenced code, paragraphs, inline markup) as HTML, by
-    markdown-it-py (CommonMark with GFM tables)."""
-    return _markdown().render(text)
+    markdown-it-py (CommonMark with GFM tables). `trusted`: the text's own HTML blocks (the
+    provenance section's <details>) are kept; elsewhere they are shown as text."""
+    return _markdown(trusted).render(text)

@@ -1,12 +1,18 @@
-"""What the report and the findings both read: the study's result tables and one interval rule."""
+"""What the report and the findings both read: the study's result tables and their intervals
+(`fbt_probe.stats`: the resampling unit of every number is named there)."""
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
+from fbt_probe.stats import group_wilson
+
 PAPER_DEPTH0 = {"completion": 0.996, "memory": 1.0}  # one-step recurrent prefill, depth 0 (Fig. 7a)
+SETTING = ("The models here are small transformers trained on these tasks and probed on held-out contexts; the "
+           "paper probed its 1B general language model, so its numbers are a reference point, not a replication "
+           "target.")
 
 
 def _summary(out: Path, name: str, exp: str) -> pd.DataFrame | None:
@@ -14,11 +20,46 @@ def _summary(out: Path, name: str, exp: str) -> pd.DataFrame | None:
     return pd.read_parquet(p) if p.is_file() else None
 
 
-def mean_ci(values) -> tuple[float, float, float]:
-    """Mean over cells (length x fold) and a normal 95 % interval over them, clipped to [0, 1]."""
-    v = np.asarray(values, dtype=float)
-    if len(v) < 2:
-        m = v.mean() if len(v) else float("nan")
-        return m, m, m
-    half = 1.96 * v.std(ddof=1) / np.sqrt(len(v))
-    return v.mean(), max(0, v.mean() - half), min(1, v.mean() + half)
+@lru_cache(maxsize=64)
+def _groups(data: Path, task: str, mtime: float) -> pd.DataFrame:
+    return pd.read_parquet(data / f"{task}.parquet", columns=["group_id", "length_knob"])
+
+
+def n_groups(out: Path, task: str, lengths) -> int:
+    """Distinct groups of `task`'s samples at `lengths` (the study's dataset); 0 without it."""
+    f = Path(out) / "data" / f"{task}.parquet"
+    if not f.is_file():
+        return 0
+    d = _groups(f.parent, task, f.stat().st_mtime)
+    return int(d[d["length_knob"].isin(list(lengths))]["group_id"].nunique())
+
+
+def pooled_accuracy(out: Path, cells: pd.DataFrame, task: str) -> dict:
+    """Probe accuracy pooled over `cells` (rows of one metric, length x fold): correct / tested
+    samples, with the Wilson interval at n = distinct groups (`fbt_probe.stats.group_wilson`)."""
+    if cells.empty:
+        return {"value": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "n": 0, "groups": 0,
+                "lengths": []}
+    n = float(cells["n_test"].sum())
+    p = float((cells["value"] * cells["n_test"]).sum() / n)
+    lengths = sorted(int(x) for x in cells["length"].unique())
+    g = n_groups(out, task, lengths)
+    _, lo, hi = group_wilson(p, g) if g else (p, float("nan"), float("nan"))
+    return {"value": p, "ci_low": lo, "ci_high": hi, "n": int(n), "groups": g, "lengths": lengths}
+
+
+def probe_cells(out: Path, model: str, task: str, mode: str, depth: int = 0, metric: str = "accuracy") -> pd.DataFrame:
+    p = Path(out) / "results" / "probes" / model / "probes.parquet"
+    if not p.is_file():
+        return pd.DataFrame(columns=["value", "n_test", "length"])
+    t = pd.read_parquet(p)
+    return t[(t["task"] == task) & (t["mode"] == mode) & (t["depth"] == depth) & (t["metric"] == metric)]
+
+
+def per_length(summary: pd.DataFrame | None, task: str, condition: str, metric: str = "normalized") -> pd.DataFrame:
+    """The summary's rows of one task x condition x metric, one per length (the pooled row left out)."""
+    if summary is None:
+        return pd.DataFrame()
+    g = summary[(summary["task"] == task) & (summary["condition"] == condition) & (summary["metric"] == metric)
+                & (summary["length_knob"] != -1)]
+    return g.sort_values("length_knob")

@@ -1,0 +1,130 @@
+"""The intervals every table, figure and finding reports, in one place.
+
+| quantity | interval | resampling unit |
+|---|---|---|
+| answer accuracy (correct of n held-out samples) | Wilson score | samples (independent contexts) |
+| pooled probe accuracy (length x fold cells) | Wilson at the pooled accuracy with n = distinct groups | groups: every sample of a group, at every length, counts as one draw |
+| a mean over pairs (swap, ablation, patching effects) | percentile group bootstrap | groups (pairs of one group resampled together) |
+| a rank correlation over cells (AtP against exact patching) | BCa group bootstrap | groups |
+
+Resamples: `N_BOOT` (1000) draws from `numpy.random.default_rng(seed)` (seed 0 unless a command
+sets it). A group bootstrap draws the groups with replacement; a pair's weight in a resample is the
+number of times its group was drawn, so a resample's mean is a weighted mean and arrays that share a
+group structure are resampled together in one matrix product. Fold-level spread is reported as a
+spread (min-max over folds), never as an interval over independent draws.
+"""
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import numpy as np
+
+N_BOOT = 1000
+LEVEL = 0.95
+_BOOT_CELLS = 4_000_000  # values x resamples held at once (32 MB of float64)
+
+
+def z_of(level: float = LEVEL) -> float:
+    return NormalDist().inv_cdf(0.5 + level / 2)
+
+
+def wilson(correct: float, n: float, level: float = LEVEL) -> tuple[float, float, float]:
+    """Proportion correct / n and its Wilson score interval (closed form; sane at 0 and 1)."""
+    if n <= 0:
+        return float("nan"), float("nan"), float("nan")
+    z = z_of(level)
+    p = correct / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z * z / (4 * n * n)) / den
+    return p, max(0.0, mid - half), min(1.0, mid + half)
+
+
+def group_wilson(p: float, n_groups: int, level: float = LEVEL) -> tuple[float, float, float]:
+    """A pooled proportion p over samples that share groups: the Wilson interval with n = the number
+    of distinct groups (the largest design effect: samples of a group count as one draw)."""
+    if n_groups <= 0 or p != p:
+        return float("nan"), float("nan"), float("nan")
+    _, lo, hi = wilson(p * n_groups, n_groups, level)
+    return p, lo, hi
+
+
+def group_weights(groups, n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:
+    """[n_boot, n] weights of n units in group-bootstrap resamples: unit i's weight is how many times
+    its group was drawn (groups drawn with replacement, as many draws as groups)."""
+    codes = np.unique(np.asarray(groups), return_inverse=True)[1].reshape(-1)
+    G = int(codes.max()) + 1 if codes.size else 0
+    draws = np.random.default_rng(seed).integers(0, G, size=(n_boot, G))
+    counts = np.zeros((n_boot, G))
+    np.add.at(counts, (np.repeat(np.arange(n_boot), G), draws.reshape(-1)), 1.0)
+    return counts[:, codes]
+
+
+def group_bootstrap_means(arrays, groups=None, n_boot: int = N_BOOT, level: float = LEVEL,
+                          seed: int = 0) -> list[tuple[float, float, float]]:
+    """(mean, low, high) of each array: the percentile group bootstrap of its mean, NaN dropped.
+
+    `groups`: one label array per array (None: every value its own group, the plain bootstrap).
+    Arrays with the same group structure share their resamples (computed in one product)."""
+    out: list = [None] * len(arrays)
+    by_structure: dict[tuple, list] = {}
+    for i, values in enumerate(arrays):
+        v = np.asarray(values, dtype=np.float64).reshape(-1)
+        keep = ~np.isnan(v)
+        g = np.arange(v.size) if groups is None or groups[i] is None else np.asarray(groups[i]).reshape(-1)
+        v, g = v[keep], g[keep]
+        if v.size == 0:
+            out[i] = (float("nan"),) * 3
+            continue
+        codes = np.unique(g, return_inverse=True)[1].reshape(-1)
+        if codes.max() == 0:  # one group: nothing to resample
+            out[i] = (float(v.mean()),) * 3
+            continue
+        by_structure.setdefault(tuple(codes), []).append((i, v))
+    a = (1 - level) / 2
+    for codes, items in by_structure.items():
+        W = group_weights(np.array(codes), n_boot, seed)  # [n_boot, n]
+        total = W.sum(1)
+        step = max(1, _BOOT_CELLS // (n_boot * len(codes)))
+        for c in range(0, len(items), step):
+            chunk = items[c:c + step]
+            means = np.stack([v for _, v in chunk]) @ W.T / total  # [arrays, n_boot]
+            lo, hi = np.quantile(means, [a, 1 - a], axis=1)
+            for j, (i, v) in enumerate(chunk):
+                out[i] = (float(v.mean()), float(lo[j]), float(hi[j]))
+    return out
+
+
+def bca(theta: float, boots: np.ndarray, jack: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """The BCa interval (Efron 1987) of a statistic theta from its bootstrap values and its
+    leave-one-group-out (jackknife) values: percentiles moved by the bias z0 (the share of resamples
+    below theta) and the acceleration (the jackknife's skewness). Corrects the upward bias a rank
+    correlation of resampled means has (duplicated groups make the cell means smoother)."""
+    b = np.asarray(boots, float)
+    b = b[~np.isnan(b)]
+    j = np.asarray(jack, float)
+    j = j[~np.isnan(j)]
+    if b.size < 2 or theta != theta:
+        return float("nan"), float("nan")
+    nd = NormalDist()
+    share = (np.sum(b < theta) + 0.5 * np.sum(b == theta)) / b.size
+    share = min(max(share, 1 / (b.size + 1)), b.size / (b.size + 1))
+    z0 = nd.inv_cdf(share)
+    d = j.mean() - j if j.size >= 2 else np.zeros(1)
+    den = 6 * (np.sum(d ** 2) ** 1.5)
+    acc = float(np.sum(d ** 3) / den) if den > 0 else 0.0
+    ends = []
+    for q in ((1 - level) / 2, (1 + level) / 2):
+        zq = nd.inv_cdf(q)
+        ends.append(float(np.quantile(b, nd.cdf(z0 + (z0 + zq) / (1 - acc * (z0 + zq))))))
+    return ends[0], ends[1]
+
+
+def fold_spread(values) -> tuple[float, float, float]:
+    """(mean, min, max) over folds: a spread, not an interval."""
+    v = np.asarray(values, float)
+    v = v[~np.isnan(v)]
+    if v.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    return float(v.mean()), float(v.min()), float(v.max())
