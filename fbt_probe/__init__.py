@@ -6,6 +6,7 @@
 The package root stays import-light: `load_model` (which needs torch and transformer-lens) is
 imported on first use, so `fbt_probe.errors`, the CLI's help and `fbt_probe.kernels` start fast.
 """
+
 from __future__ import annotations
 
 from fbt_probe._version import __version__

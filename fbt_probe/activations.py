@@ -20,6 +20,7 @@ keeps depth.0..L per mode; a Hidden Decoding model has one mode, `standard`, hol
 token's stream k at depth d as `stream.{k}.depth.{d}`, numbered stream-major
 (`fbt_probe.hidden.stream_depth`), so the probe table's `depth` column runs over (stream, layer).
 """
+
 from __future__ import annotations
 
 import json
@@ -103,10 +104,14 @@ def targets_for(mode: str, model, extra_hooks=()) -> list[Target]:
         except ValueError:
             raise FbtError(f"hook '{spec}': expected NAME or NAME@POSITION (e.g. @-2)") from None
         if position >= 0:
-            raise FbtError(f"hook '{spec}': position {position}: expected a position from the end (-1 the final, -2 the one before)")
+            raise FbtError(
+                f"hook '{spec}': position {position}: expected a position from the end (-1 the final, -2 the one before)"
+            )
         if hook not in model.hook_dict:
-            raise FbtError(f"hooks: unknown hook '{hook}' (this model's hooks: {hook_patterns(model)}; "
-                           "`fbt-probe model info` lists every name)")
+            raise FbtError(
+                f"hooks: unknown hook '{hook}' (this model's hooks: {hook_patterns(model)}; "
+                "`fbt-probe model info` lists every name)"
+            )
         out.append(Target(f"{hook}@{position}", hook, position, None))
     return out
 
@@ -122,20 +127,29 @@ def stream_targets(mode: str, model, extra_hooks=()) -> list[Target]:
     """A Hidden Decoding model's one mode holds the final token's stream k at every layer depth d,
     numbered stream-major (`fbt_probe.hidden.stream_depth`); the hook column keeps the plain name."""
     L, n = model.cfg.n_layers, model.cfg.n_streams
-    return [Target(f"stream.{k}.depth.{d}", depth_name(d), stream_position(-1, k, n), stream_depth(k, d, L))
-            for k in range(1, n + 1) for d in range(L + 1)]
+    return [
+        Target(f"stream.{k}.depth.{d}", depth_name(d), stream_position(-1, k, n), stream_depth(k, d, L))
+        for k in range(1, n + 1)
+        for d in range(L + 1)
+    ]
 
 
 def _stream_manifest(model) -> dict:
     cfg = model.cfg
-    return {"model": {"arch": cfg.arch, "n_streams": cfg.n_streams,
-                      "cross_stream_layers": list(cfg.resolved_cross_stream_layers)},
-            "depth": "stream-major: depth = (stream - 1) * (n_layers + 1) + layer depth"}
+    return {
+        "model": {
+            "arch": cfg.arch,
+            "n_streams": cfg.n_streams,
+            "cross_stream_layers": list(cfg.resolved_cross_stream_layers),
+        },
+        "depth": "stream-major: depth = (stream - 1) * (n_layers + 1) + layer depth",
+    }
 
 
 @dataclass(frozen=True)
 class ArchTargets:
     """How `extract` reads one architecture (keyed by `fbt_probe.config.arch_of`)."""
+
     label: str  # for messages: "a Hidden Decoding model"
     default_modes: tuple[str, ...]  # when `modes` is None
     only_modes: tuple[str, ...] | None  # None: any prefill mode
@@ -147,14 +161,17 @@ class ArchTargets:
 
 ARCH_TARGETS: dict[str, ArchTargets] = {
     "feedback": ArchTargets("a latent-feedback model", ("standard", "recurrent:1"), None, True, True, targets_for),
-    HIDDEN_ARCH: ArchTargets("a Hidden Decoding model", ("standard",), ("standard",), False, False, stream_targets,
-                             _stream_manifest),
+    HIDDEN_ARCH: ArchTargets(
+        "a Hidden Decoding model", ("standard",), ("standard",), False, False, stream_targets, _stream_manifest
+    ),
 }
 
 
 # ----------------------------------------------------------------------------- running
 @torch.no_grad()
-def collect(model, tokens: torch.Tensor, mode: str, targets: list[Target], dtype=torch.float32) -> dict[str, torch.Tensor]:
+def collect(
+    model, tokens: torch.Tensor, mode: str, targets: list[Target], dtype=torch.float32
+) -> dict[str, torch.Tensor]:
     """{key: [batch, d]} on CPU for `tokens` [batch, pos]; stops the forward once every hook fired.
 
     A latent-feedback model runs only the positions from the earliest target on with hooks, after
@@ -221,21 +238,24 @@ def _plan(df: pd.DataFrame, modes: list[str], shard_rows: int) -> list[dict]:
             rows = sorted(int(r) for r in rows)
             for i in range(0, len(rows), shard_rows):
                 name = f"shards/{_mode_slug(mode)}/{task}-T{int(T):05d}-{i // shard_rows:03d}.safetensors"
-                shards.append({"file": name, "mode": mode, "task": task, "n_tokens": int(T),
-                               "rows": rows[i: i + shard_rows]})
+                shards.append(
+                    {"file": name, "mode": mode, "task": task, "n_tokens": int(T), "rows": rows[i : i + shard_rows]}
+                )
     return shards
 
 
-def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int, dtype, path: Path,
-                 on_batch=None) -> str:
+def _write_shard(
+    model, df, shard: dict, targets: list[Target], batch_size: int, dtype, path: Path, on_batch=None
+) -> str:
     """Write one shard (atomically) and its sha256 sidecar; returns the sha256. `on_batch(shard,
     n_rows)` is called after each forward."""
     parts: dict[str, list[torch.Tensor]] = {t.key: [] for t in targets}
     rows = shard["rows"]
     for i in range(0, len(rows), batch_size):
-        batch = rows[i: i + batch_size]
-        tokens = torch.tensor(np.stack([np.asarray(df.at[r, "token_ids"]) for r in batch]), dtype=torch.long,
-                              device=_device(model))
+        batch = rows[i : i + batch_size]
+        tokens = torch.tensor(
+            np.stack([np.asarray(df.at[r, "token_ids"]) for r in batch]), dtype=torch.long, device=_device(model)
+        )
         for key, value in collect(model, tokens, shard["mode"], targets, dtype).items():
             parts[key].append(value)
         if on_batch is not None:
@@ -243,8 +263,10 @@ def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int,
     tensors = {k: torch.cat(v).contiguous() for k, v in parts.items()}
     for key, value in tensors.items():
         if not torch.isfinite(value.float()).all():
-            raise FbtError(f"mode '{shard['mode']}', {shard['task']} T={shard['n_tokens']}: non-finite "
-                           f"activations at '{key}' (NaN/inf in the model); nothing written for this shard")
+            raise FbtError(
+                f"mode '{shard['mode']}', {shard['task']} T={shard['n_tokens']}: non-finite "
+                f"activations at '{key}' (NaN/inf in the model); nothing written for this shard"
+            )
     tensors["row"] = torch.tensor(rows, dtype=torch.int64)
     with atomic_path(path) as tmp:
         # one metadata key: safetensors does not keep the order of several, and shards must be byte-stable
@@ -252,9 +274,23 @@ def _write_shard(model, df, shard: dict, targets: list[Target], batch_size: int,
         return record_sha256(tmp, path)  # recorded before the shard itself appears
 
 
-def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool = True, batch_size: int = BATCH_SIZE,
-            shard_rows: int = 256, dtype: str = "float32", device: str | None = None, force: bool = False,
-            progress=None, on_shard=None, require_arch: str | None = None) -> "ActivationStore":
+def extract(
+    model,
+    dataset,
+    modes,
+    out_dir,
+    *,
+    extra_hooks=(),
+    reference: bool = True,
+    batch_size: int = BATCH_SIZE,
+    shard_rows: int = 256,
+    dtype: str = "float32",
+    device: str | None = None,
+    force: bool = False,
+    progress=None,
+    on_shard=None,
+    require_arch: str | None = None,
+) -> "ActivationStore":
     """Extract activations (see module doc); returns the finished `ActivationStore`.
 
     `model`: a model object, preset name, ``ref:<name>``, checkpoint or run folder (`fbt_probe.
@@ -284,8 +320,10 @@ def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool =
     arch = ARCH_TARGETS[arch_of(model)]
     modes = list(arch.default_modes) if modes is None else modes
     if arch.only_modes is not None and [m for m in modes if m != REFERENCE_MODE] != list(arch.only_modes):
-        raise FbtError(f"modes '{spec}': {lm.source} is {arch.label}, which has only mode "
-                       f"{', '.join(repr(m) for m in arch.only_modes)}")
+        raise FbtError(
+            f"modes '{spec}': {lm.source} is {arch.label}, which has only mode "
+            f"{', '.join(repr(m) for m in arch.only_modes)}"
+        )
     if extra_hooks and not arch.extra_hooks:
         raise FbtError(f"hooks: not supported for {arch.label} ({lm.source}): its targets are fixed")
     if reference and arch.reference and REFERENCE_MODE not in modes:
@@ -295,12 +333,24 @@ def extract(model, dataset, modes, out_dir, *, extra_hooks=(), reference: bool =
     data_hash, data_tok, data_paths = df.attrs["dataset_hash"], df.attrs["tokenizer_sha256"], df.attrs["dataset_files"]
     check_compatible(model, df, lm.tokenizer, where=str(data_paths[0]) if len(data_paths) == 1 else str(dataset))
     extra = arch.manifest(model)
-    plan = {"format": FORMAT, "model": {"source": lm.source, "hash": lm.hash, "n_layers": model.cfg.n_layers,
-                                        "d_model": model.cfg.d_model, **extra.pop("model", {})},
-            "dataset": {"paths": data_paths, "hash": data_hash, "tokenizer_sha256": data_tok},
-            "modes": modes, "dtype": dtype, "shard_rows": shard_rows, "batch_size": batch_size,
-            "targets": {m: [t.to_dict() for t in ts] for m, ts in targets.items()},
-            "shards": _plan(df, modes, shard_rows), **extra}
+    plan = {
+        "format": FORMAT,
+        "model": {
+            "source": lm.source,
+            "hash": lm.hash,
+            "n_layers": model.cfg.n_layers,
+            "d_model": model.cfg.d_model,
+            **extra.pop("model", {}),
+        },
+        "dataset": {"paths": data_paths, "hash": data_hash, "tokenizer_sha256": data_tok},
+        "modes": modes,
+        "dtype": dtype,
+        "shard_rows": shard_rows,
+        "batch_size": batch_size,
+        "targets": {m: [t.to_dict() for t in ts] for m, ts in targets.items()},
+        "shards": _plan(df, modes, shard_rows),
+        **extra,
+    }
     # rank 0 alone looks at and prepares the folder; the others wait for its answer (or its error)
     action, work = distributed.on_main(lambda: _prepare(model, df, plan, targets, out_dir, force, dtype))
     try:
@@ -380,9 +430,16 @@ class ExtractProgress:
 
         self.costs = [shard_cost(s) for s in shards]
         self.progress, self.task = bar(
-            "extract", float(sum(self.costs)), 0, TextColumn("{task.percentage:>3.0f}%"),
-            TextColumn("{task.fields[shards]} shards"), TextColumn("{task.fields[what]}"), console=self.console,
-            shards=f"0/{len(shards)}", what="")
+            "extract",
+            float(sum(self.costs)),
+            0,
+            TextColumn("{task.percentage:>3.0f}%"),
+            TextColumn("{task.fields[shards]} shards"),
+            TextColumn("{task.fields[what]}"),
+            console=self.console,
+            shards=f"0/{len(shards)}",
+            what="",
+        )
 
     def batch(self, shard: dict, n_rows: int) -> None:
         if self.progress is not None:
@@ -390,8 +447,12 @@ class ExtractProgress:
 
     def __call__(self, done: int, total: int, shard: dict) -> None:
         if self.progress is not None:
-            self.progress.update(self.task, completed=sum(self.costs[:done]), shards=f"{done}/{total}",
-                                 what=f"{shard['mode']} {shard['task']} T={shard['n_tokens']}")
+            self.progress.update(
+                self.task,
+                completed=sum(self.costs[:done]),
+                shards=f"{done}/{total}",
+                what=f"{shard['mode']} {shard['task']} T={shard['n_tokens']}",
+            )
 
     def stop(self) -> None:
         if self.progress is not None:
@@ -404,8 +465,19 @@ class ExtractProgress:
         self.stop()
 
 
-def _run_plan(model, df, plan: dict, targets: dict, out_dir: Path, batch_size: int, dtype: str,
-              progress, on_shard, model_hash: str, data_hash: str) -> None:
+def _run_plan(
+    model,
+    df,
+    plan: dict,
+    targets: dict,
+    out_dir: Path,
+    batch_size: int,
+    dtype: str,
+    progress,
+    on_shard,
+    model_hash: str,
+    data_hash: str,
+) -> None:
     """Write this rank's shards of the plan (all of them in a world of one; `distributed.assign`
     otherwise), then rank 0 writes the manifest once every rank has finished."""
     world = distributed.world()
@@ -421,8 +493,16 @@ def _run_plan(model, df, plan: dict, targets: dict, out_dir: Path, batch_size: i
             if path.exists():  # a finished shard is kept as it is, once its bytes match the recorded sha256
                 digest = verify_finished(path)
             else:
-                digest = _write_shard(model, df, shard, targets[shard["mode"]], batch_size, DTYPES[dtype], path,
-                                      on_batch if callable(on_batch) else None)
+                digest = _write_shard(
+                    model,
+                    df,
+                    shard,
+                    targets[shard["mode"]],
+                    batch_size,
+                    DTYPES[dtype],
+                    path,
+                    on_batch if callable(on_batch) else None,
+                )
             written[n] = {"sha256": digest, "rss_mb": round(_rss_mb(), 1)}
             if progress is not None:
                 progress(done + 1, len(mine), shard)
@@ -439,16 +519,26 @@ def _run_plan(model, df, plan: dict, targets: dict, out_dir: Path, batch_size: i
     distributed.barrier()  # nobody returns before the manifest exists
 
 
-def _write_manifest(plan: dict, parts: list, df, out_dir: Path, world_size: int, model_hash: str, data_hash: str) -> None:
+def _write_manifest(
+    plan: dict, parts: list, df, out_dir: Path, world_size: int, model_hash: str, data_hash: str
+) -> None:
     by_shard = {n: rec for recs, _ in parts for n, rec in recs.items()}
     written = [{**shard, **by_shard[n]} for n, shard in enumerate(plan["shards"])]
     # ru_maxrss is a process's high-water mark; lengths ascend within a mode, so the value after
     # the first mode's largest length bounds the memory that length needed (in the process that ran it).
     largest = max(s["n_tokens"] for s in written)
     first_largest = next(s for s in written if s["n_tokens"] == largest)
-    manifest = {**plan, "shards": written, "n_samples": len(df), "world_size": world_size,
-                "peak_rss_mb": {"largest_length": largest, "after_largest_length": first_largest["rss_mb"],
-                                "overall": max(rss for _, rss in parts)}}
+    manifest = {
+        **plan,
+        "shards": written,
+        "n_samples": len(df),
+        "world_size": world_size,
+        "peak_rss_mb": {
+            "largest_length": largest,
+            "after_largest_length": first_largest["rss_mb"],
+            "overall": max(rss for _, rss in parts),
+        },
+    }
     manifest["provenance"] = provenance(model_hash=model_hash, dataset_hash=data_hash)
     write_json(out_dir / "manifest.json", manifest)
 
@@ -512,6 +602,8 @@ class ActivationStore:
         order = np.argsort(row_ids)
         X = np.concatenate(parts, axis=1)[:, order]
         if len(row_ids) != len(wanted):
-            raise FbtError(f"{self.path}: {task} length {length}, mode '{mode}': shards hold {len(row_ids)} of "
-                           f"{len(wanted)} samples")
+            raise FbtError(
+                f"{self.path}: {task} length {length}, mode '{mode}': shards hold {len(row_ids)} of "
+                f"{len(wanted)} samples"
+            )
         return X, rows.set_index("row").loc[row_ids[order]].reset_index(), targets

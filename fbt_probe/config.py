@@ -1,4 +1,5 @@
 """Typed, frozen configuration of the model. Presets are named instances."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,7 +34,9 @@ class ModelConfig:
     n_ctx: int = 2048
     window: int | None = 256  # sliding attention: a query sees itself and the window-1 keys before it
     global_every: int = 2  # every global_every-th layer (1-based) attends globally
-    layer_types: tuple[str, ...] | None = None  # explicit per-layer pattern (e.g. from a Qwen3 import); overrides window/global_every
+    layer_types: tuple[str, ...] | None = (
+        None  # explicit per-layer pattern (e.g. from a Qwen3 import); overrides window/global_every
+    )
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
     depth_scaling: str = "1/sqrt(2L)"
@@ -90,11 +93,23 @@ class ModelConfig:
             check(_is_int(getattr(self, name)) and getattr(self, name) >= 1, name, "an integer >= 1")
         check(self.n_ctx <= MAX_N_CTX, "n_ctx", f"an integer 1..{MAX_N_CTX:,} (the context length), not {self.n_ctx:,}")
         check(self.window is None or _is_int(self.window), "window", "a positive integer or null")
-        for name, low in (("rope_theta", 0), ("rms_eps", 0), ("init_std", 0), ("feedback_noise", None), ("qk_norm_init", None)):
+        for name, low in (
+            ("rope_theta", 0),
+            ("rms_eps", 0),
+            ("init_std", 0),
+            ("feedback_noise", None),
+            ("qk_norm_init", None),
+        ):
             value = getattr(self, name)
-            check(_is_number(value) and (low is None or value > low), name, "a number" + (f" > {low}" if low is not None else ""))
+            check(
+                _is_number(value) and (low is None or value > low),
+                name,
+                "a number" + (f" > {low}" if low is not None else ""),
+            )
         check(self.feedback_noise >= 0, "feedback_noise", "a number >= 0")
-        check(self.fusion_norm_init is None or _is_number(self.fusion_norm_init), "fusion_norm_init", "a number or null")
+        check(
+            self.fusion_norm_init is None or _is_number(self.fusion_norm_init), "fusion_norm_init", "a number or null"
+        )
         check(isinstance(self.fast_fusion, bool), "fast_fusion", "true or false")
         check(self.dtype in DTYPES, "dtype", f"one of {DTYPES}")
         check(isinstance(self.device, str), "device", "a device name such as 'cpu' or 'cuda'")
@@ -108,7 +123,11 @@ class ModelConfig:
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
             check(len(self.layer_types) == self.n_layers, "layer_types", f"{self.n_layers} entries")
             check(all(t in LAYER_TYPES for t in self.layer_types), "layer_types", f"entries from {LAYER_TYPES}")
-            check(self.window is not None or "sliding_attention" not in self.layer_types, "window", "set when a layer is sliding")
+            check(
+                self.window is not None or "sliding_attention" not in self.layer_types,
+                "window",
+                "set when a layer is sliding",
+            )
 
     def _check_extras(self, check) -> None:
         check(self.fusion in FUSIONS, "fusion", f"one of {FUSIONS}")
@@ -117,19 +136,41 @@ class ModelConfig:
             check(isinstance(getattr(self, name), bool), name, "true or false")
         for name in ("embed_scale", "qk_scale"):
             check(_is_number(getattr(self, name)) and getattr(self, name) > 0, name, "a number > 0")
-        check(self.logit_softcap is None or (_is_number(self.logit_softcap) and self.logit_softcap > 0),
-              "logit_softcap", "a number > 0 or null")
+        check(
+            self.logit_softcap is None or (_is_number(self.logit_softcap) and self.logit_softcap > 0),
+            "logit_softcap",
+            "a number > 0 or null",
+        )
         check(self.rope_sign in (1, -1) and _is_int(self.rope_sign), "rope_sign", "1 or -1")
-        check(_is_int(self.smear_channels) and 1 <= self.smear_channels <= self.d_model, "smear_channels", f"an integer in 1..{self.d_model}")
-        check(_is_int(self.value_embed_gate_channels) and 1 <= self.value_embed_gate_channels <= self.d_model,
-              "value_embed_gate_channels", f"an integer in 1..{self.d_model}")
+        check(
+            _is_int(self.smear_channels) and 1 <= self.smear_channels <= self.d_model,
+            "smear_channels",
+            f"an integer in 1..{self.d_model}",
+        )
+        check(
+            _is_int(self.value_embed_gate_channels) and 1 <= self.value_embed_gate_channels <= self.d_model,
+            "value_embed_gate_channels",
+            f"an integer in 1..{self.d_model}",
+        )
         layers = self.value_embed_layers
-        check(isinstance(layers, (list, tuple)) and all(_is_int(l) and 0 <= l < self.n_layers for l in layers)
-              and len(set(layers)) == len(layers), "value_embed_layers", f"distinct layer indices in 0..{self.n_layers - 1}")
+        check(
+            isinstance(layers, (list, tuple))
+            and all(_is_int(l) and 0 <= l < self.n_layers for l in layers)
+            and len(set(layers)) == len(layers),
+            "value_embed_layers",
+            f"distinct layer indices in 0..{self.n_layers - 1}",
+        )
         object.__setattr__(self, "value_embed_layers", tuple(sorted(layers)))
-        check(self.backout_layer is None or (_is_int(self.backout_layer) and 0 <= self.backout_layer < self.n_layers),
-              "backout_layer", f"null or a layer index in 0..{self.n_layers - 1}")
-        check(self.fusion == "glu" or not self.norm_weights, "norm_weights", f"false with fusion '{self.fusion}' (its norms are weightless)")
+        check(
+            self.backout_layer is None or (_is_int(self.backout_layer) and 0 <= self.backout_layer < self.n_layers),
+            "backout_layer",
+            f"null or a layer index in 0..{self.n_layers - 1}",
+        )
+        check(
+            self.fusion == "glu" or not self.norm_weights,
+            "norm_weights",
+            f"false with fusion '{self.fusion}' (its norms are weightless)",
+        )
 
     @property
     def resolved_layer_types(self) -> tuple[str, ...]:
@@ -137,7 +178,9 @@ class ModelConfig:
             return self.layer_types
         if self.window is None:
             return ("full_attention",) * self.n_layers
-        return tuple("full_attention" if (l + 1) % self.global_every == 0 else "sliding_attention" for l in range(self.n_layers))
+        return tuple(
+            "full_attention" if (l + 1) % self.global_every == 0 else "sliding_attention" for l in range(self.n_layers)
+        )
 
     @property
     def residual_scale(self) -> float:
@@ -150,7 +193,7 @@ class ModelConfig:
     # What TransformerLens's `ActivationCache` methods read from `model.cfg` (read-only, not saved).
     @property
     def normalization_type(self) -> str:
-        """"RMS" (RMSNorm with a gain) or "RMSPre" (weightless): every norm of the model."""
+        """ "RMS" (RMSNorm with a gain) or "RMSPre" (weightless): every norm of the model."""
         return "RMS" if self.norm_weights else "RMSPre"
 
     @property
@@ -207,8 +250,10 @@ class ModelConfig:
             d = {**EXTRAS_DEFAULTS, **d} if legacy == 2 else {**LEGACY_MODEL_DEFAULTS, **EXTRAS_DEFAULTS, **d}
         missing = [name for name in known if name not in d]
         if missing:
-            raise FbtError(f"{source}: model config field '{missing[0]}' missing (a checkpoint records every "
-                           f"field{'' if len(missing) == 1 else f'; also missing: {missing[1:]}'})")
+            raise FbtError(
+                f"{source}: model config field '{missing[0]}' missing (a checkpoint records every "
+                f"field{'' if len(missing) == 1 else f'; also missing: {missing[1:]}'})"
+            )
         try:
             return cls(**d)
         except TypeError as exc:
@@ -221,19 +266,49 @@ class ModelConfig:
 
 
 DTYPES = ("float32", "float64", "float16", "bfloat16")
-MAX_N_CTX = 1 << 20  # 1,048,576 positions: far past any model here (paper-1b: 8,192); an absurd context is refused by name
-POSITIVE_INTS = ("d_vocab", "d_model", "n_layers", "n_heads", "n_key_value_heads", "d_head", "d_mlp", "n_ctx", "global_every")
+MAX_N_CTX = (
+    1 << 20
+)  # 1,048,576 positions: far past any model here (paper-1b: 8,192); an absurd context is refused by name
+POSITIVE_INTS = (
+    "d_vocab",
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "n_key_value_heads",
+    "d_head",
+    "d_mlp",
+    "n_ctx",
+    "global_every",
+)
 # Checkpoints of format fbt-probe/1 were written before these fields existed. Both only set the
 # initial value of weights that a checkpoint stores (QK-norm gains, fusion norm), so the values at
 # the time (Qwen3's gain 1; the mean embedding RMS) change nothing a loaded model computes.
 LEGACY_MODEL_DEFAULTS = {"qk_norm_init": 1.0, "fusion_norm_init": None}
 # Checkpoints of formats fbt-probe/1 and /2 were written before the nanochat extras existed; each
 # extra's identity value is what those models compute.
-EXTRAS_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
-                   if f.name in ("fusion", "norm_weights", "embed_scale", "embed_norm", "smear", "smear_channels",
-                                 "x0_mixing", "value_embed_layers", "value_embed_gate_channels", "backout_layer",
-                                 "mlp_act", "rope_sign", "qk_norm_after_rope", "qk_scale", "logit_softcap",
-                                 "tie_embeddings")}
+EXTRAS_DEFAULTS = {
+    f.name: f.default
+    for f in dataclasses.fields(ModelConfig)
+    if f.name
+    in (
+        "fusion",
+        "norm_weights",
+        "embed_scale",
+        "embed_norm",
+        "smear",
+        "smear_channels",
+        "x0_mixing",
+        "value_embed_layers",
+        "value_embed_gate_channels",
+        "backout_layer",
+        "mlp_act",
+        "rope_sign",
+        "qk_norm_after_rope",
+        "qk_scale",
+        "logit_softcap",
+        "tie_embeddings",
+    )
+}
 
 
 def _is_int(v) -> bool:
@@ -264,8 +339,10 @@ def check_device(device: str | None) -> str | None:
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             build = "" if torch.version.cuda else ", a CPU-only build"
-            raise FbtError(f"device '{device}': CUDA is not available on this machine (torch {torch.__version__}{build}); "
-                           "use --device cpu")
+            raise FbtError(
+                f"device '{device}': CUDA is not available on this machine (torch {torch.__version__}{build}); "
+                "use --device cpu"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise FbtError(f"device '{device}': this machine has {torch.cuda.device_count()} CUDA device(s)")
     if dev.type == "mps" and not torch.backends.mps.is_available():
@@ -277,6 +354,7 @@ def _checker(source: str):
     def check(ok: bool, name: str, expected: str) -> None:
         if not ok:
             raise FbtError(f"{source}: field '{name}' must be {expected}")
+
     return check
 
 
@@ -285,8 +363,17 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(qk_norm_init=3.0, fusion_norm_init=1.0),
     # The paper's 1B: 24 layers, D=1536, 16/8 heads, FFN 6656, vocab 100,352, ctx 8192, window 2048, every 6th global.
     "paper-1b": ModelConfig(
-        d_vocab=100_352, d_model=1536, n_layers=24, n_heads=16, n_key_value_heads=8, d_head=96,
-        d_mlp=6656, n_ctx=8192, window=2048, global_every=6, rope_theta=1_000_000.0,
+        d_vocab=100_352,
+        d_model=1536,
+        n_layers=24,
+        n_heads=16,
+        n_key_value_heads=8,
+        d_head=96,
+        d_mlp=6656,
+        n_ctx=8192,
+        window=2048,
+        global_every=6,
+        rope_theta=1_000_000.0,
     ),
 }
 

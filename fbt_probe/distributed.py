@@ -10,6 +10,7 @@ here answers as the one process of a world of one, so single-process behaviour i
 What each command shares out (docs/distributed.md): `extract` the shards of its plan
 (`assign`), `patch` the minimal pairs, `train` the documents of every step (DDP, or FSDP2).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,8 +51,10 @@ def from_env(env=None) -> World | None:
         return None
     missing = [k for k in _ENV if k not in env]
     if missing:
-        raise FbtError(f"environment: WORLD_SIZE is set but {', '.join(missing)} missing "
-                       f"(launch with torchrun, or unset WORLD_SIZE)")
+        raise FbtError(
+            f"environment: WORLD_SIZE is set but {', '.join(missing)} missing "
+            f"(launch with torchrun, or unset WORLD_SIZE)"
+        )
     try:
         w = World(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"]))
     except ValueError:

@@ -1,4 +1,5 @@
 """The one error type the CLI turns into a one-line message and exit code 2."""
+
 try:  # typer >= 0.2x vendors click; its own ClickException is the one its runner handles
     from typer._click.exceptions import ClickException
     from typer._click.utils import echo

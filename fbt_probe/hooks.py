@@ -1,5 +1,6 @@
 """The one place hook names are built. Hook names are the contract between model, extraction,
 probes and interventions (TransformerLens conventions)."""
+
 from __future__ import annotations
 
 
@@ -32,7 +33,7 @@ def act_name(kind: str, layer: int | None = None) -> str:
     if kind in top:
         return top[kind]
     if kind.startswith("fusion_"):
-        return f"fusion.hook_{kind[len('fusion_'):]}"
+        return f"fusion.hook_{kind[len('fusion_') :]}"
     if layer is None:
         raise ValueError(f"act_name({kind!r}) needs a layer")
     if kind in ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out"):
@@ -40,7 +41,7 @@ def act_name(kind: str, layer: int | None = None) -> str:
     if kind in ("q", "k", "v", "pattern", "z"):
         return f"blocks.{layer}.attn.hook_{kind}"
     if kind in ("mlp_pre", "mlp_pre_linear", "mlp_post"):
-        return f"blocks.{layer}.mlp.hook_{kind[len('mlp_'):]}"
+        return f"blocks.{layer}.mlp.hook_{kind[len('mlp_') :]}"
     raise ValueError(f"unknown activation kind {kind!r}")
 
 

@@ -3,6 +3,7 @@
 Every writer goes through `atomic_path`: data lands in a temporary file next to the target and is
 renamed into place only when complete, so an interrupted run never leaves a half-written output.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,8 +31,10 @@ def refuse_existing(path: Path, force: bool = False, hint: str = "--force", own=
     if is_empty_dir(path):
         return False
     if own is not None and not own(path):
-        raise FbtError(f"{path}: exists and is not {kind or 'an output of this command'}; refusing to replace it, "
-                       "even with --force (choose another output path, or move it away yourself)")
+        raise FbtError(
+            f"{path}: exists and is not {kind or 'an output of this command'}; refusing to replace it, "
+            "even with --force (choose another output path, or move it away yourself)"
+        )
     return True
 
 
@@ -114,8 +117,10 @@ def disk_full(folder: Path, written: Path) -> Iterator[None]:
             raise
         size = _size(written)
         free = shutil.disk_usage(folder).free if Path(folder).exists() else 0
-        raise FbtError(f"{folder}: no space left on the device (free {_mb(free)}; the output being written had "
-                       f"reached {_mb(size)} and needs more: free at least that much and run the command again)") from None
+        raise FbtError(
+            f"{folder}: no space left on the device (free {_mb(free)}; the output being written had "
+            f"reached {_mb(size)} and needs more: free at least that much and run the command again)"
+        ) from None
 
 
 def _size(path: Path) -> int:

@@ -11,6 +11,7 @@ Every command and library entry point loads through here, so a model has one mea
 - `check_compatible(model, df, tokenizer)`: columns, lengths, token ids and tokenizer, checked
   before anything runs.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,8 +39,22 @@ from fbt_probe.reference import is_reference, resolve
 from fbt_probe.tasks import SAMPLE_COLUMNS, load_dataset, load_tokenizer, tokenizer_sha256
 from fbt_probe.tasks.tokenizer import encode, unk_id
 
-__all__ = ["CHECKPOINT_LOADERS", "CHECKPOINT_SUBDIRS", "FOREIGN_LOADERS", "LoadedModel", "check_compatible", "checkpoint_hash", "checkpoint_kind",
-           "load_data", "load_model", "load_pairs", "open_model", "open_pairs", "resolve_checkpoint", "state_hash"]
+__all__ = [
+    "CHECKPOINT_LOADERS",
+    "CHECKPOINT_SUBDIRS",
+    "FOREIGN_LOADERS",
+    "LoadedModel",
+    "check_compatible",
+    "checkpoint_hash",
+    "checkpoint_kind",
+    "load_data",
+    "load_model",
+    "load_pairs",
+    "open_model",
+    "open_pairs",
+    "resolve_checkpoint",
+    "state_hash",
+]
 
 CHECKPOINT_SUBDIRS = ("", "checkpoint", "final", "model")
 
@@ -113,8 +128,10 @@ def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrid
     if not folder.is_dir():
         raise FbtError(f"{source}: neither a preset ({', '.join(sorted(PRESETS))}) nor a model folder")
     if overrides:
-        raise FbtError(f"{source}: config overrides ({', '.join(sorted(overrides))}) apply to presets only; "
-                       "a folder carries its own config")
+        raise FbtError(
+            f"{source}: config overrides ({', '.join(sorted(overrides))}) apply to presets only; "
+            "a folder carries its own config"
+        )
     return _with_tokenizer(_load_folder(folder, device, seed), folder)
 
 
@@ -126,7 +143,9 @@ def _load_folder(folder: Path, device: str, seed: int):
                 return load(folder, device, seed)
         return import_qwen3(folder, seed=seed).to(device).eval()
     if kind not in CHECKPOINT_LOADERS:
-        raise FbtError(f"{folder / 'config.json'}: field 'model.arch': expected one of {sorted(CHECKPOINT_LOADERS)}, got {kind!r}")
+        raise FbtError(
+            f"{folder / 'config.json'}: field 'model.arch': expected one of {sorted(CHECKPOINT_LOADERS)}, got {kind!r}"
+        )
     return CHECKPOINT_LOADERS[kind](folder, device=device)
 
 
@@ -154,8 +173,11 @@ def resolve_checkpoint(run: str | Path) -> Path | None:
 def checkpoint_hash(folder: str | Path) -> str:
     """The sha256 results record for a checkpoint folder: its model.safetensors, or the last
     model_<step>.pt of a nanochat folder."""
-    return pt_sha256(Path(folder)) if is_nanochat_folder(Path(folder)) and not (Path(folder) / "model.safetensors").is_file() \
+    return (
+        pt_sha256(Path(folder))
+        if is_nanochat_folder(Path(folder)) and not (Path(folder) / "model.safetensors").is_file()
         else safetensors_hash(folder)
+    )
 
 
 def state_hash(model) -> str:
@@ -183,6 +205,7 @@ class LoadedModel:
     seed : int
         Initialisation seed of a preset.
     """
+
     model: torch.nn.Module
     source: str
     folder: Path | None = None
@@ -198,7 +221,9 @@ class LoadedModel:
     @cached_property
     def hash(self) -> str:
         """The model identity in activation manifests: the checkpoint's sha256, else a hash of its weights."""
-        if self.folder is not None and ((self.folder / "model.safetensors").is_file() or is_nanochat_folder(self.folder)):
+        if self.folder is not None and (
+            (self.folder / "model.safetensors").is_file() or is_nanochat_folder(self.folder)
+        ):
             return checkpoint_hash(self.folder)
         if self.preset:
             return f"preset:{self.source}:{state_hash(self.model)}"
@@ -226,15 +251,23 @@ def open_model(source, device: str | None = None, seed: int = 0) -> LoadedModel:
         return LoadedModel(load_model(name, device=device or "cpu", seed=seed), name, seed=seed, preset=True)
     folder = resolve_checkpoint(resolve(name))  # ref:<name> -> its verified folder; `name` stays for provenance
     if folder is None:
-        raise FbtError(f"{source}: neither a preset ({', '.join(sorted(PRESETS))}) nor a folder with a checkpoint "
-                       f"(config.json in it or in {', '.join(s for s in CHECKPOINT_SUBDIRS if s)}/)")
+        raise FbtError(
+            f"{source}: neither a preset ({', '.join(sorted(PRESETS))}) nor a folder with a checkpoint "
+            f"(config.json in it or in {', '.join(s for s in CHECKPOINT_SUBDIRS if s)}/)"
+        )
     return LoadedModel(load_model(folder, device=device or "cpu", seed=seed), name, folder, seed)
 
 
 # ----------------------------------------------------------------------------- datasets
 def _frame_hash(df: pd.DataFrame) -> str:
-    blob = json.dumps({c: df[c].map(lambda v: list(map(int, v)) if c == "token_ids" else v).tolist()
-                       for c in ("token_ids",) + SAMPLE_COLUMNS}, default=str, sort_keys=True)
+    blob = json.dumps(
+        {
+            c: df[c].map(lambda v: list(map(int, v)) if c == "token_ids" else v).tolist()
+            for c in ("token_ids",) + SAMPLE_COLUMNS
+        },
+        default=str,
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -253,7 +286,12 @@ def load_data(dataset, tasks=None, *, pairs: bool = False, command: str = "patch
         if missing:
             raise FbtError(f"<DataFrame>: dataset lacks column(s) {sorted(missing)}")
         tok = (df.attrs.get("manifest") or {}).get("tokenizer", {}).get("sha256")
-        df.attrs = {**df.attrs, "dataset_hash": _frame_hash(df), "dataset_files": ["<DataFrame>"], "tokenizer_sha256": tok}
+        df.attrs = {
+            **df.attrs,
+            "dataset_hash": _frame_hash(df),
+            "dataset_files": ["<DataFrame>"],
+            "tokenizer_sha256": tok,
+        }
         return df
     path = Path(dataset)
     files = sorted(path.glob("*.manifest.json")) if path.is_dir() else [path]
@@ -275,8 +313,12 @@ def load_data(dataset, tasks=None, *, pairs: bool = False, command: str = "patch
     if len(toks) > 1:
         raise FbtError(f"{path}: its datasets were tokenized with different tokenizers")
     out = pd.concat(frames, ignore_index=True)
-    out.attrs = {"dataset_sha256": shas, "dataset_files": [str(f) for f in files], "tokenizer_sha256": toks.pop(),
-                 "dataset_hash": hashlib.sha256("".join(shas).encode()).hexdigest()}
+    out.attrs = {
+        "dataset_sha256": shas,
+        "dataset_files": [str(f) for f in files],
+        "tokenizer_sha256": toks.pop(),
+        "dataset_hash": hashlib.sha256("".join(shas).encode()).hexdigest(),
+    }
     if pairs:
         out.attrs["label_token_ids"] = ids
     return out
@@ -300,13 +342,16 @@ def _label_ids(f: Path, df: pd.DataFrame, manifest: dict, command: str = "patch"
         unk = unk_id(load_tokenizer(tok_file))
         for label, tid in enumerate(ids):
             if unk is not None and tid == unk:
-                raise FbtError(f"{f}: label word {words[label]!r} is the unknown token of {tok_file} "
-                               "(regenerate the dataset with a tokenizer that has it)")
+                raise FbtError(
+                    f"{f}: label word {words[label]!r} is the unknown token of {tok_file} "
+                    "(regenerate the dataset with a tokenizer that has it)"
+                )
     return ids
 
 
-def check_compatible(model, df: pd.DataFrame, tokenizer: Path | None = None, where: str = "dataset",
-                     exact_tokenizer: bool = False) -> None:
+def check_compatible(
+    model, df: pd.DataFrame, tokenizer: Path | None = None, where: str = "dataset", exact_tokenizer: bool = False
+) -> None:
     """Refuse a dataset the model cannot read: missing columns, no rows, an empty sample, a sample
     longer than the context, token ids outside the vocabulary, or a dataset made with another
     tokenizer than the checkpoint's `tokenizer`. By default a tokenizer with another sha256 passes
@@ -327,8 +372,10 @@ def check_compatible(model, df: pd.DataFrame, tokenizer: Path | None = None, whe
         raise FbtError(f"{where}: token id {low} is outside the model's vocabulary 0..{model.cfg.d_vocab - 1}")
     top = max(max(ids) for ids in df["token_ids"])
     if top >= model.cfg.d_vocab:
-        raise FbtError(f"{where}: token id {top} is outside the model's vocabulary of {model.cfg.d_vocab} "
-                       f"(dataset and model use different tokenizers)")
+        raise FbtError(
+            f"{where}: token id {top} is outside the model's vocabulary of {model.cfg.d_vocab} "
+            f"(dataset and model use different tokenizers)"
+        )
     data_tok = df.attrs.get("tokenizer_sha256")
     if tokenizer is None or (exact_tokenizer and not data_tok):
         return
@@ -336,14 +383,18 @@ def check_compatible(model, df: pd.DataFrame, tokenizer: Path | None = None, whe
     if data_tok is not None and tokenizer_sha256(tok) == data_tok:
         return
     if exact_tokenizer:
-        raise FbtError(f"{tokenizer}: differs from the tokenizer the dataset was made with "
-                       "(regenerate the dataset with --tokenizer pointing at it)")
+        raise FbtError(
+            f"{tokenizer}: differs from the tokenizer the dataset was made with "
+            "(regenerate the dataset with --tokenizer pointing at it)"
+        )
     probe_rows = df.groupby("task").head(2)  # re-encode a few samples per task under the model's tokenizer
     for i, ids in zip(probe_rows.index, encode(tok, probe_rows["text"].tolist())):
         if list(ids) != list(map(int, df.at[i, "token_ids"])):
-            raise FbtError(f"{where}: sample {i} ({df.at[i, 'task']}) has token ids that {tokenizer} does not "
-                           f"produce: the dataset was made with another tokenizer (regenerate it with "
-                           f"--tokenizer {tokenizer})")
+            raise FbtError(
+                f"{where}: sample {i} ({df.at[i, 'task']}) has token ids that {tokenizer} does not "
+                f"produce: the dataset was made with another tokenizer (regenerate it with "
+                f"--tokenizer {tokenizer})"
+            )
 
 
 def load_pairs(dataset, tasks=None, command: str = "patch") -> pd.DataFrame:
@@ -352,8 +403,9 @@ def load_pairs(dataset, tasks=None, command: str = "patch") -> pd.DataFrame:
     return load_data(dataset, tasks, pairs=True, command=command)
 
 
-def open_pairs(run, dataset, tasks=None, device: str | None = None, seed: int = 0,
-               command: str = "patch") -> tuple[LoadedModel, pd.DataFrame]:
+def open_pairs(
+    run, dataset, tasks=None, device: str | None = None, seed: int = 0, command: str = "patch"
+) -> tuple[LoadedModel, pd.DataFrame]:
     """(model, pair frame) of ``fbt-probe patch | lens RUN DATASET`` (`command`): the dataset is read
     first (its errors come before a model loads), then the model, then their compatibility, with the
     run's tokenizer required to be the dataset's. A Hidden Decoding model is refused: the
@@ -361,8 +413,10 @@ def open_pairs(run, dataset, tasks=None, device: str | None = None, seed: int = 
     df = load_pairs(dataset, tasks, command)
     lm = open_model(run, device or "cpu", seed)
     if arch_of(lm.model) == HIDDEN_ARCH:
-        raise FbtError(f"{run}: a hidden-decoding model ({lm.model.cfg.n_streams} streams per token, one pass): "
-                       f"`fbt-probe {command}` needs a latent-feedback model (feedback passes, serial scan); "
-                       "study this one with `fbt-probe extract` and `fbt-probe probe`")
+        raise FbtError(
+            f"{run}: a hidden-decoding model ({lm.model.cfg.n_streams} streams per token, one pass): "
+            f"`fbt-probe {command}` needs a latent-feedback model (feedback passes, serial scan); "
+            "study this one with `fbt-probe extract` and `fbt-probe probe`"
+        )
     check_compatible(lm.model, df, lm.tokenizer, exact_tokenizer=True)
     return lm, df

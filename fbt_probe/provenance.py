@@ -1,4 +1,5 @@
 """What every result table and report records: config, seed, git commit, hashes, library versions."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,12 @@ def git_commit(cwd: str | Path | None = None) -> str:
     if cwd is None and not (root / "pyproject.toml").is_file():
         return "unknown"
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return sha + ("-dirty" if dirty else "")
@@ -72,6 +77,11 @@ def provenance(**extra) -> dict:
     `git_commit` is fbt-probe's own source tree (an editable checkout; 'unknown' for an installed
     package, whose version and install are in `package`); `working_directory_commit` is the commit
     of the folder the command ran in (a user's repository, say), labelled as such."""
-    return {"git_commit": git_commit(), "package": package_install(),
-            "working_directory_commit": git_commit(Path.cwd()), "versions": library_versions(),
-            "machine": platform.machine(), **extra}
+    return {
+        "git_commit": git_commit(),
+        "package": package_install(),
+        "working_directory_commit": git_commit(Path.cwd()),
+        "versions": library_versions(),
+        "machine": platform.machine(),
+        **extra,
+    }

@@ -5,6 +5,7 @@ A shard's sha256 is recorded beside it (`<shard>.sha256`) before the shard is re
 an interrupted extraction can tell a finished shard from one whose bytes changed since; the finished
 folder's `manifest.json` lists every shard's sha256 again.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,12 +39,16 @@ def verify_finished(path: Path) -> str:
     side = sidecar(path)
     recorded = side.read_text().strip() if side.is_file() else None
     if recorded is None:
-        raise FbtError(f"{path}: no recorded sha256 ({side.name} missing), so this shard cannot be trusted; "
-                       f"delete it and run the same extract command again")
+        raise FbtError(
+            f"{path}: no recorded sha256 ({side.name} missing), so this shard cannot be trusted; "
+            f"delete it and run the same extract command again"
+        )
     digest = sha256_file(path)
     if digest != recorded:
-        raise FbtError(f"{path}: corrupt shard (its sha256 differs from the one recorded when it was written); "
-                       f"delete it and run the same extract command again")
+        raise FbtError(
+            f"{path}: corrupt shard (its sha256 differs from the one recorded when it was written); "
+            f"delete it and run the same extract command again"
+        )
     return digest
 
 
@@ -54,8 +59,10 @@ def verify_shards(folder: Path, shards: list[dict]) -> None:
         if not path.is_file():
             raise FbtError(f"{path}: shard missing (listed in {Path(folder) / 'manifest.json'})")
         if sha256_file(path) != shard["sha256"]:
-            raise FbtError(f"{path}: corrupt shard (sha256 differs from the manifest); re-extract it "
-                           f"(delete the file and manifest.json, then run extract again)")
+            raise FbtError(
+                f"{path}: corrupt shard (sha256 differs from the manifest); re-extract it "
+                f"(delete the file and manifest.json, then run extract again)"
+            )
 
 
 def is_activation_folder(path: Path) -> bool:
@@ -72,22 +79,27 @@ def is_activation_folder(path: Path) -> bool:
 
 
 def check_out_dir(out_dir: Path, plan: dict, force: bool) -> str:
-    """"fresh" (absent or empty), "resume" (an interrupted extraction of the same plan) or, with
+    """ "fresh" (absent or empty), "resume" (an interrupted extraction of the same plan) or, with
     `force`, "replace" (an activation folder); refuses anything else."""
     if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())):
         return "fresh"
     if not out_dir.is_dir() or not is_activation_folder(out_dir):
-        raise FbtError(f"{out_dir}: exists and is not an activation folder; refusing to write into or replace it, "
-                       f"even with --force (choose another --out)")
+        raise FbtError(
+            f"{out_dir}: exists and is not an activation folder; refusing to write into or replace it, "
+            f"even with --force (choose another --out)"
+        )
     if force:
         return "replace"
     if (out_dir / "manifest.json").exists():
-        raise FbtError(f"{out_dir}: already holds a finished extraction; refusing to overwrite (pass --force to replace it)")
+        raise FbtError(
+            f"{out_dir}: already holds a finished extraction; refusing to overwrite (pass --force to replace it)"
+        )
     old = read_json(out_dir / "plan.json", "extraction plan")
     if json.dumps(old, sort_keys=True) != json.dumps(json.loads(json.dumps(plan)), sort_keys=True):
         diff = [k for k in plan if old.get(k) != json.loads(json.dumps(plan[k]))]
-        raise FbtError(f"{out_dir}: holds an unfinished extraction with a different {', '.join(diff)}; "
-                       f"pass --force to start over")
+        raise FbtError(
+            f"{out_dir}: holds an unfinished extraction with a different {', '.join(diff)}; pass --force to start over"
+        )
     return "resume"
 
 
@@ -99,9 +111,13 @@ def read_shard(path: Path, expect_sha: str | None = None) -> dict[str, torch.Ten
     except OSError as exc:
         raise FbtError(f"{path}: unreadable shard ({exc})") from None
     if expect_sha is not None and hashlib.sha256(data).hexdigest() != expect_sha:
-        raise FbtError(f"{path}: corrupt shard (sha256 differs from the manifest); re-extract it "
-                       f"(delete the file and manifest.json, then run extract again)")
+        raise FbtError(
+            f"{path}: corrupt shard (sha256 differs from the manifest); re-extract it "
+            f"(delete the file and manifest.json, then run extract again)"
+        )
     try:
         return load(data)
     except Exception as exc:  # safetensors raises its own error type for a damaged file
-        raise FbtError(f"{path}: corrupt shard ({type(exc).__name__}: {exc}); delete it and run extract again") from None
+        raise FbtError(
+            f"{path}: corrupt shard ({type(exc).__name__}: {exc}); delete it and run extract again"
+        ) from None

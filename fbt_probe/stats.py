@@ -13,6 +13,7 @@ number of times its group was drawn, so a resample's mean is a weighted mean and
 group structure are resampled together in one matrix product. Fold-level spread is reported as a
 spread (min-max over folds), never as an interval over independent draws.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,8 +62,9 @@ def group_weights(groups, n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:
     return counts[:, codes]
 
 
-def group_bootstrap_means(arrays, groups=None, n_boot: int = N_BOOT, level: float = LEVEL,
-                          seed: int = 0) -> list[tuple[float, float, float]]:
+def group_bootstrap_means(
+    arrays, groups=None, n_boot: int = N_BOOT, level: float = LEVEL, seed: int = 0
+) -> list[tuple[float, float, float]]:
     """(mean, low, high) of each array: the percentile group bootstrap of its mean, NaN dropped.
 
     `groups`: one label array per array (None: every value its own group, the plain bootstrap).
@@ -88,7 +90,7 @@ def group_bootstrap_means(arrays, groups=None, n_boot: int = N_BOOT, level: floa
         total = W.sum(1)
         step = max(1, _BOOT_CELLS // (n_boot * len(codes)))
         for c in range(0, len(items), step):
-            chunk = items[c:c + step]
+            chunk = items[c : c + step]
             means = np.stack([v for _, v in chunk]) @ W.T / total  # [arrays, n_boot]
             lo, hi = np.quantile(means, [a, 1 - a], axis=1)
             for j, (i, v) in enumerate(chunk):
@@ -112,8 +114,8 @@ def bca(theta: float, boots: np.ndarray, jack: np.ndarray, level: float = LEVEL)
     share = min(max(share, 1 / (b.size + 1)), b.size / (b.size + 1))
     z0 = nd.inv_cdf(share)
     d = j.mean() - j if j.size >= 2 else np.zeros(1)
-    den = 6 * (np.sum(d ** 2) ** 1.5)
-    acc = float(np.sum(d ** 3) / den) if den > 0 else 0.0
+    den = 6 * (np.sum(d**2) ** 1.5)
+    acc = float(np.sum(d**3) / den) if den > 0 else 0.0
     ends = []
     for q in ((1 - level) / 2, (1 + level) / 2):
         zq = nd.inv_cdf(q)

@@ -6,6 +6,7 @@ LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT), each running `fn(*args)`
 module-level function (the processes are spawned, so it is imported by name); results travel
 through files.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,16 @@ def free_port() -> int:
 
 
 def _entry(rank: int, size: int, port: int, fn, args) -> None:
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(rank),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(size),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     import torch
 
     from fbt_probe.distributed import session
@@ -38,8 +47,7 @@ def _entry(rank: int, size: int, port: int, fn, args) -> None:
 def run_ranks(fn, size: int, *args, limit_s: float = LIMIT_S) -> None:
     """Run `fn(*args)` on `size` ranks; raises (mp.ProcessRaisedException / ProcessExitedException)
     when one fails, after the others were stopped; TimeoutError past `limit_s`."""
-    ctx = mp.start_processes(_entry, args=(size, free_port(), fn, args), nprocs=size, join=False,
-                             start_method="spawn")
+    ctx = mp.start_processes(_entry, args=(size, free_port(), fn, args), nprocs=size, join=False, start_method="spawn")
     deadline = time.monotonic() + limit_s
     while not ctx.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
         if time.monotonic() > deadline:

@@ -1,4 +1,5 @@
 """Small configs and models for tests (factories, SAELens-style)."""
+
 from __future__ import annotations
 
 import torch
@@ -8,8 +9,18 @@ from fbt_probe.model.transformer import FeedbackTransformer
 
 
 def make_cfg(**overrides) -> ModelConfig:
-    base = dict(d_vocab=128, d_model=32, n_layers=3, n_heads=4, n_key_value_heads=2, d_head=8, d_mlp=48,
-                n_ctx=128, window=5, global_every=3)
+    base = dict(
+        d_vocab=128,
+        d_model=32,
+        n_layers=3,
+        n_heads=4,
+        n_key_value_heads=2,
+        d_head=8,
+        d_mlp=48,
+        n_ctx=128,
+        window=5,
+        global_every=3,
+    )
     base.update(overrides)
     return ModelConfig(**base)
 
@@ -17,8 +28,13 @@ def make_cfg(**overrides) -> ModelConfig:
 STEP_CONFIGS = {  # the serial-step variants the lean and the static-buffer steps are checked on
     "gqa-window": dict(),  # window 5 bites within T
     "mqa-global": dict(n_heads=4, n_key_value_heads=1, window=None),
-    "mha-prenorm-untied-capped": dict(n_key_value_heads=4, feedback_source="pre_norm", tie_embeddings=False,
-                                      logit_softcap=3.0, depth_scaling="1/sqrt(2L)"),
+    "mha-prenorm-untied-capped": dict(
+        n_key_value_heads=4,
+        feedback_source="pre_norm",
+        tie_embeddings=False,
+        logit_softcap=3.0,
+        depth_scaling="1/sqrt(2L)",
+    ),
 }
 
 
@@ -40,8 +56,10 @@ def task_pairs(groups: int, tasks=("completion", "memory"), knob: int = 8):
     from fbt_probe.tasks import build_tokenizer, generate, load_spec
 
     tok = build_tokenizer()
-    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(knob,)), groups=groups, seed=0, tokenizer=tok)
-              for t in tasks]
+    frames = [
+        generate(dataclasses.replace(load_spec(t), length_grid=(knob,)), groups=groups, seed=0, tokenizer=tok)
+        for t in tasks
+    ]
     return pd.concat(frames, ignore_index=True), tok
 
 

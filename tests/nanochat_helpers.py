@@ -1,4 +1,5 @@
 """Checkpoints in the nanochat reproduction's format (model_<step>.pt + meta_<step>.json), random weights."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,18 @@ from fbt_probe.model.nanochat_import import config_from_meta, read_model_config,
 from fbt_probe.model.transformer import FeedbackTransformer
 
 # sequence_len 256: their short window is ceil(256 / 4 / 128) * 128 = 128 keys before the query
-META = dict(sequence_len=256, vocab_size=70, n_layer=4, n_head=4, n_kv_head=2, n_embd=32, window_pattern="SSSL",
-            latent_feedback=True, latent_feedback_mode="gate_product", weight_tying=False)
+META = dict(
+    sequence_len=256,
+    vocab_size=70,
+    n_layer=4,
+    n_head=4,
+    n_kv_head=2,
+    n_embd=32,
+    window_pattern="SSSL",
+    latent_feedback=True,
+    latent_feedback_mode="gate_product",
+    weight_tying=False,
+)
 
 
 def random_state(seed: int = 0, identity: bool = False, **meta) -> tuple[dict, dict]:
@@ -34,8 +45,12 @@ def random_state(seed: int = 0, identity: bool = False, **meta) -> tuple[dict, d
         out["lm_head.weight"] = out["transformer.wte.weight"]
     L = cfg.n_layers
     if identity:
-        out.update(resid_lambdas=torch.ones(L), x0_lambdas=torch.zeros(L), smear_lambda=torch.zeros(1),
-                   backout_lambda=torch.zeros(1))
+        out.update(
+            resid_lambdas=torch.ones(L),
+            x0_lambdas=torch.zeros(L),
+            smear_lambda=torch.zeros(1),
+            backout_lambda=torch.zeros(1),
+        )
         for k in out:
             if k.startswith("value_embeds."):
                 out[k] = torch.zeros_like(out[k])
@@ -44,8 +59,9 @@ def random_state(seed: int = 0, identity: bool = False, **meta) -> tuple[dict, d
     return mc, out
 
 
-def write_nanochat(folder: Path, mc: dict, state: dict, step: int = 1200, extra_meta: dict | None = None,
-                   prefix: str = "") -> Path:
+def write_nanochat(
+    folder: Path, mc: dict, state: dict, step: int = 1200, extra_meta: dict | None = None, prefix: str = ""
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     torch.save({prefix + k: v for k, v in state.items()}, folder / f"model_{step:06d}.pt")
     meta = {"step": step, "model_config": mc, **(extra_meta or {})}

@@ -1,4 +1,5 @@
 """Activation extraction: equals a manual forward, resumes to identical shards, refuses bad input."""
+
 from __future__ import annotations
 
 import json
@@ -32,9 +33,20 @@ def frame(n_pairs: int = 6, lengths=(6, 9), tasks=("alpha", "beta"), seed: int =
                 for label in (0, 1):
                     ids = ids.copy()
                     ids[1], ids[-1] = 10 + label, FINAL
-                    rows.append({"task": task, "text": "", "token_ids": ids, "label": label,
-                                 "label_word": "AB"[label], "pair_id": p, "group_id": f"{task}:{knob}:{p}",
-                                 "length_knob": knob, "n_tokens": T, "seed": seed})
+                    rows.append(
+                        {
+                            "task": task,
+                            "text": "",
+                            "token_ids": ids,
+                            "label": label,
+                            "label_word": "AB"[label],
+                            "pair_id": p,
+                            "group_id": f"{task}:{knob}:{p}",
+                            "length_knob": knob,
+                            "n_tokens": T,
+                            "seed": seed,
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -58,7 +70,9 @@ def test_extraction_equals_a_manual_forward(model, tmp_path):
         tokens = torch.tensor(np.stack(df.loc[rows.row, "token_ids"].to_list()), dtype=torch.long)
         _, cache = model.run_with_cache(tokens, mode=mode, names_filter=[t.hook for t in targets])
         for k, t in enumerate(targets):
-            np.testing.assert_allclose(X[k], cache[t.hook][:, -1].numpy(), rtol=0, atol=1e-10, err_msg=f"{mode} {t.hook}")
+            np.testing.assert_allclose(
+                X[k], cache[t.hook][:, -1].numpy(), rtol=0, atol=1e-10, err_msg=f"{mode} {t.hook}"
+            )
     # the reference pseudo-mode holds exactly the state recurrent:1 feeds into the last position
     X, rows, targets = store.load(REFERENCE_MODE, "beta", 1)
     tokens = torch.tensor(np.stack(df.loc[rows.row, "token_ids"].to_list()), dtype=torch.long)
@@ -123,9 +137,13 @@ def test_resume_after_a_killed_process_yields_identical_shards(tmp_path):
         "from fbt_probe.activations import extract\n"
         "df = pd.read_pickle(sys.argv[1])\n"
         "extract('tiny', df, ['standard'], sys.argv[2], shard_rows=4, reference=False,\n"
-        "        on_shard=lambda s: (print('shard', flush=True), time.sleep(0.5)))\n")
-    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "df.pkl"), str(tmp_path / "cut"),
-                             str(torch.get_num_threads())], stdout=subprocess.PIPE, text=True)
+        "        on_shard=lambda s: (print('shard', flush=True), time.sleep(0.5)))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "df.pkl"), str(tmp_path / "cut"), str(torch.get_num_threads())],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     for _ in range(2):
         assert proc.stdout.readline().strip() == "shard"
     proc.send_signal(signal.SIGKILL)
@@ -152,7 +170,9 @@ def test_existing_output_is_kept_without_force(model, tmp_path):
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     for force in (False, True):  # before: --force deleted any folder (and the message suggested it)
-        with pytest.raises(FbtError, match="not an activation folder; refusing to write into or replace it, even with --force"):
+        with pytest.raises(
+            FbtError, match="not an activation folder; refusing to write into or replace it, even with --force"
+        ):
             extract(model, df, "standard", tmp_path / "other", force=force)
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
 
@@ -169,8 +189,14 @@ def test_unfinished_extraction_of_other_inputs_is_not_resumed(model, tmp_path):
         extract(model, df, "recurrent:1", tmp_path / "acts")
 
 
-@pytest.mark.parametrize("mode, match", [("recurrent:0", "recurrent:k needs k >= 1"), ("sideways", "expected"),
-                                         ("recurrent:6", "k must be < the sequence length")])
+@pytest.mark.parametrize(
+    "mode, match",
+    [
+        ("recurrent:0", "recurrent:k needs k >= 1"),
+        ("sideways", "expected"),
+        ("recurrent:6", "k must be < the sequence length"),
+    ],
+)
 def test_a_mode_the_model_cannot_run_is_refused_before_writing(model, tmp_path, mode, match):
     with pytest.raises(FbtError, match=match):
         extract(model, frame(), ["standard", mode], tmp_path / "acts")

@@ -1,5 +1,6 @@
 """Extraction never certifies or probes a damaged shard, never deletes what it did not write, and
 answers bad input with one line."""
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -24,7 +25,9 @@ def small_dataset(folder):
     from fbt_probe.tasks import build_tokenizer, generate, load_spec, write_dataset
 
     tok = build_tokenizer()
-    write_dataset(generate(load_spec("memory").replace(length_grid=[8, 32]), groups=2, seed=0, tokenizer=tok), folder, tok)
+    write_dataset(
+        generate(load_spec("memory").replace(length_grid=[8, 32]), groups=2, seed=0, tokenizer=tok), folder, tok
+    )
     return folder
 
 
@@ -70,8 +73,11 @@ def test_probe_verifies_every_shard_before_fitting(model, tmp_path):
     flip_a_value(tmp_path / "acts" / store.manifest["shards"][-1]["file"])
     fitted = []
     with pytest.raises(FbtError, match="corrupt shard"):
-        probe_sweep(tmp_path / "acts", ProbeConfig(n_splits=2, backend="sklearn", n_jobs=1),
-                    progress=lambda *a: fitted.append(a))
+        probe_sweep(
+            tmp_path / "acts",
+            ProbeConfig(n_splits=2, backend="sklearn", n_jobs=1),
+            progress=lambda *a: fitted.append(a),
+        )
     assert fitted == []  # before: the first cells were fitted, the damaged one failed (or was probed) later
 
 
@@ -110,27 +116,45 @@ def test_interrupted_extract_says_how_to_resume(tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(acts, "_write_shard", write_then_stop)
-    res = runner.invoke(app, ["extract", "tiny", str(tmp_path / "data"), "--out", str(tmp_path / "acts"), "--modes", "standard"])
+    res = runner.invoke(
+        app, ["extract", "tiny", str(tmp_path / "data"), "--out", str(tmp_path / "acts"), "--modes", "standard"]
+    )
     assert res.exit_code == 130 and "interrupted: rerun the same command to resume" in res.output
     monkeypatch.setattr(acts, "_write_shard", real)
-    res = runner.invoke(app, ["extract", "tiny", str(tmp_path / "data"), "--out", str(tmp_path / "acts"), "--modes", "standard"])
+    res = runner.invoke(
+        app, ["extract", "tiny", str(tmp_path / "data"), "--out", str(tmp_path / "acts"), "--modes", "standard"]
+    )
     assert res.exit_code == 0, res.output
     before = snapshot(tmp_path / "acts")
     calls.clear()
     monkeypatch.setattr(acts, "_write_shard", write_then_stop)
-    res = runner.invoke(app, ["extract", "tiny", str(tmp_path / "data"), "--out", str(tmp_path / "acts"), "--modes",
-                              "recurrent:1", "--force"])
+    res = runner.invoke(
+        app,
+        [
+            "extract",
+            "tiny",
+            str(tmp_path / "data"),
+            "--out",
+            str(tmp_path / "acts"),
+            "--modes",
+            "recurrent:1",
+            "--force",
+        ],
+    )
     assert res.exit_code == 130 and f"interrupted: {tmp_path / 'acts'} is unchanged" in res.output
     assert snapshot(tmp_path / "acts") == before
 
 
-@pytest.mark.parametrize("args, match", [
-    (["--modes", "standard,standard"], "'standard' is listed twice"),
-    (["--modes", "recurrent:1,recurrent:01"], "'recurrent:1' is listed twice"),
-    (["--modes", "jacobi:2,carried-state"], None),
-    (["--device", "cuda:0"] if not torch.cuda.is_available() else ["--device", "warp"], "device"),
-    (["--dtype", "float8"], "dtype 'float8'"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["--modes", "standard,standard"], "'standard' is listed twice"),
+        (["--modes", "recurrent:1,recurrent:01"], "'recurrent:1' is listed twice"),
+        (["--modes", "jacobi:2,carried-state"], None),
+        (["--device", "cuda:0"] if not torch.cuda.is_available() else ["--device", "warp"], "device"),
+        (["--dtype", "float8"], "dtype 'float8'"),
+    ],
+)
 def test_bad_extract_options_are_one_line_errors(tmp_path, args, match):
     small_dataset(tmp_path / "data")
     res = runner.invoke(app, ["extract", "tiny", str(tmp_path / "data"), "--out", str(tmp_path / "acts"), *args])

@@ -3,6 +3,7 @@ any depth, a light package root and CLI, and no pointer to a spec outside the re
 
 The contract tests run `lint-imports` in a child process: the planted-cycle test lints a copy of the
 package, and the child's working directory (first on its sys.path) decides which copy it reads."""
+
 from __future__ import annotations
 
 import shutil

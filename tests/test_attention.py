@@ -1,6 +1,7 @@
 """The attention paths (scaled_dot_product_attention; the materialised scores hook_pattern reads;
 the explicit reference einsum) compute the same function; the materialised one runs only when a
 hook needs the pattern, the explicit one only when asked for (training)."""
+
 import pickle
 
 import pytest

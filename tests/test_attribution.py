@@ -2,6 +2,7 @@
 (every mode, through carried states and Jacobi passes), the same cells and metric as residual
 patching, sign agreement with exact patching on the top cells of a nonlinear model, and the parity
 table of `--check K`."""
+
 import dataclasses
 
 import numpy as np
@@ -45,8 +46,10 @@ def linear_model(seed: int = 0):
 @pytest.fixture(scope="module")
 def pairs():
     tok = build_tokenizer()
-    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(k,)), groups=3, seed=0, tokenizer=tok)
-              for t, k in (("completion", 0), ("memory", 8))]
+    frames = [
+        generate(dataclasses.replace(load_spec(t), length_grid=(k,)), groups=3, seed=0, tokenizer=tok)
+        for t, k in (("completion", 0), ("memory", 8))
+    ]
     df = pd.concat(frames, ignore_index=True)
     return list(pair_batches(df, label_token_ids(df, tok), batch_size=6))
 
@@ -98,7 +101,9 @@ def test_exact_cells_are_residual_patching(pairs, mode):
     cells = [(n, 1, p) for n in names for p in (batch.T - 3, batch.T - 1)]
     for direction in ("denoising", "noising"):
         ours = exact_cells(model, batch, tr, mode, cells, direction, serial, 0.0)
-        ref = residual_patching(model, [batch], mode=mode, min_gap=0.0, depths=[0, L], last_k=3, directions=(direction,))
+        ref = residual_patching(
+            model, [batch], mode=mode, min_gap=0.0, depths=[0, L], last_k=3, directions=(direction,)
+        )
         ref = ref[ref.position.isin([batch.T - 3, batch.T - 1])].assign(hook=lambda d: d.depth.map(depth_name))
         both = ours.merge(ref, on=["row", "hook", "position"], suffixes=("", "_ref"))
         assert len(both) == len(ours) == len(ref)
@@ -122,20 +127,28 @@ def test_atp_sign_matches_exact_on_the_tiny_models_top_cells(pairs, mode):
     top = w.merge(w.loc[w["check_cell"] == "top", cells].drop_duplicates(), on=cells)
     top["base"] = np.where(top["direction"] == "denoising", top["corrupt_logit_diff"], top["clean_logit_diff"])
     top["effect"] = top["logit_diff"] - top["base"]
-    eff = top.groupby(["task", "direction", "hook", "pass_index", "position", "method"])["effect"].mean().unstack("method")
+    eff = (
+        top.groupby(["task", "direction", "hook", "pass_index", "position", "method"])["effect"]
+        .mean()
+        .unstack("method")
+    )
     for (task, direction), g in eff.groupby(level=["task", "direction"]):
         big = g[g["exact"].abs() >= 0.1 * g["exact"].abs().max()]
         assert len(big) >= 2 and (np.sign(big["atp"]) == np.sign(big["exact"])).all(), (task, direction, g)
     assert (par["sign_agreement_top"] >= 0.5).all(), par
-    assert (par["spearman"] > 0).all(), par[["task", "direction", "metric", "spearman"]]  # random cells: ~0 effects, noisy ranks
-    assert (par["spearman_ci_low"] <= par["spearman"] + 1e-12).all() and (par["spearman"] <= par["spearman_ci_high"] + 1e-12).all()
+    assert (par["spearman"] > 0).all(), par[
+        ["task", "direction", "metric", "spearman"]
+    ]  # random cells: ~0 effects, noisy ranks
+    assert (par["spearman_ci_low"] <= par["spearman"] + 1e-12).all() and (
+        par["spearman"] <= par["spearman_ci_high"] + 1e-12
+    ).all()
 
 
 def test_cell_choice_is_top_k_then_seeded_random(pairs):
     model = make_model()
     w = attribution(model, pairs[:1], "standard", min_gap=0.0, directions=("noising",))
     chosen = choose_cells(w, 3, seed=0)
-    assert list(chosen.values()) .count("top") == 3 and list(chosen.values()).count("random") == 3
+    assert list(chosen.values()).count("top") == 3 and list(chosen.values()).count("random") == 3
     eff = (w["logit_diff"] - w["clean_logit_diff"]).groupby([w.hook, w.pass_index, w.position]).mean().abs()
     top = {c for c, r in chosen.items() if r == "top"}
     assert min(eff[c] for c in top) >= max(eff[c] for c in chosen if c not in top)

@@ -1,5 +1,6 @@
 """Bad input gets one line (`error: ...`), exit code 2 and nothing written: the cases of the README
 table "What bad input gets" that the other test files do not cover."""
+
 import dataclasses
 import json
 import time
@@ -37,26 +38,43 @@ def workdir(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("args, match", [
-    (["--max-pairs", "0"], "--max-pairs 0: expected an integer >= 1"),
-    (["--experiment", "residual", "--last-k", "-3"], "--last-k -3: expected an integer >= 1"),
-    (["--experiment", "probe-direction", "--folds", "1"], "--folds 1: expected an integer >= 2"),
-    (["--experiment", "residual", "--depths", "99"], "--depths 99: this model has probe depths 0..3"),
-    (["--experiment", "residual", "--depths", "-1"], "--depths -1: expected probe depths >= 0"),
-    (["--min-gap", "nan"], "--min-gap nan: expected a finite number >= 0"),
-    (["--mode", "recurrent:1,recurrent:1"], "'recurrent:1' is listed twice"),
-    (["--device", "cuda:0" if not torch.cuda.is_available() else "warp"], "device"),
-    (["--experiment", "attribution", "--check", "-1"], "--check -1: expected an integer >= 0"),
-    (["--experiment", "attribution", "--hooks", "blocks.9.hook_resid_pre"], "hooks: unknown hook 'blocks.9.hook_resid_pre'"),
-    (["--experiment", "attribution", "--hooks", "fusion.hook_gate,fusion.hook_gate"], "expected distinct hook names"),
-    (["--experiment", "das", "--steps", "0"], "--steps 0: expected an integer >= 1"),
-    (["--experiment", "das", "--lr", "nan"], "--lr nan: expected a finite number > 0"),
-    (["--experiment", "das", "--ks", "0"], "--ks 0: expected distinct subspace dimensions >= 1"),
-    (["--experiment", "das", "--ks", "2,2"], "--ks 2,2: expected distinct subspace dimensions >= 1"),
-    (["--experiment", "das", "--ks", "one"], "ks 'one': expected comma-separated integers"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["--max-pairs", "0"], "--max-pairs 0: expected an integer >= 1"),
+        (["--experiment", "residual", "--last-k", "-3"], "--last-k -3: expected an integer >= 1"),
+        (["--experiment", "probe-direction", "--folds", "1"], "--folds 1: expected an integer >= 2"),
+        (["--experiment", "residual", "--depths", "99"], "--depths 99: this model has probe depths 0..3"),
+        (["--experiment", "residual", "--depths", "-1"], "--depths -1: expected probe depths >= 0"),
+        (["--min-gap", "nan"], "--min-gap nan: expected a finite number >= 0"),
+        (["--mode", "recurrent:1,recurrent:1"], "'recurrent:1' is listed twice"),
+        (["--device", "cuda:0" if not torch.cuda.is_available() else "warp"], "device"),
+        (["--experiment", "attribution", "--check", "-1"], "--check -1: expected an integer >= 0"),
+        (
+            ["--experiment", "attribution", "--hooks", "blocks.9.hook_resid_pre"],
+            "hooks: unknown hook 'blocks.9.hook_resid_pre'",
+        ),
+        (
+            ["--experiment", "attribution", "--hooks", "fusion.hook_gate,fusion.hook_gate"],
+            "expected distinct hook names",
+        ),
+        (["--experiment", "das", "--steps", "0"], "--steps 0: expected an integer >= 1"),
+        (["--experiment", "das", "--lr", "nan"], "--lr nan: expected a finite number > 0"),
+        (["--experiment", "das", "--ks", "0"], "--ks 0: expected distinct subspace dimensions >= 1"),
+        (["--experiment", "das", "--ks", "2,2"], "--ks 2,2: expected distinct subspace dimensions >= 1"),
+        (["--experiment", "das", "--ks", "one"], "ks 'one': expected comma-separated integers"),
+    ],
+)
 def test_patch_options(workdir, args, match):
-    base = ["patch", str(workdir / "run"), str(workdir / "data"), "--experiment", "feedback-swap", "--out", str(workdir / "res")]
+    base = [
+        "patch",
+        str(workdir / "run"),
+        str(workdir / "data"),
+        "--experiment",
+        "feedback-swap",
+        "--out",
+        str(workdir / "res"),
+    ]
     experiment = args[args.index("--experiment") + 1] if "--experiment" in args else None
     if experiment:
         i = base.index("--experiment")
@@ -66,14 +84,17 @@ def test_patch_options(workdir, args, match):
     assert not (workdir / "res").exists()
 
 
-@pytest.mark.parametrize("args, match", [
-    (["--eval-fraction", "1.5"], "--eval-fraction 1.5: expected a number in (0, 1)"),
-    (["--steps", "-1"], "--steps -1: expected an integer >= 0"),
-    (["--lr", "0"], "--lr 0.0: expected a finite number > 0"),
-    (["--positions", "0"], "--positions 0: expected an integer >= 1"),
-    (["--max-pairs", "0"], "--max-pairs 0: expected an integer >= 1"),
-    (["--mode", "standard,standard"], "'standard' is listed twice"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["--eval-fraction", "1.5"], "--eval-fraction 1.5: expected a number in (0, 1)"),
+        (["--steps", "-1"], "--steps -1: expected an integer >= 0"),
+        (["--lr", "0"], "--lr 0.0: expected a finite number > 0"),
+        (["--positions", "0"], "--positions 0: expected an integer >= 1"),
+        (["--max-pairs", "0"], "--max-pairs 0: expected an integer >= 1"),
+        (["--mode", "standard,standard"], "'standard' is listed twice"),
+    ],
+)
 def test_lens_options(workdir, args, match):
     base = ["lens", str(workdir / "run"), str(workdir / "data"), "--out", str(workdir / "lens-res"), "--steps", "2"]
     one_line_error(runner.invoke(app, base + args), match)
@@ -93,8 +114,19 @@ def test_patch_force_replaces_only_results(workdir):
     target = workdir / "elsewhere" / "feedback-swap"
     target.mkdir(parents=True)
     (target / "notes.txt").write_text("mine")
-    res = runner.invoke(app, ["patch", str(workdir / "run"), str(workdir / "data"), "--experiment", "feedback-swap",
-                              "--out", str(workdir / "elsewhere"), "--force"])
+    res = runner.invoke(
+        app,
+        [
+            "patch",
+            str(workdir / "run"),
+            str(workdir / "data"),
+            "--experiment",
+            "feedback-swap",
+            "--out",
+            str(workdir / "elsewhere"),
+            "--force",
+        ],
+    )
     one_line_error(res, "is not an interventions results folder")
     assert (target / "notes.txt").read_text() == "mine" and len(list(target.iterdir())) == 1
 
@@ -112,8 +144,18 @@ def test_an_empty_dataset_into_patch(workdir, tmp_path):
     manifest.update(rows=0, pairs=0, sha256=sha256_file(empty))
     (tmp_path / "data" / "completion.manifest.json").write_text(json.dumps(manifest))
     (tmp_path / "data" / "tokenizer.json").write_bytes((src / "tokenizer.json").read_bytes())
-    res = runner.invoke(app, ["patch", str(workdir / "run"), str(tmp_path / "data"), "--experiment", "feedback-swap",
-                              "--out", str(tmp_path / "res")])
+    res = runner.invoke(
+        app,
+        [
+            "patch",
+            str(workdir / "run"),
+            str(tmp_path / "data"),
+            "--experiment",
+            "feedback-swap",
+            "--out",
+            str(tmp_path / "res"),
+        ],
+    )
     one_line_error(res, "no rows")
     res = runner.invoke(app, ["extract", str(workdir / "run"), str(tmp_path / "data"), "--out", str(tmp_path / "acts")])
     one_line_error(res, "no rows")
@@ -128,8 +170,18 @@ def test_an_older_dataset_with_an_unknown_label_word_is_refused_by_patch(workdir
     manifest = json.loads(path.read_text())
     manifest["tokenizer"]["label_token_ids"]["done"] = 1  # <unk> in the built-in tokenizer
     path.write_text(json.dumps(manifest))
-    res = runner.invoke(app, ["patch", str(workdir / "run"), str(tmp_path / "data"), "--experiment", "feedback-swap",
-                              "--out", str(tmp_path / "res")])
+    res = runner.invoke(
+        app,
+        [
+            "patch",
+            str(workdir / "run"),
+            str(tmp_path / "data"),
+            "--experiment",
+            "feedback-swap",
+            "--out",
+            str(tmp_path / "res"),
+        ],
+    )
     one_line_error(res, "label word 'done' is the unknown token of")
 
 
@@ -157,8 +209,10 @@ def flipped_copy(workdir, tmp_path, *, word_too: bool):
 def test_labels_flipped_against_the_text_are_refused_on_load(workdir, tmp_path, word_too):
     """The manifest's sha256 matches the tampered file; the labels are re-derived from the text."""
     data, pair = flipped_copy(workdir, tmp_path, word_too=word_too)
-    for cmd in (["extract", str(workdir / "run"), str(data), "--out", str(tmp_path / "acts")],
-                ["patch", str(workdir / "run"), str(data), "--experiment", "feedback-swap", "--out", str(tmp_path / "res")]):
+    for cmd in (
+        ["extract", str(workdir / "run"), str(data), "--out", str(tmp_path / "acts")],
+        ["patch", str(workdir / "run"), str(data), "--experiment", "feedback-swap", "--out", str(tmp_path / "res")],
+    ):
         res = runner.invoke(app, cmd)
         one_line_error(res, f"completion.parquet: row 0 (pair {pair}): field 'label' is ")
         assert "but its text says" in res.output
@@ -177,11 +231,23 @@ def test_a_huge_value_range_is_refused_at_once(tmp_path):
     """Before: [0, 10^9] hung (the relation was checked on every (R, C) pair in Python). Counts are words of
     the task tokenizer up to 99."""
     t0 = time.perf_counter()
-    res = runner.invoke(app, ["tasks", "generate", str(spec_file(tmp_path, value_range=[0, 10**9])), "--out", str(tmp_path / "d")])
+    res = runner.invoke(
+        app, ["tasks", "generate", str(spec_file(tmp_path, value_range=[0, 10**9])), "--out", str(tmp_path / "d")]
+    )
     one_line_error(res, "field 'value_range': expected [low, high] with 0 <= low <= high <= 99")
     assert time.perf_counter() - t0 < 30  # a hang guard, not a benchmark
-    ok = runner.invoke(app, ["tasks", "generate", str(spec_file(tmp_path, value_range=[0, 99])), "--out",
-                             str(tmp_path / "d"), "--groups", "2"])
+    ok = runner.invoke(
+        app,
+        [
+            "tasks",
+            "generate",
+            str(spec_file(tmp_path, value_range=[0, 99])),
+            "--out",
+            str(tmp_path / "d"),
+            "--groups",
+            "2",
+        ],
+    )
     assert ok.exit_code == 0, ok.output
 
 
@@ -189,7 +255,9 @@ def test_a_label_word_outside_the_tokenizer_is_refused_at_generation(tmp_path):
     """Before: it became <unk> in the dataset and `patch` scored logit differences against <unk>."""
     runner.invoke(app, ["tasks", "tokenizer", "--out", str(tmp_path / "tok.json")])
     spec = spec_file(tmp_path, label_words={"0": "more", "1": "FINISHED"})
-    res = runner.invoke(app, ["tasks", "generate", str(spec), "--out", str(tmp_path / "d"), "--tokenizer", str(tmp_path / "tok.json")])
+    res = runner.invoke(
+        app, ["tasks", "generate", str(spec), "--out", str(tmp_path / "d"), "--tokenizer", str(tmp_path / "tok.json")]
+    )
     one_line_error(res, f"label word 'FINISHED' is not in the vocabulary of tokenizer {tmp_path / 'tok.json'}")
     assert not (tmp_path / "d").exists()
 
@@ -202,7 +270,9 @@ def test_a_label_word_of_several_tokens_is_refused_at_generation(tmp_path):
     tok = build_tokenizer([load_spec(spec)])
     tok.pre_tokenizer = pre_tokenizers.Sequence([tok.pre_tokenizer, pre_tokenizers.Split("_", "isolated")])
     save_tokenizer(tok, tmp_path / "split.json")
-    res = runner.invoke(app, ["tasks", "generate", str(spec), "--out", str(tmp_path / "d"), "--tokenizer", str(tmp_path / "split.json")])
+    res = runner.invoke(
+        app, ["tasks", "generate", str(spec), "--out", str(tmp_path / "d"), "--tokenizer", str(tmp_path / "split.json")]
+    )
     one_line_error(res, "label word 'ALL_DONE' is 3 tokens after the query under tokenizer")
     with pytest.raises(FbtError, match="'ALL_DONE' is 3 tokens"):
         generate(load_spec(spec), groups=2, tokenizer=tok)
@@ -224,12 +294,15 @@ def edit(folder, fn):
     (folder / "config.json").write_text(json.dumps(cfg))
 
 
-@pytest.mark.parametrize("change, match", [
-    (lambda c: c.pop("num_hidden_layers"), "field 'num_hidden_layers' missing"),
-    (lambda c: c.update(hidden_size="64"), "field 'hidden_size': expected an integer >= 1, got '64'"),
-    (lambda c: c.update(intermediate_size=512), "has shape (384, 128), config expects (512, 128)"),
-    (lambda c: c.update(rms_norm_eps="small"), "field 'rms_norm_eps': expected a number"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda c: c.pop("num_hidden_layers"), "field 'num_hidden_layers' missing"),
+        (lambda c: c.update(hidden_size="64"), "field 'hidden_size': expected an integer >= 1, got '64'"),
+        (lambda c: c.update(intermediate_size=512), "has shape (384, 128), config expects (512, 128)"),
+        (lambda c: c.update(rms_norm_eps="small"), "field 'rms_norm_eps': expected a number"),
+    ],
+)
 def test_import_hf_config_errors(qwen, tmp_path, change, match):
     edit(qwen, change)
     res = runner.invoke(app, ["model", "import-hf", str(qwen), str(tmp_path / "ckpt")])
@@ -240,8 +313,9 @@ def test_import_hf_config_errors(qwen, tmp_path, change, match):
 def test_import_hf_refuses_shards_outside_the_folder(qwen, tmp_path):
     outside = tmp_path / "elsewhere.safetensors"
     outside.write_bytes((qwen / "model.safetensors").read_bytes())
-    (qwen / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"model.embed_tokens.weight": "../elsewhere.safetensors"}}))
+    (qwen / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"model.embed_tokens.weight": "../elsewhere.safetensors"}})
+    )
     res = runner.invoke(app, ["model", "import-hf", str(qwen), str(tmp_path / "ckpt")])
     one_line_error(res, "'../elsewhere.safetensors' is outside")
     (qwen / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": str(outside)}}))
@@ -251,8 +325,10 @@ def test_import_hf_refuses_shards_outside_the_folder(qwen, tmp_path):
 def test_import_and_export_force_replace_only_their_own_kind(qwen, tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")
-    for args in (["model", "import-hf", str(qwen), str(tmp_path / "mine"), "--force"],
-                 ["model", "export-hf", "tiny", str(tmp_path / "mine"), "--force"]):
+    for args in (
+        ["model", "import-hf", str(qwen), str(tmp_path / "mine"), "--force"],
+        ["model", "export-hf", "tiny", str(tmp_path / "mine"), "--force"],
+    ):
         res = runner.invoke(app, args)
         assert res.exit_code == 2 and "refusing to replace it" in res.output, res.output
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
@@ -264,7 +340,19 @@ def test_import_and_export_force_replace_only_their_own_kind(qwen, tmp_path):
 def test_token_ids_of_a_dataframe_outside_the_model_are_refused():
     from fbt_probe.activations import extract
 
-    df = pd.DataFrame({"task": ["t"], "token_ids": [[1, -2, 3]], "label": [0], "label_word": ["A"], "pair_id": [0],
-                       "group_id": ["g"], "length_knob": [0], "n_tokens": [3], "text": [""], "seed": [0]})
+    df = pd.DataFrame(
+        {
+            "task": ["t"],
+            "token_ids": [[1, -2, 3]],
+            "label": [0],
+            "label_word": ["A"],
+            "pair_id": [0],
+            "group_id": ["g"],
+            "length_knob": [0],
+            "n_tokens": [3],
+            "text": [""],
+            "seed": [0],
+        }
+    )
     with pytest.raises(FbtError, match="id -2 is outside"):
         extract(make_model(), df, "standard", "/nonexistent/never-written")

@@ -1,4 +1,5 @@
 """Bad hook names and empty datasets are refused by name, before any model work."""
+
 import dataclasses
 
 import pytest
@@ -39,12 +40,15 @@ def empty_dataset(src, dest):
     (dest / "tokenizer.json").write_bytes((src / "tokenizer.json").read_bytes())
 
 
-@pytest.mark.parametrize("hooks, named", [
-    ("bogus", "hooks: unknown hook 'bogus' (this model's hooks: hook_embed, "),
-    ("blocks.9.hook_resid_pre", "hooks: unknown hook 'blocks.9.hook_resid_pre'"),
-    ("blocks.0.hook_resid_pre@2", "hook 'blocks.0.hook_resid_pre@2': position 2: expected a position from the end"),
-    ("blocks.0.hook_resid_pre@x", "hook 'blocks.0.hook_resid_pre@x': expected NAME or NAME@POSITION"),
-])
+@pytest.mark.parametrize(
+    "hooks, named",
+    [
+        ("bogus", "hooks: unknown hook 'bogus' (this model's hooks: hook_embed, "),
+        ("blocks.9.hook_resid_pre", "hooks: unknown hook 'blocks.9.hook_resid_pre'"),
+        ("blocks.0.hook_resid_pre@2", "hook 'blocks.0.hook_resid_pre@2': position 2: expected a position from the end"),
+        ("blocks.0.hook_resid_pre@x", "hook 'blocks.0.hook_resid_pre@x': expected NAME or NAME@POSITION"),
+    ],
+)
 def test_extract_names_a_bad_hook_not_the_mode(data, tmp_path, monkeypatch, hooks, named):
     import fbt_probe.activations as acts
 
@@ -56,14 +60,28 @@ def test_extract_names_a_bad_hook_not_the_mode(data, tmp_path, monkeypatch, hook
 
 
 def test_a_valid_extra_hook_still_extracts(data, tmp_path):
-    res = runner.invoke(app, ["extract", "tiny", str(data / "data"), "--hooks", "blocks.1.hook_mlp_out@-2",
-                              "--modes", "standard", "--out", str(tmp_path / "a")])
+    res = runner.invoke(
+        app,
+        [
+            "extract",
+            "tiny",
+            str(data / "data"),
+            "--hooks",
+            "blocks.1.hook_mlp_out@-2",
+            "--modes",
+            "standard",
+            "--out",
+            str(tmp_path / "a"),
+        ],
+    )
     assert res.exit_code == 0, res.output
 
 
 def test_lens_on_an_empty_dataset_says_nothing_to_lens(data, tmp_path):
     res = runner.invoke(app, ["lens", "tiny", str(data / "empty"), "--out", str(tmp_path / "l")])
     one_line_error(res, "the dataset has no rows; nothing to lens")
-    res = runner.invoke(app, ["patch", "tiny", str(data / "empty"), "--experiment", "feedback-swap", "--out", str(tmp_path / "p")])
+    res = runner.invoke(
+        app, ["patch", "tiny", str(data / "empty"), "--experiment", "feedback-swap", "--out", str(tmp_path / "p")]
+    )
     one_line_error(res, "the dataset has no rows; nothing to patch")
     assert not (tmp_path / "l").exists() and not (tmp_path / "p").exists()

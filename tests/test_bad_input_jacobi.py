@@ -1,5 +1,6 @@
 """`jacobi:K` with K >= T (the input's length) is the exact recurrence (`jacobi:T` = `full`): it runs
 through the serial scan of `full`, not T passes over T positions, and gives the Jacobi passes' answer."""
+
 import pytest
 import torch
 

@@ -1,5 +1,6 @@
 """Bad input against output folders: a folder that is not the command's own output is refused
 before anything is written, and a redone stage keeps its old outputs until it has finished."""
+
 import pytest
 from typer.testing import CliRunner
 
@@ -24,7 +25,13 @@ def test_reproduce_refuses_a_folder_that_is_not_a_study(tmp_path):
     res = runner.invoke(app, ["reproduce", "--out", str(out), "--demo"])
     one_line_error(res, f"--out {out}: exists and is not a study folder (stages.json missing)")
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == [
-        "data", "data/mine.txt", "eval", "eval/mine.txt", "figures", "figures/mine.txt"]
+        "data",
+        "data/mine.txt",
+        "eval",
+        "eval/mine.txt",
+        "figures",
+        "figures/mine.txt",
+    ]
     assert (out / "data" / "mine.txt").read_text() == "data"
 
 
@@ -66,6 +73,7 @@ def test_a_failed_redo_puts_the_old_outputs_back(tmp_path):
             (target / "t.txt").write_text(tag)
             if fail:
                 raise RuntimeError("stage failed")
+
         return fn
 
     Runner(out, echo=lambda _: None).run(Stage("a", {"v": 1}, [target], write("old")))
@@ -86,14 +94,19 @@ def raise_full(*args, **kwargs):
 
 
 def raise_safetensors_full(*args, **kwargs):
-    raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: \"No space left on device\" })")
+    raise RuntimeError(
+        'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+    )
 
 
 def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
     from fbt_probe.io import atomic_dir, atomic_path
 
     target = tmp_path / "out" / "file.bin"
-    with pytest.raises(FbtError, match=rf"^{tmp_path / 'out'}: no space left on the device \(free .* MB; the output being written had reached 0.0 MB"):
+    with pytest.raises(
+        FbtError,
+        match=rf"^{tmp_path / 'out'}: no space left on the device \(free .* MB; the output being written had reached 0.0 MB",
+    ):
         with atomic_path(target) as tmp:
             tmp.write_bytes(b"")
             raise_full()
@@ -113,19 +126,40 @@ def test_train_on_a_full_disk_is_one_line(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ck, "save_file", raise_safetensors_full)
     out = tmp_path / "run"
-    res = runner.invoke(app, ["train", "--out", str(out), "--steps", "1", "--tasks", "completion",
-                              "--tokens-per-step", "200", "--warmup", "1"])
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            "--out",
+            str(out),
+            "--steps",
+            "1",
+            "--tasks",
+            "completion",
+            "--tokens-per-step",
+            "200",
+            "--warmup",
+            "1",
+        ],
+    )
     assert res.exit_code == 2, res.output  # the progress bar's line may come first; the error is one line
     assert res.output.splitlines()[-1].startswith(f"error: {out}: no space left on the device")
-    assert "Traceback" not in res.output and not (out / "model.safetensors").exists() and not (out / "config.json").exists()
+    assert (
+        "Traceback" not in res.output
+        and not (out / "model.safetensors").exists()
+        and not (out / "config.json").exists()
+    )
 
 
 def test_extract_and_generate_on_a_full_disk_are_one_line(tmp_path, monkeypatch):
     import fbt_probe.activations as acts
+
     res = runner.invoke(app, ["tasks", "generate", "completion", "--groups", "2", "--out", str(tmp_path / "data")])
     assert res.exit_code == 0, res.output
     monkeypatch.setattr(acts, "save_file", raise_full)
-    res = runner.invoke(app, ["extract", "tiny", str(tmp_path / "data"), "--modes", "standard", "--out", str(tmp_path / "acts")])
+    res = runner.invoke(
+        app, ["extract", "tiny", str(tmp_path / "data"), "--modes", "standard", "--out", str(tmp_path / "acts")]
+    )
     one_line_error(res, "no space left on the device")
     assert str(tmp_path) in res.output
     monkeypatch.setattr("pyarrow.parquet.write_table", raise_full)

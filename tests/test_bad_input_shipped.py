@@ -1,5 +1,6 @@
 """Every command that reads a model, on every shipped model: it runs, or refuses in one line (never a
 traceback); and the shipped models' records and names are checked on load."""
+
 import dataclasses
 import json
 import shutil
@@ -17,7 +18,15 @@ from tests.test_bad_input import one_line_error
 
 runner = CliRunner()
 SHIPPED = reference.names()
-EXPERIMENTS = ["feedback-swap", "state-replacement", "gate-ablation", "residual", "probe-direction", "attribution", "das"]
+EXPERIMENTS = [
+    "feedback-swap",
+    "state-replacement",
+    "gate-ablation",
+    "residual",
+    "probe-direction",
+    "attribution",
+    "das",
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +43,10 @@ def commands(ref: str, data: Path, out: Path) -> list[list[str]]:
     return [
         ["model", "info", ref],
         ["extract", ref, str(data), "--out", str(out / "acts")],
-        *[["patch", ref, str(data), "--experiment", e, "--out", str(out / "patch"), "--ks", "1", "--steps", "2", *few]
-          for e in EXPERIMENTS],
+        *[
+            ["patch", ref, str(data), "--experiment", e, "--out", str(out / "patch"), "--ks", "1", "--steps", "2", *few]
+            for e in EXPERIMENTS
+        ],
         ["lens", ref, str(data), "--steps", "0", "--mode", "standard", "--out", str(out / "lens"), *few],
         ["lens", ref, str(data), "--steps", "0", "--out", str(out / "lens-modes"), *few],
         ["diagnose", "contraction", ref, "--passes", "2", "--rows", "2", "--out", str(out / "diag")],
@@ -66,11 +77,15 @@ def test_every_command_runs_or_refuses_in_one_line_on_every_shipped_model(data, 
 
 
 def test_patch_and_lens_refuse_a_hidden_decoding_model_in_one_line(data, tmp_path):
-    for args in (["patch", "ref:tiny-hidden", str(data), "--experiment", "feedback-swap", "--out", str(tmp_path / "p")],
-                 ["lens", "ref:tiny-hidden", str(data), "--out", str(tmp_path / "l")],
-                 ["lens", "ref:tiny-hidden", str(data), "--mode", "standard", "--out", str(tmp_path / "l")]):
+    for args in (
+        ["patch", "ref:tiny-hidden", str(data), "--experiment", "feedback-swap", "--out", str(tmp_path / "p")],
+        ["lens", "ref:tiny-hidden", str(data), "--out", str(tmp_path / "l")],
+        ["lens", "ref:tiny-hidden", str(data), "--mode", "standard", "--out", str(tmp_path / "l")],
+    ):
         res = runner.invoke(app, args)
-        one_line_error(res, f"ref:tiny-hidden: a hidden-decoding model (2 streams per token, one pass): `fbt-probe {args[0]}`")
+        one_line_error(
+            res, f"ref:tiny-hidden: a hidden-decoding model (2 streams per token, one pass): `fbt-probe {args[0]}`"
+        )
     assert not (tmp_path / "p").exists() and not (tmp_path / "l").exists()
 
 
@@ -82,17 +97,20 @@ def copied_refs(tmp_path, monkeypatch):
     return root
 
 
-@pytest.mark.parametrize("edit, named", [
-    (lambda r: r.pop("accuracy"), "field 'accuracy' missing"),
-    (lambda r: r.pop("train_seconds"), "field 'train_seconds' missing"),
-    (lambda r: r.update(steps="many"), "field 'steps' must be an integer, got str"),
-    (lambda r: r.update(baseline=1), "field 'baseline' must be true or false, got int"),
-    (lambda r: r["accuracy"]["rows"][0].pop("correct"), "field 'accuracy.rows[0].correct' missing"),
-    (lambda r: r["accuracy"].pop("rows"), "field 'accuracy.rows' missing or not a list"),
-    (lambda r: r["check"].update(rows={}), "field 'check.rows' missing or not a list"),
-    (lambda r: r["accuracy"]["rows"][1].update(n=0), "field 'accuracy.rows[1]' must have 0 <= correct <= n"),
-    (lambda r: r["check"]["rows"][0].pop("task"), "field 'check.rows[0].task' missing"),
-])
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        (lambda r: r.pop("accuracy"), "field 'accuracy' missing"),
+        (lambda r: r.pop("train_seconds"), "field 'train_seconds' missing"),
+        (lambda r: r.update(steps="many"), "field 'steps' must be an integer, got str"),
+        (lambda r: r.update(baseline=1), "field 'baseline' must be true or false, got int"),
+        (lambda r: r["accuracy"]["rows"][0].pop("correct"), "field 'accuracy.rows[0].correct' missing"),
+        (lambda r: r["accuracy"].pop("rows"), "field 'accuracy.rows' missing or not a list"),
+        (lambda r: r["check"].update(rows={}), "field 'check.rows' missing or not a list"),
+        (lambda r: r["accuracy"]["rows"][1].update(n=0), "field 'accuracy.rows[1]' must have 0 <= correct <= n"),
+        (lambda r: r["check"]["rows"][0].pop("task"), "field 'check.rows[0].task' missing"),
+    ],
+)
 def test_a_tampered_reference_record_is_one_line(copied_refs, edit, named):
     path = copied_refs / "tiny-feedback" / "reference.json"
     rec = json.loads(path.read_text())
@@ -141,7 +159,9 @@ def test_an_absurd_context_length_is_refused_by_name(tmp_path):
 
     mc, state = random_state(0)
     folder = write_nanochat(tmp_path / "nc", {**mc, "sequence_len": 10**8}, state)
-    with pytest.raises(FbtError, match=r"field 'model_config.sequence_len' must be at most 1,048,576 .* got 100,000,000"):
+    with pytest.raises(
+        FbtError, match=r"field 'model_config.sequence_len' must be at most 1,048,576 .* got 100,000,000"
+    ):
         import_nanochat(folder)
     save_checkpoint(make_model(), tmp_path / "ours")
     meta = json.loads((tmp_path / "ours" / "config.json").read_text())

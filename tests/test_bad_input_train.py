@@ -1,5 +1,6 @@
 """Bad input to `fbt-probe train`: a resume continues the recorded run (options that differ are
 refused by name), every float option is finite and in range, and a damaged train state is one line."""
+
 import json
 
 import pytest
@@ -34,16 +35,19 @@ def test_resume_without_steps_trains_to_the_recorded_total(finished):
     assert snapshot(finished) == before
 
 
-@pytest.mark.parametrize("args, named", [
-    (["--lr", "5"], "--lr 5.0 (recorded: 0.001)"),
-    (["--schedule", "constant:3"], "--schedule constant:3 (recorded: 1:0.75,2:0.22,3:0.03)"),
-    (["--seed", "7"], "--seed 7 (recorded: 0)"),
-    (["--baseline"], "--baseline True (recorded: False)"),
-    (["--lam", "0.5"], "--lam 0.5 (recorded: 1.0)"),
-    (["--tasks", "memory"], "--tasks memory (recorded: completion)"),
-    (["--recipe", "reference"], "--copy-steps 500 (recorded: 0)"),
-    (["--init", "ref:tiny-baseline"], "--init ref:tiny-baseline (recorded: None)"),
-])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--lr", "5"], "--lr 5.0 (recorded: 0.001)"),
+        (["--schedule", "constant:3"], "--schedule constant:3 (recorded: 1:0.75,2:0.22,3:0.03)"),
+        (["--seed", "7"], "--seed 7 (recorded: 0)"),
+        (["--baseline"], "--baseline True (recorded: False)"),
+        (["--lam", "0.5"], "--lam 0.5 (recorded: 1.0)"),
+        (["--tasks", "memory"], "--tasks memory (recorded: completion)"),
+        (["--recipe", "reference"], "--copy-steps 500 (recorded: 0)"),
+        (["--init", "ref:tiny-baseline"], "--init ref:tiny-baseline (recorded: None)"),
+    ],
+)
 def test_resume_refuses_an_option_that_differs_from_the_record(finished, args, named):
     before = snapshot(finished)
     res = runner.invoke(app, ["train", "--resume", "--out", str(finished), "--steps", "4", *args])
@@ -65,18 +69,21 @@ def test_resume_accepts_the_recorded_options_and_refuses_fewer_steps(finished, t
     assert meta["step"] == 4 and meta["train"]["steps"] == 4
 
 
-@pytest.mark.parametrize("args, named", [
-    (["--schedule", "1:nan"], "schedule '1:nan': each K must be a distinct integer >= 1 with a finite p >= 0"),
-    (["--schedule", "1:inf,2:-inf"], "with a finite p >= 0"),
-    (["--lam", "nan"], "field 'lam' (--lam) must be a finite number >= 0, got nan"),
-    (["--lam", "inf"], "field 'lam' (--lam) must be a finite number >= 0, got inf"),
-    (["--noise", "nan"], "field 'noise' (--noise) must be a finite number >= 0, got nan"),
-    (["--noise", "-1"], "field 'noise' (--noise) must be a finite number >= 0, got -1.0"),
-    (["--lr", "inf"], "'lr' and 'warmup' (--lr, --warmup) must be finite"),
-    (["--min-lr-ratio", "nan"], "field 'min_lr_ratio' (--min-lr-ratio)"),
-    (["--answer-share", "nan"], "field 'answer_share' (--answer-share)"),
-    (["--task-shares", "completion:nan"], "field 'task_shares' needs a positive share"),
-])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--schedule", "1:nan"], "schedule '1:nan': each K must be a distinct integer >= 1 with a finite p >= 0"),
+        (["--schedule", "1:inf,2:-inf"], "with a finite p >= 0"),
+        (["--lam", "nan"], "field 'lam' (--lam) must be a finite number >= 0, got nan"),
+        (["--lam", "inf"], "field 'lam' (--lam) must be a finite number >= 0, got inf"),
+        (["--noise", "nan"], "field 'noise' (--noise) must be a finite number >= 0, got nan"),
+        (["--noise", "-1"], "field 'noise' (--noise) must be a finite number >= 0, got -1.0"),
+        (["--lr", "inf"], "'lr' and 'warmup' (--lr, --warmup) must be finite"),
+        (["--min-lr-ratio", "nan"], "field 'min_lr_ratio' (--min-lr-ratio)"),
+        (["--answer-share", "nan"], "field 'answer_share' (--answer-share)"),
+        (["--task-shares", "completion:nan"], "field 'task_shares' needs a positive share"),
+    ],
+)
 def test_train_float_options_must_be_finite_and_in_range(tmp_path, args, named):
     out = tmp_path / "r"
     res = runner.invoke(app, ["train", "--out", str(out), "--steps", "2", *SMALL, *args])
@@ -84,16 +91,22 @@ def test_train_float_options_must_be_finite_and_in_range(tmp_path, args, named):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("state, named", [
-    ([1, 2, 3], "expected an object with 'step' and 'optimizer', got a list"),
-    ({"optimizer": {"state": {}, "param_groups": []}}, "field 'step' missing"),
-    ({"step": 3}, "field 'optimizer' missing"),
-    ({"step": 3, "optimizer": {}}, "field 'optimizer.state' missing"),
-    ({"step": 3, "optimizer": {"state": {}}}, "field 'optimizer.param_groups' missing"),
-    ({"step": 3, "optimizer": {"state": {}, "param_groups": []}}, "must list groups"),
-    ({"step": "3", "optimizer": {"state": {}, "param_groups": []}}, "field 'step' must be an integer >= 0"),
-    ({"step": 3, "optimizer": {"state": {}, "param_groups": [{"params": [0]}]}}, "optimizer state does not fit the model"),
-])
+@pytest.mark.parametrize(
+    "state, named",
+    [
+        ([1, 2, 3], "expected an object with 'step' and 'optimizer', got a list"),
+        ({"optimizer": {"state": {}, "param_groups": []}}, "field 'step' missing"),
+        ({"step": 3}, "field 'optimizer' missing"),
+        ({"step": 3, "optimizer": {}}, "field 'optimizer.state' missing"),
+        ({"step": 3, "optimizer": {"state": {}}}, "field 'optimizer.param_groups' missing"),
+        ({"step": 3, "optimizer": {"state": {}, "param_groups": []}}, "must list groups"),
+        ({"step": "3", "optimizer": {"state": {}, "param_groups": []}}, "field 'step' must be an integer >= 0"),
+        (
+            {"step": 3, "optimizer": {"state": {}, "param_groups": [{"params": [0]}]}},
+            "optimizer state does not fit the model",
+        ),
+    ],
+)
 def test_a_damaged_train_state_is_refused_by_name(finished, tmp_path, state, named):
     import shutil
 
@@ -121,8 +134,11 @@ def stopped_before_first_checkpoint(folder):
 def test_a_run_stopped_before_its_first_checkpoint_is_no_dead_end(tmp_path):
     run = stopped_before_first_checkpoint(tmp_path / "run")
     res = runner.invoke(app, ["train", "--resume", "--out", str(run)])
-    one_line_error(res, f"{run}: no run to resume (config.json missing); it stopped before its first checkpoint: "
-                        "start it again with --force")
+    one_line_error(
+        res,
+        f"{run}: no run to resume (config.json missing); it stopped before its first checkpoint: "
+        "start it again with --force",
+    )
     res = runner.invoke(app, ["train", "--out", str(run), "--steps", "2", *SMALL, "--force"])
     assert res.exit_code == 0, res.output
     assert json.loads((run / "config.json").read_text())["step"] == 2

@@ -1,5 +1,6 @@
 """`fbt-probe bench model` and `bench patch`: they run, report what they claim, refuse bad input in
 one line. (Speed itself is measured, not tested: BENCHMARKS.md.)"""
+
 import json
 
 import pytest
@@ -12,8 +13,23 @@ runner = CliRunner()
 
 def test_bench_model_reports_ratios(tmp_path):
     out = tmp_path / "model.md"
-    res = runner.invoke(app, ["bench", "model", "--seq", "24", "--full-batches", "2,1", "--cache-seq", "16",
-                              "--repeats", "1", "--out", str(out)])
+    res = runner.invoke(
+        app,
+        [
+            "bench",
+            "model",
+            "--seq",
+            "24",
+            "--full-batches",
+            "2,1",
+            "--cache-seq",
+            "16",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     r = json.loads((tmp_path / "model.md.json").read_text())
     assert [f["batch"] for f in r["prefill"]["full"]] == [2, 1]
@@ -33,27 +49,45 @@ def test_bench_model_reports_ratios(tmp_path):
 def test_bench_patch_runs_the_commands_and_compares_reuse(tmp_path):
     data = tmp_path / "data"
     assert runner.invoke(app, ["tasks", "generate", "completion", "--groups", "1", "--out", str(data)]).exit_code == 0
-    res = runner.invoke(app, ["bench", "patch", "--dataset", str(data), "--experiments", "feedback-swap,residual",
-                              "--compare-pairs", "1", "--out", str(tmp_path / "patch.md")])
+    res = runner.invoke(
+        app,
+        [
+            "bench",
+            "patch",
+            "--dataset",
+            str(data),
+            "--experiments",
+            "feedback-swap,residual",
+            "--compare-pairs",
+            "1",
+            "--out",
+            str(tmp_path / "patch.md"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     r = json.loads((tmp_path / "patch.md.json").read_text())
     assert [c["experiment"] for c in r["commands"]] == ["feedback-swap", "residual"]
     assert all(c["exit_code"] == 0 and c["peak_rss_mb"] > 50 for c in r["commands"]), r["commands"]
     assert r["samples"] == 20 and r["tokens"][1] > 1000
     t = r["together"]  # both in one command: the same tables (same shapes, so rounding at most)
-    assert t["exit_code"] == 0 and "--experiment feedback-swap,residual" in t["command"] and t["max_summary_diff"] < 1e-6, t
+    assert (
+        t["exit_code"] == 0 and "--experiment feedback-swap,residual" in t["command"] and t["max_summary_diff"] < 1e-6
+    ), t
     for c in r["compare"]:  # float32: reuse and the full re-run agree to rounding
         assert c["max_summary_diff"] < 1e-3 and c["speedup"] > 0, c
 
 
-@pytest.mark.parametrize("args,match", [
-    (["model", "--full-batches", "x"], "--full-batches"),
-    (["model", "--seq", "1"], "--seq"),
-    (["model", "--device", "tpu"], "--device"),
-    (["patch", "--experiments", "nope"], "--experiments"),
-    (["patch", "--mode", "fulll"], "mode"),
-    (["patch", "--dataset", "/no/such/dataset"], "no such dataset"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["model", "--full-batches", "x"], "--full-batches"),
+        (["model", "--seq", "1"], "--seq"),
+        (["model", "--device", "tpu"], "--device"),
+        (["patch", "--experiments", "nope"], "--experiments"),
+        (["patch", "--mode", "fulll"], "mode"),
+        (["patch", "--dataset", "/no/such/dataset"], "no such dataset"),
+    ],
+)
 def test_bench_bad_input_is_one_line(args, match):
     res = runner.invoke(app, ["bench", *args])
     assert res.exit_code == 2 and match in res.output and res.output.strip().count("\n") == 0, res.output
@@ -66,8 +100,27 @@ def test_bench_model_on_cuda_times_full_with_and_without_the_graph(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     out = tmp_path / "model-gpu.md"
-    res = runner.invoke(app, ["bench", "model", "--device", "cuda", "--seq", "64", "--full-batches", "2",
-                              "--batch", "2", "--cache-seq", "16", "--repeats", "1", "--out", str(out)])
+    res = runner.invoke(
+        app,
+        [
+            "bench",
+            "model",
+            "--device",
+            "cuda",
+            "--seq",
+            "64",
+            "--full-batches",
+            "2",
+            "--batch",
+            "2",
+            "--cache-seq",
+            "16",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     r = json.loads((tmp_path / "model-gpu.md.json").read_text())
     f = r["prefill"]["full"][0]
@@ -88,7 +141,9 @@ def test_diff_reports_tolerates_one_unit_in_the_last_place_and_nothing_else(tmp_
     base = report("| completion | 0.758 [0.66, 0.86] | 1,544 | −0.012 |")
 
     def rc(body):
-        return subprocess.run([sys.executable, "benchmarks/diff_reports.py", base, report(body)], capture_output=True).returncode
+        return subprocess.run(
+            [sys.executable, "benchmarks/diff_reports.py", base, report(body)], capture_output=True
+        ).returncode
 
     assert rc("| completion | 0.758 [0.66, 0.86] | 1,544 | −0.012 |") == 0
     assert rc("| completion | 0.759 [0.67, 0.86] | 1,545 | −0.011 |") == 0  # one unit each

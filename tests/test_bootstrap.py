@@ -3,14 +3,14 @@ at a time, written out here as the oracle: same generator, same percentiles, flo
 bootstrap's coverage by simulation; Wilson against scipy; BCa's bias correction. Batching may
 reorder a sum's last bit (tolerance 1e-12); a wrong index matrix, chunk or NaN handling moves a CI
 by ~1e-2."""
+
 import warnings
 
 import numpy as np
 from scipy.stats import rankdata
 
-from fbt_probe.interventions import atp_parity
 from fbt_probe import stats
-from fbt_probe.interventions import metrics
+from fbt_probe.interventions import atp_parity, metrics
 from fbt_probe.interventions.metrics import bootstrap_ci, bootstrap_cis
 
 
@@ -145,9 +145,16 @@ def test_the_summary_splits_pairs_by_condition_as_a_pandas_groupby_does():
 
     rng = np.random.default_rng(3)
     n = 400
-    frame = pd.DataFrame({"hook": rng.choice(["a.x", "b.y", "c"], n), "layer": rng.integers(0, 3, n),
-                          "mode": rng.choice(["standard", "recurrent:1"], n), "pos": rng.integers(-1, 2, n),
-                          "pair_id": rng.integers(0, 40, n), "value": rng.normal(size=n)})
+    frame = pd.DataFrame(
+        {
+            "hook": rng.choice(["a.x", "b.y", "c"], n),
+            "layer": rng.integers(0, 3, n),
+            "mode": rng.choice(["standard", "recurrent:1"], n),
+            "pos": rng.integers(-1, 2, n),
+            "pair_id": rng.integers(0, 40, n),
+            "value": rng.normal(size=n),
+        }
+    )
     frame.loc[n] = ["b.y", 9, "standard", 0, 3, 0.5]  # a condition with one pair
     keys = ["hook", "layer", "mode", "pos"]
     per_pair = frame.groupby(keys + ["pair_id"], sort=True)["value"].mean()

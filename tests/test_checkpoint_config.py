@@ -1,5 +1,6 @@
 """A checkpoint's config is complete: a missing or ill-typed field is a one-line error naming it;
 format fbt-probe/1 folders (written before two initialisation-only fields existed) still load."""
+
 import json
 
 import pytest
@@ -49,24 +50,31 @@ def test_missing_fields_are_named_not_defaulted(ckpt):
 
 def test_a_legacy_folder_loads_with_its_documented_defaults_only(ckpt):
     model, folder = ckpt
-    edit_config(folder, lambda m: m.update(fbt_probe_format=LEGACY_FORMAT) or [m["model"].pop(k) for k in LEGACY_MODEL_DEFAULTS])
+    edit_config(
+        folder, lambda m: m.update(fbt_probe_format=LEGACY_FORMAT) or [m["model"].pop(k) for k in LEGACY_MODEL_DEFAULTS]
+    )
     again = fp.load_model(str(folder))
     toks = tokens(2, 7)
     with torch.no_grad():
-        assert torch.equal(again(toks, mode="recurrent:1"), model(toks, mode="recurrent:1"))  # weights override the init fields
+        assert torch.equal(
+            again(toks, mode="recurrent:1"), model(toks, mode="recurrent:1")
+        )  # weights override the init fields
     edit_config(folder, lambda m: m["model"].pop("rope_theta"))
     with pytest.raises(FbtError, match="'rope_theta' missing"):
         fp.load_model(str(folder))
 
 
-@pytest.mark.parametrize("field, value, match", [
-    ("n_layers", "four", "field 'n_layers' must be an integer >= 1"),
-    ("n_layers", 0, "field 'n_layers' must be an integer >= 1"),
-    ("dtype", "float8", "field 'dtype' must be one of"),
-    ("rope_theta", "big", "field 'rope_theta' must be a number > 0"),
-    ("window", 2.5, "field 'window' must be a positive integer or null"),
-    ("fast_fusion", "yes", "field 'fast_fusion' must be true or false"),
-])
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("n_layers", "four", "field 'n_layers' must be an integer >= 1"),
+        ("n_layers", 0, "field 'n_layers' must be an integer >= 1"),
+        ("dtype", "float8", "field 'dtype' must be one of"),
+        ("rope_theta", "big", "field 'rope_theta' must be a number > 0"),
+        ("window", 2.5, "field 'window' must be a positive integer or null"),
+        ("fast_fusion", "yes", "field 'fast_fusion' must be true or false"),
+    ],
+)
 def test_ill_typed_fields_are_one_line_errors(ckpt, field, value, match):
     _, folder = ckpt
     edit_config(folder, lambda m: m["model"].update({field: value}))
@@ -84,11 +92,23 @@ def test_a_run_records_every_train_config_field(tmp_path):
 
     model = fp.load_model("tiny")
     opt = torch.optim.AdamW(model.parameters())
-    used = TrainConfig(steps=2, tasks=("registers",), register_mix="2:wpr:1:0", register_queries=2, init="x", init_sha256="0" * 64,
-                     copy_steps=1, register_steps=1, register_ramp="2:1", decay_steps=1)
+    used = TrainConfig(
+        steps=2,
+        tasks=("registers",),
+        register_mix="2:wpr:1:0",
+        register_queries=2,
+        init="x",
+        init_sha256="0" * 64,
+        copy_steps=1,
+        register_steps=1,
+        register_ramp="2:1",
+        decay_steps=1,
+    )
     (tmp_path / "used").mkdir()
     save_run(model, opt, used, tmp_path / "used", 0)
-    assert set(json.loads((tmp_path / "used" / "config.json").read_text())["train"]) == set(TrainConfig.__dataclass_fields__)
+    assert set(json.loads((tmp_path / "used" / "config.json").read_text())["train"]) == set(
+        TrainConfig.__dataclass_fields__
+    )
     cfg = TrainConfig(steps=1)
     (tmp_path / "run").mkdir()
     save_run(model, opt, cfg, tmp_path / "run", 0)

@@ -1,4 +1,5 @@
 """The model CLI: summaries, import/export, one-line errors with exit code 2."""
+
 import torch
 from typer.testing import CliRunner
 

@@ -1,5 +1,6 @@
 """The root command: `--version`, `-h` as `--help` on every command, and a help that does not
 import torch (the distributed session is set up only under torchrun)."""
+
 import subprocess
 import sys
 
@@ -24,8 +25,10 @@ def test_short_help_is_the_long_help(args):
 
 
 def test_help_imports_no_torch():
-    code = ("import sys\nfrom fbt_probe.cli import main\nsys.argv = ['fbt-probe', '--help']\n"
-            "try:\n    main()\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)")
+    code = (
+        "import sys\nfrom fbt_probe.cli import main\nsys.argv = ['fbt-probe', '--help']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == "False"
@@ -33,7 +36,10 @@ def test_help_imports_no_torch():
 
 def test_examples_in_help_are_kept_as_blocks():
     res = runner.invoke(app, ["tasks", "generate", "--help"], terminal_width=80)
-    assert "  Example: fbt-probe tasks generate completion memory registers registers-count --out data/tasks\n" in res.output
+    assert (
+        "  Example: fbt-probe tasks generate completion memory registers registers-count --out data/tasks\n"
+        in res.output
+    )
 
 
 @pytest.mark.parametrize("cmd", [["extract"], ["patch"], ["lens"]])

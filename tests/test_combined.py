@@ -1,5 +1,6 @@
 """Several experiments in one command (`fbt_probe.interventions.combined`; its CLI in test_interventions_cli): the same
 tables as each experiment on its own, with one prefill per batch instead of one per experiment."""
+
 import dataclasses
 
 import pandas as pd
@@ -26,8 +27,10 @@ def model():
 def data():
     """Two tasks at two lengths each: several batches per cell and several cells (units)."""
     tok = build_tokenizer()
-    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(0, 8)), groups=3, seed=0, tokenizer=tok)
-              for t in ("completion", "memory")]
+    frames = [
+        generate(dataclasses.replace(load_spec(t), length_grid=(0, 8)), groups=3, seed=0, tokenizer=tok)
+        for t in ("completion", "memory")
+    ]
     df = pd.concat(frames, ignore_index=True)
     return df, label_token_ids(df, tok)
 
@@ -54,8 +57,12 @@ def test_experiments_with_different_modes_run_together_as_the_study_runs_them(mo
     """`fbt-probe reproduce` runs each experiment under its own study modes in one call: each mode
     runs the experiments that have it, and each experiment keeps its own mode order."""
     df, ids = data
-    modes = {"feedback-swap": ("recurrent:1",), "probe-direction": ("standard", "recurrent:1"),
-             "state-replacement": ("recurrent:1",), "residual": ("recurrent:1", "standard")}
+    modes = {
+        "feedback-swap": ("recurrent:1",),
+        "probe-direction": ("standard", "recurrent:1"),
+        "state-replacement": ("recurrent:1",),
+        "residual": ("recurrent:1", "standard"),
+    }
     cfgs = [PatchConfig(e, modes=m, **OPTS) for e, m in modes.items()]
     for cfg, res in zip(cfgs, run_several(model, df, cfgs, label_ids=ids, figures=False)):
         alone = run(model, df, cfg, label_ids=ids, figures=False)

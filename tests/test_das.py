@@ -1,6 +1,7 @@
 """DAS: the interchange is exact where it must be (identity rotation, k = D = the full-vector swap),
 the final-position shortcut equals the mode's output, DAS recovers a planted one-dimensional variable
 that a probe does not single out, and the experiment's folds and tables."""
+
 import dataclasses
 
 import numpy as np
@@ -10,8 +11,18 @@ import torch
 from torch import nn
 
 from fbt_probe.interventions import feedback_swap, final_logits, label_token_ids, pair_batches, set_at
-from fbt_probe.interventions.das import (Examples, FinalStep, Rotation, fit_rotation, fit_rotations, haar, iia, interchange,
-                                         intervened_logits, subspace_cosine)
+from fbt_probe.interventions.das import (
+    Examples,
+    FinalStep,
+    Rotation,
+    fit_rotation,
+    fit_rotations,
+    haar,
+    iia,
+    interchange,
+    intervened_logits,
+    subspace_cosine,
+)
 from fbt_probe.interventions.das_experiment import FEEDBACK, das, merge, pair_components
 from tests.helpers import make_model, task_pairs
 
@@ -33,7 +44,9 @@ def data():
 def test_final_step_equals_the_modes_last_position(model, data, mode):
     b = data[1][0]
     # the prefix comes from a KV cache and the last position runs alone: float64, not bitwise
-    torch.testing.assert_close(FinalStep.build(model, b.tokens, mode)(), final_logits(model, b.tokens, mode), rtol=0, atol=1e-10)
+    torch.testing.assert_close(
+        FinalStep.build(model, b.tokens, mode)(), final_logits(model, b.tokens, mode), rtol=0, atol=1e-10
+    )
 
 
 def test_identity_rotation_with_k_equal_d_is_the_full_vector_interchange(model, data):
@@ -97,7 +110,9 @@ def planted(n_pairs: int, seed: int, v, u, D: int = 16):
     t = s * torch.where(torch.rand(2 * n_pairs, 1, generator=g, dtype=torch.float64) < 0.7, 1.0, -1.0)
     acts = context + s * m * v + 3.0 * t * u
     partner = torch.arange(2 * n_pairs) ^ 1
-    ex = Examples(PlantedStep(acts, v), acts, partner, y[partner], 1 - y[partner], torch.ones(2 * n_pairs, dtype=torch.bool))
+    ex = Examples(
+        PlantedStep(acts, v), acts, partner, y[partner], 1 - y[partner], torch.ones(2 * n_pairs, dtype=torch.bool)
+    )
     return ex, y
 
 
@@ -127,8 +142,16 @@ def test_pair_components_hold_out_whole_groups(data):
 
 def test_das_experiment_rows_and_fold_table(model, data):
     _, batches = data
-    w = das(model, batches, "recurrent:1", min_gap=0.0, hooks=[FEEDBACK, "blocks.0.hook_resid_pre"], ks=(1, 2),
-            steps=3, n_folds=2)
+    w = das(
+        model,
+        batches,
+        "recurrent:1",
+        min_gap=0.0,
+        hooks=[FEEDBACK, "blocks.0.hook_resid_pre"],
+        ks=(1, 2),
+        steps=3,
+        n_folds=2,
+    )
     assert set(w["method"]) == {"das", "random-rotation", "full-interchange"}
     assert set(w.loc[w.method == "full-interchange", "subspace_dim"]) == {model.cfg.d_model}
     n_rows = sum(b.n for b in batches)
@@ -137,9 +160,13 @@ def test_das_experiment_rows_and_fold_table(model, data):
     full = w[(w.method == "full-interchange") & (w.condition == FEEDBACK)].set_index("row")
     swap = feedback_swap(model, batches, min_gap=0.0)
     swap = swap[swap.condition == "state"].set_index("row")
-    partner_row = {int(r): int(q) for b in batches for r, q in zip(b.meta["row"], b.meta["row"].to_numpy()[b.partner.numpy()])}
+    partner_row = {
+        int(r): int(q) for b in batches for r, q in zip(b.meta["row"], b.meta["row"].to_numpy()[b.partner.numpy()])
+    }
     # base row j with its partner's state = the swap row of the partner, seen from the other label
-    np.testing.assert_allclose(full["logit_diff"], [-swap.loc[partner_row[j], "logit_diff"] for j in full.index], atol=1e-10)
+    np.testing.assert_allclose(
+        full["logit_diff"], [-swap.loc[partner_row[j], "logit_diff"] for j in full.index], atol=1e-10
+    )
     folds = w.attrs["tables"]["das_folds"]
     assert {"probe_cosine", "probe_accuracy", "train_iia", "test_iia", "train_loss"} <= set(folds.columns)
     assert folds["probe_cosine"].between(0, 1 + 1e-9).all()

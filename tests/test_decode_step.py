@@ -5,6 +5,7 @@ without changing its arithmetic), itself tested against Hugging Face Qwen3 (test
 explicit reference (test_attention.py). float64: the two differ only in summation order (~1e-15);
 a wrong rotation row, KV head, window edge, gain or residual moves logits at order 1e-2.
 """
+
 import pytest
 import torch
 
@@ -38,7 +39,9 @@ def test_serial_scan_lean_equals_module_path(name):
         for layer in range(model.cfg.n_layers):  # the cache it leaves behind (prefix reuse forks it)
             assert lean[0].lengths[layer] == ref[0].lengths[layer] == 17
             torch.testing.assert_close(lean[0].keys[layer][:, :, :17], ref[0].keys[layer][:, :, :17], rtol=0, atol=ATOL)
-            torch.testing.assert_close(lean[0].values[layer][:, :, :17], ref[0].values[layer][:, :, :17], rtol=0, atol=ATOL)
+            torch.testing.assert_close(
+                lean[0].values[layer][:, :, :17], ref[0].values[layer][:, :, :17], rtol=0, atol=ATOL
+            )
 
 
 @torch.no_grad()
@@ -72,7 +75,9 @@ def test_the_plan_reads_the_weights_of_its_build_time_and_a_new_plan_sees_edits(
     model = make_model()
     x = tokens(1, 6)
     before = model(x, mode="full")
-    model.blocks[0].attn.v_proj.weight.mul_(1.5)  # in place (q, k would be normed away): the fused-weight cache must notice
+    model.blocks[0].attn.v_proj.weight.mul_(
+        1.5
+    )  # in place (q, k would be normed away): the fused-weight cache must notice
     after = model(x, mode="full")
     assert (after - before).abs().max() > 1e-3
     torch.testing.assert_close(after, model(x, mode="full", serial=True), rtol=0, atol=ATOL)

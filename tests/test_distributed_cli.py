@@ -2,6 +2,7 @@
 CLI's process group and the gathered tables are the single-process tables. Each pair batch runs
 whole on one rank, on the shapes one process uses, so they are compared exactly. (Extraction over
 ranks: tests/test_distributed_extract.py, which starts its processes as torchrun would.)"""
+
 from __future__ import annotations
 
 import json
@@ -21,14 +22,34 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # torchr
 
 def torchrun(*args: str, n: int = 2) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-           "-m", "fbt_probe", *args]  # --standalone: rendezvous on localhost, a free port
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={n}",
+        "-m",
+        "fbt_probe",
+        *args,
+    ]  # --standalone: rendezvous on localhost, a free port
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
 
 
 def test_patch_on_two_ranks_writes_the_single_process_tables(workdir, tmp_path):  # noqa: F811
-    args = ["patch", str(workdir / "run"), str(workdir / "data"), "--experiment", "feedback-swap", "--mode", "recurrent:1",
-            "--batch-size", "4", "--n-boot", "50", "--no-figures"]
+    args = [
+        "patch",
+        str(workdir / "run"),
+        str(workdir / "data"),
+        "--experiment",
+        "feedback-swap",
+        "--mode",
+        "recurrent:1",
+        "--batch-size",
+        "4",
+        "--n-boot",
+        "50",
+        "--no-figures",
+    ]
     one = CliRunner().invoke(app, args + ["--out", str(tmp_path / "one")])
     assert one.exit_code == 0, one.output
     two = torchrun(*args, "--out", str(tmp_path / "two"))

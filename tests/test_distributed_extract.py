@@ -1,6 +1,7 @@
 """Data-parallel extraction on 2 gloo processes: the same shards byte for byte as one process (each
 shard is computed from the same batches, of the same shapes, by the same kernels), the same manifest
 apart from the recorded world size and memory, and a killed rank is resumed to the same folder."""
+
 from __future__ import annotations
 
 import json
@@ -104,10 +105,14 @@ def test_assign_balances_and_is_deterministic():
 
 def test_environment_is_read_or_refused():
     assert distributed.from_env({}) is None
-    w = distributed.from_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
+    w = distributed.from_env(
+        {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    )
     assert (w.rank, w.size, w.main, w.several) == (1, 2, False, True)
     with pytest.raises(Exception, match="MASTER_ADDR"):
         distributed.from_env({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
     with pytest.raises(Exception, match="RANK 2"):
-        distributed.from_env({"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
+        distributed.from_env(
+            {"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+        )
     assert distributed.world().size == 1 and distributed.broadcast(5) == 5 and distributed.gather(3) == [3]

@@ -7,6 +7,7 @@ compared in float64 to 1e-9, far below what a wrong share of the loss or a misse
 Resume: a run stopped after step 1 and resumed (`run_training(resume=True)`) equals the
 uninterrupted run, on 2 ranks with DDP and with FSDP2, and across world sizes (an FSDP2 checkpoint
 resumed by one process, a one-process checkpoint resumed by FSDP2 on 2 ranks)."""
+
 from __future__ import annotations
 
 import json
@@ -22,14 +23,23 @@ from fbt_probe import distributed
 from fbt_probe.loading import load_model
 from fbt_probe.tasks import build_tokenizer, save_tokenizer
 from fbt_probe.training import TrainConfig, run_training
-from fbt_probe.training.loop import train
 from fbt_probe.training.data import batches_for_step
+from fbt_probe.training.loop import train
 from tests.distributed_helpers import run_ranks
 
 # 3 steps, one- and two-pass (fusion unused on a one-pass step), micro-batches of 1..n rows: a cell
 # with fewer documents than ranks gives one rank the scale-0 stand-in row
-CFG = dict(steps=3, tokens_per_step=300, warmup=1, eval_every=10_000, save_every=10_000, noise=0.0,
-           schedule="1:.5,2:.5", tasks=("completion", "memory"), knobs={"completion": [0], "memory": [8]})
+CFG = dict(
+    steps=3,
+    tokens_per_step=300,
+    warmup=1,
+    eval_every=10_000,
+    save_every=10_000,
+    noise=0.0,
+    schedule="1:.5,2:.5",
+    tasks=("completion", "memory"),
+    knobs={"completion": [0], "memory": [8]},
+)
 
 
 def _model(cfg: TrainConfig, tok):  # float64 recorded in its config: a resumed run reloads it in float64
@@ -91,8 +101,9 @@ def test_ddp_and_fsdp2_on_two_ranks_train_the_single_process_model(runs):
     tmp_path, cfg, tok = runs, TrainConfig(**CFG), build_tokenizer()
     passes = {TrainConfig(**CFG).schedule_obj.draw(0.25), TrainConfig(**CFG).schedule_obj.draw(0.75)}
     assert passes == {1, 2}
-    assert {len(batches_for_step(cfg, tok, s)) for s in range(cfg.steps)} and \
-        min(b[0].shape[0] for s in range(cfg.steps) for b in batches_for_step(cfg, tok, s)) == 1  # a 1-row micro-batch
+    assert {len(batches_for_step(cfg, tok, s)) for s in range(cfg.steps)} and min(
+        b[0].shape[0] for s in range(cfg.steps) for b in batches_for_step(cfg, tok, s)
+    ) == 1  # a 1-row micro-batch
     one = _state(tmp_path / "one")
     start = _model(cfg, tok).state_dict()
     moved = [k for k in one if not torch.equal(one[k], start[k].to(one[k].dtype))]
@@ -104,7 +115,10 @@ def test_ddp_and_fsdp2_on_two_ranks_train_the_single_process_model(runs):
         for k in one:
             torch.testing.assert_close(other[k], one[k], rtol=1e-9, atol=1e-11, msg=f"{run}: {k}")
         log = [[json.loads(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("one", run)]
-        assert [r["passes"] for r in log[0]] == [r["passes"] for r in log[1]] and {r["passes"] for r in log[0]} == {1, 2}
+        assert [r["passes"] for r in log[0]] == [r["passes"] for r in log[1]] and {r["passes"] for r in log[0]} == {
+            1,
+            2,
+        }
         for a, b in zip(*log):
             assert b["loss"] == pytest.approx(a["loss"], rel=1e-12)
             assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-9)
@@ -116,7 +130,9 @@ def test_ddp_and_fsdp2_on_two_ranks_train_the_single_process_model(runs):
         assert opt["param_groups"] == opt_one["param_groups"] and opt["state"].keys() == opt_one["state"].keys()
         for i, st in opt_one["state"].items():
             for key in ("exp_avg", "exp_avg_sq"):
-                torch.testing.assert_close(opt["state"][i][key], st[key], rtol=1e-7, atol=1e-13, msg=f"{run}: {i} {key}")
+                torch.testing.assert_close(
+                    opt["state"][i][key], st[key], rtol=1e-7, atol=1e-13, msg=f"{run}: {i} {key}"
+                )
     assert json.loads((tmp_path / "one" / "config.json").read_text())["provenance"]["world_size"] == 1
 
 

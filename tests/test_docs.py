@@ -5,6 +5,7 @@ and the comments and docstrings of fbt_probe/**/*.py).
 
 Each check is a function of a text or a folder, applied to the real files and to a crafted bad
 input that it must reject."""
+
 from __future__ import annotations
 
 import ast
@@ -23,6 +24,7 @@ README_MAX_LINES = 300
 
 
 # ---- the README ------------------------------------------------------------------------------
+
 
 def fenced_blocks(text: str) -> list[str]:
     """The contents of the ``` fenced code blocks of a Markdown text, in order."""
@@ -80,11 +82,18 @@ def test_fenced_blocks():
 
 # ---- the rendered manual ---------------------------------------------------------------------
 
+
 def build_docs(config: Path, site: Path) -> subprocess.CompletedProcess:
     """`mkdocs build --strict` (not -q: a quiet build does not count the warnings that --strict fails on)."""
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
-                          cwd=config.parent, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
+        cwd=config.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -124,19 +133,26 @@ def test_a_broken_link_fails_the_build(tmp_path):
 # when) rather than what it is. Technical uses are left out by construction: `session()` and
 # `fbt_probe.distributed.session` (the torchrun process group), "torchrun session", `gpu_session.sh`,
 # round(...) / round-robin, "helpers" (helper functions), "every helper here".
-NARRATION = [re.compile(p, re.IGNORECASE) for p in (
-    r"\bround[- ]\d", r"\brounds \d",
-    r"(?<![.\w])(?<!torchrun )(?<!distributed )sessions?\b(?!\s*\()",
-    r"\bissues? #?\d", r"\bthis issue\b", r"\bthe issue's\b",
-    r"\bwork ?periods?\b",
-    r"\b(?:a|the|our|my|one|another) helper\b(?!\s+(?:function|module|class|method|script)s?\b)",
-    r"\bsub-?agents?\b",
-    r"\breviewers?\b",
-    r"\bpreviously\b",
-    r"\bthis PR\b", r"\bpull request\b",
-    r"\bsuperseded\b",
-    r"\b(?:rule|default|behaviou?r) (?:before|until) \d{4}-\d\d-\d\d\b",
-)]
+NARRATION = [
+    re.compile(p, re.IGNORECASE)
+    for p in (
+        r"\bround[- ]\d",
+        r"\brounds \d",
+        r"(?<![.\w])(?<!torchrun )(?<!distributed )sessions?\b(?!\s*\()",
+        r"\bissues? #?\d",
+        r"\bthis issue\b",
+        r"\bthe issue's\b",
+        r"\bwork ?periods?\b",
+        r"\b(?:a|the|our|my|one|another) helper\b(?!\s+(?:function|module|class|method|script)s?\b)",
+        r"\bsub-?agents?\b",
+        r"\breviewers?\b",
+        r"\bpreviously\b",
+        r"\bthis PR\b",
+        r"\bpull request\b",
+        r"\bsuperseded\b",
+        r"\b(?:rule|default|behaviou?r) (?:before|until) \d{4}-\d\d-\d\d\b",
+    )
+]
 
 
 def narration_hits(text: str) -> list[tuple[int, str]]:
@@ -150,13 +166,20 @@ def narration_hits(text: str) -> list[tuple[int, str]]:
 
 def prose_of_python(source: str) -> list[tuple[int, str]]:
     """(first line, text) of each comment and docstring of a Python source: its prose, not its code."""
-    out = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-           if tok.type == tokenize.COMMENT]
+    out = [
+        (tok.start[0], tok.string)
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.COMMENT
+    ]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 out.append((body[0].lineno, body[0].value.value))
     return out
 
@@ -166,8 +189,11 @@ def documents() -> list[Path]:
 
 
 def test_no_history_narration_in_the_documents():
-    found = [f"{p.relative_to(ROOT)}:{n}: {m!r}" for p in documents()
-             for n, m in narration_hits(p.read_text(encoding="utf-8"))]
+    found = [
+        f"{p.relative_to(ROOT)}:{n}: {m!r}"
+        for p in documents()
+        for n, m in narration_hits(p.read_text(encoding="utf-8"))
+    ]
     assert found == [], "\n".join(found)
 
 
@@ -179,34 +205,61 @@ def test_no_history_narration_in_comments_and_docstrings():
     assert found == [], "\n".join(found)
 
 
-@pytest.mark.parametrize("text", [
-    "Measured in round 3 of the recipe.", "Rounds 1–3 are in the record.", "on the round-4 models",
-    "the targets of issue 15", "before issue #19", "a dependency since this issue",
-    "inside the issue's 30 minutes", "in the second work period", "a helper measured it",
-    "the subagent wrote", "the reviewer asked for it", "as previously measured", "this PR adds",
-    "a superseded measurement", "the rule before 2026-11-30", "an earlier session measured it",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Measured in round 3 of the recipe.",
+        "Rounds 1–3 are in the record.",
+        "on the round-4 models",
+        "the targets of issue 15",
+        "before issue #19",
+        "a dependency since this issue",
+        "inside the issue's 30 minutes",
+        "in the second work period",
+        "a helper measured it",
+        "the subagent wrote",
+        "the reviewer asked for it",
+        "as previously measured",
+        "this PR adds",
+        "a superseded measurement",
+        "the rule before 2026-11-30",
+        "an earlier session measured it",
+    ],
+)
 def test_narration_is_caught(text):
     assert narration_hits(text), text
 
 
-@pytest.mark.parametrize("text", [
-    "`fbt_probe.distributed.session()`, entered once by the CLI", "`session()` (entered once)",
-    "one torchrun session per job", "bash benchmarks/gpu_session.sh", "round(x, 3)", "round-robin over groups",
-    "the tokenizer helpers (`to_tokens`)", "every helper here answers", "the helper function below",
-    "an issue with the cache", "rounded to bf16", "the run before 2026-12-01 on this host",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "`fbt_probe.distributed.session()`, entered once by the CLI",
+        "`session()` (entered once)",
+        "one torchrun session per job",
+        "bash benchmarks/gpu_session.sh",
+        "round(x, 3)",
+        "round-robin over groups",
+        "the tokenizer helpers (`to_tokens`)",
+        "every helper here answers",
+        "the helper function below",
+        "an issue with the cache",
+        "rounded to bf16",
+        "the run before 2026-12-01 on this host",
+    ],
+)
 def test_technical_words_are_not_narration(text):
     assert narration_hits(text) == [], text
 
 
 def test_python_prose_is_comments_and_docstrings_only():
-    source = ('"""Module doc: round 2."""\n'
-              'from x import session  # issue 7\n'
-              'def f():\n'
-              '    """Docstring."""\n'
-              '    return session()\n'
-              'MSG = "a string literal, not prose: round 3"\n')
+    source = (
+        '"""Module doc: round 2."""\n'
+        "from x import session  # issue 7\n"
+        "def f():\n"
+        '    """Docstring."""\n'
+        "    return session()\n"
+        'MSG = "a string literal, not prose: round 3"\n'
+    )
     prose = prose_of_python(source)
     assert sorted(prose) == [(1, "Module doc: round 2."), (2, "# issue 7"), (4, "Docstring.")]
     assert sorted(m for _, t in prose for _, m in narration_hits(t)) == ["issue 7", "round 2"]

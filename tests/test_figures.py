@@ -1,4 +1,5 @@
 """Figures are drawn from tables only: registry, Fig. 7a / 7b content, files, bad input."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,25 +12,45 @@ from fbt_probe.figures import FIGURES, FigureEntry, draw, figure_names, load_tab
 L = 4
 
 
-def probe_table(model="feedback", tasks=("completion", "memory", "registers", "registers-count"), seed=0) -> pd.DataFrame:
+def probe_table(
+    model="feedback", tasks=("completion", "memory", "registers", "registers-count"), seed=0
+) -> pd.DataFrame:
     """A tidy probe table shaped like `probe_sweep`'s output (values are made up)."""
     rng = np.random.default_rng(seed)
     rows = []
-    modes = {"completion": ("standard", "recurrent:1", "carried-state"), "memory": ("standard", "recurrent:1"),
-             "registers": ("standard", "recurrent:1", "recurrent:2", "recurrent:4", "full")}
+    modes = {
+        "completion": ("standard", "recurrent:1", "carried-state"),
+        "memory": ("standard", "recurrent:1"),
+        "registers": ("standard", "recurrent:1", "recurrent:2", "recurrent:4", "full"),
+    }
     modes["registers-count"] = modes["registers"]
     lengths = {"completion": (0, 8, 32), "memory": (8, 32), "registers": (2, 4, 8), "registers-count": (1, 2, 4, 8)}
     for task in tasks:
         for mode in modes[task]:
             for length in lengths[task]:
-                for depth in ([L] if mode == "carried-state" else range(L + 1)):
+                for depth in [L] if mode == "carried-state" else range(L + 1):
                     for fold in range(4):
                         acc = 0.95 if mode != "standard" else 0.4 + 0.15 * depth
-                        for metric, value in (("accuracy", acc + rng.normal(0, 0.02)), ("majority_baseline", 0.37),
-                                              ("control_accuracy", 0.5)):
-                            rows.append({"model": model, "task": task, "mode": mode, "length": length,
-                                         "depth": depth, "hook": "", "fold": fold, "metric": metric,
-                                         "value": value, "n_train": 80, "n_test": 20})
+                        for metric, value in (
+                            ("accuracy", acc + rng.normal(0, 0.02)),
+                            ("majority_baseline", 0.37),
+                            ("control_accuracy", 0.5),
+                        ):
+                            rows.append(
+                                {
+                                    "model": model,
+                                    "task": task,
+                                    "mode": mode,
+                                    "length": length,
+                                    "depth": depth,
+                                    "hook": "",
+                                    "fold": fold,
+                                    "metric": metric,
+                                    "value": value,
+                                    "n_train": 80,
+                                    "n_test": 20,
+                                }
+                            )
     return pd.DataFrame(rows)
 
 
@@ -47,8 +68,11 @@ def test_fig7a_panels_colours_and_reference_lines():
     fig = draw("fig7a", probe_table(), baseline=probe_table(model="baseline"))
     axes = fig.axes[:4]
     assert [ax.get_title() for ax in axes] == [
-        "Completion: standard prefill", "Completion: one-step recurrent prefill (recurrent:1)",
-        "Memory: standard prefill", "Memory: one-step recurrent prefill (recurrent:1)"]
+        "Completion: standard prefill",
+        "Completion: one-step recurrent prefill (recurrent:1)",
+        "Memory: standard prefill",
+        "Memory: one-step recurrent prefill (recurrent:1)",
+    ]
     assert lines(axes[0])[:3] == ["0", "8", "32"]  # one line per length
     assert "chance (0.5)" in lines(axes[0])
     assert any(lab.startswith("majority baseline") for lab in lines(axes[0]))
@@ -64,8 +88,14 @@ def test_fig7b_one_panel_per_register_count_and_writes_and_a_line_per_mode():
     fig = draw("fig7b", probe_table())
     axes = [ax for ax in fig.axes if ax.get_visible() and ax.get_title()]
     assert [ax.get_title() for ax in axes] == [
-        "m = 1, 16 writes each", "m = 2, 8 writes each", "m = 4, 4 writes each", "m = 8, 2 writes each",
-        "m = 8, 2 writes each", "m = 8, 4 writes each", "m = 8, 8 writes each"]  # short: four panels in a row
+        "m = 1, 16 writes each",
+        "m = 2, 8 writes each",
+        "m = 4, 4 writes each",
+        "m = 8, 2 writes each",
+        "m = 8, 2 writes each",
+        "m = 8, 4 writes each",
+        "m = 8, 8 writes each",
+    ]  # short: four panels in a row
     assert lines(axes[0])[:5] == ["standard", "recurrent:1", "recurrent:2", "recurrent:4", "full"]
     assert "chance (0.5)" in lines(axes[0]) and any(s.startswith("majority baseline") for s in lines(axes[0]))
     one = draw("fig7b", probe_table(tasks=("registers",)))  # one sweep alone: one row
@@ -136,16 +166,25 @@ def test_fig3_marks_each_runs_trained_depth_in_its_colour():
 
     from fbt_probe.figures.contraction import fig3
 
-    rows = [{"run": run, "schedule": s, "pass": k, "val_loss": 0.3 + 0.01 * k,
-             "state_change": None if k == 1 else 10.0 / k} for run, s in (("paper", "p"), ("deep", "d")) for k in range(1, 33)]
+    rows = [
+        {"run": run, "schedule": s, "pass": k, "val_loss": 0.3 + 0.01 * k, "state_change": None if k == 1 else 10.0 / k}
+        for run, s in (("paper", "p"), ("deep", "d"))
+        for k in range(1, 33)
+    ]
     table = pd.DataFrame(rows)
 
     def dotted(fig):
         ax = fig.axes[0]
-        return sorted((round(line.get_xdata()[0]), to_hex(line.get_color())) for line in ax.get_lines() if line.get_linestyle() == ":")
+        return sorted(
+            (round(line.get_xdata()[0]), to_hex(line.get_color()))
+            for line in ax.get_lines()
+            if line.get_linestyle() == ":"
+        )
 
     fig = fig3(table, trained_passes={"paper": 3, "deep": 16})
-    curves = {line.get_label(): to_hex(line.get_color()) for line in fig.axes[0].get_lines() if line.get_linestyle() != ":"}
+    curves = {
+        line.get_label(): to_hex(line.get_color()) for line in fig.axes[0].get_lines() if line.get_linestyle() != ":"
+    }
     assert dotted(fig) == [(3, curves["paper (p)"]), (16, curves["deep (d)"])]
     assert curves["paper (p)"] != curves["deep (d)"]
     assert dotted(fig3(table, trained_passes={"paper": 3, "deep": 3})) == [(3, to_hex("grey"))]

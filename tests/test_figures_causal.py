@@ -2,6 +2,7 @@
 every task of a study accounted for, legends off the bars, unstable normalized bars left out with a
 note, labelled positions, AtP maps cropped to the positions that carry the effect, DAS points not
 joined across k with a chance line. Tables are made up (shaped like the experiments' summaries)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -24,7 +25,9 @@ def _close_figures():
     plt.close("all")
 
 
-COLS = dict(hook_rule="one-pass", decoding="prefill", method="", depth=-1, position=-1, scale=0.0, n_pairs=10, n_excluded=0)
+COLS = dict(
+    hook_rule="one-pass", decoding="prefill", method="", depth=-1, position=-1, scale=0.0, n_pairs=10, n_excluded=0
+)
 
 
 def _row(**kw) -> dict:
@@ -35,8 +38,10 @@ def ablation_table(tasks=("completion", "memory", "registers"), unstable=None) -
     """Feedback-swap and state-replacement summaries; every bar tall (0.85-1.0), so that no corner of a
     panel is free of bars; `unstable`: (task, condition) whose normalized CI is far wider than 1."""
     rows = []
-    for exp, direction, conds in (("feedback-swap", "denoising", ("state", "value", "gate")),
-                                  ("state-replacement", "noising", ("none", "zero", "mean", "random"))):
+    for exp, direction, conds in (
+        ("feedback-swap", "denoising", ("state", "value", "gate")),
+        ("state-replacement", "noising", ("none", "zero", "mean", "random")),
+    ):
         for i, task in enumerate(tasks):
             for j, cond in enumerate(conds):
                 m = 0.85 + 0.05 * ((i + j) % 3)
@@ -44,8 +49,20 @@ def ablation_table(tasks=("completion", "memory", "registers"), unstable=None) -
                 if unstable == (task, cond):
                     m, lo, hi = 3.6, -1.4, 9.2
                 for metric in ("normalized", "accuracy"):
-                    rows.append(_row(experiment=exp, condition=cond, mode="recurrent:1", direction=direction, task=task,
-                                     length_knob=-1, metric=metric, mean=m, ci_low=lo, ci_high=hi))
+                    rows.append(
+                        _row(
+                            experiment=exp,
+                            condition=cond,
+                            mode="recurrent:1",
+                            direction=direction,
+                            task=task,
+                            length_knob=-1,
+                            metric=metric,
+                            mean=m,
+                            ci_low=lo,
+                            ci_high=hi,
+                        )
+                    )
     return pd.DataFrame(rows)
 
 
@@ -87,8 +104,12 @@ def test_ablation_bars_legend_covers_no_bar():
     renderer = _window(fig)
     legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
     assert legends
-    bars = [p.get_window_extent(renderer) for ax in fig.axes for p in ax.patches if isinstance(p, Rectangle)
-            and p.get_height() > 0]
+    bars = [
+        p.get_window_extent(renderer)
+        for ax in fig.axes
+        for p in ax.patches
+        if isinstance(p, Rectangle) and p.get_height() > 0
+    ]
     assert len(bars) >= 20
     for leg in legends:
         box = leg.get_window_extent(renderer)
@@ -108,7 +129,9 @@ def test_ablation_bars_leave_out_a_bar_whose_ci_is_wider_than_the_whole_scale():
     note = " ".join(leg.get_title().get_text() for leg in fig.legends).replace("\n", " ")
     assert "registers — state-replacement: zero" in note and "clean–corrupt gap" in note
     # a CI just inside the limit is drawn, and a wider limit draws the unstable bar too
-    assert not [ln for a in draw("ablation-bars", ablation_table()).axes for ln in a.get_lines() if ln.get_marker() == "x"]
+    assert not [
+        ln for a in draw("ablation-bars", ablation_table()).axes for ln in a.get_lines() if ln.get_marker() == "x"
+    ]
     wide = draw("ablation-bars", table, max_ci_width=20)
     ax = next(a for a in wide.axes if a.get_title().startswith("state-replacement"))
     assert max(p.get_height() for p in ax.patches if isinstance(p, Rectangle)) == pytest.approx(3.6)
@@ -120,8 +143,22 @@ def residual_table(positions=range(42, 46)) -> pd.DataFrame:
         for depth in range(3):
             for p in positions:
                 v = (1.0 if p == max(positions) else 0.1) if d == "denoising" else 0.5
-                rows.append(_row(experiment="residual", condition="resid", mode="standard", direction=d, task="completion",
-                                 length_knob=8, depth=depth, position=p, metric="normalized", mean=v, ci_low=v, ci_high=v))
+                rows.append(
+                    _row(
+                        experiment="residual",
+                        condition="resid",
+                        mode="standard",
+                        direction=d,
+                        task="completion",
+                        length_knob=8,
+                        depth=depth,
+                        position=p,
+                        metric="normalized",
+                        mean=v,
+                        ci_low=v,
+                        ci_high=v,
+                    )
+                )
     return pd.DataFrame(rows)
 
 
@@ -147,12 +184,40 @@ def atp_table(n_pos=40, strong=(3, 17)) -> pd.DataFrame:
     for h, hook in enumerate(hooks):
         for p in range(n_pos):
             v = 0.6 if p == n_pos - 1 else (0.3 if p in strong else 0.01 * ((p + h) % 3))
-            rows.append(_row(experiment="attribution", condition=hook, mode="recurrent:1", direction="denoising", method="atp",
-                             task="completion", length_knob=8, position=p, pass_index=1, metric="normalized",
-                             mean=v, ci_low=v, ci_high=v))
-    rows.append(_row(experiment="attribution", condition=hooks[1], mode="recurrent:1", direction="denoising", method="exact",
-                     task="completion", length_knob=8, position=n_pos - 1, pass_index=1, metric="normalized",
-                     mean=0.5, ci_low=0.5, ci_high=0.5))
+            rows.append(
+                _row(
+                    experiment="attribution",
+                    condition=hook,
+                    mode="recurrent:1",
+                    direction="denoising",
+                    method="atp",
+                    task="completion",
+                    length_knob=8,
+                    position=p,
+                    pass_index=1,
+                    metric="normalized",
+                    mean=v,
+                    ci_low=v,
+                    ci_high=v,
+                )
+            )
+    rows.append(
+        _row(
+            experiment="attribution",
+            condition=hooks[1],
+            mode="recurrent:1",
+            direction="denoising",
+            method="exact",
+            task="completion",
+            length_knob=8,
+            position=n_pos - 1,
+            pass_index=1,
+            metric="normalized",
+            mean=0.5,
+            ci_low=0.5,
+            ci_high=0.5,
+        )
+    )
     return pd.DataFrame(rows)
 
 
@@ -177,10 +242,38 @@ def das_table(ks=(1, 4), task="completion") -> pd.DataFrame:
         for method in ("das", "random-rotation"):
             for k in ks:
                 m = 0.7 if method == "das" else 0.05
-                rows.append(_row(experiment="das", condition=hook, mode="recurrent:1", direction="interchange", method=method,
-                                 task=task, length_knob=-1, subspace_dim=k, metric="iia", mean=m, ci_low=m - 0.1, ci_high=m + 0.1))
-        rows.append(_row(experiment="das", condition=hook, mode="recurrent:1", direction="interchange", method="full-interchange",
-                         task=task, length_knob=-1, subspace_dim=-1, metric="iia", mean=0.9, ci_low=0.8, ci_high=1.0))
+                rows.append(
+                    _row(
+                        experiment="das",
+                        condition=hook,
+                        mode="recurrent:1",
+                        direction="interchange",
+                        method=method,
+                        task=task,
+                        length_knob=-1,
+                        subspace_dim=k,
+                        metric="iia",
+                        mean=m,
+                        ci_low=m - 0.1,
+                        ci_high=m + 0.1,
+                    )
+                )
+        rows.append(
+            _row(
+                experiment="das",
+                condition=hook,
+                mode="recurrent:1",
+                direction="interchange",
+                method="full-interchange",
+                task=task,
+                length_knob=-1,
+                subspace_dim=-1,
+                metric="iia",
+                mean=0.9,
+                ci_low=0.8,
+                ci_high=1.0,
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -206,10 +299,15 @@ def test_das_points_are_not_joined_across_k_and_chance_is_one_over_the_label_cou
     assert next(ln for ln in four.axes[0].get_lines() if "chance" in ln.get_label()).get_ydata()[0] == 0.25
 
 
-@pytest.mark.parametrize("name,table,opts", [
-    ("ablation-bars", ablation_table(unstable=("registers", "zero")), {"tasks": "completion,registers-count"}),
-    ("patching-heatmap", residual_table(), {}), ("atp-heatmap", atp_table(), {}), ("das-iia", das_table(), {}),
-])
+@pytest.mark.parametrize(
+    "name,table,opts",
+    [
+        ("ablation-bars", ablation_table(unstable=("registers", "zero")), {"tasks": "completion,registers-count"}),
+        ("patching-heatmap", residual_table(), {}),
+        ("atp-heatmap", atp_table(), {}),
+        ("das-iia", das_table(), {}),
+    ],
+)
 def test_the_figures_are_the_same_bytes_for_the_same_table(name, table, opts):
     import matplotlib.pyplot as plt
 

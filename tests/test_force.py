@@ -1,6 +1,7 @@
 """`--force` never loses data: every input is read first, the new output is built in a temporary
 sibling and swapped in on success, and only a folder of the command's own output kind is replaced.
 Each case asserts that the old folder's bytes survive a refused or failed command."""
+
 import pytest
 from typer.testing import CliRunner
 
@@ -10,9 +11,14 @@ from fbt_probe.io import atomic_dir
 from fbt_probe.training import TrainConfig, run_training
 
 runner = CliRunner()
-SMALL = dict(tokens_per_step=300, warmup=1, eval_every=10_000, save_every=1,
-             tasks=("completion", "memory", "registers"),
-             knobs={"completion": [0], "memory": [8], "registers": [2]})
+SMALL = dict(
+    tokens_per_step=300,
+    warmup=1,
+    eval_every=10_000,
+    save_every=1,
+    tasks=("completion", "memory", "registers"),
+    knobs={"completion": [0], "memory": [8], "registers": [2]},
+)
 
 
 def snapshot(folder) -> dict:

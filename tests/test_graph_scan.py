@@ -7,6 +7,7 @@ summation order only (the masked attention sums over the whole capacity, masked 
 ~1e-15, while a wrong window edge, rotation row or cache slot moves logits at order 1e-2.
 The `gpu` tests check the captured graph against the same body run eagerly on CUDA.
 """
+
 import pytest
 import torch
 
@@ -53,8 +54,12 @@ def test_static_buffer_scan_equals_the_lean_scan(name, on_cpu, monkeypatch):
         end = stop or 19
         for layer in range(model.cfg.n_layers):  # the cache it leaves behind (prefix reuse forks it)
             assert got[0].lengths[layer] == end
-            torch.testing.assert_close(got[0].keys[layer][:, :, :end], ref[0].keys[layer][:, :, :end], rtol=0, atol=ATOL)
-            torch.testing.assert_close(got[0].values[layer][:, :, :end], ref[0].values[layer][:, :, :end], rtol=0, atol=ATOL)
+            torch.testing.assert_close(
+                got[0].keys[layer][:, :, :end], ref[0].keys[layer][:, :, :end], rtol=0, atol=ATOL
+            )
+            torch.testing.assert_close(
+                got[0].values[layer][:, :, :end], ref[0].values[layer][:, :, :end], rtol=0, atol=ATOL
+            )
 
 
 @torch.no_grad()

@@ -1,4 +1,5 @@
 """Hugging Face Qwen3 as an external oracle, and the import/export round trip."""
+
 import json
 
 import pytest
@@ -12,10 +13,21 @@ from fbt_probe.model.hf import export_qwen3, import_qwen3  # noqa: E402
 
 
 def _hf_config(**kw):
-    base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=True,
-                use_sliding_window=True, sliding_window=8,
-                layer_types=["sliding_attention", "full_attention", "sliding_attention"], rope_theta=10000.0)
+    base = dict(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        use_sliding_window=True,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_theta=10000.0,
+    )
     base.update(kw)
     return transformers.Qwen3Config(**base)
 
@@ -59,12 +71,15 @@ def test_export_round_trip(hf_folder, tmp_path):
         export_qwen3(model, tmp_path / "out")
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("tie_word_embeddings", False, "tie_word_embeddings"),
-    ("attention_bias", True, "attention_bias"),
-    ("rope_parameters", {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}, "rope_parameters"),
-    ("model_type", "llama", "model_type"),
-])
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("tie_word_embeddings", False, "tie_word_embeddings"),
+        ("attention_bias", True, "attention_bias"),
+        ("rope_parameters", {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}, "rope_parameters"),
+        ("model_type", "llama", "model_type"),
+    ],
+)
 def test_import_refuses_what_it_cannot_represent(hf_folder, tmp_path, field, value, match):
     _, folder = hf_folder
     cfg = json.loads((folder / "config.json").read_text())

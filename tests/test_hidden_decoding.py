@@ -1,11 +1,22 @@
 """Hidden Decoding model: n = 1 is the base model, eq. 1 expansion, eq. 4 masks written out by hand,
 attention cost linear in n, loss only at last streams, KV cache, checkpoints."""
+
 import pytest
 import torch
 
 from fbt_probe.errors import FbtError
-from fbt_probe.hidden import (HiddenConfig, HiddenDecodingTransformer, attended_pairs, hidden_loss, load_hidden,
-                              save_checkpoint, split_streams, stream_mask, stream_position, stream_slice)
+from fbt_probe.hidden import (
+    HiddenConfig,
+    HiddenDecodingTransformer,
+    attended_pairs,
+    hidden_loss,
+    load_hidden,
+    save_checkpoint,
+    split_streams,
+    stream_mask,
+    stream_position,
+    stream_slice,
+)
 from fbt_probe.hooks import act_name, depth_names
 from tests.helpers import make_cfg, make_model, tokens
 
@@ -56,37 +67,52 @@ def test_expansion_is_eq1_with_contiguous_positions(base):
 
 
 # physical positions t = 1..6 (rows: query t, columns: key t'), written out from eq. 3-4
-INTRA_N2 = [[1, 0, 0, 0, 0, 0],   # s = 1
-            [0, 1, 0, 0, 0, 0],   # s = 2
-            [1, 0, 1, 0, 0, 0],   # s = 1
-            [0, 1, 0, 1, 0, 0],   # s = 2
-            [1, 0, 1, 0, 1, 0],
-            [0, 1, 0, 1, 0, 1]]
-INTRA_N3 = [[1, 0, 0, 0, 0, 0],   # s = 1, token 1
-            [0, 1, 0, 0, 0, 0],   # s = 2
-            [0, 0, 1, 0, 0, 0],   # s = 3
-            [1, 0, 0, 1, 0, 0],   # s = 1, token 2
-            [0, 1, 0, 0, 1, 0],
-            [0, 0, 1, 0, 0, 1]]
+INTRA_N2 = [
+    [1, 0, 0, 0, 0, 0],  # s = 1
+    [0, 1, 0, 0, 0, 0],  # s = 2
+    [1, 0, 1, 0, 0, 0],  # s = 1
+    [0, 1, 0, 1, 0, 0],  # s = 2
+    [1, 0, 1, 0, 1, 0],
+    [0, 1, 0, 1, 0, 1],
+]
+INTRA_N3 = [
+    [1, 0, 0, 0, 0, 0],  # s = 1, token 1
+    [0, 1, 0, 0, 0, 0],  # s = 2
+    [0, 0, 1, 0, 0, 0],  # s = 3
+    [1, 0, 0, 1, 0, 0],  # s = 1, token 2
+    [0, 1, 0, 0, 1, 0],
+    [0, 0, 1, 0, 0, 1],
+]
 CROSS = [[1 if k <= q else 0 for k in range(6)] for q in range(6)]
-CROSS_N2_WINDOW2 = [[1, 0, 0, 0, 0, 0],   # token 1: sees token 1 only
-                    [1, 1, 0, 0, 0, 0],
-                    [1, 1, 1, 0, 0, 0],   # token 2: tokens 1-2
-                    [1, 1, 1, 1, 0, 0],
-                    [0, 0, 1, 1, 1, 0],   # token 3: tokens 2-3
-                    [0, 0, 1, 1, 1, 1]]
-INTRA_N2_WINDOW2 = [[1, 0, 0, 0, 0, 0],
-                    [0, 1, 0, 0, 0, 0],
-                    [1, 0, 1, 0, 0, 0],
-                    [0, 1, 0, 1, 0, 0],
-                    [0, 0, 1, 0, 1, 0],
-                    [0, 0, 0, 1, 0, 1]]
+CROSS_N2_WINDOW2 = [
+    [1, 0, 0, 0, 0, 0],  # token 1: sees token 1 only
+    [1, 1, 0, 0, 0, 0],
+    [1, 1, 1, 0, 0, 0],  # token 2: tokens 1-2
+    [1, 1, 1, 1, 0, 0],
+    [0, 0, 1, 1, 1, 0],  # token 3: tokens 2-3
+    [0, 0, 1, 1, 1, 1],
+]
+INTRA_N2_WINDOW2 = [
+    [1, 0, 0, 0, 0, 0],
+    [0, 1, 0, 0, 0, 0],
+    [1, 0, 1, 0, 0, 0],
+    [0, 1, 0, 1, 0, 0],
+    [0, 0, 1, 0, 1, 0],
+    [0, 0, 0, 1, 0, 1],
+]
 
 
-@pytest.mark.parametrize("n,cross,window,expected", [
-    (2, False, None, INTRA_N2), (3, False, None, INTRA_N3), (2, True, None, CROSS), (3, True, None, CROSS),
-    (2, True, 2, CROSS_N2_WINDOW2), (2, False, 2, INTRA_N2_WINDOW2),
-])
+@pytest.mark.parametrize(
+    "n,cross,window,expected",
+    [
+        (2, False, None, INTRA_N2),
+        (3, False, None, INTRA_N3),
+        (2, True, None, CROSS),
+        (3, True, None, CROSS),
+        (2, True, 2, CROSS_N2_WINDOW2),
+        (2, False, 2, INTRA_N2_WINDOW2),
+    ],
+)
 def test_masks_match_eq4_by_hand(n, cross, window, expected):
     pos = torch.arange(6)
     assert stream_mask(pos, pos, n, cross, window).int().tolist() == expected
@@ -105,7 +131,10 @@ def test_the_model_attends_only_where_the_mask_allows():
 
 def test_default_cross_layers_follow_the_base_pattern():
     assert HiddenConfig.from_base(make_cfg()).resolved_cross_stream_layers == (2,)  # the one global layer
-    assert HiddenConfig.from_base(make_cfg(window=None, n_layers=4, global_every=2)).resolved_cross_stream_layers == (1, 3)
+    assert HiddenConfig.from_base(make_cfg(window=None, n_layers=4, global_every=2)).resolved_cross_stream_layers == (
+        1,
+        3,
+    )
     with pytest.raises(FbtError, match="cross_stream_layers"):
         HiddenConfig.from_base(make_cfg(), cross_stream_layers=(3,))
 
@@ -114,8 +143,9 @@ def test_default_cross_layers_follow_the_base_pattern():
 def test_factorized_attention_cost_grows_linearly_in_n(window):
     L = 24
     cfg = make_cfg(window=window, n_layers=2, global_every=2)  # layer 0 intra-stream, layer 1 cross-stream
-    counts = {n: attended_pairs(HiddenDecodingTransformer(HiddenConfig.from_base(cfg, n_streams=n)), L)
-              for n in (1, 2, 4, 8)}
+    counts = {
+        n: attended_pairs(HiddenDecodingTransformer(HiddenConfig.from_base(cfg, n_streams=n)), L) for n in (1, 2, 4, 8)
+    }
     for n, (intra, cross) in counts.items():
         assert intra == n * counts[1][0]  # O(n L^2): exactly n copies of the base layer's pairs
         assert cross > 0.8 * n * n * counts[1][1]  # a dense layer is ~n^2
@@ -130,8 +160,8 @@ def test_loss_is_taken_only_at_last_stream_positions(base):
     weights = torch.rand(2, 7, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     # the head on the last streams only vs on every stream, then sliced: products of different shapes
     # (bitwise equal on some CPUs only), so float64 at 1e-12; a wrong stream is off by > 1e-3
-    torch.testing.assert_close(hd(x), hd.stream_logits(x)[:, n - 1::n], rtol=0, atol=1e-12)
-    assert (hd(x) - hd.stream_logits(x)[:, n - 2::n]).abs().max() > 1e-3
+    torch.testing.assert_close(hd(x), hd.stream_logits(x)[:, n - 1 :: n], rtol=0, atol=1e-12)
+    assert (hd(x) - hd.stream_logits(x)[:, n - 2 :: n]).abs().max() > 1e-3
     grads = []
 
     def keep(act, hook):
@@ -144,7 +174,7 @@ def test_loss_is_taken_only_at_last_stream_positions(base):
     loss.backward()
     g = split_streams(grads[0].grad, n).abs().sum(-1)  # [batch, pos, n]
     assert (g[..., : n - 1] == 0).all() and (g[..., n - 1] > 0).all()
-    logp = torch.log_softmax(hd.stream_logits(x)[:, n - 1::n], -1)  # eq. 2 by hand
+    logp = torch.log_softmax(hd.stream_logits(x)[:, n - 1 :: n], -1)  # eq. 2 by hand
     ref = -(logp.gather(-1, targets[..., None])[..., 0] * weights).sum() / weights.sum()
     torch.testing.assert_close(loss, ref)
     from fbt_probe.training import multipass_loss

@@ -1,5 +1,6 @@
 """Hidden Decoding through the shared stages: training loop (warm start, resume, CLI), stream
 extraction read by the probe sweep, and the (stream, depth) figure."""
+
 import json
 
 import numpy as np
@@ -9,17 +10,23 @@ import torch
 from typer.testing import CliRunner
 
 import fbt_probe as fp
+from fbt_probe.activations import extract_streams
 from fbt_probe.cli import app
 from fbt_probe.errors import FbtError
-from fbt_probe.activations import extract_streams
 from fbt_probe.hidden import HiddenDecodingTransformer, load_hidden, split_stream_depth, stream_depth, stream_position
 from fbt_probe.hooks import depth_name
 from fbt_probe.training import TrainConfig, run_training
 from tests.helpers import make_model
 
 runner = CliRunner()
-SMALL = dict(tokens_per_step=400, warmup=2, eval_every=10_000, save_every=2, tasks=("completion", "memory", "registers"),
-             knobs={"completion": [0, 8], "memory": [8], "registers": [2]})
+SMALL = dict(
+    tokens_per_step=400,
+    warmup=2,
+    eval_every=10_000,
+    save_every=2,
+    tasks=("completion", "memory", "registers"),
+    knobs={"completion": [0, 8], "memory": [8], "registers": [2]},
+)
 
 
 def frame(n_pairs: int = 6, lengths=(6, 9), tasks=("alpha", "beta")) -> pd.DataFrame:
@@ -32,8 +39,19 @@ def frame(n_pairs: int = 6, lengths=(6, 9), tasks=("alpha", "beta")) -> pd.DataF
                 for label in (0, 1):
                     ids = ids.copy()
                     ids[1], ids[-1] = 10 + label, 7
-                    rows.append({"task": task, "text": "", "token_ids": ids, "label": label, "label_word": "AB"[label],
-                                 "pair_id": p, "group_id": f"{task}:{knob}:{p}", "length_knob": knob, "n_tokens": T})
+                    rows.append(
+                        {
+                            "task": task,
+                            "text": "",
+                            "token_ids": ids,
+                            "label": label,
+                            "label_word": "AB"[label],
+                            "pair_id": p,
+                            "group_id": f"{task}:{knob}:{p}",
+                            "length_knob": knob,
+                            "n_tokens": T,
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -49,8 +67,13 @@ def test_training_warm_starts_from_a_standard_checkpoint_and_resumes(tmp_path):
     meta = json.loads((tmp_path / "hd" / "config.json").read_text())
     assert meta["model"]["arch"] == "hidden-decoding" and meta["model"]["n_streams"] == 2
     assert meta["train"]["arch"] == "hidden-decoding" and meta["model"]["cross_stream_layers"] == [3]
-    run_training(TrainConfig(steps=3, arch="hidden-decoding", streams=2, **SMALL), tmp_path / "hd", resume=True,
-                 progress=False, eval_pairs=2)
+    run_training(
+        TrainConfig(steps=3, arch="hidden-decoding", streams=2, **SMALL),
+        tmp_path / "hd",
+        resume=True,
+        progress=False,
+        eval_pairs=2,
+    )
     log = [json.loads(l) for l in (tmp_path / "hd" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3] and {r["passes"] for r in log} == {1}
     assert "val_loss" in log[-1] and all(np.isfinite(r["loss"]) for r in log)
@@ -63,16 +86,34 @@ def test_training_warm_starts_from_a_standard_checkpoint_and_resumes(tmp_path):
 
 def test_train_cli_passes_the_hidden_options(monkeypatch, tmp_path):
     got = {}
-    monkeypatch.setattr("fbt_probe.training.run_training",
-                        lambda cfg, out, **kw: got.update(cfg=cfg, **kw) or {"step": 1, "seconds": 1.0, "tokens": 1})
-    res = runner.invoke(app, ["train", "--out", str(tmp_path / "r"), "--arch", "hidden-decoding", "--streams", "3",
-                              "--cross-layers", "1,3", "--init", str(tmp_path)])
+    monkeypatch.setattr(
+        "fbt_probe.training.run_training",
+        lambda cfg, out, **kw: got.update(cfg=cfg, **kw) or {"step": 1, "seconds": 1.0, "tokens": 1},
+    )
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            "--out",
+            str(tmp_path / "r"),
+            "--arch",
+            "hidden-decoding",
+            "--streams",
+            "3",
+            "--cross-layers",
+            "1,3",
+            "--init",
+            str(tmp_path),
+        ],
+    )
     assert res.exit_code == 0, res.output
     cfg = got["cfg"]
     assert (cfg.arch, cfg.streams, cfg.cross_stream_layers, got["init"]) == ("hidden-decoding", 3, (1, 3), tmp_path)
-    for args, message in [(["--streams", "2"], "need --arch hidden-decoding"),
-                          (["--arch", "hd"], "expected 'feedback' or 'hidden-decoding'"),
-                          (["--arch", "hidden-decoding", "--cross-layers", "a"], "comma-separated")]:
+    for args, message in [
+        (["--streams", "2"], "need --arch hidden-decoding"),
+        (["--arch", "hd"], "expected 'feedback' or 'hidden-decoding'"),
+        (["--arch", "hidden-decoding", "--cross-layers", "a"], "comma-separated"),
+    ]:
         res = runner.invoke(app, ["train", "--out", str(tmp_path / "r"), *args])
         assert res.exit_code == 2 and message in res.output, (args, res.output)
 
@@ -97,7 +138,9 @@ def test_extraction_holds_every_stream_at_every_depth(hidden, tmp_path):
             p = stream_depth(k, d, L)
             assert split_stream_depth(p, L) == (k, d) and targets[p].hook == depth_name(d)
             # extraction ran batches of 4 and 2, the cache one batch of 6: float64 to 1e-12, not bitwise
-            np.testing.assert_allclose(X[p], cache[depth_name(d)][:, stream_position(-1, k, n)].numpy(), rtol=0, atol=1e-12)
+            np.testing.assert_allclose(
+                X[p], cache[depth_name(d)][:, stream_position(-1, k, n)].numpy(), rtol=0, atol=1e-12
+            )
     with pytest.raises(FbtError, match="refusing to overwrite"):
         extract_streams(hidden, df, tmp_path / "acts")
 

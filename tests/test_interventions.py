@@ -1,5 +1,6 @@
 """Interventions: hook functions are exact, experiments mean what they say, statistics behave,
 no hook outlives an experiment. Random small models (float64) and a few generated pairs."""
+
 import dataclasses
 
 import numpy as np
@@ -8,10 +9,27 @@ import torch
 
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import depth_name, depth_names
-from fbt_probe.interventions import (bootstrap_ci, capture, edit_at, feedback_swap, final_logits, gate_ablation,
-                                     label_token_ids, pair_batches, patch_all, patch_rows_at, probe_direction,
-                                     rank_one_edit, residual_patching, set_at, soft_answer_logits, state_replacement,
-                                     stitch, summarize, to_long)
+from fbt_probe.interventions import (
+    bootstrap_ci,
+    capture,
+    edit_at,
+    feedback_swap,
+    final_logits,
+    gate_ablation,
+    label_token_ids,
+    pair_batches,
+    patch_all,
+    patch_rows_at,
+    probe_direction,
+    rank_one_edit,
+    residual_patching,
+    set_at,
+    soft_answer_logits,
+    state_replacement,
+    stitch,
+    summarize,
+    to_long,
+)
 from fbt_probe.interventions.experiments import last_prefix
 from fbt_probe.interventions.probe_edits import apply_edit, fold_edits
 from fbt_probe.probes import fit_binary, grouped_folds
@@ -48,12 +66,16 @@ def no_hooks_left(model) -> bool:
 def run_cache(model, toks, mode, names, serial):
     store = {}
     with torch.no_grad():
-        logits = model.run_with_hooks(toks, mode=mode, serial=serial, fwd_hooks=[(n, capture(store, n, model)) for n in names])
+        logits = model.run_with_hooks(
+            toks, mode=mode, serial=serial, fwd_hooks=[(n, capture(store, n, model)) for n in names]
+        )
     return logits, {n: stitch(store[n]) for n in names}
 
 
 # ----------------------------------------------------------------------------- exactness
-@pytest.mark.parametrize("mode,serial", [("standard", False), ("recurrent:1", False), ("recurrent:1", True), ("recurrent:3", True)])
+@pytest.mark.parametrize(
+    "mode,serial", [("standard", False), ("recurrent:1", False), ("recurrent:1", True), ("recurrent:3", True)]
+)
 def test_patching_a_run_with_itself_is_bit_identical(model, mode, serial):
     toks = tokens(3, 12)
     names = depth_names(model.cfg.n_layers)
@@ -61,7 +83,11 @@ def test_patching_a_run_with_itself_is_bit_identical(model, mode, serial):
     T = toks.shape[1]
     pos = torch.tensor([0, 5, T - 1])
     for n in names:
-        for hook in (patch_all(acts[n], model), patch_rows_at(acts[n], pos, model), set_at(acts[n][:, T - 1], T - 1, model)):
+        for hook in (
+            patch_all(acts[n], model),
+            patch_rows_at(acts[n], pos, model),
+            set_at(acts[n][:, T - 1], T - 1, model),
+        ):
             with torch.no_grad():
                 out = model.run_with_hooks(toks, mode=mode, serial=serial, fwd_hooks=[(n, hook)])
             assert torch.equal(out, clean), n
@@ -95,8 +121,9 @@ def test_feedback_swap_equals_the_kv_step_with_the_partners_state(model, batches
     T = b.T
     states, _ = model.carried_states(b.tokens, "recurrent:1")
     with torch.no_grad():
-        swapped = final_logits(model, b.tokens, "recurrent:1",
-                               [("fusion.hook_feedback", set_at(states[b.partner, T - 1], T - 1, model))])
+        swapped = final_logits(
+            model, b.tokens, "recurrent:1", [("fusion.hook_feedback", set_at(states[b.partner, T - 1], T - 1, model))]
+        )
         cache, _, _ = model.prefill_cache(b.tokens[:, :-1])
         step, _ = model.step(b.tokens[:, -1], cache, states[b.partner, T - 1])
     torch.testing.assert_close(swapped, step, rtol=0, atol=1e-12)
@@ -105,11 +132,16 @@ def test_feedback_swap_equals_the_kv_step_with_the_partners_state(model, batches
 def test_soft_answer_equals_recurrent1_and_sees_its_hooks(model, batches):
     b = batches[0]
     with torch.no_grad():
-        torch.testing.assert_close(soft_answer_logits(model, b.tokens), final_logits(model, b.tokens, "recurrent:1"),
-                                   rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            soft_answer_logits(model, b.tokens), final_logits(model, b.tokens, "recurrent:1"), rtol=0, atol=1e-12
+        )
     zero = [("fusion.hook_gate", set_at(torch.zeros(b.n, model.cfg.d_model), b.T - 1, model))]
-    torch.testing.assert_close(soft_answer_logits(model, b.tokens, zero),
-                               final_logits(model, b.tokens, "recurrent:1", zero), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        soft_answer_logits(model, b.tokens, zero),
+        final_logits(model, b.tokens, "recurrent:1", zero),
+        rtol=0,
+        atol=1e-12,
+    )
     assert no_hooks_left(model)
 
 
@@ -197,10 +229,14 @@ def test_probe_direction_rows(model, batches):
 
 
 REUSE_CASES = [
-    (feedback_swap, "recurrent:1", {}), (feedback_swap, "recurrent:3", {}), (feedback_swap, "full", {}),
+    (feedback_swap, "recurrent:1", {}),
+    (feedback_swap, "recurrent:3", {}),
+    (feedback_swap, "full", {}),
     (feedback_swap, "jacobi:2", {}),
-    (state_replacement, "recurrent:1", {}), (state_replacement, "jacobi:3", {}),
-    (gate_ablation, "recurrent:1", {}), (gate_ablation, "full", {}),
+    (state_replacement, "recurrent:1", {}),
+    (state_replacement, "jacobi:3", {}),
+    (gate_ablation, "recurrent:1", {}),
+    (gate_ablation, "full", {}),
     (residual_patching, "standard", dict(depths=[0, 2], last_k=5, batch_size=24)),
     (residual_patching, "recurrent:1", dict(depths=[0, 2], last_k=5, batch_size=24)),  # serial rule
     (residual_patching, "recurrent:3", dict(depths=[1], batch_size=16)),  # every position, serial rule
@@ -282,7 +318,9 @@ def test_padded_register_counts_never_share_a_batch():
     cell are not a multiple of the batch's), and probe-direction, which fits its probes per
     (task, length knob) of a batch, would fit one count's probe on another's samples."""
     tok = build_tokenizer()
-    df = generate(dataclasses.replace(load_spec("registers-count"), length_grid=(2, 4, 8)), groups=3, seed=0, tokenizer=tok)
+    df = generate(
+        dataclasses.replace(load_spec("registers-count"), length_grid=(2, 4, 8)), groups=3, seed=0, tokenizer=tok
+    )
     assert df["n_tokens"].nunique() == 1  # the premise: one padded length
     batches = list(pair_batches(df, label_token_ids(df, tok), batch_size=16, max_pairs=5))
     assert all(b.meta["length_knob"].nunique() == 1 for b in batches)

@@ -1,5 +1,6 @@
 """`fbt-probe patch`: end to end on a saved small checkpoint and a written dataset; outputs, refusals,
 figures drawn from the written tables."""
+
 import json
 
 import pandas as pd
@@ -23,18 +24,40 @@ def workdir(tmp_path_factory):
 
 def test_patch_cli_writes_tables_manifest_and_figures(workdir):
     out = workdir / "results"
-    args = ["patch", str(workdir / "run"), str(workdir / "data"), "--experiment", "feedback-swap",
-            "--mode", "recurrent:1", "--out", str(out), "--n-boot", "50", "--min-gap", "0"]
+    args = [
+        "patch",
+        str(workdir / "run"),
+        str(workdir / "data"),
+        "--experiment",
+        "feedback-swap",
+        "--mode",
+        "recurrent:1",
+        "--out",
+        str(out),
+        "--n-boot",
+        "50",
+        "--min-gap",
+        "0",
+    ]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "normalized" in res.output and "tiny-gap" in res.output
     folder = out / "feedback-swap"
-    for name in ("rows.parquet", "rows.csv", "summary.parquet", "summary.csv", "manifest.json", "figures/ablation-bars.png"):
+    for name in (
+        "rows.parquet",
+        "rows.csv",
+        "summary.parquet",
+        "summary.csv",
+        "manifest.json",
+        "figures/ablation-bars.png",
+    ):
         assert (folder / name).is_file(), name
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["hook_rule"].startswith("one-pass")
     assert manifest["provenance"]["checkpoint_hash"] and manifest["provenance"]["dataset_hash"]
-    assert manifest["tiny_gap"]["by_mode"]["recurrent:1"]["pairs"] == 18  # completion 3 groups x 2 pairs x 2 lengths, memory 3 x 2
+    assert (
+        manifest["tiny_gap"]["by_mode"]["recurrent:1"]["pairs"] == 18
+    )  # completion 3 groups x 2 pairs x 2 lengths, memory 3 x 2
     rows = pd.read_parquet(folder / "rows.parquet")
     assert {"pair_id", "condition", "metric", "value", "hook_rule", "tiny_gap"} <= set(rows.columns)
     from fbt_probe.figures import draw
@@ -46,11 +69,22 @@ def test_patch_cli_writes_tables_manifest_and_figures(workdir):
 
 
 def test_patch_cli_errors_are_one_line(workdir):
-    res = runner.invoke(app, ["patch", str(workdir / "run"), str(workdir / "data"), "--experiment", "nope",
-                              "--out", str(workdir / "x")])
+    res = runner.invoke(
+        app, ["patch", str(workdir / "run"), str(workdir / "data"), "--experiment", "nope", "--out", str(workdir / "x")]
+    )
     assert res.exit_code == 2 and res.output.strip().count("\n") == 0 and "expected one of" in res.output
-    res = runner.invoke(app, ["patch", str(workdir / "nope"), str(workdir / "data"), "--experiment", "residual",
-                              "--out", str(workdir / "x")])
+    res = runner.invoke(
+        app,
+        [
+            "patch",
+            str(workdir / "nope"),
+            str(workdir / "data"),
+            "--experiment",
+            "residual",
+            "--out",
+            str(workdir / "x"),
+        ],
+    )
     assert res.exit_code == 2 and "neither a preset" in res.output
 
 
@@ -59,13 +93,20 @@ def test_residual_and_probe_direction_figures_from_written_tables(workdir):
 
     model = make_model()
     df = load_pairs(workdir / "data", ["completion"])
-    res = run(model, df, PatchConfig("residual", modes=("standard", "recurrent:1"), depths=(0, 3), n_boot=50, min_gap=0),
-              out=workdir / "lib")
+    res = run(
+        model,
+        df,
+        PatchConfig("residual", modes=("standard", "recurrent:1"), depths=(0, 3), n_boot=50, min_gap=0),
+        out=workdir / "lib",
+    )
     summary = pd.read_parquet(res.out_dir / "summary.parquet")
     assert set(summary["hook_rule"]) == {"one-pass", "serial"}
     assert (res.out_dir / "figures" / "patching-heatmap.png").is_file()
-    pd_res = run(model, df, PatchConfig("probe-direction", depths=(0, 1), scales=(1.0,), n_folds=2, erase="orth",
-                                        n_boot=50, min_gap=0))
+    pd_res = run(
+        model,
+        df,
+        PatchConfig("probe-direction", depths=(0, 1), scales=(1.0,), n_folds=2, erase="orth", n_boot=50, min_gap=0),
+    )
     for name in ("decodable-vs-used", "steering-sweep"):
         FIGURES[name][0](pd_res.summary)
     with pytest.raises(Exception, match="no rows of experiment"):
@@ -74,8 +115,24 @@ def test_residual_and_probe_direction_figures_from_written_tables(workdir):
 
 def test_patch_cli_runs_several_experiments_into_their_folders(workdir):
     out = workdir / "several"
-    args = ["patch", str(workdir / "run"), str(workdir / "data"), "--experiment", "feedback-swap,probe-direction,residual",
-            "--out", str(out), "--n-boot", "20", "--depths", "0,2", "--scales", "1", "--folds", "2", "--no-figures"]
+    args = [
+        "patch",
+        str(workdir / "run"),
+        str(workdir / "data"),
+        "--experiment",
+        "feedback-swap,probe-direction,residual",
+        "--out",
+        str(out),
+        "--n-boot",
+        "20",
+        "--depths",
+        "0,2",
+        "--scales",
+        "1",
+        "--folds",
+        "2",
+        "--no-figures",
+    ]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     for name in ("feedback-swap", "probe-direction", "residual"):
@@ -88,7 +145,17 @@ def test_patch_cli_runs_several_experiments_into_their_folders(workdir):
 
 
 def test_patch_cli_refuses_a_repeated_experiment_in_one_line(workdir):
-    res = runner.invoke(app, ["patch", str(workdir / "run"), str(workdir / "data"), "--experiment",
-                                   "feedback-swap,feedback-swap", "--out", str(workdir / "dup")])
+    res = runner.invoke(
+        app,
+        [
+            "patch",
+            str(workdir / "run"),
+            str(workdir / "data"),
+            "--experiment",
+            "feedback-swap,feedback-swap",
+            "--out",
+            str(workdir / "dup"),
+        ],
+    )
     assert res.exit_code == 2 and "each experiment at most once" in res.output
     assert len(res.output.strip().splitlines()) == 1 and not (workdir / "dup").exists()

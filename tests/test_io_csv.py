@@ -3,6 +3,7 @@
 Oracle: pandas' own writer. Both files are read with `pandas.read_csv` and compared value for value
 and dtype for dtype: shortest round-trip floats lose nothing, so a float written with fewer digits
 would differ at ~1e-17 relative and fail `equals`."""
+
 import numpy as np
 import pandas as pd
 
@@ -11,12 +12,16 @@ from fbt_probe.io import write_csv
 
 def test_write_csv_reads_back_like_pandas(tmp_path):
     rng = np.random.default_rng(0)
-    df = pd.DataFrame({
-        "row": np.arange(6), "task": ["completion", "memory", 'a "quoted", comma', "x", "", "ü"],
-        "value": rng.standard_normal(6) * 10.0 ** rng.integers(-20, 20, 6),
-        "normalized": [0.1, np.nan, 1 / 3, -0.0, 1e-300, 2.5],
-        "tiny_gap": [True, False, True, False, False, True], "scale": [0.0, 0.5, 1.0, 2.0, 4.0, 0.0],
-    })
+    df = pd.DataFrame(
+        {
+            "row": np.arange(6),
+            "task": ["completion", "memory", 'a "quoted", comma', "x", "", "ü"],
+            "value": rng.standard_normal(6) * 10.0 ** rng.integers(-20, 20, 6),
+            "normalized": [0.1, np.nan, 1 / 3, -0.0, 1e-300, 2.5],
+            "tiny_gap": [True, False, True, False, False, True],
+            "scale": [0.0, 0.5, 1.0, 2.0, 4.0, 0.0],
+        }
+    )
     write_csv(df, tmp_path / "fast.csv")
     df.to_csv(tmp_path / "pandas.csv", index=False)
     fast, slow = pd.read_csv(tmp_path / "fast.csv"), pd.read_csv(tmp_path / "pandas.csv")

@@ -6,6 +6,7 @@ that variable set (`test_interpreted_suite_in_subprocess`); in a process where T
 interpreting they skip. The `launches` fixture counts kernel launches, so a test cannot pass by
 silently running the eager fallback. GPU tests are marked `gpu` and skipped without CUDA.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -29,7 +30,9 @@ EPS = 1e-6
 # (product, normalised row, times weight): a few bf16 ulps relative. float32: reduction order only.
 TOL = {torch.float32: dict(rtol=2e-5, atol=1e-6), torch.bfloat16: dict(rtol=3e-2, atol=1e-3)}
 needs_triton = pytest.mark.skipif(kmod.triton is None, reason="triton not installed")
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU (not interpreted)")
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU (not interpreted)"
+)
 
 
 def ref64(value, gate, weight, eps=EPS):
@@ -68,13 +71,16 @@ def launches(monkeypatch, interpret):
 
 # --------------------------------------------------------------------------- packaging, reference
 
+
 def test_every_package_folder_is_a_package():
     """pyproject finds packages (`packages.find`, include fbt_probe*): a folder of modules without
     `__init__.py` would be left out of wheels."""
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     assert cfg["include"] == ["fbt_probe*"]
     try:  # committed files (a work-in-progress folder of another change is not yet a package)
-        files = subprocess.run(["git", "ls-files", "fbt_probe"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+        files = subprocess.run(
+            ["git", "ls-files", "fbt_probe"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.split()
     except (OSError, subprocess.CalledProcessError):
         files = [str(p.relative_to(ROOT)) for p in (ROOT / "fbt_probe").rglob("*.py")]
     folders = {Path(f).parent for f in files if f.endswith(".py")}
@@ -125,13 +131,20 @@ def test_kernel_compiles_for_hopper_with_16_byte_accesses(single_pass):
     names = fn.arg_names
     sig = {n: "*bf16" for n in ("V", "G", "W", "OUT")} | {"IDS": "*i64", "eps": "fp32"}
     sig |= {n: "i32" for n in ("n_cols", "stride_v", "stride_g", "stride_o")}
-    consts = {"HAS_IDS": True, "PROD_DT": tl.bfloat16, "NORM_DT": tl.bfloat16,
-              "BLOCK_D": 2048 if single_pass else kmod.LOOP_D, "SINGLE_PASS": single_pass}
+    consts = {
+        "HAS_IDS": True,
+        "PROD_DT": tl.bfloat16,
+        "NORM_DT": tl.bfloat16,
+        "BLOCK_D": 2048 if single_pass else kmod.LOOP_D,
+        "SINGLE_PASS": single_pass,
+    }
     sig |= {n: "constexpr" for n in consts}
     aligned = {(names.index(n),): [["tt.divisibility", 16]] for n in sig if sig[n] in ("*bf16", "*i64", "i32")}
     src = ASTSource(fn, {n: sig[n] for n in names}, {(names.index(n),): v for n, v in consts.items()}, aligned)
     try:
-        ptx = kmod.triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": kmod._num_warps(consts["BLOCK_D"])}).asm["ptx"]
+        ptx = kmod.triton.compile(
+            src, target=GPUTarget("cuda", 90, 32), options={"num_warps": kmod._num_warps(consts["BLOCK_D"])}
+        ).asm["ptx"]
     except Exception as exc:  # e.g. a Triton build without the NVIDIA back end
         if "ptxas" in str(exc).lower() or "backend" in str(exc).lower():
             pytest.skip(f"no CUDA compiler back end here: {exc}")
@@ -192,7 +205,9 @@ class TestKernel:
         value, gate, weight = make((3, 5, 129), torch.float32)
         direct = K.glu_fusion_direct(value, gate, weight, EPS)
         assert len(launches) == 1, "the kernel did not run"
-        torch.testing.assert_close(direct, K.glu_fusion(value, gate, weight, EPS), rtol=0, atol=0)  # same kernel, same shape
+        torch.testing.assert_close(
+            direct, K.glu_fusion(value, gate, weight, EPS), rtol=0, atol=0
+        )  # same kernel, same shape
         with pytest.raises(ValueError, match="gate shape"):
             K.glu_fusion_direct(value, gate[..., :4], weight, EPS)
 
@@ -214,6 +229,7 @@ class TestKernel:
 
 
 # --------------------------------------------------------------------------- the gate table
+
 
 def _model_like(vocab, d, dtype, seed=1):
     gen = torch.Generator().manual_seed(seed)
@@ -257,6 +273,7 @@ class TestGateTable:
 
 
 # --------------------------------------------------------------------------- autograd, compile
+
 
 class TestAutogradCompile:
     __test__ = INTERPRETED  # collected only where Triton interprets (the child process)
@@ -312,6 +329,7 @@ class TestAutogradCompile:
 
 # --------------------------------------------------------------------------- the benchmark
 
+
 def test_bench_cli_cpu_reports_the_reference_path(tmp_path):
     import json
 
@@ -320,8 +338,26 @@ def test_bench_cli_cpu_reports_the_reference_path(tmp_path):
     from fbt_probe.cli import app
 
     out = tmp_path / "fusion.md"
-    args = ["bench", "fusion", "--rows", "1,3", "--d-model", "32", "--decode", "--decode-preset", "tiny",
-            "--decode-batches", "1,2", "--decode-ctx", "8", "--model-step", "--budget-ms", "1", "--out", str(out)]
+    args = [
+        "bench",
+        "fusion",
+        "--rows",
+        "1,3",
+        "--d-model",
+        "32",
+        "--decode",
+        "--decode-preset",
+        "tiny",
+        "--decode-batches",
+        "1,2",
+        "--decode-ctx",
+        "8",
+        "--model-step",
+        "--budget-ms",
+        "1",
+        "--out",
+        str(out),
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     text = out.read_text()
@@ -350,8 +386,19 @@ class TestBenchInterpreted:
     def test_bench_fused_path_runs(self, launches):
         from fbt_probe.bench.fusion import FusionBenchConfig, run_fusion_bench, to_markdown
 
-        cfg = FusionBenchConfig(rows=(1, 5), d_model=40, vocab=50, device="cpu", decode=True, decode_preset="tiny",
-                                decode_batches=(2,), decode_ctx=8, model_step=False, budget_ms=1, interpreted_kernel=True)
+        cfg = FusionBenchConfig(
+            rows=(1, 5),
+            d_model=40,
+            vocab=50,
+            device="cpu",
+            decode=True,
+            decode_preset="tiny",
+            decode_batches=(2,),
+            decode_ctx=8,
+            model_step=False,
+            budget_ms=1,
+            interpreted_kernel=True,
+        )
         result = run_fusion_bench(cfg)
         assert result["fused_available"] and launches
         assert all(r["rel_err"] < 1e-5 and r["table_rel_err"] < 1e-5 for r in result["rows"])
@@ -361,6 +408,7 @@ class TestBenchInterpreted:
 
 
 # --------------------------------------------------------------------------- GPU only
+
 
 @pytest.mark.gpu
 @needs_cuda
@@ -378,7 +426,9 @@ def test_gpu_kernel_matches_reference(shape, dtype):
     ids = torch.randint(0, 100, shape[:-1], device="cuda")
     table = torch.rand(100, shape[-1], device="cuda").to(dtype)
     torch.testing.assert_close(
-        K.glu_fusion_table(value, ids, table, weight, EPS), K.fusion_reference(value, table[ids], weight, EPS), **TOL[dtype]
+        K.glu_fusion_table(value, ids, table, weight, EPS),
+        K.fusion_reference(value, table[ids], weight, EPS),
+        **TOL[dtype],
     )
 
 
@@ -388,7 +438,9 @@ def test_gpu_kernel_matches_reference(shape, dtype):
 def test_gpu_inductor_compile():
     value, gate, weight = make((8, 1536), torch.bfloat16, device="cuda")
     compiled = torch.compile(lambda v, g, w: K.glu_fusion(v * 1.5, g, w, EPS), fullgraph=True)
-    torch.testing.assert_close(compiled(value, gate, weight), K.fusion_reference(value * 1.5, gate, weight, EPS), **TOL[torch.bfloat16])
+    torch.testing.assert_close(
+        compiled(value, gate, weight), K.fusion_reference(value * 1.5, gate, weight, EPS), **TOL[torch.bfloat16]
+    )
 
 
 @pytest.mark.gpu
@@ -411,6 +463,7 @@ def test_gpu_model_outputs_unchanged_with_fast_path(mode, monkeypatch):
 
 # --------------------------------------------------------------------------- the size dispatch
 
+
 def test_fusion_dispatch_by_size(monkeypatch):
     """Calls that need autograd take the kernel (through the custom op) only where it runs and from
     FUSED_MIN_ROWS rows on (the op's dispatch is launch-bound below: reports/bench/fusion-gpu.md);
@@ -423,8 +476,9 @@ def test_fusion_dispatch_by_size(monkeypatch):
     assert fusion.use_kernel(1, True, autograd=False) and not fusion.use_kernel(1, False, autograd=False)
     assert fusion._fast_path(torch.zeros(n, 4)) is None  # CPU tensor: never the kernel
     value, gate, weight = make((3, 5, 16), torch.float32)
-    torch.testing.assert_close(fusion.epilogue(value, gate, weight, EPS), fusion.fusion_reference(value, gate, weight, EPS),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        fusion.epilogue(value, gate, weight, EPS), fusion.fusion_reference(value, gate, weight, EPS), rtol=0, atol=0
+    )
     monkeypatch.setattr(fusion, "FUSED_MIN_ROWS", 15)
     assert fusion.use_kernel(15, True) and not fusion.use_kernel(14, True)
 
@@ -432,8 +486,9 @@ def test_fusion_dispatch_by_size(monkeypatch):
 @pytest.mark.skipif(INTERPRETED, reason="needs a process where Triton is not interpreting")
 def test_direct_entry_on_cpu_is_the_reference():
     value, gate, weight = make((4, 33), torch.float32)
-    torch.testing.assert_close(K.glu_fusion_direct(value, gate, weight, EPS), K.fusion_reference(value, gate, weight, EPS),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        K.glu_fusion_direct(value, gate, weight, EPS), K.fusion_reference(value, gate, weight, EPS), rtol=0, atol=0
+    )
 
 
 @pytest.mark.gpu

@@ -1,6 +1,7 @@
 """Lenses: the logit lens at the top depth is the model's logits exactly (every mode and every Jacobi
 pass), tuned-lens translators at identity are the logit lens, training lowers the KL, and the sweep's
 tables, split and command line."""
+
 import dataclasses
 import json
 
@@ -35,7 +36,9 @@ def test_logit_lens_at_the_top_depth_is_the_models_logits(model, mode):
         for k, acts in passes.items():
             # the same operations on tensors of the same shape: bit for bit
             assert torch.equal(logit_lens(model, acts["resid"][L]), acts["logits"])
-            own = model(toks, mode=f"jacobi:{k}" if mode.startswith("jacobi") else mode)  # pass k = jacobi:k's last pass
+            own = model(
+                toks, mode=f"jacobi:{k}" if mode.startswith("jacobi") else mode
+            )  # pass k = jacobi:k's last pass
             torch.testing.assert_close(acts["logits"], own, rtol=0, atol=1e-12)
         assert not torch.allclose(logit_lens(model, passes[max(passes)]["resid"][0]), passes[max(passes)]["logits"])
 
@@ -68,8 +71,10 @@ def test_tuned_lens_training_lowers_the_kl_and_keeps_the_top_depth(model):
 @pytest.fixture(scope="module")
 def pair_df():
     tok = build_tokenizer()
-    frames = [generate(dataclasses.replace(load_spec(t), length_grid=(8,)), groups=6, seed=0, tokenizer=tok)
-              for t in ("completion", "memory")]
+    frames = [
+        generate(dataclasses.replace(load_spec(t), length_grid=(8,)), groups=6, seed=0, tokenizer=tok)
+        for t in ("completion", "memory")
+    ]
     df = pd.concat(frames, ignore_index=True)
     return df, label_token_ids(df, tok)
 
@@ -89,7 +94,10 @@ def test_lens_sweep_tables_and_held_out_split(model, pair_df):
     np.testing.assert_allclose(top["value"], 0.0, atol=1e-12)
     p = s[(s.metric == "p_correct") & (s.length_knob == -1)]
     assert (p["ci_low"] <= p["mean"] + 1e-12).all() and (p["mean"] <= p["ci_high"] + 1e-12).all()
-    std, jac1 = (p[(p["mode"] == m) & (p.pass_index == 1)].set_index(["task", "lens", "depth"])["mean"] for m in ("standard", "jacobi:2"))
+    std, jac1 = (
+        p[(p["mode"] == m) & (p.pass_index == 1)].set_index(["task", "lens", "depth"])["mean"]
+        for m in ("standard", "jacobi:2")
+    )
     np.testing.assert_allclose(std.sort_index(), jac1.sort_index(), atol=1e-12)  # Jacobi pass 1 is standard
     assert res.training["kl"].iloc[-1] < res.training["kl"].iloc[0]
 
@@ -100,8 +108,19 @@ def test_lens_cli_writes_tables_and_figure_and_refuses_to_overwrite(tmp_path):
     write_dataset(df, tmp_path / "data", tok)
     save_tokenizer(tok, tmp_path / "tokenizer.json")
     save_checkpoint(make_model(dtype=torch.float32), tmp_path / "run", tokenizer_path=tmp_path / "tokenizer.json")
-    args = ["lens", str(tmp_path / "run"), str(tmp_path / "data"), "--out", str(tmp_path / "lens"),
-            "--mode", "standard,jacobi:2", "--steps", "5", "--n-boot", "20"]
+    args = [
+        "lens",
+        str(tmp_path / "run"),
+        str(tmp_path / "data"),
+        "--out",
+        str(tmp_path / "lens"),
+        "--mode",
+        "standard,jacobi:2",
+        "--steps",
+        "5",
+        "--n-boot",
+        "20",
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "P(correct)" in res.output

@@ -1,5 +1,6 @@
 """The one loading path: checkpoint kinds by table, run folders, provenance, and the dataset /
 tokenizer checks every command shares."""
+
 from __future__ import annotations
 
 import pytest
@@ -43,8 +44,11 @@ def test_overrides_apply_to_presets_only(run_dir):
 
 def test_a_foreign_folder_goes_to_the_loader_that_recognises_it(tmp_path, monkeypatch):
     got = []
-    monkeypatch.setattr(loading, "FOREIGN_LOADERS", [(lambda f: (f / "meta.json").is_file(),
-                                                      lambda f, device, seed: got.append((f, device, seed)) or "model")])
+    monkeypatch.setattr(
+        loading,
+        "FOREIGN_LOADERS",
+        [(lambda f: (f / "meta.json").is_file(), lambda f, device, seed: got.append((f, device, seed)) or "model")],
+    )
     (tmp_path / "meta.json").write_text("{}")
     assert loading.load_model(tmp_path, seed=5) == "model" and got == [(tmp_path, "cpu", 5)]
 

@@ -1,5 +1,6 @@
 """`fbt-probe patch --experiment attribution|das` end to end on a saved small checkpoint: tables,
 manifest, figures, the parity lines, and refusals."""
+
 import dataclasses
 import json
 
@@ -30,8 +31,21 @@ def workdir(tmp_path_factory):
 
 
 def _patch(workdir, *extra):
-    return runner.invoke(app, ["patch", str(workdir / "run"), str(workdir / "data"), "--out", str(workdir / "res"),
-                               "--n-boot", "30", "--min-gap", "0", *extra])
+    return runner.invoke(
+        app,
+        [
+            "patch",
+            str(workdir / "run"),
+            str(workdir / "data"),
+            "--out",
+            str(workdir / "res"),
+            "--n-boot",
+            "30",
+            "--min-gap",
+            "0",
+            *extra,
+        ],
+    )
 
 
 def test_attribution_cli_with_check(workdir):
@@ -39,8 +53,15 @@ def test_attribution_cli_with_check(workdir):
     assert res.exit_code == 0, res.output
     assert "AtP vs exact on 6 cells" in res.output and "Spearman" in res.output
     folder = workdir / "res" / "attribution"
-    for f in ("rows.parquet", "summary.csv", "parity.parquet", "parity.csv", "atp_rows.parquet", "figures/atp-heatmap.png",
-              "figures/atp-parity.png"):
+    for f in (
+        "rows.parquet",
+        "summary.csv",
+        "parity.parquet",
+        "parity.csv",
+        "atp_rows.parquet",
+        "figures/atp-heatmap.png",
+        "figures/atp-parity.png",
+    ):
         assert (folder / f).is_file(), f
     assert not (folder / "atp_rows.csv").exists()
     rows, every = pd.read_parquet(folder / "rows.parquet"), pd.read_parquet(folder / "atp_rows.parquet")
@@ -58,8 +79,21 @@ def test_attribution_cli_with_check(workdir):
 
 
 def test_das_cli(workdir):
-    res = _patch(workdir, "--experiment", "das", "--mode", "recurrent:1", "--ks", "1,2", "--steps", "3", "--folds", "2",
-                 "--hooks", "fusion.hook_feedback")
+    res = _patch(
+        workdir,
+        "--experiment",
+        "das",
+        "--mode",
+        "recurrent:1",
+        "--ks",
+        "1,2",
+        "--steps",
+        "3",
+        "--folds",
+        "2",
+        "--hooks",
+        "fusion.hook_feedback",
+    )
     assert res.exit_code == 0, res.output
     assert "fusion.hook_feedback: IIA full" in res.output and "cos(probe)" in res.output
     folder = workdir / "res" / "das"
@@ -72,6 +106,8 @@ def test_das_cli(workdir):
 def test_methods_cli_refusals(workdir):
     res = _patch(workdir, "--experiment", "das", "--ks", "0", "--out", str(workdir / "x"))
     assert res.exit_code == 2 and "--ks 0: expected distinct subspace dimensions >= 1" in res.output
-    res = _patch(workdir, "--experiment", "attribution", "--hooks", "blocks.9.hook_resid_pre", "--out", str(workdir / "y"))
+    res = _patch(
+        workdir, "--experiment", "attribution", "--hooks", "blocks.9.hook_resid_pre", "--out", str(workdir / "y")
+    )
     assert res.exit_code == 2 and "unknown hook" in res.output and res.output.strip().count("\n") == 0
     assert not (workdir / "y").exists()

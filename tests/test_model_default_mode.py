@@ -1,7 +1,7 @@
 """The model-level default mode (TransformerLens callers inherit it), the serial cache, bad tokens."""
+
 import dataclasses
 
-import pandas as pd
 import pytest
 import torch
 from transformer_lens import patching
@@ -9,7 +9,8 @@ from transformer_lens import patching
 from fbt_probe.errors import FbtError
 from fbt_probe.interventions import label_token_ids, pair_batches, residual_patching
 from fbt_probe.model import generate
-from fbt_probe.tasks import build_tokenizer, generate as generate_pairs, load_spec
+from fbt_probe.tasks import build_tokenizer, load_spec
+from fbt_probe.tasks import generate as generate_pairs
 from tests.helpers import make_model, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -143,17 +144,20 @@ def test_jacobi_passes_are_capped_at_the_sequence_length(model):
     torch.testing.assert_close(grad_capped.detach(), ref, **TOL)
 
 
-@pytest.mark.parametrize("bad, match", [
-    ([[1, 2, 3]], "expected a LongTensor"),
-    (torch.tensor([1, 2, 3]), r"tokens\[None\]"),
-    (torch.zeros(1, 2, 3, dtype=torch.long), r"expected shape \[batch, pos\]"),
-    (torch.zeros(1, 3), "dtype torch.float32"),
-    (torch.zeros(1, 3, dtype=torch.bool), "dtype torch.bool"),
-    (torch.tensor([[1, 128]]), "id 128 is outside the vocabulary 0..127"),
-    (torch.tensor([[-1, 2]]), "id -1 is outside"),
-    (torch.zeros(1, 129, dtype=torch.long), "129 positions exceed the model's context n_ctx = 128"),
-    (torch.zeros(1, 0, dtype=torch.long), "at least one"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ([[1, 2, 3]], "expected a LongTensor"),
+        (torch.tensor([1, 2, 3]), r"tokens\[None\]"),
+        (torch.zeros(1, 2, 3, dtype=torch.long), r"expected shape \[batch, pos\]"),
+        (torch.zeros(1, 3), "dtype torch.float32"),
+        (torch.zeros(1, 3, dtype=torch.bool), "dtype torch.bool"),
+        (torch.tensor([[1, 128]]), "id 128 is outside the vocabulary 0..127"),
+        (torch.tensor([[-1, 2]]), "id -1 is outside"),
+        (torch.zeros(1, 129, dtype=torch.long), "129 positions exceed the model's context n_ctx = 128"),
+        (torch.zeros(1, 0, dtype=torch.long), "at least one"),
+    ],
+)
 def test_bad_tokens_are_one_line_errors(model, bad, match):
     with pytest.raises(FbtError, match=match):
         model(bad)

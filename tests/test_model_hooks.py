@@ -1,4 +1,5 @@
 """Hook points: names (golden), firing rule in every mode, serial option, TransformerLens tools."""
+
 import pytest
 import torch
 from transformer_lens import patching
@@ -9,18 +10,43 @@ from fbt_probe.model.transformer import FeedbackTransformer
 from tests.helpers import make_model, tokens
 
 GOLDEN_2_LAYERS = [
-    "blocks.0.attn.hook_k", "blocks.0.attn.hook_pattern", "blocks.0.attn.hook_q", "blocks.0.attn.hook_v",
-    "blocks.0.attn.hook_z", "blocks.0.hook_attn_out", "blocks.0.hook_mlp_out", "blocks.0.hook_resid_mid",
-    "blocks.0.hook_resid_post", "blocks.0.hook_resid_pre", "blocks.0.mlp.hook_post", "blocks.0.mlp.hook_pre",
+    "blocks.0.attn.hook_k",
+    "blocks.0.attn.hook_pattern",
+    "blocks.0.attn.hook_q",
+    "blocks.0.attn.hook_v",
+    "blocks.0.attn.hook_z",
+    "blocks.0.hook_attn_out",
+    "blocks.0.hook_mlp_out",
+    "blocks.0.hook_resid_mid",
+    "blocks.0.hook_resid_post",
+    "blocks.0.hook_resid_pre",
+    "blocks.0.mlp.hook_post",
+    "blocks.0.mlp.hook_pre",
     "blocks.0.mlp.hook_pre_linear",
-    "blocks.1.attn.hook_k", "blocks.1.attn.hook_pattern", "blocks.1.attn.hook_q", "blocks.1.attn.hook_v",
-    "blocks.1.attn.hook_z", "blocks.1.hook_attn_out", "blocks.1.hook_mlp_out", "blocks.1.hook_resid_mid",
-    "blocks.1.hook_resid_post", "blocks.1.hook_resid_pre", "blocks.1.mlp.hook_post", "blocks.1.mlp.hook_pre",
+    "blocks.1.attn.hook_k",
+    "blocks.1.attn.hook_pattern",
+    "blocks.1.attn.hook_q",
+    "blocks.1.attn.hook_v",
+    "blocks.1.attn.hook_z",
+    "blocks.1.hook_attn_out",
+    "blocks.1.hook_mlp_out",
+    "blocks.1.hook_resid_mid",
+    "blocks.1.hook_resid_post",
+    "blocks.1.hook_resid_pre",
+    "blocks.1.mlp.hook_post",
+    "blocks.1.mlp.hook_pre",
     "blocks.1.mlp.hook_pre_linear",
-    "fusion.hook_feedback", "fusion.hook_gate", "fusion.hook_out", "fusion.hook_value",
-    "hook_embed", "ln_final.hook_normalized",
+    "fusion.hook_feedback",
+    "fusion.hook_gate",
+    "fusion.hook_out",
+    "fusion.hook_value",
+    "hook_embed",
+    "ln_final.hook_normalized",
     # the norms' scales (TransformerLens's `hook_scale`, read by ActivationCache.apply_ln_to_stack)
-    "blocks.0.ln1.hook_scale", "blocks.0.ln2.hook_scale", "blocks.1.ln1.hook_scale", "blocks.1.ln2.hook_scale",
+    "blocks.0.ln1.hook_scale",
+    "blocks.0.ln2.hook_scale",
+    "blocks.1.ln1.hook_scale",
+    "blocks.1.ln2.hook_scale",
     "ln_final.hook_scale",
 ]
 MODES = ["standard", "recurrent:1", "recurrent:3", "full", "jacobi:2", "jacobi:4"]
@@ -32,7 +58,20 @@ def test_hook_names_golden():
 
 def test_hook_name_builder_matches_model():
     names = set(make_model(n_layers=2).hook_dict)
-    for kind in ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "v", "pattern", "z", "mlp_pre", "mlp_post"):
+    for kind in (
+        "resid_pre",
+        "resid_mid",
+        "resid_post",
+        "attn_out",
+        "mlp_out",
+        "q",
+        "k",
+        "v",
+        "pattern",
+        "z",
+        "mlp_pre",
+        "mlp_post",
+    ):
         assert act_name(kind, 1) in names
     for kind in ("embed", "ln_final", "fusion_feedback", "fusion_value", "fusion_gate", "fusion_out"):
         assert act_name(kind) in names

@@ -1,4 +1,5 @@
 """Exact identities between prefill modes (float64), DESIGN.md §2."""
+
 import pytest
 import torch
 

@@ -1,6 +1,7 @@
 """Checkpoints of the nanochat latent-feedback reproduction: Hugging Face Qwen3 as the oracle with
 every extra at its identity, each extra against a float64 formula of its own, the key mapping both
 ways, the three fusion variants, and the refusals. All float64, tiny (D 32, 4 layers)."""
+
 import json
 
 import pytest
@@ -36,7 +37,7 @@ def _flip(w, n_heads, dh):
     """Negate the second half of every head's rows: P R(θ) P = R(-θ) for P = diag(1, -1) per pair,
     and the weightless QK-norm and the 1.2 scale commute with P and with R."""
     w = w.clone().view(n_heads, dh, -1)
-    w[:, dh // 2:] *= -1
+    w[:, dh // 2 :] *= -1
     return w.view(n_heads * dh, -1)
 
 
@@ -46,27 +47,51 @@ def _hf_from_theirs(mc, state, window, flip=True):
     dh = D // H
     types = ["full_attention" if w >= mc["sequence_len"] else "sliding_attention" for w in window_sizes(mc)]
     cfg = transformers.Qwen3Config(
-        vocab_size=V, hidden_size=D, intermediate_size=4 * D, num_hidden_layers=L, num_attention_heads=H,
-        num_key_value_heads=KV, head_dim=dh, max_position_embeddings=mc["sequence_len"], rms_norm_eps=FLOAT32_EPS,
-        rope_theta=100_000.0, hidden_act="relu", tie_word_embeddings=False, attention_bias=False,
-        use_sliding_window=True, sliding_window=window, layer_types=types)
+        vocab_size=V,
+        hidden_size=D,
+        intermediate_size=4 * D,
+        num_hidden_layers=L,
+        num_attention_heads=H,
+        num_key_value_heads=KV,
+        head_dim=dh,
+        max_position_embeddings=mc["sequence_len"],
+        rms_norm_eps=FLOAT32_EPS,
+        rope_theta=100_000.0,
+        hidden_act="relu",
+        tie_word_embeddings=False,
+        attention_bias=False,
+        use_sliding_window=True,
+        sliding_window=window,
+        layer_types=types,
+    )
     hf = transformers.Qwen3ForCausalLM(cfg).eval()
     scale = 800.0 if mc["weight_tying"] else 1.0
-    sd = {"model.embed_tokens.weight": _norm(state["transformer.wte.weight"][:V].double() * scale),  # the embedding norm is per row
-          "model.norm.weight": torch.ones(D),
-          "lm_head.weight": (state["transformer.wte.weight"] if mc["weight_tying"] else state["lm_head.weight"])[:V]}
+    sd = {
+        "model.embed_tokens.weight": _norm(
+            state["transformer.wte.weight"][:V].double() * scale
+        ),  # the embedding norm is per row
+        "model.norm.weight": torch.ones(D),
+        "lm_head.weight": (state["transformer.wte.weight"] if mc["weight_tying"] else state["lm_head.weight"])[:V],
+    }
     for l in range(L):
         p, a = f"model.layers.{l}.", f"transformer.h.{l}."
         cq, ck = state[a + "attn.c_q.weight"], state[a + "attn.c_k.weight"]
-        sd.update({p + "self_attn.q_proj.weight": _flip(cq, H, dh) if flip else cq,
-                   p + "self_attn.k_proj.weight": _flip(ck, KV, dh) if flip else ck,
-                   p + "self_attn.v_proj.weight": state[a + "attn.c_v.weight"],
-                   p + "self_attn.o_proj.weight": state[a + "attn.c_proj.weight"],
-                   p + "self_attn.q_norm.weight": torch.full((dh,), 1.2), p + "self_attn.k_norm.weight": torch.full((dh,), 1.2),
-                   p + "input_layernorm.weight": torch.ones(D), p + "post_attention_layernorm.weight": torch.ones(D),
-                   # ReLU² = relu(g) · g: gate and up are both c_fc
-                   p + "mlp.gate_proj.weight": state[a + "mlp.c_fc.weight"], p + "mlp.up_proj.weight": state[a + "mlp.c_fc.weight"],
-                   p + "mlp.down_proj.weight": state[a + "mlp.c_proj.weight"]})
+        sd.update(
+            {
+                p + "self_attn.q_proj.weight": _flip(cq, H, dh) if flip else cq,
+                p + "self_attn.k_proj.weight": _flip(ck, KV, dh) if flip else ck,
+                p + "self_attn.v_proj.weight": state[a + "attn.c_v.weight"],
+                p + "self_attn.o_proj.weight": state[a + "attn.c_proj.weight"],
+                p + "self_attn.q_norm.weight": torch.full((dh,), 1.2),
+                p + "self_attn.k_norm.weight": torch.full((dh,), 1.2),
+                p + "input_layernorm.weight": torch.ones(D),
+                p + "post_attention_layernorm.weight": torch.ones(D),
+                # ReLU² = relu(g) · g: gate and up are both c_fc
+                p + "mlp.gate_proj.weight": state[a + "mlp.c_fc.weight"],
+                p + "mlp.up_proj.weight": state[a + "mlp.c_fc.weight"],
+                p + "mlp.down_proj.weight": state[a + "mlp.c_proj.weight"],
+            }
+        )
     hf.load_state_dict({k: v.float() for k, v in sd.items()})
     return hf
 
@@ -114,7 +139,9 @@ def test_each_extra_matches_its_formula(tmp_path):
         mixed = sd["resid_lambdas"][l] * cache[f"blocks.{l}.hook_resid_pre"] + sd["x0_lambdas"][l] * smeared
         torch.testing.assert_close(cache[f"blocks.{l}.hook_resid_mix"], mixed, rtol=0, atol=1e-12)
         if l > 0:
-            torch.testing.assert_close(cache[f"blocks.{l}.hook_resid_pre"], cache[f"blocks.{l - 1}.hook_resid_post"], rtol=0, atol=0)
+            torch.testing.assert_close(
+                cache[f"blocks.{l}.hook_resid_pre"], cache[f"blocks.{l - 1}.hook_resid_post"], rtol=0, atol=0
+            )
         # ReLU² MLP without gate
         pre = _norm(cache[f"blocks.{l}.hook_resid_mid"]) @ sd[f"transformer.h.{l}.mlp.c_fc.weight"].T
         torch.testing.assert_close(cache[f"blocks.{l}.mlp.hook_post"], F.relu(pre) ** 2, rtol=0, atol=1e-11)
@@ -128,11 +155,16 @@ def test_each_extra_matches_its_formula(tmp_path):
             torch.testing.assert_close(cache[name], g3[..., None] * ve, rtol=0, atol=1e-12)
     # backout: the top stream minus λ_b · (output of block L // 2)
     b = cfg.n_layers // 2
-    back = cache[f"blocks.{cfg.n_layers - 1}.hook_resid_post"] - sd["backout_lambda"] * cache[f"blocks.{b}.hook_resid_post"]
+    back = (
+        cache[f"blocks.{cfg.n_layers - 1}.hook_resid_post"]
+        - sd["backout_lambda"] * cache[f"blocks.{b}.hook_resid_post"]
+    )
     torch.testing.assert_close(cache["hook_backout"], back, rtol=0, atol=1e-12)
     # tied unembedding (unscaled), soft-cap 15, padding rows cropped
     top = _norm(back)
-    torch.testing.assert_close(logits, 15 * torch.tanh(top @ sd["transformer.wte.weight"][:V].T / 15), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        logits, 15 * torch.tanh(top @ sd["transformer.wte.weight"][:V].T / 15), rtol=0, atol=1e-12
+    )
 
 
 def test_attention_rotates_by_minus_theta_then_norms(tmp_path):
@@ -149,7 +181,7 @@ def test_attention_rotates_by_minus_theta_then_norms(tmp_path):
     cos, sin = theta.cos()[None, :, None], theta.sin()[None, :, None]
 
     def rope(x):
-        x1, x2 = x[..., :dh // 2], x[..., dh // 2:]
+        x1, x2 = x[..., : dh // 2], x[..., dh // 2 :]
         return torch.cat([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], -1)
 
     q, k = 1.2 * _norm(rope(q)), 1.2 * _norm(rope(k))
@@ -178,7 +210,9 @@ def test_fusion_variants(tmp_path, mode):
         first = model(toks, mode="standard")
         _, c1 = model.run_with_cache(toks, mode="standard", names_filter="ln_final.hook_normalized")
     f = {k.split(".")[1]: v.double() for k, v in state.items() if k.startswith("latent_feedback.")}
-    h = model.shift_states(c1["ln_final.hook_normalized"])  # the fed-back state: pass 1's final post-norm state (after backout)
+    h = model.shift_states(
+        c1["ln_final.hook_normalized"]
+    )  # the fed-back state: pass 1's final post-norm state (after backout)
     torch.testing.assert_close(cache["fusion.hook_feedback"][:, 1:], h[:, 1:], rtol=0, atol=1e-12)
     fused = FORMULAS[mode](f, h, cache["hook_embed"])
     out = cache["fusion.hook_out"]
@@ -196,11 +230,13 @@ def test_modes_cache_and_prefix_on_an_import(tmp_path):
     with torch.no_grad():
         full = model(toks, mode="full")  # serial steps through the KV cache (smear reads the cached token)
         torch.testing.assert_close(model(toks, mode="jacobi:10"), full, rtol=0, atol=1e-10)  # jacobi:T = full
-        torch.testing.assert_close(model(toks, mode="recurrent:3", serial=True), model(toks, mode="recurrent:3"), rtol=0, atol=1e-10)
+        torch.testing.assert_close(
+            model(toks, mode="recurrent:3", serial=True), model(toks, mode="recurrent:3"), rtol=0, atol=1e-10
+        )
         cache, _, logits = model.prefill_cache(toks[:, :6])
         for t in range(6, 10):  # plain steps through the cache = the standard prefill
             step, _ = model.step(toks[:, t], cache, None)
-            torch.testing.assert_close(step, model(toks[:, :t + 1])[:, -1], rtol=0, atol=1e-10)
+            torch.testing.assert_close(step, model(toks[:, : t + 1])[:, -1], rtol=0, atol=1e-10)
         for mode in ("standard", "recurrent:2", "jacobi:3"):
             ref = model(toks, mode=mode)
             torch.testing.assert_close(build_prefix(model, toks, mode, upto=5).run(3), ref[:, 3:], rtol=0, atol=1e-10)
@@ -226,8 +262,16 @@ def test_key_mapping_round_trip(tmp_path):
     again, *_ = import_nanochat(write_nanochat(tmp_path / "b", mc, back))
     sd1, sd2 = model.state_dict(), again.state_dict()
     assert sd1.keys() == sd2.keys() and all(torch.equal(sd1[k], sd2[k]) for k in sd1)
-    assert record["dormant_fusion_tensors"] == ["latent_feedback.state_proj.weight", "latent_feedback.token_gate.weight",
-                                                "latent_feedback.token_proj.weight"] and record["step"] == 1200 and not notes
+    assert (
+        record["dormant_fusion_tensors"]
+        == [
+            "latent_feedback.state_proj.weight",
+            "latent_feedback.token_gate.weight",
+            "latent_feedback.token_proj.weight",
+        ]
+        and record["step"] == 1200
+        and not notes
+    )
 
 
 def test_folder_loads_directly_and_notes(tmp_path):
@@ -245,15 +289,18 @@ def test_folder_loads_directly_and_notes(tmp_path):
         fp.load_model(str(write_nanochat(tmp_path / "nolf", mc2, state2)))
 
 
-@pytest.mark.parametrize("edit, match", [
-    (lambda mc, st: mc.update(rope_base=5), "model_config.rope_base"),
-    (lambda mc, st: mc.update(latent_feedback_mode="gated"), "latent_feedback_mode"),
-    (lambda mc, st: mc.update(window_pattern="SXL"), "window_pattern"),
-    (lambda mc, st: mc.update(n_embd=16, n_head=2), "n_embd"),
-    (lambda mc, st: st.pop("transformer.h.1.attn.c_k.weight"), "transformer.h.1.attn.c_k.weight"),
-    (lambda mc, st: st.update({"transformer.h.0.attn.bias": torch.zeros(3)}), "transformer.h.0.attn.bias"),
-    (lambda mc, st: st.update({"lm_head.weight": st["transformer.wte.weight"] + 1}), "lm_head.weight"),
-])
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda mc, st: mc.update(rope_base=5), "model_config.rope_base"),
+        (lambda mc, st: mc.update(latent_feedback_mode="gated"), "latent_feedback_mode"),
+        (lambda mc, st: mc.update(window_pattern="SXL"), "window_pattern"),
+        (lambda mc, st: mc.update(n_embd=16, n_head=2), "n_embd"),
+        (lambda mc, st: st.pop("transformer.h.1.attn.c_k.weight"), "transformer.h.1.attn.c_k.weight"),
+        (lambda mc, st: st.update({"transformer.h.0.attn.bias": torch.zeros(3)}), "transformer.h.0.attn.bias"),
+        (lambda mc, st: st.update({"lm_head.weight": st["transformer.wte.weight"] + 1}), "lm_head.weight"),
+    ],
+)
 def test_refusals_name_the_field(tmp_path, edit, match):
     mc, state = random_state(0, weight_tying=True)
     edit(mc, state)
@@ -264,6 +311,7 @@ def test_refusals_name_the_field(tmp_path, edit, match):
 
 def test_weights_only_load(tmp_path):
     """A pickle that would run code is refused (torch.load weights_only=True), in one line."""
+
     class Evil:
         def __reduce__(self):
             return (print, ("ran",))

@@ -1,5 +1,6 @@
 """Prefix reuse (fbt_probe.model.prefix): a run of positions >= start from a cached silent prefix
 equals the full run, under every mode and both hook rules, with and without edits (float64)."""
+
 import pytest
 import torch
 
@@ -8,7 +9,16 @@ from fbt_probe.model.prefix import build_prefix
 from tests.helpers import make_model, tokens
 
 T = 12
-MODES = ["standard", "recurrent:1", "recurrent:3", "full", "jacobi:1", "jacobi:2", "jacobi:3", "jacobi:40"]  # 40 > T: capped at T passes
+MODES = [
+    "standard",
+    "recurrent:1",
+    "recurrent:3",
+    "full",
+    "jacobi:1",
+    "jacobi:2",
+    "jacobi:3",
+    "jacobi:40",
+]  # 40 > T: capped at T passes
 # float64 with a window (5) shorter than T: prefix and full run differ only by rounding (~1e-16); a
 # wrong cache slot, carried state or pass index moves the logits at order 1e-2
 TOL = dict(rtol=0, atol=1e-12)
@@ -37,8 +47,17 @@ def test_every_start_equals_the_full_run(model, toks, mode, serial):
             torch.testing.assert_close(pre.run(start), full[:, start:], **TOL)
 
 
-@pytest.mark.parametrize("mode,serial", [("recurrent:3", True), ("recurrent:3", False), ("full", True),
-                                         ("jacobi:3", True), ("jacobi:3", False), ("standard", False)])
+@pytest.mark.parametrize(
+    "mode,serial",
+    [
+        ("recurrent:3", True),
+        ("recurrent:3", False),
+        ("full", True),
+        ("jacobi:3", True),
+        ("jacobi:3", False),
+        ("standard", False),
+    ],
+)
 @torch.no_grad()
 def test_an_edit_at_or_after_start_equals_the_edited_full_run(model, toks, mode, serial):
     """Serial edits ripple forward through the carried state; one-pass edits do not: either way the
@@ -111,5 +130,5 @@ def test_silent_passes_through_the_cache_run_in_chunks_with_the_same_result(mode
         torch.testing.assert_close(model(toks, mode=mode), want, **TOL)
     chunked = build_prefix(model, toks, "recurrent:1")
     for a, b in zip(chunked.caches[0].keys, pre.caches[0].keys):
-        torch.testing.assert_close(a[:, :, :T - 1], b[:, :, :T - 1], **TOL)
+        torch.testing.assert_close(a[:, :, : T - 1], b[:, :, : T - 1], **TOL)
     torch.testing.assert_close(chunked.run(), ref["recurrent:1"][:, -1:], **TOL)

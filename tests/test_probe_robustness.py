@@ -1,6 +1,7 @@
 """The robustness panel: its standardised C = 1 variant is the main sweep's probe (same folds, same
 numbers), every variant is a sklearn logistic regression on the same folds, and the control task
 sits near chance."""
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -51,9 +52,19 @@ def test_the_default_variant_is_the_main_sweep_and_each_variant_is_sklearn(store
                 sc = StandardScaler().fit(a)
                 a, b = sc.transform(a), sc.transform(b)
             ref = LogisticRegression(C=C, max_iter=1000, tol=1e-4).fit(a, y[train]).score(b, y[test])
-            got = panel[(panel["length"] == length) & (panel["standardize"] == std) & (panel["C"] == C)
-                        & (panel["fold"] == f)]["accuracy"].item()
+            got = panel[
+                (panel["length"] == length) & (panel["standardize"] == std) & (panel["C"] == C) & (panel["fold"] == f)
+            ]["accuracy"].item()
             assert abs(got - ref) < 1e-12
-    assert set(panel.columns) >= {"task", "length", "standardize", "C", "fold", "accuracy", "control_accuracy", "n_test"}
+    assert set(panel.columns) >= {
+        "task",
+        "length",
+        "standardize",
+        "C",
+        "fold",
+        "accuracy",
+        "control_accuracy",
+        "n_test",
+    }
     assert len(panel) == len(variants()) * panel.groupby(["length", "fold"]).ngroups
     assert pd.Series(panel["control_accuracy"]).between(0, 1).all()

@@ -1,4 +1,5 @@
 """Probe estimator, grouped splits, controls and the per-condition sweep (CPU / scikit-learn path)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,8 +12,18 @@ from sklearn.dummy import DummyClassifier
 from sklearn.model_selection import GroupKFold, cross_val_score
 
 from fbt_probe.errors import FbtError
-from fbt_probe.probes import (GroupLeakError, LinearProbe, ProbeConfig, ProbeDirection, check_group_disjoint,
-                              control_labels, grouped_splits, majority_baseline, probe_condition, summarize)
+from fbt_probe.probes import (
+    GroupLeakError,
+    LinearProbe,
+    ProbeConfig,
+    ProbeDirection,
+    check_group_disjoint,
+    control_labels,
+    grouped_splits,
+    majority_baseline,
+    probe_condition,
+    summarize,
+)
 from fbt_probe.probes.splits import TooFewGroupsError
 
 CFG = ProbeConfig(backend="sklearn", n_jobs=1)
@@ -77,8 +88,12 @@ def test_majority_baseline_matches_dummy_classifier():
     y = (rng.random(200) < 0.3).astype(int)
     groups = rng.integers(0, 40, 200).astype(str)
     splits = grouped_splits(y, groups)
-    dummy = [DummyClassifier(strategy="most_frequent").fit(np.zeros((len(tr), 1)), y[tr])
-             .score(np.zeros((len(te), 1)), y[te]) for tr, te in splits]
+    dummy = [
+        DummyClassifier(strategy="most_frequent")
+        .fit(np.zeros((len(tr), 1)), y[tr])
+        .score(np.zeros((len(te), 1)), y[te])
+        for tr, te in splits
+    ]
     np.testing.assert_allclose(majority_baseline(y, splits), dummy)
 
 
@@ -191,10 +206,28 @@ def test_sweep_recovers_planted_direction_and_chance_on_shuffled_labels():
 
 def test_sweep_table_is_tidy():
     X, y, groups = planted(n_pairs=40)
-    table, _ = probe_condition(X, y, groups, CFG, depths=[0, 3, 5], hooks=["a", "b", "c"],
-                               key={"model": "m", "task": "t", "mode": "standard", "length": 8})
-    assert list(table.columns) == ["model", "task", "mode", "length", "depth", "hook", "fold", "metric", "value",
-                                   "n_train", "n_test"]
+    table, _ = probe_condition(
+        X,
+        y,
+        groups,
+        CFG,
+        depths=[0, 3, 5],
+        hooks=["a", "b", "c"],
+        key={"model": "m", "task": "t", "mode": "standard", "length": 8},
+    )
+    assert list(table.columns) == [
+        "model",
+        "task",
+        "mode",
+        "length",
+        "depth",
+        "hook",
+        "fold",
+        "metric",
+        "value",
+        "n_train",
+        "n_test",
+    ]
     assert len(table) == 3 * 4 * 5  # depths x folds x metrics
     assert not table.duplicated(["depth", "fold", "metric"]).any()
     assert set(table.metric) == {"accuracy", "train_accuracy", "majority_baseline", "control_accuracy", "selectivity"}

@@ -1,4 +1,5 @@
 """`fbt-probe extract | probe | figures` end to end on a tiny checkpoint, and their bad-input exits."""
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,11 @@ def test_extract_probe_figures_end_to_end(study, tmp_path):
     assert (figs / "fig7a.png").is_file() and (figs / "fig7a.svg").is_file()
 
     # nothing is overwritten without --force
-    for args in (("extract", study / "ckpt", study / "data", "--out", acts), ("probe", acts, "--out", results),
-                 ("figures", "fig7a", results, "--out", figs)):
+    for args in (
+        ("extract", study / "ckpt", study / "data", "--out", acts),
+        ("probe", acts, "--out", results),
+        ("figures", "fig7a", results, "--out", figs),
+    ):
         r = run(*args)
         assert r.exit_code == 2 and "--force" in r.output, r.output
     assert run("figures", "fig7a", results, "--out", figs, "--force").exit_code == 0
@@ -64,14 +68,20 @@ def test_extract_probe_figures_end_to_end(study, tmp_path):
     assert r.exit_code == 2 and "fewer than the 4 folds" in r.output
 
 
-@pytest.mark.parametrize("args, message", [
-    (("extract", "{ckpt}", "{data}", "--modes", "standard,recurrent:x", "--out", "{tmp}/a"), "mode 'recurrent:x'"),
-    (("extract", "{ckpt}", "{data}", "--modes", "recurrent:40", "--out", "{tmp}/a"), "k must be < the sequence length"),
-    (("extract", "{tmp}/nowhere", "{data}", "--out", "{tmp}/a"), "neither a preset"),
-    (("probe", "{tmp}", "--out", "{tmp}/r"), "no manifest.json"),
-    (("figures", "fig99", "{tmp}", "--out", "{tmp}/f"), "unknown (available: "),
-    (("figures", "fig7a", "{tmp}", "--out", "{tmp}/f"), "no probes.parquet"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("extract", "{ckpt}", "{data}", "--modes", "standard,recurrent:x", "--out", "{tmp}/a"), "mode 'recurrent:x'"),
+        (
+            ("extract", "{ckpt}", "{data}", "--modes", "recurrent:40", "--out", "{tmp}/a"),
+            "k must be < the sequence length",
+        ),
+        (("extract", "{tmp}/nowhere", "{data}", "--out", "{tmp}/a"), "neither a preset"),
+        (("probe", "{tmp}", "--out", "{tmp}/r"), "no manifest.json"),
+        (("figures", "fig99", "{tmp}", "--out", "{tmp}/f"), "unknown (available: "),
+        (("figures", "fig7a", "{tmp}", "--out", "{tmp}/f"), "no probes.parquet"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(study, tmp_path, args, message):
     fill = {"ckpt": study / "ckpt", "data": study / "data", "tmp": tmp_path}
     r = run(*(a.format(**fill) for a in args))
@@ -106,7 +116,8 @@ def test_extract_takes_a_hidden_decoding_checkpoint(study, tmp_path):
     toks = torch.tensor(np.stack(data.loc[rows.row, "token_ids"].to_list()), dtype=torch.long)
     _, cache = load_hidden(tmp_path / "hd").run_with_cache(toks)
     for k in (1, 2):
-        np.testing.assert_allclose(X[stream_depth(k, L, L)], cache[depth_name(L)][:, stream_position(-1, k, 2)].numpy(),
-                                   rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(
+            X[stream_depth(k, L, L)], cache[depth_name(L)][:, stream_position(-1, k, 2)].numpy(), rtol=1e-6, atol=1e-6
+        )
     r = run("probe", tmp_path / "acts", "--out", tmp_path / "res", "--folds", "2", "--no-control")
     assert r.exit_code == 0, r.output

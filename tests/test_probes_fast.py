@@ -1,4 +1,5 @@
 """Both fitting paths against plain scikit-learn `LogisticRegression` on the same splits."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +9,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from fbt_probe.probes import ProbeConfig, control_labels, grouped_splits, probe_condition
-from fbt_probe.probes import fit_cpu
+from fbt_probe.probes import ProbeConfig, control_labels, fit_cpu, grouped_splits, probe_condition
 from fbt_probe.probes.fit_cpu import fit_cells_sklearn
 from fbt_probe.probes.fit_torch import fit_cells_torch
 
@@ -62,11 +62,14 @@ def test_batched_torch_path_agrees_with_sklearn_on_every_cell(problem, dtype):
 
 def test_batched_torch_path_solves_the_same_problem(problem):
     X, labels, splits, _ = problem
-    fits = fit_cells_torch(X, labels, splits, tol=1e-9, max_iter=5000, device="cpu", dtype=torch.float64,
-                           return_params=True)
+    fits = fit_cells_torch(
+        X, labels, splits, tol=1e-9, max_iter=5000, device="cpu", dtype=torch.float64, return_params=True
+    )
     assert fits["converged"].all()
     tr, _ = splits[2]
-    ref = make_pipeline(StandardScaler(), LogisticRegression(tol=1e-9, max_iter=5000)).fit(X[3][tr].astype(np.float64), labels[0][tr])
+    ref = make_pipeline(StandardScaler(), LogisticRegression(tol=1e-9, max_iter=5000)).fit(
+        X[3][tr].astype(np.float64), labels[0][tr]
+    )
     np.testing.assert_allclose(fits["weights"][3, 0, 2], ref[-1].coef_[0], atol=1e-5)
     np.testing.assert_allclose(fits["bias"][3, 0, 2], ref[-1].intercept_[0], atol=1e-5)
     np.testing.assert_allclose(fits["mean"][3, 2], ref[0].mean_, rtol=1e-6)
@@ -84,8 +87,10 @@ def test_cpu_path_agrees_with_sklearn_inline_and_over_workers(problem, monkeypat
 def test_sweep_backends_give_the_same_table(problem):
     X, labels, splits, _ = problem
     y, groups = labels[0], np.repeat(np.arange(X.shape[1] // 3), 3).astype(str)
-    tables = [probe_condition(X, y, groups, ProbeConfig(backend=b, n_jobs=1, tol=TOL, max_iter=3000, device="cpu"))[0]
-              for b in ("sklearn", "torch")]
+    tables = [
+        probe_condition(X, y, groups, ProbeConfig(backend=b, n_jobs=1, tol=TOL, max_iter=3000, device="cpu"))[0]
+        for b in ("sklearn", "torch")
+    ]
     diff = np.abs(tables[0].value.to_numpy() - tables[1].value.to_numpy())
     assert diff.max() <= 0.01 + 1e-12
 

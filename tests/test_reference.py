@@ -1,5 +1,6 @@
 """Reference models shipped inside the package: loadable by name, verified by hash, and their held-out
 accuracy on the check slice recomputed from the weights (an independent oracle for the recorded numbers)."""
+
 import json
 
 import pytest
@@ -14,8 +15,14 @@ from fbt_probe.model.checkpoint import checkpoint_hash
 from fbt_probe.training import TrainConfig, run_training
 
 runner = CliRunner()
-SMALL = dict(tokens_per_step=300, warmup=1, eval_every=10_000, save_every=1, tasks=("completion", "memory"),
-             knobs={"completion": [0], "memory": [8]})
+SMALL = dict(
+    tokens_per_step=300,
+    warmup=1,
+    eval_every=10_000,
+    save_every=1,
+    tasks=("completion", "memory"),
+    knobs={"completion": [0], "memory": [8]},
+)
 
 
 def test_the_package_ships_the_feedback_model_its_baseline_and_a_hidden_decoding_model():
@@ -27,8 +34,8 @@ def test_the_package_ships_the_feedback_model_its_baseline_and_a_hidden_decoding
 
 @pytest.mark.parametrize("name", reference.names())
 def test_a_shipped_model_loads_by_name_with_its_recorded_hash_and_check_accuracy(name):
-    from fbt_probe.training.pack import check_slice
     from fbt_probe.tasks import load_tokenizer
+    from fbt_probe.training.pack import check_slice
 
     rec = reference.record(name)
     folder = reference.folder(f"ref:{name}")
@@ -122,11 +129,20 @@ def test_pack_re_evaluates_a_shipped_model_by_name_and_keeps_its_training_record
     got = reference.record("toy", root)
     assert got["accuracy"] == want["accuracy"] and got["check"] == want["check"]
     assert (got["command"], got["cpu"]) == (rec["command"], rec["cpu"])
-    assert (got["steps"], got["train_seconds"], got["checkpoint_sha256"]) == (want["steps"], want["train_seconds"], want["checkpoint_sha256"])
+    assert (got["steps"], got["train_seconds"], got["checkpoint_sha256"]) == (
+        want["steps"],
+        want["train_seconds"],
+        want["checkpoint_sha256"],
+    )
     assert got["sha256"]["model.safetensors"] == want["sha256"]["model.safetensors"]
     assert "the-line-that-trained-it" in (root / "toy" / "card.md").read_text()
-    assert got["timing"] == rec["timing"] and "Training time alone: 1,234 s, measured alone" in (root / "toy" / "card.md").read_text()
-    res = runner.invoke(app, ["model", "pack", "ref:toy", "--name", "toy", "--eval-pairs", "2", "--force", "--timing", "5 s"])
+    assert (
+        got["timing"] == rec["timing"]
+        and "Training time alone: 1,234 s, measured alone" in (root / "toy" / "card.md").read_text()
+    )
+    res = runner.invoke(
+        app, ["model", "pack", "ref:toy", "--name", "toy", "--eval-pairs", "2", "--force", "--timing", "5 s"]
+    )
     assert res.exit_code == 0 and reference.record("toy", root)["timing"] == "5 s", res.output
     assert reference.folder("ref:toy", root) == root / "toy"  # every hash verifies after the rewrite
 
@@ -140,12 +156,18 @@ def test_eval_and_diagnose_contraction_take_a_shipped_model_by_name(tmp_path):
     from fbt_probe.tasks import load_tokenizer
     from fbt_probe.training.evaluate import contraction, validation_batch
 
-    r = runner.invoke(app, ["diagnose", "contraction", "ref:tiny-feedback", "--passes", "3", "--out", str(tmp_path / "c")])
+    r = runner.invoke(
+        app, ["diagnose", "contraction", "ref:tiny-feedback", "--passes", "3", "--out", str(tmp_path / "c")]
+    )
     assert r.exit_code == 0, r.output
     got = pd.read_parquet(tmp_path / "c" / "contraction.parquet")
     folder = reference.folder("ref:tiny-feedback")
     cfg = TrainConfig.from_dict(json.loads((folder / "config.json").read_text())["train"])
-    want = contraction(fp.load_model("ref:tiny-feedback"), *validation_batch(cfg, load_tokenizer(folder / "tokenizer.json")), n_passes=3)
+    want = contraction(
+        fp.load_model("ref:tiny-feedback"),
+        *validation_batch(cfg, load_tokenizer(folder / "tokenizer.json")),
+        n_passes=3,
+    )
     assert got["run"].tolist() == ["ref:tiny-feedback"] * 3
     pd.testing.assert_frame_equal(got[want.columns], want)
     prov = json.loads((tmp_path / "c" / "contraction.json").read_text())
@@ -167,11 +189,15 @@ def test_the_card_names_the_lr_schedule_the_run_had():
     from fbt_probe.training.loop import lr_at
     from fbt_probe.training.pack import _lr_schedule
 
-    for cfg, words in [(TrainConfig(steps=50, warmup=5, min_lr_ratio=1.0), "constant after a 5-step warm-up"),
-                       (TrainConfig(steps=50, warmup=5, min_lr_ratio=0.1, decay_steps=10),
-                        "constant after a 5-step warm-up, then a cosine to 0.1x over the last 10 steps"),
-                       (TrainConfig(steps=50, warmup=5, min_lr_ratio=0.1, decay_steps=45), "a cosine to 0.1x after a 5-step warm-up"),
-                       (TrainConfig(steps=50, warmup=5, min_lr_ratio=0.1), "a cosine to 0.1x after a 5-step warm-up")]:
+    for cfg, words in [
+        (TrainConfig(steps=50, warmup=5, min_lr_ratio=1.0), "constant after a 5-step warm-up"),
+        (
+            TrainConfig(steps=50, warmup=5, min_lr_ratio=0.1, decay_steps=10),
+            "constant after a 5-step warm-up, then a cosine to 0.1x over the last 10 steps",
+        ),
+        (TrainConfig(steps=50, warmup=5, min_lr_ratio=0.1, decay_steps=45), "a cosine to 0.1x after a 5-step warm-up"),
+        (TrainConfig(steps=50, warmup=5, min_lr_ratio=0.1), "a cosine to 0.1x after a 5-step warm-up"),
+    ]:
         assert _lr_schedule(cfg.to_dict()) == words
         # the words against the schedule itself: still at the peak at step 30 exactly when they say "constant"
         assert (lr_at(cfg, 30) == cfg.lr) == words.startswith("constant")

@@ -1,5 +1,6 @@
 """Every interval the committed report quotes contains its estimate, and no pooled accuracy has a
 zero-width interval (the report is regenerated from the study; this reads what is committed)."""
+
 import re
 from pathlib import Path
 
@@ -21,7 +22,7 @@ def intervals(text: str) -> list[tuple[float, float, float, int]]:
 def violations(text: str) -> list[str]:
     bad = []
     for est, lo, hi, d in intervals(text):
-        tol = 0.5 * 10 ** -d + 1e-12  # the quoted numbers are rounded to d decimals
+        tol = 0.5 * 10**-d + 1e-12  # the quoted numbers are rounded to d decimals
         if not lo - tol <= est <= hi + tol:
             bad.append(f"{est} [{lo}, {hi}]")
     return bad
@@ -39,8 +40,11 @@ def test_every_interval_in_the_committed_report_contains_its_estimate():
 
 
 def test_no_pooled_depth0_accuracy_has_a_zero_width_interval():
-    rows = [line for line in REPORT.read_text().splitlines() if line.startswith("| feedback |") or
-            line.startswith("| baseline |")]
+    rows = [
+        line
+        for line in REPORT.read_text().splitlines()
+        if line.startswith("| feedback |") or line.startswith("| baseline |")
+    ]
     depth0 = [r for r in rows if "(chance)" in r or "0.996" in r or "1.000 |" in r]
     assert depth0, "the depth-0 table is in the report"
     for r in depth0:

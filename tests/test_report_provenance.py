@@ -1,5 +1,6 @@
 """The report's "What was run": a short table of the provenance record's key facts, then the whole
 record as JSON inside a collapsed <details> element (HTML) / block (Markdown)."""
+
 from __future__ import annotations
 
 import json
@@ -12,12 +13,16 @@ from fbt_probe.reproduce import report
 from fbt_probe.reproduce.config import ReproConfig
 
 RECORD = {
-    "git_commit": "0123abcd" * 5 + "-dirty", "package": {"version": "9.8.7", "kind": "editable", "url": "file:///src"},
-    "working_directory_commit": "feedface" * 5, "machine": "x86_64",
+    "git_commit": "0123abcd" * 5 + "-dirty",
+    "package": {"version": "9.8.7", "kind": "editable", "url": "file:///src"},
+    "working_directory_commit": "feedface" * 5,
+    "machine": "x86_64",
     "versions": {"python": "3.11.7", "fbt-probe": "9.8.7", "torch": "2.99.1+cpu", "transformer-lens": "4.56.7"},
     "config": {"preset": "tiny", "seed": 11, "demo": True, "model": None, "groups": {"completion": 40}},
-    "seed": 11, "models": {"feedback": "ref:tiny-feedback (preset tiny)", "baseline": "ref:tiny-baseline (preset tiny)"},
-    "checkpoints": {"feedback": "aa" * 32, "baseline": "bb" * 32}, "stage_seconds": {"data": 1.5},
+    "seed": 11,
+    "models": {"feedback": "ref:tiny-feedback (preset tiny)", "baseline": "ref:tiny-baseline (preset tiny)"},
+    "checkpoints": {"feedback": "aa" * 32, "baseline": "bb" * 32},
+    "stage_seconds": {"data": 1.5},
 }
 
 
@@ -74,10 +79,15 @@ def written(tmp_path, monkeypatch):
 
 
 EXPECTED = [
-    ("model (feedback)", "ref:tiny-feedback (preset tiny)"), ("checkpoint sha256 (feedback)", "aa" * 32),
-    ("model (baseline)", "ref:tiny-baseline (preset tiny)"), ("checkpoint sha256 (baseline)", "bb" * 32),
-    ("fbt-probe commit", RECORD["git_commit"]), ("fbt-probe version", "9.8.7 (editable)"),
-    ("working-directory commit", "feedface" * 5), ("torch", "2.99.1+cpu"), ("transformer-lens", "4.56.7"),
+    ("model (feedback)", "ref:tiny-feedback (preset tiny)"),
+    ("checkpoint sha256 (feedback)", "aa" * 32),
+    ("model (baseline)", "ref:tiny-baseline (preset tiny)"),
+    ("checkpoint sha256 (baseline)", "bb" * 32),
+    ("fbt-probe commit", RECORD["git_commit"]),
+    ("fbt-probe version", "9.8.7 (editable)"),
+    ("working-directory commit", "feedface" * 5),
+    ("torch", "2.99.1+cpu"),
+    ("transformer-lens", "4.56.7"),
     ("seed", "11"),
 ]
 
@@ -93,7 +103,7 @@ def test_the_html_report_shows_the_record_as_a_table_and_the_json_collapsed(writ
     assert rows["config"].startswith("preset=tiny, seed=11, demo=True") and "groups" not in rows["config"]
     assert len(parsed.details) == 1
     inside = parsed.details[0]
-    assert json.loads(inside[inside.index("{"):inside.rindex("}") + 1]) == RECORD  # the whole record, in the details
+    assert json.loads(inside[inside.index("{") : inside.rindex("}") + 1]) == RECORD  # the whole record, in the details
     assert "<table>" in section.split("<details>")[0]  # the table comes first, outside the collapsed block
     assert "&lt;details&gt;" not in page  # rendered, not shown as text
 
@@ -103,8 +113,8 @@ def test_the_markdown_report_has_the_same_table_and_a_details_block(written):
     section = md.split("## What was run")[1]
     for what, value in EXPECTED:
         assert f"| {what} | {value} |" in section
-    block = section[section.index("<details>"):section.index("</details>")]
-    assert "```json" in block and json.loads(block[block.index("{"):block.rindex("}") + 1]) == RECORD
+    block = section[section.index("<details>") : section.index("</details>")]
+    assert "```json" in block and json.loads(block[block.index("{") : block.rindex("}") + 1]) == RECORD
     assert section.index("| fbt-probe commit |") < section.index("<details>")
 
 
@@ -122,7 +132,10 @@ def test_the_study_records_which_model_each_checkpoint_is(tmp_path):
 
     cfg = ReproConfig.demo_config(preset="tiny", shipped=True)
     rec = report._provenance(cfg, tmp_path, {"data": 2.0})
-    assert rec["models"] == {"feedback": "ref:tiny-feedback (preset tiny)", "baseline": "ref:tiny-baseline (preset tiny)"}
+    assert rec["models"] == {
+        "feedback": "ref:tiny-feedback (preset tiny)",
+        "baseline": "ref:tiny-baseline (preset tiny)",
+    }
     rows = dict(report.provenance_rows(rec))
     assert rows["checkpoint sha256 (baseline)"] == checkpoint_hash(model_path(cfg, tmp_path, "baseline"))
     assert rows["fbt-probe commit"] == rec["git_commit"] and rows["seed"] == str(cfg.seed)

@@ -1,4 +1,5 @@
 """`fbt-probe reproduce`: stage skipping, errors, and (slow) the quick study end to end."""
+
 import json
 import re
 
@@ -19,6 +20,7 @@ def test_stage_runner_skips_up_to_date_stages_and_redoes_forced_ones(tmp_path):
         def fn():
             calls.append(name)
             (tmp_path / name).write_text(value)
+
         return Stage(name, {"value": value}, [tmp_path / name], fn)
 
     log = []
@@ -32,11 +34,15 @@ def test_stage_runner_skips_up_to_date_stages_and_redoes_forced_ones(tmp_path):
     assert calls == ["a", "b"]  # both up to date
     r3 = Runner(tmp_path, echo=log.append)
     r3.run(make("a", "2"))  # changed input: a reruns, and b (whose key includes a's) reruns too
-    r3.run(Stage("b", {}, [tmp_path / "b"], lambda: (calls.append("b3"), (tmp_path / "b").write_text("y")), after=["a"]))
+    r3.run(
+        Stage("b", {}, [tmp_path / "b"], lambda: (calls.append("b3"), (tmp_path / "b").write_text("y")), after=["a"])
+    )
     assert calls == ["a", "b", "a", "b3"]
     r4 = Runner(tmp_path, force={"a"}, echo=log.append)
     r4.run(make("a", "2"))
-    r4.run(Stage("b", {}, [tmp_path / "b"], lambda: (calls.append("b4"), (tmp_path / "b").write_text("z")), after=["a"]))
+    r4.run(
+        Stage("b", {}, [tmp_path / "b"], lambda: (calls.append("b4"), (tmp_path / "b").write_text("z")), after=["a"])
+    )
     assert calls[-2:] == ["a", "b4"]  # a forced stage also invalidates what reads it
 
 
@@ -44,7 +50,11 @@ def test_the_time_table_lists_each_stage_run_or_skipped_and_sums_those_run():
     text = time_table({"data": 0.4, "train": 61.25, "figures": 12.0}, {"data": False, "train": True, "figures": True})
     lines = text.splitlines()
     assert lines[0].split() == ["stage", "seconds"]
-    assert [ln.split() for ln in lines[1:4]] == [["data", "skip", "0.4"], ["train", "run", "61.2"], ["figures", "run", "12.0"]]
+    assert [ln.split() for ln in lines[1:4]] == [
+        ["data", "skip", "0.4"],
+        ["train", "run", "61.2"],
+        ["figures", "run", "12.0"],
+    ]
     assert lines[4].split() == ["sum", "run", "here", "73.2"]  # the skipped stage's recorded 0.4 s is not counted
 
 
@@ -59,13 +69,16 @@ def test_a_stale_trained_model_is_kept_unless_forced(tmp_path):
         def fn():
             model.mkdir(parents=True, exist_ok=True)
             (model / "log").open("a").write(tag)
+
         return fn
 
     Runner(tmp_path, echo=lambda _: None).run(Stage("train-m", {"steps": 10}, [model], train("a"), resumable=True))
     with pytest.raises(FbtError, match="pass --force train-m"):
         Runner(tmp_path, echo=lambda _: None).run(Stage("train-m", {"steps": 20}, [model], train("b"), resumable=True))
     assert (model / "log").read_text() == "a"  # untouched
-    Runner(tmp_path, force={"train-m"}, echo=lambda _: None).run(Stage("train-m", {"steps": 20}, [model], train("c"), resumable=True))
+    Runner(tmp_path, force={"train-m"}, echo=lambda _: None).run(
+        Stage("train-m", {"steps": 20}, [model], train("c"), resumable=True)
+    )
     assert (model / "log").read_text() == "c"  # forced: deleted, then redone
 
 
@@ -74,7 +87,9 @@ def test_cli_errors(tmp_path):
     assert res.exit_code == 2 and "--model" in res.output
     res = runner.invoke(app, ["reproduce", "--quick", "--out", str(tmp_path / "r"), "--force", "nonsense"])
     assert res.exit_code == 2 and "unknown stage" in res.output
-    res = runner.invoke(app, ["reproduce", "--preset", "paper-1b", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "r")])
+    res = runner.invoke(
+        app, ["reproduce", "--preset", "paper-1b", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "r")]
+    )
     assert res.exit_code == 2 and "not found" in res.output
     for pair in (["--quick", "--long"], ["--demo", "--quick"]):
         res = runner.invoke(app, ["reproduce", *pair, "--out", str(tmp_path / "r2")])
@@ -84,6 +99,7 @@ def test_cli_errors(tmp_path):
     assert res.exit_code == 2 and "--seeds: needs --train" in res.output and not (tmp_path / "r4").exists()
     # the default studies the shipped models: a seed or step count they were not trained with is refused
     from fbt_probe.reference import record
+
     shipped = f"trained with seed 0 and {record('tiny-feedback')['steps']} steps; pass --train"
     for args, match in ((["--seed", "5"], shipped), (["--steps", "10"], shipped)):
         res = runner.invoke(app, ["reproduce", *args, "--out", str(tmp_path / "r3")])
@@ -91,7 +107,9 @@ def test_cli_errors(tmp_path):
         assert not (tmp_path / "r3").exists()
     # --train with fewer steps than the recipe's warm-up: one line, nothing written
     res = runner.invoke(app, ["reproduce", "--train", "--steps", "300", "--out", str(tmp_path / "r5")])
-    assert res.exit_code == 2 and res.output.count("\n") == 1 and "induction warm-up alone takes 500 steps" in res.output, res.output
+    assert (
+        res.exit_code == 2 and res.output.count("\n") == 1 and "induction warm-up alone takes 500 steps" in res.output
+    ), res.output
     assert not (tmp_path / "r5").exists()
 
 
@@ -123,7 +141,11 @@ def test_demo_config_is_the_full_study_lighter():
     from fbt_probe.reproduce.pipeline import ReproConfig
 
     full, demo = ReproConfig(shipped=True), ReproConfig.demo_config(shipped=True)
-    assert demo.knobs == full.knobs and (demo.seed, demo.steps) == (full.seed, full.steps) and demo.models() == full.models()
+    assert (
+        demo.knobs == full.knobs
+        and (demo.seed, demo.steps) == (full.seed, full.steps)
+        and demo.models() == full.models()
+    )
     for task, modes in full.modes.items():
         assert demo.modes[task] == [m for m in modes if not (task.startswith("registers") and m == "full")]
         assert 0 < demo.groups[task] < full.groups[task]
@@ -138,8 +160,17 @@ def test_spread_over_seeds_is_the_mean_and_range():
     from fbt_probe.reproduce.seeds import spread
 
     vals = [0.91, 0.875, 0.955]
-    t = pd.DataFrame({"model": "feedback", "quantity": "answer-accuracy", "task": "completion", "mode": "standard",
-                      "value": vals, "seed": [0, 1, 2], "study": "demo"})
+    t = pd.DataFrame(
+        {
+            "model": "feedback",
+            "quantity": "answer-accuracy",
+            "task": "completion",
+            "mode": "standard",
+            "value": vals,
+            "seed": [0, 1, 2],
+            "study": "demo",
+        }
+    )
     text = spread(t, "feedback", "answer-accuracy", "completion", "standard")
     assert text == f" (seeds 0-2: mean {np.mean(vals):.2f}, range {min(vals):.2f}-{max(vals):.2f})"
     assert spread(t, "baseline", "answer-accuracy", "completion", "standard") == ""  # not in the table
@@ -152,7 +183,12 @@ def _depth0_numbers(report: str) -> list[float]:
     return [float(x) for x in re.findall(r"\| (\d\.\d{3}) \[", section)]
 
 
-QUICK = ["reproduce", "--quick", "--steps", "8"]  # the pipeline check, on models trained 8 steps (the quick study's are 60)
+QUICK = [
+    "reproduce",
+    "--quick",
+    "--steps",
+    "8",
+]  # the pipeline check, on models trained 8 steps (the quick study's are 60)
 
 
 @pytest.mark.slow
@@ -166,7 +202,11 @@ def test_quick_study_end_to_end(tmp_path):
     report = (out / "report.md").read_text()
     html = (out / "report.html").read_text()
     assert "data:image/png;base64," in html and "fig7a-feedback" in html
-    assert "## Attribution patching, DAS and the lens" in report and "atp-parity-feedback" in html and "lens-baseline" in html
+    assert (
+        "## Attribution patching, DAS and the lens" in report
+        and "atp-parity-feedback" in html
+        and "lens-baseline" in html
+    )
     nums = _depth0_numbers(report)
     assert len(nums) >= 8 and all(0.0 <= x <= 1.0 for x in nums)
     # findings first, then figures, then the tables (collapsed in the HTML)
@@ -191,24 +231,33 @@ def test_quick_study_end_to_end(tmp_path):
     # the headline table holds the findings' numbers; a seeds table beside the study (OUT/../seeds.csv,
     # what `--seeds N` writes) redoes only the report, which then quotes the mean and range over seeds
     head = pd.read_csv(out / "headline.csv")
-    row = head[(head["model"] == "feedback") & (head["quantity"] == "answer-accuracy") & (head["task"] == "completion")
-               & (head["mode"] == "standard")]
+    row = head[
+        (head["model"] == "feedback")
+        & (head["quantity"] == "answer-accuracy")
+        & (head["task"] == "completion")
+        & (head["mode"] == "standard")
+    ]
     assert len(row) == 1 and abs(row["value"].iloc[0] - p) < 1e-6 and set(head["study"]) == {"quick"}
     # Fig. 7b's numbers too: depth 0 on the register tasks under each probed mode, both models
     regs = head[(head["quantity"] == "depth0-decodability") & (head["task"] == "registers")]
-    assert {(m, mode) for m, mode in zip(regs["model"], regs["mode"])} == \
-        {(m, mode) for m in ("feedback", "baseline") for mode in ("standard", "recurrent:1", "full")}
+    assert {(m, mode) for m, mode in zip(regs["model"], regs["mode"])} == {
+        (m, mode) for m in ("feedback", "baseline") for mode in ("standard", "recurrent:1", "full")
+    }
     import shutil
 
     multi = tmp_path / "multi"
     shutil.copytree(out, multi / "seed-0")
-    other = head.assign(seed=1, value=head["value"] * 0.5)  # a stand-in second seed: the spread's arithmetic is the test
+    other = head.assign(
+        seed=1, value=head["value"] * 0.5
+    )  # a stand-in second seed: the spread's arithmetic is the test
     pd.concat([head, other]).to_csv(multi / "seeds.csv", index=False)
     res = runner.invoke(app, [*QUICK, "--out", str(multi / "seed-0")])
     assert res.exit_code == 0 and res.output.count("[run ]") == 1 and "[run ] report" in res.output, res.output
     seeded = (multi / "seed-0" / "report.md").read_text()
-    assert (f"completion **{p:.2f}** [{lo:.2f}, {hi:.2f}] (seeds 0-1: "
-            f"mean {(p + p * 0.5) / 2:.2f}, range {p * 0.5:.2f}-{p:.2f})") in seeded and "quick study of each" in seeded
+    assert (
+        f"completion **{p:.2f}** [{lo:.2f}, {hi:.2f}] (seeds 0-1: "
+        f"mean {(p + p * 0.5) / 2:.2f}, range {p * 0.5:.2f}-{p:.2f})"
+    ) in seeded and "quick study of each" in seeded
     assert "### Over training seeds" in seeded
 
 
@@ -223,7 +272,9 @@ def test_checkpoint_path_skips_training(tmp_path):
     save_tokenizer(tok, ckpt / "tokenizer.json")
     save_checkpoint(fp.load_model("tiny", d_vocab=tok.get_vocab_size()), ckpt)
     out = tmp_path / "repro"
-    res = runner.invoke(app, ["reproduce", "--quick", "--no-methods", "--preset", "paper-1b", "--model", str(ckpt), "--out", str(out)])
+    res = runner.invoke(
+        app, ["reproduce", "--quick", "--no-methods", "--preset", "paper-1b", "--model", str(ckpt), "--out", str(out)]
+    )
     assert res.exit_code == 0, res.output
     state = json.loads((out / "stages.json").read_text())
     assert not any(k.startswith("train") for k in state) and "probe-feedback" in state
@@ -242,20 +293,36 @@ def test_methods_run_every_task_and_report_the_papers_suffix_modes(tmp_path):
 
     cfg = ReproConfig()
     # the full study runs the causal experiments at every probe length; the demo at one per task
-    assert methods_knobs(cfg) == {"completion": [0, 8, 32], "memory": [0, 8, 32], "registers": [2, 4, 8],
-                                  "registers-count": [1]}
-    assert methods_knobs(ReproConfig.demo_config()) == {"completion": [8], "memory": [8], "registers": [2],
-                                                        "registers-count": [1]}
+    assert methods_knobs(cfg) == {
+        "completion": [0, 8, 32],
+        "memory": [0, 8, 32],
+        "registers": [2, 4, 8],
+        "registers-count": [1],
+    }
+    assert methods_knobs(ReproConfig.demo_config()) == {
+        "completion": [8],
+        "memory": [8],
+        "registers": [2],
+        "registers-count": [1],
+    }
     assert methods_knobs(ReproConfig.quick_config())["registers-count"] == [2]
     for task, suffix in (("memory", None), ("registers", {"1": 3, "2": 5, "4": 9})):
         folder = tmp_path / "results" / "lens" / "feedback" / task
         folder.mkdir(parents=True)
-        modes = ["standard", "recurrent:1", "full"] if suffix is None else ["standard", "recurrent:3", "full"]  # as the stage runs them
+        modes = (
+            ["standard", "recurrent:1", "full"] if suffix is None else ["standard", "recurrent:3", "full"]
+        )  # as the stage runs them
         pd.DataFrame({"task": task, "mode": modes}).to_parquet(folder / "lens_summary.parquet")
-        write_json(tmp_path / "data" / f"{task}.manifest.json", {"task": task, **({"suffix_tokens": suffix} if suffix else {})})
+        write_json(
+            tmp_path / "data" / f"{task}.manifest.json", {"task": task, **({"suffix_tokens": suffix} if suffix else {})}
+        )
     lens = tables(tmp_path, "feedback")["lens"].set_index("task")["mode"]
     assert list(lens["memory"]) == ["standard", "recurrent:1", "full"]  # built-in tokenizer: identity
-    assert list(lens["registers"]) == ["standard", "recurrent:1", "full"]  # recurrent:3 = the paper's 1-token suffix here
+    assert list(lens["registers"]) == [
+        "standard",
+        "recurrent:1",
+        "full",
+    ]  # recurrent:3 = the paper's 1-token suffix here
 
 
 def test_methods_pairs_are_spread_over_groups():
@@ -290,9 +357,13 @@ def test_the_demo_extracts_64_rows_a_forward_and_the_full_studys_extract_key_is_
 def test_report_markdown_is_rendered_not_escaped():
     from fbt_probe.reproduce.report import _inline, _md_to_html
 
-    out = _md_to_html("A **bold** note on `recurrent:1`.\n\n| model | mode |\n|---|---|\n| **feedback** | `full` <b> |\n")
+    out = _md_to_html(
+        "A **bold** note on `recurrent:1`.\n\n| model | mode |\n|---|---|\n| **feedback** | `full` <b> |\n"
+    )
     assert "<strong>bold</strong>" in out and "<code>recurrent:1</code>" in out
     assert "<td><strong>feedback</strong></td>" in out and "<code>full</code> &lt;b&gt;" in out  # raw HTML stays text
     assert "**" not in out and "`" not in out
-    assert _inline("completion **1.00** [0.93, 1.00] under `standard`") == \
-        "completion <strong>1.00</strong> [0.93, 1.00] under <code>standard</code>"
+    assert (
+        _inline("completion **1.00** [0.93, 1.00] under `standard`")
+        == "completion <strong>1.00</strong> [0.93, 1.00] under <code>standard</code>"
+    )

@@ -2,6 +2,7 @@
 after the stages it reads, outputs and records are those of the serial runner, a failure in a
 worker reaches the caller with its message and puts the stage's old outputs back, and an
 interruption stops the workers and puts back the outputs of every stage that was running."""
+
 import json
 import os
 import time
@@ -42,10 +43,12 @@ def sleep_then_write(path: str) -> None:
 
 def stages(out: Path, b_fn=None) -> list[Stage]:
     a, b, c, d = (str(out / n) for n in "abcd")
-    return [Stage("a", {"v": 1}, [Path(a)], partial(write, a, "a")),
-            Stage("b", {"v": 1}, [Path(b)], b_fn or partial(append, a, b, "b"), after=["a"]),
-            Stage("c", {"v": 1}, [Path(c)], partial(write, c, "c")),
-            Stage("d", {"v": 1}, [Path(d)], partial(append, b, d, "d"), after=["b", "c"])]
+    return [
+        Stage("a", {"v": 1}, [Path(a)], partial(write, a, "a")),
+        Stage("b", {"v": 1}, [Path(b)], b_fn or partial(append, a, b, "b"), after=["a"]),
+        Stage("c", {"v": 1}, [Path(c)], partial(write, c, "c")),
+        Stage("d", {"v": 1}, [Path(d)], partial(append, b, d, "d"), after=["b", "c"]),
+    ]
 
 
 def quiet(_):
@@ -100,11 +103,15 @@ def test_workers_run_with_their_share_of_the_threads_and_the_parent_keeps_its_en
 
 def test_an_interruption_stops_the_workers_and_puts_back_what_was_running(tmp_path):
     out = tmp_path / "s"
-    first = [Stage("slow", {"v": 1}, [out / "slow"], partial(write, str(out / "slow"), "old")),
-             Stage("fast", {"v": 1}, [out / "fast"], partial(write, str(out / "fast"), "old"))]
+    first = [
+        Stage("slow", {"v": 1}, [out / "slow"], partial(write, str(out / "slow"), "old")),
+        Stage("fast", {"v": 1}, [out / "fast"], partial(write, str(out / "fast"), "old")),
+    ]
     Runner(out, echo=quiet).run_all(first, jobs=2)
-    second = [Stage("slow", {"v": 2}, [out / "slow"], partial(sleep_then_write, str(out / "slow"))),
-              Stage("fast", {"v": 2}, [out / "fast"], partial(write, str(out / "fast"), "new"))]
+    second = [
+        Stage("slow", {"v": 2}, [out / "slow"], partial(sleep_then_write, str(out / "slow"))),
+        Stage("fast", {"v": 2}, [out / "fast"], partial(write, str(out / "fast"), "new")),
+    ]
 
     def interrupt_after_fast(line):
         if line.startswith("[done] fast"):

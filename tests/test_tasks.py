@@ -1,4 +1,5 @@
 """Generators, label checker and spec validation of the synthetic probe tasks (the paper's appendix F)."""
+
 from __future__ import annotations
 
 import json
@@ -41,7 +42,9 @@ def test_paper_examples():
     assert interpret(spec, f"required = 4\ncompleted = 9\nscratch = 7\n{tail}") == 0  # more
     assert interpret(spec, f"required = 4\ncompleted = 4\nscratch = 7\n{tail}") == 1  # done
     mem = load_spec("memory")
-    body = "scratch = 0\nscratch ^= 0\nscratch ^= 1\nscratch ^= 1\nscratch ^= 0\nscratch ^= 1\n" + tail.replace("Status:", "# final state:")
+    body = "scratch = 0\nscratch ^= 0\nscratch ^= 1\nscratch ^= 1\nscratch ^= 0\nscratch ^= 1\n" + tail.replace(
+        "Status:", "# final state:"
+    )
     assert [interpret(mem, f"state = {b}\n{body}") for b in (0, 1)] == [0, 1]
     reg = load_spec("registers")
     hist = "r4 = 0\nr4 = 1\nr0 = 1\nr7 = 0\nr7 = 1\nr1 = 0\nscratch = 7\n" + "\n".join(["scratch += 0"] * 7)
@@ -49,13 +52,16 @@ def test_paper_examples():
     assert interpret(reg, "# # #\n\n" + hist + "\nquery = r7\nValue:") == 1  # padding lines are comments
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("required = 4\ncompleted 4\nStatus:", "not a statement"),
-    ("required = 4\nscratch += 1\ncompleted = 4\nStatus:", "updated before it is assigned"),
-    ("required = 4\ncompleted = 4\nStatus", "query ending in ':'"),
-    ("required = 4\nStatus:", "never assigned"),
-    ("required = 4\ncompleted = 4\n# final state:", "is not 'Status:'"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("required = 4\ncompleted 4\nStatus:", "not a statement"),
+        ("required = 4\nscratch += 1\ncompleted = 4\nStatus:", "updated before it is assigned"),
+        ("required = 4\ncompleted = 4\nStatus", "query ending in ':'"),
+        ("required = 4\nStatus:", "never assigned"),
+        ("required = 4\ncompleted = 4\n# final state:", "is not 'Status:'"),
+    ],
+)
 def test_checker_rejects_malformed_programs(text, fragment):
     with pytest.raises(FbtError, match=re.escape(fragment)):
         interpret(load_spec("completion"), text)
@@ -70,8 +76,11 @@ def test_register_checker_rejects_malformed_queries():
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(task=st.sampled_from(["completion", "memory", "registers", "registers-count"]), seed=st.integers(0, 2**31),
-       knob=st.integers(0, 40))
+@given(
+    task=st.sampled_from(["completion", "memory", "registers", "registers-count"]),
+    seed=st.integers(0, 2**31),
+    knob=st.integers(0, 40),
+)
 def test_checker_agrees_with_generator_and_oracle(task, seed, knob):
     spec = load_spec(task)
     knob = {"registers": 1 + knob % 8, "registers-count": (1, 2, 4, 8, 16)[knob % 5]}.get(task, knob)
@@ -105,7 +114,9 @@ def test_minimal_pairs_differ_where_the_paper_says(task):
         elif task == "memory":  # only the state bit
             assert diff == [2]
         else:  # the schedule and its complement: every written value and nothing else, same query
-            values = [j + 3 for j in range(0, 5 * (a.text.count("\n") - 9), 5) if ia[j] == vocab["r"]]  # r, i, =, v, newline
+            values = [
+                j + 3 for j in range(0, 5 * (a.text.count("\n") - 9), 5) if ia[j] == vocab["r"]
+            ]  # r, i, =, v, newline
             assert diff == values and len(diff) == (16 if task == "registers-count" else 8 * a.length_knob)
             assert a.text.split("\n")[-2] == b.text.split("\n")[-2]
 
@@ -114,8 +125,10 @@ def test_completion_groups_hold_all_four_assignments_and_both_labels():
     df = generate(small("completion"), groups=10, seed=1)
     for (gid, knob), g in df.groupby(["group_id", "length_knob"]):
         a, b = map(int, re.fullmatch(r"completion:p(\d+)-(\d+)", gid).groups())
-        got = sorted((int(re.search(r"required = (\d+)", t).group(1)), int(re.search(r"completed = (\d+)", t).group(1)))
-                     for t in g.text)
+        got = sorted(
+            (int(re.search(r"required = (\d+)", t).group(1)), int(re.search(r"completed = (\d+)", t).group(1)))
+            for t in g.text
+        )
         assert a < b and got == sorted([(a, a), (a, b), (b, a), (b, b)])
         assert sorted(g.label) == [0, 0, 1, 1]  # every group holds both labels, balanced
     assert df.groupby("group_id").length_knob.nunique().eq(2).all()  # each group at every length
@@ -173,9 +186,14 @@ def _digit_tokenizer():
 
     base = build_tokenizer()
     tok = Tokenizer(models.WordLevel(base.get_vocab(), unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"[ \t\r]+"), "removed"),
-                                                 pre_tokenizers.Split("\n", "isolated"), pre_tokenizers.Split(":", "isolated"),
-                                                 pre_tokenizers.Digits(individual_digits=True)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"[ \t\r]+"), "removed"),
+            pre_tokenizers.Split("\n", "isolated"),
+            pre_tokenizers.Split(":", "isolated"),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
     return tok
 
 
@@ -207,8 +225,12 @@ def test_suffix_spans_refuse_a_span_that_is_not_the_end():
 
 
 def test_default_specs_are_the_papers():
-    expected = {"completion": ((0, 8, 32, 128, 256), 80, ("more", "done")), "memory": ((0, 8, 32, 128, 256), 128, ("zero", "one")),
-                "registers": ((2, 4, 8), 128, ("zero", "one")), "registers-count": ((1, 2, 4, 8), 128, ("zero", "one"))}
+    expected = {
+        "completion": ((0, 8, 32, 128, 256), 80, ("more", "done")),
+        "memory": ((0, 8, 32, 128, 256), 128, ("zero", "one")),
+        "registers": ((2, 4, 8), 128, ("zero", "one")),
+        "registers-count": ((1, 2, 4, 8), 128, ("zero", "one")),
+    }
     for name, (grid, groups, words) in expected.items():
         spec = load_spec(name)
         assert (spec.length_grid, spec.groups, spec.label_words) == (grid, groups, words)
@@ -225,9 +247,36 @@ BAD_SPECS = [
     ({"groups": 0}, "field 'groups': expected an integer 1..100000"),
     ({"seed": "one"}, "field 'seed'"),
     ({"label_words": {"0": "done", "1": "done"}}, "field 'label_words'"),
-    ({"template": {"header": ["required = {R}", "completed = {C}", "scratch = {S}"], "distractor": "scratch += 0", "query": "Status"}}, "field 'template.query'"),
-    ({"template": {"header": ["required = {R}", "completed = {C}", "scratch = {S}"], "distractor": "completed += 1", "query": "Status:"}}, "field 'template.distractor'"),
-    ({"template": {"header": ["required = {R}", "completed = {R}", "scratch = {S}"], "distractor": "scratch += 0", "query": "Status:"}}, "placeholder {C} exactly once"),
+    (
+        {
+            "template": {
+                "header": ["required = {R}", "completed = {C}", "scratch = {S}"],
+                "distractor": "scratch += 0",
+                "query": "Status",
+            }
+        },
+        "field 'template.query'",
+    ),
+    (
+        {
+            "template": {
+                "header": ["required = {R}", "completed = {C}", "scratch = {S}"],
+                "distractor": "completed += 1",
+                "query": "Status:",
+            }
+        },
+        "field 'template.distractor'",
+    ),
+    (
+        {
+            "template": {
+                "header": ["required = {R}", "completed = {R}", "scratch = {S}"],
+                "distractor": "scratch += 0",
+                "query": "Status:",
+            }
+        },
+        "placeholder {C} exactly once",
+    ),
     ({"relation": "scratch == required"}, "field 'relation'"),
     ({"relation": "completed > required"}, "field 'relation'"),
     ({"value_range": [5, 2]}, "field 'value_range'"),
@@ -259,7 +308,10 @@ def test_bad_spec_files_and_names(tmp_path):
     with pytest.raises(FbtError, match="exactly one of 'registers'"):
         spec_from_dict({**raw, "assignments": 16}, source="r.json")
     with pytest.raises(FbtError, match=r"'length_grid\[0\]'.*register count dividing 16"):
-        spec_from_dict({k: v for k, v in {**raw, "assignments": 16, "length_grid": [3]}.items() if k != "registers"}, source="r.json")
+        spec_from_dict(
+            {k: v for k, v in {**raw, "assignments": 16, "length_grid": [3]}.items() if k != "registers"},
+            source="r.json",
+        )
     with pytest.raises(FbtError, match="field 'pad_to'"):
         spec_from_dict({**raw, "pad_to": "min"}, source="r.json")
     raw = load_spec("memory").to_dict()
@@ -304,10 +356,12 @@ def test_paper_sized_datasets():
     """The appendix-F sizes and lengths with the built-in tokenizer (paper: 1,600 / 80, 1,280 / 128,
     3,840 per condition over m, 2,048 / 128 per writes value)."""
     colon = build_tokenizer().token_to_id(":")
-    expected = {"completion": (1600, 80, {0: 14, 8: 46, 32: 142, 128: 526, 256: 1038}),
-                "memory": (1280, 128, {0: 52, 8: 84, 32: 180, 128: 564, 256: 1076}),
-                "registers": (6144, 384, {2: 119, 4: 199, 8: 359}),
-                "registers-count": (3840, 512, {1: 119, 2: 119, 4: 119, 8: 119})}
+    expected = {
+        "completion": (1600, 80, {0: 14, 8: 46, 32: 142, 128: 526, 256: 1038}),
+        "memory": (1280, 128, {0: 52, 8: 84, 32: 180, 128: 564, 256: 1076}),
+        "registers": (6144, 384, {2: 119, 4: 199, 8: 359}),
+        "registers-count": (3840, 512, {1: 119, 2: 119, 4: 119, 8: 119}),
+    }
     for name, (rows, groups, lengths) in expected.items():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

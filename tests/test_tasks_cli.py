@@ -1,4 +1,5 @@
 """`fbt-probe tasks list|generate|show|tokenizer`: outputs, --help examples, errors (exit 2)."""
+
 from __future__ import annotations
 
 import json
@@ -43,7 +44,8 @@ def test_generate_show_and_force(tmp_path, small_spec):
     assert res.output.count("-> zero (0), 116 tokens") == 2 and "state = 0" in res.output and "*|" in res.output
     res = run("generate", small_spec, "--out", out, "--groups", 4)
     assert res.exit_code == 2 and res.output.strip().splitlines() == [
-        f"error: {out / 'mem_small.parquet'}: already exists; refusing to overwrite (pass --force to replace it)"]
+        f"error: {out / 'mem_small.parquet'}: already exists; refusing to overwrite (pass --force to replace it)"
+    ]
     res = run("generate", small_spec, "--out", out, "--groups", 5, "--force")
     assert res.exit_code == 0 and len(load_dataset(out / "mem_small.parquet")) == 20
 
@@ -51,21 +53,39 @@ def test_generate_show_and_force(tmp_path, small_spec):
 def test_generate_heldout_and_tokenizer(tmp_path, small_spec):
     res = run("tokenizer", "--out", tmp_path / "tok.json")
     assert res.exit_code == 0 and "sha256" in res.output
-    res = run("generate", small_spec, "--out", tmp_path / "d", "--groups", 3, "--tokenizer", tmp_path / "tok.json",
-              "--heldout", 0.5, "--heldout-seed", 1)
+    res = run(
+        "generate",
+        small_spec,
+        "--out",
+        tmp_path / "d",
+        "--groups",
+        3,
+        "--tokenizer",
+        tmp_path / "tok.json",
+        "--heldout",
+        0.5,
+        "--heldout-seed",
+        1,
+    )
     assert res.exit_code == 0, res.output
     m = json.loads((tmp_path / "d" / "mem_small.manifest.json").read_text())
     assert m["tokenizer"]["source"].endswith("tok.json") and m["counts"]["8"]["pairs"] == 3
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["generate", "stack", "--out", "{tmp}/o"], "stack: unknown task"),
-    (["generate", "{spec}", "--out", "{tmp}/o", "--tokenizer", "{tmp}/none.json"], "none.json: tokenizer file not found"),
-    (["generate", "{spec}", "--out", "{tmp}/o", "--groups", "0"], "groups: expected an integer >= 1"),
-    (["generate", "{bad}", "--out", "{tmp}/o"], "bad.json: field 'length_grid[0]': -4 is not a distractor count"),
-    (["show", "{tmp}/missing.parquet"], "missing.parquet: dataset file not found"),
-    (["tokenizer", "--out", "{spec}"], "already exists"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["generate", "stack", "--out", "{tmp}/o"], "stack: unknown task"),
+        (
+            ["generate", "{spec}", "--out", "{tmp}/o", "--tokenizer", "{tmp}/none.json"],
+            "none.json: tokenizer file not found",
+        ),
+        (["generate", "{spec}", "--out", "{tmp}/o", "--groups", "0"], "groups: expected an integer >= 1"),
+        (["generate", "{bad}", "--out", "{tmp}/o"], "bad.json: field 'length_grid[0]': -4 is not a distractor count"),
+        (["show", "{tmp}/missing.parquet"], "missing.parquet: dataset file not found"),
+        (["tokenizer", "--out", "{spec}"], "already exists"),
+    ],
+)
 def test_errors_are_one_line_exit_2(tmp_path, small_spec, args, fragment):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**load_spec("memory").to_dict(), "length_grid": [-4]}))

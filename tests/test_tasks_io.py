@@ -1,4 +1,5 @@
 """Tokenizer, dataset files, determinism and the error paths of dataset I/O."""
+
 from __future__ import annotations
 
 import hashlib
@@ -10,8 +11,17 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from fbt_probe.errors import FbtError
 from fbt_probe.io import sha256_file
-from fbt_probe.tasks import (COLUMNS, build_tokenizer, generate, load_dataset, load_spec, load_tokenizer, save_tokenizer,
-                             tokenizer_sha256, write_dataset)
+from fbt_probe.tasks import (
+    COLUMNS,
+    build_tokenizer,
+    generate,
+    load_dataset,
+    load_spec,
+    load_tokenizer,
+    save_tokenizer,
+    tokenizer_sha256,
+    write_dataset,
+)
 from fbt_probe.tasks.tokenizer import spec_words
 
 SMALL = {"completion": [0, 8], "memory": [8, 12], "registers": [1, 2], "registers-count": [1, 4]}
@@ -29,20 +39,47 @@ def test_tokenizer_vocab():
     for name in ("completion", "memory", "registers", "registers-count"):
         assert spec_words(load_spec(name)) <= set(vocab)
     enc = tok.encode("r3 = 1\nscratch = 57\nquery = r3\nValue:", add_special_tokens=False)
-    assert enc.tokens == ["r", "3", "=", "1", "\n", "scratch", "=", "57", "\n", "query", "=", "r", "3", "\n", "Value", ":"]
-    assert tokenizer_sha256(tok) == tokenizer_sha256(build_tokenizer(["completion", "memory", "registers", "registers-count"]))
+    assert enc.tokens == [
+        "r",
+        "3",
+        "=",
+        "1",
+        "\n",
+        "scratch",
+        "=",
+        "57",
+        "\n",
+        "query",
+        "=",
+        "r",
+        "3",
+        "\n",
+        "Value",
+        ":",
+    ]
+    assert tokenizer_sha256(tok) == tokenizer_sha256(
+        build_tokenizer(["completion", "memory", "registers", "registers-count"])
+    )
 
 
 def test_tokenizer_grows_for_variant_words():
-    spec = load_spec("completion").replace(task="c2", label_words={"0": "NO", "1": "YES"},
-                                           template={"header": ["need = {R}", "got = {C}", "scratch = {S}"],
-                                                     "distractor": "scratch += 0", "query": "Status:"},
-                                           relation="got == need")
+    spec = load_spec("completion").replace(
+        task="c2",
+        label_words={"0": "NO", "1": "YES"},
+        template={
+            "header": ["need = {R}", "got = {C}", "scratch = {S}"],
+            "distractor": "scratch += 0",
+            "query": "Status:",
+        },
+        relation="got == need",
+    )
     tok = build_tokenizer([spec])
     base = build_tokenizer().get_vocab()
     vocab = tok.get_vocab()
     assert all(vocab[w] == i for w, i in base.items())  # existing ids never move
-    assert [w for w, _ in sorted(vocab.items(), key=lambda kv: kv[1])][len(base):] == sorted(["NO", "YES", "got", "need"])
+    assert [w for w, _ in sorted(vocab.items(), key=lambda kv: kv[1])][len(base) :] == sorted(
+        ["NO", "YES", "got", "need"]
+    )
 
 
 def test_tokenizer_save_load(tmp_path):
@@ -69,7 +106,9 @@ def test_dataset_roundtrip_schema_and_manifest(tmp_path):
     assert back.text.tolist() == df.text.tolist() and back.label.tolist() == df.label.tolist()
     assert [list(x) for x in back.token_ids] == df.token_ids.tolist()
     m = json.loads((tmp_path / "registers.manifest.json").read_text())
-    assert m["sha256"] == sha256_file(path) and m["rows"] == 64 and m["spec"] == spec.to_dict()  # 2 groups x 16 x 2 cells
+    assert (
+        m["sha256"] == sha256_file(path) and m["rows"] == 64 and m["spec"] == spec.to_dict()
+    )  # 2 groups x 16 x 2 cells
     assert m["counts"]["1"]["pairs"] == 16 and m["counts"]["1"]["groups"] == 2 and m["n_groups"] == 4
     assert m["knob"] == "writes_per_register" and m["suffix_tokens"] == {"1": 1, "2": 2, "4": 4}
     assert m["tokenizer"]["sha256"] == sha256_file(tmp_path / "tokenizer.json")
@@ -82,7 +121,9 @@ def test_dataset_roundtrip_schema_and_manifest(tmp_path):
 def _content_hash(df) -> str:
     h = hashlib.sha256()
     for row in df.itertuples():
-        h.update(f"{row.text}|{row.label}|{row.group_id}|{row.context_id}|{row.pair_id}|{list(row.token_ids)}\n".encode())
+        h.update(
+            f"{row.text}|{row.label}|{row.group_id}|{row.context_id}|{row.pair_id}|{list(row.token_ids)}\n".encode()
+        )
     return h.hexdigest()
 
 
@@ -99,8 +140,12 @@ def test_determinism_and_pinned_content(tmp_path):
 
 
 NAMES = ("completion", "memory", "registers", "registers-count")
-PINNED = {"completion": "04e547165619557a", "memory": "419882f332675154", "registers": "62ad7d1aae80bb56",
-          "registers-count": "f49d2855b38fd62b"}
+PINNED = {
+    "completion": "04e547165619557a",
+    "memory": "419882f332675154",
+    "registers": "62ad7d1aae80bb56",
+    "registers-count": "f49d2855b38fd62b",
+}
 
 
 def test_load_dataset_errors(tmp_path):
@@ -165,9 +210,13 @@ def test_foreign_tokenizer_must_give_a_shared_final_token(tmp_path):
 
     tok = build_tokenizer()
     colon, one = tok.token_to_id(":"), tok.token_to_id("1")
-    with pytest.raises(FbtError, match=r"registers: sample 1 \(pair 0\) ends with token '1' .* every sample of a task must end"):
+    with pytest.raises(
+        FbtError, match=r"registers: sample 1 \(pair 0\) ends with token '1' .* every sample of a task must end"
+    ):
         check_encoded(tok, "registers", [[one, colon], [colon, one]], lambda i: f"pair {i // 2}")
-    tok = _whitespace_tokenizer(["=", "0", "1", "state", "scratch", "^=", "+=", "#", "final", "zero", "one"])  # no "state:"
+    tok = _whitespace_tokenizer(
+        ["=", "0", "1", "state", "scratch", "^=", "+=", "#", "final", "zero", "one"]
+    )  # no "state:"
     with pytest.raises(FbtError, match=r"memory: sample 0 .* outside the tokenizer's vocabulary"):
         generate(small("memory"), groups=3, seed=0, tokenizer=tok)
     path = save_tokenizer(build_tokenizer(), tmp_path / "t.json")

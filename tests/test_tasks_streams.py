@@ -1,4 +1,5 @@
 """Training streams (answer after the colon) and the held-out split by context."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,7 +19,7 @@ def test_documents_put_the_answer_after_the_colon():
     for d in docs:
         ids, pos = d["token_ids"], d["answer_pos"]
         assert ids[pos - 1] == tok.token_to_id(":") and ids[pos] == tok.token_to_id(d["label_word"])
-        assert ids[pos + 1:] == [tok.token_to_id("\n")] and len(ids) == pos + 2
+        assert ids[pos + 1 :] == [tok.token_to_id("\n")] and len(ids) == pos + 2
         assert ids[:pos] == tok.encode(d["text"], add_special_tokens=False).ids
         assert interpret(specs[d["task"]], d["text"]) == d["label"]
         assert d["label_word"] == specs[d["task"]].label_words[d["label"]]
@@ -30,8 +31,15 @@ def test_documents_put_the_answer_after_the_colon():
 
 
 def test_mixture_and_knobs():
-    docs = list(training_documents(TASKS, n=400, seed=0, knobs=[0, 8],
-                                   mixture={"completion": 3, "memory": 1, "registers": 0, "registers-count": 0}))
+    docs = list(
+        training_documents(
+            TASKS,
+            n=400,
+            seed=0,
+            knobs=[0, 8],
+            mixture={"completion": 3, "memory": 1, "registers": 0, "registers-count": 0},
+        )
+    )
     n_comp = sum(d["task"] == "completion" for d in docs)
     assert {d["task"] for d in docs} == {"completion", "memory"} and 0.68 < n_comp / 400 < 0.82
     assert {d["length_knob"] for d in docs} == {0, 8}
@@ -73,14 +81,17 @@ def test_heldout_fraction_is_close_and_seeded():
     assert all(i in HeldOut(1.0, 0) for i in ids[:50]) and not any(i in HeldOut(0.0, 0) for i in ids[:50])
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"mixture": {"stack": 1}}, "mixture: unknown task"),
-    ({"mixture": {"memory": -1}}, "mixture: expected non-negative"),
-    ({"knobs": {"memory": [-1]}}, "knobs[memory]: -1 is not a distractor count"),
-    ({"knobs": {"registers": [0]}}, "knobs[registers]: 0 is not a writes per register"),
-    ({"exclude_groups": HeldOut(1.0, 0)}, "exclude_groups: no"),
-    ({"n": -1}, "n: expected an integer"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"mixture": {"stack": 1}}, "mixture: unknown task"),
+        ({"mixture": {"memory": -1}}, "mixture: expected non-negative"),
+        ({"knobs": {"memory": [-1]}}, "knobs[memory]: -1 is not a distractor count"),
+        ({"knobs": {"registers": [0]}}, "knobs[registers]: 0 is not a writes per register"),
+        ({"exclude_groups": HeldOut(1.0, 0)}, "exclude_groups: no"),
+        ({"n": -1}, "n: expected an integer"),
+    ],
+)
 def test_stream_errors(kwargs, fragment):
     with pytest.raises(FbtError) as err:
         list(training_documents(TASKS, **{"n": 5, "seed": 0, **kwargs}))

@@ -1,6 +1,7 @@
 """TransformerLens's model surface: the ActivationCache methods against direct computations in
 every mode, weights in TL's shapes, stop_at_layer, return_type, the tokenizer helpers, generate,
 and nnsight tracing the analysed pass."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -47,9 +48,12 @@ def test_decompositions_sum_to_the_residual_stream(model, mode):
     assert labels[1:] == [f"{l}_{k}_out" for l in range(L) for k in ("attn", "mlp")]
     torch.testing.assert_close(stack.sum(0), c["blocks.2.hook_resid_post"], rtol=0, atol=1e-12)
     for layer in range(L):
-        torch.testing.assert_close(c.decompose_resid(layer).sum(0), c[f"blocks.{layer}.hook_resid_pre"], rtol=0, atol=1e-12)
-        torch.testing.assert_close(c.decompose_resid(layer, mlp_input=True).sum(0), c[f"blocks.{layer}.hook_resid_mid"],
-                                   rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            c.decompose_resid(layer).sum(0), c[f"blocks.{layer}.hook_resid_pre"], rtol=0, atol=1e-12
+        )
+        torch.testing.assert_close(
+            c.decompose_resid(layer, mlp_input=True).sum(0), c[f"blocks.{layer}.hook_resid_mid"], rtol=0, atol=1e-12
+        )
     full, flabels = c.get_full_resid_decomposition(return_labels=True)
     assert full.shape[0] == L * 4 + L * 48 + 2 and flabels[-2:] == [labels[0], "bias"]
     torch.testing.assert_close(full.sum(0), c["blocks.2.hook_resid_post"], rtol=0, atol=1e-12)
@@ -66,7 +70,7 @@ def test_head_results_are_z_times_W_O(model, mode):
         z = c[f"blocks.{l}.attn.hook_z"]  # [b, p, h, d]
         attn = model.blocks[l].attn
         direct = attn.o_proj(z.flatten(-2)) * attn.out_scale
-        torch.testing.assert_close(heads[4 * l:4 * l + 4].sum(0), direct, rtol=0, atol=1e-12)
+        torch.testing.assert_close(heads[4 * l : 4 * l + 4].sum(0), direct, rtol=0, atol=1e-12)
         torch.testing.assert_close(direct, c[f"blocks.{l}.hook_attn_out"], rtol=0, atol=1e-12)
         h1 = z[..., 1, :] @ model.W_O[l, 1]
         torch.testing.assert_close(heads[4 * l + 1], h1, rtol=0, atol=1e-12)
@@ -77,10 +81,15 @@ def test_apply_ln_uses_the_norm_scale_of_the_stream(model, mode):
     _, c = model.run_with_cache(tokens(2, 9), mode=mode)
     eps = model.cfg.rms_eps
     stack = c.decompose_resid(1)
-    torch.testing.assert_close(c.apply_ln_to_stack(stack, 1), stack / rms(c["blocks.1.hook_resid_pre"], eps),
-                               rtol=0, atol=1e-12)
-    torch.testing.assert_close(c.apply_ln_to_stack(stack, 1, mlp_input=True),
-                               stack / rms(c["blocks.1.hook_resid_mid"], eps), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        c.apply_ln_to_stack(stack, 1), stack / rms(c["blocks.1.hook_resid_pre"], eps), rtol=0, atol=1e-12
+    )
+    torch.testing.assert_close(
+        c.apply_ln_to_stack(stack, 1, mlp_input=True),
+        stack / rms(c["blocks.1.hook_resid_mid"], eps),
+        rtol=0,
+        atol=1e-12,
+    )
     acc = c.accumulated_resid(apply_ln=True)  # the logit lens: each depth through ln_final
     w = model.ln_final.weight
     for d in range(L):
@@ -111,7 +120,9 @@ def test_weights_in_transformer_lens_shapes(model):
     # query head 3 reads KV head 3 // (4 / 2) = 1
     torch.testing.assert_close(normed @ model.W_K[1, 3], c["blocks.1.attn.hook_k"][..., 1, :], rtol=0, atol=1e-12)
     torch.testing.assert_close(normed @ model.W_V[1, 3], c["blocks.1.attn.hook_v"][..., 1, :], rtol=0, atol=1e-12)
-    torch.testing.assert_close(c["blocks.1.mlp.hook_post"] @ model.W_out[1], c["blocks.1.hook_mlp_out"], rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        c["blocks.1.mlp.hook_post"] @ model.W_out[1], c["blocks.1.hook_mlp_out"], rtol=0, atol=1e-12
+    )
     mid = c["blocks.1.hook_resid_mid"] / rms(c["blocks.1.hook_resid_mid"], cfg.rms_eps) * model.blocks[1].ln2.weight
     torch.testing.assert_close(mid @ model.W_in[1], c["blocks.1.mlp.hook_pre_linear"], rtol=0, atol=1e-12)
     torch.testing.assert_close(mid @ model.W_gate[1], c["blocks.1.mlp.hook_pre"], rtol=0, atol=1e-12)
@@ -122,9 +133,13 @@ def test_an_edited_norm_scale_changes_the_norm(model):
     clean = model(x, mode="recurrent:1")
     cached = model.run_with_cache(x, mode="recurrent:1")[0]
     torch.testing.assert_close(cached, clean, rtol=0, atol=1e-12)  # observing hooks change nothing
-    doubled = model.run_with_hooks(x, mode="recurrent:1", fwd_hooks=[("blocks.2.ln2.hook_scale", lambda s, hook: 2 * s)])
+    doubled = model.run_with_hooks(
+        x, mode="recurrent:1", fwd_hooks=[("blocks.2.ln2.hook_scale", lambda s, hook: 2 * s)]
+    )
     _, c = model.run_with_cache(x, mode="recurrent:1")
-    half = (c["blocks.2.hook_resid_mid"] / (2 * rms(c["blocks.2.hook_resid_mid"], model.cfg.rms_eps))) * model.blocks[2].ln2.weight
+    half = (c["blocks.2.hook_resid_mid"] / (2 * rms(c["blocks.2.hook_resid_mid"], model.cfg.rms_eps))) * model.blocks[
+        2
+    ].ln2.weight
     resid = c["blocks.2.hook_resid_mid"] + model.blocks[2].mlp(half, lambda hp, v: v)
     direct = model.head(model.ln_final(resid, lambda hp, v: v))
     torch.testing.assert_close(doubled, direct, rtol=0, atol=1e-10)
@@ -173,9 +188,23 @@ def test_decompositions_refuse_models_whose_stream_is_not_a_sum():
 def test_tokenizer_helpers(ref):
     text = "r 3 = 1\nquery = r 3\nValue:"
     ids = ref.to_tokens(text)
-    assert ids.shape == (1, 12) and ref.to_str_tokens(text) == ["r", "3", "=", "1", "\n", "query", "=", "r", "3",
-                                                               "\n", "Value", ":"]
-    assert ref.to_str_tokens(ids) == ref.to_str_tokens(text) and ref.to_str_tokens(ids[0].tolist()) == ref.to_str_tokens(text)
+    assert ids.shape == (1, 12) and ref.to_str_tokens(text) == [
+        "r",
+        "3",
+        "=",
+        "1",
+        "\n",
+        "query",
+        "=",
+        "r",
+        "3",
+        "\n",
+        "Value",
+        ":",
+    ]
+    assert ref.to_str_tokens(ids) == ref.to_str_tokens(text) and ref.to_str_tokens(
+        ids[0].tolist()
+    ) == ref.to_str_tokens(text)
     assert ref.to_single_token("Value") == ref.tokenizer.token_to_id("Value")
     batch = ref.to_tokens([text, "r 3"])
     assert batch.shape == (2, 12) and batch[1, 2:].eq(ref.tokenizer.token_to_id("<pad>")).all()

@@ -1,6 +1,7 @@
 """`fbt-probe train --device auto|cpu|cuda`: auto is cpu on a machine without CUDA (what CI has, and
 what the tests force by hiding CUDA, so they mean the same on a GPU machine); a request for cuda
 without it is one error line and nothing written; under torchrun cuda is the rank's own GPU."""
+
 import json
 
 import pytest
@@ -10,8 +11,8 @@ from typer.testing import CliRunner
 from fbt_probe import distributed
 from fbt_probe.cli import app
 from fbt_probe.distributed import World
-from fbt_probe.training.parallel import process_device
 from fbt_probe.errors import FbtError
+from fbt_probe.training.parallel import process_device
 
 runner = CliRunner()
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -50,7 +51,9 @@ def test_cuda_is_cuda_local_rank(gpus, monkeypatch):
 def test_train_refuses_cuda_without_it_and_writes_nothing(no_cuda, tmp_path):
     res = runner.invoke(app, ["train", "--out", str(tmp_path / "run"), "--steps", "1", "--device", "cuda"])
     assert res.exit_code == 2, res.output
-    assert res.output.strip().count("\n") == 0 and "CUDA is not available" in res.output and "--device cpu" in res.output
+    assert (
+        res.output.strip().count("\n") == 0 and "CUDA is not available" in res.output and "--device cpu" in res.output
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -61,7 +64,9 @@ def test_train_on_cpu_auto_and_cpu_write_the_same_run(no_cuda, tmp_path):
     for device in ("auto", "cpu"):
         res = runner.invoke(app, ["train", "--out", str(tmp_path / device), "--steps", "1", "--device", device])
         assert res.exit_code == 0, res.output
-    assert (tmp_path / "auto" / "model.safetensors").read_bytes() == (tmp_path / "cpu" / "model.safetensors").read_bytes()
+    assert (tmp_path / "auto" / "model.safetensors").read_bytes() == (
+        tmp_path / "cpu" / "model.safetensors"
+    ).read_bytes()
     meta = json.loads((tmp_path / "cpu" / "config.json").read_text())
     assert meta["model"]["device"] == "cpu" and meta["provenance"]["device"] == "cpu"
     assert fp.load_model(str(tmp_path / "cpu")).cfg.device == "cpu"

@@ -1,8 +1,8 @@
 """Multi-pass training: the objective of eq. 12, gradients, noise, resume, checkpoints, CLI errors."""
+
 import json
 
 import numpy as np
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,8 +16,14 @@ from fbt_probe.training.data import batches_for_step, one_per_row
 from tests.helpers import make_model, tokens
 
 runner = CliRunner()
-SMALL = dict(tokens_per_step=400, warmup=2, eval_every=10_000, save_every=2, tasks=("completion", "memory", "registers"),
-             knobs={"completion": [0, 8], "memory": [8], "registers": [2]})
+SMALL = dict(
+    tokens_per_step=400,
+    warmup=2,
+    eval_every=10_000,
+    save_every=2,
+    tasks=("completion", "memory", "registers"),
+    knobs={"completion": [0, 8], "memory": [8], "registers": [2]},
+)
 
 
 def _batch(T=14, seed=3):
@@ -95,13 +101,27 @@ def test_a_step_mixes_cells_in_unpadded_micro_batches():
     for step in range(4):
         micro = batches_for_step(cfg, tok, step)
         n_tokens = sum(t.numel() for t, _, _ in micro)
-        assert len(micro) >= 2 and 600 <= n_tokens < 600 + 121  # the budget, overshot by at most one (registers, 121-token) document
+        assert (
+            len(micro) >= 2 and 600 <= n_tokens < 600 + 121
+        )  # the budget, overshot by at most one (registers, 121-token) document
         for toks, _, weights in micro:
-            assert (toks != 0).all() and (weights == weights.max(1, keepdim=True).values).sum(1).eq(1).all()  # no padding, one answer per row
+            assert (toks != 0).all() and (weights == weights.max(1, keepdim=True).values).sum(1).eq(
+                1
+            ).all()  # no padding, one answer per row
 
 
-@pytest.mark.parametrize("text,ok", [("paper", True), ("constant:3", True), ("1:.5,2:.5", True),
-                                     ("1:.5,2:.4", False), ("constant:0", False), ("1:a", False), ("1:.5,1:.5", False)])
+@pytest.mark.parametrize(
+    "text,ok",
+    [
+        ("paper", True),
+        ("constant:3", True),
+        ("1:.5,2:.5", True),
+        ("1:.5,2:.4", False),
+        ("constant:0", False),
+        ("1:a", False),
+        ("1:.5,1:.5", False),
+    ],
+)
 def test_schedule_parsing(text, ok):
     if ok:
         s = parse_schedule(text)
@@ -119,7 +139,9 @@ def test_resume_is_bit_for_bit(tmp_path):
     a, b = fp.load_model(str(tmp_path / "straight")), fp.load_model(str(tmp_path / "split"))
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(x, y), name  # the same steps on the same shapes: bit for bit
-    assert (tmp_path / "straight" / "model.safetensors").read_bytes() == (tmp_path / "split" / "model.safetensors").read_bytes()
+    assert (tmp_path / "straight" / "model.safetensors").read_bytes() == (
+        tmp_path / "split" / "model.safetensors"
+    ).read_bytes()
     run_training(cfg, tmp_path / "again", progress=False, eval_pairs=2)
     for name in ("train_state.pt", "model.safetensors"):  # before: train_state.pt's zip named a random temp file
         assert (tmp_path / "straight" / name).read_bytes() == (tmp_path / "again" / name).read_bytes(), name
@@ -139,7 +161,12 @@ def test_checkpoint_round_trip_is_exact(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_training_lowers_the_loss(tmp_path):
-    run_training(TrainConfig(steps=40, **{**SMALL, "tokens_per_step": 800, "warmup": 5}), tmp_path / "r", progress=False, eval_pairs=2)
+    run_training(
+        TrainConfig(steps=40, **{**SMALL, "tokens_per_step": 800, "warmup": 5}),
+        tmp_path / "r",
+        progress=False,
+        eval_pairs=2,
+    )
     log = [json.loads(l) for l in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     first = sum(r["pass_losses"][0] for r in log[:5]) / 5
     last = sum(r["pass_losses"][0] for r in log[-5:]) / 5
@@ -163,8 +190,14 @@ def test_cli_errors(tmp_path):
         (["train", "--out", str(tmp_path / "exists")], "refusing to overwrite"),
         (["train", "--out", str(tmp_path / "a"), "--resume"], "no run to resume"),
         (["eval", str(tmp_path / "exists")], "run config not found"),
-        (["train", "--out", str(tmp_path / "a"), "--task-shares", "completion:.5,memory:x"], "expected 'task:share,...'"),
-        (["train", "--out", str(tmp_path / "a"), "--task-shares", "completion:.5,memory:.5"], "a positive share for each of"),
+        (
+            ["train", "--out", str(tmp_path / "a"), "--task-shares", "completion:.5,memory:x"],
+            "expected 'task:share,...'",
+        ),
+        (
+            ["train", "--out", str(tmp_path / "a"), "--task-shares", "completion:.5,memory:.5"],
+            "a positive share for each of",
+        ),
     ]
     for args, message in cases:
         res = runner.invoke(app, args)
@@ -205,10 +238,25 @@ def test_diagnose_contraction_compares_several_runs(tmp_path):
 
     run_training(TrainConfig(steps=2, **SMALL), tmp_path / "paper", progress=False, eval_pairs=2)
     run_training(TrainConfig(steps=2, schedule="1:.75,2:.25", **SMALL), tmp_path / "two", progress=False, eval_pairs=2)
-    res = runner.invoke(app, ["diagnose", "contraction", str(tmp_path / "paper"), str(tmp_path / "two"), "--passes", "4", "--rows", "4"])
+    res = runner.invoke(
+        app, ["diagnose", "contraction", str(tmp_path / "paper"), str(tmp_path / "two"), "--passes", "4", "--rows", "4"]
+    )
     assert res.exit_code == 2 and "need --out" in res.output
-    res = runner.invoke(app, ["diagnose", "contraction", str(tmp_path / "paper"), str(tmp_path / "two"), "--passes", "4",
-                              "--rows", "4", "--out", str(tmp_path / "cmp")])
+    res = runner.invoke(
+        app,
+        [
+            "diagnose",
+            "contraction",
+            str(tmp_path / "paper"),
+            str(tmp_path / "two"),
+            "--passes",
+            "4",
+            "--rows",
+            "4",
+            "--out",
+            str(tmp_path / "cmp"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     both = pd.read_parquet(tmp_path / "cmp" / "contraction.parquet")
     assert list(both.groupby("run", sort=False)["schedule"].first()) == ["1:0.75,2:0.22,3:0.03", "1:0.75,2:0.25"]
@@ -224,8 +272,11 @@ def test_diagnose_contraction_compares_several_runs(tmp_path):
 def test_qk_norm_gains_start_at_the_configured_value():
     """The tiny preset starts the QK-norm gains at 3 (see ModelConfig.qk_norm_init); Qwen3's default is 1."""
     tiny = fp.load_model("tiny", seed=0)
-    assert all(torch.equal(b.attn.q_norm.weight, torch.full_like(b.attn.q_norm.weight, 3.0)) and
-               torch.equal(b.attn.k_norm.weight, torch.full_like(b.attn.k_norm.weight, 3.0)) for b in tiny.blocks)
+    assert all(
+        torch.equal(b.attn.q_norm.weight, torch.full_like(b.attn.q_norm.weight, 3.0))
+        and torch.equal(b.attn.k_norm.weight, torch.full_like(b.attn.k_norm.weight, 3.0))
+        for b in tiny.blocks
+    )
     plain = fp.load_model("tiny", seed=0, qk_norm_init=1.0)
     assert all(torch.equal(b.attn.q_norm.weight, torch.ones_like(b.attn.q_norm.weight)) for b in plain.blocks)
     # the gains are the only difference: every other parameter is drawn identically
@@ -243,7 +294,12 @@ def test_one_pass_steps_follow_the_baseline_exactly(tmp_path):
     init = fp.load_model("tiny", seed=0, d_vocab=base.cfg.d_vocab)
     for (name, x), y, z in zip(fb.state_dict().items(), base.state_dict().values(), init.state_dict().values()):
         assert torch.equal(x, z if name.startswith("fusion.") else y), name
-    run_training(TrainConfig(steps=12, one_pass_steps=6, schedule="constant:2", **SMALL), tmp_path / "later", progress=False, eval_pairs=2)
+    run_training(
+        TrainConfig(steps=12, one_pass_steps=6, schedule="constant:2", **SMALL),
+        tmp_path / "later",
+        progress=False,
+        eval_pairs=2,
+    )
     log = [json.loads(l) for l in (tmp_path / "later" / "metrics.jsonl").read_text().splitlines()]
     assert [r["passes"] for r in log] == [1] * 6 + [2] * 6
 
@@ -276,8 +332,11 @@ def test_task_shares_set_each_tasks_share_of_the_tokens():
     shares = {"completion": 0.5, "memory": 0.2, "registers": 0.3}
     two = {"completion": 2 / 3, "memory": 1 / 3}  # the defaults (.5, .25) renormalised over the tasks trained
     four = {t: v / 1.25 for t, v in DEFAULT_TASK_SHARES.items()}  # every task: .4 / .2 / .2 / .2
-    for cfg, want in ((TrainConfig(), four), (TrainConfig(tasks=three, task_shares=shares), shares),
-                      (TrainConfig(tasks=("completion", "memory")), two)):
+    for cfg, want in (
+        (TrainConfig(), four),
+        (TrainConfig(tasks=three, task_shares=shares), shares),
+        (TrainConfig(tasks=("completion", "memory")), two),
+    ):
         assert cfg.task_shares == pytest.approx(want, abs=1e-12)
         cells, lengths, p = cell_probabilities(cfg, tok)
         expected = p * lengths / (p * lengths).sum()  # expected share of the tokens per cell
@@ -286,9 +345,13 @@ def test_task_shares_set_each_tasks_share_of_the_tokens():
             assert expected[mine].sum() == pytest.approx(want[task], abs=1e-12)
             assert np.allclose(expected[mine], want[task] / len(mine), atol=1e-12)
     # a run written before the field existed drew every (task, length) cell with the same share
-    old = TrainConfig(tasks=three, knobs={"completion": [0, 8, 32], "memory": [8, 32], "registers": [2, 4, 8]}).to_dict()
+    old = TrainConfig(
+        tasks=three, knobs={"completion": [0, 8, 32], "memory": [8, 32], "registers": [2, 4, 8]}
+    ).to_dict()
     del old["task_shares"]
-    assert TrainConfig.from_dict(old, legacy=True).task_shares == pytest.approx({"completion": 3 / 8, "memory": 2 / 8, "registers": 3 / 8})
+    assert TrainConfig.from_dict(old, legacy=True).task_shares == pytest.approx(
+        {"completion": 3 / 8, "memory": 2 / 8, "registers": 3 / 8}
+    )
     with pytest.raises(FbtError, match="field 'task_shares' missing"):  # a run of the current format records it
         TrainConfig.from_dict(old)
     cfg = TrainConfig(tasks=three, task_shares=shares, tokens_per_step=4096)
@@ -304,11 +367,14 @@ def test_task_shares_set_each_tasks_share_of_the_tokens():
         assert drawn[t] / total == pytest.approx(shares[t], abs=0.03)
 
 
-@pytest.mark.parametrize("shares, what", [
-    ({"completion": 0.5, "memory": 0.5}, "a positive share for each of"),
-    ({"completion": 0.5, "memory": 0.3, "registers": 0.3}, "sums to 1.1"),
-    ({"completion": 1.0, "memory": 0.0, "registers": 0.0}, "a positive share"),
-])
+@pytest.mark.parametrize(
+    "shares, what",
+    [
+        ({"completion": 0.5, "memory": 0.5}, "a positive share for each of"),
+        ({"completion": 0.5, "memory": 0.3, "registers": 0.3}, "sums to 1.1"),
+        ({"completion": 1.0, "memory": 0.0, "registers": 0.0}, "a positive share"),
+    ],
+)
 def test_bad_task_shares_are_refused(shares, what):
     with pytest.raises(FbtError, match=what):
         TrainConfig(tasks=("completion", "memory", "registers"), task_shares=shares)

@@ -1,5 +1,6 @@
 """The induction warm-up (`copy_steps`) and many-valued register-mix kinds (`:vN`)
 (docs/research/register-binding.md, "The induction warm-up: P1–P10")."""
+
 import json
 import re
 
@@ -29,7 +30,11 @@ def test_a_copy_row_repeats_its_numbers_after_a_random_gap_and_weights_only_the_
     starts = []
     for r in range(64):
         # the second copy found independently: the first offset >= COPY_LEN that repeats the first COPY_LEN tokens
-        start = next(s for s in range(COPY_LEN, COPY_LEN + COPY_GAP + 1) if torch.equal(tokens[r, s: s + COPY_LEN], tokens[r, :COPY_LEN]))
+        start = next(
+            s
+            for s in range(COPY_LEN, COPY_LEN + COPY_GAP + 1)
+            if torch.equal(tokens[r, s : s + COPY_LEN], tokens[r, :COPY_LEN])
+        )
         starts.append(start)
         weighted = torch.nonzero(weights[r]).flatten().tolist()
         assert weighted == list(range(start, start + COPY_LEN - 1))
@@ -64,12 +69,31 @@ def test_copy_steps_must_be_an_integer_up_to_steps(value):
 def test_copy_steps_is_recorded_only_when_used(tmp_path):
     assert "copy_steps" not in TrainConfig(tasks=REG).to_dict()
     assert TrainConfig(tasks=REG, steps=10, copy_steps=4).to_dict()["copy_steps"] == 4
-    res = runner.invoke(app, ["train", "--baseline", "--tasks", "registers", "--steps", "1", "--copy-steps", "1",
-                              "--tokens-per-step", "100", "--warmup", "1", "--out", str(tmp_path / "run")])
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            "--baseline",
+            "--tasks",
+            "registers",
+            "--steps",
+            "1",
+            "--copy-steps",
+            "1",
+            "--tokens-per-step",
+            "100",
+            "--warmup",
+            "1",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert cfg["train"]["copy_steps"] == 1
-    res = runner.invoke(app, ["train", "--tasks", "registers", "--steps", "2", "--copy-steps", "3", "--out", str(tmp_path / "bad")])
+    res = runner.invoke(
+        app, ["train", "--tasks", "registers", "--steps", "2", "--copy-steps", "3", "--out", str(tmp_path / "bad")]
+    )
     assert res.exit_code != 0 and "copy_steps" in res.output and not (tmp_path / "bad").exists()
 
 
@@ -104,5 +128,7 @@ def test_a_many_valued_document_answers_each_query_with_the_latest_value_written
             expect = [str(v) if values > 2 else ("zero", "one")[v] for v in answers]
             assert words == expect and doc["labels"] == answers
             if values > 2:
-                assert max(latest.values()) <= 15 and any(v > 1 for _, v in re.findall(r"r(\d) = (\d+)", doc["text"]) for v in [int(v)])
+                assert max(latest.values()) <= 15 and any(
+                    v > 1 for _, v in re.findall(r"r(\d) = (\d+)", doc["text"]) for v in [int(v)]
+                )
         assert (max(seen) > 1) == (values > 2)

@@ -1,5 +1,6 @@
 """The reference recipe (`--recipe reference`) and its register phase (`register_steps`)
 (docs/research/reference-recipe.md; its time: BENCHMARKS.md, "The reference recipe, alone")."""
+
 import json
 
 import pytest
@@ -27,7 +28,9 @@ def _shapes(batches):
 def _lengths(cfg, kinds):
     """Document lengths of the cells of `kinds` ('mix' or a task name), from the drawing table itself."""
     cells, lengths, _ = cell_probabilities(cfg, TOK)
-    return {int(n) for (t, _), n in zip(cells, lengths) if (t == MIX) == (kinds == "mix") and (kinds == "mix" or t == kinds)}
+    return {
+        int(n) for (t, _), n in zip(cells, lengths) if (t == MIX) == (kinds == "mix") and (kinds == "mix" or t == kinds)
+    }
 
 
 def test_register_steps_draw_only_register_documents_then_exactly_the_plain_runs_batches():
@@ -49,7 +52,9 @@ def test_register_steps_draw_only_register_documents_then_exactly_the_plain_runs
         seen_other |= step >= 7 and bool({m[0].shape[1] for m in a} & other)
     assert seen_other  # after the phase the other tasks are drawn again
     # validation is never restricted
-    assert _shapes(batches_for_step(phased, TOK, 3, split="val")) == _shapes(batches_for_step(plain, TOK, 3, split="val"))
+    assert _shapes(batches_for_step(phased, TOK, 3, split="val")) == _shapes(
+        batches_for_step(plain, TOK, 3, split="val")
+    )
 
 
 @pytest.mark.parametrize("value", [-1, 9, 2.5, True])
@@ -63,8 +68,25 @@ def test_register_steps_need_a_register_task_and_are_recorded_only_when_used(tmp
         TrainConfig(tasks=("completion",), steps=10, register_steps=2)
     assert "register_steps" not in TrainConfig().to_dict()
     assert TrainConfig(steps=10, register_steps=3).to_dict()["register_steps"] == 3
-    res = runner.invoke(app, ["train", "--baseline", "--tasks", "completion,registers", "--steps", "2", "--register-steps", "1",
-                              "--tokens-per-step", "100", "--warmup", "1", "--out", str(tmp_path / "run")])
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            "--baseline",
+            "--tasks",
+            "completion,registers",
+            "--steps",
+            "2",
+            "--register-steps",
+            "1",
+            "--tokens-per-step",
+            "100",
+            "--warmup",
+            "1",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["register_steps"] == 1
     res = runner.invoke(app, ["train", "--steps", "2", "--register-steps", "3", "--out", str(tmp_path / "bad")])
@@ -78,7 +100,9 @@ def test_the_recipe_is_a_set_of_fields_options_override_and_a_run_knows_its_reci
         assert getattr(cfg, k) == (TrainConfig(register_mix=v).register_mix if k == "register_mix" else v)
     assert recipe_of(cfg) == "reference" and recipe_of(TrainConfig()) is None
     assert recipe_of(TrainConfig(**{**fields, "lam": 0.5})) is None  # any other field changed: not the recipe
-    assert retrain_command(cfg, "b") == "fbt-probe train --recipe reference --preset tiny --seed 3 --baseline --out runs/b"
+    assert (
+        retrain_command(cfg, "b") == "fbt-probe train --recipe reference --preset tiny --seed 3 --baseline --out runs/b"
+    )
     fields["steps"] = 999  # recipe() hands out a copy
     assert RECIPES["reference"]["steps"] == 2800
     assert cfg.register_ramp == "2:300 4:400" and cfg.ramp_bound(500) == 2 and cfg.ramp_bound(800) == 4
@@ -88,8 +112,24 @@ def test_the_recipe_is_a_set_of_fields_options_override_and_a_run_knows_its_reci
     res = runner.invoke(app, ["train", "--recipe", "nope", "--out", str(tmp_path / "x")])
     assert res.exit_code != 0 and "no such training recipe" in res.output and not (tmp_path / "x").exists()
     # an option given on the command line wins over the recipe; the rest is the recipe's
-    short = ["train", "--recipe", "reference", "--steps", "2", "--copy-steps", "1", "--register-steps", "1",
-             "--tokens-per-step", "300", "--warmup", "1", "--baseline", "--decay-steps", "1"]
+    short = [
+        "train",
+        "--recipe",
+        "reference",
+        "--steps",
+        "2",
+        "--copy-steps",
+        "1",
+        "--register-steps",
+        "1",
+        "--tokens-per-step",
+        "300",
+        "--warmup",
+        "1",
+        "--baseline",
+        "--decay-steps",
+        "1",
+    ]
     # the recipe's register ramp (700 steps) does not fit a 1-step register phase: one line, nothing written
     res = runner.invoke(app, [*short, "--out", str(tmp_path / "no")])
     assert res.exit_code != 0 and "register_ramp" in res.output and "'none'" in res.output
@@ -115,8 +155,11 @@ def test_reproduce_trains_the_recipe_and_quick_trains_the_defaults():
     with pytest.raises(FbtError, match="--steps 400: the reference recipe's induction warm-up alone takes 500 steps"):
         train_config(ReproConfig(steps=400), baseline=False)
     # past the warm-up but inside the register phase: the message names both phases
-    with pytest.raises(FbtError, match="--steps 1000: the reference recipe trains 500 warm-up and 1300 register-only "
-                                       "steps before the other tasks; pass more than 1800"):
+    with pytest.raises(
+        FbtError,
+        match="--steps 1000: the reference recipe trains 500 warm-up and 1300 register-only "
+        "steps before the other tasks; pass more than 1800",
+    ):
         train_config(ReproConfig(steps=1000), baseline=False)
     assert train_config(ReproConfig(steps=1801), baseline=False).steps == 1801
 
@@ -148,9 +191,16 @@ def test_the_register_ramp_draws_only_kinds_with_few_registers_in_its_windows_th
 TOO_LONG = r"more than the register phase \(register_steps = 8\); pass a shorter ramp, or 'none'"
 
 
-@pytest.mark.parametrize("ramp, match", [("2:9", TOO_LONG), ("2:x", "expected M:N"),
-                                         ("0:3", "M and N must be >= 1"), ("", "one or more windows"),
-                                         ("1:2", "no kind of the register mix has at most 1")])
+@pytest.mark.parametrize(
+    "ramp, match",
+    [
+        ("2:9", TOO_LONG),
+        ("2:x", "expected M:N"),
+        ("0:3", "M and N must be >= 1"),
+        ("", "one or more windows"),
+        ("1:2", "no kind of the register mix has at most 1"),
+    ],
+)
 def test_a_bad_register_ramp_is_one_line_naming_the_field(ramp, match):
     with pytest.raises(FbtError, match=match):
         TrainConfig(steps=14, register_mix="2:wpr:1:0 4:wpr:2:3", copy_steps=2, register_steps=8, register_ramp=ramp)
@@ -159,10 +209,43 @@ def test_a_bad_register_ramp_is_one_line_naming_the_field(ramp, match):
 
 
 def test_register_ramp_from_the_command_line(tmp_path):
-    res = runner.invoke(app, ["train", "--baseline", "--steps", "3", "--register-steps", "2", "--register-mix", "2:wpr:1:0 4:wpr:1:0",
-                              "--register-ramp", "2:1", "--tokens-per-step", "200", "--warmup", "1", "--out", str(tmp_path / "run")])
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            "--baseline",
+            "--steps",
+            "3",
+            "--register-steps",
+            "2",
+            "--register-mix",
+            "2:wpr:1:0 4:wpr:1:0",
+            "--register-ramp",
+            "2:1",
+            "--tokens-per-step",
+            "200",
+            "--warmup",
+            "1",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["register_ramp"] == "2:1"
-    res = runner.invoke(app, ["train", "--steps", "3", "--register-steps", "2", "--register-mix", "2:wpr:1:0",
-                              "--register-ramp", "2:5", "--out", str(tmp_path / "bad")])
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            "--steps",
+            "3",
+            "--register-steps",
+            "2",
+            "--register-mix",
+            "2:wpr:1:0",
+            "--register-ramp",
+            "2:5",
+            "--out",
+            str(tmp_path / "bad"),
+        ],
+    )
     assert res.exit_code != 0 and "register_ramp" in res.output and not (tmp_path / "bad").exists()

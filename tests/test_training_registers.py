@@ -1,6 +1,7 @@
 """Register training stages: the register mix (several supervised queries per document,
 zero scratch lines, a weighted mixture of kinds), answer-only loss, constant lr, `--init` of a
 feedback or baseline run, and the defaults left exactly as they were."""
+
 import hashlib
 import json
 import re
@@ -15,7 +16,14 @@ from fbt_probe.cli import app
 from fbt_probe.errors import FbtError
 from fbt_probe.tasks import build_tokenizer, generate, load_spec
 from fbt_probe.training import TrainConfig, run_training
-from fbt_probe.training.data import _mix_docs, batches_for_step, cell_probabilities, heldout, one_per_row, validation_batch
+from fbt_probe.training.data import (
+    _mix_docs,
+    batches_for_step,
+    cell_probabilities,
+    heldout,
+    one_per_row,
+    validation_batch,
+)
 from fbt_probe.training.evaluate import eval_samples
 from fbt_probe.training.loop import lr_at
 
@@ -34,7 +42,9 @@ def _tensor_digest(tensors) -> str:
 
 def _frame_digest(df) -> str:
     h = hashlib.sha256()
-    for row in df[["task", "text", "label", "group_id", "context_id", "length_knob", "pair_id"]].itertuples(index=False):
+    for row in df[["task", "text", "label", "group_id", "context_id", "length_knob", "pair_id"]].itertuples(
+        index=False
+    ):
         h.update(repr(tuple(row)).encode())
     for ids in df["token_ids"]:
         h.update(repr(list(map(int, ids))).encode())
@@ -51,28 +61,63 @@ MAIN_DIGESTS = {
     "registers": "a737deb3ceadb463d9eb47f7baa30d7a25d5322e6dc72536a81dff64b4094fe6",
     "registers-count": "4032e40e98e2b8a4af332854e96a909f44d04be612138fc8ffc33a5339c6b8dd",
 }
-MAIN_CONFIG_FIELDS = ["answer_share", "answer_weight", "arch", "baseline", "betas", "clip", "cross_stream_layers", "dtype",
-                      "eval_every", "heldout_fraction", "knobs", "lam", "lr", "min_lr_ratio", "noise", "one_pass_steps",
-                      "prefix_mix", "preset", "save_every", "schedule", "seed", "steps", "streams", "task_shares", "tasks",
-                      "tokens_per_step", "warmup", "weight_decay"]
+MAIN_CONFIG_FIELDS = [
+    "answer_share",
+    "answer_weight",
+    "arch",
+    "baseline",
+    "betas",
+    "clip",
+    "cross_stream_layers",
+    "dtype",
+    "eval_every",
+    "heldout_fraction",
+    "knobs",
+    "lam",
+    "lr",
+    "min_lr_ratio",
+    "noise",
+    "one_pass_steps",
+    "prefix_mix",
+    "preset",
+    "save_every",
+    "schedule",
+    "seed",
+    "steps",
+    "streams",
+    "task_shares",
+    "tasks",
+    "tokens_per_step",
+    "warmup",
+    "weight_decay",
+]
 
 
 def test_defaults_give_the_batches_datasets_and_config_of_before():
     tok = build_tokenizer()
     cfg = TrainConfig()
-    got = {"batches": _tensor_digest([t for step in range(3) for b in batches_for_step(cfg, tok, step) for t in b]),
-           "val": _tensor_digest(list(validation_batch(cfg, tok))),
-           "eval": _frame_digest(eval_samples(cfg, tok, pairs=4))}
-    got.update({t: _frame_digest(generate(load_spec(t), groups=3, tokenizer=tok)) for t in ("completion", "memory", *REG)})
+    got = {
+        "batches": _tensor_digest([t for step in range(3) for b in batches_for_step(cfg, tok, step) for t in b]),
+        "val": _tensor_digest(list(validation_batch(cfg, tok))),
+        "eval": _frame_digest(eval_samples(cfg, tok, pairs=4)),
+    }
+    got.update(
+        {t: _frame_digest(generate(load_spec(t), groups=3, tokenizer=tok)) for t in ("completion", "memory", *REG)}
+    )
     assert got == MAIN_DIGESTS
-    assert sorted(cfg.to_dict()) == MAIN_CONFIG_FIELDS  # a run that uses none of the new fields records what it did before
+    assert (
+        sorted(cfg.to_dict()) == MAIN_CONFIG_FIELDS
+    )  # a run that uses none of the new fields records what it did before
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
 
 
 def _labelled(tok, toks, targets, weights):
     """(text before each answer, answer word) of every weighted position of one row."""
     words = [tok.id_to_token(int(i)) for i in toks]
-    return [(" ".join(words[: p + 1]), tok.id_to_token(int(targets[p]))) for p in torch.nonzero(weights > 0).flatten().tolist()]
+    return [
+        (" ".join(words[: p + 1]), tok.id_to_token(int(targets[p])))
+        for p in torch.nonzero(weights > 0).flatten().tolist()
+    ]
 
 
 def _latest(text: str) -> dict:
@@ -85,7 +130,12 @@ def test_register_mix_documents_supervise_every_query():
     mix = "2:wpr:1:0 2:wpr:2:0 3:12:2 1:wpr:2:1:0.5"
     cfg = TrainConfig(tasks=REG, register_mix=mix, register_queries=3, answer_share=1.0, tokens_per_step=800)
     assert cfg.register_mix == "2:wpr:1:0:1 2:wpr:2:0:1 3:wpr:4:2:1 1:wpr:2:1:0.5"
-    shapes = {(2, 1, 0): 10 + 27, (2, 2, 0): 20 + 27, (3, 4, 2): 60 + 8 + 27, (1, 2, 1): 10 + 4 + 27}  # 5 tokens a write, 4 a scratch line, 9 a query
+    shapes = {
+        (2, 1, 0): 10 + 27,
+        (2, 2, 0): 20 + 27,
+        (3, 4, 2): 60 + 8 + 27,
+        (1, 2, 1): 10 + 4 + 27,
+    }  # 5 tokens a write, 4 a scratch line, 9 a query
     seen = set()
     for step in range(3):
         for toks, targets, weights in batches_for_step(cfg, tok, step):
@@ -94,7 +144,9 @@ def test_register_mix_documents_supervise_every_query():
                 writes = re.findall(r"\br (\d+) = (\d+)", text.split("query")[0])
                 m, n_scratch = len({w[0] for w in writes}), text.count("scratch")
                 kind = (m, len(writes) // m, n_scratch)
-                assert toks.shape[1] == shapes[kind] and sorted(int(w[0]) for w in writes) == sorted(list(range(m)) * kind[1])
+                assert toks.shape[1] == shapes[kind] and sorted(int(w[0]) for w in writes) == sorted(
+                    list(range(m)) * kind[1]
+                )
                 seen.add(kind)
                 answers = _labelled(tok, toks[r], targets[r], weights[r])
                 assert len(answers) == 3 and torch.allclose(weights[r][weights[r] > 0], torch.full((3,), 1 / 3))
@@ -107,7 +159,9 @@ def test_register_mix_documents_supervise_every_query():
                 assert len(set(asked)) == min(3, m)  # distinct registers while there are enough
     assert seen == set(shapes)
     # each kind's share of the documents is its weight; the kinds together take the register tasks' token share
-    both = TrainConfig(tasks=("completion", "registers"), task_shares={"completion": 0.6, "registers": 0.4}, register_mix=mix)
+    both = TrainConfig(
+        tasks=("completion", "registers"), task_shares={"completion": 0.6, "registers": 0.4}, register_mix=mix
+    )
     cells, lengths, p = cell_probabilities(both, tok)
     mixed = np.array([c[0] == "register-mix" for c in cells])
     assert np.allclose(p[mixed] / p[mixed].sum(), np.array([1, 1, 1, 0.5]) / 3.5, rtol=0, atol=1e-12)
@@ -129,8 +183,10 @@ def test_register_mix_never_draws_a_held_out_schedule():
     tok = build_tokenizer()
     cfg = TrainConfig(tasks=REG, register_mix="1:wpr:1:1 2:wpr:1:1")
     held = heldout(cfg)
-    spaces = {0: {_gid("x", 1, [(0, 0)], s).split(":", 1)[1] for s in range(10)},
-              1: {_gid("x", 2, [(a, 0), (1 - a, v)], s).split(":", 1)[1] for a in (0, 1) for v in (0, 1) for s in range(10)}}
+    spaces = {
+        0: {_gid("x", 1, [(0, 0)], s).split(":", 1)[1] for s in range(10)},
+        1: {_gid("x", 2, [(a, 0), (1 - a, v)], s).split(":", 1)[1] for a in (0, 1) for v in (0, 1) for s in range(10)},
+    }
     held_as = {t: {x for sp in spaces.values() for x in sp if f"{t}:{x}" in held} for t in REG}
     assert held_as["registers"] - held_as["registers-count"] and held_as["registers-count"] - held_as["registers"]
 
@@ -148,31 +204,46 @@ def test_register_mix_never_draws_a_held_out_schedule():
 
 
 def test_several_answers_share_the_answer_weight():
-    docs = [{"token_ids": list(range(1, 13)), "answer_pos": 10, "answer_positions": [4, 10]},
-            {"token_ids": [5, 6, 3, 9, 2], "answer_pos": 3}]
+    docs = [
+        {"token_ids": list(range(1, 13)), "answer_pos": 10, "answer_positions": [4, 10]},
+        {"token_ids": [5, 6, 3, 9, 2], "answer_pos": 3},
+    ]
     _, targets, w = one_per_row(docs, 20.0, answer_share=1.0)  # answers only: every answer the same weight
     assert w[0].tolist() == [0, 0, 0, 0.5, 0, 0, 0, 0, 0, 0.5, 0, 0] and w[1].tolist()[:5] == [0, 0, 1, 0, 0]
     assert targets[0, 3] == 5 and targets[0, 9] == 11
-    _, _, w = one_per_row(docs[:1], 20.0, answer_share=0.5)  # the answers' half split equally, the text's half over 9 tokens
-    assert torch.allclose(w[0, [3, 9]], torch.tensor([0.25, 0.25])) and torch.allclose(w[0, [0, 1, 2, 4, 5, 6, 7, 8, 10]], torch.full((9,), 0.5 / 9))
+    _, _, w = one_per_row(
+        docs[:1], 20.0, answer_share=0.5
+    )  # the answers' half split equally, the text's half over 9 tokens
+    assert torch.allclose(w[0, [3, 9]], torch.tensor([0.25, 0.25])) and torch.allclose(
+        w[0, [0, 1, 2, 4, 5, 6, 7, 8, 10]], torch.full((9,), 0.5 / 9)
+    )
     _, _, w = one_per_row(docs[:1], 20.0)  # answer_share None: each answer weighs answer_weight text tokens
     assert torch.allclose(w[0, 3] / w[0, 0], torch.tensor(20.0)) and torch.allclose(w[0].sum(), torch.tensor(1.0))
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"register_mix": "2:x:0"}, "field 'register_mix' (--register-mix) '2:x:0': kind '2:x:0': expected m:wpr:K:S[:weight]"),
-    ({"register_mix": "3:16:8"}, "N assignments must be a positive multiple of m = 3"),
-    ({"register_mix": "2:wpr:0:0"}, "writes per register must be 1..64"),
-    ({"register_mix": "2:wpr:1:0:0"}, "weight must be a finite number > 0"),
-    ({"register_mix": "  "}, "expected one or more kinds"),
-    ({"register_mix": "2:wpr:1:0", "tasks": ("completion",)}, "tasks ['completion'] have none"),
-    ({"register_queries": 2}, "set field 'register_mix' (--register-mix) too"),
-    ({"register_queries": 0, "register_mix": "2:wpr:1:0"}, "field 'register_queries' (--register-queries) must be an integer 1..64"),
-    ({"answer_share": 1.5}, "field 'answer_share' (--answer-share) must be in (0, 1]"),
-    ({"answer_share": 0.0}, "field 'answer_share'"),
-    ({"min_lr_ratio": 1.5}, "field 'min_lr_ratio' (--min-lr-ratio) must be in [0, 1]"),
-    ({"lr": float("nan")}, "fields 'lr' and 'warmup' (--lr, --warmup) must be finite and >= 0"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (
+            {"register_mix": "2:x:0"},
+            "field 'register_mix' (--register-mix) '2:x:0': kind '2:x:0': expected m:wpr:K:S[:weight]",
+        ),
+        ({"register_mix": "3:16:8"}, "N assignments must be a positive multiple of m = 3"),
+        ({"register_mix": "2:wpr:0:0"}, "writes per register must be 1..64"),
+        ({"register_mix": "2:wpr:1:0:0"}, "weight must be a finite number > 0"),
+        ({"register_mix": "  "}, "expected one or more kinds"),
+        ({"register_mix": "2:wpr:1:0", "tasks": ("completion",)}, "tasks ['completion'] have none"),
+        ({"register_queries": 2}, "set field 'register_mix' (--register-mix) too"),
+        (
+            {"register_queries": 0, "register_mix": "2:wpr:1:0"},
+            "field 'register_queries' (--register-queries) must be an integer 1..64",
+        ),
+        ({"answer_share": 1.5}, "field 'answer_share' (--answer-share) must be in (0, 1]"),
+        ({"answer_share": 0.0}, "field 'answer_share'"),
+        ({"min_lr_ratio": 1.5}, "field 'min_lr_ratio' (--min-lr-ratio) must be in [0, 1]"),
+        ({"lr": float("nan")}, "fields 'lr' and 'warmup' (--lr, --warmup) must be finite and >= 0"),
+    ],
+)
 def test_bad_register_options_are_one_line_errors(fields, message):
     with pytest.raises(FbtError) as err:
         TrainConfig(**{"tasks": REG, **fields})
@@ -181,7 +252,9 @@ def test_bad_register_options_are_one_line_errors(fields, message):
 
 def test_constant_lr_after_warmup():
     cfg = TrainConfig(lr=1e-3, warmup=4, min_lr_ratio=1.0, steps=50)
-    assert [lr_at(cfg, s) for s in range(3)] == [2.5e-4, 5e-4, 7.5e-4] and {lr_at(cfg, s) for s in range(3, 50)} == {1e-3}
+    assert [lr_at(cfg, s) for s in range(3)] == [2.5e-4, 5e-4, 7.5e-4] and {lr_at(cfg, s) for s in range(3, 50)} == {
+        1e-3
+    }
 
 
 def test_decay_steps_is_a_cosine_tail_after_a_constant_lr():
@@ -207,7 +280,9 @@ def test_decay_steps_is_a_cosine_tail_after_a_constant_lr():
 def test_bad_decay_steps_is_a_one_line_error(bad):
     with pytest.raises(FbtError) as err:
         TrainConfig(steps=50, decay_steps=bad)
-    assert "'decay_steps' (--decay-steps) must be an integer 0..steps (50)" in str(err.value) and "\n" not in str(err.value)
+    assert "'decay_steps' (--decay-steps) must be an integer 0..steps (50)" in str(err.value) and "\n" not in str(
+        err.value
+    )
 
 
 def test_decay_steps_from_the_cli_is_recorded_and_a_bad_value_writes_nothing(tmp_path):
@@ -229,35 +304,63 @@ def test_a_decay_tail_added_to_a_finished_constant_lr_run_is_the_decay_run_from_
     recipe: phase-1300 with a 300-step lr decay at the end (phase-1300+decay)"): a run with a
     constant lr, resumed after its config was given `decay_steps` and more `steps`, ends with the
     bytes of the decay run trained from scratch."""
-    fields = dict(tokens_per_step=200, warmup=1, eval_every=10_000, save_every=10_000, tasks=REG,
-                  register_mix="2:wpr:1:0 2:wpr:2:0", register_queries=2, answer_share=1.0)
+    fields = dict(
+        tokens_per_step=200,
+        warmup=1,
+        eval_every=10_000,
+        save_every=10_000,
+        tasks=REG,
+        register_mix="2:wpr:1:0 2:wpr:2:0",
+        register_queries=2,
+        answer_share=1.0,
+    )
     run_training(TrainConfig(steps=4, min_lr_ratio=1.0, **fields), tmp_path / "tail", progress=False, eval_pairs=2)
     meta = json.loads((tmp_path / "tail" / "config.json").read_text())
     meta["train"].update(steps=6, decay_steps=2, min_lr_ratio=0.1)
     (tmp_path / "tail" / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
     run_training(TrainConfig(steps=6, **fields), tmp_path / "tail", resume=True, progress=False, eval_pairs=2)
-    run_training(TrainConfig(steps=6, decay_steps=2, min_lr_ratio=0.1, **fields), tmp_path / "scratch", progress=False, eval_pairs=2)
+    run_training(
+        TrainConfig(steps=6, decay_steps=2, min_lr_ratio=0.1, **fields),
+        tmp_path / "scratch",
+        progress=False,
+        eval_pairs=2,
+    )
     digest = lambda run: hashlib.sha256((tmp_path / run / "model.safetensors").read_bytes()).hexdigest()
     assert digest("tail") == digest("scratch")
-    lrs = lambda run: [json.loads(l)["lr"] for l in (tmp_path / run / "metrics.jsonl").read_text().splitlines() if '"lr"' in l]
+    lrs = lambda run: [
+        json.loads(l)["lr"] for l in (tmp_path / run / "metrics.jsonl").read_text().splitlines() if '"lr"' in l
+    ]
     assert lrs("tail") == lrs("scratch") and lrs("scratch")[3] > lrs("scratch")[5]
     cold = TrainConfig(steps=6, min_lr_ratio=1.0, **fields)  # and the decay changed the run: not the constant-lr one
     run_training(cold, tmp_path / "constant", progress=False, eval_pairs=2)
     assert digest("constant") != digest("scratch")
 
 
-SMALL = dict(tokens_per_step=300, warmup=2, eval_every=10_000, save_every=10_000, tasks=REG, register_mix="2:wpr:1:0 2:wpr:2:0",
-             register_queries=2, answer_share=1.0, min_lr_ratio=1.0)
+SMALL = dict(
+    tokens_per_step=300,
+    warmup=2,
+    eval_every=10_000,
+    save_every=10_000,
+    tasks=REG,
+    register_mix="2:wpr:1:0 2:wpr:2:0",
+    register_queries=2,
+    answer_share=1.0,
+    min_lr_ratio=1.0,
+)
 
 
 def test_init_starts_from_the_runs_weights_and_records_it(tmp_path):
     """A baseline stage from scratch, then a feedback stage from it at lr 0: its weights are the
     first run's exactly, and its config names the run and the checkpoint's sha256."""
     run_training(TrainConfig(steps=2, baseline=True, **SMALL), tmp_path / "s1", progress=False, eval_pairs=2)
-    run_training(TrainConfig(steps=1, lr=0.0, **SMALL), tmp_path / "s2", init=tmp_path / "s1", progress=False, eval_pairs=2)
+    run_training(
+        TrainConfig(steps=1, lr=0.0, **SMALL), tmp_path / "s2", init=tmp_path / "s1", progress=False, eval_pairs=2
+    )
     a, b = fp.load_model(str(tmp_path / "s1")), fp.load_model(str(tmp_path / "s2"))
     fresh = fp.load_model("tiny", seed=0, d_vocab=a.cfg.d_vocab)
-    assert any(not torch.equal(x, y) for x, y in zip(a.state_dict().values(), fresh.state_dict().values()))  # stage 1 trained
+    assert any(
+        not torch.equal(x, y) for x, y in zip(a.state_dict().values(), fresh.state_dict().values())
+    )  # stage 1 trained
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(x, y), name
     train = json.loads((tmp_path / "s2" / "config.json").read_text())["train"]
@@ -268,26 +371,62 @@ def test_init_starts_from_the_runs_weights_and_records_it(tmp_path):
 
 
 def test_init_from_a_shipped_model_on_the_cli(tmp_path):
-    res = runner.invoke(app, ["train", "--out", str(tmp_path / "r"), "--init", "ref:tiny-baseline", "--baseline", "--steps", "1",
-                              "--lr", "0", "--tasks", "registers", "--tokens-per-step", "300", "--register-mix", "2:wpr:1:0",
-                              "--register-queries", "2", "--answer-share", "1", "--min-lr-ratio", "1", "--warmup", "5"])
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            "--out",
+            str(tmp_path / "r"),
+            "--init",
+            "ref:tiny-baseline",
+            "--baseline",
+            "--steps",
+            "1",
+            "--lr",
+            "0",
+            "--tasks",
+            "registers",
+            "--tokens-per-step",
+            "300",
+            "--register-mix",
+            "2:wpr:1:0",
+            "--register-queries",
+            "2",
+            "--answer-share",
+            "1",
+            "--min-lr-ratio",
+            "1",
+            "--warmup",
+            "5",
+        ],
+    )
     assert res.exit_code == 0, res.output
     ref, got = fp.load_model("ref:tiny-baseline"), fp.load_model(str(tmp_path / "r"))
     assert all(torch.equal(x, y) for x, y in zip(ref.state_dict().values(), got.state_dict().values()))
     train = json.loads((tmp_path / "r" / "config.json").read_text())["train"]
-    assert (train["init"], train["tasks"], train["tokens_per_step"], train["warmup"], train["answer_share"], train["min_lr_ratio"]) == \
-        ("ref:tiny-baseline", ["registers"], 300, 5, 1.0, 1.0)
+    assert (
+        train["init"],
+        train["tasks"],
+        train["tokens_per_step"],
+        train["warmup"],
+        train["answer_share"],
+        train["min_lr_ratio"],
+    ) == ("ref:tiny-baseline", ["registers"], 300, 5, 1.0, 1.0)
 
 
 def test_init_with_other_shapes_is_a_one_line_error(tmp_path):
     from fbt_probe.model.checkpoint import save_checkpoint
 
-    save_checkpoint(fp.load_model("tiny", n_layers=2, d_vocab=build_tokenizer().get_vocab_size()), tmp_path / "two-layers")
-    cases = [(["--init", str(tmp_path / "two-layers")], "not a 'tiny' model (blocks.2."),
-             (["--init", "ref:tiny-baseline", "--preset", "paper-1b"], "not a 'paper-1b' model (embed.weight: (122, 128)"),
-             (["--register-mix", "2:x", "--tasks", "registers"], "expected m:wpr:K:S[:weight]"),
-             (["--tasks", "registers,nope"], "--tasks 'registers,nope': nope: unknown task"),
-             (["--register-queries", "3"], "set field 'register_mix' (--register-mix) too")]
+    save_checkpoint(
+        fp.load_model("tiny", n_layers=2, d_vocab=build_tokenizer().get_vocab_size()), tmp_path / "two-layers"
+    )
+    cases = [
+        (["--init", str(tmp_path / "two-layers")], "not a 'tiny' model (blocks.2."),
+        (["--init", "ref:tiny-baseline", "--preset", "paper-1b"], "not a 'paper-1b' model (embed.weight: (122, 128)"),
+        (["--register-mix", "2:x", "--tasks", "registers"], "expected m:wpr:K:S[:weight]"),
+        (["--tasks", "registers,nope"], "--tasks 'registers,nope': nope: unknown task"),
+        (["--register-queries", "3"], "set field 'register_mix' (--register-mix) too"),
+    ]
     for args, message in cases:
         res = runner.invoke(app, ["train", "--out", str(tmp_path / "r"), *args])
         assert res.exit_code == 2 and message in res.output and res.output.strip().count("\n") == 0, (args, res.output)
@@ -297,7 +436,10 @@ def test_init_with_other_shapes_is_a_one_line_error(tmp_path):
 def test_pack_asks_for_the_command_of_a_staged_run():
     from fbt_probe.training.pack import retrain_command
 
-    assert retrain_command(TrainConfig(baseline=True), "b") == "fbt-probe train --preset tiny --steps 800 --seed 0 --baseline --out runs/b"
+    assert (
+        retrain_command(TrainConfig(baseline=True), "b")
+        == "fbt-probe train --preset tiny --steps 800 --seed 0 --baseline --out runs/b"
+    )
     for cfg in (TrainConfig(init="runs/r12"), TrainConfig(tasks=REG, register_mix="2:wpr:1:0")):
         with pytest.raises(FbtError, match="pass --command"):
             retrain_command(cfg, "r")
@@ -308,5 +450,10 @@ def test_a_register_stage_resumes_bit_for_bit(tmp_path):
     run_training(cfg, tmp_path / "straight", progress=False, eval_pairs=2)
     run_training(TrainConfig(steps=2, **SMALL), tmp_path / "split", progress=False, eval_pairs=2)
     run_training(cfg, tmp_path / "split", resume=True, progress=False, eval_pairs=2)
-    assert (tmp_path / "straight" / "model.safetensors").read_bytes() == (tmp_path / "split" / "model.safetensors").read_bytes()
-    assert json.loads((tmp_path / "split" / "config.json").read_text())["train"]["register_mix"] == "2:wpr:1:0:1 2:wpr:2:0:1"
+    assert (tmp_path / "straight" / "model.safetensors").read_bytes() == (
+        tmp_path / "split" / "model.safetensors"
+    ).read_bytes()
+    assert (
+        json.loads((tmp_path / "split" / "config.json").read_text())["train"]["register_mix"]
+        == "2:wpr:1:0:1 2:wpr:2:0:1"
+    )

@@ -1,6 +1,7 @@
 """The built wheel works outside the checkout: its task specs, shipped reference models and seeds
 table are package data, read through importlib.resources, so an installed package generates tasks,
 lists and loads the shipped models and runs a forward from any working directory."""
+
 import json
 import os
 import shutil
@@ -20,15 +21,47 @@ def installed(tmp_path_factory):
     """The wheel built from this checkout, installed (without its dependencies, which this
     environment has) into a fresh target folder; commands run from another folder."""
     root = tmp_path_factory.mktemp("wheel")
-    src = root / "src"  # a copy: setuptools builds in the source tree, and a stale build/ there could leak into the wheel
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "build", "*.egg-info", "__pycache__"))
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(root / "dist"), str(src)], capture_output=True, text=True)
+    src = (
+        root / "src"
+    )  # a copy: setuptools builds in the source tree, and a stale build/ there could leak into the wheel
+    shutil.copytree(
+        REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "build", "*.egg-info", "__pycache__")
+    )
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(root / "dist"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert build.returncode == 0, build.stderr
     (wheel,) = (root / "dist").glob("fbt_probe-*.whl")
     target = root / "site"
-    inst = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q", "--target",
-                           str(target), str(wheel)], capture_output=True, text=True)
+    inst = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-compile",
+            "-q",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert inst.returncode == 0, inst.stderr
     work = root / "elsewhere"
     work.mkdir()
@@ -68,7 +101,12 @@ def test_the_installed_package_runs_from_another_folder(installed):
     assert where.returncode == 0 and Path(where.stdout.strip()).is_relative_to(target), where.stdout + where.stderr
     tasks = run(installed, "-m", "fbt_probe", "tasks", "list")
     assert tasks.returncode == 0, tasks.stderr
-    assert sorted(ln.split()[0] for ln in tasks.stdout.splitlines()) == ["completion", "memory", "registers", "registers-count"]
+    assert sorted(ln.split()[0] for ln in tasks.stdout.splitlines()) == [
+        "completion",
+        "memory",
+        "registers",
+        "registers-count",
+    ]
     assert str(target) in tasks.stdout  # the specs are read from the installed package
     gen = run(installed, "-m", "fbt_probe", "tasks", "generate", "completion", "--groups", "4", "--out", "data")
     assert gen.returncode == 0, gen.stderr
@@ -77,12 +115,17 @@ def test_the_installed_package_runs_from_another_folder(installed):
     assert json.loads((work / "data" / "completion.manifest.json").read_text())  # written beside it
     refs = run(installed, "-m", "fbt_probe", "model", "refs")
     assert refs.returncode == 0 and "tiny-feedback" in refs.stdout and "tiny-baseline" in refs.stdout, refs.stderr
-    forward = run(installed, "-c", (
-        "import torch, fbt_probe as fp\n"
-        "m = fp.load_model('ref:tiny-feedback')\n"
-        "print(m.cfg.d_vocab, tuple(m(torch.tensor([[1, 2, 3, 4]])).shape))\n"
-        "from fbt_probe.reproduce.seeds import packaged\n"
-        "print(packaged('tiny').is_file())"))
+    forward = run(
+        installed,
+        "-c",
+        (
+            "import torch, fbt_probe as fp\n"
+            "m = fp.load_model('ref:tiny-feedback')\n"
+            "print(m.cfg.d_vocab, tuple(m(torch.tensor([[1, 2, 3, 4]])).shape))\n"
+            "from fbt_probe.reproduce.seeds import packaged\n"
+            "print(packaged('tiny').is_file())"
+        ),
+    )
     assert forward.returncode == 0, forward.stderr
     vocab_and_shape, seeds = forward.stdout.strip().splitlines()
     d_vocab, shape = vocab_and_shape.split(" ", 1)
@@ -97,18 +140,33 @@ def test_provenance_inside_a_users_repository_names_the_package_not_the_reposito
     _, target, _, env = installed
     repo = tmp_path / "users-repo"
     repo.mkdir()
-    git = {**env, "GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@x", "GIT_COMMITTER_NAME": "u", "GIT_COMMITTER_EMAIL": "u@x"}
+    git = {
+        **env,
+        "GIT_AUTHOR_NAME": "u",
+        "GIT_AUTHOR_EMAIL": "u@x",
+        "GIT_COMMITTER_NAME": "u",
+        "GIT_COMMITTER_EMAIL": "u@x",
+    }
     for cmd in (["git", "init", "-q"], ["git", "commit", "-q", "--allow-empty", "-m", "theirs"]):
         subprocess.run(cmd, cwd=repo, env=git, check=True)
-    theirs = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+    theirs = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.strip()
     shutil.copytree(target, repo / "site")  # the install inside their repository, as a venv inside it would be
     env = {**env, "PYTHONPATH": str(repo / "site")}
-    res = subprocess.run([sys.executable, "-c", "import json, fbt_probe.provenance as p; print(json.dumps(p.provenance()))"],
-                         cwd=repo, env=env, capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-c", "import json, fbt_probe.provenance as p; print(json.dumps(p.provenance()))"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     rec = json.loads(res.stdout)
     from fbt_probe._version import __version__
 
     assert rec["git_commit"] == "unknown" and rec["working_directory_commit"] == theirs
     assert rec["package"]["version"] == __version__ and rec["versions"]["fbt-probe"] == __version__
-    assert rec["package"]["kind"] == "local folder or file" and rec["package"]["url"].endswith(".whl")  # pip's direct_url.json
+    assert rec["package"]["kind"] == "local folder or file" and rec["package"]["url"].endswith(
+        ".whl"
+    )  # pip's direct_url.json

@@ -13,6 +13,7 @@ On CPU only the reference path is timed (the kernel is CUDA-only; interpreted ti
 nothing) and the report says so. Every number is a median over repeated calls after warm-up:
 CUDA timings use `triton.testing.do_bench` (device events, L2 flushed between calls).
 """
+
 from __future__ import annotations
 
 import platform
@@ -68,6 +69,7 @@ class FusionBenchConfig:
 
 # --------------------------------------------------------------------------------- timing
 
+
 def make_timer(device: torch.device, budget_ms: float) -> Callable[[Callable[[], object]], float]:
     """A function timing `fn()` in seconds (median after warm-up)."""
     if device.type == "cuda":
@@ -75,6 +77,7 @@ def make_timer(device: torch.device, budget_ms: float) -> Callable[[Callable[[],
             from triton.testing import do_bench
         except ImportError:
             return lambda fn: _time_events(fn, budget_ms)
+
         def cuda_time(fn):
             # one call first: do_bench sizes its warm-up and repetitions from its first calls' times,
             # so a first call that JIT-compiles (Triton, inductor) would leave it a single timed run
@@ -125,6 +128,7 @@ def _graph_timer(device: torch.device, budget_ms: float):
 
 # --------------------------------------------------------------------------------- device
 
+
 def device_bandwidth(device: torch.device, timer) -> dict:
     """Datasheet-style peak (memory clock × bus width, CUDA only) and a measured copy."""
     out: dict = {"peak_gbps": None, "peak_source": None}
@@ -149,6 +153,7 @@ def describe_device(device: torch.device) -> str:
 
 
 # --------------------------------------------------------------------------------- the rows sweep
+
 
 def _reference():
     """The model's reference when it imports (it needs transformer-lens), else the kernels' copy."""
@@ -197,7 +202,9 @@ def bench_rows(cfg: FusionBenchConfig, device: torch.device, dtype: torch.dtype,
         rec["dispatch_s"] = timer(lambda: epilogue(value, gate, weight, eps))
         if fused:
             rec["rel_err"] = _rel_err(K.glu_fusion(value, gate, weight, eps), value, gate, weight, eps)
-            rec["table_rel_err"] = _rel_err(K.glu_fusion_table(value, ids, table, weight, eps), value, table[ids], weight, eps)
+            rec["table_rel_err"] = _rel_err(
+                K.glu_fusion_table(value, ids, table, weight, eps), value, table[ids], weight, eps
+            )
             rec["fused_s"] = timer(lambda: K.glu_fusion(value, gate, weight, eps))
             rec["table_s"] = timer(lambda: K.glu_fusion_table(value, ids, table, weight, eps))
         records.append(rec)
@@ -206,6 +213,7 @@ def bench_rows(cfg: FusionBenchConfig, device: torch.device, dtype: torch.dtype,
 
 
 # --------------------------------------------------------------------------------- decode share
+
 
 @dataclass(frozen=True)
 class DecodeDims:
@@ -249,11 +257,16 @@ class SyntheticDecodeStep:
         self.layers = []
         for window in dims.windows:
             n_keys = min(ctx, window) if window else ctx
-            self.layers.append(dict(
-                qkv=w((H + 2 * KV) * dh, D), o=w(D, H * dh), gate_up=w(2 * Fm, D), down=w(D, Fm),
-                k=torch.randn(batch, KV, n_keys, dh, device=device, generator=gen).to(dtype),
-                v=torch.randn(batch, KV, n_keys, dh, device=device, generator=gen).to(dtype),
-            ))
+            self.layers.append(
+                dict(
+                    qkv=w((H + 2 * KV) * dh, D),
+                    o=w(D, H * dh),
+                    gate_up=w(2 * Fm, D),
+                    down=w(D, Fm),
+                    k=torch.randn(batch, KV, n_keys, dh, device=device, generator=gen).to(dtype),
+                    v=torch.randn(batch, KV, n_keys, dh, device=device, generator=gen).to(dtype),
+                )
+            )
         self.embed = w(dims.d_vocab, D)
         self.W_U, self.W_G = w(D, D), w(D, D)
         self.norm_w = (1 + 0.1 * torch.randn(D, device=device, generator=gen)).to(dtype)
@@ -384,6 +397,7 @@ def _model_uses_fast_path(model, device) -> bool:
 
 # --------------------------------------------------------------------------------- driver
 
+
 def resolve(cfg: FusionBenchConfig) -> tuple[torch.device, torch.dtype]:
     if cfg.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -410,7 +424,9 @@ def run_fusion_bench(cfg: FusionBenchConfig = FusionBenchConfig()) -> dict:
     torch.manual_seed(cfg.seed)
     result: dict = {
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
-        "device": str(device), "device_name": describe_device(device), "dtype": str(dtype).removeprefix("torch."),
+        "device": str(device),
+        "device_name": describe_device(device),
+        "dtype": str(dtype).removeprefix("torch."),
         "fused_available": fused,
         "path": _path_label(device, fused),
         "triton": _triton_version(),
@@ -444,6 +460,7 @@ def _triton_version() -> str | None:
 
 # --------------------------------------------------------------------------------- report
 
+
 def _us(s) -> str:
     return "–" if s is None else f"{s * 1e6:.1f}" if s < 1e-1 else f"{s * 1e6:.0f}"
 
@@ -473,8 +490,8 @@ def to_markdown(result: dict) -> str:
     lines = [
         f"### Fusion epilogue, D = {cfg['d_model']}, {result['dtype']}, {result['device_name']}",
         "",
-        f"- path: **{result['path']}**" + ("" if result["fused_available"] else
-                                             " — the Triton kernel and torch.compile are timed on CUDA only"),
+        f"- path: **{result['path']}**"
+        + ("" if result["fused_available"] else " — the Triton kernel and torch.compile are timed on CUDA only"),
         f"- peak memory bandwidth: {_peak_text(peak, bw.get('peak_source'))}; measured device copy "
         f"(read + write): {copy:.0f} GB/s",
         "- bytes counted: value, gate and out once each (+ the weight); GB/s = those bytes / median time",
@@ -484,8 +501,10 @@ def to_markdown(result: dict) -> str:
     ]
     fused = result["fused_available"]
     if fused:
-        lines += ["| rows | eager µs | compile µs | fused µs | fused GB/s | % of peak | × eager | × compile | table µs | table × eager-gather | rel. err | dispatch µs (path) | dispatch × best other |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "| rows | eager µs | compile µs | fused µs | fused GB/s | % of peak | × eager | × compile | table µs | table × eager-gather | rel. err | dispatch µs (path) | dispatch × best other |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
     else:
         lines += ["| rows | eager µs | eager GB/s | % of copy | eager + gather µs |", "|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
@@ -502,7 +521,9 @@ def to_markdown(result: dict) -> str:
             )
         else:
             g = gbps(r["eager_s"])
-            lines.append(f"| {r['rows']} | {_us(r['eager_s'])} | {g:.1f} | {_pct(g, copy)} | {_us(r['eager_table_s'])} |")
+            lines.append(
+                f"| {r['rows']} | {_us(r['eager_s'])} | {g:.1f} | {_pct(g, copy)} | {_us(r['eager_table_s'])} |"
+            )
     errors = sorted({r["compile_error"] for r in result["rows"] if "compile_error" in r})
     lines += [f"\ntorch.compile failed: {e}" for e in errors]
     lines += _decode_markdown(result)
@@ -521,9 +542,11 @@ def _decode_markdown(result: dict) -> list[str]:
             "| batch | fusion path | timing | step µs | epilogue µs | epilogue share | fusion µs (GEMMs + epilogue) | fusion share |",
             "|---:|---|---|---:|---:|---:|---:|---:|",
         ]
-        variants = [("eager two-product", "launches", "step_eager_s", "epilogue_eager_s", "fusion_eager_s"),
-                    ("fused table", "launches", "step_fused_s", "epilogue_fused_s", "fusion_fused_s"),
-                    ("fused table", "CUDA graph", "graph_step_fused_s", "graph_epilogue_fused_s", None)]
+        variants = [
+            ("eager two-product", "launches", "step_eager_s", "epilogue_eager_s", "fusion_eager_s"),
+            ("fused table", "launches", "step_fused_s", "epilogue_fused_s", "fusion_fused_s"),
+            ("fused table", "CUDA graph", "graph_step_fused_s", "graph_epilogue_fused_s", None),
+        ]
         for r in result["decode"]:
             if "error" in r:
                 lines.append(f"| {r['batch']} | error: {r['error']} | | | | | | |")

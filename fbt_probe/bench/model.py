@@ -15,6 +15,7 @@ is measured in a fresh child process per shape (its VmHWM after the call, and ho
 raised it above the loaded model warmed up on a short input), so one measurement's peak does not
 hide another's.
 """
+
 from __future__ import annotations
 
 import json
@@ -101,8 +102,17 @@ def peak_memory(preset: str, mode: str, batch: int, T: int) -> dict:
 
 
 @torch.no_grad()
-def run_model_bench(preset: str = "tiny", batch: int = 8, seq: int = 1024, full_batches=(8, 1), cache_batch: int = 8,
-                    cache_seq: int = 256, repeats: int = 3, memory: bool = True, device: str = "cpu") -> dict:
+def run_model_bench(
+    preset: str = "tiny",
+    batch: int = 8,
+    seq: int = 1024,
+    full_batches=(8, 1),
+    cache_batch: int = 8,
+    cache_seq: int = 256,
+    repeats: int = 3,
+    memory: bool = True,
+    device: str = "cpu",
+) -> dict:
     dev = torch.device(device)
     model = load_model(preset, device=device).eval()
     V = model.cfg.d_vocab
@@ -114,7 +124,13 @@ def run_model_bench(preset: str = "tiny", batch: int = 8, seq: int = 1024, full_
         one = _tokens(V, b, seq, 1, dev)
         s = std if b == batch else med(lambda: model(one))
         f = med(lambda: model(one, mode="full"))
-        rec = {"batch": b, "standard_s": s, "full_s": f, "full_over_standard": f / s, "per_step_ms": f / (seq - 1) * 1e3}
+        rec = {
+            "batch": b,
+            "standard_s": s,
+            "full_s": f,
+            "full_over_standard": f / s,
+            "per_step_ms": f / (seq - 1) * 1e3,
+        }
         if dev.type == "cuda":  # the same scan without the captured graph: the eager lean step
             model.cuda_graphs = False
             e = med(lambda: model(one, mode="full"))
@@ -133,10 +149,22 @@ def run_model_bench(preset: str = "tiny", batch: int = 8, seq: int = 1024, full_
     n_tok = cache_batch * cache_seq
     machine = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine()
     return {
-        "preset": preset, "device": dev.type, "threads": torch.get_num_threads(), "repeats": repeats,
-        "machine": machine, "prefill": prefill,
-        "cache": {"batch": cache_batch, "seq": cache_seq, "plain_s": plain, "resid_s": resid, "all_s": every,
-                  "plain_tokens_per_s": n_tok / plain, "resid_over_plain": resid / plain, "all_over_plain": every / plain},
+        "preset": preset,
+        "device": dev.type,
+        "threads": torch.get_num_threads(),
+        "repeats": repeats,
+        "machine": machine,
+        "prefill": prefill,
+        "cache": {
+            "batch": cache_batch,
+            "seq": cache_seq,
+            "plain_s": plain,
+            "resid_s": resid,
+            "all_s": every,
+            "plain_tokens_per_s": n_tok / plain,
+            "resid_over_plain": resid / plain,
+            "all_over_plain": every / plain,
+        },
         "provenance": provenance(),
     }
 
@@ -148,25 +176,42 @@ def _ms(s: float) -> str:
 def to_markdown(r: dict) -> str:
     p, c = r["prefill"], r["cache"]
     lines = [
-        f"### Model ({r['preset']}, {r['device']}: {r.get('machine', '?')}, {r['threads']} threads; medians of {r['repeats']} runs)", "",
-        "| what | batch | T | time | / standard | per serial step |", "|---|---:|---:|---:|---:|---:|",
+        f"### Model ({r['preset']}, {r['device']}: {r.get('machine', '?')}, {r['threads']} threads; medians of {r['repeats']} runs)",
+        "",
+        "| what | batch | T | time | / standard | per serial step |",
+        "|---|---:|---:|---:|---:|---:|",
         f"| `standard` | {p['batch']} | {p['T']} | {_ms(p['standard_s'])} | 1.00× | – |",
     ]
     for f in p["full"]:
         label = "`full` (CUDA graph)" if "eager_full_s" in f else "`full`"
-        lines.append(f"| {label} | {f['batch']} | {p['T']} | {_ms(f['full_s'])} | {f['full_over_standard']:.2f}× "
-                     f"(standard at batch {f['batch']}: {f['standard_s'] * 1e3:,.1f} ms) | {f['per_step_ms']:.3f} ms |")
+        lines.append(
+            f"| {label} | {f['batch']} | {p['T']} | {_ms(f['full_s'])} | {f['full_over_standard']:.2f}× "
+            f"(standard at batch {f['batch']}: {f['standard_s'] * 1e3:,.1f} ms) | {f['per_step_ms']:.3f} ms |"
+        )
         if "eager_full_s" in f:
-            lines.append(f"| `full` (eager lean step) | {f['batch']} | {p['T']} | {_ms(f['eager_full_s'])} | "
-                         f"{f['eager_full_s'] / f['standard_s']:.2f}× (graph {f['graph_speedup']:.2f}× faster) | "
-                         f"{f['eager_per_step_ms']:.3f} ms |")
+            lines.append(
+                f"| `full` (eager lean step) | {f['batch']} | {p['T']} | {_ms(f['eager_full_s'])} | "
+                f"{f['eager_full_s'] / f['standard_s']:.2f}× (graph {f['graph_speedup']:.2f}× faster) | "
+                f"{f['eager_per_step_ms']:.3f} ms |"
+            )
     if "peak_memory" in p:
-        where = ("the CUDA allocator's peak; added = over the loaded model" if r["device"] == "cuda"
-                 else "fresh process; added = over the loaded model")
-        lines += ["", f"Peak {'memory' if r['device'] == 'cuda' else 'RSS'} of one call at batch {p['batch']} × {p['T']} ({where}):", ""]
-        lines += [f"- `{m}`: {v['rss_mb']:,.0f} MB (added {v['added_mb']:,.0f} MB)" for m, v in p["peak_memory"].items()]
+        where = (
+            "the CUDA allocator's peak; added = over the loaded model"
+            if r["device"] == "cuda"
+            else "fresh process; added = over the loaded model"
+        )
+        lines += [
+            "",
+            f"Peak {'memory' if r['device'] == 'cuda' else 'RSS'} of one call at batch {p['batch']} × {p['T']} ({where}):",
+            "",
+        ]
+        lines += [
+            f"- `{m}`: {v['rss_mb']:,.0f} MB (added {v['added_mb']:,.0f} MB)" for m, v in p["peak_memory"].items()
+        ]
     lines += [
-        "", f"| run_with_cache, batch {c['batch']} × {c['seq']} | time | / plain forward |", "|---|---:|---:|",
+        "",
+        f"| run_with_cache, batch {c['batch']} × {c['seq']} | time | / plain forward |",
+        "|---|---:|---:|",
         f"| plain forward | {c['plain_s'] * 1e3:.1f} ms | 1.00× |",
         f"| residual hooks (`hook_resid_*`) | {c['resid_s'] * 1e3:.1f} ms | {c['resid_over_plain']:.2f}× |",
         f"| every hook (incl. `hook_pattern`) | {c['all_s'] * 1e3:.1f} ms | {c['all_over_plain']:.2f}× |",

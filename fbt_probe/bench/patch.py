@@ -14,6 +14,7 @@
 The default dataset is what `fbt-probe tasks generate completion` writes (1,600 samples, 14 to
 1,038 tokens), generated into a temporary folder.
 """
+
 from __future__ import annotations
 
 import platform
@@ -60,8 +61,11 @@ main()
 def run_command(cli_args: list[str], peak_file: Path) -> dict:
     """Wall seconds, peak RSS (MB) and exit code of `fbt-probe CLI_ARGS` in a child process."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _CLI_WITH_PEAK, str(peak_file), *cli_args],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CLI_WITH_PEAK, str(peak_file), *cli_args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     peak = float(peak_file.read_text()) if peak_file.is_file() else float("nan")
     rec = {"seconds": time.perf_counter() - t0, "peak_rss_mb": peak, "exit_code": proc.returncode}
     if proc.returncode != 0:
@@ -98,71 +102,154 @@ def compare_reuse(run: str, dataset: Path, experiments, mode: str, pairs: int, s
         except Exception as exc:  # a failure is a result to report; the other experiments still run
             rows.append({"experiment": exp, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]})
             continue
-        rows.append({"experiment": exp, "reuse_s": times[True], "rerun_s": times[False],
-                     "speedup": times[False] / times[True], "max_summary_diff": _summary_diff(summaries[True], summaries[False])})
+        rows.append(
+            {
+                "experiment": exp,
+                "reuse_s": times[True],
+                "rerun_s": times[False],
+                "speedup": times[False] / times[True],
+                "max_summary_diff": _summary_diff(summaries[True], summaries[False]),
+            }
+        )
     return rows
 
 
-def run_patch_bench(run: str = "tiny", dataset: Path | None = None, experiments=EXPERIMENTS, mode: str = "recurrent:1",
-                    compare_pairs: int = 2, seed: int = 0, progress=None) -> dict:
+def run_patch_bench(
+    run: str = "tiny",
+    dataset: Path | None = None,
+    experiments=EXPERIMENTS,
+    mode: str = "recurrent:1",
+    compare_pairs: int = 2,
+    seed: int = 0,
+    progress=None,
+) -> dict:
     """`progress(line)` hears each command's result as it finishes."""
     with tempfile.TemporaryDirectory(prefix="fbt-bench-patch-") as tmp:
         tmp = Path(tmp)
         data = Path(dataset) if dataset is not None else default_dataset(tmp / "data")
-        frame = pd.concat([pd.read_parquet(p) for p in sorted(data.glob("*.parquet"))] if data.is_dir()
-                          else [pd.read_parquet(data)], ignore_index=True)
+        frame = pd.concat(
+            [pd.read_parquet(p) for p in sorted(data.glob("*.parquet"))] if data.is_dir() else [pd.read_parquet(data)],
+            ignore_index=True,
+        )
         commands = []
         for exp in experiments:
-            args = ["patch", str(run), str(data), "--experiment", exp, "--mode", mode, "--out", str(tmp / "out"),
-                    "--seed", str(seed)]
-            commands.append({"experiment": exp, "command": " ".join(["fbt-probe"] + args),
-                             **run_command(args, tmp / f"peak-{exp}.txt")})
+            args = [
+                "patch",
+                str(run),
+                str(data),
+                "--experiment",
+                exp,
+                "--mode",
+                mode,
+                "--out",
+                str(tmp / "out"),
+                "--seed",
+                str(seed),
+            ]
+            commands.append(
+                {
+                    "experiment": exp,
+                    "command": " ".join(["fbt-probe"] + args),
+                    **run_command(args, tmp / f"peak-{exp}.txt"),
+                }
+            )
             if progress is not None:
                 c = commands[-1]
                 progress(f"{exp}: {c['seconds']:.1f} s, peak RSS {c['peak_rss_mb']:.0f} MB, exit {c['exit_code']}")
         together = None
         if len(experiments) > 1:  # the same experiments as one command (they share each batch's prefill)
-            args = ["patch", str(run), str(data), "--experiment", ",".join(experiments), "--mode", mode,
-                    "--out", str(tmp / "together"), "--seed", str(seed)]
+            args = [
+                "patch",
+                str(run),
+                str(data),
+                "--experiment",
+                ",".join(experiments),
+                "--mode",
+                mode,
+                "--out",
+                str(tmp / "together"),
+                "--seed",
+                str(seed),
+            ]
             together = {"command": " ".join(["fbt-probe"] + args), **run_command(args, tmp / "peak-together.txt")}
-            together["max_summary_diff"] = max(
-                (_summary_diff(pd.read_parquet(tmp / "out" / e / "summary.parquet"), pd.read_parquet(tmp / "together" / e / "summary.parquet"))
-                 for e in experiments), default=float("nan")) if together["exit_code"] == 0 else float("nan")
+            together["max_summary_diff"] = (
+                max(
+                    (
+                        _summary_diff(
+                            pd.read_parquet(tmp / "out" / e / "summary.parquet"),
+                            pd.read_parquet(tmp / "together" / e / "summary.parquet"),
+                        )
+                        for e in experiments
+                    ),
+                    default=float("nan"),
+                )
+                if together["exit_code"] == 0
+                else float("nan")
+            )
             if progress is not None:
-                progress(f"all in one command: {together['seconds']:.1f} s, peak RSS {together['peak_rss_mb']:.0f} MB, "
-                         f"exit {together['exit_code']}")
+                progress(
+                    f"all in one command: {together['seconds']:.1f} s, peak RSS {together['peak_rss_mb']:.0f} MB, "
+                    f"exit {together['exit_code']}"
+                )
         compare = compare_reuse(run, data, experiments, mode, compare_pairs, seed) if compare_pairs > 0 else []
     return {
-        "run": str(run), "mode": mode, "dataset": str(dataset) if dataset is not None else "fbt-probe tasks generate completion (defaults)",
-        "samples": len(frame), "tokens": [int(frame["n_tokens"].min()), int(frame["n_tokens"].max())],
-        "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-        "commands": commands, "total_s": sum(c["seconds"] for c in commands), "together": together, "compare_pairs": compare_pairs,
-        "compare": compare, "provenance": provenance(seed=seed),
+        "run": str(run),
+        "mode": mode,
+        "dataset": str(dataset) if dataset is not None else "fbt-probe tasks generate completion (defaults)",
+        "samples": len(frame),
+        "tokens": [int(frame["n_tokens"].min()), int(frame["n_tokens"].max())],
+        "threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(),
+        "commands": commands,
+        "total_s": sum(c["seconds"] for c in commands),
+        "together": together,
+        "compare_pairs": compare_pairs,
+        "compare": compare,
+        "provenance": provenance(seed=seed),
     }
 
 
 def to_markdown(r: dict) -> str:
     lines = [
-        f"### `fbt-probe patch` ({r['run']}, mode {r['mode']}, {r['threads']} threads)", "",
-        f"Dataset: {r['dataset']}: {r['samples']:,} samples, {r['tokens'][0]}-{r['tokens'][1]} tokens.", "",
-        "| experiment | wall time | peak RSS | exit |", "|---|---:|---:|---:|",
+        f"### `fbt-probe patch` ({r['run']}, mode {r['mode']}, {r['threads']} threads)",
+        "",
+        f"Dataset: {r['dataset']}: {r['samples']:,} samples, {r['tokens'][0]}-{r['tokens'][1]} tokens.",
+        "",
+        "| experiment | wall time | peak RSS | exit |",
+        "|---|---:|---:|---:|",
     ]
     for c in r["commands"]:
         note = f" ({c['error'][0]})" if c.get("error") else ""
-        lines.append(f"| {c['experiment']} | {c['seconds']:.1f} s | {c['peak_rss_mb']:,.0f} MB | {c['exit_code']}{note} |")
-    lines.append(f"| **all {len(r['commands'])}**, one command each | **{r['total_s']:.1f} s** | max {max(c['peak_rss_mb'] for c in r['commands']):,.0f} MB | |")
+        lines.append(
+            f"| {c['experiment']} | {c['seconds']:.1f} s | {c['peak_rss_mb']:,.0f} MB | {c['exit_code']}{note} |"
+        )
+    lines.append(
+        f"| **all {len(r['commands'])}**, one command each | **{r['total_s']:.1f} s** | max {max(c['peak_rss_mb'] for c in r['commands']):,.0f} MB | |"
+    )
     t = r.get("together")
     if t:
         note = f" ({t['error'][0]})" if t.get("error") else ""
-        lines.append(f"| **all {len(r['commands'])} in one command** (`--experiment {','.join(c['experiment'] for c in r['commands'])}`) "
-                     f"| **{t['seconds']:.1f} s** | {t['peak_rss_mb']:,.0f} MB | {t['exit_code']}{note} |")
-        lines += ["", f"The one command's summary tables against the separate commands': largest difference {t['max_summary_diff']:.1e}."]
+        lines.append(
+            f"| **all {len(r['commands'])} in one command** (`--experiment {','.join(c['experiment'] for c in r['commands'])}`) "
+            f"| **{t['seconds']:.1f} s** | {t['peak_rss_mb']:,.0f} MB | {t['exit_code']}{note} |"
+        )
+        lines += [
+            "",
+            f"The one command's summary tables against the separate commands': largest difference {t['max_summary_diff']:.1e}.",
+        ]
     if r["compare"]:
-        lines += ["", f"Prefix reuse vs the full re-run per condition ({r['compare_pairs']} pairs per cell, compute only):", "",
-                  "| experiment | reuse | full re-run | speed-up | largest summary difference |", "|---|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            f"Prefix reuse vs the full re-run per condition ({r['compare_pairs']} pairs per cell, compute only):",
+            "",
+            "| experiment | reuse | full re-run | speed-up | largest summary difference |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for c in r["compare"]:
             if "error" in c:
                 lines.append(f"| {c['experiment']} | error: {c['error']} | | | |")
                 continue
-            lines.append(f"| {c['experiment']} | {c['reuse_s']:.1f} s | {c['rerun_s']:.1f} s | {c['speedup']:.1f}× | {c['max_summary_diff']:.1e} |")
+            lines.append(
+                f"| {c['experiment']} | {c['reuse_s']:.1f} s | {c['rerun_s']:.1f} s | {c['speedup']:.1f}× | {c['max_summary_diff']:.1e} |"
+            )
     return "\n".join(lines) + "\n"

@@ -4,6 +4,7 @@ settings in one plain loop, timed in the same run. Optionally the batched torch 
 
 Run it as `fbt-probe bench probes --out FILE.md` (`--help` lists the options).
 """
+
 from __future__ import annotations
 
 import time
@@ -56,8 +57,16 @@ def _sklearn_default_loop(X, y, splits) -> tuple[float, np.ndarray, np.ndarray, 
     return time.perf_counter() - start, acc, n_iter, unconverged
 
 
-def bench_probe_sweep(n: int = 1600, d: int = 1536, depths: int = 25, folds: int = 5, n_jobs: int = -1,
-                      seed: int = 0, torch_path: bool = False, device: str | None = None) -> dict:
+def bench_probe_sweep(
+    n: int = 1600,
+    d: int = 1536,
+    depths: int = 25,
+    folds: int = 5,
+    n_jobs: int = -1,
+    seed: int = 0,
+    torch_path: bool = False,
+    device: str | None = None,
+) -> dict:
     """Time one sweep (`depths` x `folds` fits, no control task) three or four ways; returns a dict."""
     X, y, groups = synthetic_activations(n, d, depths, seed)
     splits = grouped_splits(y, groups, n_splits=folds)
@@ -67,13 +76,24 @@ def bench_probe_sweep(n: int = 1600, d: int = 1536, depths: int = 25, folds: int
     t_fast = time.perf_counter() - start
     t_default, acc_default, iter_default, unconverged = _sklearn_default_loop(X, y, splits)
     result = {
-        "config": {"n": n, "d": d, "depths": depths, "folds": folds, "fits": depths * folds, "seed": seed,
-                   "jobs": 1 if depths * folds * n * d < INLINE_WORK else min(resolve_jobs(n_jobs), depths * folds), "probe": {"C": cfg.C, "max_iter": cfg.max_iter, "tol": cfg.tol}},
+        "config": {
+            "n": n,
+            "d": d,
+            "depths": depths,
+            "folds": folds,
+            "fits": depths * folds,
+            "seed": seed,
+            "jobs": 1 if depths * folds * n * d < INLINE_WORK else min(resolve_jobs(n_jobs), depths * folds),
+            "probe": {"C": cfg.C, "max_iter": cfg.max_iter, "tol": cfg.tol},
+        },
         "threadpools": [{"api": i["internal_api"], "threads": i["num_threads"]} for i in threadpool_info()],
-        "cpu_path_s": t_fast, "sklearn_default_loop_s": t_default, "speedup": t_default / t_fast,
+        "cpu_path_s": t_fast,
+        "sklearn_default_loop_s": t_default,
+        "speedup": t_default / t_fast,
         "max_abs_accuracy_diff": float(np.abs(fast["accuracy"][:, 0] - acc_default).max()),
         "accuracy_by_depth": fast["accuracy"][:, 0].mean(-1).round(4).tolist(),
-        "n_iter_cpu_path_mean": float(fast["n_iter"].mean()), "n_iter_default_mean": float(iter_default.mean()),
+        "n_iter_cpu_path_mean": float(fast["n_iter"].mean()),
+        "n_iter_default_mean": float(iter_default.mean()),
         "default_unconverged_fits": int(unconverged),
     }
     if torch_path:
@@ -82,8 +102,12 @@ def bench_probe_sweep(n: int = 1600, d: int = 1536, depths: int = 25, folds: int
         start = time.perf_counter()
         batched = fit_cells_torch(X, y[None], splits, C=cfg.C, max_iter=cfg.max_iter, tol=cfg.tol, device=dev)
         t_torch = time.perf_counter() - start  # results are on the host already: the device is synchronized
-        result.update(torch_path_s=t_torch, torch_device=dev, torch_speedup=t_default / t_torch,
-                      torch_max_abs_accuracy_diff=float(np.abs(batched["accuracy"][:, 0] - acc_default).max()))
+        result.update(
+            torch_path_s=t_torch,
+            torch_device=dev,
+            torch_speedup=t_default / t_torch,
+            torch_max_abs_accuracy_diff=float(np.abs(batched["accuracy"][:, 0] - acc_default).max()),
+        )
 
     result["provenance"] = provenance(seed=seed)
     return result
@@ -102,10 +126,16 @@ def to_markdown(r: dict) -> str:
         f"{r['speedup']:.1f}x | {r['max_abs_accuracy_diff']:.4f} |",
     ]
     if "torch_path_s" in r:
-        lines.append(f"| batched torch L-BFGS on {r['torch_device']} | {r['torch_path_s']:.1f} | "
-                     f"{r['torch_speedup']:.1f}x | {r['torch_max_abs_accuracy_diff']:.4f} |")
-    lines += ["", f"Mean lbfgs iterations: {r['n_iter_cpu_path_mean']:.0f} (CPU path, max_iter "
-              f"{c['probe']['max_iter']}) vs {r['n_iter_default_mean']:.0f} (defaults, max_iter 100; "
-              f"{r['default_unconverged_fits']} fits hit it). Default thread pools: "
-              + ", ".join(f"{b['api']} x{b['threads']}" for b in r["threadpools"]) + "."]
+        lines.append(
+            f"| batched torch L-BFGS on {r['torch_device']} | {r['torch_path_s']:.1f} | "
+            f"{r['torch_speedup']:.1f}x | {r['torch_max_abs_accuracy_diff']:.4f} |"
+        )
+    lines += [
+        "",
+        f"Mean lbfgs iterations: {r['n_iter_cpu_path_mean']:.0f} (CPU path, max_iter "
+        f"{c['probe']['max_iter']}) vs {r['n_iter_default_mean']:.0f} (defaults, max_iter 100; "
+        f"{r['default_unconverged_fits']} fits hit it). Default thread pools: "
+        + ", ".join(f"{b['api']} x{b['threads']}" for b in r["threadpools"])
+        + ".",
+    ]
     return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
 """Writing a benchmark report: the Markdown table and, beside it, the full result as JSON."""
+
 from __future__ import annotations
 
 import json

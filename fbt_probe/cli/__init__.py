@@ -4,6 +4,7 @@ Errors raised as `FbtError` print one line (`error: ...`) and exit with code 2. 
 (`torchrun --nproc_per_node N -m fbt_probe ...`) every process runs the same command inside one
 process group (`fbt_probe.distributed.session`); extract, patch and train share their work out.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -33,9 +34,13 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
     """fbt-probe: build, train, probe and intervene on latent-feedback transformers."""
+
 
 # (name, module): each module exposes either `app` (a typer.Typer, added as a group) or
 # `register(app)` (adds plain commands to the root app).

@@ -4,6 +4,7 @@ Each command builds its config, calls one library function that returns a JSON-a
 it to `write_report`, which prints the Markdown or writes it to --out (with the full result as JSON
 beside it, provenance included). A new benchmark is one more `@app.command` doing the same.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +14,9 @@ import typer
 
 app = typer.Typer(help="Benchmarks (Markdown tables; JSON with provenance beside --out).", no_args_is_help=True)
 
-OutOption = Annotated[Path | None, typer.Option("--out", help="Markdown file to write (FILE.json gets the full result). Default: print.")]
+OutOption = Annotated[
+    Path | None, typer.Option("--out", help="Markdown file to write (FILE.json gets the full result). Default: print.")
+]
 ForceOption = Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")]
 
 
@@ -31,13 +34,27 @@ def write_report(result: dict, to_markdown: Callable[[dict], str], out: Path | N
 
 @app.command()
 def fusion(
-    rows: Annotated[str, typer.Option(help="Rows (batch × positions) per call, comma-separated; k = 1024.")] = "1,4,16,64,256,1k,4k,16k,64k",
+    rows: Annotated[
+        str, typer.Option(help="Rows (batch × positions) per call, comma-separated; k = 1024.")
+    ] = "1,4,16,64,256,1k,4k,16k,64k",
     d_model: Annotated[int, typer.Option(help="Width D of the fused rows.")] = 1536,
     device: Annotated[str, typer.Option(help="auto (cuda if available), cpu or cuda[:N].")] = "auto",
-    dtype: Annotated[str, typer.Option(help="auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 or float16.")] = "auto",
-    compile: Annotated[bool, typer.Option("--compile/--no-compile", help="Time torch.compile of the reference (CUDA).")] = True,
-    decode: Annotated[bool | None, typer.Option("--decode/--no-decode", help="Share of a paper-1b decode step (default: on CUDA only).")] = None,
-    model_step: Annotated[bool | None, typer.Option("--model-step/--no-model-step", help="Also time the real FeedbackTransformer.step (default: on CUDA only).")] = None,
+    dtype: Annotated[
+        str, typer.Option(help="auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 or float16.")
+    ] = "auto",
+    compile: Annotated[
+        bool, typer.Option("--compile/--no-compile", help="Time torch.compile of the reference (CUDA).")
+    ] = True,
+    decode: Annotated[
+        bool | None,
+        typer.Option("--decode/--no-decode", help="Share of a paper-1b decode step (default: on CUDA only)."),
+    ] = None,
+    model_step: Annotated[
+        bool | None,
+        typer.Option(
+            "--model-step/--no-model-step", help="Also time the real FeedbackTransformer.step (default: on CUDA only)."
+        ),
+    ] = None,
     decode_batches: Annotated[str, typer.Option(help="Decode batch sizes, comma-separated.")] = "1,8,64",
     decode_ctx: Annotated[int, typer.Option(help="Tokens in the KV cache for the decode step.")] = 2048,
     decode_preset: Annotated[str, typer.Option(help="Model preset whose shapes the decode step uses.")] = "paper-1b",
@@ -55,9 +72,17 @@ def fusion(
     from fbt_probe.bench.fusion import FusionBenchConfig, parse_rows, run_fusion_bench, to_markdown
 
     cfg = FusionBenchConfig(
-        rows=parse_rows(rows), d_model=d_model, device=device, dtype=dtype, compile=compile, decode=decode,
-        model_step=model_step, decode_batches=parse_rows(decode_batches, "--decode-batches"), decode_ctx=decode_ctx,
-        decode_preset=decode_preset, budget_ms=budget_ms,
+        rows=parse_rows(rows),
+        d_model=d_model,
+        device=device,
+        dtype=dtype,
+        compile=compile,
+        decode=decode,
+        model_step=model_step,
+        decode_batches=parse_rows(decode_batches, "--decode-batches"),
+        decode_ctx=decode_ctx,
+        decode_preset=decode_preset,
+        budget_ms=budget_ms,
     )
     write_report(run_fusion_bench(cfg), to_markdown, out, force)
 
@@ -71,8 +96,12 @@ def model(
     cache_batch: Annotated[int, typer.Option(help="Batch of the run_with_cache measurement.")] = 8,
     cache_seq: Annotated[int, typer.Option(help="Sequence length of the run_with_cache measurement.")] = 256,
     repeats: Annotated[int, typer.Option(help="Timed runs per measurement (the median is reported).")] = 3,
-    memory: Annotated[bool, typer.Option("--memory/--no-memory", help="Peak RSS of standard and full (a child process each).")] = True,
-    device: Annotated[str, typer.Option(help="cpu, or cuda[:N] (full is then timed with and without the captured CUDA graph).")] = "cpu",
+    memory: Annotated[
+        bool, typer.Option("--memory/--no-memory", help="Peak RSS of standard and full (a child process each).")
+    ] = True,
+    device: Annotated[
+        str, typer.Option(help="cpu, or cuda[:N] (full is then timed with and without the captured CUDA graph).")
+    ] = "cpu",
     out: OutOption = None,
     force: ForceOption = False,
 ) -> None:
@@ -104,10 +133,15 @@ def model(
 @app.command()
 def patch(
     run: Annotated[str, typer.Option(help="Run / checkpoint folder or preset (random weights: same cost).")] = "tiny",
-    dataset: Annotated[Path | None, typer.Option(help="Dataset file or folder (default: `tasks generate completion` into a temporary folder).")] = None,
+    dataset: Annotated[
+        Path | None,
+        typer.Option(help="Dataset file or folder (default: `tasks generate completion` into a temporary folder)."),
+    ] = None,
     experiments: Annotated[str, typer.Option(help="Experiments, comma-separated, or 'all'.")] = "all",
     mode: Annotated[str, typer.Option(help="Prefill mode of the patch commands.")] = "recurrent:1",
-    compare_pairs: Annotated[int, typer.Option(help="Pairs per cell for the reuse-vs-full-re-run comparison (0: skip it).")] = 2,
+    compare_pairs: Annotated[
+        int, typer.Option(help="Pairs per cell for the reuse-vs-full-re-run comparison (0: skip it).")
+    ] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the patch commands (and of a preset's weights).")] = 0,
     out: OutOption = None,
     force: ForceOption = False,
@@ -123,17 +157,28 @@ def patch(
     from fbt_probe.errors import FbtError
     from fbt_probe.model.modes import parse_mode
 
-    names = EXPERIMENTS if experiments.strip() == "all" else tuple(e.strip() for e in experiments.split(",") if e.strip())
+    names = (
+        EXPERIMENTS if experiments.strip() == "all" else tuple(e.strip() for e in experiments.split(",") if e.strip())
+    )
     bad = [e for e in names if e not in EXPERIMENTS]
     if bad or not names:
-        raise FbtError(f"--experiments '{experiments}': expected 'all' or a comma-separated subset of {', '.join(EXPERIMENTS)}")
+        raise FbtError(
+            f"--experiments '{experiments}': expected 'all' or a comma-separated subset of {', '.join(EXPERIMENTS)}"
+        )
     parse_mode(mode)
     if compare_pairs < 0:
         raise FbtError("--compare-pairs must be >= 0")
     if dataset is not None and not dataset.exists():
         raise FbtError(f"{dataset}: no such dataset file or folder")
-    result = run_patch_bench(run, dataset, names, str(parse_mode(mode)), compare_pairs, seed,
-                             progress=lambda line: typer.echo(line, err=True))
+    result = run_patch_bench(
+        run,
+        dataset,
+        names,
+        str(parse_mode(mode)),
+        compare_pairs,
+        seed,
+        progress=lambda line: typer.echo(line, err=True),
+    )
     write_report(result, to_markdown, out, force)
 
 

@@ -1,4 +1,5 @@
 """`fbt-probe demo`: the built-in default job (what `make demo` runs)."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -26,7 +27,9 @@ def register(app: typer.Typer) -> None:
         model = load_model("tiny", seed=seed).eval()
         s = model_summary(model)
         typer.echo(f"tiny model: {s['parameters']:,} parameters, {s['fusion_parameters_2D2']:,} in the fusion (2·D²)")
-        typer.echo(f"hook points: {len(s['hook_names'])}; fusion: {', '.join(n for n in s['hook_names'] if n.startswith('fusion.'))}")
+        typer.echo(
+            f"hook points: {len(s['hook_names'])}; fusion: {', '.join(n for n in s['hook_names'] if n.startswith('fusion.'))}"
+        )
         g = torch.Generator().manual_seed(seed)
         prompt = torch.randint(0, model.cfg.d_vocab, (1, prompt_len), generator=g)
         typer.echo(f"prompt ids: {prompt[0].tolist()}")

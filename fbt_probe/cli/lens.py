@@ -1,4 +1,5 @@
 """`fbt-probe lens RUN DATASET --out DIR`: logit lens and tuned lens per depth, prefill mode and Jacobi pass."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,17 +11,31 @@ from fbt_probe.cli.options import DeviceOption, NBootOption
 
 
 def lens(
-    run: Annotated[str, typer.Argument(help="Run / checkpoint folder or a preset name (random init).", show_default=False)],
-    dataset: Annotated[Path, typer.Argument(help="A dataset .parquet (with its .manifest.json) or a folder of them.", show_default=False)],
+    run: Annotated[
+        str, typer.Argument(help="Run / checkpoint folder or a preset name (random init).", show_default=False)
+    ],
+    dataset: Annotated[
+        Path,
+        typer.Argument(help="A dataset .parquet (with its .manifest.json) or a folder of them.", show_default=False),
+    ],
     out: Annotated[Path, typer.Option("--out", help="Output folder (tables, translators, manifest, figures/).")],
-    mode: Annotated[str, typer.Option("--mode", "--modes", help="Prefill modes, comma-separated; jacobi:K draws one line per pass (min(K, T) passes on T tokens: K > T adds none).")] = "standard,recurrent:1,full,jacobi:3",
+    mode: Annotated[
+        str,
+        typer.Option(
+            "--mode",
+            "--modes",
+            help="Prefill modes, comma-separated; jacobi:K draws one line per pass (min(K, T) passes on T tokens: K > T adds none).",
+        ),
+    ] = "standard,recurrent:1,full,jacobi:3",
     tasks: Annotated[Optional[str], typer.Option(help="Only these tasks (comma-separated).")] = None,
     lengths: Annotated[Optional[str], typer.Option(help="Length knobs to keep, comma-separated or 'all'.")] = None,
     max_pairs: Annotated[Optional[int], typer.Option(help="Pairs per task x length cell (default all).")] = None,
     steps: Annotated[int, typer.Option(help="Tuned-lens training steps (0 = logit lens only).")] = 300,
     lr: Annotated[float, typer.Option(help="Tuned-lens learning rate (Adam).")] = 1e-3,
     positions: Annotated[int, typer.Option(help="Training positions per lens-train sample.")] = 16,
-    eval_fraction: Annotated[float, typer.Option(help="Share of pair groups held out of tuned-lens training (all metrics are on them).")] = 0.5,
+    eval_fraction: Annotated[
+        float, typer.Option(help="Share of pair groups held out of tuned-lens training (all metrics are on them).")
+    ] = 0.5,
     batch_size: Annotated[int, typer.Option(help="Samples per forward.")] = 32,
     n_boot: NBootOption = 1000,
     seed: Annotated[int, typer.Option(help="Seed (lens split, training positions, bootstrap; preset init).")] = 0,
@@ -44,22 +59,41 @@ def lens(
     from fbt_probe.loading import open_pairs
     from fbt_probe.model.modes import parse_modes
 
-    cfg = LensConfig(modes=tuple(str(m) for m in parse_modes(mode)), steps=steps, lr=lr, positions=positions,
-                     eval_fraction=eval_fraction, max_pairs=max_pairs, lengths=_ints(lengths, "lengths"),
-                     batch_size=batch_size, n_boot=n_boot, seed=seed)
+    cfg = LensConfig(
+        modes=tuple(str(m) for m in parse_modes(mode)),
+        steps=steps,
+        lr=lr,
+        positions=positions,
+        eval_fraction=eval_fraction,
+        max_pairs=max_pairs,
+        lengths=_ints(lengths, "lengths"),
+        batch_size=batch_size,
+        n_boot=n_boot,
+        seed=seed,
+    )
     replacing = refuse_existing(out, force, own=is_lens_folder, kind=LENS_KIND)  # before loading anything
-    lm, df = open_pairs(run, dataset, [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
-                        device=device, seed=seed, command="lens")
+    lm, df = open_pairs(
+        run,
+        dataset,
+        [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
+        device=device,
+        seed=seed,
+        command="lens",
+    )
     model = lm.model
     res = run_lens(model, df, cfg)
     write_lens(res, out, df, lm.provenance(), force=force, figures=figures)
     s = res.summary
     top = model.cfg.n_layers
     for r in s[(s.metric == "p_correct") & (s.length_knob == -1) & s.depth.isin([0, top])].itertuples():
-        typer.echo(f"{r.mode:<12} pass {r.pass_index} {r.task:<11} {r.lens:<6} depth {r.depth}: P(correct) {r.mean:.3f} "
-                   f"[{r.ci_low:.3f}, {r.ci_high:.3f}] over {r.n_pairs} pairs")
+        typer.echo(
+            f"{r.mode:<12} pass {r.pass_index} {r.task:<11} {r.lens:<6} depth {r.depth}: P(correct) {r.mean:.3f} "
+            f"[{r.ci_low:.3f}, {r.ci_high:.3f}] over {r.n_pairs} pairs"
+        )
     if len(res.training):
-        typer.echo(f"tuned lens: KL {res.training['kl'].iloc[0]:.4f} -> {res.training['kl'].iloc[-1]:.4f} nats over {len(res.training)} steps")
+        typer.echo(
+            f"tuned lens: KL {res.training['kl'].iloc[0]:.4f} -> {res.training['kl'].iloc[-1]:.4f} nats over {len(res.training)} steps"
+        )
     if replacing:
         typer.echo(f"replaced the earlier lens results in {out}")
     typer.echo(f"wrote {out}")

@@ -1,4 +1,5 @@
 """`fbt-probe model info|import-hf|import-nanochat|export-hf`."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,14 +15,20 @@ def model_summary(model) -> dict:
     total = sum(p.numel() for p in model.parameters())
     fusion = sum(p.numel() for n, p in model.named_parameters() if n.startswith("fusion.W_"))
     return {
-        "config": cfg.to_dict(), "layer_types": list(cfg.resolved_layer_types), "parameters": total,
-        "fusion_parameters_2D2": fusion, "fusion_share": fusion / total, "hook_names": sorted(model.hook_dict),
+        "config": cfg.to_dict(),
+        "layer_types": list(cfg.resolved_layer_types),
+        "parameters": total,
+        "fusion_parameters_2D2": fusion,
+        "fusion_share": fusion / total,
+        "hook_names": sorted(model.hook_dict),
     }
 
 
 @app.command()
 def info(
-    source: Annotated[str, typer.Argument(help="A preset (tiny, paper-1b), a checkpoint folder, or a Qwen3-format folder.")],
+    source: Annotated[
+        str, typer.Argument(help="A preset (tiny, paper-1b), a checkpoint folder, or a Qwen3-format folder.")
+    ],
     hooks: Annotated[bool, typer.Option(help="List every hook name.")] = False,
 ) -> None:
     """Config, parameter counts and hook points of a model.
@@ -44,10 +51,21 @@ def info(
     for k, v in s["config"].items():
         typer.echo(f"  {k:18s} {v}")
     typer.echo(f"  layer types       {', '.join(t.split('_')[0] for t in s['layer_types'])}")
-    mats = {"glu": "W_U + W_G", "gate_product": "W_U + W_G", "concat_projection": "W_C", "linear_addition": "W_U + W_T"}[model.cfg.fusion]
-    typer.echo(f"parameters: {s['parameters']:,}  (fusion {mats} = 2·D² = {s['fusion_parameters_2D2']:,}, {100 * s['fusion_share']:.2f} %)")
+    mats = {
+        "glu": "W_U + W_G",
+        "gate_product": "W_U + W_G",
+        "concat_projection": "W_C",
+        "linear_addition": "W_U + W_T",
+    }[model.cfg.fusion]
+    typer.echo(
+        f"parameters: {s['parameters']:,}  (fusion {mats} = 2·D² = {s['fusion_parameters_2D2']:,}, {100 * s['fusion_share']:.2f} %)"
+    )
     typer.echo(f"hook points: {len(s['hook_names'])}")
-    names = s["hook_names"] if hooks else [n for n in s["hook_names"] if not n.startswith("blocks.") or n.startswith("blocks.0.")]
+    names = (
+        s["hook_names"]
+        if hooks
+        else [n for n in s["hook_names"] if not n.startswith("blocks.") or n.startswith("blocks.0.")]
+    )
     for n in names:
         typer.echo(f"  {n}")
     if not hooks:
@@ -59,7 +77,9 @@ def import_hf(
     path: Annotated[Path, typer.Argument(help="Qwen3-format folder (config.json + safetensors).")],
     out: Annotated[Path, typer.Argument(help="Checkpoint folder to write.")],
     seed: Annotated[int, typer.Option(help="Seed of the fresh fusion weights.")] = 0,
-    tokenizer: Annotated[Path | None, typer.Option(help="tokenizer.json to copy (default: PATH/tokenizer.json if present).")] = None,
+    tokenizer: Annotated[
+        Path | None, typer.Option(help="tokenizer.json to copy (default: PATH/tokenizer.json if present).")
+    ] = None,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
 ) -> None:
     """Import a Qwen3 checkpoint and add fresh fusion weights (W_U, W_G ~ N(0, 0.02); fusion norm
@@ -109,8 +129,10 @@ def import_nanochat(
         record, notes = write_import(ckpt_dir, tmp, step=step, seed=seed, tokenizer=tokenizer)
     for note in notes:
         typer.echo(f"note: {note}")
-    typer.echo(f"{'replaced the earlier checkpoint in' if replacing else 'wrote'} {out} "
-               f"(step {record['step']}, fusion {record['model_config']['latent_feedback_mode']})")
+    typer.echo(
+        f"{'replaced the earlier checkpoint in' if replacing else 'wrote'} {out} "
+        f"(step {record['step']}, fusion {record['model_config']['latent_feedback_mode']})"
+    )
 
 
 @app.command("export-hf")
@@ -156,7 +178,9 @@ def refs() -> None:
     """
     from fbt_probe import reference
 
-    records = {name: reference.record(name) for name in reference.names()}  # every record checked before a line is written
+    records = {
+        name: reference.record(name) for name in reference.names()
+    }  # every record checked before a line is written
     for name, rec in records.items():
         std = [r for r in rec["accuracy"]["rows"] if r["mode"] == "standard"]
         per_task = {}
@@ -164,20 +188,37 @@ def refs() -> None:
             c, n = per_task.get(r["task"], (0, 0))
             per_task[r["task"]] = (c + r["correct"], n + r["n"])
         accs = ", ".join(f"{t} {c / n:.2f}" for t, (c, n) in per_task.items())
-        typer.echo(f"ref:{name:<16} {rec['arch']}{' baseline' if rec['baseline'] else ''}, seed {rec['seed']}, "
-                   f"{rec['steps']} steps, {_took(rec)}; held-out standard accuracy: {accs}")
+        typer.echo(
+            f"ref:{name:<16} {rec['arch']}{' baseline' if rec['baseline'] else ''}, seed {rec['seed']}, "
+            f"{rec['steps']} steps, {_took(rec)}; held-out standard accuracy: {accs}"
+        )
     typer.echo(f"cards: {reference.ROOT}/<name>/card.md")
 
 
 @app.command()
 def pack(
-    run: Annotated[str, typer.Argument(help="A finished training run folder (fbt-probe train), or ref:<name> to re-evaluate a shipped model and rewrite its card (its training record is kept).")],
+    run: Annotated[
+        str,
+        typer.Argument(
+            help="A finished training run folder (fbt-probe train), or ref:<name> to re-evaluate a shipped model and rewrite its card (its training record is kept)."
+        ),
+    ],
     name: Annotated[str, typer.Option(help="Reference name (lower case, digits, '-').")],
     out: Annotated[Path | None, typer.Option(help="Folder of reference models (default: the package's).")] = None,
     eval_pairs: Annotated[int, typer.Option(help="Held-out minimal pairs per task x length for the model card.")] = 16,
     force: Annotated[bool, typer.Option(help="Replace a reference model of the same name.")] = False,
-    command: Annotated[str | None, typer.Option(help="The command that retrains RUN, for the card (default: derived from its config; required for Hidden Decoding).")] = None,
-    timing: Annotated[str | None, typer.Option(help="How long the retrain command takes alone, as measured, for the card (the optimizer steps' summed times are an upper bound when RUN trained beside other jobs); kept when re-packing a ref:<name>.")] = None,
+    command: Annotated[
+        str | None,
+        typer.Option(
+            help="The command that retrains RUN, for the card (default: derived from its config; required for Hidden Decoding)."
+        ),
+    ] = None,
+    timing: Annotated[
+        str | None,
+        typer.Option(
+            help="How long the retrain command takes alone, as measured, for the card (the optimizer steps' summed times are an upper bound when RUN trained beside other jobs); kept when re-packing a ref:<name>."
+        ),
+    ] = None,
 ) -> None:
     """Make RUN a reference model: copy its checkpoint, evaluate it on held-out contexts, write its
     model card (card.md) and the sha256 record every load verifies (reference.json).

@@ -1,4 +1,5 @@
 """Options several commands share, declared once (same flag, same help)."""
+
 from __future__ import annotations
 
 from typing import Annotated

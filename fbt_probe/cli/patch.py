@@ -1,4 +1,5 @@
 """`fbt-probe patch RUN DATASET --experiment NAME`: causal interventions over minimal pairs."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,29 +31,82 @@ def _floats(spec: str, what: str) -> tuple[float, ...]:
 
 
 def patch(
-    run: Annotated[str, typer.Argument(help="Run / checkpoint folder (config.json, model.safetensors, tokenizer.json) or a preset name (random init).", show_default=False)],
-    dataset: Annotated[Path, typer.Argument(help="A dataset .parquet (with its .manifest.json) or a folder of them.", show_default=False)],
-    experiment: Annotated[str, typer.Option(help="feedback-swap | state-replacement | gate-ablation | residual | probe-direction | attribution | das; several comma-separated run in one command (the final-position ones share one prefill).")],
+    run: Annotated[
+        str,
+        typer.Argument(
+            help="Run / checkpoint folder (config.json, model.safetensors, tokenizer.json) or a preset name (random init).",
+            show_default=False,
+        ),
+    ],
+    dataset: Annotated[
+        Path,
+        typer.Argument(help="A dataset .parquet (with its .manifest.json) or a folder of them.", show_default=False),
+    ],
+    experiment: Annotated[
+        str,
+        typer.Option(
+            help="feedback-swap | state-replacement | gate-ablation | residual | probe-direction | attribution | das; several comma-separated run in one command (the final-position ones share one prefill)."
+        ),
+    ],
     out: Annotated[Path, typer.Option("--out", help="Results folder; each experiment writes OUT/<experiment>/.")],
-    mode: Annotated[str, typer.Option("--mode", "--modes", help="Prefill mode(s), comma-separated: standard, recurrent:k, full, jacobi:K (K passes; K >= the input's length T is the exact recurrence, jacobi:T = full, and runs as full).")] = "recurrent:1",
-    tasks: Annotated[Optional[str], typer.Option(help="Only these tasks (comma-separated; default all in DATASET).")] = None,
-    lengths: Annotated[Optional[str], typer.Option(help="Length knobs to keep, comma-separated or 'all' (residual default: the shortest per task).")] = None,
-    max_pairs: Annotated[Optional[int], typer.Option(help="Pairs per task x length cell (default all; residual 16).")] = None,
-    depths: Annotated[Optional[str], typer.Option(help="Probe depths for residual / probe-direction, comma-separated or 'all'.")] = None,
-    last_k: Annotated[Optional[int], typer.Option(help="Residual: patch only the last K positions (default all).")] = None,
+    mode: Annotated[
+        str,
+        typer.Option(
+            "--mode",
+            "--modes",
+            help="Prefill mode(s), comma-separated: standard, recurrent:k, full, jacobi:K (K passes; K >= the input's length T is the exact recurrence, jacobi:T = full, and runs as full).",
+        ),
+    ] = "recurrent:1",
+    tasks: Annotated[
+        Optional[str], typer.Option(help="Only these tasks (comma-separated; default all in DATASET).")
+    ] = None,
+    lengths: Annotated[
+        Optional[str],
+        typer.Option(help="Length knobs to keep, comma-separated or 'all' (residual default: the shortest per task)."),
+    ] = None,
+    max_pairs: Annotated[
+        Optional[int], typer.Option(help="Pairs per task x length cell (default all; residual 16).")
+    ] = None,
+    depths: Annotated[
+        Optional[str], typer.Option(help="Probe depths for residual / probe-direction, comma-separated or 'all'.")
+    ] = None,
+    last_k: Annotated[
+        Optional[int], typer.Option(help="Residual: patch only the last K positions (default all).")
+    ] = None,
     scales: Annotated[str, typer.Option(help="Probe-direction: steering scales (class-mean gaps).")] = "0.5,1,2,4",
     erase: Annotated[str, typer.Option(help="Probe-direction erasure: auto | leace | orth | leace,orth.")] = "auto",
-    folds: Annotated[int, typer.Option(help="Probe-direction: grouped folds for cross-fitting (4, as the probes).")] = 4,
-    min_gap: Annotated[float, typer.Option(help="Pairs with |clean - corrupt| logit difference below this are left out of 'normalized'.")] = 0.1,
+    folds: Annotated[
+        int, typer.Option(help="Probe-direction: grouped folds for cross-fitting (4, as the probes).")
+    ] = 4,
+    min_gap: Annotated[
+        float,
+        typer.Option(help="Pairs with |clean - corrupt| logit difference below this are left out of 'normalized'."),
+    ] = 0.1,
     decoding: Annotated[bool, typer.Option(help="Gate ablation: also Std / Soft decoding answer accuracy.")] = True,
-    check: Annotated[int, typer.Option(help="Attribution: patch exactly the K cells AtP ranks highest plus K random cells, and report rank correlation and worst error (0 = off).")] = 0,
-    hooks: Annotated[Optional[str], typer.Option(help="Attribution / DAS: hook names, comma-separated (default: residual stream + fusion hooks; DAS: fusion.hook_feedback and depths 0, L/2, L).")] = None,
+    check: Annotated[
+        int,
+        typer.Option(
+            help="Attribution: patch exactly the K cells AtP ranks highest plus K random cells, and report rank correlation and worst error (0 = off)."
+        ),
+    ] = 0,
+    hooks: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Attribution / DAS: hook names, comma-separated (default: residual stream + fusion hooks; DAS: fusion.hook_feedback and depths 0, L/2, L)."
+        ),
+    ] = None,
     ks: Annotated[str, typer.Option(help="DAS: subspace dimensions k.")] = "1,2,4,8",
     steps: Annotated[int, typer.Option(help="DAS: optimizer steps per rotation.")] = 200,
     lr: Annotated[float, typer.Option(help="DAS: learning rate of the rotation (Adam).")] = 1e-2,
     batch_size: Annotated[int, typer.Option(help="Samples per forward (pairs stay together).")] = 32,
     device: DeviceOption = "cpu",
-    prefix_reuse: Annotated[bool, typer.Option("--prefix-reuse/--no-prefix-reuse", help="Compute the positions before the edited one once per batch and run only the rest per condition (default); --no-prefix-reuse re-runs the whole sequence each time (same tables up to float rounding, slower).")] = True,
+    prefix_reuse: Annotated[
+        bool,
+        typer.Option(
+            "--prefix-reuse/--no-prefix-reuse",
+            help="Compute the positions before the edited one once per batch and run only the rest per condition (default); --no-prefix-reuse re-runs the whole sequence each time (same tables up to float rounding, slower).",
+        ),
+    ] = True,
     n_boot: NBootOption = 1000,
     seed: Annotated[int, typer.Option(help="Seed (bootstrap, donors, random states, folds; preset init).")] = 0,
     figures: Annotated[bool, typer.Option(help="Draw the experiment's figures into OUT/<experiment>/figures/.")] = True,
@@ -79,23 +133,47 @@ def patch(
     from fbt_probe.model.modes import parse_modes
 
     names = [e.strip() for e in experiment.split(",") if e.strip()]
-    cfgs = [PatchConfig(experiment=name, modes=tuple(str(m) for m in parse_modes(mode)), batch_size=batch_size,
-                        min_gap=min_gap, n_boot=n_boot, seed=seed, max_pairs=max_pairs, lengths=_ints(lengths, "lengths"),
-                        depths=_ints(depths, "depths"), last_k=last_k, scales=_floats(scales, "scales"), n_folds=folds,
-                        erase=erase, decoding=decoding, check=check, ks=_ints(ks, "ks") or (1, 2, 4, 8), steps=steps, lr=lr,
-                        prefix_reuse=prefix_reuse, hooks=tuple(h.strip() for h in hooks.split(",") if h.strip()) if hooks else None)
-            for name in names or [experiment]]
+    cfgs = [
+        PatchConfig(
+            experiment=name,
+            modes=tuple(str(m) for m in parse_modes(mode)),
+            batch_size=batch_size,
+            min_gap=min_gap,
+            n_boot=n_boot,
+            seed=seed,
+            max_pairs=max_pairs,
+            lengths=_ints(lengths, "lengths"),
+            depths=_ints(depths, "depths"),
+            last_k=last_k,
+            scales=_floats(scales, "scales"),
+            n_folds=folds,
+            erase=erase,
+            decoding=decoding,
+            check=check,
+            ks=_ints(ks, "ks") or (1, 2, 4, 8),
+            steps=steps,
+            lr=lr,
+            prefix_reuse=prefix_reuse,
+            hooks=tuple(h.strip() for h in hooks.split(",") if h.strip()) if hooks else None,
+        )
+        for name in names or [experiment]
+    ]
     from fbt_probe.errors import FbtError
     from fbt_probe.interventions.runner import RESULTS_KIND, is_results_folder
 
     if len(set(names)) != len(names):
         raise FbtError(f"--experiment {experiment}: each experiment at most once")
-    replacing = [out / c.experiment for c in cfgs  # before loading anything
-                 if refuse_existing(out / c.experiment, force, own=is_results_folder, kind=RESULTS_KIND)]
+    replacing = [
+        out / c.experiment
+        for c in cfgs  # before loading anything
+        if refuse_existing(out / c.experiment, force, own=is_results_folder, kind=RESULTS_KIND)
+    ]
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
     from fbt_probe.distributed import device_for
 
-    lm, df = open_pairs(run, dataset, task_list, device=device_for(device), seed=seed)  # torchrun: cuda -> cuda:LOCAL_RANK
+    lm, df = open_pairs(
+        run, dataset, task_list, device=device_for(device), seed=seed
+    )  # torchrun: cuda -> cuda:LOCAL_RANK
     if len(cfgs) == 1:
         res = run_patch(lm.model, df, cfgs[0], out=out, force=force, model_info=lm.provenance(), figures=figures)
         done = None if res is None else [res]
@@ -118,14 +196,18 @@ def _report(res) -> None:
         dec = "" if r.decoding == "prefill" else f" [{r.decoding}]"
         depth = f" depth {r.depth}" if r.depth >= 0 else ""
         scale = f" α={r.scale:g}" if r.condition.startswith("steer") else ""
-        typer.echo(f"{r.mode:<12} {r.task:<11} {r.condition:<13}{depth}{scale}{dec}: normalized {r.mean:+.3f} "
-                   f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] over {r.n_pairs} pairs ({r.n_excluded} tiny-gap excluded)")
+        typer.echo(
+            f"{r.mode:<12} {r.task:<11} {r.condition:<13}{depth}{scale}{dec}: normalized {r.mean:+.3f} "
+            f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] over {r.n_pairs} pairs ({r.n_excluded} tiny-gap excluded)"
+        )
     from fbt_probe.interventions.methods_report import report_lines
 
     for line in report_lines(res):
         typer.echo(line)
     for mode, e in res.manifest["tiny_gap"]["by_mode"].items():
-        typer.echo(f"{mode}: {e['excluded']} of {e['pairs']} pairs have |clean - corrupt| < {res.manifest['tiny_gap']['min_gap']}")
+        typer.echo(
+            f"{mode}: {e['excluded']} of {e['pairs']} pairs have |clean - corrupt| < {res.manifest['tiny_gap']['min_gap']}"
+        )
     for note in res.manifest["notes"]:
         typer.echo(f"note: {note}", err=True)
     typer.echo(f"wrote {res.out_dir}")

@@ -1,4 +1,5 @@
 """`fbt-probe extract | probe | figures`: activations -> probe table -> figures."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,18 +15,52 @@ def _figure_help() -> str:
 
 
 def extract(
-    run: Annotated[str, typer.Argument(help="Checkpoint folder (config.json, model.safetensors, tokenizer.json), ref:<name> (a shipped reference model) or preset name.", show_default=False)],
-    dataset: Annotated[Path, typer.Argument(help="A dataset .parquet (with its .manifest.json) or a folder of them.", show_default=False)],
+    run: Annotated[
+        str,
+        typer.Argument(
+            help="Checkpoint folder (config.json, model.safetensors, tokenizer.json), ref:<name> (a shipped reference model) or preset name.",
+            show_default=False,
+        ),
+    ],
+    dataset: Annotated[
+        Path,
+        typer.Argument(help="A dataset .parquet (with its .manifest.json) or a folder of them.", show_default=False),
+    ],
     out: Annotated[Path, typer.Option("--out", help="Activation folder (shards + manifest).")],
-    modes: Annotated[Optional[str], typer.Option("--modes", "--mode", help="Comma-separated prefill modes: standard, recurrent:k, full, jacobi:K (K passes; K >= the input's length T is the exact recurrence, jacobi:T = full, and runs as full) (default standard,recurrent:1; a Hidden Decoding model has only standard).")] = None,
-    hooks: Annotated[Optional[str], typer.Option(help="Extra hook names, comma-separated; NAME@-2 takes the position before the last.")] = None,
-    reference: Annotated[bool, typer.Option(help="Also extract the carried state h(T-1) (pseudo-mode carried-state).")] = True,
+    modes: Annotated[
+        Optional[str],
+        typer.Option(
+            "--modes",
+            "--mode",
+            help="Comma-separated prefill modes: standard, recurrent:k, full, jacobi:K (K passes; K >= the input's length T is the exact recurrence, jacobi:T = full, and runs as full) (default standard,recurrent:1; a Hidden Decoding model has only standard).",
+        ),
+    ] = None,
+    hooks: Annotated[
+        Optional[str],
+        typer.Option(help="Extra hook names, comma-separated; NAME@-2 takes the position before the last."),
+    ] = None,
+    reference: Annotated[
+        bool, typer.Option(help="Also extract the carried state h(T-1) (pseudo-mode carried-state).")
+    ] = True,
     batch_size: Annotated[int, typer.Option(help="Samples per forward (all of one exact length).")] = 16,
     shard_rows: Annotated[int, typer.Option(help="Samples per shard file.")] = 256,
     dtype: Annotated[str, typer.Option(help="Stored dtype: float32, float16, bfloat16, float64.")] = "float32",
     device: Annotated[Optional[str], typer.Option(help="Device to run the model on (default cpu).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing activation folder (and nothing else): the new one is built beside it and swapped in when done.")] = False,
-    progress: Annotated[Optional[bool], typer.Option("--progress/--no-progress", help="A progress bar with ETA on stderr instead of one line per shard (default: when stderr is a terminal and one process runs).", show_default=False)] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Replace an existing activation folder (and nothing else): the new one is built beside it and swapped in when done.",
+        ),
+    ] = False,
+    progress: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--progress/--no-progress",
+            help="A progress bar with ETA on stderr instead of one line per shard (default: when stderr is a terminal and one process runs).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Extract the final-position residual stream at every depth for each prefill mode.
 
@@ -50,8 +85,11 @@ def extract(
     where = f"rank {world().rank} " if world().several else ""
 
     def lines(done: int, total: int, shard: dict) -> None:
-        typer.echo(f"{where}[{done}/{total}] {shard['mode']:<14} {shard['task']:<11} T={shard['n_tokens']:<5} "
-                   f"{len(shard['rows'])} samples", err=True)
+        typer.echo(
+            f"{where}[{done}/{total}] {shard['mode']:<14} {shard['task']:<11} T={shard['n_tokens']:<5} "
+            f"{len(shard['rows'])} samples",
+            err=True,
+        )
 
     # the bar where someone watches a terminal (or --progress asks for it); lines in a log or a pipe, and
     # under torchrun, whose processes share one terminal
@@ -62,11 +100,26 @@ def extract(
     replacing = force and out.is_dir() and is_activation_folder(out)
     try:
         with report if use_bar else contextlib.nullcontext():
-            store = run_extract(run, dataset, modes, out, extra_hooks=extra, reference=reference, batch_size=batch_size,
-                                shard_rows=shard_rows, dtype=dtype, device=device, force=force, progress=report)
+            store = run_extract(
+                run,
+                dataset,
+                modes,
+                out,
+                extra_hooks=extra,
+                reference=reference,
+                batch_size=batch_size,
+                shard_rows=shard_rows,
+                dtype=dtype,
+                device=device,
+                force=force,
+                progress=report,
+            )
     except KeyboardInterrupt:
-        msg = f"{out} is unchanged (a forced extraction replaces it only when done)" if replacing else \
-            "rerun the same command to resume"
+        msg = (
+            f"{out} is unchanged (a forced extraction replaces it only when done)"
+            if replacing
+            else "rerun the same command to resume"
+        )
         typer.echo(f"interrupted: {msg}", err=True)
         raise typer.Exit(130) from None
     if not world().main:
@@ -78,13 +131,20 @@ def extract(
         what = f"{m['n_streams']} streams x {m['n_layers'] + 1} depths (mode standard)"
     else:
         what = f"{len(store.modes)} modes"
-    typer.echo(f"wrote {len(store.manifest['shards'])} shards for {n} samples x {what} to {out} (peak RSS "
-               f"{rss['after_largest_length']:.0f} MB up to the largest length T={rss['largest_length']})")
+    typer.echo(
+        f"wrote {len(store.manifest['shards'])} shards for {n} samples x {what} to {out} (peak RSS "
+        f"{rss['after_largest_length']:.0f} MB up to the largest length T={rss['largest_length']})"
+    )
 
 
 def probe(
     acts: Annotated[Path, typer.Argument(help="Activation folder written by `fbt-probe extract`.", show_default=False)],
-    out: Annotated[Path, typer.Option("--out", help="Results folder: probes.parquet, probes.csv, probes_summary.csv, probes.provenance.json.")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out", help="Results folder: probes.parquet, probes.csv, probes_summary.csv, probes.provenance.json."
+        ),
+    ],
     folds: Annotated[int, typer.Option(help="Folds of grouped K-fold CV (4: the paper's appendix F).")] = 4,
     cv: Annotated[str, typer.Option(help="group (GroupKFold) or stratified-group (StratifiedGroupKFold).")] = "group",
     c: Annotated[float, typer.Option("--C", help="Inverse L2 strength of the logistic regression.")] = 1.0,
@@ -93,7 +153,9 @@ def probe(
     device: Annotated[Optional[str], typer.Option(help="Device of the torch backend.")] = None,
     control: Annotated[bool, typer.Option(help="Fit the control task (labels permuted across groups).")] = True,
     seed: Annotated[int, typer.Option(help="Seed of the control permutation and stratified folds.")] = 0,
-    strict: Annotated[bool, typer.Option("--strict", help="Fail on a cell with fewer groups than folds instead of skipping it.")] = False,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Fail on a cell with fewer groups than folds instead of skipping it.")
+    ] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace existing result files.")] = False,
 ) -> None:
     """Fit grouped-CV probes at every depth for each task x mode x length.
@@ -105,8 +167,17 @@ def probe(
     from fbt_probe.probes import ProbeConfig, probe_sweep, write_results
     from fbt_probe.probes.sweep import CSV_FILE, PROVENANCE_FILE, SUMMARY_FILE, TABLE_FILE
 
-    cfg = ProbeConfig(n_splits=folds, cv=cv, C=c, backend=backend, n_jobs=jobs, device=device, control=control,
-                      seed=seed, skip_small_cells=not strict)
+    cfg = ProbeConfig(
+        n_splits=folds,
+        cv=cv,
+        C=c,
+        backend=backend,
+        n_jobs=jobs,
+        device=device,
+        control=control,
+        seed=seed,
+        skip_small_cells=not strict,
+    )
     for name in (TABLE_FILE, CSV_FILE, SUMMARY_FILE, PROVENANCE_FILE):  # refuse before hours of fitting
         refuse_existing(out / name, force)
 
@@ -117,16 +188,24 @@ def probe(
     paths = write_results(result, out, force=force)
     for flag in result.flags:
         typer.echo(f"warning: {flag['task']} {flag['mode']} length {flag['length']}: {flag['message']}", err=True)
-    typer.echo(f"wrote {len(result.table)} rows to {paths['table']} (+ {paths['csv'].name}, "
-               f"{paths['summary'].name}, {paths['provenance'].name})")
+    typer.echo(
+        f"wrote {len(result.table)} rows to {paths['table']} (+ {paths['csv'].name}, "
+        f"{paths['summary'].name}, {paths['provenance'].name})"
+    )
 
 
 def figures(
     name: Annotated[str, typer.Argument(help="Figure name.", show_default=False)],
-    results: Annotated[Path, typer.Argument(help="A results table (.parquet/.csv) or a results folder.", show_default=False)],
+    results: Annotated[
+        Path, typer.Argument(help="A results table (.parquet/.csv) or a results folder.", show_default=False)
+    ],
     out: Annotated[Path, typer.Option("--out", help="Folder for NAME.png and NAME.svg.")],
-    baseline: Annotated[Optional[Path], typer.Option(help="Table of the no-feedback baseline model (figures that take one).")] = None,
-    option: Annotated[Optional[List[str]], typer.Option("--option", help="KEY=VALUE passed to the figure function (repeatable).")] = None,
+    baseline: Annotated[
+        Optional[Path], typer.Option(help="Table of the no-feedback baseline model (figures that take one).")
+    ] = None,
+    option: Annotated[
+        Optional[List[str]], typer.Option("--option", help="KEY=VALUE passed to the figure function (repeatable).")
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace existing figure files.")] = False,
 ) -> None:
     """Draw a figure from a results table (never runs a model).
@@ -154,5 +233,8 @@ def figures(
 def register(app: typer.Typer) -> None:
     app.command("extract")(extract)
     app.command("probe")(probe)
-    app.command("figures", help=f"Draw a figure from a results table (never runs a model). Figures: {_figure_help()}."
-                f"\n\nExample: fbt-probe figures fig7a runs/tiny/results --out reports/tiny")(figures)
+    app.command(
+        "figures",
+        help=f"Draw a figure from a results table (never runs a model). Figures: {_figure_help()}."
+        f"\n\nExample: fbt-probe figures fig7a runs/tiny/results --out reports/tiny",
+    )(figures)

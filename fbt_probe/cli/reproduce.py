@@ -1,4 +1,5 @@
 """`fbt-probe reproduce`: zero to the paper's probing figures and a report."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,19 +13,64 @@ def register(app: typer.Typer) -> None:
 
 
 def reproduce_cmd(
-    out: Annotated[Path, typer.Option(help="Study folder (datasets, models, activations, results, figures, report).")] = Path("runs/repro"),
+    out: Annotated[
+        Path, typer.Option(help="Study folder (datasets, models, activations, results, figures, report).")
+    ] = Path("runs/repro"),
     preset: Annotated[str, typer.Option(help="tiny (trains on this CPU) or paper-1b (needs --model).")] = "tiny",
-    model: Annotated[Path | None, typer.Option(help="A checkpoint folder to study instead of training (required for paper-1b).")] = None,
-    train: Annotated[bool, typer.Option("--train", help="Train the feedback model and its baseline from scratch (default: study the reference models shipped with the package, ref:<preset>-feedback and -baseline).")] = False,
-    quick: Annotated[bool, typer.Option(help="A small version of every stage, training small models (minutes; for checking the pipeline).")] = False,
-    demo: Annotated[bool, typer.Option("--demo", help="The lighter study `make demo` runs (fewer probe groups, no `full` on the register tasks, lighter AtP/DAS/lens): about 5 minutes on 2 cores.")] = False,
-    long: Annotated[bool, typer.Option("--long", help="Probe sets also at 128 and 256 distractors, past the training lengths (slower).")] = False,
-    steps: Annotated[int | None, typer.Option(help="Training steps with --train (default: the shipped models' recipe's, `fbt-probe train --recipe reference`, docs/training.md; 60 with --quick, which trains on the training defaults).")] = None,
+    model: Annotated[
+        Path | None, typer.Option(help="A checkpoint folder to study instead of training (required for paper-1b).")
+    ] = None,
+    train: Annotated[
+        bool,
+        typer.Option(
+            "--train",
+            help="Train the feedback model and its baseline from scratch (default: study the reference models shipped with the package, ref:<preset>-feedback and -baseline).",
+        ),
+    ] = False,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            help="A small version of every stage, training small models (minutes; for checking the pipeline)."
+        ),
+    ] = False,
+    demo: Annotated[
+        bool,
+        typer.Option(
+            "--demo",
+            help="The lighter study `make demo` runs (fewer probe groups, no `full` on the register tasks, lighter AtP/DAS/lens): about 5 minutes on 2 cores.",
+        ),
+    ] = False,
+    long: Annotated[
+        bool,
+        typer.Option("--long", help="Probe sets also at 128 and 256 distractors, past the training lengths (slower)."),
+    ] = False,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            help="Training steps with --train (default: the shipped models' recipe's, `fbt-probe train --recipe reference`, docs/training.md; 60 with --quick, which trains on the training defaults)."
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of data, training and probes.")] = 0,
-    methods: Annotated[bool, typer.Option("--methods/--no-methods", help="Run attribution patching, DAS and the lens (stages methods-*, lens-*).")] = True,
-    seeds: Annotated[int | None, typer.Option(help="With --train: study N training seeds (0..N-1) in OUT/seed-S/ and quote each headline number's mean and range over them (OUT/seeds.csv).")] = None,
+    methods: Annotated[
+        bool,
+        typer.Option(
+            "--methods/--no-methods", help="Run attribution patching, DAS and the lens (stages methods-*, lens-*)."
+        ),
+    ] = True,
+    seeds: Annotated[
+        int | None,
+        typer.Option(
+            help="With --train: study N training seeds (0..N-1) in OUT/seed-S/ and quote each headline number's mean and range over them (OUT/seeds.csv)."
+        ),
+    ] = None,
     force: Annotated[list[str] | None, typer.Option(help="Redo this stage even if up to date (repeatable).")] = None,
-    jobs: Annotated[int | None, typer.Option(min=1, help="Stages run side by side in worker processes, each with cores/JOBS threads (default: 2 where there are 2 cores or more; 1 runs every stage in this process). The bytes of a stage's outputs can depend on its thread count: compare studies made with the same --jobs on the same machine.")] = None,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Stages run side by side in worker processes, each with cores/JOBS threads (default: 2 where there are 2 cores or more; 1 runs every stage in this process). The bytes of a stage's outputs can depend on its thread count: compare studies made with the same --jobs on the same machine.",
+        ),
+    ] = None,
 ) -> None:
     """Generate the task datasets, take the shipped feedback model and its no-feedback baseline (or
     train them: --train), run the contraction diagnostic, extract activations, fit the probe sweep, run the causal experiments,
@@ -49,20 +95,35 @@ def reproduce_cmd(
     check_preset(preset)
     if preset != "tiny" and model is None:
         raise FbtError(f"--preset {preset}: training it here is not supported; pass --model PATH (a checkpoint folder)")
-    kw = {"preset": preset, "seed": seed, "model": str(model) if model else None,
-          "shipped": not (train or quick or model is not None), "methods": methods}
+    kw = {
+        "preset": preset,
+        "seed": seed,
+        "model": str(model) if model else None,
+        "shipped": not (train or quick or model is not None),
+        "methods": methods,
+    }
     if steps is not None:
         kw["steps"] = steps
     if quick + long + demo > 1:
         raise FbtError("--quick, --demo and --long: choose one")
-    make = ReproConfig.quick_config if quick else ReproConfig.demo_config if demo else ReproConfig.long_config if long else ReproConfig
+    make = (
+        ReproConfig.quick_config
+        if quick
+        else ReproConfig.demo_config
+        if demo
+        else ReproConfig.long_config
+        if long
+        else ReproConfig
+    )
     cfg = make(**kw)
     _check_force(cfg, out, set(force or []))
     t0 = time.perf_counter()
     if seeds is not None:
         res = reproduce_seeds(cfg, out, seeds, set(force or []), echo=typer.echo, jobs=jobs)
-        typer.echo(f"finished in {time.perf_counter() - t0:.0f} s; over seeds: {res['seeds']}; reports: "
-                   + ", ".join(str(r) for r in res["reports"]))
+        typer.echo(
+            f"finished in {time.perf_counter() - t0:.0f} s; over seeds: {res['seeds']}; reports: "
+            + ", ".join(str(r) for r in res["reports"])
+        )
         return
     res = reproduce(cfg, out, set(force or []), echo=typer.echo, jobs=jobs)
     typer.echo(time_table(res["times"], res["ran"]))

@@ -1,4 +1,5 @@
 """`fbt-probe train`, `fbt-probe eval`, `fbt-probe diagnose contraction`."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,36 +20,128 @@ def train_cmd(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option(help="Run folder to write (checkpoint, tokenizer, metrics.jsonl).")],
     preset: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
-    recipe: Annotated[str | None, typer.Option(help="A named set of training fields, under the options given here: 'reference' (how the shipped reference models are trained: induction warm-up, register documents with a ramp over the register count; its fields: docs/training.md).")] = None,
-    steps: Annotated[int | None, typer.Option(help="Optimizer steps (default: the recipe's, else TrainConfig.steps, 800).")] = None,
-    schedule: Annotated[str, typer.Option(help="Passes per batch: 'K:p,...' summing to 1, 'constant:K' or 'paper' (1:.75,2:.22,3:.03).")] = "paper",
-    baseline: Annotated[bool, typer.Option(help="No-feedback baseline: same data and steps, 1 pass only, fusion unused.")] = False,
-    one_pass_steps: Annotated[int | None, typer.Option(help="The first N steps train one pass only, then K follows --schedule (default: the training config's).")] = None,
-    init: Annotated[Path | None, typer.Option(help="Start from the weights of a run folder, a checkpoint (ours or Qwen3-format) or a shipped ref:<name> (fresh optimizer; feedback and --baseline: it must have --preset's shapes). Recorded in the run's config.")] = None,
+    recipe: Annotated[
+        str | None,
+        typer.Option(
+            help="A named set of training fields, under the options given here: 'reference' (how the shipped reference models are trained: induction warm-up, register documents with a ramp over the register count; its fields: docs/training.md)."
+        ),
+    ] = None,
+    steps: Annotated[
+        int | None, typer.Option(help="Optimizer steps (default: the recipe's, else TrainConfig.steps, 800).")
+    ] = None,
+    schedule: Annotated[
+        str, typer.Option(help="Passes per batch: 'K:p,...' summing to 1, 'constant:K' or 'paper' (1:.75,2:.22,3:.03).")
+    ] = "paper",
+    baseline: Annotated[
+        bool, typer.Option(help="No-feedback baseline: same data and steps, 1 pass only, fusion unused.")
+    ] = False,
+    one_pass_steps: Annotated[
+        int | None,
+        typer.Option(
+            help="The first N steps train one pass only, then K follows --schedule (default: the training config's)."
+        ),
+    ] = None,
+    init: Annotated[
+        Path | None,
+        typer.Option(
+            help="Start from the weights of a run folder, a checkpoint (ours or Qwen3-format) or a shipped ref:<name> (fresh optimizer; feedback and --baseline: it must have --preset's shapes). Recorded in the run's config."
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the initialisation, data and noise.")] = 0,
     lam: Annotated[float, typer.Option(help="λ of eq. 12 (weight of the passes k >= 2).")] = 1.0,
-    task_shares: Annotated[str | None, typer.Option(help="Share of each step's tokens per task, 'task:share,...' summing to 1 (default: the training config's).")] = None,
+    task_shares: Annotated[
+        str | None,
+        typer.Option(
+            help="Share of each step's tokens per task, 'task:share,...' summing to 1 (default: the training config's)."
+        ),
+    ] = None,
     noise: Annotated[float, typer.Option(help="σ of the uniform noise on carried states.")] = 0.02,
-    tasks: Annotated[str | None, typer.Option(help="Comma-separated tasks trained and evaluated (default: completion,memory,registers,registers-count).")] = None,
-    tokens_per_step: Annotated[int | None, typer.Option(help="Tokens of documents drawn per optimizer step (default 2048).")] = None,
+    tasks: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated tasks trained and evaluated (default: completion,memory,registers,registers-count)."
+        ),
+    ] = None,
+    tokens_per_step: Annotated[
+        int | None, typer.Option(help="Tokens of documents drawn per optimizer step (default 2048).")
+    ] = None,
     lr: Annotated[float | None, typer.Option(help="Peak learning rate (default 1e-3).")] = None,
     warmup: Annotated[int | None, typer.Option(help="Linear warm-up steps (default 100).")] = None,
-    min_lr_ratio: Annotated[float | None, typer.Option(help="Cosine decay to this share of --lr; 1 keeps it constant after warm-up (default 0.1).")] = None,
-    decay_steps: Annotated[int | None, typer.Option(help="The cosine decay to --min-lr-ratio runs over the last N steps, the lr constant before them (default 0: over every step after the warm-up).")] = None,
-    answer_share: Annotated[float | None, typer.Option(help="The answers' share of each document's loss weight, in (0, 1]; 1: loss on the answers only (default 0.5).")] = None,
-    register_mix: Annotated[str | None, typer.Option(help="Register documents in place of the register tasks' training cells: space-separated kinds m:wpr:K:S[:weight] (m registers, K writes each, S scratch lines, 0 = none) or m:N:S[:weight] (N assignments); weight: share of the documents; a trailing :vN gives values 0..N-1, answered by the number itself.")] = None,
-    register_queries: Annotated[int | None, typer.Option(help="Supervised queries at the end of each --register-mix document (default 1).")] = None,
-    copy_steps: Annotated[int | None, typer.Option(help="Induction warm-up: the first N of --steps train on copy documents only (random numbers repeated after a random gap), then the tasks (default 0).")] = None,
-    register_steps: Annotated[int | None, typer.Option(help="After the warm-up, the next N steps train the register tasks alone, then all the tasks (default 0).")] = None,
-    register_ramp: Annotated[str | None, typer.Option(help="A curriculum over the register count inside the register phase: 'M:N ...' (the first N register-phase steps draw only --register-mix kinds with at most M registers, then the next window, then every kind); 'none' for no ramp (the default, except under a --recipe that sets one, as 'reference' does).")] = None,
+    min_lr_ratio: Annotated[
+        float | None,
+        typer.Option(help="Cosine decay to this share of --lr; 1 keeps it constant after warm-up (default 0.1)."),
+    ] = None,
+    decay_steps: Annotated[
+        int | None,
+        typer.Option(
+            help="The cosine decay to --min-lr-ratio runs over the last N steps, the lr constant before them (default 0: over every step after the warm-up)."
+        ),
+    ] = None,
+    answer_share: Annotated[
+        float | None,
+        typer.Option(
+            help="The answers' share of each document's loss weight, in (0, 1]; 1: loss on the answers only (default 0.5)."
+        ),
+    ] = None,
+    register_mix: Annotated[
+        str | None,
+        typer.Option(
+            help="Register documents in place of the register tasks' training cells: space-separated kinds m:wpr:K:S[:weight] (m registers, K writes each, S scratch lines, 0 = none) or m:N:S[:weight] (N assignments); weight: share of the documents; a trailing :vN gives values 0..N-1, answered by the number itself."
+        ),
+    ] = None,
+    register_queries: Annotated[
+        int | None, typer.Option(help="Supervised queries at the end of each --register-mix document (default 1).")
+    ] = None,
+    copy_steps: Annotated[
+        int | None,
+        typer.Option(
+            help="Induction warm-up: the first N of --steps train on copy documents only (random numbers repeated after a random gap), then the tasks (default 0)."
+        ),
+    ] = None,
+    register_steps: Annotated[
+        int | None,
+        typer.Option(
+            help="After the warm-up, the next N steps train the register tasks alone, then all the tasks (default 0)."
+        ),
+    ] = None,
+    register_ramp: Annotated[
+        str | None,
+        typer.Option(
+            help="A curriculum over the register count inside the register phase: 'M:N ...' (the first N register-phase steps draw only --register-mix kinds with at most M registers, then the next window, then every kind); 'none' for no ramp (the default, except under a --recipe that sets one, as 'reference' does)."
+        ),
+    ] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (autocast on the training device).")] = "float32",
-    resume: Annotated[bool, typer.Option(help="Continue the run in OUT (bit for bit on CPU) to its recorded steps, or to --steps N past them; every other training option is the record's (one given that differs is refused).")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="Continue the run in OUT (bit for bit on CPU) to its recorded steps, or to --steps N past them; every other training option is the record's (one given that differs is refused)."
+        ),
+    ] = False,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
-    arch: Annotated[str, typer.Option(help="'feedback' (latent feedback) or 'hidden-decoding' (n streams per token, one pass; fbt_probe.hidden).")] = "feedback",
+    arch: Annotated[
+        str,
+        typer.Option(
+            help="'feedback' (latent feedback) or 'hidden-decoding' (n streams per token, one pass; fbt_probe.hidden)."
+        ),
+    ] = "feedback",
     streams: Annotated[int | None, typer.Option(help="hidden-decoding: streams per token n (default 2).")] = None,
-    cross_layers: Annotated[str | None, typer.Option(help="hidden-decoding: comma-separated cross-stream layers (default: the base's global layers).")] = None,
-    device: Annotated[str, typer.Option(help="auto (cuda if available, else cpu), cpu or cuda. Under torchrun each process takes its own GPU, cuda:LOCAL_RANK.")] = "auto",
-    fsdp: Annotated[bool, typer.Option("--fsdp", help="Under torchrun: shard parameters, gradients and optimizer state with FSDP2 (for paper-1b-sized models; default DDP). No evaluation during training: run fbt-probe eval afterwards.")] = False,
+    cross_layers: Annotated[
+        str | None,
+        typer.Option(help="hidden-decoding: comma-separated cross-stream layers (default: the base's global layers)."),
+    ] = None,
+    device: Annotated[
+        str,
+        typer.Option(
+            help="auto (cuda if available, else cpu), cpu or cuda. Under torchrun each process takes its own GPU, cuda:LOCAL_RANK."
+        ),
+    ] = "auto",
+    fsdp: Annotated[
+        bool,
+        typer.Option(
+            "--fsdp",
+            help="Under torchrun: shard parameters, gradients and optimizer state with FSDP2 (for paper-1b-sized models; default DDP). No evaluation during training: run fbt-probe eval afterwards.",
+        ),
+    ] = False,
 ) -> None:
     """Train a latent-feedback model (or its no-feedback baseline, or a Hidden Decoding model) on the four tasks.
 
@@ -64,7 +157,6 @@ def train_cmd(
     """
     from fbt_probe.config import preset as check_preset
     from fbt_probe.training import TrainConfig, parse_schedule, run_training
-
     from fbt_probe.training.parallel import process_device
 
     check_preset(preset)
@@ -76,9 +168,19 @@ def train_cmd(
     extra = {} if recipe is None else recipe_fields(recipe)
     if one_pass_steps is not None:
         extra["one_pass_steps"] = one_pass_steps
-    given = {"steps": steps, "tokens_per_step": tokens_per_step, "lr": lr, "warmup": warmup, "min_lr_ratio": min_lr_ratio,
-             "decay_steps": decay_steps, "answer_share": answer_share, "register_mix": register_mix, "register_queries": register_queries,
-             "copy_steps": copy_steps, "register_steps": register_steps}
+    given = {
+        "steps": steps,
+        "tokens_per_step": tokens_per_step,
+        "lr": lr,
+        "warmup": warmup,
+        "min_lr_ratio": min_lr_ratio,
+        "decay_steps": decay_steps,
+        "answer_share": answer_share,
+        "register_mix": register_mix,
+        "register_queries": register_queries,
+        "copy_steps": copy_steps,
+        "register_steps": register_steps,
+    }
     extra.update({k: v for k, v in given.items() if v is not None})
     if register_ramp is not None:
         extra["register_ramp"] = None if register_ramp.strip().lower() == "none" else register_ramp
@@ -86,8 +188,18 @@ def train_cmd(
         extra["tasks"] = parse_tasks(tasks)
     if task_shares is not None:
         extra["task_shares"] = parse_task_shares(task_shares)
-    fields = {"preset": preset, "schedule": schedule, "baseline": baseline, "seed": seed, "lam": lam, "noise": noise,
-              "dtype": dtype, "arch": arch, **hidden, **extra}
+    fields = {
+        "preset": preset,
+        "schedule": schedule,
+        "baseline": baseline,
+        "seed": seed,
+        "lam": lam,
+        "noise": noise,
+        "dtype": dtype,
+        "arch": arch,
+        **hidden,
+        **extra,
+    }
     if resume:
         from fbt_probe.training.resume import RunFinished, resume_config
 
@@ -112,7 +224,9 @@ def train_cmd(
         return
     if res.get("replaced"):
         typer.echo(f"replaced the earlier run in {out}")
-    typer.echo(f"trained {res['step']} steps in {res['seconds']:.0f} s ({res['tokens'] / max(res['seconds'], 1e-9):,.0f} tokens/s); run folder: {out}")
+    typer.echo(
+        f"trained {res['step']} steps in {res['seconds']:.0f} s ({res['tokens'] / max(res['seconds'], 1e-9):,.0f} tokens/s); run folder: {out}"
+    )
 
 
 # the options of `train` that are not train config fields (a resume may name them freely)
@@ -164,7 +278,9 @@ def parse_task_shares(text: str) -> dict:
         try:
             shares[name.strip()] = float(value)
         except ValueError:
-            raise FbtError(f"--task-shares '{text}': expected 'task:share,...' (e.g. completion:.5,memory:.25,registers:.25)") from None
+            raise FbtError(
+                f"--task-shares '{text}': expected 'task:share,...' (e.g. completion:.5,memory:.25,registers:.25)"
+            ) from None
     return shares
 
 
@@ -198,10 +314,10 @@ def eval_cmd(
     \b
     Example: fbt-probe eval runs/tiny
     """
-    from fbt_probe.tasks import load_tokenizer
-    from fbt_probe.training.arch import ARCHS
     from fbt_probe.errors import FbtError
     from fbt_probe.reference import is_reference
+    from fbt_probe.tasks import load_tokenizer
+    from fbt_probe.training.arch import ARCHS
     from fbt_probe.training.checkpoint import load_trained
     from fbt_probe.training.evaluate import answer_accuracy, eval_samples
 
@@ -215,17 +331,26 @@ def eval_cmd(
     losses = arch.val_losses(model, cfg, tok, max_passes=4)
     dest = out or run / "eval"
     _write_table(acc, dest / "accuracy", folder, cfg, force, extra={"val_loss_per_pass": losses})
-    typer.echo(acc.pivot_table(index=["task", "length_knob"], columns="decoding", values="accuracy").round(3).to_string())
+    typer.echo(
+        acc.pivot_table(index=["task", "length_knob"], columns="decoding", values="accuracy").round(3).to_string()
+    )
     typer.echo(arch.val_label + ", ".join(f"{k.removeprefix('val_loss_')}={v:.3f}" for k, v in losses.items()))
     typer.echo(f"wrote {dest}/accuracy.{{parquet,csv,json}}")
 
 
 @diagnose_app.command("contraction")
 def contraction_cmd(
-    runs: Annotated[list[Path], typer.Argument(help="Run folder(s) or shipped ref:<name>; several are drawn in one figure (e.g. two schedules).")],
+    runs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Run folder(s) or shipped ref:<name>; several are drawn in one figure (e.g. two schedules)."
+        ),
+    ],
     passes: Annotated[int, typer.Option(help="Feedback passes N (well past the trained depth).")] = 32,
     rows: Annotated[int, typer.Option(help="Packed validation rows (held-out contexts).")] = 16,
-    out: Annotated[Path | None, typer.Option(help="Output folder (default RUN/diagnostics; required for several runs).")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Output folder (default RUN/diagnostics; required for several runs).")
+    ] = None,
     force: Annotated[bool, typer.Option(help="Replace existing outputs.")] = False,
 ) -> None:
     """Fig. 3: validation loss after k = 1..N feedback passes and the carried-state change per pass.
@@ -241,15 +366,17 @@ def contraction_cmd(
     from fbt_probe.errors import FbtError
     from fbt_probe.figures import save_figure
     from fbt_probe.figures.contraction import fig3
-    from fbt_probe.tasks import load_tokenizer
     from fbt_probe.reference import is_reference
+    from fbt_probe.tasks import load_tokenizer
     from fbt_probe.training.checkpoint import load_trained
     from fbt_probe.training.evaluate import contraction, validation_batch
 
     if len(runs) > 1 and out is None:
         raise FbtError("diagnose contraction: several runs need --out (a folder for the shared table and figure)")
     if is_reference(str(runs[0])) and out is None:
-        raise FbtError(f"diagnose contraction {runs[0]}: a shipped model needs --out (its folder is part of the package)")
+        raise FbtError(
+            f"diagnose contraction {runs[0]}: a shipped model needs --out (its folder is part of the package)"
+        )
     if len({r.name for r in runs}) < len(runs):
         raise FbtError("diagnose contraction: run folders must have distinct names (they label the figure)")
     trained = [load_trained(run) for run in runs]  # (model, cfg, folder); a ref:<name> resolves to its verified folder
@@ -291,8 +418,17 @@ def _write_table(df, stem: Path, run: Path, cfg, force: bool, extra: dict | None
     with atomic_path(stem.with_suffix(".csv")) as tmp:
         df.to_csv(tmp, index=False)
     if isinstance(run, list):  # several runs in one table: every field becomes a list
-        fields = {"runs": [str(r) for r in run], "checkpoint_sha256": [checkpoint_hash(r) for r in run],
-                  "train_config": [c.to_dict() for c in cfg], "seed": [c.seed for c in cfg]}
+        fields = {
+            "runs": [str(r) for r in run],
+            "checkpoint_sha256": [checkpoint_hash(r) for r in run],
+            "train_config": [c.to_dict() for c in cfg],
+            "seed": [c.seed for c in cfg],
+        }
     else:
-        fields = {"run": str(run), "checkpoint_sha256": checkpoint_hash(run), "train_config": cfg.to_dict(), "seed": cfg.seed}
+        fields = {
+            "run": str(run),
+            "checkpoint_sha256": checkpoint_hash(run),
+            "train_config": cfg.to_dict(),
+            "seed": cfg.seed,
+        }
     write_json(stem.with_suffix(".json"), provenance(**fields, **(extra or {})))

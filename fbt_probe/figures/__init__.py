@@ -7,6 +7,7 @@ function `my_fig(table: pd.DataFrame, **options) -> Figure`, then add one line t
 `register_figure` from your own code). Options are keyword arguments of the function; a DataFrame
 option (e.g. `baseline`) is passed on the command line as a table path.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -33,30 +34,78 @@ class FigureEntry:
 
 
 FIGURES: dict[str, FigureEntry] = {
-    "fig3": FigureEntry("fbt_probe.figures.contraction", "fig3", "contraction.parquet",
-                        "contraction diagnostic: validation loss and carried-state change vs feedback passes"),
-    "fig7a": FigureEntry("fbt_probe.figures.probes", "fig7a", "probes.parquet",
-                         "probe accuracy vs depth; panels task x {standard, recurrent:1}; colour = length"),
-    "fig7b": FigureEntry("fbt_probe.figures.probes", "fig7b", "probes.parquet",
-                         "register sweeps (count m, writes per register): probe accuracy vs depth; lines = prefill modes, band = min-max over folds"),
-    "hidden": FigureEntry("fbt_probe.figures.hidden", "hidden_streams", "probes.parquet",
-                          "Hidden Decoding: accuracy along (stream, depth), next to the feedback model's depth curve"),
-    "patching-heatmap": FigureEntry("fbt_probe.figures.interventions", "patching_heatmap", "summary.parquet",
-                                    "residual patching (fbt-probe patch --experiment residual): depth x position"),
-    "ablation-bars": FigureEntry("fbt_probe.figures.interventions", "ablation_bars", "summary.parquet",
-                                 "feedback swap / state replacement / gate ablation: means with bootstrap CIs"),
-    "decodable-vs-used": FigureEntry("fbt_probe.figures.interventions", "decodable_vs_used", "summary.parquet",
-                                     "probe accuracy and causal effect of erasing its direction, per depth"),
-    "steering-sweep": FigureEntry("fbt_probe.figures.interventions", "steering_sweep", "summary.parquet",
-                                  "answer movement vs steering scale, probe vs random direction"),
-    "atp-heatmap": FigureEntry("fbt_probe.figures.methods", "atp_heatmap", "summary.parquet",
-                               "attribution patching: (pass x) hook x position map, checked cells ringed"),
-    "atp-parity": FigureEntry("fbt_probe.figures.methods", "atp_parity", "summary.parquet",
-                              "attribution patching against exact patching on the --check cells"),
-    "das-iia": FigureEntry("fbt_probe.figures.methods", "das_iia", "summary.parquet",
-                           "DAS: interchange intervention accuracy vs subspace dimension, with baselines"),
-    "lens": FigureEntry("fbt_probe.figures.lens", "lens_depth", "lens_summary.parquet",
-                        "logit / tuned lens: probability of the correct label word by depth, per mode and pass"),
+    "fig3": FigureEntry(
+        "fbt_probe.figures.contraction",
+        "fig3",
+        "contraction.parquet",
+        "contraction diagnostic: validation loss and carried-state change vs feedback passes",
+    ),
+    "fig7a": FigureEntry(
+        "fbt_probe.figures.probes",
+        "fig7a",
+        "probes.parquet",
+        "probe accuracy vs depth; panels task x {standard, recurrent:1}; colour = length",
+    ),
+    "fig7b": FigureEntry(
+        "fbt_probe.figures.probes",
+        "fig7b",
+        "probes.parquet",
+        "register sweeps (count m, writes per register): probe accuracy vs depth; lines = prefill modes, band = min-max over folds",
+    ),
+    "hidden": FigureEntry(
+        "fbt_probe.figures.hidden",
+        "hidden_streams",
+        "probes.parquet",
+        "Hidden Decoding: accuracy along (stream, depth), next to the feedback model's depth curve",
+    ),
+    "patching-heatmap": FigureEntry(
+        "fbt_probe.figures.interventions",
+        "patching_heatmap",
+        "summary.parquet",
+        "residual patching (fbt-probe patch --experiment residual): depth x position",
+    ),
+    "ablation-bars": FigureEntry(
+        "fbt_probe.figures.interventions",
+        "ablation_bars",
+        "summary.parquet",
+        "feedback swap / state replacement / gate ablation: means with bootstrap CIs",
+    ),
+    "decodable-vs-used": FigureEntry(
+        "fbt_probe.figures.interventions",
+        "decodable_vs_used",
+        "summary.parquet",
+        "probe accuracy and causal effect of erasing its direction, per depth",
+    ),
+    "steering-sweep": FigureEntry(
+        "fbt_probe.figures.interventions",
+        "steering_sweep",
+        "summary.parquet",
+        "answer movement vs steering scale, probe vs random direction",
+    ),
+    "atp-heatmap": FigureEntry(
+        "fbt_probe.figures.methods",
+        "atp_heatmap",
+        "summary.parquet",
+        "attribution patching: (pass x) hook x position map, checked cells ringed",
+    ),
+    "atp-parity": FigureEntry(
+        "fbt_probe.figures.methods",
+        "atp_parity",
+        "summary.parquet",
+        "attribution patching against exact patching on the --check cells",
+    ),
+    "das-iia": FigureEntry(
+        "fbt_probe.figures.methods",
+        "das_iia",
+        "summary.parquet",
+        "DAS: interchange intervention accuracy vs subspace dimension, with baselines",
+    ),
+    "lens": FigureEntry(
+        "fbt_probe.figures.lens",
+        "lens_depth",
+        "lens_summary.parquet",
+        "logit / tuned lens: probability of the correct label word by depth, per mode and pass",
+    ),
 }
 
 
@@ -113,8 +162,9 @@ def draw(name: str, results, **options):
     return fn(table, **options)
 
 
-def save_figure(fig, out_dir: str | Path, stem: str, force: bool = False,
-                formats: tuple[str, ...] = ("png", "svg"), dpi: int = 200) -> list[Path]:
+def save_figure(
+    fig, out_dir: str | Path, stem: str, force: bool = False, formats: tuple[str, ...] = ("png", "svg"), dpi: int = 200
+) -> list[Path]:
     """Write `stem.png` / `stem.svg` into `out_dir` (atomically; existing files need `force`)."""
     out_dir = Path(out_dir)
     paths = [out_dir / f"{stem}.{fmt}" for fmt in formats]
@@ -135,8 +185,9 @@ def _draw_and_save(job: tuple, out_dir: Path, formats: tuple[str, ...], dpi: int
     plt.close(fig)
 
 
-def draw_all(jobs: list[tuple], out_dir: str | Path, formats: tuple[str, ...] = ("png", "svg"), dpi: int = 200,
-             workers: int = 1) -> None:
+def draw_all(
+    jobs: list[tuple], out_dir: str | Path, formats: tuple[str, ...] = ("png", "svg"), dpi: int = 200, workers: int = 1
+) -> None:
     """Draw and save each job `(stem, figure name, table, options)` into `out_dir`, replacing files of
     the same stem; `workers` > 1 draws them side by side in spawned processes (a figure is a pure
     function of its table, so the files are the same either way; most of a figure's time is the
@@ -154,5 +205,14 @@ def draw_all(jobs: list[tuple], out_dir: str | Path, formats: tuple[str, ...] = 
             fut.result()  # the first failure is raised here
 
 
-__all__ = ["FIGURES", "FigureEntry", "draw", "draw_all", "figure_names", "get_figure", "load_table", "register_figure",
-           "save_figure"]
+__all__ = [
+    "FIGURES",
+    "FigureEntry",
+    "draw",
+    "draw_all",
+    "figure_names",
+    "get_figure",
+    "load_table",
+    "register_figure",
+    "save_figure",
+]

@@ -2,6 +2,7 @@
 against the number of feedback passes. Drawn from the table of `fbt-probe diagnose contraction`;
 several runs (column `run`) are overlaid, e.g. two schedules side by side. A dotted line marks the
 deepest pass a run was trained at; runs trained to different depths each get one, in their colour."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -22,9 +23,14 @@ def fig3(table: pd.DataFrame, trained_passes: int | dict | None = None):
             colours[run] = loss_ax.plot(t["pass"], t["val_loss"], marker="o", ms=2.5, label=label)[0].get_color()
             d = t.dropna(subset=["state_change"])
             delta_ax.semilogy(d["pass"], d["state_change"].clip(lower=1e-12), marker="o", ms=2.5, label=label)
-        loss_ax.set(title="Validation loss after k feedback passes", xlabel="feedback passes k", ylabel="loss (nats per token)")
-        delta_ax.set(title="Change of the carried state per pass", xlabel="feedback passes k",
-                     ylabel="mean ‖h(k) − h(k−1)‖ (log scale)")
+        loss_ax.set(
+            title="Validation loss after k feedback passes", xlabel="feedback passes k", ylabel="loss (nats per token)"
+        )
+        delta_ax.set(
+            title="Change of the carried state per pass",
+            xlabel="feedback passes k",
+            ylabel="mean ‖h(k) − h(k−1)‖ (log scale)",
+        )
         if not isinstance(trained_passes, dict):
             trained_passes = {None: trained_passes} if trained_passes else {}
         marks = {}  # depth -> the runs trained to it
@@ -36,7 +42,15 @@ def fig3(table: pd.DataFrame, trained_passes: int | dict | None = None):
             text = " deepest trained pass" if one else f" {', '.join(map(str, at))}: trained to {depth} passes"
             for ax in (loss_ax, delta_ax):  # labels stacked from the top, so two depths never overprint
                 ax.axvline(depth, color=colour, ls=":", lw=1)
-                ax.text(depth, 0.99 - 0.07 * i, text, va="top", fontsize=6.5, color=colour, transform=ax.get_xaxis_transform())
+                ax.text(
+                    depth,
+                    0.99 - 0.07 * i,
+                    text,
+                    va="top",
+                    fontsize=6.5,
+                    color=colour,
+                    transform=ax.get_xaxis_transform(),
+                )
         if runs[0] is not None:
             loss_ax.legend(frameon=False, fontsize=6.5)
         return fig

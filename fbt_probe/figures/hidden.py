@@ -5,6 +5,7 @@ Reads the probe table of `fbt_probe.hidden.extract_streams` + `probe_sweep`, who
 stream-major, depth = (k-1)(L+1) + d; the layer depth d is recovered from the `hook` column
 (blocks.0.hook_resid_pre -> 0, blocks.{l}.hook_resid_post -> l+1) and L is the largest d present.
 """
+
 from __future__ import annotations
 
 import re
@@ -51,7 +52,7 @@ def stream_curves(table: pd.DataFrame, model: str | None = None, length: int | N
     t["layer_depth"] = t["hook"].map(_layer_depth)
     per_stream = int(t["layer_depth"].max()) + 1
     t["stream"] = (t["depth"] - t["layer_depth"]) // per_stream + 1
-    return (t.groupby(["task", "stream", "layer_depth"])["value"].agg(["mean", "min", "max"]).reset_index())
+    return t.groupby(["task", "stream", "layer_depth"])["value"].agg(["mean", "min", "max"]).reset_index()
 
 
 def _feedback_curves(feedback: pd.DataFrame, task: str, length: int | None) -> pd.DataFrame:
@@ -62,8 +63,14 @@ def _feedback_curves(feedback: pd.DataFrame, task: str, length: int | None) -> p
     return t.groupby(["mode", "depth"])["value"].mean().reset_index()
 
 
-def hidden_streams(table: pd.DataFrame, feedback: pd.DataFrame | None = None, tasks: str | None = None,
-                   length: int | None = None, feedback_modes: str = "standard,recurrent:1", model: str | None = None):
+def hidden_streams(
+    table: pd.DataFrame,
+    feedback: pd.DataFrame | None = None,
+    tasks: str | None = None,
+    length: int | None = None,
+    feedback_modes: str = "standard,recurrent:1",
+    model: str | None = None,
+):
     """Rows = tasks. Left: probe accuracy vs depth, one line per stream of the final token (band: fold
     min-max), with the feedback model's depth curves (`feedback`: its probe table) for the same task.
     Right: the same accuracies as a stream x depth map."""
@@ -93,8 +100,15 @@ def hidden_streams(table: pd.DataFrame, feedback: pd.DataFrame | None = None, ta
                     cm = fb[fb["mode"] == mode]
                     if not cm.empty:
                         color, ls = FEEDBACK_STYLES.get(mode, ("0.3", "-."))
-                        ax.plot(cm["depth"], cm["value"], color=color, ls=ls, marker="s", lw=1.1,
-                                label=f"feedback model, {mode}")
+                        ax.plot(
+                            cm["depth"],
+                            cm["value"],
+                            color=color,
+                            ls=ls,
+                            marker="s",
+                            lw=1.1,
+                            label=f"feedback model, {mode}",
+                        )
             ax.axhline(0.5, color="0.5", lw=0.8, ls=":", label="chance (0.5)")
             ax.set_ylim(-0.02, 1.04)
             ax.set_xticks(depths)
@@ -104,8 +118,10 @@ def hidden_streams(table: pd.DataFrame, feedback: pd.DataFrame | None = None, ta
             _heatmap(axes[i, 1], c, n, depths, task)
         handles, labels = axes[0, 0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 4), frameon=False)
-        fig.suptitle("Hidden Decoding: where the label becomes decodable along (stream, depth)"
-                     + ("" if length is None else f", length {length}"))
+        fig.suptitle(
+            "Hidden Decoding: where the label becomes decodable along (stream, depth)"
+            + ("" if length is None else f", length {length}")
+        )
     return fig
 
 

@@ -8,6 +8,7 @@ decodable-vs-used: probe-direction, per task: held-out probe accuracy and causal
 steering-sweep:    probe-direction, the answer's movement (1 - normalized) vs steering scale, probe
                    direction against a random direction, the cell's probe accuracy in the title.
 """
+
 from __future__ import annotations
 
 import textwrap
@@ -58,16 +59,22 @@ def position_labels(positions, final: int | None = None, offsets: bool = True) -
     return [f"{p}\nfinal" if p == final else (f"{p}\nfinal−{final - p}" if offsets else str(p)) for p in positions]
 
 
-def patching_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | None = None,
-                     model_label: str | None = None):
+def patching_heatmap(
+    table: pd.DataFrame, metric: str = "normalized", length: int | None = None, model_label: str | None = None
+):
     """Residual patching: depth (rows) × position (columns) of the mean `metric`; one panel per
     task × mode × direction, at one length knob per task (`length`, default the shortest). Columns
     are labelled with the position index and its offset from the final position."""
     t = _check(table, ("residual",), "patching-heatmap")
     length = None if length is None else int(length)  # options may arrive as strings from the CLI
     t = t[(t["metric"] == metric) & (t["position"] >= 0)]
-    panels = [(task, mode, d) for task in _tasks(t) for mode in _modes(t)
-              for d in ("denoising", "noising") if not t[(t.task == task) & (t["mode"] == mode) & (t.direction == d)].empty]
+    panels = [
+        (task, mode, d)
+        for task in _tasks(t)
+        for mode in _modes(t)
+        for d in ("denoising", "noising")
+        if not t[(t.task == task) & (t["mode"] == mode) & (t.direction == d)].empty
+    ]
     if not panels:
         raise FbtError(f"patching-heatmap: no residual rows for metric '{metric}'")
     n_cols = 2 if len(panels) > 1 else 1
@@ -83,7 +90,14 @@ def patching_heatmap(table: pd.DataFrame, metric: str = "normalized", length: in
             rule = sub["hook_rule"].iloc[0] if "hook_rule" in sub and len(sub) else ""
             ax.set_title(f"{task} · {mode} · {d}\nlength {knob}" + (f", {rule}" if rule else ""))
             if grid.empty:  # every pair below the min-gap threshold: nothing to normalise
-                ax.text(0.5, 0.5, "no pair above the clean–corrupt\ngap threshold", ha="center", va="center", transform=ax.transAxes)
+                ax.text(
+                    0.5,
+                    0.5,
+                    "no pair above the clean–corrupt\ngap threshold",
+                    ha="center",
+                    va="center",
+                    transform=ax.transAxes,
+                )
                 continue
             grid = grid.reindex(columns=range(int(grid.columns.min()), int(grid.columns.max()) + 1))
             if vmin is None:
@@ -91,8 +105,20 @@ def patching_heatmap(table: pd.DataFrame, metric: str = "normalized", length: in
                 lo, hi = -lim, lim
             else:
                 lo, hi = vmin, vmax
-            im = ax.imshow(grid.to_numpy(), aspect="auto", origin="lower", cmap=cmap, vmin=lo, vmax=hi,
-                           extent=(grid.columns.min() - .5, grid.columns.max() + .5, grid.index.min() - .5, grid.index.max() + .5))
+            im = ax.imshow(
+                grid.to_numpy(),
+                aspect="auto",
+                origin="lower",
+                cmap=cmap,
+                vmin=lo,
+                vmax=hi,
+                extent=(
+                    grid.columns.min() - 0.5,
+                    grid.columns.max() + 0.5,
+                    grid.index.min() - 0.5,
+                    grid.index.max() + 0.5,
+                ),
+            )
             cols = list(grid.columns)
             step = max(1, -(-len(cols) // 8))  # at most 8 labels; the final position always has one
             shown = sorted(set(cols[::-1][::step]))
@@ -102,7 +128,7 @@ def patching_heatmap(table: pd.DataFrame, metric: str = "normalized", length: in
             ax.set_ylabel("depth")
             ax.grid(False)
             fig.colorbar(im, ax=ax, shrink=0.85, label=metric)
-        for ax in list(axes.flat)[len(panels):]:
+        for ax in list(axes.flat)[len(panels) :]:
             ax.set_visible(False)
         shown_model = model_words(t, model_label)
         if shown_model:
@@ -115,8 +141,14 @@ UNSTABLE_CI_WIDTH = 1.0
 """A normalized bar whose 95 % CI is wider than this is left out of ablation-bars (see there)."""
 
 
-def ablation_bars(table: pd.DataFrame, metric: str = "normalized", length: int = POOLED, tasks: str | None = None,
-                  model_label: str | None = None, max_ci_width: float = UNSTABLE_CI_WIDTH):
+def ablation_bars(
+    table: pd.DataFrame,
+    metric: str = "normalized",
+    length: int = POOLED,
+    tasks: str | None = None,
+    model_label: str | None = None,
+    max_ci_width: float = UNSTABLE_CI_WIDTH,
+):
     """Mean `metric` per condition with its bootstrap CI; bars grouped by task. One panel per
     experiment × mode × decoding. `length`: a length knob, or -1 = pooled over lengths.
 
@@ -149,29 +181,51 @@ def ablation_bars(table: pd.DataFrame, metric: str = "normalized", length: int =
     missing = [x for x in task_list if x not in present]
     colors = {task: f"C{i}" for i, task in enumerate(task_list)}
     max_ci_width = float(max_ci_width)
-    conds_of = [sorted(dict.fromkeys(sub["condition"]), key=lambda c: (
-        CONDITION_ORDER.index(c) if c in CONDITION_ORDER else len(CONDITION_ORDER), c)) for _, sub in panels]
+    conds_of = [
+        sorted(
+            dict.fromkeys(sub["condition"]),
+            key=lambda c: (CONDITION_ORDER.index(c) if c in CONDITION_ORDER else len(CONDITION_ORDER), c),
+        )
+        for _, sub in panels
+    ]
     left_out: dict = {}  # task -> experiment -> condition -> the panels (mode / decoding) it was left out of
     with paper_style():
         # panel widths follow their condition counts, so a one-condition panel has bars as narrow as the others
         any_wide = metric == "normalized" and bool(((t["ci_high"] - t["ci_low"]) > max_ci_width).any())
-        fig, axes = subplots(1, len(panels), panel_height_in=2.4 + 0.5 * any_wide, sharey=True,  # room for the note
-                             gridspec_kw={"width_ratios": [max(len(c), 1.5) for c in conds_of]})
+        fig, axes = subplots(
+            1,
+            len(panels),
+            panel_height_in=2.4 + 0.5 * any_wide,
+            sharey=True,  # room for the note
+            gridspec_kw={"width_ratios": [max(len(c), 1.5) for c in conds_of]},
+        )
         for ax, ((exp, mode, dec), sub), conds in zip(axes.flat, panels, conds_of):
             width = 0.8 / max(len(present), 1)
             where = mode if dec == "prefill" else dec + " decoding"
             for j, task in enumerate(present):
                 s = sub[sub.task == task].set_index("condition").reindex(conds)
                 x = np.arange(len(conds)) + (j - (len(present) - 1) / 2) * width
-                wide = ((s["ci_high"] - s["ci_low"]) > max_ci_width).to_numpy() if metric == "normalized" else \
-                    np.zeros(len(conds), bool)
+                wide = (
+                    ((s["ci_high"] - s["ci_low"]) > max_ci_width).to_numpy()
+                    if metric == "normalized"
+                    else np.zeros(len(conds), bool)
+                )
                 keep = ~wide
                 mean = s["mean"].to_numpy(float)
                 err = np.vstack([s["mean"] - s["ci_low"], s["ci_high"] - s["mean"]])
-                ax.bar(x[keep], mean[keep], width, yerr=np.nan_to_num(err[:, keep]), capsize=2, color=colors[task],
-                       label=task)
+                ax.bar(
+                    x[keep],
+                    mean[keep],
+                    width,
+                    yerr=np.nan_to_num(err[:, keep]),
+                    capsize=2,
+                    color=colors[task],
+                    label=task,
+                )
                 if wide.any():
-                    ax.plot(x[wide], np.zeros(int(wide.sum())), ls="none", marker="x", ms=5, mew=1.2, color=colors[task])
+                    ax.plot(
+                        x[wide], np.zeros(int(wide.sum())), ls="none", marker="x", ms=5, mew=1.2, color=colors[task]
+                    )
                     for c in np.array(conds)[wide]:
                         left_out.setdefault(task, {}).setdefault(exp, {}).setdefault(str(c), []).append(where)
             ax.set_xticks(np.arange(len(conds)), conds, rotation=30, ha="right")
@@ -183,23 +237,47 @@ def ablation_bars(table: pd.DataFrame, metric: str = "normalized", length: int =
         from matplotlib.patches import Patch
 
         handles = [Patch(facecolor=colors[x], label=x) for x in present]
-        handles += [Patch(facecolor="white", edgecolor=colors[x], hatch="///", label=f"{x}: not run (no rows)")
-                    for x in missing]
+        handles += [
+            Patch(facecolor="white", edgecolor=colors[x], hatch="///", label=f"{x}: not run (no rows)") for x in missing
+        ]
         note = None
         if left_out:
-            handles.append(Line2D([], [], ls="none", marker="x", ms=5, mew=1.2, color="0.3",
-                                  label=f"left out: CI wider than {max_ci_width:g} (above)"))
-            which = "; ".join(f"{task} — " + ", ".join(
-                f"{exp}: {', '.join(f'{c} ({chr(47).join(dict.fromkeys(w))})' for c, w in conds.items())}"
-                for exp, conds in exps.items()) for task, exps in left_out.items())
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    ls="none",
+                    marker="x",
+                    ms=5,
+                    mew=1.2,
+                    color="0.3",
+                    label=f"left out: CI wider than {max_ci_width:g} (above)",
+                )
+            )
+            which = "; ".join(
+                f"{task} — "
+                + ", ".join(
+                    f"{exp}: {', '.join(f'{c} ({chr(47).join(dict.fromkeys(w))})' for c, w in conds.items())}"
+                    for exp, conds in exps.items()
+                )
+                for task, exps in left_out.items()
+            )
             note = textwrap.fill(
                 f"×: bar left out, its 95 % CI is wider than {max_ci_width:g}, the span from corrupt (0) to clean (1): the "
                 "normalized effect divides by each pair's clean–corrupt gap, and pairs with a small gap blow it up "
-                f"(values in the summary table). Left out: {which}.", 160)
+                f"(values in the summary table). Left out: {which}.",
+                160,
+            )
         # under the panels, outside them (inside a panel the legend covers bars wherever it goes); the note
         # on left-out bars is its title, so that the layout makes room for both
-        fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5), frameon=False,
-                   title=note, title_fontsize=6)
+        fig.legend(
+            handles=handles,
+            loc="outside lower center",
+            ncols=min(len(handles), 5),
+            frameon=False,
+            title=note,
+            title_fontsize=6,
+        )
         where = ""
         if "lengths" in t.columns and int(length) == POOLED:  # say what a pooled bar pools
             pooled = sorted({x for v in t["lengths"].dropna() for x in str(v).split(",") if x}, key=int)
@@ -228,12 +306,22 @@ def decodable_vs_used(table: pd.DataFrame, length: int = POOLED, mode: str | Non
         fig, axes = subplots(1, len(panels), panel_height_in=2.4, sharey=True)
         for ax, (task, m) in zip(axes.flat, panels):
             sub = t[(t.task == task) & (t["mode"] == m)]
-            _line(ax, sub[(sub.condition == "probe") & (sub.metric == "probe_accuracy")], "probe accuracy (decodable)", "C0")
+            _line(
+                ax,
+                sub[(sub.condition == "probe") & (sub.metric == "probe_accuracy")],
+                "probe accuracy (decodable)",
+                "C0",
+            )
             for k, cond in enumerate(sorted(c for c in sub.condition.unique() if c.startswith("erase-"))):
                 eff = sub[(sub.condition == cond) & (sub.metric == "normalized")]
                 _line(ax, eff, f"effect of {cond} (used)", f"C{k + 1}", flip=True)
-                _line(ax, sub[(sub.condition == cond) & (sub.metric == "probe_accuracy")],
-                      f"probe accuracy after {cond}", f"C{k + 1}", ls=":")
+                _line(
+                    ax,
+                    sub[(sub.condition == cond) & (sub.metric == "probe_accuracy")],
+                    f"probe accuracy after {cond}",
+                    f"C{k + 1}",
+                    ls=":",
+                )
             ax.axhline(0.5, color="black", lw=0.6, ls="--")
             ax.set_xlabel("depth")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # depths are layer indices
@@ -260,8 +348,12 @@ def steering_sweep(table: pd.DataFrame, depth: int = 0, length: int = POOLED):
     t = _check(table, ("probe-direction",), "steering-sweep")
     depth = int(depth)
     t = t[(t["length_knob"] == int(length)) & (t["depth"] == depth)]
-    panels = [(task, m) for task in _tasks(t) for m in _modes(t)
-              if not t[(t.task == task) & (t["mode"] == m) & t.condition.str.startswith("steer")].empty]
+    panels = [
+        (task, m)
+        for task in _tasks(t)
+        for m in _modes(t)
+        if not t[(t.task == task) & (t["mode"] == m) & t.condition.str.startswith("steer")].empty
+    ]
     if not panels:
         raise FbtError(f"steering-sweep: no steering rows at depth {depth}, length {length}")
     with paper_style():
@@ -269,7 +361,9 @@ def steering_sweep(table: pd.DataFrame, depth: int = 0, length: int = POOLED):
         for ax, (task, m) in zip(axes.flat, panels):
             sub = t[(t.task == task) & (t["mode"] == m)]
             for cond, color in (("steer", "C3"), ("steer-random", "0.5")):
-                _line(ax, sub[(sub.condition == cond) & (sub.metric == "normalized")], cond, color, flip=True, x="scale")
+                _line(
+                    ax, sub[(sub.condition == cond) & (sub.metric == "normalized")], cond, color, flip=True, x="scale"
+                )
             acc = sub[(sub.condition == "probe") & (sub.metric == "probe_accuracy")]["mean"]
             ax.set_title(f"{task} · {m}\ndepth {depth}" + (f", probe accuracy {acc.iloc[0]:.2f}" if len(acc) else ""))
             ax.set_xlabel("steering scale α")
@@ -286,10 +380,15 @@ FIGURES = {
     "decodable-vs-used": (decodable_vs_used, "probe accuracy and causal effect of erasing its direction, per depth"),
     "steering-sweep": (steering_sweep, "answer movement vs steering scale, probe vs random direction"),
 }
-BY_EXPERIMENT = {"residual": ("patching-heatmap",), "feedback-swap": ("ablation-bars",),
-                 "state-replacement": ("ablation-bars",), "gate-ablation": ("ablation-bars",),
-                 "probe-direction": ("decodable-vs-used", "steering-sweep"),
-                 "attribution": ("atp-heatmap", "atp-parity"), "das": ("das-iia",)}
+BY_EXPERIMENT = {
+    "residual": ("patching-heatmap",),
+    "feedback-swap": ("ablation-bars",),
+    "state-replacement": ("ablation-bars",),
+    "gate-ablation": ("ablation-bars",),
+    "probe-direction": ("decodable-vs-used", "steering-sweep"),
+    "attribution": ("atp-heatmap", "atp-parity"),
+    "das": ("das-iia",),
+}
 
 
 def register_all() -> None:
@@ -302,7 +401,6 @@ def register_all() -> None:
 def draw_for(summary: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Draw the figures of the experiment(s) in `summary` into `out_dir` as PNG; returns the paths."""
     import matplotlib.pyplot as plt
-
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """The lens figure, drawn from `lens_summary.parquet` (`fbt-probe lens`): probability of the correct
 label word at the final position against depth, one line per prefill mode and per Jacobi pass; one
 panel per task × lens (logit lens, tuned lens)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,16 +37,23 @@ def lens_depth(table: pd.DataFrame, metric: str = "p_correct", length: int = -1)
             for j, kind in enumerate(kinds):
                 ax = axes[i, j]
                 sub = t[(t.task == task) & (t.lens == kind)]
-                lines = [(c, mode, n, k, len(passes)) for c, mode in enumerate(modes)
-                         for passes in [sorted(sub.loc[sub["mode"] == mode, "pass_index"].unique())]
-                         for n, k in enumerate(passes)]
+                lines = [
+                    (c, mode, n, k, len(passes))
+                    for c, mode in enumerate(modes)
+                    for passes in [sorted(sub.loc[sub["mode"] == mode, "pass_index"].unique())]
+                    for n, k in enumerate(passes)
+                ]
                 for j, (c, mode, n, k, n_passes) in enumerate(lines):
                     r = sub[(sub["mode"] == mode) & (sub.pass_index == k)].sort_values("depth")
-                    x = r["depth"] + DODGE * (j - (len(lines) - 1) / 2)  # coincident lines (e.g. jacobi pass 1 = standard) stay visible
+                    x = r["depth"] + DODGE * (
+                        j - (len(lines) - 1) / 2
+                    )  # coincident lines (e.g. jacobi pass 1 = standard) stay visible
                     alpha = 1.0 if n_passes == 1 else 0.35 + 0.65 * (n + 1) / n_passes
                     label = mode if n_passes == 1 else f"{mode} pass {k}"
                     ls = "-" if n == n_passes - 1 else "--"
-                    ax.plot(x, r["mean"], marker=MARKERS[j % len(MARKERS)], color=f"C{c}", alpha=alpha, ls=ls, label=label)
+                    ax.plot(
+                        x, r["mean"], marker=MARKERS[j % len(MARKERS)], color=f"C{c}", alpha=alpha, ls=ls, label=label
+                    )
                     ax.fill_between(x, r["ci_low"], r["ci_high"], color=f"C{c}", alpha=0.1 * alpha, lw=0)
                 depths = np.sort(sub["depth"].unique())
                 ax.set_xticks(depths)
@@ -57,5 +65,7 @@ def lens_depth(table: pd.DataFrame, metric: str = "p_correct", length: int = -1)
         handles, labels = axes[0, 0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)))
         where = "pooled over lengths" if int(length) == -1 else f"length {length}"
-        fig.suptitle(f"what each depth predicts at the final position (held-out pairs, {where}; bootstrap CIs over pairs)")
+        fig.suptitle(
+            f"what each depth predicts at the final position (held-out pairs, {where}; bootstrap CIs over pairs)"
+        )
     return fig

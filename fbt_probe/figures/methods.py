@@ -9,6 +9,7 @@ das-iia:     interchange intervention accuracy per subspace dimension k: points 
              hook × method (DAS, random rotation; the full-vector interchange in its own slot), not
              joined across k, and the chance line 1 / the task's label count.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -58,12 +59,19 @@ def signal_columns(values: np.ndarray, base: float, keep: int, min_share: float)
     col = np.where(np.isnan(dev).all(axis=0), 0.0, np.nanmax(np.where(np.isnan(dev), -np.inf, dev), axis=0))
     top = float(col.max()) if n else 0.0
     ranked = [j for j in np.argsort(-col[:-1], kind="stable") if top > 0 and col[j] >= min_share * top]
-    return sorted([n - 1] + [int(j) for j in ranked[:max(keep - 1, 0)]])
+    return sorted([n - 1] + [int(j) for j in ranked[: max(keep - 1, 0)]])
 
 
-def atp_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | None = None,
-                direction: str | None = None, mode: str | None = None, positions: int = 12,
-                min_share: float = 0.1, model_label: str | None = None):
+def atp_heatmap(
+    table: pd.DataFrame,
+    metric: str = "normalized",
+    length: int | None = None,
+    direction: str | None = None,
+    mode: str | None = None,
+    positions: int = 12,
+    min_share: float = 0.1,
+    model_label: str | None = None,
+):
     """AtP map: rows are (pass, hook) in forward order, columns positions. `direction` / `mode`: only
     those panels (with both samples of every pair in the table, noising is 1 - denoising of the partner).
 
@@ -80,13 +88,21 @@ def atp_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | N
     atp, exact = t[t["method"] == "atp"], t[t["method"] == "exact"]
     dirs = ("denoising", "noising") if direction is None else (direction,)
     modes = _modes(atp) if mode is None else [m.strip() for m in str(mode).split(",")]
-    panels = [(task, m, d) for task in _tasks(atp) for m in modes for d in dirs
-              if not atp[(atp.task == task) & (atp["mode"] == m) & (atp.direction == d)].empty]
+    panels = [
+        (task, m, d)
+        for task in _tasks(atp)
+        for m in modes
+        for d in dirs
+        if not atp[(atp.task == task) & (atp["mode"] == m) & (atp.direction == d)].empty
+    ]
     if not panels:
         raise FbtError(f"atp-heatmap: no AtP rows for direction {direction or 'any'} and mode {mode or 'any'}")
     n_cols = min(len(panels), 2)
     n_rows = -(-len(panels) // n_cols)
-    heights = [len(atp[(atp.task == p[0]) & (atp["mode"] == p[1])][["condition", "pass_index"]].drop_duplicates()) for p in panels]
+    heights = [
+        len(atp[(atp.task == p[0]) & (atp["mode"] == p[1])][["condition", "pass_index"]].drop_duplicates())
+        for p in panels
+    ]
     hidden_checks = 0
     with paper_style():
         fig, axes = subplots(n_rows, n_cols, panel_height_in=max(1.9, 0.16 * max(heights)))
@@ -99,7 +115,14 @@ def atp_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | N
             values = grid.to_numpy(float)
             title = f"{task} · {mode}\n{d}, length {knob}"
             if np.all(np.isnan(values)):
-                ax.text(0.5, 0.5, "no pair above the clean–corrupt\ngap threshold", ha="center", va="center", transform=ax.transAxes)
+                ax.text(
+                    0.5,
+                    0.5,
+                    "no pair above the clean–corrupt\ngap threshold",
+                    ha="center",
+                    va="center",
+                    transform=ax.transAxes,
+                )
                 ax.set_title(title)
                 ax.set_xticks([])
                 ax.set_yticks([])
@@ -109,13 +132,24 @@ def atp_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | N
             all_positions = [int(p) for p in grid.columns]
             grid, values = grid.iloc[:, kept], values[:, kept]
             lim = float(np.nanmax(np.abs(values - base))) or 1.0
-            im = ax.imshow(values, aspect="auto", cmap="coolwarm", vmin=base - lim, vmax=base + lim, interpolation="nearest")
+            im = ax.imshow(
+                values, aspect="auto", cmap="coolwarm", vmin=base - lim, vmax=base + lim, interpolation="nearest"
+            )
             rows = {ix: i for i, ix in enumerate(grid.index)}
             cols = {p: j for j, p in enumerate(grid.columns)}
-            chk = exact[(exact.task == task) & (exact["mode"] == mode) & (exact.direction == d) & (exact.length_knob == knob)]
+            chk = exact[
+                (exact.task == task) & (exact["mode"] == mode) & (exact.direction == d) & (exact.length_knob == knob)
+            ]
             for r in chk.itertuples():
                 if (r.pass_index, r.condition) in rows and r.position in cols:
-                    ax.scatter(cols[r.position], rows[(r.pass_index, r.condition)], s=14, facecolors="none", edgecolors="black", lw=0.7)
+                    ax.scatter(
+                        cols[r.position],
+                        rows[(r.pass_index, r.condition)],
+                        s=14,
+                        facecolors="none",
+                        edgecolors="black",
+                        lw=0.7,
+                    )
                 elif (r.pass_index, r.condition) in rows:
                     hidden_checks += 1
             shown = [int(p) for p in grid.columns]
@@ -123,18 +157,30 @@ def atp_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | N
                 if shown[j] - shown[j - 1] > 1:
                     ax.axvline(j - 0.5, color="white", lw=2.0)
             multi = grid.index.get_level_values(0).nunique() > 1
-            ax.set_yticks(range(len(grid.index)), [(f"p{k} " if multi else "") + short_hook(h) for k, h in grid.index], fontsize=5.5)
-            ax.set_xticks(range(len(shown)), position_labels(shown, final=max(all_positions), offsets=False), fontsize=5.5)
-            ax.set_xlabel(f"position ({len(shown)} of {len(all_positions)} shown)" if len(shown) < len(all_positions) else "position")
+            ax.set_yticks(
+                range(len(grid.index)),
+                [(f"p{k} " if multi else "") + short_hook(h) for k, h in grid.index],
+                fontsize=5.5,
+            )
+            ax.set_xticks(
+                range(len(shown)), position_labels(shown, final=max(all_positions), offsets=False), fontsize=5.5
+            )
+            ax.set_xlabel(
+                f"position ({len(shown)} of {len(all_positions)} shown)"
+                if len(shown) < len(all_positions)
+                else "position"
+            )
             ax.grid(False)
             ax.set_title(title)
             fig.colorbar(im, ax=ax, shrink=0.85, label=f"AtP {metric}")
-        for ax in list(axes.flat)[len(panels):]:
+        for ax in list(axes.flat)[len(panels) :]:
             ax.set_visible(False)
         what = "attribution patching (first-order); ringed: cells patched exactly by the parity check"
         if positions > 0:
-            what += (f"\ncolumns: the final position and those with at least {min_share:.0%} of the panel's largest effect;"
-                     "\nwhite lines: positions skipped")
+            what += (
+                f"\ncolumns: the final position and those with at least {min_share:.0%} of the panel's largest effect;"
+                "\nwhite lines: positions skipped"
+            )
             if hidden_checks:
                 what += f" ({hidden_checks} checked cells lie at positions not shown)"
         fig.suptitle(titled(what, model_words(t, model_label)))
@@ -144,8 +190,9 @@ def atp_heatmap(table: pd.DataFrame, metric: str = "normalized", length: int | N
 def _parity_points(t: pd.DataFrame, metric: str) -> pd.DataFrame:
     keys = ["task", "mode", "direction", "length_knob", "pass_index", "condition", "position"]
     t = t[t["metric"] == metric]
-    both = t[t["method"] == "exact"][keys + ["mean"]].merge(t[t["method"] == "atp"][keys + ["mean"]], on=keys,
-                                                            suffixes=("_exact", "_atp"))
+    both = t[t["method"] == "exact"][keys + ["mean"]].merge(
+        t[t["method"] == "atp"][keys + ["mean"]], on=keys, suffixes=("_exact", "_atp")
+    )
     return both.dropna(subset=["mean_exact", "mean_atp"])
 
 
@@ -158,12 +205,16 @@ def atp_parity(table: pd.DataFrame, metric: str = "normalized"):
         raise FbtError("atp-parity: no exact rows (run the attribution experiment with --check K)")
     points = {m: _parity_points(t, m) for m in dict.fromkeys([metric, "logit_diff"])}
     cells = t[t["method"] == "exact"]
-    panels = [(task, mode) for task in _tasks(cells) for mode in _modes(cells)
-              if not cells[(cells.task == task) & (cells["mode"] == mode)].empty]
+    panels = [
+        (task, mode)
+        for task in _tasks(cells)
+        for mode in _modes(cells)
+        if not cells[(cells.task == task) & (cells["mode"] == mode)].empty
+    ]
     n_cols, fallback = min(3, len(panels)), False
     with paper_style():
         fig, axes = subplots(-(-len(panels) // n_cols), n_cols, panel_height_in=2.3)
-        for ax in list(axes.flat)[len(panels):]:
+        for ax in list(axes.flat)[len(panels) :]:
             ax.set_visible(False)
         for ax, (task, mode) in zip(axes.flat, panels):
             for m, pts in points.items():
@@ -217,7 +268,9 @@ def das_iia(table: pd.DataFrame, metric: str = "iia", length: int = -1, model_la
     t = t[(t["metric"] == metric) & (t["length_knob"] == int(length))]
     if t.empty:
         raise FbtError(f"das-iia: no rows for metric '{metric}' at length {length}")
-    panels = [(task, mode) for task in _tasks(t) for mode in _modes(t) if not t[(t.task == task) & (t["mode"] == mode)].empty]
+    panels = [
+        (task, mode) for task in _tasks(t) for mode in _modes(t) if not t[(t.task == task) & (t["mode"] == mode)].empty
+    ]
     hooks = sorted(t["condition"].unique(), key=_hook_rank)
     styles = (("das", "o", True), ("random-rotation", "s", False))
     with paper_style():
@@ -238,16 +291,33 @@ def das_iia(table: pd.DataFrame, metric: str = "iia", length: int = -1, model_la
                     off = (i * len(styles) + m - (n_series - 1) / 2) * step
                     x = np.array([slots[int(k)] for k in r["subspace_dim"]]) + off
                     y = r["mean"].to_numpy(float)
-                    ax.errorbar(x, y, yerr=np.nan_to_num(np.vstack([y - r["ci_low"], r["ci_high"] - y])), ls="none",
-                                marker=marker, color=color, mfc=color if filled else "white", capsize=1.5, elinewidth=0.8,
-                                label=f"{short_hook(hook)} · {'DAS' if method == 'das' else 'random rotation'}")
+                    ax.errorbar(
+                        x,
+                        y,
+                        yerr=np.nan_to_num(np.vstack([y - r["ci_low"], r["ci_high"] - y])),
+                        ls="none",
+                        marker=marker,
+                        color=color,
+                        mfc=color if filled else "white",
+                        capsize=1.5,
+                        elinewidth=0.8,
+                        label=f"{short_hook(hook)} · {'DAS' if method == 'das' else 'random rotation'}",
+                    )
                 f = full[full.condition == hook]
                 if len(f):
                     off = (i - (len(hooks) - 1) / 2) * (0.7 / max(len(hooks), 1))
                     y = float(f["mean"].iloc[0])
-                    ax.errorbar([len(ks) + off], [y], yerr=[[y - float(f["ci_low"].iloc[0])], [float(f["ci_high"].iloc[0]) - y]],
-                                ls="none", marker="D", color=color, capsize=1.5, elinewidth=0.8,
-                                label=f"{short_hook(hook)} · full-vector interchange")
+                    ax.errorbar(
+                        [len(ks) + off],
+                        [y],
+                        yerr=[[y - float(f["ci_low"].iloc[0])], [float(f["ci_high"].iloc[0]) - y]],
+                        ls="none",
+                        marker="D",
+                        color=color,
+                        capsize=1.5,
+                        elinewidth=0.8,
+                        label=f"{short_hook(hook)} · full-vector interchange",
+                    )
             if metric in CHANCE_METRICS:
                 n = n_classes(task, table)
                 ax.axhline(1.0 / n, color="black", lw=0.8, ls="--", label=f"chance (1/{n} labels)")

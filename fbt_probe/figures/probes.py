@@ -5,6 +5,7 @@ fig7b: the register sweeps (count m = 1/2/4/8, writes 2/4/8 at m = 8), one line 
 the spread over folds (min-max). Both show the 0.5 chance line and the majority baseline on the same splits;
 fig7a shades the fold spread (min-max over folds).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,8 +16,12 @@ from fbt_probe.figures.style import model_words, paper_style, subplots, titled
 
 REFERENCE_MODE = "carried-state"
 MODE_ORDER = ("standard", "recurrent:1", "recurrent:2", "recurrent:4", "full")
-MODE_WORDS = {"standard": "standard prefill", "recurrent:1": "one-step recurrent prefill (recurrent:1)",
-              "full": "full recurrence", REFERENCE_MODE: "carried state h(T-1)"}
+MODE_WORDS = {
+    "standard": "standard prefill",
+    "recurrent:1": "one-step recurrent prefill (recurrent:1)",
+    "full": "full recurrence",
+    REFERENCE_MODE: "carried state h(T-1)",
+}
 LENGTH_WORDS = {"registers": "Writes per register", "registers-count": "Registers"}
 
 
@@ -42,8 +47,12 @@ def _one_model(table: pd.DataFrame, model: str | None, what: str) -> pd.DataFram
 def _curves(table: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
     """Mean and min/max over folds per (length, depth)."""
     t = table[table["metric"] == metric]
-    return (t.groupby(["length", "depth"])["value"].agg(["mean", "min", "max"]).reset_index()
-            .sort_values(["length", "depth"]))
+    return (
+        t.groupby(["length", "depth"])["value"]
+        .agg(["mean", "min", "max"])
+        .reset_index()
+        .sort_values(["length", "depth"])
+    )
 
 
 def _mean(table: pd.DataFrame, metric: str) -> float | None:
@@ -75,12 +84,23 @@ def _legend(fig, axes, skip=()) -> None:
             handles.setdefault(key, h)
             labels.setdefault(key, lab if not lab.startswith("majority") else "majority baseline, same splits")
     # three columns: four of fig7a's longest labels are wider than the page and were cut off
-    fig.legend(list(handles.values()), list(labels.values()), loc="outside lower center",
-               ncol=min(len(handles), 3), frameon=False)
+    fig.legend(
+        list(handles.values()),
+        list(labels.values()),
+        loc="outside lower center",
+        ncol=min(len(handles), 3),
+        frameon=False,
+    )
 
 
-def fig7a(table: pd.DataFrame, tasks: str | None = None, modes: str = "standard,recurrent:1",
-          baseline: pd.DataFrame | None = None, model: str | None = None, model_label: str | None = None):
+def fig7a(
+    table: pd.DataFrame,
+    tasks: str | None = None,
+    modes: str = "standard,recurrent:1",
+    baseline: pd.DataFrame | None = None,
+    model: str | None = None,
+    model_label: str | None = None,
+):
     """Probe accuracy vs depth; rows = tasks (default: completion, memory), columns = modes.
 
     The title names the model shown: `model_label` (e.g. "feedback model", "no-feedback baseline"),
@@ -94,8 +114,12 @@ def fig7a(table: pd.DataFrame, tasks: str | None = None, modes: str = "standard,
     table = _one_model(table, model, "fig7a")
     shown = model_words(table, model_label)
     present = list(dict.fromkeys(table["task"]))
-    task_list = tasks.split(",") if tasks else [t for t in ("completion", "memory") if t in present] or \
-        [t for t in present if not t.startswith("registers")]
+    task_list = (
+        tasks.split(",")
+        if tasks
+        else [t for t in ("completion", "memory") if t in present]
+        or [t for t in present if not t.startswith("registers")]
+    )
     mode_list = modes.split(",")
     if not task_list or not (table["task"].isin(task_list) & table["mode"].isin(mode_list)).any():
         raise FbtError(f"fig7a: the table has no rows for tasks {task_list or '(none)'} under modes {mode_list}")
@@ -121,8 +145,15 @@ def fig7a(table: pd.DataFrame, tasks: str | None = None, modes: str = "standard,
                     if baseline is not None:
                         b = _curves(baseline[(baseline["task"] == task) & (baseline["mode"] == mode)])
                         b = b.groupby("depth")["mean"].mean().reset_index()
-                        ax.plot(b["depth"], b["mean"], color="black", ls="--", marker="s", lw=1.1,
-                                label="no-feedback baseline (mean over lengths)")
+                        ax.plot(
+                            b["depth"],
+                            b["mean"],
+                            color="black",
+                            ls="--",
+                            marker="s",
+                            lw=1.1,
+                            label="no-feedback baseline (mean over lengths)",
+                        )
                 depths = sorted(table.loc[table["task"].isin(task_list), "depth"].unique())
                 _decorate(ax, depths, majority)
                 ax.set_title(f"{_task_words(task)}: {MODE_WORDS.get(mode, mode)}")
@@ -162,8 +193,10 @@ def fold_spread(table: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
     return g.sort_values(["length", "depth"])
 
 
-SWEEPS = {"registers-count": ("registers", "register count m (16 assignments)"),
-          "registers": ("writes per register", "writes per register (m = 8)")}
+SWEEPS = {
+    "registers-count": ("registers", "register count m (16 assignments)"),
+    "registers": ("writes per register", "writes per register (m = 8)"),
+}
 
 
 def _sweep_title(task: str, length: int) -> str:
@@ -172,8 +205,13 @@ def _sweep_title(task: str, length: int) -> str:
     return f"m = 8, {length} writes each"
 
 
-def fig7b(table: pd.DataFrame, tasks: str = "registers-count,registers", modes: str | None = None, model: str | None = None,
-          model_label: str | None = None):
+def fig7b(
+    table: pd.DataFrame,
+    tasks: str = "registers-count,registers",
+    modes: str | None = None,
+    model: str | None = None,
+    model_label: str | None = None,
+):
     """The register sweeps as the paper draws Fig. 7b: one panel per register count (task
     `registers-count`, first row) and per writes-per-register at m = 8 (task `registers`, second
     row); one line per prefill mode (default: standard, recurrent:1/2/4, full, then any other mode in
@@ -182,11 +220,16 @@ def fig7b(table: pd.DataFrame, tasks: str = "registers-count,registers", modes: 
     shown = model_words(table, model_label)  # the title names the model, as in fig7a
     task_list = [t for t in tasks.split(",") if (table["task"] == t).any()]
     if not task_list:
-        raise FbtError(f"fig7b: the table has no rows for task(s) {tasks} (has {', '.join(sorted(table['task'].unique()))})")
+        raise FbtError(
+            f"fig7b: the table has no rows for task(s) {tasks} (has {', '.join(sorted(table['task'].unique()))})"
+        )
     tt = table[table["task"].isin(task_list)]
     present = [m for m in dict.fromkeys(tt["mode"]) if m != REFERENCE_MODE]
-    mode_list = modes.split(",") if modes else [m for m in MODE_ORDER if m in present] + \
-        [m for m in present if m not in MODE_ORDER]
+    mode_list = (
+        modes.split(",")
+        if modes
+        else [m for m in MODE_ORDER if m in present] + [m for m in present if m not in MODE_ORDER]
+    )
     rows = {t: sorted(tt.loc[tt["task"] == t, "length"].unique()) for t in task_list}
     depths = sorted(tt["depth"].unique())
     palette = dict(zip(mode_list, ["#222222", "#1f77b4", "#17becf", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]))
@@ -213,7 +256,13 @@ def fig7b(table: pd.DataFrame, tasks: str = "registers-count,registers", modes: 
                 if j == 0:
                     ax.set_ylabel(f"{SWEEPS.get(task, (task,))[0].capitalize()} sweep\nheld-out probe accuracy")
         _legend(fig, axes)
-        fig.suptitle(titled("Multi-register latest-write tracking: probe accuracy by depth per prefill mode "
-                            "(bands: min-max over folds)" if not shown else
-                            "Multi-register latest-write tracking by depth per prefill mode (bands: min-max over folds)", shown))
+        fig.suptitle(
+            titled(
+                "Multi-register latest-write tracking: probe accuracy by depth per prefill mode "
+                "(bands: min-max over folds)"
+                if not shown
+                else "Multi-register latest-write tracking by depth per prefill mode (bands: min-max over folds)",
+                shown,
+            )
+        )
     return fig

@@ -1,4 +1,5 @@
 """Shared look of every figure: sized for a paper page (7 in wide), fonts readable when printed."""
+
 from __future__ import annotations
 
 import contextlib
@@ -12,10 +13,23 @@ import matplotlib.pyplot as plt  # noqa: E402
 PAGE_WIDTH_IN = 7.0  # a two-column paper's full text width
 
 RC = {
-    "font.size": 8, "axes.titlesize": 8.5, "axes.labelsize": 8, "xtick.labelsize": 7, "ytick.labelsize": 7,
-    "legend.fontsize": 7, "legend.title_fontsize": 7.5, "figure.titlesize": 9.5, "lines.linewidth": 1.3,
-    "lines.markersize": 3.5, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
-    "grid.alpha": 0.25, "grid.linewidth": 0.5, "svg.fonttype": "none", "savefig.facecolor": "white",
+    "font.size": 8,
+    "axes.titlesize": 8.5,
+    "axes.labelsize": 8,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "legend.fontsize": 7,
+    "legend.title_fontsize": 7.5,
+    "figure.titlesize": 9.5,
+    "lines.linewidth": 1.3,
+    "lines.markersize": 3.5,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.25,
+    "grid.linewidth": 0.5,
+    "svg.fonttype": "none",
+    "savefig.facecolor": "white",
 }
 
 
@@ -26,8 +40,9 @@ def paper_style():
 
 
 def subplots(n_rows: int, n_cols: int, panel_height_in: float = 2.0, width_in: float = PAGE_WIDTH_IN, **kw):
-    return plt.subplots(n_rows, n_cols, figsize=(width_in, panel_height_in * n_rows), squeeze=False,
-                        constrained_layout=True, **kw)
+    return plt.subplots(
+        n_rows, n_cols, figsize=(width_in, panel_height_in * n_rows), squeeze=False, constrained_layout=True, **kw
+    )
 
 
 def model_words(table, label: str | None = None) -> str:

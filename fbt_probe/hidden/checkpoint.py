@@ -1,5 +1,6 @@
 """Hidden Decoding checkpoints: the same folder layout as the feedback model's (config.json with
 `fbt_probe_format`, model.safetensors, tokenizer.json), with `arch: hidden-decoding` in `model`."""
+
 from __future__ import annotations
 
 from pathlib import Path

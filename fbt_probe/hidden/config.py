@@ -4,6 +4,7 @@ A subclass (not a wrapper) so that everything that reads `model.cfg` (Transforme
 `fbt_probe.activations`, the checkpoint writer) sees the usual backbone fields, and a saved
 `config.json` carries `arch`, `n_streams` and `cross_stream_layers` next to them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,13 +31,18 @@ class HiddenConfig(ModelConfig):
         check = _checker("hidden-decoding config")
         check(self.arch == ARCH, "arch", f"'{ARCH}'")
         for name, identity in EXTRAS_DEFAULTS.items():  # the nanochat extras are not wired into the stream model
-            check(getattr(self, name) == identity, name, f"{identity!r} (Hidden Decoding runs on the plain backbone only)")
+            check(
+                getattr(self, name) == identity, name, f"{identity!r} (Hidden Decoding runs on the plain backbone only)"
+            )
         check(isinstance(self.n_streams, int) and self.n_streams >= 1, "n_streams", "an integer >= 1")
         if self.cross_stream_layers is not None:
             object.__setattr__(self, "cross_stream_layers", tuple(int(l) for l in self.cross_stream_layers))
             layers = self.cross_stream_layers
-            check(all(0 <= l < self.n_layers for l in layers) and len(set(layers)) == len(layers),
-                  "cross_stream_layers", f"distinct layer indices in 0..{self.n_layers - 1}")
+            check(
+                all(0 <= l < self.n_layers for l in layers) and len(set(layers)) == len(layers),
+                "cross_stream_layers",
+                f"distinct layer indices in 0..{self.n_layers - 1}",
+            )
 
     @property
     def resolved_cross_stream_layers(self) -> tuple[int, ...]:

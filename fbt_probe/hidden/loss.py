@@ -1,4 +1,5 @@
 """The training objective of a Hidden Decoding model (eq. 2 of its paper)."""
+
 from __future__ import annotations
 
 import torch

@@ -12,6 +12,7 @@ firing once per forward with [batch, n·pos, ...] tensors; `fbt_probe.hidden.str
 token i's stream k (`stream_position`, `stream_slice`, `split_streams`). There are no `fusion.*`
 hooks and no feedback modes.
 """
+
 from __future__ import annotations
 
 import torch
@@ -71,8 +72,10 @@ class HiddenDecodingTransformer(HookedRootModule):
         copied from the base embedding (the fusion is dropped). With n = 1 this is the base model."""
         model = cls(HiddenConfig.from_base(base.cfg, n_streams, cross_stream_layers))
         src = base.state_dict()
-        state = {name: src["embed.weight"] if name.startswith(("embeds.", "unembed.")) else src[name]
-                 for name in model.state_dict()}
+        state = {
+            name: src["embed.weight"] if name.startswith(("embeds.", "unembed.")) else src[name]
+            for name in model.state_dict()
+        }
         model.load_state_dict(state)
         return model.to(device=base.embed.weight.device, dtype=base.embed.weight.dtype)
 

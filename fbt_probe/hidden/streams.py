@@ -6,6 +6,7 @@ t = i·n + (k − 1) of the nL-long sequence (eq. 1 with 0-based t and i), so ev
 Decoding model fires with [batch, n·pos, ...] tensors and
 `act[:, stream_position(-1, k, n)]` is the final token's stream k.
 """
+
 from __future__ import annotations
 
 import torch

@@ -11,16 +11,26 @@ mode carries a state; Soft decoding uses the KV-cache step path with hooks on. E
 computes the positions before its first edit once per batch (`fbt_probe.model.prefix`; off with
 `PatchConfig(prefix_reuse=False)`, the full re-run: same tables up to float rounding).
 """
-from fbt_probe.interventions.edits import capture, edit_at, patch_all, patch_rows_at, rank_one_edit, set_at, span, stitch
+
+from fbt_probe.interventions.edits import (
+    capture,
+    edit_at,
+    patch_all,
+    patch_rows_at,
+    rank_one_edit,
+    set_at,
+    span,
+    stitch,
+)
 from fbt_probe.interventions.experiments import (
-                                                 GATE_CONDITIONS,
-                                                 feedback_swap,
-                                                 final_logits,
-                                                 gate_ablation,
-                                                 mean_gates,
-                                                 residual_patching,
-                                                 soft_answer_logits,
-                                                 state_replacement,
+    GATE_CONDITIONS,
+    feedback_swap,
+    final_logits,
+    gate_ablation,
+    mean_gates,
+    residual_patching,
+    soft_answer_logits,
+    state_replacement,
 )
 from fbt_probe.interventions.metrics import bootstrap_ci, kl_div, logit_diff, score, summarize, to_long
 from fbt_probe.interventions.pairs import PairBatch, label_token_ids, pair_batches
@@ -29,9 +39,41 @@ from fbt_probe.interventions.runner import EXPERIMENTS, HOOK_RULES, PatchConfig,
 from fbt_probe.loading import check_compatible, load_pairs, open_model, open_pairs  # re-exported: where to start
 
 __all__ = [
-    "EXPERIMENTS", "GATE_CONDITIONS", "HOOK_RULES", "PairBatch", "PatchConfig", "Results", "bootstrap_ci", "capture",
-    "check_compatible", "edit_at", "erase_methods", "feedback_swap", "final_logits", "gate_ablation", "kl_div",
-    "label_token_ids", "load_pairs", "open_model", "open_pairs", "logit_diff", "mean_gates", "pair_batches",
-    "patch_all", "patch_rows_at", "probe_direction", "rank_one_edit", "residual_patching", "run", "run_experiment",
-    "score", "set_at", "soft_answer_logits", "span", "state_replacement", "stitch", "summarize", "to_long",
+    "EXPERIMENTS",
+    "GATE_CONDITIONS",
+    "HOOK_RULES",
+    "PairBatch",
+    "PatchConfig",
+    "Results",
+    "bootstrap_ci",
+    "capture",
+    "check_compatible",
+    "edit_at",
+    "erase_methods",
+    "feedback_swap",
+    "final_logits",
+    "gate_ablation",
+    "kl_div",
+    "label_token_ids",
+    "load_pairs",
+    "open_model",
+    "open_pairs",
+    "logit_diff",
+    "mean_gates",
+    "pair_batches",
+    "patch_all",
+    "patch_rows_at",
+    "probe_direction",
+    "rank_one_edit",
+    "residual_patching",
+    "run",
+    "run_experiment",
+    "score",
+    "set_at",
+    "soft_answer_logits",
+    "span",
+    "state_replacement",
+    "stitch",
+    "summarize",
+    "to_long",
 ]

@@ -8,6 +8,7 @@ size of their estimated effect |mean over pairs of (LD − LD without patch)| (L
 when a model does not separate a pair). Both metrics are compared: `logit_diff` (always defined) and
 `normalized` (tiny-gap pairs excluded, as everywhere).
 """
+
 from __future__ import annotations
 
 import zlib
@@ -55,8 +56,18 @@ def choose_cells(atp: pd.DataFrame, k: int, seed: int) -> dict[tuple, str]:
     return chosen
 
 
-def attribution(model, batches, mode: str = "standard", min_gap: float = 0.1, hooks=None, last_k: int | None = None,
-                check: int = 0, seed: int = 0, batch_size: int = 64, directions=DIRECTIONS) -> pd.DataFrame:
+def attribution(
+    model,
+    batches,
+    mode: str = "standard",
+    min_gap: float = 0.1,
+    hooks=None,
+    last_k: int | None = None,
+    check: int = 0,
+    seed: int = 0,
+    batch_size: int = 64,
+    directions=DIRECTIONS,
+) -> pd.DataFrame:
     """AtP rows (method `atp`) and, with `check` = K > 0, exact rows (method `exact`, column
     `check_cell` = top | random) for the K top and K random cells of each task × length × direction."""
     batches = list(batches)
@@ -71,7 +82,9 @@ def attribution(model, batches, mode: str = "standard", min_gap: float = 0.1, ho
             if (str(batch.meta["task"].iloc[0]), int(batch.meta["length_knob"].iloc[0])) != (task, knob):
                 continue
             rows = exact_cells(model, batch, tr, mode, cells, direction, serial, min_gap, batch_size)
-            rows["check_cell"] = [chosen[(h, k, p)] for h, k, p in zip(rows["hook"], rows["pass_index"], rows["position"])]
+            rows["check_cell"] = [
+                chosen[(h, k, p)] for h, k, p in zip(rows["hook"], rows["pass_index"], rows["position"])
+            ]
             out.append(rows)
     return pd.concat(out, ignore_index=True)
 
@@ -114,7 +127,9 @@ def _boot_stats(A: np.ndarray, E: np.ndarray, W: np.ndarray) -> tuple[np.ndarray
     if a.shape[0] >= 3:
         ra, re = rankdata(a[:, clean], axis=0), rankdata(e[:, clean], axis=0)
         flat = (np.ptp(a[:, clean], axis=0) == 0) | (np.ptp(e[:, clean], axis=0) == 0)
-        rho[np.flatnonzero(clean)] = [np.nan if f else float(np.corrcoef(x, y)[0, 1]) for x, y, f in zip(ra.T, re.T, flat)]
+        rho[np.flatnonzero(clean)] = [
+            np.nan if f else float(np.corrcoef(x, y)[0, 1]) for x, y, f in zip(ra.T, re.T, flat)
+        ]
     for j in np.flatnonzero(~clean):  # cells without a value in this sample: dropped, as _spearman drops them
         rho[j] = _spearman(a[:, j], e[:, j])
     return rho, worst
@@ -129,7 +144,9 @@ def _jackknife_weights(groups: np.ndarray) -> np.ndarray:
 def _matrices(ex: pd.DataFrame, at: pd.DataFrame, metric: str):
     """[cells, pairs] of pair-averaged values for AtP and exact, on the cells exact patching ran."""
     keys = CELL + ["row"]
-    merged = ex[keys + ["pair_id", "check_cell", metric]].merge(at[keys + [metric]], on=keys, suffixes=("_exact", "_atp"))
+    merged = ex[keys + ["pair_id", "check_cell", metric]].merge(
+        at[keys + [metric]], on=keys, suffixes=("_exact", "_atp")
+    )
     per_pair = merged.groupby(CELL + ["pair_id"], sort=True)[[f"{metric}_exact", f"{metric}_atp"]].mean()
     E = per_pair[f"{metric}_exact"].unstack("pair_id")
     A = per_pair[f"{metric}_atp"].unstack("pair_id").reindex(index=E.index, columns=E.columns)
@@ -152,8 +169,13 @@ def parity_table(wide: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed:
             A, E, reasons, cells, pairs, worst_rows = _matrices(ex, at, metric)
             keep = ~np.all(np.isnan(E), axis=0)  # pairs with a value (normalized: above the gap)
             A, E, pairs = A[:, keep], E[:, keep], pairs[keep]
-            rec = dict(zip(GROUP, key), metric=metric, n_cells=len(cells), n_top=int((reasons == "top").sum()),
-                       n_pairs=int(keep.sum()))
+            rec = dict(
+                zip(GROUP, key),
+                metric=metric,
+                n_cells=len(cells),
+                n_top=int((reasons == "top").sum()),
+                n_pairs=int(keep.sum()),
+            )
             if keep.sum() == 0:
                 rows.append({**rec, "spearman": np.nan, "worst_abs_error": np.nan, "worst_abs_error_rows": np.nan})
                 continue
@@ -172,13 +194,22 @@ def parity_table(wide: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed:
             top = reasons == "top"
             agree = np.sign(a[top] - base) == np.sign(e[top] - base)
             worst_i = int(np.nanargmax(np.abs(a - e)))
-            rows.append({**rec, "spearman": rho, "spearman_ci_low": rho_lo, "spearman_ci_high": rho_hi,
-                         "worst_abs_error": worst, "worst_ci_low": worst_lo, "worst_ci_high": worst_hi,
-                         "worst_abs_error_rows": worst_rows, "worst_cell": "{}@pass{}:pos{}".format(*cells[worst_i]),
-                         "sign_agreement_top": float(np.mean(agree)) if agree.size else np.nan,
-                         "exact_range": float(np.nanmax(e) - np.nanmin(e))})
+            rows.append(
+                {
+                    **rec,
+                    "spearman": rho,
+                    "spearman_ci_low": rho_lo,
+                    "spearman_ci_high": rho_hi,
+                    "worst_abs_error": worst,
+                    "worst_ci_low": worst_lo,
+                    "worst_ci_high": worst_hi,
+                    "worst_abs_error_rows": worst_rows,
+                    "worst_cell": "{}@pass{}:pos{}".format(*cells[worst_i]),
+                    "sign_agreement_top": float(np.mean(agree)) if agree.size else np.nan,
+                    "exact_range": float(np.nanmax(e) - np.nanmin(e)),
+                }
+            )
     return pd.DataFrame(rows)
-
 
 
 def split_rows(long: pd.DataFrame, tables: dict) -> tuple[pd.DataFrame, dict]:

@@ -16,6 +16,7 @@ Hook rule: that of residual patching. `serial=True` when the mode carries a stat
 through the carried states (recurrent:k / full: the prefix and each serial step; jacobi:K: every
 pass, the `pass_index` axis); one-pass under `standard`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -71,6 +72,7 @@ def depth_of(name: str, n_layers: int) -> int:
 class Traced:
     """Activations and gradients of one batch. acts/grads: {(hook, pass): [N, T, ...]} (zeros where
     the hook did not fire), covered: {(hook, pass): bool [T]}; ld: [N] each row's own LD."""
+
     acts: dict
     grads: dict
     covered: dict
@@ -88,7 +90,9 @@ def trace(model, batch: PairBatch, mode: str, names: Iterable[str], serial: bool
     names = list(dict.fromkeys(names))
     bad = [n for n in names if n.endswith("hook_pattern")]
     if bad:
-        raise FbtError(f"attribution: hook {bad[0]} is not [batch, pos, ...]; use residual, fusion, attn_out or mlp_out hooks")
+        raise FbtError(
+            f"attribution: hook {bad[0]} is not [batch, pos, ...]; use residual, fusion, attn_out or mlp_out hooks"
+        )
     chunks: list[tuple[str, int, int, torch.Tensor]] = []
 
     def recorder(name):
@@ -96,6 +100,7 @@ def trace(model, batch: PairBatch, mode: str, names: Iterable[str], serial: bool
             ctx = model.hook_context
             chunks.append((name, ctx.pass_index if ctx is not None else 1, span(model, x).start, x))
             return x
+
         return hook
 
     hooks = [("hook_embed", _leaf_embed)] + [(n, recorder(n)) for n in names]
@@ -115,10 +120,10 @@ def trace(model, batch: PairBatch, mode: str, names: Iterable[str], serial: bool
             grs[key] = torch.zeros_like(acts[key])
             covered[key] = torch.zeros(T, dtype=torch.bool)
         width = x.shape[1]
-        acts[key][:, start:start + width] = x.detach()
+        acts[key][:, start : start + width] = x.detach()
         if g is not None:
-            grs[key][:, start:start + width] = g.detach()
-        covered[key][start:start + width] = True
+            grs[key][:, start : start + width] = g.detach()
+        covered[key][start : start + width] = True
     return Traced(acts, grs, covered, ld.detach(), logits.detach())
 
 
@@ -126,7 +131,7 @@ def estimates(tr: Traced, batch: PairBatch, direction: str) -> dict:
     """{(hook, pass): [N, T]} AtP estimate of the patched LD (row i's orientation) at every position."""
     p = batch.partner
     same = (batch.target == batch.target[p]).to(tr.ld.dtype)
-    sign = (2 * same - 1)  # +1 same labels, -1 different (see module doc)
+    sign = 2 * same - 1  # +1 same labels, -1 different (see module doc)
     clean = tr.ld
     corrupt = sign * tr.ld[p]
     out = {}
@@ -143,7 +148,9 @@ def estimates(tr: Traced, batch: PairBatch, direction: str) -> dict:
     return out
 
 
-def _rows(batch: PairBatch, ref: torch.Tensor, est: torch.Tensor, positions: list[int], min_gap: float, **axes) -> pd.DataFrame:
+def _rows(
+    batch: PairBatch, ref: torch.Tensor, est: torch.Tensor, positions: list[int], min_gap: float, **axes
+) -> pd.DataFrame:
     """Wide rows like `score` (one per row × position, position-major) with the estimated LD in place of
     a patched run (no kl / accuracy). est: [N, T] estimated LD at every position."""
     tgt, oth, partner = batch.target, batch.other, batch.partner
@@ -159,14 +166,26 @@ def _rows(batch: PairBatch, ref: torch.Tensor, est: torch.Tensor, positions: lis
     data.update({k: np.full(N * P, v) for k, v in {**AXES, **axes}.items()})
     data["position"] = np.repeat(np.asarray(positions, dtype=np.int64), N)
     col = lambda t: np.tile(t.double().cpu().numpy(), P)  # noqa: E731
-    data.update(clean_logit_diff=col(clean), corrupt_logit_diff=col(corrupt), tiny_gap=np.tile(tiny.cpu().numpy(), P),
-                logit_diff=e.reshape(-1).double().cpu().numpy(), normalized=norm.reshape(-1).double().cpu().numpy())
+    data.update(
+        clean_logit_diff=col(clean),
+        corrupt_logit_diff=col(corrupt),
+        tiny_gap=np.tile(tiny.cpu().numpy(), P),
+        logit_diff=e.reshape(-1).double().cpu().numpy(),
+        normalized=norm.reshape(-1).double().cpu().numpy(),
+    )
     return pd.DataFrame(data)
 
 
-def attribution_patching(model, batches: Iterable[PairBatch], mode: str = "standard", min_gap: float = 0.1,
-                         hooks: Iterable[str] | None = None, last_k: int | None = None,
-                         directions=("denoising", "noising"), serial: bool | None = None) -> pd.DataFrame:
+def attribution_patching(
+    model,
+    batches: Iterable[PairBatch],
+    mode: str = "standard",
+    min_gap: float = 0.1,
+    hooks: Iterable[str] | None = None,
+    last_k: int | None = None,
+    directions=("denoising", "noising"),
+    serial: bool | None = None,
+) -> pd.DataFrame:
     """AtP rows (method `atp`) for every hook × position (× pass) cell, both directions; see module doc.
     `hooks` default: `default_hooks`. `last_k`: only the last k positions."""
     return traced_attribution(model, batches, mode, min_gap, hooks, last_k, directions, serial, keep=False)[0]
@@ -188,14 +207,31 @@ def traced_attribution(model, batches, mode, min_gap, hooks, last_k, directions,
         for direction in directions:
             for (name, k), est in estimates(tr, batch, direction).items():
                 pos = sorted(positions & set(np.flatnonzero(tr.covered[(name, k)].numpy()).tolist()))
-                out.append(_rows(batch, tr.logits, est, pos, min_gap, experiment="attribution", condition=name,
-                                 mode=mode, hook_rule=SERIAL if use_serial else ONE_PASS, direction=direction,
-                                 method="atp", depth=depth_of(name, model.cfg.n_layers), hook=name, pass_index=k))
+                out.append(
+                    _rows(
+                        batch,
+                        tr.logits,
+                        est,
+                        pos,
+                        min_gap,
+                        experiment="attribution",
+                        condition=name,
+                        mode=mode,
+                        hook_rule=SERIAL if use_serial else ONE_PASS,
+                        direction=direction,
+                        method="atp",
+                        depth=depth_of(name, model.cfg.n_layers),
+                        hook=name,
+                        pass_index=k,
+                    )
+                )
     return pd.concat(out, ignore_index=True), traces
 
 
 # ----------------------------------------------------------------------------- exact patching of chosen cells
-def _cell_hook(model, source: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, k: int, src_rows: torch.Tensor):
+def _cell_hook(
+    model, source: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, k: int, src_rows: torch.Tensor
+):
     """Replica row rows[j] gets source[src_rows[j], positions[j]] at positions[j], in pass k only."""
 
     def hook(x, hook=None):
@@ -215,8 +251,17 @@ def _cell_hook(model, source: torch.Tensor, rows: torch.Tensor, positions: torch
 
 
 @torch.no_grad()
-def exact_cells(model, batch: PairBatch, tr: Traced, mode: str, cells: list[tuple[str, int, int]], direction: str,
-                serial: bool, min_gap: float, batch_size: int = 64) -> pd.DataFrame:
+def exact_cells(
+    model,
+    batch: PairBatch,
+    tr: Traced,
+    mode: str,
+    cells: list[tuple[str, int, int]],
+    direction: str,
+    serial: bool,
+    min_gap: float,
+    batch_size: int = 64,
+) -> pd.DataFrame:
     """Exact patching (method `exact`) of the given (hook, pass, position) cells, scored by `score`
     exactly as `residual_patching` scores its cells. Many cells share a forward (replicas)."""
     N = batch.n
@@ -225,16 +270,31 @@ def exact_cells(model, batch: PairBatch, tr: Traced, mode: str, cells: list[tupl
     per = max(1, batch_size // N)
     out = []
     for s in range(0, len(cells), per):
-        chunk = cells[s:s + per]
+        chunk = cells[s : s + per]
         hooks = []
-        for (name, k) in dict.fromkeys((c[0], c[1]) for c in chunk):
+        for name, k in dict.fromkeys((c[0], c[1]) for c in chunk):
             js = [j for j, c in enumerate(chunk) if (c[0], c[1]) == (name, k)]
             rows = torch.cat([j * N + own for j in js])
             pos = torch.tensor([chunk[j][2] for j in js], device=own.device).repeat_interleave(N)
             hooks.append((name, _cell_hook(model, tr.acts[(name, k)], rows, pos, k, src.repeat(len(js)))))
         logits = model.run_with_hooks(base.repeat(len(chunk), 1), mode=mode, serial=serial, fwd_hooks=hooks)[:, -1]
         for j, (name, k, p) in enumerate(chunk):
-            out.append(score(batch, tr.logits, logits[j * N:(j + 1) * N], min_gap, experiment="attribution",
-                             condition=name, mode=mode, hook_rule=SERIAL if serial else ONE_PASS, direction=direction,
-                             method="exact", depth=depth_of(name, model.cfg.n_layers), position=p, hook=name, pass_index=k))
+            out.append(
+                score(
+                    batch,
+                    tr.logits,
+                    logits[j * N : (j + 1) * N],
+                    min_gap,
+                    experiment="attribution",
+                    condition=name,
+                    mode=mode,
+                    hook_rule=SERIAL if serial else ONE_PASS,
+                    direction=direction,
+                    method="exact",
+                    depth=depth_of(name, model.cfg.n_layers),
+                    position=p,
+                    hook=name,
+                    pass_index=k,
+                )
+            )
     return pd.concat(out, ignore_index=True)

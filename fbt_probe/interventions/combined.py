@@ -13,6 +13,7 @@ The tables are those of the separate commands (tests/test_combined.py): every ex
 sees every batch in order, its statistics over all pairs (mean gates, donors, means) are computed
 over all batches, and a shared prefix equals a fresh one.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -27,8 +28,16 @@ from fbt_probe.interventions import experiments as E
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.pool import PrefixPool, sharing
 from fbt_probe.interventions.registry import EXPERIMENTS, PatchConfig
-from fbt_probe.interventions.runner import (RESULTS_KIND, Results, assemble, is_results_folder, results_of, run,
-                                            run_experiment, write_results)
+from fbt_probe.interventions.runner import (
+    RESULTS_KIND,
+    Results,
+    assemble,
+    is_results_folder,
+    results_of,
+    run,
+    run_experiment,
+    write_results,
+)
 from fbt_probe.io import refuse_existing
 
 SHARED = ("state-replacement", "feedback-swap", "gate-ablation", "probe-direction")  # final position, same batches
@@ -50,8 +59,9 @@ def units(batches) -> list[range]:
 
 def _call(model, cfg: PatchConfig, batches, mode: str, **extra) -> pd.DataFrame:
     exp = EXPERIMENTS[cfg.experiment]
-    return exp.run(model, batches, mode=mode, min_gap=cfg.min_gap, reuse=cfg.prefix_reuse,
-                   **asdict(exp.options_of(cfg)), **extra)
+    return exp.run(
+        model, batches, mode=mode, min_gap=cfg.min_gap, reuse=cfg.prefix_reuse, **asdict(exp.options_of(cfg)), **extra
+    )
 
 
 def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
@@ -82,7 +92,9 @@ def _one_mode(model, by: dict, batches: list, mode: str) -> dict[str, pd.DataFra
     return {name: _concat(p) for name, p in parts.items()}
 
 
-def run_shared(model, df: pd.DataFrame, cfgs: list[PatchConfig], label_ids: dict | None = None) -> dict[str, pd.DataFrame]:
+def run_shared(
+    model, df: pd.DataFrame, cfgs: list[PatchConfig], label_ids: dict | None = None
+) -> dict[str, pd.DataFrame]:
     """{experiment: wide rows} of SHARED experiments that agree on cells and batch size. Each mode
     runs the experiments that have it, together; an experiment's modes keep their own order."""
     first = cfgs[0]
@@ -104,11 +116,21 @@ def run_shared(model, df: pd.DataFrame, cfgs: list[PatchConfig], label_ids: dict
         batches = [b.to(dev) for b in pair_batches(df, label_ids, first.batch_size, first.max_pairs, first.lengths)]
         for name, w in _one_mode(model, by, batches, mode).items():
             parts[name][mode] = w
-    return {cfg.experiment: assemble(cfg.experiment, [(m, parts[cfg.experiment][m]) for m in cfg.modes]) for cfg in cfgs}
+    return {
+        cfg.experiment: assemble(cfg.experiment, [(m, parts[cfg.experiment][m]) for m in cfg.modes]) for cfg in cfgs
+    }
 
 
-def run_several(model, df: pd.DataFrame, cfgs: list[PatchConfig], out: str | Path | None = None, force: bool = False,
-                model_info: dict | None = None, label_ids: dict | None = None, figures: bool = True) -> list[Results] | None:
+def run_several(
+    model,
+    df: pd.DataFrame,
+    cfgs: list[PatchConfig],
+    out: str | Path | None = None,
+    force: bool = False,
+    model_info: dict | None = None,
+    label_ids: dict | None = None,
+    figures: bool = True,
+) -> list[Results] | None:
     """Each experiment of `cfgs` (in order), as `runner.run` would, writing `out/<experiment>/`; the
     SHARED ones (two or more, with prefix reuse) in one pass over the batches. Everything is
     computed before anything is written. Under torchrun each runs on its own (`runner.run`)."""

@@ -15,6 +15,7 @@ Only the final position is intervened on, so everything before it is computed on
 pass over positions 0..T-2 fills a KV cache, and each training step runs the final position alone
 (`FinalStep`), which equals the mode's last-position output (tested). Hook rule: one-pass.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -74,6 +75,7 @@ class FinalStep:
 
     cache: the final pass's keys/values of positions 0..T-2; token: [N] the final token; state: [N, D]
     carried into the final position (None where the mode feeds none)."""
+
     model: object
     cache: KVCache
     token: torch.Tensor
@@ -94,7 +96,9 @@ class FinalStep:
     def __call__(self, hooks=()) -> torch.Tensor:
         """[N, d_vocab] logits of the final position, with `hooks` (fired once, context `step`)."""
         m = self.model
-        cache = KVCache.from_tensors(self.cache.keys, self.cache.values, self.cache.tokens)  # the first append grows into new buffers
+        cache = KVCache.from_tensors(
+            self.cache.keys, self.cache.values, self.cache.tokens
+        )  # the first append grows into new buffers
         with m.hooks(fwd_hooks=list(hooks)):
             m.hook_context = HookContext("step", range(self.T - 1, self.T))
             try:
@@ -107,8 +111,15 @@ class FinalStep:
         if m == 1:
             return self
         rep = lambda t: None if t is None else t.repeat((m,) + (1,) * (t.dim() - 1))  # noqa: E731
-        return FinalStep(self.model, KVCache.from_tensors([rep(k) for k in self.cache.keys], [rep(v) for v in self.cache.values], rep(self.cache.tokens)),
-                         rep(self.token), rep(self.state), self.T)
+        return FinalStep(
+            self.model,
+            KVCache.from_tensors(
+                [rep(k) for k in self.cache.keys], [rep(v) for v in self.cache.values], rep(self.cache.tokens)
+            ),
+            rep(self.token),
+            rep(self.state),
+            self.T,
+        )
 
     @torch.no_grad()
     def activation(self, name: str) -> torch.Tensor:
@@ -121,8 +132,10 @@ class FinalStep:
 
         self([(name, grab)])
         if "x" not in store:
-            raise FbtError(f"das: hook {name} does not fire at the final position under this mode "
-                           "(fusion hooks need a mode that feeds the final position)")
+            raise FbtError(
+                f"das: hook {name} does not fire at the final position under this mode "
+                "(fusion hooks need a mode that feeds the final position)"
+            )
         return store["x"]
 
 
@@ -152,6 +165,7 @@ def frozen(model):
 @dataclass
 class Examples:
     """Interchange examples of one batch: row i is the base, `src` its source (the partner)."""
+
     step: FinalStep
     acts: torch.Tensor  # [N, D] unpatched activation at the hook, final position
     src: torch.Tensor  # [N] source row of each base row
@@ -167,8 +181,9 @@ def intervened_logits(ex: Examples, R: torch.Tensor, k: int, name: str) -> torch
     return ex.step([(name, replace_hook(lambda: new))])
 
 
-def fit_rotations(ex: Examples, name: str, jobs: list[tuple[torch.Tensor, int, int]], steps: int = 200,
-                  lr: float = 1e-2, model=None) -> list[tuple[Rotation, float]]:
+def fit_rotations(
+    ex: Examples, name: str, jobs: list[tuple[torch.Tensor, int, int]], steps: int = 200, lr: float = 1e-2, model=None
+) -> list[tuple[Rotation, float]]:
     """Train one rotation per job (rows: bool [N], the rows it trains on; k; seed of its random start) so
     that its k-dim interchange gives the source's label: loss = mean over the job's rows of
     −log σ(logit[source label] − logit[other label word]). The jobs share one forward and one
@@ -199,8 +214,9 @@ def fit_rotations(ex: Examples, name: str, jobs: list[tuple[torch.Tensor, int, i
     return [(rot, float(loss)) for rot, loss in zip(rots, losses)]
 
 
-def fit_rotation(ex: Examples, name: str, k: int, steps: int = 200, lr: float = 1e-2, seed: int = 0,
-                 model=None) -> tuple[Rotation, float]:
+def fit_rotation(
+    ex: Examples, name: str, k: int, steps: int = 200, lr: float = 1e-2, seed: int = 0, model=None
+) -> tuple[Rotation, float]:
     """One rotation on the rows `ex.rows` (see `fit_rotations`)."""
     return fit_rotations(ex, name, [(ex.rows, k, seed)], steps, lr, model)[0]
 

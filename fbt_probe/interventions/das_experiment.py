@@ -7,6 +7,7 @@ fitted on the same training pairs, and that probe's held-out accuracy.
 Run it on the no-feedback baseline model too: its fusion is untrained, the control for the feedback
 channel (docs/probes.md).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -18,7 +19,15 @@ import torch
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import act_name, depth_name
 from fbt_probe.interventions.attribution import check_hooks, depth_of
-from fbt_probe.interventions.das import Examples, FinalStep, fit_rotations, haar, iia, intervened_logits, subspace_cosine
+from fbt_probe.interventions.das import (
+    Examples,
+    FinalStep,
+    fit_rotations,
+    haar,
+    iia,
+    intervened_logits,
+    subspace_cosine,
+)
 from fbt_probe.interventions.experiments import ONE_PASS, device_of
 from fbt_probe.interventions.metrics import score
 from fbt_probe.interventions.pairs import PairBatch
@@ -40,9 +49,13 @@ def merge(batches: list[PairBatch]) -> PairBatch:
     if len({b.T for b in batches}) != 1:
         raise FbtError("das: a cell's batches differ in token length")
     offsets = np.cumsum([0] + [b.n for b in batches[:-1]])
-    return PairBatch(torch.cat([b.tokens for b in batches]), torch.cat([b.partner + int(o) for b, o in zip(batches, offsets)]),
-                     torch.cat([b.target for b in batches]), torch.cat([b.other for b in batches]),
-                     pd.concat([b.meta for b in batches], ignore_index=True))
+    return PairBatch(
+        torch.cat([b.tokens for b in batches]),
+        torch.cat([b.partner + int(o) for b, o in zip(batches, offsets)]),
+        torch.cat([b.target for b in batches]),
+        torch.cat([b.other for b in batches]),
+        pd.concat([b.meta for b in batches], ignore_index=True),
+    )
 
 
 def pair_components(meta: pd.DataFrame) -> np.ndarray:
@@ -78,8 +91,19 @@ def _rows(batch: PairBatch, ref, patched, test: np.ndarray, min_gap: float, **ax
     return w[test]
 
 
-def _fit_all(step: FinalStep, batch: PairBatch, acts, name: str, train_masks: list, ks, steps: int, lr: float,
-             seed: int, model, max_rows: int) -> dict:
+def _fit_all(
+    step: FinalStep,
+    batch: PairBatch,
+    acts,
+    name: str,
+    train_masks: list,
+    ks,
+    steps: int,
+    lr: float,
+    seed: int,
+    model,
+    max_rows: int,
+) -> dict:
     """{(fold, k): (rotation, loss)}: every fold × k of one hook, trained together in chunks of at most
     `max_rows` repeated rows (one forward and backward per step per chunk; see `fit_rotations`)."""
     N, D = acts.shape
@@ -87,14 +111,25 @@ def _fit_all(step: FinalStep, batch: PairBatch, acts, name: str, train_masks: li
     ex = _examples(step, batch, acts, np.ones(N, dtype=bool))
     per, out = max(1, max_rows // N), {}
     for s in range(0, len(jobs), per):
-        chunk = jobs[s:s + per]
+        chunk = jobs[s : s + per]
         spec = [(torch.as_tensor(np.array(train_masks[f]), device=acts.device), k, seed + f) for f, k in chunk]
         out.update(zip(chunk, fit_rotations(ex, name, spec, steps, lr, model)))
     return out
 
 
-def das(model, batches, mode: str = "recurrent:1", min_gap: float = 0.1, hooks=None, ks=KS, steps: int = 200,
-        lr: float = 1e-2, n_folds: int = 5, seed: int = 0, max_rows: int = 512) -> pd.DataFrame:
+def das(
+    model,
+    batches,
+    mode: str = "recurrent:1",
+    min_gap: float = 0.1,
+    hooks=None,
+    ks=KS,
+    steps: int = 200,
+    lr: float = 1e-2,
+    n_folds: int = 5,
+    seed: int = 0,
+    max_rows: int = 512,
+) -> pd.DataFrame:
     """Wide rows (held-out interchanges; metrics iia, iia_choice and the usual `score` columns) with
     methods `das`, `random-rotation`, `full-interchange`; attrs: `notes`, `tables` {"das_folds": ...}.
     `max_rows`: rows per training forward (the (fold, k) rotations of a hook train side by side)."""
@@ -127,8 +162,10 @@ def das(model, batches, mode: str = "recurrent:1", min_gap: float = 0.1, hooks=N
             ref = step()
         names = check_hooks(model, hooks) if hooks is not None else das_hooks(model, mode, T)
         y = batch.meta["label"].to_numpy()
-        masks = [(batch.meta["pair_id"].isin(pair_ids[tr]).to_numpy(), batch.meta["pair_id"].isin(pair_ids[te]).to_numpy())
-                 for tr, te in splits]
+        masks = [
+            (batch.meta["pair_id"].isin(pair_ids[tr]).to_numpy(), batch.meta["pair_id"].isin(pair_ids[te]).to_numpy())
+            for tr, te in splits
+        ]
         for name in names:
             acts = step.activation(name)
             D = acts.shape[-1]
@@ -143,18 +180,32 @@ def das(model, batches, mode: str = "recurrent:1", min_gap: float = 0.1, hooks=N
                 out.append(_rows(batch, ref, full, test, min_gap, method="full-interchange", subspace_dim=D, **axes))
                 for k in [k for k in ks if k <= D]:
                     rot, loss = fitted[(f, k)]
-                    for method, R in (("das", rot.R.detach()), ("random-rotation", haar(D, seed + f, acts.dtype).to(acts.device))):
+                    for method, R in (
+                        ("das", rot.R.detach()),
+                        ("random-rotation", haar(D, seed + f, acts.dtype).to(acts.device)),
+                    ):
                         with torch.no_grad():
                             logits = intervened_logits(ex_test, R, k, name)
                         out.append(_rows(batch, ref, logits, test, min_gap, method=method, subspace_dim=k, **axes))
-                        fold_rows.append(dict(task=task, length_knob=knob, mode=mode, hook=name, depth=axes["depth"],
-                                              subspace_dim=k, fold=f, method=method,
-                                              train_loss=loss if method == "das" else np.nan,
-                                              train_iia=float(iia([ex_train], R, k, name).mean()),
-                                              test_iia=float(iia([ex_test], R, k, name).mean()),
-                                              probe_cosine=subspace_cosine(R[:k], w),
-                                              probe_accuracy=float(np.mean(probe.predict(X[test]) == y[test])),
-                                              n_train_pairs=int(train.sum() // 2), n_test_pairs=int(test.sum() // 2)))
+                        fold_rows.append(
+                            dict(
+                                task=task,
+                                length_knob=knob,
+                                mode=mode,
+                                hook=name,
+                                depth=axes["depth"],
+                                subspace_dim=k,
+                                fold=f,
+                                method=method,
+                                train_loss=loss if method == "das" else np.nan,
+                                train_iia=float(iia([ex_train], R, k, name).mean()),
+                                test_iia=float(iia([ex_test], R, k, name).mean()),
+                                probe_cosine=subspace_cosine(R[:k], w),
+                                probe_accuracy=float(np.mean(probe.predict(X[test]) == y[test])),
+                                n_train_pairs=int(train.sum() // 2),
+                                n_test_pairs=int(test.sum() // 2),
+                            )
+                        )
     df = pd.concat(out, ignore_index=True) if out else pd.DataFrame()
     df.attrs["notes"] = notes
     df.attrs["tables"] = {"das_folds": pd.DataFrame(fold_rows)}

@@ -6,6 +6,7 @@ and `model.hook_context.positions` names the global positions the chunk covers. 
 takes global positions and patches only the ones the firing chunk covers, so the same hook works
 under both rules. Factories never mutate the incoming tensor (they return an edited clone).
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -55,12 +56,14 @@ def patch_all(source: torch.Tensor, model=None) -> HookFn:
 
     def hook(x, hook=None):
         s = span(model, x)
-        return source[:, s.start:s.stop].to(x.dtype).clone()
+        return source[:, s.start : s.stop].to(x.dtype).clone()
 
     return hook
 
 
-def patch_rows_at(source: torch.Tensor, positions: torch.Tensor, model=None, src_rows: torch.Tensor | None = None) -> HookFn:
+def patch_rows_at(
+    source: torch.Tensor, positions: torch.Tensor, model=None, src_rows: torch.Tensor | None = None
+) -> HookFn:
     """Row r gets source[src_rows[r], positions[r]] at positions[r]: one position per row, so many
     positions are patched in one batched forward (replicas of a batch, each at its own position).
     source: [n, pos, ...]; positions, src_rows: LongTensor [rows] (src_rows defaults to 0..rows-1)."""

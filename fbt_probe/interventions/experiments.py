@@ -14,6 +14,7 @@ patched position for residual patching), so each batch computes positions < p on
 (`fbt_probe.model.prefix`), and every condition runs only positions >= p under the same hook rule.
 That equals the full re-run (`reuse=False`) up to float rounding (tests/test_interventions.py, float64).
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -42,8 +43,15 @@ def device_of(model) -> torch.device:
 
 
 @torch.no_grad()
-def final_logits(model, tokens: torch.Tensor, mode: str, hooks=(), serial: bool = False,
-                 prefix: Prefix | None = None, start: int | None = None) -> torch.Tensor:
+def final_logits(
+    model,
+    tokens: torch.Tensor,
+    mode: str,
+    hooks=(),
+    serial: bool = False,
+    prefix: Prefix | None = None,
+    start: int | None = None,
+) -> torch.Tensor:
     """[batch, d_vocab] logits at the final position under `mode` with `hooks` (removed on exit).
     With `prefix` (`build_prefix` of these tokens, mode and rule) only positions >= `start`
     (default: the prefix's `upto`) run."""
@@ -71,8 +79,10 @@ def check_depths(depths, model) -> None:
 
 def require_feedback(mode: str, T: int, experiment: str) -> None:
     if parse_mode(mode).first_fed_position(T) > T - 1:
-        raise FbtError(f"{experiment}: mode '{mode}' feeds no state into the final position; "
-                       "use recurrent:k, full or jacobi:K (K >= 2)")
+        raise FbtError(
+            f"{experiment}: mode '{mode}' feeds no state into the final position; "
+            "use recurrent:k, full or jacobi:K (K >= 2)"
+        )
 
 
 def _reference(model, batch: PairBatch, mode: str, names: Iterable[str], prefix: Prefix | None = None):
@@ -84,8 +94,9 @@ def _reference(model, batch: PairBatch, mode: str, names: Iterable[str], prefix:
 
 
 # ----------------------------------------------------------------------------- feedback swap
-def feedback_swap(model, batches: Iterable[PairBatch], mode: str = "recurrent:1", min_gap: float = 0.1,
-                  reuse: bool = True) -> pd.DataFrame:
+def feedback_swap(
+    model, batches: Iterable[PairBatch], mode: str = "recurrent:1", min_gap: float = 0.1, reuse: bool = True
+) -> pd.DataFrame:
     """Run each row's partner with the row's own carried state (`state`), value W_U h (`value`) or
     gate σ(W_G e) (`gate`) at the final position: does the answer follow the swapped-in state?
     normalized = 1: the answer fully follows it. The gate depends on the token only and both
@@ -99,7 +110,9 @@ def feedback_swap(model, batches: Iterable[PairBatch], mode: str = "recurrent:1"
 def _swap_batch(model, batch: PairBatch, mode: str, min_gap: float, reuse: bool) -> list[pd.DataFrame]:
     require_feedback(mode, batch.T, "feedback-swap")
     pre = last_prefix(model, batch.tokens, mode, reuse)
-    swaps = [(c, n) for c, n in (("state", FEEDBACK), ("value", VALUE), ("gate", GATE)) if n in model.hook_dict]  # no gate: nanochat's concat / addition fusions
+    swaps = [
+        (c, n) for c, n in (("state", FEEDBACK), ("value", VALUE), ("gate", GATE)) if n in model.hook_dict
+    ]  # no gate: nanochat's concat / addition fusions
     ref, own = _reference(model, batch, mode, tuple(n for _, n in swaps), pre)
     partner = batch.partner
     # partners pair up (p(p(i)) = i): row j run with its partner's value is row p(j) of the swap, so
@@ -114,13 +127,26 @@ def _swap_batch(model, batch: PairBatch, mode: str, min_gap: float, reuse: bool)
         value = own[name][partner] if in_place else own[name]
         patched = final_logits(model, tokens, mode, [(name, set_at(value, batch.T - 1, model))], prefix=prefix)
         patched = patched[partner] if in_place else patched
-        rows.append(score(batch, ref, patched, min_gap, experiment="feedback-swap", condition=condition,
-                          mode=mode, hook_rule=ONE_PASS, direction="denoising"))
+        rows.append(
+            score(
+                batch,
+                ref,
+                patched,
+                min_gap,
+                experiment="feedback-swap",
+                condition=condition,
+                mode=mode,
+                hook_rule=ONE_PASS,
+                direction="denoising",
+            )
+        )
     return rows
 
 
 # ----------------------------------------------------------------------------- state replacement
-def carried_last_states(model, batches: list[PairBatch], mode: str, reuse: bool = True) -> tuple[torch.Tensor, pd.DataFrame]:
+def carried_last_states(
+    model, batches: list[PairBatch], mode: str, reuse: bool = True
+) -> tuple[torch.Tensor, pd.DataFrame]:
     """Carried state into the final position of every row: ([rows, D], meta)."""
     states, metas = [], []
     for batch in batches:
@@ -148,8 +174,15 @@ def pick_donors(meta: pd.DataFrame, seed: int = 0) -> np.ndarray:
     return donors
 
 
-def state_replacement(model, batches: Iterable[PairBatch], mode: str = "recurrent:1", min_gap: float = 0.1,
-                      seed: int = 0, reuse: bool = True, carried: tuple | None = None) -> pd.DataFrame:
+def state_replacement(
+    model,
+    batches: Iterable[PairBatch],
+    mode: str = "recurrent:1",
+    min_gap: float = 0.1,
+    seed: int = 0,
+    reuse: bool = True,
+    carried: tuple | None = None,
+) -> pd.DataFrame:
     """Replace the carried state into the final position (one-pass, `fusion.hook_feedback`) by: zero
     (the fused input then collapses to 0), the task's mean state, a random vector of the same norm,
     or a non-partner donor's state (another pair, opposite label). normalized = 1: no effect.
@@ -157,27 +190,30 @@ def state_replacement(model, batches: Iterable[PairBatch], mode: str = "recurren
     batches = list(batches)
     states, meta = carried if carried is not None else carried_last_states(model, batches, mode, reuse)
     donors = torch.as_tensor(pick_donors(meta, seed), device=states.device)
-    means = {t: states[torch.tensor(sub.index.to_numpy(), device=states.device)].mean(0)
-             for t, sub in meta.groupby("task")}
+    means = {
+        t: states[torch.tensor(sub.index.to_numpy(), device=states.device)].mean(0) for t, sub in meta.groupby("task")
+    }
     out, start = [], 0
     for batch in batches:
         batch = batch.to(device_of(model))
         n = batch.n
-        own = states[start:start + n]
+        own = states[start : start + n]
         gen = torch.Generator().manual_seed(seed * 1_000_003 + int(batch.meta["row"].min()))
         noise = torch.randn(own.shape, generator=gen, dtype=torch.float64).to(own)
         replacements = {
             "zero": torch.zeros_like(own),
             "mean": means[str(batch.meta["task"].iloc[0])].expand_as(own),
             "random": noise / noise.norm(dim=-1, keepdim=True) * own.norm(dim=-1, keepdim=True),
-            "nonpartner": states[donors[start:start + n]],
+            "nonpartner": states[donors[start : start + n]],
         }
         start += n
         out += _replacement_batch(model, batch, mode, min_gap, reuse, replacements)
     return pd.concat(out, ignore_index=True)
 
 
-def _replacement_batch(model, batch: PairBatch, mode: str, min_gap: float, reuse: bool, replacements: dict) -> list[pd.DataFrame]:
+def _replacement_batch(
+    model, batch: PairBatch, mode: str, min_gap: float, reuse: bool, replacements: dict
+) -> list[pd.DataFrame]:
     axes = dict(experiment="state-replacement", mode=mode, hook_rule=ONE_PASS, direction="noising")
     pre = last_prefix(model, batch.tokens, mode, reuse)
     ref = final_logits(model, batch.tokens, mode, prefix=pre)
@@ -220,8 +256,15 @@ def _gate_hooks(model, condition: str, batch: PairBatch, mean_gate: torch.Tensor
     return [(GATE, set_at(value.to(device_of(model)).expand(batch.n, D), position, model))]
 
 
-def gate_ablation(model, batches: Iterable[PairBatch], mode: str = "recurrent:1", min_gap: float = 0.1,
-                  decoding: bool = True, reuse: bool = True, means: dict | None = None) -> pd.DataFrame:
+def gate_ablation(
+    model,
+    batches: Iterable[PairBatch],
+    mode: str = "recurrent:1",
+    min_gap: float = 0.1,
+    decoding: bool = True,
+    reuse: bool = True,
+    means: dict | None = None,
+) -> pd.DataFrame:
     """Gate σ(W_G e) at the final position set to the task's mean gate, to ones, to zero, or fusion
     bypassed (plain embedding): under the prefill `mode` (one-pass) and, with `decoding`, for the
     answer under Std decoding (no feedback: the control) and Soft decoding (kv-step path).
@@ -235,8 +278,9 @@ def gate_ablation(model, batches: Iterable[PairBatch], mode: str = "recurrent:1"
     return pd.concat(out, ignore_index=True)
 
 
-def _gate_batch(model, batch: PairBatch, mode: str, min_gap: float, decoding: bool, reuse: bool,
-                mean_gate: torch.Tensor) -> list[pd.DataFrame]:
+def _gate_batch(
+    model, batch: PairBatch, mode: str, min_gap: float, decoding: bool, reuse: bool, mean_gate: torch.Tensor
+) -> list[pd.DataFrame]:
     require_feedback(mode, batch.T, "gate-ablation")
     axes = dict(experiment="gate-ablation", direction="noising")
     pre = last_prefix(model, batch.tokens, mode, reuse)
@@ -249,7 +293,11 @@ def _gate_batch(model, batch: PairBatch, mode: str, min_gap: float, decoding: bo
     if decoding:
         soft = None
         if reuse:  # Soft decoding's prompt is a standard prefill of x_1..x_{T-1}: recurrent:1's prefix
-            soft = pre.serial_view() if str(pre.mode) == "recurrent:1" else build_prefix(model, batch.tokens, "recurrent:1", serial=True)
+            soft = (
+                pre.serial_view()
+                if str(pre.mode) == "recurrent:1"
+                else build_prefix(model, batch.tokens, "recurrent:1", serial=True)
+            )
         rows += _decoding_rows(model, batch, mean_gate, min_gap, axes, soft)
     return rows
 
@@ -272,26 +320,48 @@ def soft_answer_logits(model, tokens: torch.Tensor, hooks=(), prefix: Prefix | N
     return logits
 
 
-def _decoding_rows(model, batch: PairBatch, mean_gate: torch.Tensor, min_gap: float, axes: dict,
-                   soft_pre: Prefix | None = None) -> list[pd.DataFrame]:
+def _decoding_rows(
+    model, batch: PairBatch, mean_gate: torch.Tensor, min_gap: float, axes: dict, soft_pre: Prefix | None = None
+) -> list[pd.DataFrame]:
     with torch.no_grad():
         std = model.prefill_cache(batch.tokens)[2][:, -1] if soft_pre is None else soft_pre.standard_view().run()[:, -1]
     rows = [score(batch, std, std, min_gap, condition="none", mode="standard", hook_rule=STEP, decoding="std", **axes)]
     soft = soft_answer_logits(model, batch.tokens, prefix=soft_pre)
-    rows.append(score(batch, soft, soft, min_gap, condition="none", mode="recurrent:1", hook_rule=STEP, decoding="soft", **axes))
+    rows.append(
+        score(batch, soft, soft, min_gap, condition="none", mode="recurrent:1", hook_rule=STEP, decoding="soft", **axes)
+    )
     for condition in GATE_CONDITIONS:
         hooks = _gate_hooks(model, condition, batch, mean_gate, batch.T - 1)
         patched = soft_answer_logits(model, batch.tokens, hooks, prefix=soft_pre)
-        rows.append(score(batch, soft, patched, min_gap, condition=condition, mode="recurrent:1", hook_rule=STEP,
-                          decoding="soft", **axes))
+        rows.append(
+            score(
+                batch,
+                soft,
+                patched,
+                min_gap,
+                condition=condition,
+                mode="recurrent:1",
+                hook_rule=STEP,
+                decoding="soft",
+                **axes,
+            )
+        )
     return rows
 
 
 # ----------------------------------------------------------------------------- residual patching
-def residual_patching(model, batches: Iterable[PairBatch], mode: str = "standard", min_gap: float = 0.1,
-                      depths: Iterable[int] | None = None, last_k: int | None = None,
-                      directions=("denoising", "noising"), batch_size: int = 64, serial: bool | None = None,
-                      reuse: bool = True) -> pd.DataFrame:
+def residual_patching(
+    model,
+    batches: Iterable[PairBatch],
+    mode: str = "standard",
+    min_gap: float = 0.1,
+    depths: Iterable[int] | None = None,
+    last_k: int | None = None,
+    directions=("denoising", "noising"),
+    batch_size: int = 64,
+    serial: bool | None = None,
+    reuse: bool = True,
+) -> pd.DataFrame:
     """Patch the residual stream at probe depth d (`depth_name(d)`) and one position p, for every
     d × p: denoising runs the partner with the row's activation patched in (1 = full recovery);
     noising runs the row with its partner's activation (0 = fully destroyed). Many positions run in
@@ -306,13 +376,24 @@ def residual_patching(model, batches: Iterable[PairBatch], mode: str = "standard
         raise FbtError(f"residual: direction '{bad[0]}': expected denoising or noising")
     out = []
     for batch in batches:
-        out += _residual_batch(model, batch.to(device_of(model)), mode, min_gap, depths, last_k, directions,
-                               batch_size, serial, reuse)
+        out += _residual_batch(
+            model, batch.to(device_of(model)), mode, min_gap, depths, last_k, directions, batch_size, serial, reuse
+        )
     return pd.concat(out, ignore_index=True)
 
 
-def _residual_batch(model, batch: PairBatch, mode: str, min_gap: float, depths: list[int], last_k: int | None,
-                    directions, batch_size: int, serial: bool | None, reuse: bool) -> list[pd.DataFrame]:
+def _residual_batch(
+    model,
+    batch: PairBatch,
+    mode: str,
+    min_gap: float,
+    depths: list[int],
+    last_k: int | None,
+    directions,
+    batch_size: int,
+    serial: bool | None,
+    reuse: bool,
+) -> list[pd.DataFrame]:
     T, N = batch.T, batch.n
     fed = parse_mode(mode).first_fed_position(T) < T
     use_serial = fed if serial is None else serial
@@ -320,8 +401,9 @@ def _residual_batch(model, batch: PairBatch, mode: str, min_gap: float, depths: 
     names = [depth_name(d) for d in depths]
     store: dict = {}
     with torch.no_grad():
-        ref = model.run_with_hooks(batch.tokens, mode=mode, serial=use_serial,
-                                   fwd_hooks=[(n, capture(store, n, model)) for n in names])[:, -1]
+        ref = model.run_with_hooks(
+            batch.tokens, mode=mode, serial=use_serial, fwd_hooks=[(n, capture(store, n, model)) for n in names]
+        )[:, -1]
     acts = {n: stitch(store[n]) for n in names}
     positions = list(range(max(0, T - last_k), T) if last_k else range(T))  # last_k >= T: every position
     per = max(1, batch_size // N)
@@ -329,20 +411,41 @@ def _residual_batch(model, batch: PairBatch, mode: str, min_gap: float, depths: 
     rows = []
     for direction in directions:
         own = torch.arange(N, device=batch.tokens.device)
-        base, src_rows = (batch.tokens[batch.partner], own) if direction == "denoising" else (batch.tokens, batch.partner)
+        base, src_rows = (
+            (batch.tokens[batch.partner], own) if direction == "denoising" else (batch.tokens, batch.partner)
+        )
         base_pre = pre if pre is None or direction == "noising" else pre.select(batch.partner)
         replicas: dict = {}  # number of replicas -> the base prefix repeated that often
         for d, name in zip(depths, names):
             for s in range(0, len(positions), per):
-                chunk = positions[s:s + per]
+                chunk = positions[s : s + per]
                 pos = torch.tensor(chunk, device=base.device).repeat_interleave(N)
                 hook = patch_rows_at(acts[name], pos, model, src_rows=src_rows.repeat(len(chunk)))
                 if base_pre is not None and len(chunk) not in replicas:
                     replicas[len(chunk)] = base_pre.repeat(len(chunk)) if len(chunk) > 1 else base_pre
-                logits = final_logits(model, base.repeat(len(chunk), 1), mode, [(name, hook)], use_serial,
-                                      prefix=replicas.get(len(chunk)), start=chunk[0])
+                logits = final_logits(
+                    model,
+                    base.repeat(len(chunk), 1),
+                    mode,
+                    [(name, hook)],
+                    use_serial,
+                    prefix=replicas.get(len(chunk)),
+                    start=chunk[0],
+                )
                 for j, p in enumerate(chunk):
-                    rows.append(score(batch, ref, logits[j * N:(j + 1) * N], min_gap, experiment="residual",
-                                      condition=f"depth{d}", mode=mode, hook_rule=rule, direction=direction,
-                                      depth=d, position=p))
+                    rows.append(
+                        score(
+                            batch,
+                            ref,
+                            logits[j * N : (j + 1) * N],
+                            min_gap,
+                            experiment="residual",
+                            condition=f"depth{d}",
+                            mode=mode,
+                            hook_rule=rule,
+                            direction=direction,
+                            depth=d,
+                            position=p,
+                        )
+                    )
     return rows

@@ -1,4 +1,5 @@
 """One-line summaries of the attribution and DAS experiments for the command line."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -17,10 +18,12 @@ def parity_lines(parity: pd.DataFrame) -> list[str]:
         r = g.set_index("metric")
         m = "normalized" if "normalized" in r.index and not pd.isna(r.loc["normalized", "spearman"]) else "logit_diff"
         r = r.loc[m]
-        out.append(f"{key[0]:<12} {key[1]:<11} length {key[2]:<3} {key[3]:<9} AtP vs exact on {int(r.n_cells)} cells ({m}): Spearman "
-                   f"{_ci(r.spearman, r.get('spearman_ci_low'), r.get('spearman_ci_high'))}, worst |error| "
-                   f"{r.worst_abs_error:.3g} at {r.get('worst_cell', '?')}, top-{int(r.n_top)} sign agreement "
-                   f"{r.get('sign_agreement_top', float('nan')):.2f}")
+        out.append(
+            f"{key[0]:<12} {key[1]:<11} length {key[2]:<3} {key[3]:<9} AtP vs exact on {int(r.n_cells)} cells ({m}): Spearman "
+            f"{_ci(r.spearman, r.get('spearman_ci_low'), r.get('spearman_ci_high'))}, worst |error| "
+            f"{r.worst_abs_error:.3g} at {r.get('worst_cell', '?')}, top-{int(r.n_top)} sign agreement "
+            f"{r.get('sign_agreement_top', float('nan')):.2f}"
+        )
     return out
 
 
@@ -32,13 +35,20 @@ def das_lines(summary: pd.DataFrame, folds: pd.DataFrame | None) -> list[str]:
         das = g[g.method == "das"].sort_values("subspace_dim")
         rnd = g[g.method == "random-rotation"].set_index("subspace_dim")
         full = g[g.method == "full-interchange"]
-        parts = [f"k={int(r.subspace_dim)} {_ci(r.mean, r.ci_low, r.ci_high)} (random {rnd.loc[r.subspace_dim, 'mean']:.2f})"
-                 for r in das.itertuples() if r.subspace_dim in rnd.index]
+        parts = [
+            f"k={int(r.subspace_dim)} {_ci(r.mean, r.ci_low, r.ci_high)} (random {rnd.loc[r.subspace_dim, 'mean']:.2f})"
+            for r in das.itertuples()
+            if r.subspace_dim in rnd.index
+        ]
         cos = ""
         if folds is not None and len(folds):
-            f = folds[(folds["mode"] == mode) & (folds["task"] == task) & (folds["hook"] == hook) & (folds["method"] == "das")]
+            f = folds[
+                (folds["mode"] == mode) & (folds["task"] == task) & (folds["hook"] == hook) & (folds["method"] == "das")
+            ]
             if len(f):
-                cos = " · cos(probe) " + ", ".join(f"k={k} {v:.2f}" for k, v in f.groupby("subspace_dim")["probe_cosine"].mean().items())
+                cos = " · cos(probe) " + ", ".join(
+                    f"k={k} {v:.2f}" for k, v in f.groupby("subspace_dim")["probe_cosine"].mean().items()
+                )
         head = f"full {full['mean'].iloc[0]:.2f}" if len(full) else ""
         out.append(f"{mode:<12} {task:<11} {hook}: IIA {head}; " + "; ".join(parts) + cos)
     return out

@@ -13,6 +13,7 @@ patched in: 1 = full recovery. For ablations and noising the patched run is the 
 tokens: 1 = no effect, 0 = as if it were its partner. Rows whose |clean - corrupt| < min_gap are
 flagged `tiny_gap` and left out of every `normalized` summary (the count is reported).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,10 +34,35 @@ METRIC_HELP = {
     "iia_choice": "DAS: after the interchange, the source sample's label word beats the other label word",
 }
 # columns every row carries (defaults where an experiment has no such axis)
-AXES = {"experiment": "", "condition": "", "mode": "", "hook_rule": "", "decoding": "prefill",
-        "direction": "", "method": "", "depth": -1, "position": -1, "scale": 0.0}
-SUMMARY_KEYS = ("experiment", "condition", "mode", "hook_rule", "decoding", "direction", "method",
-                "task", "length_knob", "depth", "position", "scale", "pass_index", "subspace_dim", "metric")
+AXES = {
+    "experiment": "",
+    "condition": "",
+    "mode": "",
+    "hook_rule": "",
+    "decoding": "prefill",
+    "direction": "",
+    "method": "",
+    "depth": -1,
+    "position": -1,
+    "scale": 0.0,
+}
+SUMMARY_KEYS = (
+    "experiment",
+    "condition",
+    "mode",
+    "hook_rule",
+    "decoding",
+    "direction",
+    "method",
+    "task",
+    "length_knob",
+    "depth",
+    "position",
+    "scale",
+    "pass_index",
+    "subspace_dim",
+    "metric",
+)
 
 
 def logit_diff(logits: torch.Tensor, target: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
@@ -66,13 +92,20 @@ def score(batch, ref: torch.Tensor, patched: torch.Tensor, min_gap: float, **axe
     tiny = gap.abs() < min_gap
     safe = torch.where(tiny, torch.ones_like(gap), gap)
     cols = {
-        "clean_logit_diff": clean, "corrupt_logit_diff": corrupt, "tiny_gap": tiny,
-        "logit_diff": ld, "normalized": torch.where(tiny, torch.full_like(gap, float("nan")), (ld - corrupt) / safe),
-        "kl": kl_div(ref, patched), "accuracy": (patched.argmax(-1) == tgt).double(), "choice": (ld > 0).double(),
+        "clean_logit_diff": clean,
+        "corrupt_logit_diff": corrupt,
+        "tiny_gap": tiny,
+        "logit_diff": ld,
+        "normalized": torch.where(tiny, torch.full_like(gap, float("nan")), (ld - corrupt) / safe),
+        "kl": kl_div(ref, patched),
+        "accuracy": (patched.argmax(-1) == tgt).double(),
+        "choice": (ld > 0).double(),
     }
     data = {c: batch.meta[c].to_numpy() for c in batch.meta.columns}
     data.update({k: np.full(len(batch.meta), v) for k, v in {**AXES, **axes}.items()})
-    data.update({k: v.cpu().numpy() if v.dtype == torch.bool else v.detach().double().cpu().numpy() for k, v in cols.items()})
+    data.update(
+        {k: v.cpu().numpy() if v.dtype == torch.bool else v.detach().double().cpu().numpy() for k, v in cols.items()}
+    )
     return pd.DataFrame(data)
 
 
@@ -85,13 +118,17 @@ def to_long(wide: pd.DataFrame, metrics=METRICS) -> pd.DataFrame:
     return long[long["value"].notna() | (long["metric"] == "normalized")].reset_index(drop=True)
 
 
-def bootstrap_ci(values, n_boot: int = 1000, ci: float = 0.95, seed: int = 0, groups=None) -> tuple[float, float, float]:
+def bootstrap_ci(
+    values, n_boot: int = 1000, ci: float = 0.95, seed: int = 0, groups=None
+) -> tuple[float, float, float]:
     """(mean, low, high): percentile bootstrap of the mean over the given units, NaN dropped; with
     `groups` (one label per value) the groups are resampled, not the units (`fbt_probe.stats`)."""
     return bootstrap_cis([values], n_boot, ci, seed, None if groups is None else [groups])[0]
 
 
-def bootstrap_cis(arrays, n_boot: int = 1000, ci: float = 0.95, seed: int = 0, groups=None) -> list[tuple[float, float, float]]:
+def bootstrap_cis(
+    arrays, n_boot: int = 1000, ci: float = 0.95, seed: int = 0, groups=None
+) -> list[tuple[float, float, float]]:
     """`bootstrap_ci` of each array, computed together (arrays with one group structure share their
     resamples; `fbt_probe.stats.group_bootstrap_means`)."""
     return group_bootstrap_means(arrays, groups, n_boot, ci, seed)
@@ -113,7 +150,9 @@ def _split_by_keys(per_pair: pd.Series, n_keys: int) -> dict[tuple, np.ndarray]:
     return {tuple(lv[i] for lv in levels): v for i, v in zip(starts, chunks)}
 
 
-def summarize(long: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed: int = 0, pool_lengths: bool = True) -> pd.DataFrame:
+def summarize(
+    long: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed: int = 0, pool_lengths: bool = True
+) -> pd.DataFrame:
     """Mean and group-bootstrap CI for every condition × metric (per length knob, and pooled over
     lengths as length_knob = -1 for final-position experiments; `lengths` names what a row pools).
 
@@ -129,7 +168,9 @@ def summarize(long: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed: in
     data = pd.concat(frames, ignore_index=True)
     excluded = (data["metric"] == "normalized") & data["tiny_gap"].astype(bool)
     n_excl = data[excluded].groupby(keys, sort=True)["pair_id"].nunique()
-    n_excl = {(k if isinstance(k, tuple) else (k,)): int(v) for k, v in n_excl.items()}  # Series.get per key: most of the time
+    n_excl = {
+        (k if isinstance(k, tuple) else (k,)): int(v) for k, v in n_excl.items()
+    }  # Series.get per key: most of the time
     kept = data[~excluded]
     per_pair = kept.groupby(keys + ["pair_id"], sort=True)["value"].mean()
     values = _split_by_keys(per_pair, len(keys))
@@ -140,8 +181,11 @@ def summarize(long: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed: in
     lengths = {}
     if "length_knob" in keys:
         at = keys.index("length_knob")
-        src = long.groupby([k for k in keys if k != "length_knob"], sort=False)["length_knob"].unique() \
-            if len(keys) > 1 else None
+        src = (
+            long.groupby([k for k in keys if k != "length_knob"], sort=False)["length_knob"].unique()
+            if len(keys) > 1
+            else None
+        )
         for key in values:
             if key[at] == -1 and src is not None:
                 rest = tuple(k for i, k in enumerate(key) if i != at)
@@ -152,14 +196,25 @@ def summarize(long: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed: in
     out = []
     order = sorted(set(values) | set(n_excl), key=str)
     empty = np.array([])
-    cis = bootstrap_cis([values.get(key, empty) for key in order], n_boot, ci, seed,
-                        [groups.get(key) for key in order] if groups else None)
+    cis = bootstrap_cis(
+        [values.get(key, empty) for key in order],
+        n_boot,
+        ci,
+        seed,
+        [groups.get(key) for key in order] if groups else None,
+    )
     for key, (mean, lo, hi) in zip(order, cis):
         row = dict(zip(keys, key))
         v = values.get(key, empty)
         g = groups.get(key)
-        row.update(mean=mean, ci_low=lo, ci_high=hi, n_pairs=int(np.sum(~np.isnan(v))),
-                   n_groups=int(len(set(np.asarray(g)[~np.isnan(v)]))) if g is not None else int(np.sum(~np.isnan(v))),
-                   lengths=lengths.get(key, ""), n_excluded=n_excl.get(key, 0))
+        row.update(
+            mean=mean,
+            ci_low=lo,
+            ci_high=hi,
+            n_pairs=int(np.sum(~np.isnan(v))),
+            n_groups=int(len(set(np.asarray(g)[~np.isnan(v)]))) if g is not None else int(np.sum(~np.isnan(v))),
+            lengths=lengths.get(key, ""),
+            n_excluded=n_excl.get(key, 0),
+        )
         out.append(row)
     return pd.DataFrame(out).sort_values(keys, kind="stable").reset_index(drop=True)

@@ -4,6 +4,7 @@ A batch holds P pairs of one task and one token length as N = 2P rows (rows 0..P
 samples, P..2P-1 their partners), so every intervention of a row and of its partner runs in the
 same forward and the partner's reference logits are a permutation of the row's (no extra pass).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,8 +37,9 @@ class PairBatch:
         return self.tokens.shape[1]
 
     def to(self, device) -> "PairBatch":
-        return PairBatch(self.tokens.to(device), self.partner.to(device), self.target.to(device),
-                         self.other.to(device), self.meta)
+        return PairBatch(
+            self.tokens.to(device), self.partner.to(device), self.target.to(device), self.other.to(device), self.meta
+        )
 
 
 def label_token_ids(df: pd.DataFrame, tokenizer=None) -> dict[str, tuple[int, int]]:
@@ -53,7 +55,9 @@ def label_token_ids(df: pd.DataFrame, tokenizer=None) -> dict[str, tuple[int, in
     for task, sub in df.groupby("task", sort=True):
         words = {int(l): w for l, w in zip(sub["label"], sub["label_word"])}
         if set(words) != {0, 1}:
-            raise FbtError(f"task {task}: needs samples of both labels 0 and 1 to know its label words, got {sorted(words)}")
+            raise FbtError(
+                f"task {task}: needs samples of both labels 0 and 1 to know its label words, got {sorted(words)}"
+            )
         ids = []
         for label in (0, 1):
             word = words[label]
@@ -62,8 +66,10 @@ def label_token_ids(df: pd.DataFrame, tokenizer=None) -> dict[str, tuple[int, in
                 full, pos = answer_ids(tokenizer, sub["text"].iloc[0], word)
                 tid = None if pos is None else full[pos]
             if tid is None:
-                raise FbtError(f"task {task}: label word {word!r} has no single answer token "
-                               "(no manifest entry and no tokenizer given, or the word is several tokens)")
+                raise FbtError(
+                    f"task {task}: label word {word!r} has no single answer token "
+                    "(no manifest entry and no tokenizer given, or the word is several tokens)"
+                )
             ids.append(int(tid))
         out[str(task)] = tuple(ids)
     return out
@@ -102,8 +108,9 @@ def _pair_table(df: pd.DataFrame) -> pd.DataFrame:
     return pairs.rename(columns={"min": "row_a", "max": "row_b"})
 
 
-def pair_batches(df: pd.DataFrame, label_ids: dict, batch_size: int = 32, max_pairs: int | None = None,
-                 lengths=None) -> Iterator[PairBatch]:
+def pair_batches(
+    df: pd.DataFrame, label_ids: dict, batch_size: int = 32, max_pairs: int | None = None, lengths=None
+) -> Iterator[PairBatch]:
     """Batches of at most `batch_size` rows (batch_size // 2 pairs), one task, one token length and
     one length knob each.
 
@@ -127,7 +134,7 @@ def pair_batches(df: pd.DataFrame, label_ids: dict, batch_size: int = 32, max_pa
     # counts, and probe-direction fits its probes per (task, knob) cell of a batch
     for (task, _, _), cell in pairs.groupby(["task", "n_tokens", "knob"], sort=True):
         for s in range(0, len(cell), per):
-            yield _batch(df, cell.iloc[s:s + per], label_ids[str(task)])
+            yield _batch(df, cell.iloc[s : s + per], label_ids[str(task)])
 
 
 def _batch(df: pd.DataFrame, pairs: pd.DataFrame, ids: tuple[int, int]) -> PairBatch:

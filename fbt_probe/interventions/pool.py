@@ -11,6 +11,7 @@ A shared prefix gives the same numbers as a fresh one: every run starts at `upto
 position), which rewrites only positions >= upto of the caches (`Prefix._restore`), so what one
 experiment ran cannot leak into the next (tests/test_combined.py: tables equal to separate runs).
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager

@@ -14,6 +14,7 @@ exact: nothing later depends on the final position). Conditions:
   `steer-random`: the same displacement along a random unit direction (control).
 normalized = 1: the answer did not move; 0: it moved as far as the partner's.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -91,9 +92,19 @@ def apply_edit(X: np.ndarray, r, l, b) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- experiment
-def probe_direction(model, batches, mode: str = "recurrent:1", min_gap: float = 0.1, depths=(0,),
-                    scales=(0.5, 1.0, 2.0, 4.0), n_folds: int = 4, erase: str = "auto", C: float = 1.0,
-                    seed: int = 0, reuse: bool = True) -> pd.DataFrame:
+def probe_direction(
+    model,
+    batches,
+    mode: str = "recurrent:1",
+    min_gap: float = 0.1,
+    depths=(0,),
+    scales=(0.5, 1.0, 2.0, 4.0),
+    n_folds: int = 4,
+    erase: str = "auto",
+    C: float = 1.0,
+    seed: int = 0,
+    reuse: bool = True,
+) -> pd.DataFrame:
     """Erase / steer the probe direction at the final position of each depth (see module doc).
     Cells with fewer than two groups are skipped and listed in `df.attrs['notes']`. With `reuse`,
     each batch's positions before the final one are computed once (kept while its cell runs)."""
@@ -146,8 +157,9 @@ def _cell_rows(model, items, mode, d, name, edits, erased_acc, methods, scales, 
         rows.append(probe)
         for m in methods:
             r, l, b = (torch.as_tensor(a[sl], device=dev) for a in edits[m])
-            patched = final_logits(model, batch.tokens, mode, [(name, edit_at(rank_one_edit(r, l, b), last, model))],
-                                   prefix=pre)
+            patched = final_logits(
+                model, batch.tokens, mode, [(name, edit_at(rank_one_edit(r, l, b), last, model))], prefix=pre
+            )
             row = score(batch, ref, patched, min_gap, condition=f"erase-{m}", method=m, **axes)
             row["probe_accuracy"] = erased_acc[m][sl]
             rows.append(row)
@@ -156,6 +168,16 @@ def _cell_rows(model, items, mode, d, name, edits, erased_acc, methods, scales, 
             for cond, step in (("steer", t["step"]), ("steer-random", t["random"])):
                 fn = rank_one_edit(zero, zero, zero, shift=alpha * step)
                 patched = final_logits(model, batch.tokens, mode, [(name, edit_at(fn, last, model))], prefix=pre)
-                rows.append(score(batch, ref, patched, min_gap, condition=cond, scale=float(alpha),
-                                  method="probe-direction" if cond == "steer" else "random-direction", **axes))
+                rows.append(
+                    score(
+                        batch,
+                        ref,
+                        patched,
+                        min_gap,
+                        condition=cond,
+                        scale=float(alpha),
+                        method="probe-direction" if cond == "steer" else "random-direction",
+                        **axes,
+                    )
+                )
     return rows

@@ -4,6 +4,7 @@
 one prefill mode; its options are a frozen dataclass of the `PatchConfig` fields it reads. The runner, the CLI's validation and `fbt-probe reproduce` (the
 experiments with `study_modes`) all read this table, so a new experiment is one entry here.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,6 +51,7 @@ class PatchConfig:
     ...
     fbt_probe.errors.FbtError: experiment 'swap': expected one of feedback-swap, state-replacement, gate-ablation, residual, probe-direction, attribution, das
     """
+
     experiment: str
     """A key of `registry.EXPERIMENTS`."""
     modes: tuple[str, ...] = ("recurrent:1",)
@@ -103,15 +105,26 @@ class PatchConfig:
             raise FbtError(f"--min-gap {self.min_gap}: expected a finite number >= 0")
         if not (_number(self.ci) and 0 < self.ci < 1):
             raise FbtError(f"ci {self.ci}: expected a number in (0, 1)")
-        for name, low in (("n_boot", 1), ("batch_size", 2), ("n_folds", 2), ("max_pairs", 1), ("last_k", 1),
-                          ("check", 0), ("steps", 1)):
+        for name, low in (
+            ("n_boot", 1),
+            ("batch_size", 2),
+            ("n_folds", 2),
+            ("max_pairs", 1),
+            ("last_k", 1),
+            ("check", 0),
+            ("steps", 1),
+        ):
             value = getattr(self, name)
             if value is None and name in ("max_pairs", "last_k"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise FbtError(f"--{name.replace('_', '-').replace('n-folds', 'folds')} {value}: expected an integer >= {low}")
+                raise FbtError(
+                    f"--{name.replace('_', '-').replace('n-folds', 'folds')} {value}: expected an integer >= {low}"
+                )
         if self.depths is not None and (not self.depths or min(self.depths) < 0):
-            raise FbtError(f"--depths {','.join(map(str, self.depths))}: expected probe depths >= 0 (0 = the model's input)")
+            raise FbtError(
+                f"--depths {','.join(map(str, self.depths))}: expected probe depths >= 0 (0 = the model's input)"
+            )
         if not all(_number(s) for s in self.scales):
             raise FbtError(f"--scales {self.scales}: expected finite numbers")
         if self.experiment == "probe-direction":
@@ -182,28 +195,52 @@ def _parity(w: pd.DataFrame, cfg) -> dict:
 # insertion order: the CLI's help, `reproduce`'s exact stage and the report read them in this order
 EXPERIMENTS: dict[str, Experiment] = {
     "feedback-swap": Experiment(
-        feedback_swap, FeedbackSwapOptions, "one-pass: fusion.* replaced at the final position in the one hooked pass (exact)",
-        study_modes=("recurrent:1",), per_batch=True),
+        feedback_swap,
+        FeedbackSwapOptions,
+        "one-pass: fusion.* replaced at the final position in the one hooked pass (exact)",
+        study_modes=("recurrent:1",),
+        per_batch=True,
+    ),
     "state-replacement": Experiment(
-        state_replacement, StateReplacementOptions, "one-pass: fusion.hook_feedback replaced at the final position (exact)",
-        study_modes=("recurrent:1",)),
+        state_replacement,
+        StateReplacementOptions,
+        "one-pass: fusion.hook_feedback replaced at the final position (exact)",
+        study_modes=("recurrent:1",),
+    ),
     "gate-ablation": Experiment(
-        gate_ablation, GateAblationOptions,
-        "one-pass for the prefill mode; kv-step (model.step with hooks) for Soft decoding", study_modes=("recurrent:1",)),
+        gate_ablation,
+        GateAblationOptions,
+        "one-pass for the prefill mode; kv-step (model.step with hooks) for Soft decoding",
+        study_modes=("recurrent:1",),
+    ),
     "residual": Experiment(
-        residual_patching, ResidualOptions,
+        residual_patching,
+        ResidualOptions,
         "serial (serial=True) when the mode carries a state, so patches ripple through the feedback; one-pass under standard",
-        default_cells=True, study_modes=("standard", "recurrent:1"), per_batch=True),
+        default_cells=True,
+        study_modes=("standard", "recurrent:1"),
+        per_batch=True,
+    ),
     "probe-direction": Experiment(
-        probe_direction, ProbeDirectionOptions,
+        probe_direction,
+        ProbeDirectionOptions,
         "one-pass: the final position of each probe depth edited in the one hooked pass (exact)",
-        study_modes=("standard", "recurrent:1")),
+        study_modes=("standard", "recurrent:1"),
+    ),
     "attribution": Experiment(
-        attribution, AttributionOptions,
+        attribution,
+        AttributionOptions,
         "as residual: serial (serial=True) when the mode carries a state, so gradients flow through the carried "
-        "states (and Jacobi passes); one-pass under standard", reuse=False, default_cells=True, tables=_parity),
+        "states (and Jacobi passes); one-pass under standard",
+        reuse=False,
+        default_cells=True,
+        tables=_parity,
+    ),
     "das": Experiment(
-        das, DasOptions, "one-pass: the final position's activation interchanged in the mode's final pass (exact)",
-        reuse=False),
+        das,
+        DasOptions,
+        "one-pass: the final position's activation interchanged in the mode's final pass (exact)",
+        reuse=False,
+    ),
 }
 HOOK_RULES = {name: e.hook_rule for name, e in EXPERIMENTS.items()}

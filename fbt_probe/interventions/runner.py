@@ -5,6 +5,7 @@ metric), `summary.parquet|csv` (mean and bootstrap CI over pairs per condition Ã
 -1 = pooled over lengths), `manifest.json` (config, hook rule per experiment, tiny-gap exclusions,
 provenance) and `figures/`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,8 +29,10 @@ from fbt_probe.provenance import provenance
 
 FORMAT = "fbt-probe.interventions/1"
 RESULTS_KIND = "an interventions results folder (manifest.json of format fbt-probe.interventions/1)"
-PREFIX_REUSE = ("positions before the first edited one (T-1; residual: each run's first patched position) "
-                "computed once per batch with hooks off, the rest per condition under the same hook rule")
+PREFIX_REUSE = (
+    "positions before the first edited one (T-1; residual: each run's first patched position) "
+    "computed once per batch with hooks off, the rest per condition under the same hook rule"
+)
 
 
 def _cell_filter(df: pd.DataFrame, cfg: PatchConfig):
@@ -141,18 +144,30 @@ def manifest_for(cfg: PatchConfig, long: pd.DataFrame, notes: list[str], model_i
     extra = {}
     if cfg.experiment == "probe-direction":
         methods = erase_methods(cfg.erase)
-        extra["erase_methods"] = {"leace": _leace_version() if "leace" in methods else None,
-                                  "orth": "orthogonal projection off the probe direction (around the training mean)"}
+        extra["erase_methods"] = {
+            "leace": _leace_version() if "leace" in methods else None,
+            "orth": "orthogonal projection off the probe direction (around the training mean)",
+        }
     return {
-        "format": FORMAT, "experiment": cfg.experiment, "modes": list(cfg.modes),
-        "hook_rule": HOOK_RULES[cfg.experiment], "metrics": METRIC_HELP,
+        "format": FORMAT,
+        "experiment": cfg.experiment,
+        "modes": list(cfg.modes),
+        "hook_rule": HOOK_RULES[cfg.experiment],
+        "metrics": METRIC_HELP,
         "prefix_reuse": PREFIX_REUSE if cfg.prefix_reuse else "off: every condition re-runs the whole sequence",
         "normalized": "(patched - corrupt) / (clean - corrupt); denoising: 1 = full recovery; "
-                      "noising / ablation: 1 = no effect, 0 = behaves like the partner",
+        "noising / ablation: 1 = no effect, 0 = behaves like the partner",
         "tiny_gap": {"min_gap": cfg.min_gap, "by_mode": exclusions(long)},
-        "notes": notes, "files": ["rows.parquet", "rows.csv", "summary.parquet", "summary.csv"], **extra,
-        "provenance": provenance(config=asdict(cfg), seed=cfg.seed, dataset_hash=dataset_hash(df),
-                                 dataset_files=df.attrs.get("dataset_files", []), **model_info),
+        "notes": notes,
+        "files": ["rows.parquet", "rows.csv", "summary.parquet", "summary.csv"],
+        **extra,
+        "provenance": provenance(
+            config=asdict(cfg),
+            seed=cfg.seed,
+            dataset_hash=dataset_hash(df),
+            dataset_files=df.attrs.get("dataset_files", []),
+            **model_info,
+        ),
     }
 
 
@@ -184,8 +199,16 @@ def write_results(res: Results, out_dir: Path, force: bool = False, figures: boo
     return res.out_dir
 
 
-def run(model, df: pd.DataFrame, cfg: PatchConfig, out: str | Path | None = None, force: bool = False,
-        model_info: dict | None = None, label_ids: dict | None = None, figures: bool = True) -> Results:
+def run(
+    model,
+    df: pd.DataFrame,
+    cfg: PatchConfig,
+    out: str | Path | None = None,
+    force: bool = False,
+    model_info: dict | None = None,
+    label_ids: dict | None = None,
+    figures: bool = True,
+) -> Results:
     """Run `cfg.experiment`, summarize, and (with `out`) write `out/<experiment>/`. Under torchrun the
     ranks share a `per_batch` experiment's batches, rank 0 alone runs any other, summarizes and
     writes; the other ranks return None."""
@@ -212,5 +235,7 @@ def results_of(wide: pd.DataFrame, cfg: PatchConfig, df: pd.DataFrame, model_inf
     if cfg.experiment == "attribution":  # rows.*: the checked cells; atp_rows.parquet: the whole map
         long, tables = split_rows(long, tables)
     res = Results(long, summary, manifest, tables=tables)
-    res.manifest["files"] += [f"{n}.{ext}" for n in tables for ext in ("parquet", "csv") if ext == "parquet" or n not in PARQUET_ONLY]
+    res.manifest["files"] += [
+        f"{n}.{ext}" for n in tables for ext in ("parquet", "csv") if ext == "parquet" or n not in PARQUET_ONLY
+    ]
     return res

@@ -12,6 +12,7 @@ The ops are `torch.ops.fbt_probe.glu_fusion{,_table}` (fake kernels and autograd
 the kernel cannot run they compute the eager reference, so they are always safe to call. Triton is
 optional: without it everything here still imports and runs the reference.
 """
+
 from fbt_probe.kernels.gate_table import build_gate_table
 from fbt_probe.kernels.glu_fusion import (
     fast_fusion_available,
@@ -21,4 +22,11 @@ from fbt_probe.kernels.glu_fusion import (
     glu_fusion_table,
 )
 
-__all__ = ["build_gate_table", "fast_fusion_available", "fusion_reference", "glu_fusion", "glu_fusion_direct", "glu_fusion_table"]
+__all__ = [
+    "build_gate_table",
+    "fast_fusion_available",
+    "fusion_reference",
+    "glu_fusion",
+    "glu_fusion_direct",
+    "glu_fusion_table",
+]

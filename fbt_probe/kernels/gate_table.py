@@ -5,6 +5,7 @@ Each row is computed with the same ops and dtype as the model's two-product path
 (`torch.sigmoid(F.linear(e, W_G))`), so a gathered row equals the gate the model would compute for
 that token up to GEMM blocking (bit-equal in practice for float32 on one device).
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,6 +31,6 @@ def build_gate_table(embed_weight: Tensor, w_gate_weight: Tensor, chunk_rows: in
     table = torch.empty_like(embed_weight, memory_format=torch.contiguous_format).detach()
     with torch.no_grad():
         for start in range(0, embed_weight.shape[0], chunk_rows):
-            rows = embed_weight[start:start + chunk_rows].detach()
-            table[start:start + chunk_rows] = torch.sigmoid(F.linear(rows, w))
+            rows = embed_weight[start : start + chunk_rows].detach()
+            table[start : start + chunk_rows] = torch.sigmoid(F.linear(rows, w))
     return table

@@ -19,6 +19,7 @@ The ops run the Triton kernel when it can run on the tensors (CUDA with Triton, 
 when Triton was imported with `TRITON_INTERPRET=1`) and the eager reference
 otherwise, so calling them is always safe; `fast_fusion_available(device)` says which one runs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -53,11 +54,23 @@ def fusion_reference(value: Tensor, gate: Tensor, weight: Tensor, eps: float) ->
 # ---------------------------------------------------------------------------------------------
 # the Triton kernel
 
+
 def _glu_fusion_kernel(
-    V, G, IDS, W, OUT,  # value [N, D], gate [N, D] or table [vocab, D], ids [N], weight [D], out [N, D]
-    n_cols, stride_v, stride_g, stride_o, eps,
-    HAS_IDS: tl.constexpr, PROD_DT: tl.constexpr, NORM_DT: tl.constexpr,
-    BLOCK_D: tl.constexpr, SINGLE_PASS: tl.constexpr,
+    V,
+    G,
+    IDS,
+    W,
+    OUT,  # value [N, D], gate [N, D] or table [vocab, D], ids [N], weight [D], out [N, D]
+    n_cols,
+    stride_v,
+    stride_g,
+    stride_o,
+    eps,
+    HAS_IDS: tl.constexpr,
+    PROD_DT: tl.constexpr,
+    NORM_DT: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     if HAS_IDS:
@@ -155,8 +168,15 @@ def _rows(t: Tensor, d: int) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _launch(value: Tensor, gate: Tensor, ids: Tensor | None, weight: Tensor, eps: float,
-            block_d: int | None = None, num_warps: int | None = None) -> Tensor:
+def _launch(
+    value: Tensor,
+    gate: Tensor,
+    ids: Tensor | None,
+    weight: Tensor,
+    eps: float,
+    block_d: int | None = None,
+    num_warps: int | None = None,
+) -> Tensor:
     """value [..., D]; gate [..., D] (ids None) or a table [vocab, D] gathered by ids [...]."""
     d = value.shape[-1]
     v2 = _rows(value, d)
@@ -173,11 +193,21 @@ def _launch(value: Tensor, gate: Tensor, ids: Tensor | None, weight: Tensor, eps
     switch = value.is_cuda and not interpret and value.device.index not in (None, torch.cuda.current_device())
     with torch.cuda.device(value.device) if switch else contextlib.nullcontext():
         _kernel(interpret)[(v2.shape[0],)](
-            v2, g2, ids2, w, out, d, v2.stride(0), g2.stride(0), out.stride(0), float(eps),
+            v2,
+            g2,
+            ids2,
+            w,
+            out,
+            d,
+            v2.stride(0),
+            g2.stride(0),
+            out.stride(0),
+            float(eps),
             HAS_IDS=ids is not None,
             PROD_DT=_tl_dtype(torch.promote_types(value.dtype, gate.dtype)),
             NORM_DT=_tl_dtype(value.dtype),
-            BLOCK_D=block_d, SINGLE_PASS=block_d >= d,
+            BLOCK_D=block_d,
+            SINGLE_PASS=block_d >= d,
             num_warps=num_warps or _num_warps(block_d),
         )
     return out.reshape(value.shape)
@@ -185,6 +215,7 @@ def _launch(value: Tensor, gate: Tensor, ids: Tensor | None, weight: Tensor, eps
 
 # ---------------------------------------------------------------------------------------------
 # checks shared by the real and the fake kernels
+
 
 def _check(value: Tensor, gate: Tensor, weight: Tensor) -> None:
     d = value.shape[-1]
@@ -214,6 +245,7 @@ def _check_table(value: Tensor, token_ids: Tensor, gate_table: Tensor, weight: T
 
 # ---------------------------------------------------------------------------------------------
 # the custom ops
+
 
 @torch.library.custom_op("fbt_probe::glu_fusion", mutates_args=())
 def _glu_fusion_op(value: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -249,6 +281,7 @@ def _check_ids(token_ids: Tensor, vocab: int) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # autograd: eager PyTorch on the saved inputs (straight-through the dtype roundings)
+
 
 def _grads(value: Tensor, gate: Tensor, weight: Tensor, eps: float, grad: Tensor, needs: tuple[bool, bool, bool]):
     """d out / d (value, gate, weight) for out = w · x·rsqrt(mean(x²)+eps), x = value·gate."""
@@ -306,6 +339,7 @@ _glu_fusion_table_op.register_autograd(_backward_table, setup_context=_setup_tab
 
 # ---------------------------------------------------------------------------------------------
 # public entry points
+
 
 def glu_fusion(value: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm(value ⊙ gate) · weight. value, gate: [..., D]; weight: [D]. Same result (within

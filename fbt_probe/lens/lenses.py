@@ -8,6 +8,7 @@ logit lens); at the top depth the translator is the identity, and both lenses eq
 logits there exactly. Translators are trained with KL(final logits ‖ lens logits) on activations of
 held-out task text.
 """
+
 from __future__ import annotations
 
 import torch
@@ -49,8 +50,15 @@ def kl_to(target_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     return (lp.exp() * (lp - lq)).sum(-1)
 
 
-def fit_tuned_lens(model, acts: dict[int, torch.Tensor], target: torch.Tensor, steps: int = 300, lr: float = 1e-3,
-                   batch: int = 2048, seed: int = 0) -> tuple[TunedLens, list[float]]:
+def fit_tuned_lens(
+    model,
+    acts: dict[int, torch.Tensor],
+    target: torch.Tensor,
+    steps: int = 300,
+    lr: float = 1e-3,
+    batch: int = 2048,
+    seed: int = 0,
+) -> tuple[TunedLens, list[float]]:
     """Train one translator per depth. acts: {depth: [N, D]} residuals of N positions; target: [N, V]
     the logits those positions produced. Minibatches of `batch` positions drawn with `seed`; returns the
     lens and the mean training KL (over depths < L) per step."""
@@ -69,7 +77,9 @@ def fit_tuned_lens(model, acts: dict[int, torch.Tensor], target: torch.Tensor, s
             for _ in range(steps):
                 idx = torch.randint(0, N, (min(batch, N),), generator=gen).to(target.device)
                 opt.zero_grad()
-                loss = sum(kl_to(target[idx], lens(model, acts[d][idx], d)).mean() for d in depths) / max(len(depths), 1)
+                loss = sum(kl_to(target[idx], lens(model, acts[d][idx], d)).mean() for d in depths) / max(
+                    len(depths), 1
+                )
                 loss.backward()
                 opt.step()
                 history.append(float(loss.detach()))

@@ -10,6 +10,7 @@ The tuned lens is fitted once per model on positions of the *lens-train* pairs (
 `seed`, every mode and pass pooled, KL to that pass's own logits), and every metric is reported on
 the other, *lens-eval* pairs, so that one set of translators serves every line of the figure.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -70,7 +71,14 @@ class LensConfig:
             raise FbtError(f"--lr {self.lr}: expected a finite number > 0")
         if not (_number(self.ci) and 0 < self.ci < 1):
             raise FbtError(f"ci {self.ci}: expected a number in (0, 1)")
-        for name, low in (("steps", 0), ("positions", 1), ("batch_size", 1), ("n_boot", 1), ("max_pairs", 1), ("seed", 0)):
+        for name, low in (
+            ("steps", 0),
+            ("positions", 1),
+            ("batch_size", 1),
+            ("n_boot", 1),
+            ("max_pairs", 1),
+            ("seed", 0),
+        ):
             value = getattr(self, name)
             if value is None and name == "max_pairs":
                 continue
@@ -113,6 +121,7 @@ def pass_activations(model, tokens: torch.Tensor, mode: str) -> dict[int, dict]:
             ctx = model.hook_context
             store.setdefault((name, ctx.pass_index if serial else 1), []).append((span(model, x).start, x.detach()))
             return x
+
         return hook
 
     model.run_with_hooks(tokens, mode=m, serial=serial, fwd_hooks=[(n, grab(n)) for n in names])
@@ -145,8 +154,12 @@ def eval_rows(df: pd.DataFrame, fraction: float, seed: int) -> np.ndarray:
 def _final_metrics(logits: torch.Tensor, final: torch.Tensor, target, other) -> dict[str, np.ndarray]:
     idx = torch.arange(logits.shape[0])
     p = torch.softmax(logits.double(), -1)
-    return {"p_correct": p[idx, target].numpy(), "logit_diff": (logits[idx, target] - logits[idx, other]).double().numpy(),
-            "top1": (logits.argmax(-1) == target).double().numpy(), "kl_to_final": kl_to(final, logits).double().numpy()}
+    return {
+        "p_correct": p[idx, target].numpy(),
+        "logit_diff": (logits[idx, target] - logits[idx, other]).double().numpy(),
+        "top1": (logits.argmax(-1) == target).double().numpy(),
+        "kl_to_final": kl_to(final, logits).double().numpy(),
+    }
 
 
 def run_lens(model, df: pd.DataFrame, cfg: LensConfig, label_ids: dict | None = None) -> LensResult:
@@ -164,7 +177,16 @@ def run_lens(model, df: pd.DataFrame, cfg: LensConfig, label_ids: dict | None = 
         tokens = batch.tokens.to(dev)
         for mode in cfg.modes:
             for k, acts in pass_activations(model, tokens, mode).items():
-                finals.append((batch, held, mode, k, {d: r[:, -1].cpu() for d, r in acts["resid"].items()}, acts["logits"][:, -1].cpu()))
+                finals.append(
+                    (
+                        batch,
+                        held,
+                        mode,
+                        k,
+                        {d: r[:, -1].cpu() for d, r in acts["resid"].items()},
+                        acts["logits"][:, -1].cpu(),
+                    )
+                )
                 train = np.flatnonzero(~held)
                 if len(train) == 0 or cfg.steps == 0:
                     continue
@@ -179,8 +201,14 @@ def run_lens(model, df: pd.DataFrame, cfg: LensConfig, label_ids: dict | None = 
         raise FbtError("lens: no samples to run (check --lengths / --tasks)")
     lens, history = None, []
     if cfg.steps > 0 and train_y:
-        lens, history = fit_tuned_lens(model, {d: torch.cat(v).to(dev) for d, v in train_x.items()}, torch.cat(train_y).to(dev),
-                                       cfg.steps, cfg.lr, seed=cfg.seed)
+        lens, history = fit_tuned_lens(
+            model,
+            {d: torch.cat(v).to(dev) for d, v in train_x.items()},
+            torch.cat(train_y).to(dev),
+            cfg.steps,
+            cfg.lr,
+            seed=cfg.seed,
+        )
     rows = _rows(model, lens, finals)
     summary = summarize_lens(rows, cfg.n_boot, cfg.ci, cfg.seed)
     training = pd.DataFrame({"step": np.arange(1, len(history) + 1), "kl": history})
@@ -220,12 +248,22 @@ def summarize_lens(rows: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, see
         per_group = data.groupby(SUMMARY_KEYS + ["pair_id"], sort=True)["group_id"].first()
         labels = [g.to_numpy() for _, g in per_group.groupby(level=levels, sort=True)]
     cis = bootstrap_cis([v for _, v in groups], n_boot, ci, seed, labels)
-    return pd.DataFrame([{**dict(zip(SUMMARY_KEYS, key)), "mean": mean, "ci_low": lo, "ci_high": hi, "n_pairs": len(v)}
-                         for (key, v), (mean, lo, hi) in zip(groups, cis)])
+    return pd.DataFrame(
+        [
+            {**dict(zip(SUMMARY_KEYS, key)), "mean": mean, "ci_low": lo, "ci_high": hi, "n_pairs": len(v)}
+            for (key, v), (mean, lo, hi) in zip(groups, cis)
+        ]
+    )
 
 
-def write_lens(res: LensResult, out_dir, df: pd.DataFrame, model_info: dict | None = None, force: bool = False,
-               figures: bool = True):
+def write_lens(
+    res: LensResult,
+    out_dir,
+    df: pd.DataFrame,
+    model_info: dict | None = None,
+    force: bool = False,
+    figures: bool = True,
+):
     """OUT/: rows.parquet|csv, lens_summary.parquet|csv, training.parquet|csv, translators.safetensors,
     manifest.json (config, metric definitions, provenance) and figures/lens.png; written atomically."""
     files = []
@@ -235,7 +273,10 @@ def write_lens(res: LensResult, out_dir, df: pd.DataFrame, model_info: dict | No
             table.to_csv(tmp / f"{name}.csv", index=False)
             files += [f"{name}.parquet", f"{name}.csv"]
         if res.lens is not None:
-            save_file({k: v.detach().contiguous().cpu() for k, v in res.lens.state_dict().items()}, str(tmp / "translators.safetensors"))
+            save_file(
+                {k: v.detach().contiguous().cpu() for k, v in res.lens.state_dict().items()},
+                str(tmp / "translators.safetensors"),
+            )
             files.append("translators.safetensors")
         if figures:
             (tmp / "figures").mkdir()
@@ -244,11 +285,22 @@ def write_lens(res: LensResult, out_dir, df: pd.DataFrame, model_info: dict | No
             plt.close(fig)
             files.append("figures/lens.png")
         cfg = res.manifest["config"]
-        write_json(tmp / "manifest.json", {
-            "format": FORMAT, **res.manifest, "files": files,
-            "hook_rule": "one-pass (the mode's hooked pass); jacobi:K: serial, every pass",
-            "tuned_lens": "one affine translator per depth < L, identity init, KL to the same pass's logits, "
-                          "fitted on lens-train pairs of every mode and pass; metrics on lens-eval pairs only",
-            "provenance": provenance(config=cfg, seed=cfg["seed"], dataset_hash=dataset_hash(df),
-                                     dataset_files=df.attrs.get("dataset_files", []), **(model_info or {}))})
+        write_json(
+            tmp / "manifest.json",
+            {
+                "format": FORMAT,
+                **res.manifest,
+                "files": files,
+                "hook_rule": "one-pass (the mode's hooked pass); jacobi:K: serial, every pass",
+                "tuned_lens": "one affine translator per depth < L, identity init, KL to the same pass's logits, "
+                "fitted on lens-train pairs of every mode and pass; metrics on lens-eval pairs only",
+                "provenance": provenance(
+                    config=cfg,
+                    seed=cfg["seed"],
+                    dataset_hash=dataset_hash(df),
+                    dataset_files=df.attrs.get("dataset_files", []),
+                    **(model_info or {}),
+                ),
+            },
+        )
     return Path(out_dir)

@@ -1,4 +1,5 @@
 """Checkpoint folders of our own: config.json (+ `fbt_probe_format`), model.safetensors, tokenizer.json."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,7 +24,9 @@ def legacy_version(fmt) -> int:
     return {LEGACY_FORMAT: 1, FORMAT_2: 2}.get(fmt, 0)
 
 
-def save_checkpoint(model, folder: str | Path, tokenizer_path: str | Path | None = None, extra: dict | None = None) -> Path:
+def save_checkpoint(
+    model, folder: str | Path, tokenizer_path: str | Path | None = None, extra: dict | None = None
+) -> Path:
     """Write (atomically, file by file) config.json, model.safetensors and, if given, tokenizer.json."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -36,8 +39,10 @@ def save_checkpoint(model, folder: str | Path, tokenizer_path: str | Path | None
             with atomic_path(folder / "tokenizer.json") as tmp:
                 tmp.write_bytes(src.read_bytes())
     # the tensors are written from the CPU, so the config says cpu whatever device the model was on
-    write_json(folder / "config.json", {"fbt_probe_format": FORMAT, "model": model.cfg.replace(device="cpu").to_dict(),
-                                        **(extra or {})})
+    write_json(
+        folder / "config.json",
+        {"fbt_probe_format": FORMAT, "model": model.cfg.replace(device="cpu").to_dict(), **(extra or {})},
+    )
     return folder
 
 
@@ -59,8 +64,10 @@ def read_config(folder: Path, config_cls=ModelConfig) -> tuple[dict, "ModelConfi
     meta = _meta(path)
     fmt = meta.get("fbt_probe_format")
     if fmt not in FORMATS:
-        raise FbtError(f"{path}: field 'fbt_probe_format' is {fmt!r}; expected one of {list(FORMATS)} "
-                       "(not an fbt-probe checkpoint, or written by another version)")
+        raise FbtError(
+            f"{path}: field 'fbt_probe_format' is {fmt!r}; expected one of {list(FORMATS)} "
+            "(not an fbt-probe checkpoint, or written by another version)"
+        )
     if "model" not in meta:
         raise FbtError(f"{path}: field 'model' missing (not an fbt-probe checkpoint)")
     return meta, config_cls.from_dict(meta["model"], source=str(path), legacy=legacy_version(fmt))
@@ -95,10 +102,14 @@ def _load_state(model, state: dict[str, torch.Tensor], source: Path) -> None:
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise FbtError(f"{source}: tensors do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise FbtError(
+            f"{source}: tensors do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     for name, t in state.items():
         if t.shape != expected[name].shape:
-            raise FbtError(f"{source}: tensor '{name}' has shape {tuple(t.shape)}, config expects {tuple(expected[name].shape)}")
+            raise FbtError(
+                f"{source}: tensor '{name}' has shape {tuple(t.shape)}, config expects {tuple(expected[name].shape)}"
+            )
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
 
 

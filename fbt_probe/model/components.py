@@ -3,6 +3,7 @@
 `hk(hook_point, x)` is passed down every forward: it is `hook_point(x)` in a hooked pass and the
 identity in a silent pass (carried-state computations run with hooks off, docs/modes.md).
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -127,10 +128,12 @@ class RotaryTable:
             table = self._tables[key] = (cos, sin, cos[:, None, :], signed[:, None, :])
         return table
 
-    def __call__(self, start: int, length: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, start: int, length: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [length, d_head] of positions start..start+length-1."""
         cos, sin, _, _ = self._table(start + length, dtype, device)
-        return cos[start:start + length], sin[start:start + length]
+        return cos[start : start + length], sin[start : start + length]
 
     def apply(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """`apply_rotary` for x [batch, pos, heads, d_head] at positions start..: the same products
@@ -138,7 +141,7 @@ class RotaryTable:
         three ops and a roll."""
         P = x.shape[1]
         _, _, cos, signed = self._table(start + P, x.dtype, x.device)
-        return x * cos[start:start + P] + x.roll(self.d_head // 2, dims=-1) * signed[start:start + P]
+        return x * cos[start : start + P] + x.roll(self.d_head // 2, dims=-1) * signed[start : start + P]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -180,7 +183,7 @@ class KVCache:
         cache.lengths = [k.shape[2] for k in keys]
         cache.capacity = min(cache.lengths, default=0)
         if tokens is not None:
-            cache.tokens = tokens[:, :cache.capacity].clone()
+            cache.tokens = tokens[:, : cache.capacity].clone()
         return cache
 
     def write_tokens(self, start: int, tokens: torch.Tensor) -> None:
@@ -229,8 +232,9 @@ class KVCache:
         buf = self.keys[layer]
         if buf is None or buf.shape[2] < L + P:
             cap = max(L + P, self.capacity, 2 * buf.shape[2] if buf is not None else 0)
-            self.keys[layer], self.values[layer] = (self._grow(old, (B, KV, cap, dh), k, L)
-                                                    for old in (self.keys[layer], self.values[layer]))
+            self.keys[layer], self.values[layer] = (
+                self._grow(old, (B, KV, cap, dh), k, L) for old in (self.keys[layer], self.values[layer])
+            )
             self.capacity = cap
         keys, values = self.keys[layer], self.values[layer]
         keys.narrow(2, L, P).copy_(k.transpose(1, 2))
@@ -289,9 +293,17 @@ def has_hooks(hp: nn.Module) -> bool:
     `forward` such as nnsight installs to observe the module)."""
     from torch.nn.modules import module as M
 
-    return bool("forward" in hp.__dict__ or hp._forward_hooks or hp._forward_pre_hooks or hp._backward_hooks or hp._backward_pre_hooks
-                or M._global_forward_hooks or M._global_forward_pre_hooks or M._global_backward_hooks
-                or M._global_backward_pre_hooks)
+    return bool(
+        "forward" in hp.__dict__
+        or hp._forward_hooks
+        or hp._forward_pre_hooks
+        or hp._backward_hooks
+        or hp._backward_pre_hooks
+        or M._global_forward_hooks
+        or M._global_forward_pre_hooks
+        or M._global_backward_hooks
+        or M._global_backward_pre_hooks
+    )
 
 
 PATHS = ("auto", "explicit")
@@ -387,7 +399,9 @@ class Attention(nn.Module):
         if layer in cfg.value_embed_layers:  # ResFormer-style value embedding, gated per KV head
             self.value_embed = nn.Embedding(cfg.d_vocab, KV * dh)
             self.ve_gate = nn.Linear(cfg.value_embed_gate_channels, KV, bias=False)
-            self.hook_value_embed = HookPoint()  # [batch, pos, n_kv_heads, d_head]  3σ(W x[:c]) · E_v(token), added to v
+            self.hook_value_embed = (
+                HookPoint()
+            )  # [batch, pos, n_kv_heads, d_head]  3σ(W x[:c]) · E_v(token), added to v
         self.hook_q = HookPoint()  # [batch, pos, n_heads, d_head]  (projection, before QK-norm and RoPE)
         self.hook_k = HookPoint()  # [batch, pos, n_kv_heads, d_head]
         self.hook_v = HookPoint()  # [batch, pos, n_kv_heads, d_head]
@@ -408,25 +422,36 @@ class Attention(nn.Module):
 
     @property
     def _W_K(self) -> torch.Tensor:  # [n_kv_heads, d_model, d_head]
-        return self.k_proj.weight.t().reshape(self.cfg.d_model, self.cfg.n_key_value_heads, self.cfg.d_head).transpose(0, 1)
+        return (
+            self.k_proj.weight.t()
+            .reshape(self.cfg.d_model, self.cfg.n_key_value_heads, self.cfg.d_head)
+            .transpose(0, 1)
+        )
 
     @property
     def _W_V(self) -> torch.Tensor:  # [n_kv_heads, d_model, d_head]
-        return self.v_proj.weight.t().reshape(self.cfg.d_model, self.cfg.n_key_value_heads, self.cfg.d_head).transpose(0, 1)
+        return (
+            self.v_proj.weight.t()
+            .reshape(self.cfg.d_model, self.cfg.n_key_value_heads, self.cfg.d_head)
+            .transpose(0, 1)
+        )
 
     @property
     def W_O(self) -> torch.Tensor:  # [n_heads, d_head, d_model]
         return (self.o_proj.weight.t() * self.out_scale).reshape(self.cfg.n_heads, self.cfg.d_head, self.cfg.d_model)
 
-    def forward(self, x: torch.Tensor, start: int, cache: KVCache | None, layer: int, hk: Hk,
-                tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, start: int, cache: KVCache | None, layer: int, hk: Hk, tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """x: [batch, pos, d_model] at positions start..start+pos-1; with a cache, the keys are the
         cache's positions 0..start-1 followed by these. `tokens` [batch, pos]: only read by a layer
         with a value embedding."""
         B, P, _ = x.shape
         H, KV, dh = self.cfg.n_heads, self.cfg.n_key_value_heads, self.cfg.d_head
         if _fast(self):  # one GEMM; q, k, v are views of its output
-            proj = F.linear(x, self.qkv(self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)).view(B, P, H + 2 * KV, dh)
+            proj = F.linear(x, self.qkv(self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)).view(
+                B, P, H + 2 * KV, dh
+            )
             qk, v = proj.split((H + KV, KV), dim=2)
             q0, k0 = qk.split((H, KV), dim=2)
             q, k, v = hk(self.hook_q, q0), hk(self.hook_k, k0), hk(self.hook_v, v)
@@ -441,7 +466,9 @@ class Attention(nn.Module):
             if tokens is None:
                 raise ValueError(f"layer {layer} adds a value embedding: its forward needs the tokens")
             ve = self.value_embed(tokens).view(B, P, KV, dh)
-            gate = 3 * torch.sigmoid(self.ve_gate(x[..., :self.cfg.value_embed_gate_channels]))  # [batch, pos, n_kv_heads]
+            gate = 3 * torch.sigmoid(
+                self.ve_gate(x[..., : self.cfg.value_embed_gate_channels])
+            )  # [batch, pos, n_kv_heads]
             v = v + hk(self.hook_value_embed, gate[..., None] * ve)
         if self.custom_qk:
             q, k = self._custom_qk(q, k, start)
@@ -521,7 +548,7 @@ class Attention(nn.Module):
             # one query that sees every key up to itself (the decode step): heads of a KV group
             # become its queries, so nothing is repeated and no mask is needed
             if self.window is not None and K > self.window:
-                k, v = k[:, :, K - self.window:], v[:, :, K - self.window:]
+                k, v = k[:, :, K - self.window :], v[:, :, K - self.window :]
             z = F.scaled_dot_product_attention(q.reshape(B, KV, H // KV, dh), k, v)
             return z.reshape(B, 1, H, dh)  # CUDA may return a non-contiguous layout
         last = start + P - 1  # the latest query; the earliest key is k_start
@@ -532,8 +559,9 @@ class Attention(nn.Module):
             causal = True  # queries and keys start together and no window bites: the top-left causal mask
         else:
             mask = self.mask(*self._positions(P, K, start, k_start, q.device))
-        z = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, is_causal=causal,
-                                           enable_gqa=H != KV)
+        z = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k, v, attn_mask=mask, is_causal=causal, enable_gqa=H != KV
+        )
         return z.transpose(1, 2)
 
     def _sdpa_windowed(self, q, k, v, start: int, k_start: int) -> torch.Tensor:
@@ -545,8 +573,15 @@ class Attention(nn.Module):
             first, last = start + a, start + min(a + W, P) - 1  # the block's query positions
             lo, hi = max(k_start, first - W + 1), min(k_start + K, last + 1)  # the keys they can see
             mask = self.mask(*self._positions(last + 1 - first, hi - lo, first, lo, q.device))
-            out.append(F.scaled_dot_product_attention(q[:, a:a + W].transpose(1, 2), k[:, :, lo - k_start:hi - k_start],
-                                                      v[:, :, lo - k_start:hi - k_start], attn_mask=mask, enable_gqa=H != KV))
+            out.append(
+                F.scaled_dot_product_attention(
+                    q[:, a : a + W].transpose(1, 2),
+                    k[:, :, lo - k_start : hi - k_start],
+                    v[:, :, lo - k_start : hi - k_start],
+                    attn_mask=mask,
+                    enable_gqa=H != KV,
+                )
+            )
         return (out[0] if len(out) == 1 else torch.cat(out, dim=2)).transpose(1, 2)
 
 
@@ -616,8 +651,15 @@ class Block(nn.Module):
         self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]  (after depth scaling)
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
 
-    def forward(self, x: torch.Tensor, start: int, cache: KVCache | None, hk: Hk, tokens: torch.Tensor | None = None,
-                mix: tuple | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        start: int,
+        cache: KVCache | None,
+        hk: Hk,
+        tokens: torch.Tensor | None = None,
+        mix: tuple | None = None,
+    ) -> torch.Tensor:
         """x: [batch, pos, d_model] at positions start..start+pos-1. `mix` (x0 mixing): (resid
         lambda, x0 lambda, x0), with x already through `hook_resid_pre` (the trunk fires it: block
         0's is x0)."""

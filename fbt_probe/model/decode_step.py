@@ -18,6 +18,7 @@ tests/test_decode_step.py; float32: rounding only) and is taken only where nothi
 difference: hooks off, no autograd, path "auto", float32/float64, and a backbone without
 nanochat's extras (`DecodePlan.supports`). Everything else takes the module path.
 """
+
 from __future__ import annotations
 
 import torch
@@ -41,9 +42,17 @@ class DecodePlan:
             return False  # half types normalise in float32 and cast back: the module path has those casts
         if model.training and cfg.feedback_noise > 0:
             return False  # the carried state gets fresh noise: the module path draws it
-        plain = (cfg.fusion == "glu" and cfg.norm_weights and not cfg.nanochat_input and not cfg.x0_mixing
-                 and cfg.backout_layer is None and cfg.mlp_act == "silu_glu" and not cfg.value_embed_layers
-                 and not cfg.qk_norm_after_rope and cfg.qk_scale == 1.0)
+        plain = (
+            cfg.fusion == "glu"
+            and cfg.norm_weights
+            and not cfg.nanochat_input
+            and not cfg.x0_mixing
+            and cfg.backout_layer is None
+            and cfg.mlp_act == "silu_glu"
+            and not cfg.value_embed_layers
+            and not cfg.qk_norm_after_rope
+            and cfg.qk_scale == 1.0
+        )
         return plain and all(b.attn.path == "auto" and b.mlp.path == "auto" for b in model.blocks)
 
     def __init__(self, model):
@@ -87,13 +96,20 @@ class DecodePlan:
         if state is None:
             x = e
         else:  # u = RMSNorm_f((W_U h) ⊙ σ(W_G e))
-            x = at.epilogue(F.linear(state, self.W_U), torch.sigmoid(F.linear(e, self.W_G)), self.fusion_w, self.fusion_eps)
+            x = at.epilogue(
+                F.linear(state, self.W_U), torch.sigmoid(F.linear(e, self.W_G)), self.fusion_w, self.fusion_eps
+            )
         for layer, (w1, w_qkv, gains, rope, window, w_o, w2, w_gu, w_down) in enumerate(self.layers):
             proj = F.linear(_rms(x, eps) * w1, w_qkv)  # [batch, (H + 2 KV) d_head]
-            qk = at.rotate(_rms(proj[:, :(H + KV) * dh].view(B, H + KV, dh), eps) * gains, rope)
+            qk = at.rotate(_rms(proj[:, : (H + KV) * dh].view(B, H + KV, dh), eps) * gains, rope)
             # the heads of a KV group are its queries: no repeated keys
-            z = at.attend(layer, qk[:, :H].reshape(B, KV, H // KV, dh), qk[:, None, H:],
-                          proj[:, None, (H + KV) * dh:].view(B, 1, KV, dh), window)
+            z = at.attend(
+                layer,
+                qk[:, :H].reshape(B, KV, H // KV, dh),
+                qk[:, None, H:],
+                proj[:, None, (H + KV) * dh :].view(B, 1, KV, dh),
+                window,
+            )
             x = torch.addmm(x, z.reshape(B, H * dh), w_o)
             gate, up = F.linear(_rms(x, eps) * w2, w_gu).chunk(2, dim=-1)
             x = torch.addmm(x, F.silu(gate) * up, w_down)
@@ -146,7 +162,9 @@ class AtTensor:
 
     def rotate(self, qk: torch.Tensor, rope) -> torch.Tensor:
         _, _, cos, signed = rope._table(self.slots.shape[0], qk.dtype, qk.device)
-        return qk * cos.index_select(0, self.pos) + qk.roll(qk.shape[-1] // 2, dims=-1) * signed.index_select(0, self.pos)
+        return qk * cos.index_select(0, self.pos) + qk.roll(qk.shape[-1] // 2, dims=-1) * signed.index_select(
+            0, self.pos
+        )
 
     def mask(self, window) -> torch.Tensor:
         if window not in self._masks:

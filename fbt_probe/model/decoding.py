@@ -4,6 +4,7 @@
 - Soft:  standard prefill, then every generated token is fused with the previous position's state;
 - Fused: `jacobi:2` prefill (the KV cache holds pass 2), then as Soft.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,9 @@ def generate(model, tokens: torch.Tensor, n_new: int, decoding: str = "std") -> 
     if isinstance(n_new, bool) or not isinstance(n_new, int) or n_new < 0:
         raise FbtError(f"n_new: expected an integer >= 0, got {n_new!r}")
     if tokens.shape[1] + n_new - 1 > model.cfg.n_ctx:  # the last new token is never fed back
-        raise FbtError(f"n_new: {tokens.shape[1]} prompt + {n_new} new tokens exceed the model's context "
-                       f"n_ctx = {model.cfg.n_ctx}")
+        raise FbtError(
+            f"n_new: {tokens.shape[1]} prompt + {n_new} new tokens exceed the model's context n_ctx = {model.cfg.n_ctx}"
+        )
     if n_new == 0:
         return tokens.new_zeros(tokens.shape[0], 0)
     cache, state, logits = _prefill(model, tokens, decoding, capacity=tokens.shape[1] + n_new)

@@ -3,6 +3,7 @@
 The carried state is on the value path and the token on the gate, so dropping the state drops
 the whole input (a symmetric e + W h could learn W -> 0 and ignore the feedback).
 """
+
 from __future__ import annotations
 
 import torch
@@ -93,11 +94,15 @@ class Fusion(nn.Module):
             self.W_T = nn.Linear(D, D, bias=False)  # token path, added
         self.norm = RMSNorm(D, cfg.rms_eps, weight=self.kind == "glu")
         self.hook_feedback = HookPoint()  # [batch, pos, d_model]  carried h_{t-1}; zeros where none
-        self.hook_value = HookPoint()  # [batch, pos, d_model]  the state's path: W_U h_{t-1} (concat: W_C[:, :D] norm(h))
+        self.hook_value = (
+            HookPoint()
+        )  # [batch, pos, d_model]  the state's path: W_U h_{t-1} (concat: W_C[:, :D] norm(h))
         if self.kind in ("glu", "gate_product"):
             self.hook_gate = HookPoint()  # [batch, pos, d_model]  σ(W_G e_t) (gate_product: σ(W_G norm(e_t)))
         else:
-            self.hook_token = HookPoint()  # [batch, pos, d_model]  the token's path: W_T norm(e) (concat: W_C[:, D:] norm(e))
+            self.hook_token = (
+                HookPoint()
+            )  # [batch, pos, d_model]  the token's path: W_T norm(e) (concat: W_C[:, D:] norm(e))
         self.hook_out = HookPoint()  # [batch, pos, d_model]  u_t (the plain input where no state is carried)
 
     def gate(self, embed: torch.Tensor) -> torch.Tensor:
@@ -111,8 +116,14 @@ class Fusion(nn.Module):
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), None, self.cfg.rms_eps)
 
-    def forward(self, state: torch.Tensor, embed: torch.Tensor, has_state: torch.Tensor, hk: Hk,
-                plain: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        state: torch.Tensor,
+        embed: torch.Tensor,
+        has_state: torch.Tensor,
+        hk: Hk,
+        plain: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """state, embed: [batch, pos, d_model]; has_state: bool [pos] or [batch, pos], or None when
         every position takes the carried state (a decode step). `plain`: the input where no state is
         carried (default: `embed`; nanochat: the normed, smeared embedding)."""
@@ -142,4 +153,6 @@ class Fusion(nn.Module):
         fast = _fast_path(value, gate, self.norm.weight) if self.cfg.fast_fusion else None
         if fast is not None:
             return fast(value, gate, self.norm.weight, self.norm.eps)
-        return rms_norm(value * gate, self.norm.weight, self.norm.eps)  # = fusion_reference for same-dtype inputs, in fewer ops
+        return rms_norm(
+            value * gate, self.norm.weight, self.norm.eps
+        )  # = fusion_reference for same-dtype inputs, in fewer ops

@@ -13,6 +13,7 @@ tests/test_graph_scan.py; on CUDA: rounding only, the `gpu` tests). Taken by `se
 tensors when the plan applies and the scan has at least `MIN_STEPS` steps; `model.cuda_graphs =
 False` turns it off.
 """
+
 from __future__ import annotations
 
 import torch
@@ -82,8 +83,12 @@ class GraphedScan:
         `pos`, then `pos += 1`."""
         token = self.tokens.index_select(1, self.pos)[:, 0]
         self.carried.index_copy_(1, self.pos, self.prev[:, None])
-        at = AtTensor([k.narrow(2, 0, width) for k in self.cache.keys], [v.narrow(2, 0, width) for v in self.cache.values],
-                      self.pos, self.epilogue)
+        at = AtTensor(
+            [k.narrow(2, 0, width) for k in self.cache.keys],
+            [v.narrow(2, 0, width) for v in self.cache.values],
+            self.pos,
+            self.epilogue,
+        )
         logits, state = self.plan.run(token, self.prev, at)
         self.out.index_copy_(1, self.pos, logits[:, None])
         self.prev.copy_(state)

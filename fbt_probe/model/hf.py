@@ -5,6 +5,7 @@ Import adds fresh fusion weights (see `Fusion` for their initialisation) unless 
 `fusion.safetensors` written by our export, and sets `feedback_source="post_norm"`: an imported
 checkpoint has no depth scaling, so its pre-norm top state is not O(1).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -45,6 +46,7 @@ def _name_map(n_layers: int) -> dict[str, str]:
 
 def config_from_qwen3(hf: dict, source: str = "config.json") -> ModelConfig:
     """Translate a Qwen3 config dict; refuse what this model cannot represent."""
+
     def refuse(field: str, why: str):
         raise FbtError(f"{source}: field '{field}' {why}")
 
@@ -79,7 +81,12 @@ def config_from_qwen3(hf: dict, source: str = "config.json") -> ModelConfig:
     if not (isinstance(theta, (int, float)) and not isinstance(theta, bool) and theta > 0):
         refuse("rope_theta", f"must be a number > 0, got {theta!r}")
     n_layers = need("num_hidden_layers")
-    vocab, d_model, d_mlp, n_heads = need("vocab_size"), need("hidden_size"), need("intermediate_size"), need("num_attention_heads")
+    vocab, d_model, d_mlp, n_heads = (
+        need("vocab_size"),
+        need("hidden_size"),
+        need("intermediate_size"),
+        need("num_attention_heads"),
+    )
     n_kv = need("num_key_value_heads", default=n_heads)
     d_head = need("head_dim", default=None)
     if d_head is None:
@@ -90,7 +97,10 @@ def config_from_qwen3(hf: dict, source: str = "config.json") -> ModelConfig:
     window = hf.get("sliding_window") if hf.get("use_sliding_window", False) else None
     layer_types = hf.get("layer_types")
     if layer_types is None:
-        layer_types = ["sliding_attention" if window is not None and i >= hf.get("max_window_layers", 28) else "full_attention" for i in range(n_layers)]
+        layer_types = [
+            "sliding_attention" if window is not None and i >= hf.get("max_window_layers", 28) else "full_attention"
+            for i in range(n_layers)
+        ]
     if "sliding_attention" in layer_types and window is None:
         window = hf.get("sliding_window")
         if window is None:
@@ -99,9 +109,20 @@ def config_from_qwen3(hf: dict, source: str = "config.json") -> ModelConfig:
         refuse("layer_types", f"must be a list of {n_layers} layer types, got {layer_types!r}")
     try:
         return ModelConfig(
-            d_vocab=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_key_value_heads=n_kv, d_head=d_head,
-            d_mlp=d_mlp, n_ctx=n_ctx, window=window, layer_types=tuple(layer_types), rope_theta=float(theta),
-            rms_eps=float(eps), depth_scaling="none", feedback_source="post_norm",
+            d_vocab=vocab,
+            d_model=d_model,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_key_value_heads=n_kv,
+            d_head=d_head,
+            d_mlp=d_mlp,
+            n_ctx=n_ctx,
+            window=window,
+            layer_types=tuple(layer_types),
+            rope_theta=float(theta),
+            rms_eps=float(eps),
+            depth_scaling="none",
+            feedback_source="post_norm",
         )
     except FbtError as exc:
         raise FbtError(f"{source}: {exc.format_message()}") from None
@@ -112,17 +133,33 @@ def config_to_qwen3(cfg: ModelConfig) -> dict:
         raise FbtError(f"model config: field 'depth_scaling' is {cfg.depth_scaling!r}; only 'none' is a Qwen3 function")
     for name, identity in EXTRAS_DEFAULTS.items():  # the nanochat extras have no Qwen3 counterpart
         if getattr(cfg, name) != identity:
-            raise FbtError(f"model config: field '{name}' is {getattr(cfg, name)!r}; only {identity!r} is a Qwen3 function")
+            raise FbtError(
+                f"model config: field '{name}' is {getattr(cfg, name)!r}; only {identity!r} is a Qwen3 function"
+            )
     types = list(cfg.resolved_layer_types)
     return {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": cfg.d_vocab,
-        "hidden_size": cfg.d_model, "intermediate_size": cfg.d_mlp, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_key_value_heads, "head_dim": cfg.d_head,
-        "hidden_act": "silu", "max_position_embeddings": cfg.n_ctx, "rms_norm_eps": cfg.rms_eps,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta}, "rope_theta": cfg.rope_theta,
-        "tie_word_embeddings": True, "attention_bias": False, "attention_dropout": 0.0,
-        "use_sliding_window": "sliding_attention" in types, "sliding_window": cfg.window,
-        "max_window_layers": cfg.n_layers, "layer_types": types, "torch_dtype": cfg.dtype,
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": cfg.d_vocab,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.d_mlp,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_key_value_heads,
+        "head_dim": cfg.d_head,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.n_ctx,
+        "rms_norm_eps": cfg.rms_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_theta": cfg.rope_theta,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_sliding_window": "sliding_attention" in types,
+        "sliding_window": cfg.window,
+        "max_window_layers": cfg.n_layers,
+        "layer_types": types,
+        "torch_dtype": cfg.dtype,
     }
 
 
@@ -168,8 +205,10 @@ def import_qwen3(folder: str | Path, seed: int = 0):
         if theirs not in state:
             raise FbtError(f"{folder}: tensor '{theirs}' missing from the safetensors files")
         if tuple(state[theirs].shape) != tuple(expected[mine].shape):
-            raise FbtError(f"{folder}: tensor '{theirs}' has shape {tuple(state[theirs].shape)}, config expects "
-                           f"{tuple(expected[mine].shape)} (config.json and the weights disagree)")
+            raise FbtError(
+                f"{folder}: tensor '{theirs}' has shape {tuple(state[theirs].shape)}, config expects "
+                f"{tuple(expected[mine].shape)} (config.json and the weights disagree)"
+            )
         ours[mine] = state[theirs]
     if "lm_head.weight" in state and not torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"]):
         raise FbtError(f"{folder}: 'lm_head.weight' differs from the embedding although embeddings are tied")

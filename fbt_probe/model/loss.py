@@ -1,4 +1,5 @@
 """The token-weighted cross-entropy every training objective is built from."""
+
 from __future__ import annotations
 
 import torch

@@ -8,6 +8,7 @@
 | full          | every position t >= 2 fused with h_{t-1} of the same serial run (= recurrent:T-1) |
 | jacobi:K      | pass 1 standard; pass k fuses the right-shifted top states of pass k-1 everywhere |
 """
+
 from __future__ import annotations
 
 import re
@@ -85,6 +86,8 @@ def check_distinct(names: list[str], spec) -> None:
     seen = set()
     for name in names:
         if name in seen:
-            raise FbtError(f"modes '{spec if isinstance(spec, str) else ','.join(map(str, spec))}': "
-                           f"'{name}' is listed twice; expected each mode at most once")
+            raise FbtError(
+                f"modes '{spec if isinstance(spec, str) else ','.join(map(str, spec))}': "
+                f"'{name}' is listed twice; expected each mode at most once"
+            )
         seen.add(name)

@@ -15,6 +15,7 @@ Where a state is carried, the fused vector replaces the whole plain input (norm 
 and is x0 of every layer's mixing: x0 is what `blocks.0.hook_resid_pre` holds, so a patch there
 reaches every layer, as a change of the model's input does.
 """
+
 from __future__ import annotations
 
 import torch
@@ -74,8 +75,10 @@ def plain_input(model, tokens: torch.Tensor, e: torch.Tensor, start: int, cache,
     if start > 0:
         tok = None if cache is None else cache.token_at(start - 1)
         if tok is None:
-            raise FbtError(f"smear: position {start} needs the token before it, which the KV cache does not hold "
-                           "(build the cache with the model's own prefill)")
+            raise FbtError(
+                f"smear: position {start} needs the token before it, which the KV cache does not hold "
+                "(build the cache with the model's own prefill)"
+            )
         before = model.token_embedding(tok[:, None])
         before = _norm(before, cfg.rms_eps) if cfg.embed_norm else before
         prev, cur = torch.cat([before, x[:, :-1]], dim=1), x
@@ -88,11 +91,12 @@ def plain_input(model, tokens: torch.Tensor, e: torch.Tensor, start: int, cache,
 
 def _smear_gate(model, x: torch.Tensor) -> torch.Tensor:
     """[batch, pos, 1] λ·σ(W_s x[..., :c])."""
-    return model.smear_lambda * torch.sigmoid(model.smear_gate(x[..., :model.cfg.smear_channels]))
+    return model.smear_lambda * torch.sigmoid(model.smear_gate(x[..., : model.cfg.smear_channels]))
 
 
-def trunk_with_extras(model, x: torch.Tensor, start: int, cache, hk, tokens: torch.Tensor | None,
-                      stop: int | None = None) -> torch.Tensor:
+def trunk_with_extras(
+    model, x: torch.Tensor, start: int, cache, hk, tokens: torch.Tensor | None, stop: int | None = None
+) -> torch.Tensor:
     """Blocks 0..stop-1 (default all) with x0 mixing and / or backout (the model's `_trunk`
     otherwise); the backout applies once every block has run."""
     cfg = model.cfg

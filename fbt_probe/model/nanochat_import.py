@@ -19,6 +19,7 @@ that represents it (`fbt_probe.model.nanochat`):
   ours counts the query: window = w + 1. n_ctx = sequence_len, so "L" never bites;
 - latent feedback: `latent_feedback_mode` -> `fusion`; only the active matrices are kept.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,24 +36,43 @@ from fbt_probe.model.checkpoint import save_checkpoint
 from fbt_probe.model.transformer import FeedbackTransformer
 
 DEFAULTS = {  # their GPTConfig defaults, and what their loader patches into an old meta
-    "sequence_len": 2048, "vocab_size": 32768, "n_layer": 12, "n_head": 6, "n_kv_head": 6, "n_embd": 768,
-    "window_pattern": "L", "latent_feedback": False, "latent_feedback_mode": "gate_product", "weight_tying": False,
+    "sequence_len": 2048,
+    "vocab_size": 32768,
+    "n_layer": 12,
+    "n_head": 6,
+    "n_kv_head": 6,
+    "n_embd": 768,
+    "window_pattern": "L",
+    "latent_feedback": False,
+    "latent_feedback_mode": "gate_product",
+    "weight_tying": False,
 }
 MODES = ("gate_product", "concat_projection", "linear_addition")
 FUSION_KEYS = {"state_proj": "W_U", "token_gate": "W_G", "concat_proj": "W_C", "token_proj": "W_T"}
-ACTIVE = {"gate_product": ("state_proj", "token_gate"), "concat_projection": ("concat_proj",),
-          "linear_addition": ("state_proj", "token_proj")}
+ACTIVE = {
+    "gate_product": ("state_proj", "token_gate"),
+    "concat_projection": ("concat_proj",),
+    "linear_addition": ("state_proj", "token_proj"),
+}
 TIED_EMBEDDING_SCALE = 0.8 / 0.001  # their EMBEDDING_INIT_STD / LM_HEAD_INIT_STD
 ROPE_BASE = 100_000.0
 PAD_TO = 64  # their pad_vocab_size_to
 _BLOCK = {  # theirs -> ours, inside layer l
-    "attn.c_q.weight": "attn.q_proj.weight", "attn.c_k.weight": "attn.k_proj.weight",
-    "attn.c_v.weight": "attn.v_proj.weight", "attn.c_proj.weight": "attn.o_proj.weight",
+    "attn.c_q.weight": "attn.q_proj.weight",
+    "attn.c_k.weight": "attn.k_proj.weight",
+    "attn.c_v.weight": "attn.v_proj.weight",
+    "attn.c_proj.weight": "attn.o_proj.weight",
     "attn.ve_gate.weight": "attn.ve_gate.weight",
-    "mlp.c_fc.weight": "mlp.up_proj.weight", "mlp.c_proj.weight": "mlp.down_proj.weight",
+    "mlp.c_fc.weight": "mlp.up_proj.weight",
+    "mlp.c_proj.weight": "mlp.down_proj.weight",
 }
-_TOP = {"resid_lambdas": "resid_lambdas", "x0_lambdas": "x0_lambdas", "smear_gate.weight": "smear_gate.weight",
-        "smear_lambda": "smear_lambda", "backout_lambda": "backout_lambda"}
+_TOP = {
+    "resid_lambdas": "resid_lambdas",
+    "x0_lambdas": "x0_lambdas",
+    "smear_gate.weight": "smear_gate.weight",
+    "smear_lambda": "smear_lambda",
+    "backout_lambda": "backout_lambda",
+}
 _STEP = re.compile(r"^model_(\d+)\.pt$")
 
 
@@ -98,8 +118,10 @@ def read_model_config(meta: dict, source: str) -> dict:
     mc = meta["model_config"]
     unknown = sorted(set(mc) - set(DEFAULTS) - {"latent_feedback_mode"})
     if unknown:
-        raise FbtError(f"{source}: field 'model_config.{unknown[0]}' is not a GPTConfig field this importer knows; "
-                       "refusing to guess what it changes")
+        raise FbtError(
+            f"{source}: field 'model_config.{unknown[0]}' is not a GPTConfig field this importer knows; "
+            "refusing to guess what it changes"
+        )
     return {**DEFAULTS, **mc}
 
 
@@ -115,6 +137,7 @@ def window_sizes(mc: dict) -> list[int]:
 
 def config_from_meta(mc: dict, source: str) -> ModelConfig:
     """Our config for their `model_config` (defaults filled); a one-line error names a field we cannot represent."""
+
     def refuse(field: str, why: str):
         raise FbtError(f"{source}: field 'model_config.{field}' {why}")
 
@@ -149,14 +172,36 @@ def config_from_meta(mc: dict, source: str) -> ModelConfig:
     types = tuple("sliding_attention" if w < n_ctx else "full_attention" for w in windows)
     try:
         return ModelConfig(
-            d_vocab=mc["vocab_size"], d_model=D, n_layers=L, n_heads=H, n_key_value_heads=KV, d_head=D // H,
-            d_mlp=4 * D, n_ctx=n_ctx, window=short[0] if short else None, layer_types=types, rope_theta=ROPE_BASE,
-            rms_eps=FLOAT32_EPS, depth_scaling="none", feedback_source="post_norm",
-            fusion=mc["latent_feedback_mode"], norm_weights=False,
-            embed_scale=TIED_EMBEDDING_SCALE if mc["weight_tying"] else 1.0, embed_norm=True, smear=True,
-            smear_channels=24, x0_mixing=True, value_embed_layers=tuple(l for l in range(L) if l % 2 == (L - 1) % 2),
-            value_embed_gate_channels=12, backout_layer=L // 2, mlp_act="relu2", rope_sign=-1,
-            qk_norm_after_rope=True, qk_scale=1.2, logit_softcap=15.0, tie_embeddings=mc["weight_tying"],
+            d_vocab=mc["vocab_size"],
+            d_model=D,
+            n_layers=L,
+            n_heads=H,
+            n_key_value_heads=KV,
+            d_head=D // H,
+            d_mlp=4 * D,
+            n_ctx=n_ctx,
+            window=short[0] if short else None,
+            layer_types=types,
+            rope_theta=ROPE_BASE,
+            rms_eps=FLOAT32_EPS,
+            depth_scaling="none",
+            feedback_source="post_norm",
+            fusion=mc["latent_feedback_mode"],
+            norm_weights=False,
+            embed_scale=TIED_EMBEDDING_SCALE if mc["weight_tying"] else 1.0,
+            embed_norm=True,
+            smear=True,
+            smear_channels=24,
+            x0_mixing=True,
+            value_embed_layers=tuple(l for l in range(L) if l % 2 == (L - 1) % 2),
+            value_embed_gate_channels=12,
+            backout_layer=L // 2,
+            mlp_act="relu2",
+            rope_sign=-1,
+            qk_norm_after_rope=True,
+            qk_scale=1.2,
+            logit_softcap=15.0,
+            tie_embeddings=mc["weight_tying"],
         )
     except FbtError as exc:
         raise FbtError(f"{source}: {exc.format_message()}") from None
@@ -201,7 +246,9 @@ def key_map(cfg: ModelConfig, latent_feedback: bool) -> dict[str, str]:
     return names
 
 
-def to_ours(state: dict[str, torch.Tensor], cfg: ModelConfig, latent_feedback: bool, source: str) -> tuple[dict, list[str]]:
+def to_ours(
+    state: dict[str, torch.Tensor], cfg: ModelConfig, latent_feedback: bool, source: str
+) -> tuple[dict, list[str]]:
     """(our state dict, the names of their tensors left out: dormant fusion matrices). Padded vocabulary
     rows are cropped; a tied checkpoint's lm_head must equal its embedding."""
     state = dict(state)
@@ -214,14 +261,24 @@ def to_ours(state: dict[str, torch.Tensor], cfg: ModelConfig, latent_feedback: b
     if missing:
         raise FbtError(f"{source}: tensor '{missing[0]}' missing (model_config says it exists)")
     dormant = sorted(k for k in state if k.startswith("latent_feedback.") and k not in names)
-    extra = sorted(k for k in state if k not in names and k not in dormant and not (cfg.tie_embeddings and k == "lm_head.weight"))
+    extra = sorted(
+        k for k in state if k not in names and k not in dormant and not (cfg.tie_embeddings and k == "lm_head.weight")
+    )
     if extra:
-        raise FbtError(f"{source}: tensor '{extra[0]}' is not part of the model model_config describes; refusing to drop it")
+        raise FbtError(
+            f"{source}: tensor '{extra[0]}' is not part of the model model_config describes; refusing to drop it"
+        )
     if not latent_feedback and dormant:
         raise FbtError(f"{source}: tensor '{dormant[0]}' present but field 'model_config.latent_feedback' is false")
-    if cfg.tie_embeddings and "lm_head.weight" in state and not torch.equal(state["lm_head.weight"], state["transformer.wte.weight"]):
-        raise FbtError(f"{source}: tensor 'lm_head.weight' differs from 'transformer.wte.weight' although "
-                       "field 'model_config.weight_tying' is true")
+    if (
+        cfg.tie_embeddings
+        and "lm_head.weight" in state
+        and not torch.equal(state["lm_head.weight"], state["transformer.wte.weight"])
+    ):
+        raise FbtError(
+            f"{source}: tensor 'lm_head.weight' differs from 'transformer.wte.weight' although "
+            "field 'model_config.weight_tying' is true"
+        )
     V = cfg.d_vocab
     ours = {}
     for theirs, mine in names.items():
@@ -271,15 +328,24 @@ def import_nanochat(folder: str | Path, step: int | None = None, seed: int = 0):
     expected = model.state_dict()
     for name, t in ours.items():
         if tuple(t.shape) != tuple(expected[name].shape):
-            raise FbtError(f"{pt}: tensor for '{name}' has shape {tuple(t.shape)}, model_config implies {tuple(expected[name].shape)}")
+            raise FbtError(
+                f"{pt}: tensor for '{name}' has shape {tuple(t.shape)}, model_config implies {tuple(expected[name].shape)}"
+            )
     left = sorted(set(expected) - set(ours))
     if mc["latent_feedback"] and left:
         raise FbtError(f"{pt}: our model needs '{left[0]}', which the checkpoint does not provide")
     model.load_state_dict(ours, strict=False)
     notes = _notes(meta, mc)
-    record = {"source": str(folder), "step": step, "model_file": pt.name, "model_sha256": sha256_file(pt),
-              "model_config": mc, "dormant_fusion_tensors": dormant, "fusion_seed": None if mc["latent_feedback"] else seed,
-              "notes": notes}
+    record = {
+        "source": str(folder),
+        "step": step,
+        "model_file": pt.name,
+        "model_sha256": sha256_file(pt),
+        "model_config": mc,
+        "dormant_fusion_tensors": dormant,
+        "fusion_seed": None if mc["latent_feedback"] else seed,
+        "notes": notes,
+    }
     return model.eval(), record, notes
 
 
@@ -293,11 +359,15 @@ def _passes(meta: dict):
 def _notes(meta: dict, mc: dict) -> list[str]:
     notes = []
     if not mc["latent_feedback"]:
-        notes.append("field 'model_config.latent_feedback' is false: the checkpoint has no fusion weights; fresh, "
-                     "untrained ones were added (seeded), so only 'standard' is the model's trained computation")
+        notes.append(
+            "field 'model_config.latent_feedback' is false: the checkpoint has no fusion weights; fresh, "
+            "untrained ones were added (seeded), so only 'standard' is the model's trained computation"
+        )
     elif _passes(meta) == 1:
-        notes.append("a 'standard' baseline (num_forward_passes 1): its fusion weights are dormant, never trained; "
-                     "feedback modes run them as initialised")
+        notes.append(
+            "a 'standard' baseline (num_forward_passes 1): its fusion weights are dormant, never trained; "
+            "feedback modes run them as initialised"
+        )
     return notes  # (the inactive fusion matrices every checkpoint carries are listed in the record, not here)
 
 
@@ -312,5 +382,7 @@ def load_nanochat(folder: str | Path, device: str = "cpu", seed: int = 0, step: 
 def write_import(folder: str | Path, out: Path, step: int | None = None, seed: int = 0, tokenizer: Path | None = None):
     """Import and write our checkpoint folder into `out` (an empty or temporary folder). Returns the notes."""
     model, record, notes = import_nanochat(folder, step=step, seed=seed)
-    save_checkpoint(model, out, tokenizer, extra={"imported_from": str(folder), "nanochat": json.loads(json.dumps(record))})
+    save_checkpoint(
+        model, out, tokenizer, extra={"imported_from": str(folder), "nanochat": json.loads(json.dumps(record))}
+    )
     return record, notes

@@ -16,6 +16,7 @@ Why this equals the full re-run for every intervention that edits only positions
 sees the same final positions. Logits at positions >= start equal the full run's up to float
 rounding (different shapes): tests/test_prefix.py checks every mode and rule in float64.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -36,7 +37,9 @@ class Prefix:
     serial: bool
     upto: int  # a run may start at any position 0..upto
     caches: list[KVCache]  # clean below `upto`: one, or one per pass (Jacobi, serial rule)
-    states: torch.Tensor | None = None  # one-pass: carried states [batch, T, d_model]; serial recurrent: the same (state into each position)
+    states: torch.Tensor | None = (
+        None  # one-pass: carried states [batch, T, d_model]; serial recurrent: the same (state into each position)
+    )
     has: torch.Tensor | None = None  # one-pass: [T] positions that take a carried state
     tops: list = field(default_factory=list)  # serial Jacobi: top states [batch, upto, d_model] of passes 1..K-1
     _valid: int = -1  # positions below it are clean in `caches`
@@ -88,8 +91,15 @@ class Prefix:
     def _map(self, rows_fn, cache_fn) -> "Prefix":
         self._restore(self.upto)
         opt = lambda t: None if t is None else rows_fn(t)  # noqa: E731
-        return replace(self, tokens=rows_fn(self.tokens), caches=[cache_fn(c) for c in self.caches],
-                       states=opt(self.states), tops=[opt(t) for t in self.tops], _valid=self.upto, _clean=None)
+        return replace(
+            self,
+            tokens=rows_fn(self.tokens),
+            caches=[cache_fn(c) for c in self.caches],
+            states=opt(self.states),
+            tops=[opt(t) for t in self.tops],
+            _valid=self.upto,
+            _clean=None,
+        )
 
     def _restore(self, start: int) -> None:
         """Make the caches hold clean positions < start and nothing after."""
@@ -117,14 +127,17 @@ class Prefix:
         P = T - self.mode.n_serial(T)
         out = []
         if start < P:
-            top, logits = self._ctx(HookContext("prefix", range(start, P)), m.extend, self.tokens[:, start:P], cache,
-                                    None, None, hooked)
+            top, logits = self._ctx(
+                HookContext("prefix", range(start, P)), m.extend, self.tokens[:, start:P], cache, None, None, hooked
+            )
             out.append(logits)
             prev = top[:, -1]
         else:
             prev = self.states[:, start]
         for t in range(max(start, P), T):
-            logits, prev = self._ctx(HookContext("step", range(t, t + 1)), m.step, self.tokens[:, t], cache, prev, hooked)
+            logits, prev = self._ctx(
+                HookContext("step", range(t, t + 1)), m.step, self.tokens[:, t], cache, prev, hooked
+            )
             out.append(logits[:, None])
         return torch.cat(out, dim=1)
 
@@ -138,12 +151,16 @@ class Prefix:
                 first = self.tops[k - 2][:, start - 1] if start > 0 else torch.zeros_like(prev[:, 0])
                 states = torch.cat([first[:, None], prev[:, :-1]], dim=1)
             ctx = HookContext("pass", range(start, T), k)
-            prev, logits = self._ctx(ctx, m.extend, self.tokens[:, start:], cache, states, None if k == 1 else has, hooked)
+            prev, logits = self._ctx(
+                ctx, m.extend, self.tokens[:, start:], cache, states, None if k == 1 else has, hooked
+            )
         return logits
 
 
 @torch.no_grad()
-def build_prefix(model, tokens: torch.Tensor, mode: "str | Mode", upto: int | None = None, serial: bool = False) -> Prefix:
+def build_prefix(
+    model, tokens: torch.Tensor, mode: "str | Mode", upto: int | None = None, serial: bool = False
+) -> Prefix:
     """The silent computation of `tokens` under `mode` below position `upto` (default T - 1, the
     final position), for runs of positions >= start (any start <= upto) under the one-pass rule or,
     with `serial`, the serial rule (as `model(tokens, mode=mode, serial=serial)`)."""
@@ -184,6 +201,11 @@ def build_prefix(model, tokens: torch.Tensor, mode: "str | Mode", upto: int | No
     states, has = model.carried_states(tokens, mode) if fed else (None, None)
     cache = KVCache(L, T)
     if upto > 0:
-        model.extend(tokens[:, :upto], cache, None if states is None else states[:, :upto],
-                     None if has is None else has[:upto], silent)
+        model.extend(
+            tokens[:, :upto],
+            cache,
+            None if states is None else states[:, :upto],
+            None if has is None else has[:upto],
+            silent,
+        )
     return Prefix(caches=[cache], states=states, has=has, **base)

@@ -12,6 +12,7 @@ would keep only the last chunk. Here each firing is recorded with `model.hook_co
   one-pass cache holds) and `cache[f"{name}.pass{k}"]` pass k, for k = 1..K.
 - a mode with nothing serial (`standard`): the ordinary cache.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,13 +32,25 @@ def _keep(names_filter):
     return lambda name: name in wanted
 
 
-def run_with_serial_cache(model, tokens, mode=None, *, names_filter=None, device=None, remove_batch_dim: bool = False,
-                          incl_bwd: bool = False, pos_slice=None, reset_hooks_end: bool = True,
-                          clear_contexts: bool = False):
+def run_with_serial_cache(
+    model,
+    tokens,
+    mode=None,
+    *,
+    names_filter=None,
+    device=None,
+    remove_batch_dim: bool = False,
+    incl_bwd: bool = False,
+    pos_slice=None,
+    reset_hooks_end: bool = True,
+    clear_contexts: bool = False,
+):
     """(logits, ActivationCache) of `model(tokens, mode, serial=True)` (see module doc)."""
     if incl_bwd or pos_slice is not None:
-        raise FbtError("run_with_cache(serial=True): incl_bwd and pos_slice are not supported; "
-                       "cache without serial=True, or collect with hooks and model.hook_context")
+        raise FbtError(
+            "run_with_cache(serial=True): incl_bwd and pos_slice are not supported; "
+            "cache without serial=True, or collect with hooks and model.hook_context"
+        )
     keep = _keep(names_filter)
     chunks: dict[str, list] = {}
 
@@ -47,8 +60,9 @@ def run_with_serial_cache(model, tokens, mode=None, *, names_filter=None, device
         return x
 
     names = [name for name in model.hook_dict if keep(name)]
-    with model.hooks(fwd_hooks=[(name, save) for name in names], reset_hooks_end=reset_hooks_end,
-                     clear_contexts=clear_contexts):
+    with model.hooks(
+        fwd_hooks=[(name, save) for name in names], reset_hooks_end=reset_hooks_end, clear_contexts=clear_contexts
+    ):
         logits = model(tokens, mode=mode, serial=True)
     cache: dict[str, torch.Tensor] = {}
     T = logits.shape[1]
@@ -74,9 +88,9 @@ def _assemble(name: str, parts: list, T: int) -> dict[str, torch.Tensor]:
     if name.endswith("hook_pattern"):  # [batch, heads, query, key]
         full = first.new_zeros(*first.shape[:2], T, T)
         for ctx, x in parts:
-            full[:, :, ctx.positions.start:ctx.positions.stop, : x.shape[-1]] = x
+            full[:, :, ctx.positions.start : ctx.positions.stop, : x.shape[-1]] = x
         return {name: full}
     full = first.new_full((first.shape[0], T, *first.shape[2:]), float("nan"))
     for ctx, x in parts:
-        full[:, ctx.positions.start:ctx.positions.stop] = x
+        full[:, ctx.positions.start : ctx.positions.stop] = x
     return {name: full}

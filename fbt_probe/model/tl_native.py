@@ -18,6 +18,7 @@
   `forward` overrides lifted, so a wrapper that instruments modules that way (nnsight) sees only
   the analysed pass, the one whose activations the mode defines.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,27 +51,49 @@ class FeedbackActivationCache(ActivationCache):
     def _check_sum(self, what: str, final: bool) -> None:
         cfg = self.model.cfg
         if getattr(cfg, "x0_mixing", False):
-            raise FbtError(f"{what}: this model mixes block 0's input into every block (x0_mixing), so a block's "
-                           "input is not the sum of the earlier components; read blocks.{l}.hook_resid_mix instead")
+            raise FbtError(
+                f"{what}: this model mixes block 0's input into every block (x0_mixing), so a block's "
+                "input is not the sum of the earlier components; read blocks.{l}.hook_resid_mix instead"
+            )
         if final and getattr(cfg, "backout_layer", None) is not None:
-            raise FbtError(f"{what}: this model subtracts block {cfg.backout_layer}'s output before ln_final "
-                           "(backout_layer), so the final norm's input is hook_backout, not the sum of the components")
+            raise FbtError(
+                f"{what}: this model subtracts block {cfg.backout_layer}'s output before ln_final "
+                "(backout_layer), so the final norm's input is hook_backout, not the sum of the components"
+            )
 
-    def apply_ln_to_stack(self, residual_stack, layer=None, mlp_input=False, pos_slice=None, batch_slice=None,
-                          has_batch_dim=True, recompute_ln=False):
+    def apply_ln_to_stack(
+        self,
+        residual_stack,
+        layer=None,
+        mlp_input=False,
+        pos_slice=None,
+        batch_slice=None,
+        has_batch_dim=True,
+        recompute_ln=False,
+    ):
         self._check_sum("apply_ln_to_stack", layer is None or layer in (-1, self.model.cfg.n_layers))
-        return super().apply_ln_to_stack(residual_stack, layer, mlp_input, pos_slice, batch_slice, has_batch_dim,
-                                         recompute_ln)
+        return super().apply_ln_to_stack(
+            residual_stack, layer, mlp_input, pos_slice, batch_slice, has_batch_dim, recompute_ln
+        )
 
-    def decompose_resid(self, layer=None, mlp_input=False, mode="all", apply_ln=False, pos_slice=None,
-                        incl_embeds=True, return_labels=False):
+    def decompose_resid(
+        self,
+        layer=None,
+        mlp_input=False,
+        mode="all",
+        apply_ln=False,
+        pos_slice=None,
+        incl_embeds=True,
+        return_labels=False,
+    ):
         """TransformerLens's `decompose_resid`, with the layer-0 input as the first component (see module doc)."""
         L = self.model.cfg.n_layers
         layer = L if layer is None or layer == -1 else layer
         self._check_sum("decompose_resid", layer == L)
         if layer > 0 or (mlp_input and mode != "mlp"):
-            stack, labels = self._without_embed(super().decompose_resid, layer, mlp_input, mode, False, pos_slice,
-                                                False, True)
+            stack, labels = self._without_embed(
+                super().decompose_resid, layer, mlp_input, mode, False, pos_slice, False, True
+            )
         else:  # nothing before layer 0's attention but the input
             row = self._input_row(pos_slice)
             stack, labels = row.new_zeros(0, *row.shape[1:]), []
@@ -81,15 +104,24 @@ class FeedbackActivationCache(ActivationCache):
             stack = self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice, mlp_input=mlp_input)
         return (stack, labels) if return_labels else stack
 
-    def get_full_resid_decomposition(self, layer=None, mlp_input=False, expand_neurons=True, apply_ln=False,
-                                     pos_slice=None, return_labels=False, project_output_onto=None):
+    def get_full_resid_decomposition(
+        self,
+        layer=None,
+        mlp_input=False,
+        expand_neurons=True,
+        apply_ln=False,
+        pos_slice=None,
+        return_labels=False,
+        project_output_onto=None,
+    ):
         """TransformerLens's `get_full_resid_decomposition` (heads, neurons, input, bias), the
         input row being the layer-0 input (see module doc)."""
         L = self.model.cfg.n_layers
         layer = L if layer is None or layer == -1 else layer
         self._check_sum("get_full_resid_decomposition", layer == L)
-        stack, labels = self._without_embed(super().get_full_resid_decomposition, layer, mlp_input, expand_neurons,
-                                            False, pos_slice, True, None)
+        stack, labels = self._without_embed(
+            super().get_full_resid_decomposition, layer, mlp_input, expand_neurons, False, pos_slice, True, None
+        )
         at = labels.index("bias")
         stack = torch.cat([stack[:at], self._input_row(pos_slice), stack[at:]], dim=0)
         labels = [*labels[:at], self._input_label(), *labels[at:]]
@@ -135,7 +167,9 @@ class TransformerLensSurface:
         return self.W_U.new_zeros(self.cfg.d_vocab)
 
     def _stack(self, name: str) -> torch.Tensor:
-        return torch.stack([getattr(b.attn if name.endswith(("Q", "K", "V", "O")) else b.mlp, name) for b in self.blocks])
+        return torch.stack(
+            [getattr(b.attn if name.endswith(("Q", "K", "V", "O")) else b.mlp, name) for b in self.blocks]
+        )
 
     @property
     def W_Q(self) -> torch.Tensor:  # [n_layers, n_heads, d_model, d_head]
@@ -193,12 +227,20 @@ class TransformerLensSurface:
     # ------------------------------------------------------------------ tokenizer
     def _tok(self):
         if self.tokenizer is None:
-            raise FbtError("this model has no tokenizer: load a checkpoint folder holding tokenizer.json "
-                           "(e.g. ref:tiny-feedback), or set model.tokenizer = tokenizers.Tokenizer.from_file(...)")
+            raise FbtError(
+                "this model has no tokenizer: load a checkpoint folder holding tokenizer.json "
+                "(e.g. ref:tiny-feedback), or set model.tokenizer = tokenizers.Tokenizer.from_file(...)"
+            )
         return self.tokenizer
 
-    def to_tokens(self, input, prepend_bos: bool | None = None, padding_side: str = "right",
-                  move_to_device: bool = True, truncate: bool = True) -> torch.Tensor:
+    def to_tokens(
+        self,
+        input,
+        prepend_bos: bool | None = None,
+        padding_side: str = "right",
+        move_to_device: bool = True,
+        truncate: bool = True,
+    ) -> torch.Tensor:
         """[batch, pos] token ids of a string or a list of strings (shorter rows padded with
         <pad> on `padding_side`). No BOS: the task tokenizer has none (`prepend_bos=True` refuses)."""
         if prepend_bos:
@@ -213,8 +255,10 @@ class TransformerLensSurface:
         pad = tok.token_to_id("<pad>")
         pad = 0 if pad is None else pad
         width = max(len(row) for row in ids)
-        rows = [row + [pad] * (width - len(row)) if padding_side == "right" else [pad] * (width - len(row)) + row
-                for row in ids]
+        rows = [
+            row + [pad] * (width - len(row)) if padding_side == "right" else [pad] * (width - len(row)) + row
+            for row in ids
+        ]
         out = torch.tensor(rows, dtype=torch.long)
         return out.to(self.W_E.device) if move_to_device else out
 
@@ -248,8 +292,15 @@ class TransformerLensSurface:
         return ids[0]
 
     # ------------------------------------------------------------------ generation
-    def generate(self, input, max_new_tokens: int = 10, decoding: str = "std", do_sample: bool = False,
-                 return_type: str = "input", verbose: bool = False):
+    def generate(
+        self,
+        input,
+        max_new_tokens: int = 10,
+        decoding: str = "std",
+        do_sample: bool = False,
+        return_type: str = "input",
+        verbose: bool = False,
+    ):
         """Greedy continuation under one of the paper's decodings (``std``, ``soft``, ``fused``;
         `fbt_probe.model.decoding`). Like TransformerLens, returns the input followed by the new
         tokens: a string for a string input (`return_type="input"`, or ``"str"``), ids for ids

@@ -1,4 +1,5 @@
 """The token ids every model entry point takes, checked once."""
+
 from __future__ import annotations
 
 import torch
@@ -10,8 +11,9 @@ def check_tokens(tokens, cfg) -> torch.Tensor:
     """`tokens` as a LongTensor [batch, pos], or a one-line FbtError: integer ids in [0, d_vocab),
     2-D, 1 <= pos <= n_ctx."""
     if not isinstance(tokens, torch.Tensor):
-        raise FbtError(f"tokens: expected a LongTensor [batch, pos], got {type(tokens).__name__} "
-                       "(wrap it: torch.tensor([ids]))")
+        raise FbtError(
+            f"tokens: expected a LongTensor [batch, pos], got {type(tokens).__name__} (wrap it: torch.tensor([ids]))"
+        )
     if tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex():
         raise FbtError(f"tokens: expected integer token ids, got dtype {tokens.dtype}")
     if tokens.dim() != 2:

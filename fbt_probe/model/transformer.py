@@ -19,6 +19,7 @@ hooks then fire in every chunk of the real computation — the standard prefix, 
 ([batch, 1, ...] tensors), or each Jacobi pass — and `model.hook_context` names the chunk
 (`phase`, `positions`, `pass_index`) while its hooks run.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,8 +35,8 @@ from fbt_probe.config import ModelConfig
 from fbt_probe.errors import FbtError
 from fbt_probe.model.components import Block, Hk, HookedRMSNorm, KVCache, hooked, silent
 from fbt_probe.model.decode_step import DecodePlan
-from fbt_probe.model.graph_scan import GraphedScan
 from fbt_probe.model.fusion import Fusion
+from fbt_probe.model.graph_scan import GraphedScan
 from fbt_probe.model.modes import Mode, parse_mode
 from fbt_probe.model.nanochat import add_extras, init_extras, plain_input, trunk_with_extras
 from fbt_probe.model.serial_cache import run_with_serial_cache
@@ -91,7 +92,9 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         self.hook_embed = HookPoint()  # [batch, pos, d_model]  plain token embedding e_t (times embed_scale)
         self.fusion = Fusion(cfg)
         self.blocks = nn.ModuleList(Block(cfg, l) for l in range(cfg.n_layers))
-        self.ln_final = HookedRMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_weights)  # hook_normalized: [batch, pos, d_model]
+        self.ln_final = HookedRMSNorm(
+            cfg.d_model, cfg.rms_eps, cfg.norm_weights
+        )  # hook_normalized: [batch, pos, d_model]
         add_extras(self, cfg)  # nanochat's extras (parameters and hook points), none by default
         self.hook_context: HookContext | None = None
         self._default_mode = Mode("standard")
@@ -153,8 +156,15 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         return out, FeedbackActivationCache(cache, self, has_batch_dim=not remove_batch_dim, mode=mode)
 
     # ----------------------------------------------------------------- primitives
-    def _input(self, tokens: torch.Tensor, states: torch.Tensor | None, has_state: torch.Tensor | None, hk: Hk,
-               start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+    def _input(
+        self,
+        tokens: torch.Tensor,
+        states: torch.Tensor | None,
+        has_state: torch.Tensor | None,
+        hk: Hk,
+        start: int = 0,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
         """The layer-0 input of positions start..: the plain input, or the fused one where a state is carried."""
         e = hk(self.hook_embed, self.token_embedding(tokens))
         plain = plain_input(self, tokens, e, start, cache, hk) if self.cfg.nanochat_input else e
@@ -171,8 +181,15 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         """[batch, pos, d_model] the layer-0 input of every position without feedback (hooks off)."""
         return self._input(tokens, None, None, silent)
 
-    def _trunk(self, x: torch.Tensor, start: int, cache: KVCache | None, hk: Hk, tokens: torch.Tensor | None = None,
-               stop: int | None = None) -> torch.Tensor:
+    def _trunk(
+        self,
+        x: torch.Tensor,
+        start: int,
+        cache: KVCache | None,
+        hk: Hk,
+        tokens: torch.Tensor | None = None,
+        stop: int | None = None,
+    ) -> torch.Tensor:
         """Blocks 0..stop-1 (default all) on the layer-0 input x."""
         if self.cfg.x0_mixing or self.cfg.backout_layer is not None:
             return trunk_with_extras(self, x, start, cache, hk, tokens, stop)
@@ -202,8 +219,14 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         finally:
             self.hook_context = None
 
-    def extend(self, tokens: torch.Tensor, cache: KVCache, states: torch.Tensor | None = None,
-               has_state: torch.Tensor | None = None, hk: Hk = silent):
+    def extend(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        states: torch.Tensor | None = None,
+        has_state: torch.Tensor | None = None,
+        hk: Hk = silent,
+    ):
         """Run `tokens` [batch, pos] at positions cache.length.. through the KV cache (written in
         place), plain or fused inputs (`has_state` None with states: every position is fused).
         Returns (carried state [batch, pos, d_model], logits [batch, pos, d_vocab]).
@@ -213,8 +236,16 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         B, P = tokens.shape
         size = max(1, SILENT_CHUNK_TOKENS // max(B, 1))
         if hk is silent and P > size:
-            parts = [self.extend(tokens[:, a:a + size], cache, None if states is None else states[:, a:a + size],
-                                 None if has_state is None else has_state[..., a:a + size], hk) for a in range(0, P, size)]
+            parts = [
+                self.extend(
+                    tokens[:, a : a + size],
+                    cache,
+                    None if states is None else states[:, a : a + size],
+                    None if has_state is None else has_state[..., a : a + size],
+                    hk,
+                )
+                for a in range(0, P, size)
+            ]
             return torch.cat([s for s, _ in parts], dim=1), torch.cat([lg for _, lg in parts], dim=1)
         start = cache.length
         x = self._input(tokens, states, has_state, hk, start, cache)
@@ -224,8 +255,14 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         state, _, logits = self._top(h, hk)
         return state, logits
 
-    def prefill_cache(self, tokens: torch.Tensor, states: torch.Tensor | None = None, has_state: torch.Tensor | None = None,
-                      hk: Hk = silent, capacity: int | None = None):
+    def prefill_cache(
+        self,
+        tokens: torch.Tensor,
+        states: torch.Tensor | None = None,
+        has_state: torch.Tensor | None = None,
+        hk: Hk = silent,
+        capacity: int | None = None,
+    ):
         """One pass over `tokens` (plain or fused inputs) that fills a new KV cache of `capacity`
         positions (default: the prompt; it grows if a step passes it).
         Returns (cache, carried state [batch, pos, d_model], logits [batch, pos, d_vocab])."""
@@ -240,8 +277,14 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             return None
         return DecodePlan(self)
 
-    def step(self, token: torch.Tensor, cache: KVCache, state: torch.Tensor | None, hk: Hk = silent,
-             plan: DecodePlan | None = None):
+    def step(
+        self,
+        token: torch.Tensor,
+        cache: KVCache,
+        state: torch.Tensor | None,
+        hk: Hk = silent,
+        plan: DecodePlan | None = None,
+    ):
         """One position with the KV cache. token: [batch]; state: [batch, d_model] carried from the
         previous position, or None for a plain embedding. Returns (logits [batch, d_vocab], state).
         With hooks off the step takes `plan` (default: `decode_plan()`) where one applies."""
@@ -259,14 +302,22 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         return torch.cat([torch.zeros_like(state[:, :1]), state[:, :-1]], dim=1)
 
     # ----------------------------------------------------------------- modes
-    def feedback_pass(self, tokens: torch.Tensor, states: torch.Tensor | None = None, has_state: torch.Tensor | None = None, hk: Hk = silent):
+    def feedback_pass(
+        self,
+        tokens: torch.Tensor,
+        states: torch.Tensor | None = None,
+        has_state: torch.Tensor | None = None,
+        hk: Hk = silent,
+    ):
         """One parallel pass over the whole sequence with the given carried states (None: standard).
         Returns (this pass's carried state [batch, pos, d_model] before shifting, logits)."""
         h = self._trunk(self._input(tokens, states, has_state, hk), 0, None, hk, tokens)
         state, _, logits = self._top(h, hk)
         return state, logits
 
-    def jacobi_passes(self, tokens: torch.Tensor, K: int, serial_hooks: bool = False, has_state: torch.Tensor | None = None) -> list[torch.Tensor]:
+    def jacobi_passes(
+        self, tokens: torch.Tensor, K: int, serial_hooks: bool = False, has_state: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
         """Logits of every pass 1..K of `jacobi:K` (training uses all of them, eq. 12).
         Hooks fire only in pass K unless `serial_hooks` (then in every pass, with `hook_context`).
         `has_state` ([pos] or [batch, pos]) limits which positions take the carried state (default
@@ -277,7 +328,9 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         for k in range(1, K + 1):
             hk = hooked if (k == K or serial_hooks) else silent
             ctx = HookContext("pass" if serial_hooks else "final", range(T), k) if hk is hooked else None
-            state, logits = self._with_context(ctx, self.feedback_pass, tokens, states, None if states is None else has, hk)
+            state, logits = self._with_context(
+                ctx, self.feedback_pass, tokens, states, None if states is None else has, hk
+            )
             out.append(logits)
             states = self.shift_states(state)
         return out
@@ -334,7 +387,9 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             return None, None
         if mode.kind == "jacobi" and mode.k < T:
             return self._jacobi_states(tokens, mode.passes(T)), torch.arange(T, device=tokens.device) >= 1
-        if mode.kind == "jacobi":  # K >= T: jacobi:T = full, whose serial scan is T steps, not T passes over T positions
+        if (
+            mode.kind == "jacobi"
+        ):  # K >= T: jacobi:T = full, whose serial scan is T steps, not T passes over T positions
             mode = parse_mode("full")
         # the final position's own step would only produce the state carried out of the sequence
         _, states, _, last = self.serial_scan(tokens, mode.n_serial(T), stop=T - 1)
@@ -347,9 +402,15 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             states = self.shift_states(self.feedback_pass(tokens, states, None if states is None else has)[0])
         return states
 
-    def forward(self, tokens: torch.Tensor, mode: "str | Mode | None" = None, serial: bool = False,
-                stop_at_layer: int | None = None, return_type: str | None = "logits",
-                prepend_bos: bool | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        mode: "str | Mode | None" = None,
+        serial: bool = False,
+        stop_at_layer: int | None = None,
+        return_type: str | None = "logits",
+        prepend_bos: bool | None = None,
+    ) -> torch.Tensor:
         """Logits of `tokens` under a prefill mode (docs/modes.md).
 
         Parameters
@@ -417,8 +478,9 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         if T < 2:
             raise FbtError("return_type: the next-token loss needs at least 2 positions")
         flat = logits[:, :-1].flatten(0, 1)
-        loss = F.cross_entropy(flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat,
-                               tokens[:, 1:].flatten())
+        loss = F.cross_entropy(
+            flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat, tokens[:, 1:].flatten()
+        )
         return loss if return_type == "loss" else (logits, loss)
 
     def _stopped(self, tokens: torch.Tensor, mode: Mode, serial: bool, stop_at_layer) -> torch.Tensor:
@@ -427,8 +489,10 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         if isinstance(stop_at_layer, bool) or not isinstance(stop_at_layer, int) or not -L <= stop_at_layer <= L:
             raise FbtError(f"stop_at_layer: expected an integer in [{-L}, {L}], got {stop_at_layer!r}")
         if serial:
-            raise FbtError("stop_at_layer: not with serial=True (every serial step needs the top layer's state); "
-                           "cache the final pass (serial=False), whose layers below the stop are the same")
+            raise FbtError(
+                "stop_at_layer: not with serial=True (every serial step needs the top layer's state); "
+                "cache the final pass (serial=False), whose layers below the stop are the same"
+            )
         stop = stop_at_layer if stop_at_layer >= 0 else L + stop_at_layer
         T = tokens.shape[1]
         states, has = self.carried_states(tokens, mode)
@@ -437,4 +501,3 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             return self._trunk(self._input(tokens, states, has, hooked), 0, None, hooked, tokens, stop=stop)
 
         return self._with_context(HookContext("final", range(T), mode.passes(T)), run)
-

@@ -4,6 +4,7 @@ The probe is fitted on standardized features, `z = ((x - mean) / scale) · w + b
 function in the raw space is `z = x · (w / scale) + (b - mean · (w / scale))`; `direction` is that
 raw-space weight vector normalized to unit length (what erasure / steering experiments use).
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,10 @@ class ProbeDirection:
         object.__setattr__(self, "meta", dict(self.meta))
         d = self.weights.shape[0]
         if self.mean.shape[0] != d or self.scale.shape[0] != d:
-            raise FbtError(f"probe direction: weights, mean and scale must have the same length, got {d}, "
-                           f"{self.mean.shape[0]}, {self.scale.shape[0]}")
+            raise FbtError(
+                f"probe direction: weights, mean and scale must have the same length, got {d}, "
+                f"{self.mean.shape[0]}, {self.scale.shape[0]}"
+            )
         if len(self.classes) != 2:
             raise FbtError(f"probe direction: needs exactly two classes, got {self.classes}")
 
@@ -89,11 +92,17 @@ class ProbeDirection:
         from safetensors.numpy import save_file
 
         path = Path(path)
-        header = json.dumps({"bias": repr(self.bias), "classes": list(self.classes), "hook": self.hook,
-                             "meta": self.meta}, default=str, sort_keys=True)
+        header = json.dumps(
+            {"bias": repr(self.bias), "classes": list(self.classes), "hook": self.hook, "meta": self.meta},
+            default=str,
+            sort_keys=True,
+        )
         with atomic_path(path) as tmp:  # one metadata key, so the file is byte-stable
-            save_file({"weights": self.weights, "mean": self.mean, "scale": self.scale}, str(tmp),
-                      metadata={"fbt_probe_direction": header})
+            save_file(
+                {"weights": self.weights, "mean": self.mean, "scale": self.scale},
+                str(tmp),
+                metadata={"fbt_probe_direction": header},
+            )
         return path
 
     @classmethod
@@ -107,8 +116,13 @@ class ProbeDirection:
             with safe_open(str(path), framework="numpy") as f:
                 header = json.loads((f.metadata() or {})["fbt_probe_direction"])
                 arrays = {k: f.get_tensor(k) for k in ("weights", "mean", "scale")}
-            return cls(bias=float(header["bias"]), classes=tuple(header["classes"]), hook=header.get("hook"),
-                       meta=header.get("meta") or {}, **arrays)
+            return cls(
+                bias=float(header["bias"]),
+                classes=tuple(header["classes"]),
+                hook=header.get("hook"),
+                meta=header.get("meta") or {},
+                **arrays,
+            )
         except (KeyError, ValueError, OSError) as exc:
             raise FbtError(f"{path}: not a probe direction file ({exc})") from None
         except Exception as exc:  # safetensors raises its own error type for a damaged file

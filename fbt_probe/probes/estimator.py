@@ -1,5 +1,6 @@
 """The linear probe: StandardScaler + L2 logistic regression, with the scikit-learn estimator contract
 (usable in `cross_val_score`, `GridSearchCV`, `clone`)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -104,8 +105,15 @@ class LinearProbe(ClassifierMixin, BaseEstimator):
         d = self.n_features_in_
         mean = self.scaler_.mean_ if self.scaler_ is not None else np.zeros(d)
         scale = self.scaler_.scale_ if self.scaler_ is not None else np.ones(d)
-        return ProbeDirection(weights=self.coef_[0], bias=float(self.intercept_[0]), mean=mean, scale=scale,
-                              classes=tuple(self.classes_.tolist()), hook=hook, meta=meta)
+        return ProbeDirection(
+            weights=self.coef_[0],
+            bias=float(self.intercept_[0]),
+            mean=mean,
+            scale=scale,
+            classes=tuple(self.classes_.tolist()),
+            hook=hook,
+            meta=meta,
+        )
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -120,4 +128,3 @@ def fit_binary(X, y, C: float = 1.0) -> ProbeDirection:
     if tuple(p.classes) != (0, 1):
         raise FbtError(f"probe classes {p.classes}: expected (0, 1)")
     return p
-

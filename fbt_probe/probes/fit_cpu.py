@@ -1,6 +1,7 @@
 """CPU path: one scikit-learn lbfgs fit per (depth, label set, fold) cell, BLAS limited to one thread
 per fit (with 2 BLAS threads a 1600 x 1536 fit was measured ~6x slower on 2 cores) and the fits
 spread over the cores with joblib."""
+
 from __future__ import annotations
 
 import os
@@ -49,8 +50,16 @@ def _fit_chunk(X, cells, labels, splits, C, max_iter, tol) -> list:
 INLINE_WORK = 2e7
 
 
-def fit_cells_sklearn(X: np.ndarray, labels: np.ndarray, splits: list[Split], *, C: float = 1.0,
-                      max_iter: int = 1000, tol: float = 1e-4, n_jobs: int = -1) -> dict[str, np.ndarray]:
+def fit_cells_sklearn(
+    X: np.ndarray,
+    labels: np.ndarray,
+    splits: list[Split],
+    *,
+    C: float = 1.0,
+    max_iter: int = 1000,
+    tol: float = 1e-4,
+    n_jobs: int = -1,
+) -> dict[str, np.ndarray]:
     """Fit every cell of X [P, N, D] x labels [S, N] x splits (F folds).
 
     Returns arrays of shape [P, S, F]: `accuracy` (held-out), `train_accuracy`, `n_iter`, `converged`.
@@ -63,18 +72,21 @@ def fit_cells_sklearn(X: np.ndarray, labels: np.ndarray, splits: list[Split], *,
     if jobs == 1 or len(cells) * X.shape[1] * X.shape[2] < INLINE_WORK:
         results = _fit_chunk(X, cells, labels, splits, C, max_iter, tol)
     else:
-        chunks = [cells[i::jobs * 4] for i in range(jobs * 4)]  # interleaved: balances cheap and costly depths
+        chunks = [cells[i :: jobs * 4] for i in range(jobs * 4)]  # interleaved: balances cheap and costly depths
         with tempfile.TemporaryDirectory(prefix="fbt-probe-") as tmp:
             # One memory-mapped copy shared by all workers instead of one pickled copy per fit.
             path = Path(tmp) / "X.npy"
             np.save(path, X)
             Xmm = np.load(path, mmap_mode="r")
             parts = Parallel(n_jobs=jobs, backend="loky")(
-                delayed(_fit_chunk)(Xmm, chunk, labels, splits, C, max_iter, tol) for chunk in chunks if chunk)
+                delayed(_fit_chunk)(Xmm, chunk, labels, splits, C, max_iter, tol) for chunk in chunks if chunk
+            )
         by_cell = {cell: r for chunk, part in zip([c for c in chunks if c], parts) for cell, r in zip(chunk, part)}
         results = [by_cell[cell] for cell in cells]
-    out = {k: np.zeros((P, S, F), dtype=dt) for k, dt in
-           (("accuracy", float), ("train_accuracy", float), ("n_iter", int), ("converged", bool))}
+    out = {
+        k: np.zeros((P, S, F), dtype=dt)
+        for k, dt in (("accuracy", float), ("train_accuracy", float), ("n_iter", int), ("converged", bool))
+    }
     for (p, s, f), (acc, tr_acc, n_iter, conv) in zip(cells, results):
         out["accuracy"][p, s, f], out["train_accuracy"][p, s, f] = acc, tr_acc
         out["n_iter"][p, s, f], out["converged"][p, s, f] = n_iter, conv

@@ -10,6 +10,7 @@ The standardization is folded into the weights (`z = x · (w / σ) + (b − μ �
 stays one raw tensor X [P, N, D] shared by every fold: one batched matmul per function evaluation
 (`[P, N, D] @ [P, D, S·F]`) and one for the gradient. Runs on CPU (tests) and CUDA.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -141,9 +142,18 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def fit_cells_torch(X, labels, splits: list[Split], *, C: float = 1.0, max_iter: int = 1000, tol: float = 1e-4,
-                    device: str | None = None, dtype: torch.dtype = torch.float32,
-                    return_params: bool = False) -> dict[str, np.ndarray]:
+def fit_cells_torch(
+    X,
+    labels,
+    splits: list[Split],
+    *,
+    C: float = 1.0,
+    max_iter: int = 1000,
+    tol: float = 1e-4,
+    device: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    return_params: bool = False,
+) -> dict[str, np.ndarray]:
     """Same cells and outputs as `fit_cells_sklearn` (arrays [P, S, F]), fitted in one batch.
 
     X [P, N, D] is held on `device` in `dtype` (float32 halves memory; statistics, losses and the
@@ -171,10 +181,18 @@ def fit_cells_torch(X, labels, splits: list[Split], *, C: float = 1.0, max_iter:
         acc = (hit * test[None, None]).sum(-1) / test.sum(1)
         tr_acc = (hit * train[None, None]).sum(-1) / train.sum(1)
     shape = problem.shape
-    out = {"accuracy": acc.cpu().numpy(), "train_accuracy": tr_acc.cpu().numpy(),
-           "n_iter": n_iter.view(shape).cpu().numpy(), "converged": converged.view(shape).cpu().numpy()}
+    out = {
+        "accuracy": acc.cpu().numpy(),
+        "train_accuracy": tr_acc.cpu().numpy(),
+        "n_iter": n_iter.view(shape).cpu().numpy(),
+        "converged": converged.view(shape).cpu().numpy(),
+    }
     if return_params:
         th = theta.view(*shape, -1).cpu().numpy()
-        out.update(weights=th[..., :-1], bias=th[..., -1], mean=problem.mu[:, 0].cpu().numpy(),
-                   scale=problem.sd[:, 0].cpu().numpy())
+        out.update(
+            weights=th[..., :-1],
+            bias=th[..., -1],
+            mean=problem.mu[:, 0].cpu().numpy(),
+            scale=problem.sd[:, 0].cpu().numpy(),
+        )
     return out

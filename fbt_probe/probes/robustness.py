@@ -6,6 +6,7 @@ main sweep with standardised or raw features and C in `CS`, and the control task
 across groups, Hewitt & Liang) is fitted beside it. A number that moves with the variant is a
 property of the probe, not of the model.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -39,8 +40,20 @@ def robustness(store, mode: str = "recurrent:1", depth: int = 0, cfg: ProbeConfi
 def _robustness(store, mode: str, depth: int, cfg: ProbeConfig) -> pd.DataFrame:
     rows = []
     if mode not in store.modes:
-        return pd.DataFrame(columns=["task", "mode", "length", "depth", "standardize", "C", "fold", "accuracy",
-                                     "control_accuracy", "n_test"])
+        return pd.DataFrame(
+            columns=[
+                "task",
+                "mode",
+                "length",
+                "depth",
+                "standardize",
+                "C",
+                "fold",
+                "accuracy",
+                "control_accuracy",
+                "n_test",
+            ]
+        )
     for m, task, length in store.conditions():
         if m != mode:
             continue
@@ -59,7 +72,18 @@ def _robustness(store, mode: str, depth: int, cfg: ProbeConfig) -> pd.DataFrame:
                         probe = LinearProbe(C=C, max_iter=cfg.max_iter, tol=cfg.tol, standardize=standardize)
                         probe.fit(x[train], labels[train])
                     acc.append(float(probe.score(x[test], labels[test])))
-                rows.append({"task": task, "mode": mode, "length": int(length), "depth": depth,
-                             "standardize": standardize, "C": C, "fold": f, "accuracy": acc[0],
-                             "control_accuracy": acc[1], "n_test": len(test)})
+                rows.append(
+                    {
+                        "task": task,
+                        "mode": mode,
+                        "length": int(length),
+                        "depth": depth,
+                        "standardize": standardize,
+                        "C": C,
+                        "fold": f,
+                        "accuracy": acc[0],
+                        "control_accuracy": acc[1],
+                        "n_test": len(test),
+                    }
+                )
     return pd.DataFrame(rows)

@@ -8,6 +8,7 @@ Every split keeps each group entirely on one side (asserted). Controls:
   group's labels flipped with probability 1/2, so the control keeps each group's label structure
   but breaks its link to the activations (`control_labels`).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -56,8 +57,10 @@ def grouped_splits(y, groups, n_splits: int = 5, cv: str = "group", seed: int = 
         raise FbtError(f"{where}{n_splits} folds: cross-validation needs at least 2")
     n_groups = np.unique(groups).size
     if n_groups < n_splits:
-        raise TooFewGroupsError(f"{where}{n_groups} groups, fewer than the {n_splits} folds asked for "
-                       f"(use fewer folds or a dataset with more groups)")
+        raise TooFewGroupsError(
+            f"{where}{n_groups} groups, fewer than the {n_splits} folds asked for "
+            f"(use fewer folds or a dataset with more groups)"
+        )
     if cv == "group":
         splitter = GroupKFold(n_splits=n_splits)
     else:
@@ -66,8 +69,9 @@ def grouped_splits(y, groups, n_splits: int = 5, cv: str = "group", seed: int = 
     check_group_disjoint(splits, groups)
     for k, (train, test) in enumerate(splits):
         if np.unique(y[train]).size < 2:
-            raise FbtError(f"{where}fold {k}: its training side holds a single class; "
-                           f"try --cv stratified-group or fewer folds")
+            raise FbtError(
+                f"{where}fold {k}: its training side holds a single class; try --cv stratified-group or fewer folds"
+            )
         if test.size == 0:
             raise FbtError(f"{where}fold {k}: empty test side")
     return splits
@@ -126,4 +130,3 @@ def grouped_folds(y, groups, n_folds: int, seed: int = 0) -> list[Split]:
         return grouped_splits(y, groups, n_splits=k, cv="stratified-group", seed=seed)
     except (FbtError, ValueError):  # scikit-learn's ValueError: a class has fewer members than folds
         return grouped_splits(y, groups, n_splits=k, cv="group", seed=seed)
-

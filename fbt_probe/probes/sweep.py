@@ -1,5 +1,6 @@
 """The probe sweep: for each task x mode x length, a probe at every depth x fold, with controls,
 written as one tidy table (one row per model, task, mode, length, depth, fold, metric)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +24,12 @@ from fbt_probe.provenance import provenance
 BACKENDS = ("auto", "sklearn", "torch")
 METRICS = ("accuracy", "train_accuracy", "majority_baseline", "control_accuracy", "selectivity")
 KEY_COLUMNS = ("model", "task", "mode", "length", "depth", "hook", "fold")
-TABLE_FILE, CSV_FILE, SUMMARY_FILE, PROVENANCE_FILE = ("probes.parquet", "probes.csv", "probes_summary.csv",
-                                                         "probes.provenance.json")
+TABLE_FILE, CSV_FILE, SUMMARY_FILE, PROVENANCE_FILE = (
+    "probes.parquet",
+    "probes.csv",
+    "probes_summary.csv",
+    "probes.provenance.json",
+)
 
 
 @dataclass(frozen=True)
@@ -92,8 +97,9 @@ def fit_cells(X, labels, splits, cfg: ProbeConfig) -> dict[str, np.ndarray]:
     return fit_cells_sklearn(X, labels, splits, C=cfg.C, max_iter=cfg.max_iter, tol=cfg.tol, n_jobs=cfg.n_jobs)
 
 
-def probe_condition(X, y, groups, cfg: ProbeConfig = ProbeConfig(), *, depths=None, hooks=None,
-                    key: dict | None = None) -> tuple[pd.DataFrame, list[dict]]:
+def probe_condition(
+    X, y, groups, cfg: ProbeConfig = ProbeConfig(), *, depths=None, hooks=None, key: dict | None = None
+) -> tuple[pd.DataFrame, list[dict]]:
     """Probe one cell's activations X [P, N, D] (P depths) against labels y [N] with group ids.
 
     Returns (tidy rows, flags). `key` fills the model/task/mode/length columns.
@@ -107,8 +113,10 @@ def probe_condition(X, y, groups, cfg: ProbeConfig = ProbeConfig(), *, depths=No
     hooks = [""] * len(depths) if hooks is None else list(hooks)
     bad = ~np.isfinite(X).all(axis=(1, 2))
     if bad.any():
-        raise FbtError(f"{where}: NaN/inf activations at depth {depths[int(np.argmax(bad))]} "
-                       f"({hooks[int(np.argmax(bad))] or 'no hook name'})")
+        raise FbtError(
+            f"{where}: NaN/inf activations at depth {depths[int(np.argmax(bad))]} "
+            f"({hooks[int(np.argmax(bad))] or 'no hook name'})"
+        )
     y, groups = np.asarray(y), np.asarray(groups).astype(str)
     splits = grouped_splits(y, groups, cfg.n_splits, cfg.cv, cfg.seed, where=where)
     labels = np.stack([y, control_labels(y, groups, cfg.seed)]) if cfg.control else y[None]
@@ -117,19 +125,38 @@ def probe_condition(X, y, groups, cfg: ProbeConfig = ProbeConfig(), *, depths=No
     rows = []
     for p, (depth, hook) in enumerate(zip(depths, hooks)):
         for f, (train, test) in enumerate(splits):
-            metrics = {"accuracy": fits["accuracy"][p, 0, f], "train_accuracy": fits["train_accuracy"][p, 0, f],
-                       "majority_baseline": majority[f]}
+            metrics = {
+                "accuracy": fits["accuracy"][p, 0, f],
+                "train_accuracy": fits["train_accuracy"][p, 0, f],
+                "majority_baseline": majority[f],
+            }
             if cfg.control:
                 metrics["control_accuracy"] = fits["accuracy"][p, 1, f]
                 metrics["selectivity"] = metrics["accuracy"] - metrics["control_accuracy"]
             for metric, value in metrics.items():
-                rows.append({**key, "depth": int(depth), "hook": hook, "fold": f, "metric": metric,
-                             "value": float(value), "n_train": len(train), "n_test": len(test)})
+                rows.append(
+                    {
+                        **key,
+                        "depth": int(depth),
+                        "hook": hook,
+                        "fold": f,
+                        "metric": metric,
+                        "value": float(value),
+                        "n_train": len(train),
+                        "n_test": len(test),
+                    }
+                )
     table = pd.DataFrame(rows, columns=[*KEY_COLUMNS, "metric", "value", "n_train", "n_test"])
     flags = _depth0_flags(X, depths, fits["accuracy"][:, 0].mean(-1), majority.mean(), key, cfg)
     if not fits["converged"].all():
-        flags.append({**_flag_key(key), "depth": None, "message": f"{int((~fits['converged']).sum())} of "
-                      f"{fits['converged'].size} fits did not converge within max_iter={cfg.max_iter}"})
+        flags.append(
+            {
+                **_flag_key(key),
+                "depth": None,
+                "message": f"{int((~fits['converged']).sum())} of "
+                f"{fits['converged'].size} fits did not converge within max_iter={cfg.max_iter}",
+            }
+        )
     return table, flags
 
 
@@ -145,11 +172,23 @@ def _depth0_flags(X, depths, acc_mean, majority_mean, key, cfg) -> list[dict]:
     flags = []
     spread = float(np.ptp(X[p], axis=0).max())
     if spread > 0:
-        flags.append({**_flag_key(key), "depth": 0, "message": f"depth-0 vectors under standard differ across "
-                      f"samples (max spread {spread:.3g}): do all samples end with the same token?"})
+        flags.append(
+            {
+                **_flag_key(key),
+                "depth": 0,
+                "message": f"depth-0 vectors under standard differ across "
+                f"samples (max spread {spread:.3g}): do all samples end with the same token?",
+            }
+        )
     if abs(acc_mean[p] - majority_mean) > cfg.chance_tolerance:
-        flags.append({**_flag_key(key), "depth": 0, "message": f"depth-0 standard accuracy {acc_mean[p]:.3f} is "
-                      f"not at chance (majority baseline {majority_mean:.3f})"})
+        flags.append(
+            {
+                **_flag_key(key),
+                "depth": 0,
+                "message": f"depth-0 standard accuracy {acc_mean[p]:.3f} is "
+                f"not at chance (majority baseline {majority_mean:.3f})",
+            }
+        )
     return flags
 
 
@@ -165,12 +204,21 @@ def probe_sweep(store, cfg: ProbeConfig = ProbeConfig(), *, modes=None, progress
         key = {"model": model, "task": task, "mode": mode, "length": length}
         depths = [t.depth if t.depth is not None else -1 for t in targets]
         try:
-            table, cell_flags = probe_condition(X, rows["label"].to_numpy(), rows["group_id"].to_numpy(), cfg,
-                                                depths=depths, hooks=[t.hook for t in targets], key=key)
+            table, cell_flags = probe_condition(
+                X,
+                rows["label"].to_numpy(),
+                rows["group_id"].to_numpy(),
+                cfg,
+                depths=depths,
+                hooks=[t.hook for t in targets],
+                key=key,
+            )
         except TooFewGroupsError as exc:
             if not cfg.skip_small_cells:
                 raise
-            flags.append({**_flag_key(key), "depth": None, "message": "skipped: " + exc.format_message().split(": ", 1)[-1]})
+            flags.append(
+                {**_flag_key(key), "depth": None, "message": "skipped: " + exc.format_message().split(": ", 1)[-1]}
+            )
             continue
         tables.append(table)
         flags.extend(cell_flags)
@@ -178,9 +226,15 @@ def probe_sweep(store, cfg: ProbeConfig = ProbeConfig(), *, modes=None, progress
             progress(n + 1, len(cells), (mode, task, length))
     if not tables:
         raise FbtError(f"{store.path}: no cell could be probed ({flags[0]['message'] if flags else 'no cells'})")
-    prov = provenance(config=dataclasses.asdict(cfg), seed=cfg.seed, backend=cfg.resolved_backend(),
-                      activations=str(store.path), model_hash=store.manifest["model"]["hash"],
-                      dataset_hash=store.manifest["dataset"]["hash"], flags=flags)
+    prov = provenance(
+        config=dataclasses.asdict(cfg),
+        seed=cfg.seed,
+        backend=cfg.resolved_backend(),
+        activations=str(store.path),
+        model_hash=store.manifest["model"]["hash"],
+        dataset_hash=store.manifest["dataset"]["hash"],
+        flags=flags,
+    )
     return SweepResult(pd.concat(tables, ignore_index=True), tuple(flags), cfg, prov)
 
 
@@ -197,9 +251,16 @@ def fit_direction(store, mode: str, task: str, length: int, depth: int, C: float
         raise FbtError(f"{store.path}: {task} {mode} length {length}: NaN/inf activations at depth {depth}")
     y = rows["label"].to_numpy()
     probe = LinearProbe(C=C).fit(X[p], y)
-    return probe.export(hook=targets[p].hook, task=task, mode=mode, length=int(length), depth=int(depth),
-                        position=targets[p].position, train_accuracy=float(probe.score(X[p], y)),
-                        model_hash=store.manifest["model"]["hash"])
+    return probe.export(
+        hook=targets[p].hook,
+        task=task,
+        mode=mode,
+        length=int(length),
+        depth=int(depth),
+        position=targets[p].position,
+        train_accuracy=float(probe.score(X[p], y)),
+        model_hash=store.manifest["model"]["hash"],
+    )
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
@@ -213,8 +274,12 @@ def write_results(result: SweepResult, out_dir: str | Path, force: bool = False)
     """probes.parquet, probes.csv, probes_summary.csv and probes.provenance.json in `out_dir`
     (which other stages may share); existing files are refused without `force`."""
     out_dir = Path(out_dir)
-    paths = {"table": out_dir / TABLE_FILE, "csv": out_dir / CSV_FILE, "summary": out_dir / SUMMARY_FILE,
-             "provenance": out_dir / PROVENANCE_FILE}
+    paths = {
+        "table": out_dir / TABLE_FILE,
+        "csv": out_dir / CSV_FILE,
+        "summary": out_dir / SUMMARY_FILE,
+        "provenance": out_dir / PROVENANCE_FILE,
+    }
     for p in paths.values():
         refuse_existing(p, force)
     with atomic_path(paths["table"]) as tmp:

@@ -2,6 +2,7 @@
 
 `ReproConfig` and `reproduce` are imported on first use (PEP 562), so that a stage worker process,
 which imports `fbt_probe.reproduce.stages` to start, pays only for what its stage reads."""
+
 from __future__ import annotations
 
 __all__ = ["ReproConfig", "reproduce"]

@@ -1,4 +1,5 @@
 """The study's configuration and where its models live (read by every stage, the report and the findings)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,9 +14,18 @@ from fbt_probe.tasks import build_tokenizer, load_tokenizer
 from fbt_probe.training.config import TrainConfig
 from fbt_probe.training.recipes import RECIPES, recipe
 
-PROBE_KNOBS = {"completion": [0, 8, 32], "memory": [0, 8, 32], "registers": [2, 4, 8], "registers-count": [1, 2, 4, 8]}  # training lengths
-LONG_KNOBS = {"completion": [0, 8, 32, 128, 256], "memory": [0, 8, 32, 128, 256], "registers": [2, 4, 8],
-              "registers-count": [1, 2, 4, 8]}  # --long: the paper's whole grid (past the training lengths)
+PROBE_KNOBS = {
+    "completion": [0, 8, 32],
+    "memory": [0, 8, 32],
+    "registers": [2, 4, 8],
+    "registers-count": [1, 2, 4, 8],
+}  # training lengths
+LONG_KNOBS = {
+    "completion": [0, 8, 32, 128, 256],
+    "memory": [0, 8, 32, 128, 256],
+    "registers": [2, 4, 8],
+    "registers-count": [1, 2, 4, 8],
+}  # --long: the paper's whole grid (past the training lengths)
 QUICK_KNOBS = {"completion": [8], "memory": [8], "registers": [2], "registers-count": [2]}
 FEEDBACK_MODES = ["standard", "recurrent:1", "jacobi:2"]
 # the paper's register conditions; recurrent:k names the paper's k-token suffix, mapped to this
@@ -33,16 +43,26 @@ class ReproConfig:
     recipe: str | None = "reference"
     """The training recipe of --train (`fbt_probe.training.recipes`; the shipped models' own); None:
     `TrainConfig`'s defaults (--quick trains that way, 60 steps)."""
-    groups: dict = field(default_factory=lambda: {"completion": 80, "memory": 128, "registers": 32, "registers-count": 32})
+    groups: dict = field(
+        default_factory=lambda: {"completion": 80, "memory": 128, "registers": 32, "registers-count": 32}
+    )
     """Probe-set groups per task (held-out contexts only): completion and memory over the grid (the
     paper's 80 and 128), register tasks per cell (the paper's 128; 32 keeps the 15-minute study)."""
     knobs: dict = field(default_factory=lambda: dict(PROBE_KNOBS))
-    modes: dict = field(default_factory=lambda: {"completion": FEEDBACK_MODES, "memory": FEEDBACK_MODES,
-                                                 "registers": REGISTER_MODES, "registers-count": REGISTER_MODES})
+    modes: dict = field(
+        default_factory=lambda: {
+            "completion": FEEDBACK_MODES,
+            "memory": FEEDBACK_MODES,
+            "registers": REGISTER_MODES,
+            "registers-count": REGISTER_MODES,
+        }
+    )
     eval_pairs: int = 16
     passes: int = 32  # contraction diagnostic
     patch_pairs: int = 20  # pairs per cell in the causal experiments
-    patch_knobs: dict = field(default_factory=lambda: {t: list(PROBE_KNOBS[t]) for t in ("completion", "memory", "registers")})
+    patch_knobs: dict = field(
+        default_factory=lambda: {t: list(PROBE_KNOBS[t]) for t in ("completion", "memory", "registers")}
+    )
     """Task -> lengths of the causal experiments (a task not named is left out): every probe length
     (effects such as the feedback swap change with length, so each length is reported on its own)."""
     model: str | None = None  # a user checkpoint (paper-1b path): no training, no baseline
@@ -57,11 +77,23 @@ class ReproConfig:
 
     @classmethod
     def quick_config(cls, **kw) -> "ReproConfig":
-        base = dict(steps=60, recipe=None, groups={"completion": 12, "memory": 12, "registers": 6, "registers-count": 6},
-                    knobs=dict(QUICK_KNOBS), eval_pairs=8, passes=6, patch_pairs=5, quick=True,
-                    patch_knobs={"completion": [8], "memory": [8], "registers": [2]},
-                    modes={"completion": ["standard", "recurrent:1"], "memory": ["standard", "recurrent:1"],
-                           "registers": ["standard", "recurrent:1", "full"], "registers-count": ["standard", "recurrent:1"]})
+        base = dict(
+            steps=60,
+            recipe=None,
+            groups={"completion": 12, "memory": 12, "registers": 6, "registers-count": 6},
+            knobs=dict(QUICK_KNOBS),
+            eval_pairs=8,
+            passes=6,
+            patch_pairs=5,
+            quick=True,
+            patch_knobs={"completion": [8], "memory": [8], "registers": [2]},
+            modes={
+                "completion": ["standard", "recurrent:1"],
+                "memory": ["standard", "recurrent:1"],
+                "registers": ["standard", "recurrent:1", "full"],
+                "registers-count": ["standard", "recurrent:1"],
+            },
+        )
         return cls(**{**base, **kw})
 
     @classmethod
@@ -72,11 +104,19 @@ class ReproConfig:
         token-by-token extraction is most of the full study's time), and lighter AtP/DAS/lens
         settings (`methods.methods_settings`), and the causal experiments at one length per task
         (completion and memory 8, registers 2). The full study: `fbt-probe reproduce` without --demo."""
-        base = dict(groups={"completion": 40, "memory": 64, "registers": 8, "registers-count": 8}, eval_pairs=8,
-                    patch_pairs=10, demo=True, patch_knobs={"completion": [8], "memory": [8], "registers": [2]},
-                    modes={"completion": FEEDBACK_MODES, "memory": FEEDBACK_MODES,
-                           "registers": [m for m in REGISTER_MODES if m != "full"],
-                           "registers-count": [m for m in REGISTER_MODES if m != "full"]})
+        base = dict(
+            groups={"completion": 40, "memory": 64, "registers": 8, "registers-count": 8},
+            eval_pairs=8,
+            patch_pairs=10,
+            demo=True,
+            patch_knobs={"completion": [8], "memory": [8], "registers": [2]},
+            modes={
+                "completion": FEEDBACK_MODES,
+                "memory": FEEDBACK_MODES,
+                "registers": [m for m in REGISTER_MODES if m != "full"],
+                "registers-count": [m for m in REGISTER_MODES if m != "full"],
+            },
+        )
         return cls(**{**base, **kw})
 
     @classmethod
@@ -110,13 +150,24 @@ def train_config(cfg: ReproConfig, baseline: bool) -> TrainConfig:
     fields = {} if cfg.recipe is None else recipe(cfg.recipe)
     warm, reg = fields.get("copy_steps", 0), fields.get("register_steps", 0)
     if cfg.steps <= warm:
-        raise FbtError(f"--steps {cfg.steps}: the {cfg.recipe} recipe's induction warm-up alone takes {warm} steps; "
-                       f"pass more (the recipe's own: {fields['steps']})")
+        raise FbtError(
+            f"--steps {cfg.steps}: the {cfg.recipe} recipe's induction warm-up alone takes {warm} steps; "
+            f"pass more (the recipe's own: {fields['steps']})"
+        )
     if reg and cfg.steps <= warm + reg:
-        raise FbtError(f"--steps {cfg.steps}: the {cfg.recipe} recipe trains {warm} warm-up and {reg} register-only "
-                       f"steps before the other tasks; pass more than {warm + reg} (the recipe's own: {fields['steps']})")
-    fields.update(preset=cfg.preset, steps=cfg.steps, seed=cfg.seed, baseline=baseline, tasks=tuple(cfg.knobs),
-                  eval_every=max(1, min(100, cfg.steps)), save_every=max(1, min(100, cfg.steps)))
+        raise FbtError(
+            f"--steps {cfg.steps}: the {cfg.recipe} recipe trains {warm} warm-up and {reg} register-only "
+            f"steps before the other tasks; pass more than {warm + reg} (the recipe's own: {fields['steps']})"
+        )
+    fields.update(
+        preset=cfg.preset,
+        steps=cfg.steps,
+        seed=cfg.seed,
+        baseline=baseline,
+        tasks=tuple(cfg.knobs),
+        eval_every=max(1, min(100, cfg.steps)),
+        save_every=max(1, min(100, cfg.steps)),
+    )
     return TrainConfig(**fields)
 
 

@@ -1,5 +1,6 @@
 """The report's opening section: each finding one sentence with its number, its 95 % CI and the figure
 or table that shows it, computed from the tables earlier stages wrote (nothing here runs a model)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,10 +8,11 @@ from pathlib import Path
 import pandas as pd
 
 from fbt_probe.loading import checkpoint_hash
-from fbt_probe.reference import names, record
 from fbt_probe.provenance import git_commit
+from fbt_probe.reference import names, record
 from fbt_probe.reproduce.config import model_path, shipped_name
-from fbt_probe.reproduce.seeds import rows as seed_rows, spread
+from fbt_probe.reproduce.seeds import rows as seed_rows
+from fbt_probe.reproduce.seeds import spread
 from fbt_probe.reproduce.tables import PAPER_DEPTH0, SETTING, _summary, per_length, pooled_accuracy, probe_cells
 from fbt_probe.stats import wilson
 
@@ -39,8 +41,10 @@ def depth0_scope(out: Path, model: str, task: str, mode: str = "recurrent:1") ->
     r = pooled_accuracy(out, probe_cells(out, model, task, mode), task)
     if not r["n"]:
         return ""
-    return (f"pooled over length{'s' if len(r['lengths']) > 1 else ''} {', '.join(map(str, r['lengths']))}: "
-            f"{r['n']} held-out predictions of {r['groups']} groups")
+    return (
+        f"pooled over length{'s' if len(r['lengths']) > 1 else ''} {', '.join(map(str, r['lengths']))}: "
+        f"{r['n']} held-out predictions of {r['groups']} groups"
+    )
 
 
 DEPTH0_CI = "Wilson 95 % CI with n = groups (a group's samples counted as one draw)"
@@ -51,7 +55,9 @@ def swap_effect(out: Path, model: str, task: str, condition: str = "state") -> t
     s = _summary(out, model, "feedback-swap")
     if s is None:
         return None
-    g = s[(s["length_knob"] == -1) & (s["metric"] == "normalized") & (s["task"] == task) & (s["condition"] == condition)]
+    g = s[
+        (s["length_knob"] == -1) & (s["metric"] == "normalized") & (s["task"] == task) & (s["condition"] == condition)
+    ]
     if g.empty or g["mean"].isna().all():
         return None
     r = g.iloc[0]
@@ -61,8 +67,12 @@ def swap_effect(out: Path, model: str, task: str, condition: str = "state") -> t
 def swap_by_length(out: Path, model: str, task: str, condition: str = "state") -> str:
     """'at length 8 **0.56** [0.55, 0.57] (10 pairs, 10 groups)', one entry per length run."""
     g = per_length(_summary(out, model, "feedback-swap"), task, condition)
-    parts = [f"at length {int(r.length_knob)} {fmt(r.mean, r.ci_low, r.ci_high)} ({int(r.n_pairs)} pairs, "
-             f"{int(getattr(r, 'n_groups', r.n_pairs))} groups)" for r in g.itertuples() if r.mean == r.mean]
+    parts = [
+        f"at length {int(r.length_knob)} {fmt(r.mean, r.ci_low, r.ci_high)} ({int(r.n_pairs)} pairs, "
+        f"{int(getattr(r, 'n_groups', r.n_pairs))} groups)"
+        for r in g.itertuples()
+        if r.mean == r.mean
+    ]
     return "; ".join(parts)
 
 
@@ -97,21 +107,31 @@ def register_findings(cfg, out: Path, task: str, seeds) -> list[str]:
     modes = depth0_modes(cfg, out, "feedback", task)
     if not modes:
         return []
-    parts = [f"{fmt(*depth0(out, 'feedback', task, mode))} under `{mode}`"
-             f"{spread(seeds, 'feedback', 'depth0-decodability', task, mode)}" for mode in modes]
-    line = (f"At depth 0, the {task} answer is linearly decodable at " + ", ".join(parts)
-            + f" ({depth0_scope(out, 'feedback', task, modes[0])}; {DEPTH0_CI}; Fig. 7b).")
+    parts = [
+        f"{fmt(*depth0(out, 'feedback', task, mode))} under `{mode}`"
+        f"{spread(seeds, 'feedback', 'depth0-decodability', task, mode)}"
+        for mode in modes
+    ]
+    line = (
+        f"At depth 0, the {task} answer is linearly decodable at "
+        + ", ".join(parts)
+        + f" ({depth0_scope(out, 'feedback', task, modes[0])}; {DEPTH0_CI}; Fig. 7b)."
+    )
     if "baseline" in cfg.models():
         b = depth0(out, "baseline", task, "recurrent:1")
         if b[0] == b[0]:
-            line += (f" The baseline, whose fusion was never trained, reads {fmt(*b)}"
-                     f"{spread(seeds, 'baseline', 'depth0-decodability', task, 'recurrent:1')} under `recurrent:1`.")
+            line += (
+                f" The baseline, whose fusion was never trained, reads {fmt(*b)}"
+                f"{spread(seeds, 'baseline', 'depth0-decodability', task, 'recurrent:1')} under `recurrent:1`."
+            )
     lines = [line]
     by_length = swap_by_length(out, "feedback", task)
     if by_length:
-        lines.append(f"Swapping the carried state at the final position with the partner sample's moves the {task} answer by "
-                     f"a normalized {by_length}{spread(seeds, 'feedback', 'swap-effect', task, 'recurrent:1')} "
-                     "(group-bootstrap 95 % CI; Fig. *ablation-bars-feedback*).")
+        lines.append(
+            f"Swapping the carried state at the final position with the partner sample's moves the {task} answer by "
+            f"a normalized {by_length}{spread(seeds, 'feedback', 'swap-effect', task, 'recurrent:1')} "
+            "(group-bootstrap 95 % CI; Fig. *ablation-bars-feedback*)."
+        )
     return lines
 
 
@@ -126,7 +146,12 @@ def feedback_contraction(out: Path) -> pd.DataFrame | None:
 
 
 CONTRACTS_BELOW = 0.1  # the iteration "contracts" when the last pass's state change is below this share of pass 2's
-CONTRACTION = ("feedback", "state-change-last/pass-2", "validation", "full")  # its headline row: model, quantity, task, mode
+CONTRACTION = (
+    "feedback",
+    "state-change-last/pass-2",
+    "validation",
+    "full",
+)  # its headline row: model, quantity, task, mode
 
 
 def contracts(ratio: float) -> bool:
@@ -154,11 +179,16 @@ def _variants_sentence(out: Path, task: str) -> str:
     b, f = variant_range(out, "baseline", task), variant_range(out, "feedback", task)
     if b is None or f is None:
         return ""
-    return (f" Across probe variants (standardised or raw features, C from 0.01 to 10) the baseline reads "
-            f"{b[0]:.2f}–{b[1]:.2f} and the feedback model {f[0]:.2f}–{f[1]:.2f}"
-            + (": the control's reading depends on the probe more than the feedback model's"
-               if b[1] - b[0] > 2 * (f[1] - f[0]) else "")
-            + " (table *Robustness of depth-0 decodability*).")
+    return (
+        f" Across probe variants (standardised or raw features, C from 0.01 to 10) the baseline reads "
+        f"{b[0]:.2f}–{b[1]:.2f} and the feedback model {f[0]:.2f}–{f[1]:.2f}"
+        + (
+            ": the control's reading depends on the probe more than the feedback model's"
+            if b[1] - b[0] > 2 * (f[1] - f[0])
+            else ""
+        )
+        + " (table *Robustness of depth-0 decodability*)."
+    )
 
 
 def study_kind(cfg) -> str:
@@ -192,14 +222,23 @@ def headline(cfg, out: Path) -> pd.DataFrame:
             if eff is not None:
                 rows.append((m, "swap-effect", task, "recurrent:1", *eff))
                 for r in per_length(_summary(out, m, "feedback-swap"), task, "state").itertuples():
-                    rows.append((m, f"swap-effect-length-{int(r.length_knob)}", task, "recurrent:1", r.mean, r.ci_low, r.ci_high))
+                    rows.append(
+                        (
+                            m,
+                            f"swap-effect-length-{int(r.length_knob)}",
+                            task,
+                            "recurrent:1",
+                            r.mean,
+                            r.ci_low,
+                            r.ci_high,
+                        )
+                    )
     c = contraction_row(feedback_contraction(out))
     if c is not None and "feedback" in cfg.models():
         rows.append((*CONTRACTION, c[1] / c[0], float("nan"), float("nan")))
     t = pd.DataFrame(rows, columns=["model", "quantity", "task", "mode", "value", "ci_low", "ci_high"])
     sha = {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.models()}
-    return t.assign(seed=cfg.seed, study=study_kind(cfg),
-                    checkpoint_sha256=t["model"].map(sha), commit=git_commit())
+    return t.assign(seed=cfg.seed, study=study_kind(cfg), checkpoint_sha256=t["model"].map(sha), commit=git_commit())
 
 
 def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
@@ -220,38 +259,49 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
             learned[(m, task)] = lo > CHANCE
             parts.append(f"{task} {fmt(p, lo, hi)}" + spread(seeds, m, "answer-accuracy", task, "standard"))
         what = "The feedback model" if m == "feedback" else "The no-feedback baseline"
-        lines.append(f"{what} answers held-out samples under standard prefill with accuracy " + ", ".join(parts)
-                     + " (chance 0.50; Wilson 95 % CI over samples; table *Answer accuracy*).")
+        lines.append(
+            f"{what} answers held-out samples under standard prefill with accuracy "
+            + ", ".join(parts)
+            + " (chance 0.50; Wilson 95 % CI over samples; table *Answer accuracy*)."
+        )
     for task in [t for t in ("completion", "memory") if t in tasks]:
         rec, std = depth0(out, "feedback", task, "recurrent:1"), depth0(out, "feedback", task, "standard")
         if rec[0] == rec[0]:
             paper = PAPER_DEPTH0.get(task)
-            lines.append(f"At depth 0, {task}'s label is linearly decodable at {fmt(*rec)} after one recurrent prefill "
-                         f"step (`recurrent:1`){spread(seeds, 'feedback', 'depth0-decodability', task, 'recurrent:1')} "
-                         f"against {fmt(*std)} under standard prefill{spread(seeds, 'feedback', 'depth0-decodability', task, 'standard')}"
-                         + (f" (paper: {paper:.3f} and chance, on its 1B general language model)" if paper else "")
-                         + f"; {depth0_scope(out, 'feedback', task)}; {DEPTH0_CI} (Fig. 7a). {SETTING}")
+            lines.append(
+                f"At depth 0, {task}'s label is linearly decodable at {fmt(*rec)} after one recurrent prefill "
+                f"step (`recurrent:1`){spread(seeds, 'feedback', 'depth0-decodability', task, 'recurrent:1')} "
+                f"against {fmt(*std)} under standard prefill{spread(seeds, 'feedback', 'depth0-decodability', task, 'standard')}"
+                + (f" (paper: {paper:.3f} and chance, on its 1B general language model)" if paper else "")
+                + f"; {depth0_scope(out, 'feedback', task)}; {DEPTH0_CI} (Fig. 7a). {SETTING}"
+            )
         if "baseline" in models:
             b = depth0(out, "baseline", task, "recurrent:1")
             if b[0] == b[0]:
-                lines.append(f"The baseline, whose fusion weights were never trained, reads {fmt(*b)}"
-                             f"{spread(seeds, 'baseline', 'depth0-decodability', task, 'recurrent:1')} at depth 0 under "
-                             f"`recurrent:1` on {task}: a random map of a state that already encodes the label, so "
-                             "decodability alone does not show that the feedback was learned (Fig. 7a, dashed)."
-                             + _variants_sentence(out, task))
+                lines.append(
+                    f"The baseline, whose fusion weights were never trained, reads {fmt(*b)}"
+                    f"{spread(seeds, 'baseline', 'depth0-decodability', task, 'recurrent:1')} at depth 0 under "
+                    f"`recurrent:1` on {task}: a random map of a state that already encodes the label, so "
+                    "decodability alone does not show that the feedback was learned (Fig. 7a, dashed)."
+                    + _variants_sentence(out, task)
+                )
         by_length = swap_by_length(out, "feedback", task)
         if by_length:
-            lines.append(f"Swapping the carried state at the final position with the partner sample's moves {task}'s "
-                         f"answer by a normalized {by_length}{spread(seeds, 'feedback', 'swap-effect', task, 'recurrent:1')} "
-                         "(1 = the answer follows the swapped-in state, 0 = ignores it; group-bootstrap 95 % CI, the "
-                         "pairs of one group resampled together; Fig. *ablation-bars-feedback*).")
+            lines.append(
+                f"Swapping the carried state at the final position with the partner sample's moves {task}'s "
+                f"answer by a normalized {by_length}{spread(seeds, 'feedback', 'swap-effect', task, 'recurrent:1')} "
+                "(1 = the answer follows the swapped-in state, 0 = ignores it; group-bootstrap 95 % CI, the "
+                "pairs of one group resampled together; Fig. *ablation-bars-feedback*)."
+            )
     regs = [t for t in tasks if t.startswith("registers")]
     if regs:
         dead = [t for t in regs if not learned.get(("feedback", t), False)]
         if dead:
-            lines.append(f"{' and '.join(dead).capitalize()}: the feedback model's answer accuracy is not above chance "
-                         "(first finding), so Fig. 7b's panels probe a model that has not learned the task; a flat line "
-                         "there says nothing about what latent feedback can carry.")
+            lines.append(
+                f"{' and '.join(dead).capitalize()}: the feedback model's answer accuracy is not above chance "
+                "(first finding), so Fig. 7b's panels probe a model that has not learned the task; a flat line "
+                "there says nothing about what latent feedback can carry."
+            )
         for task in [t for t in regs if t not in dead]:
             lines += register_findings(cfg, out, task, seeds)
     t = feedback_contraction(out)
@@ -260,23 +310,34 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
         d2, dl, last = c
         verdict = "contracts" if contracts(dl / d2) else "does not contract"
         full = answer_accuracy(out, "feedback", tasks[0], "full")
-        lines.append(f"The feedback iteration {verdict}: the carried state changes by {d2:.3g} at pass 2 and {dl:.3g} at "
-                     f"pass {last}, a ratio of {dl / d2:.2g}{spread(seeds, *CONTRACTION, '.2g')}"
-                     f"{contracting_seeds(seeds)}, "
-                     f"and validation loss goes from {t.loc[1, 'val_loss']:.3f} to {t.loc[last, 'val_loss']:.3f} "
-                     f"(Fig. 3); under `full` recurrence {tasks[0]} is answered at {fmt(*full[:3])}"
-                     f"{spread(seeds, 'feedback', 'answer-accuracy', tasks[0], 'full')}.")
+        lines.append(
+            f"The feedback iteration {verdict}: the carried state changes by {d2:.3g} at pass 2 and {dl:.3g} at "
+            f"pass {last}, a ratio of {dl / d2:.2g}{spread(seeds, *CONTRACTION, '.2g')}"
+            f"{contracting_seeds(seeds)}, "
+            f"and validation loss goes from {t.loc[1, 'val_loss']:.3f} to {t.loc[last, 'val_loss']:.3f} "
+            f"(Fig. 3); under `full` recurrence {tasks[0]} is answered at {fmt(*full[:3])}"
+            f"{spread(seeds, 'feedback', 'answer-accuracy', tasks[0], 'full')}."
+        )
     if seeds is None or seeds["seed"].nunique() < 2:
-        lines.append(f"Every number is one training seed ({cfg.seed}); the CIs are within the run (samples or groups), "
-                     "not over training seeds"
-                     + (f" (the seeds table holds {'/'.join(sorted(set(other_seeds['study'])))} studies only, whose numbers "
-                        f"are not a {study_kind(cfg)} study's)" if other_kind else "") + ".")
+        lines.append(
+            f"Every number is one training seed ({cfg.seed}); the CIs are within the run (samples or groups), "
+            "not over training seeds"
+            + (
+                f" (the seeds table holds {'/'.join(sorted(set(other_seeds['study'])))} studies only, whose numbers "
+                f"are not a {study_kind(cfg)} study's)"
+                if other_kind
+                else ""
+            )
+            + "."
+        )
     else:
-        lines.append(f"Each number is this study's seed ({cfg.seed}) with its within-run CI (samples or groups); "
-                     f"\"seeds\" gives the mean and range of the same number over {seeds['seed'].nunique()} models trained "
-                     "with different seeds (data, initialisation and probes; "
-                     f"{' / '.join(sorted(set(seeds['study'])))} study of each), so the range shows how much of a number is "
-                     "the seed (table *Over training seeds*).")
+        lines.append(
+            f"Each number is this study's seed ({cfg.seed}) with its within-run CI (samples or groups); "
+            f'"seeds" gives the mean and range of the same number over {seeds["seed"].nunique()} models trained '
+            "with different seeds (data, initialisation and probes; "
+            f"{' / '.join(sorted(set(seeds['study'])))} study of each), so the range shows how much of a number is "
+            "the seed (table *Over training seeds*)."
+        )
     return lines
 
 
@@ -293,7 +354,9 @@ def shipped_comparison(cfg, out: Path) -> list[str]:
         rec = record(name)
         mine = checkpoint_hash(out / "models" / m)
         if mine == rec["checkpoint_sha256"]:
-            lines.append(f"The retrained {m} model is byte-identical to the shipped `ref:{name}` (sha256 {mine[:12]}...).")
+            lines.append(
+                f"The retrained {m} model is byte-identical to the shipped `ref:{name}` (sha256 {mine[:12]}...)."
+            )
             continue
         ship = pd.DataFrame(rec["accuracy"]["rows"])
         ship = ship[ship["mode"] == "standard"].groupby("task")[["correct", "n"]].sum()
@@ -301,9 +364,19 @@ def shipped_comparison(cfg, out: Path) -> list[str]:
         for task in [t for t in cfg.modes if t in ship.index]:
             p, lo, hi, _ = answer_accuracy(out, m, task)
             s = ship.loc[task, "correct"] / ship.loc[task, "n"]
-            parts.append(f"{task} {p:.2f} [{lo:.2f}, {hi:.2f}] vs {s:.2f}" + ("" if lo - 1e-9 <= s <= hi + 1e-9 else " (outside)"))
-        same = "seed and steps" if (rec["seed"], rec["steps"]) == (cfg.seed, cfg.steps) else \
-            f"seed {rec['seed']} and {rec['steps']} steps (here {cfg.seed} and {cfg.steps})"
-        lines.append(f"The retrained {m} model differs from the shipped `ref:{name}` (trained with {same} on "
-                     f"{rec.get('cpu', 'another machine')}); held-out standard accuracy here vs shipped: " + "; ".join(parts) + ".")
+            parts.append(
+                f"{task} {p:.2f} [{lo:.2f}, {hi:.2f}] vs {s:.2f}"
+                + ("" if lo - 1e-9 <= s <= hi + 1e-9 else " (outside)")
+            )
+        same = (
+            "seed and steps"
+            if (rec["seed"], rec["steps"]) == (cfg.seed, cfg.steps)
+            else f"seed {rec['seed']} and {rec['steps']} steps (here {cfg.seed} and {cfg.steps})"
+        )
+        lines.append(
+            f"The retrained {m} model differs from the shipped `ref:{name}` (trained with {same} on "
+            f"{rec.get('cpu', 'another machine')}); held-out standard accuracy here vs shipped: "
+            + "; ".join(parts)
+            + "."
+        )
     return lines

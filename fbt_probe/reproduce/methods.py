@@ -5,6 +5,7 @@ Everything here tolerates a model that does not solve a task: a pair whose clean
 differences are closer than `min_gap` has no normalized value, so the AtP parity falls back to
 logit-difference units, and cells without data read "n/a".
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -44,11 +45,20 @@ def methods_settings(cfg) -> dict:
     under --quick (a pipeline check)."""
     tier = "quick" if cfg.quick else "demo" if cfg.demo else "full"
     pick = lambda quick, demo, full: {"quick": quick, "demo": demo, "full": full}[tier]  # noqa: E731
-    return {"atp_modes": list(ATP_MODES), "check": pick(3, 4, 10), "das_ks": pick([1, 2], [1, 4], [1, 2, 4, 8]),
-            "das_hooks": [FEEDBACK, "blocks.0.hook_resid_pre"],  # the feedback channel and the fused input it makes
-            "das_steps": pick(20, 40, 60), "das_lr": 0.02, "das_folds": pick(2, 2, 3),
-            "lens_modes": pick(["standard", "recurrent:1", "jacobi:2"], ["standard", "recurrent:1", "jacobi:3"], list(LENS_MODES)),
-            "lens_steps": pick(30, 100, 300), "knobs": methods_knobs(cfg)}
+    return {
+        "atp_modes": list(ATP_MODES),
+        "check": pick(3, 4, 10),
+        "das_ks": pick([1, 2], [1, 4], [1, 2, 4, 8]),
+        "das_hooks": [FEEDBACK, "blocks.0.hook_resid_pre"],  # the feedback channel and the fused input it makes
+        "das_steps": pick(20, 40, 60),
+        "das_lr": 0.02,
+        "das_folds": pick(2, 2, 3),
+        "lens_modes": pick(
+            ["standard", "recurrent:1", "jacobi:2"], ["standard", "recurrent:1", "jacobi:3"], list(LENS_MODES)
+        ),
+        "lens_steps": pick(30, 100, 300),
+        "knobs": methods_knobs(cfg),
+    }
 
 
 def _task_pairs(cfg, out: Path):
@@ -85,12 +95,39 @@ def stage_methods(cfg, out: Path, name: str) -> None:
     s = methods_settings(cfg)
     with atomic_dir(out / "results" / "methods" / name, force=True) as tmp:
         for task, df, mapping in _task_pairs(cfg, out):
-            common = dict(max_pairs=cfg.patch_pairs, lengths=tuple(s["knobs"][task]), seed=cfg.seed, n_boot=300 if cfg.quick else 1000)
-            run(model, df, PatchConfig("attribution", modes=_mapped(ATP_MODES, mapping), check=s["check"], batch_size=160, **common),
-                out=tmp / task, model_info=info, figures=False)  # batch 160: 4 cells a forward
-            run(model, df, PatchConfig("das", modes=_mapped(("recurrent:1",), mapping), ks=tuple(s["das_ks"]), steps=s["das_steps"],
-                                       lr=s["das_lr"], hooks=tuple(s["das_hooks"]), n_folds=s["das_folds"], **common),
-                out=tmp / task, model_info=info, figures=False)
+            common = dict(
+                max_pairs=cfg.patch_pairs,
+                lengths=tuple(s["knobs"][task]),
+                seed=cfg.seed,
+                n_boot=300 if cfg.quick else 1000,
+            )
+            run(
+                model,
+                df,
+                PatchConfig(
+                    "attribution", modes=_mapped(ATP_MODES, mapping), check=s["check"], batch_size=160, **common
+                ),
+                out=tmp / task,
+                model_info=info,
+                figures=False,
+            )  # batch 160: 4 cells a forward
+            run(
+                model,
+                df,
+                PatchConfig(
+                    "das",
+                    modes=_mapped(("recurrent:1",), mapping),
+                    ks=tuple(s["das_ks"]),
+                    steps=s["das_steps"],
+                    lr=s["das_lr"],
+                    hooks=tuple(s["das_hooks"]),
+                    n_folds=s["das_folds"],
+                    **common,
+                ),
+                out=tmp / task,
+                model_info=info,
+                figures=False,
+            )
 
 
 def stage_lens(cfg, out: Path, name: str) -> None:
@@ -98,8 +135,13 @@ def stage_lens(cfg, out: Path, name: str) -> None:
     s = methods_settings(cfg)
     with atomic_dir(out / "results" / "lens" / name, force=True) as tmp:
         for task, df, mapping in _task_pairs(cfg, out):
-            lc = LensConfig(modes=_mapped(s["lens_modes"], mapping), steps=s["lens_steps"], lengths=tuple(s["knobs"][task]),
-                            seed=cfg.seed, n_boot=300 if cfg.quick else 1000)
+            lc = LensConfig(
+                modes=_mapped(s["lens_modes"], mapping),
+                steps=s["lens_steps"],
+                lengths=tuple(s["knobs"][task]),
+                seed=cfg.seed,
+                n_boot=300 if cfg.quick else 1000,
+            )
             write_lens(run_lens(model, df, lc), tmp / task, df, info, figures=False)
 
 
@@ -125,9 +167,13 @@ def _per_task(folder: Path, rel: str, out: Path) -> pd.DataFrame | None:
 
 def tables(out: Path, name: str) -> dict:
     m = out / "results" / "methods" / name
-    return {"atp": _per_task(m, "attribution/summary.parquet", out), "parity": _per_task(m, "attribution/parity.parquet", out),
-            "das": _per_task(m, "das/summary.parquet", out), "das_folds": _per_task(m, "das/das_folds.parquet", out),
-            "lens": _per_task(out / "results" / "lens" / name, "lens_summary.parquet", out)}
+    return {
+        "atp": _per_task(m, "attribution/summary.parquet", out),
+        "parity": _per_task(m, "attribution/parity.parquet", out),
+        "das": _per_task(m, "das/summary.parquet", out),
+        "das_folds": _per_task(m, "das/das_folds.parquet", out),
+        "lens": _per_task(out / "results" / "lens" / name, "lens_summary.parquet", out),
+    }
 
 
 def figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
@@ -136,8 +182,14 @@ def figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
         t = tables(out, n)
         words = {"model_label": MODEL_WORDS.get(n, n)}
         if t["atp"] is not None:
-            jobs.append((f"atp-heatmap-{n}", "atp-heatmap", t["atp"], {"direction": "denoising", "mode": "recurrent:1,jacobi:2",
-                                                                       **words}))
+            jobs.append(
+                (
+                    f"atp-heatmap-{n}",
+                    "atp-heatmap",
+                    t["atp"],
+                    {"direction": "denoising", "mode": "recurrent:1,jacobi:2", **words},
+                )
+            )
             if (t["atp"]["method"] == "exact").any():
                 jobs.append((f"atp-parity-{n}", "atp-parity", t["atp"], {}))
         if t["das"] is not None and len(t["das"]):
@@ -164,14 +216,28 @@ def parity_rows(out: Path, models: list[str]) -> pd.DataFrame:
             continue
         for (task, mode), g in par[par["direction"] == "denoising"].groupby(["task", "mode"], sort=True):
             r = g.set_index("metric")
-            metric = "normalized" if "normalized" in r.index and not pd.isna(r.loc["normalized", "spearman"]) else "logit_diff"
+            metric = (
+                "normalized"
+                if "normalized" in r.index and not pd.isna(r.loc["normalized", "spearman"])
+                else "logit_diff"
+            )
             r = r.loc[metric]
-            rows.append({"model": n, "task": task, "mode": mode, "units": metric,
-                         "cells (top + random)": f"{int(r['n_cells'])} ({int(r['n_top'])} top)",
-                         "Spearman [95% CI]": _fmt(r["spearman"], r.get("spearman_ci_low"), r.get("spearman_ci_high")),
-                         "worst abs error [95% CI]": _fmt(r["worst_abs_error"], r.get("worst_ci_low"), r.get("worst_ci_high")),
-                         "top-cell sign agreement": _fmt(r.get("sign_agreement_top")),
-                         "worst cell": r.get("worst_cell", ""), "pairs": int(r["n_pairs"])})
+            rows.append(
+                {
+                    "model": n,
+                    "task": task,
+                    "mode": mode,
+                    "units": metric,
+                    "cells (top + random)": f"{int(r['n_cells'])} ({int(r['n_top'])} top)",
+                    "Spearman [95% CI]": _fmt(r["spearman"], r.get("spearman_ci_low"), r.get("spearman_ci_high")),
+                    "worst abs error [95% CI]": _fmt(
+                        r["worst_abs_error"], r.get("worst_ci_low"), r.get("worst_ci_high")
+                    ),
+                    "top-cell sign agreement": _fmt(r.get("sign_agreement_top")),
+                    "worst cell": r.get("worst_cell", ""),
+                    "pairs": int(r["n_pairs"]),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -201,21 +267,56 @@ def side_by_side(out: Path, models: list[str], knobs: dict) -> pd.DataFrame:
             knob = int(task_knobs[0])
             row = {"model": n, "task": task}
             if acc is not None:
-                a = acc[(acc["model"] == n) & (acc["task"] == task) & (acc["length_knob"] == knob) & (acc["mode"] == "recurrent:1")]
+                a = acc[
+                    (acc["model"] == n)
+                    & (acc["task"] == task)
+                    & (acc["length_knob"] == knob)
+                    & (acc["mode"] == "recurrent:1")
+                ]
                 row["answer acc."] = _fmt(a["accuracy"].mean()) if len(a) else "n/a"
             if probes is not None:
-                p = probes[(probes["task"] == task) & (probes["mode"] == "recurrent:1") & (probes["depth"] == 0)
-                           & (probes["length"] == knob) & (probes["metric"] == "accuracy")]["value"]
+                p = probes[
+                    (probes["task"] == task)
+                    & (probes["mode"] == "recurrent:1")
+                    & (probes["depth"] == 0)
+                    & (probes["length"] == knob)
+                    & (probes["metric"] == "accuracy")
+                ]["value"]
                 row["probe depth 0"] = _fmt(p.mean()) if len(p) else "n/a"
-            row["feedback swap (exact)"] = _fmt(*_summary_value(swap, task=task, condition="state", metric="normalized", length_knob=knob))
+            row["feedback swap (exact)"] = _fmt(
+                *_summary_value(swap, task=task, condition="state", metric="normalized", length_knob=knob)
+            )
             das = t["das"]
             for k in (1, 8):
-                row[f"DAS IIA k={k}"] = _fmt(*_summary_value(das, task=task, condition=FEEDBACK, method="das", subspace_dim=k, metric="iia", length_knob=-1))
-            row["random k=1"] = _fmt(_summary_value(das, task=task, condition=FEEDBACK, method="random-rotation", subspace_dim=1, metric="iia", length_knob=-1)[0])
-            row["full swap IIA"] = _fmt(_summary_value(das, task=task, condition=FEEDBACK, method="full-interchange", metric="iia", length_knob=-1)[0])
+                row[f"DAS IIA k={k}"] = _fmt(
+                    *_summary_value(
+                        das, task=task, condition=FEEDBACK, method="das", subspace_dim=k, metric="iia", length_knob=-1
+                    )
+                )
+            row["random k=1"] = _fmt(
+                _summary_value(
+                    das,
+                    task=task,
+                    condition=FEEDBACK,
+                    method="random-rotation",
+                    subspace_dim=1,
+                    metric="iia",
+                    length_knob=-1,
+                )[0]
+            )
+            row["full swap IIA"] = _fmt(
+                _summary_value(
+                    das, task=task, condition=FEEDBACK, method="full-interchange", metric="iia", length_knob=-1
+                )[0]
+            )
             folds = t["das_folds"]
             if folds is not None and len(folds):
-                f = folds[(folds["task"] == task) & (folds["hook"] == FEEDBACK) & (folds["method"] == "das") & (folds["subspace_dim"] == 1)]
+                f = folds[
+                    (folds["task"] == task)
+                    & (folds["hook"] == FEEDBACK)
+                    & (folds["method"] == "das")
+                    & (folds["subspace_dim"] == 1)
+                ]
                 row["cos(probe, DAS k=1)"] = _fmt(f["probe_cosine"].mean()) if len(f) else "n/a"
             row["largest residual effect (exact)"] = _largest(resid, task, "residual", "depth")
             row["largest AtP cell"] = _largest(t["atp"], task, "attribution", "condition")
@@ -227,7 +328,9 @@ def _largest(s: pd.DataFrame | None, task: str, exp: str, where: str) -> str:
     """The denoising cell with the largest mean normalized effect under recurrent:1 (LD units if none)."""
     if s is None:
         return "n/a"
-    sel = s[(s["experiment"] == exp) & (s["task"] == task) & (s["mode"] == "recurrent:1") & (s["direction"] == "denoising")]
+    sel = s[
+        (s["experiment"] == exp) & (s["task"] == task) & (s["mode"] == "recurrent:1") & (s["direction"] == "denoising")
+    ]
     if exp == "attribution":
         sel = sel[sel["method"] == "atp"]
     for metric in ("normalized", "logit_diff"):
@@ -278,11 +381,17 @@ def methods_section(cfg, out: Path, md_table, figures: list[str]) -> tuple[str, 
         f"{s['check']} random others exactly: Spearman rank correlation and worst absolute error of AtP against "
         "exact patching (percentile bootstrap over pairs), in normalized units, or logit-difference units where "
         "no pair separates. Only denoising is shown: with both samples of each pair in the table, noising is "
-        "1 − denoising of the partner." + (" This demo runs AtP, DAS and the lens on the feedback model only; "
-                                          "`fbt-probe reproduce` without --demo also runs them on the baseline "
-                                          "(DAS there is the untrained-fusion control)." if cfg.demo else "") +
-        "\n\n" + md_table(parity_rows(out, models)) +
-        "\n**Decodable versus used, side by side** (`recurrent:1`, the patching length of each task; registers-count, which the "
+        "1 − denoising of the partner."
+        + (
+            " This demo runs AtP, DAS and the lens on the feedback model only; "
+            "`fbt-probe reproduce` without --demo also runs them on the baseline "
+            "(DAS there is the untrained-fusion control)."
+            if cfg.demo
+            else ""
+        )
+        + "\n\n"
+        + md_table(parity_rows(out, models))
+        + "\n**Decodable versus used, side by side** (`recurrent:1`, the patching length of each task; registers-count, which the "
         "exact experiments leave out, at its shortest probe length, so its exact columns read n/a): the depth-0 "
         "probe says the label is linearly *present* in the fused input; the exact feedback swap says the answer "
         "follows the carried state; **DAS** asks whether a learned k-dimensional subspace of `fusion.hook_feedback` "
@@ -291,10 +400,12 @@ def methods_section(cfg, out: Path, md_table, figures: list[str]) -> tuple[str, 
         "rotation and the full-vector swap; `cos(probe, DAS k=1)` is the cosine between the probe's direction and the "
         "learned subspace (a random direction gives about sqrt(1/D)). Run on the no-feedback baseline, DAS is the "
         "untrained-fusion control. The last two columns give where exact residual patching (last positions only) "
-        "and AtP (every cell) put the largest denoising effect.\n\n" + md_table(side_by_side(out, models, methods_knobs(cfg))) +
-        "\n**Lens**: probability of the correct label word at the final position read through the logit lens "
+        "and AtP (every cell) put the largest denoising effect.\n\n"
+        + md_table(side_by_side(out, models, methods_knobs(cfg)))
+        + "\n**Lens**: probability of the correct label word at the final position read through the logit lens "
         "(final norm + tied unembedding) and a tuned lens (one affine translator per depth, identity init, KL to "
         "the final logits on half of the pair groups; shown on the other half), per prefill mode (Jacobi: its last "
-        "pass; the figures show every pass).\n\n" + md_table(lens_rows(out, models)))
+        "pass; the figures show every pass).\n\n" + md_table(lens_rows(out, models))
+    )
     stems = [f for f in figures if f.startswith(("atp-parity", "atp-heatmap", "das-iia", "lens-"))]
     return ("Attribution patching, DAS and the lens beside exact patching and the probes", text, stems)

@@ -1,6 +1,7 @@
 """`fbt-probe reproduce`: datasets -> training (feedback + no-feedback baseline) -> evaluation and
 contraction diagnostic -> activations -> probe sweep -> causal experiments (exact; then attribution
 patching, DAS and the lens) -> figures -> report."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,8 +12,8 @@ import pandas as pd
 
 from fbt_probe.activations import extract
 from fbt_probe.errors import FbtError
-from fbt_probe.interventions.registry import EXPERIMENTS as REGISTRY
 from fbt_probe.interventions.combined import run_several
+from fbt_probe.interventions.registry import EXPERIMENTS as REGISTRY
 from fbt_probe.interventions.runner import PatchConfig
 from fbt_probe.io import atomic_dir, atomic_path, read_json
 from fbt_probe.loading import checkpoint_hash, load_model, load_pairs
@@ -67,12 +68,16 @@ def check_shipped(cfg: ReproConfig) -> None:
     for name in cfg.models():
         ref = shipped_name(cfg, name)
         if ref not in shipped:
-            raise FbtError(f"--preset {cfg.preset}: no shipped reference model ref:{ref} (shipped: "
-                           f"{', '.join('ref:' + n for n in shipped) or 'none'}); pass --train to train one")
+            raise FbtError(
+                f"--preset {cfg.preset}: no shipped reference model ref:{ref} (shipped: "
+                f"{', '.join('ref:' + n for n in shipped) or 'none'}); pass --train to train one"
+            )
         rec = record(ref)
         if (rec["seed"], rec["steps"]) != (cfg.seed, cfg.steps):
-            raise FbtError(f"--seed {cfg.seed} --steps {cfg.steps}: the shipped ref:{ref} was trained with seed "
-                           f"{rec['seed']} and {rec['steps']} steps; pass --train to train these")
+            raise FbtError(
+                f"--seed {cfg.seed} --steps {cfg.steps}: the shipped ref:{ref} was trained with seed "
+                f"{rec['seed']} and {rec['steps']} steps; pass --train to train these"
+            )
 
 
 def stage_eval(cfg: ReproConfig, out: Path) -> None:
@@ -87,7 +92,9 @@ def stage_eval(cfg: ReproConfig, out: Path) -> None:
 
 
 def _train_knobs(cfg: ReproConfig) -> dict:
-    return {t: [k for k in TRAIN_KNOBS[t] if not cfg.quick or k in cfg.knobs[t]] or TRAIN_KNOBS[t][:1] for t in cfg.knobs}
+    return {
+        t: [k for k in TRAIN_KNOBS[t] if not cfg.quick or k in cfg.knobs[t]] or TRAIN_KNOBS[t][:1] for t in cfg.knobs
+    }
 
 
 def stage_contraction(cfg: ReproConfig, out: Path) -> None:
@@ -109,8 +116,14 @@ def task_modes(cfg: ReproConfig, out: Path, task: str) -> list[str]:
 
 def stage_extract(cfg: ReproConfig, out: Path, name: str) -> None:
     for task in cfg.modes:
-        extract(str(model_path(cfg, out, name)), out / "data" / f"{task}.parquet", task_modes(cfg, out, task),
-                out / "acts" / name / task, force=True, batch_size=cfg.extract_batch())
+        extract(
+            str(model_path(cfg, out, name)),
+            out / "data" / f"{task}.parquet",
+            task_modes(cfg, out, task),
+            out / "acts" / name / task,
+            force=True,
+            batch_size=cfg.extract_batch(),
+        )
 
 
 ROBUSTNESS_TASKS = ("completion", "memory")  # Fig. 7a's tasks: depth 0 under recurrent:1 across probe variants
@@ -124,8 +137,11 @@ def stage_probe(cfg: ReproConfig, out: Path, name: str) -> None:
         tables.append(res.table)
     with atomic_path(out / "results" / "probes" / name / "probes.parquet") as tmp:
         pd.concat(tables, ignore_index=True).to_parquet(tmp, index=False)
-    panel = [robustness(out / "acts" / name / task, "recurrent:1", 0, ProbeConfig(seed=cfg.seed))
-             for task in ROBUSTNESS_TASKS if task in cfg.modes]
+    panel = [
+        robustness(out / "acts" / name / task, "recurrent:1", 0, ProbeConfig(seed=cfg.seed))
+        for task in ROBUSTNESS_TASKS
+        if task in cfg.modes
+    ]
     if panel:
         with atomic_path(out / "results" / "probes" / name / "robustness.parquet") as tmp:
             pd.concat(panel, ignore_index=True).assign(model=name).to_parquet(tmp, index=False)
@@ -139,19 +155,41 @@ def stage_patch(cfg: ReproConfig, out: Path, name: str) -> None:
     df = df[keep].reset_index(drop=True).__finalize__(df)  # each task at its own lengths
     info = {"model": str(path), "checkpoint_sha256": checkpoint_hash(path)}
     lengths = tuple(sorted({k for ks in cfg.patch_knobs.values() for k in ks}))
-    pcs = [PatchConfig(experiment=exp, modes=REGISTRY[exp].study_modes, max_pairs=cfg.patch_pairs, lengths=lengths, seed=cfg.seed,
-                       n_boot=300 if cfg.quick else 1000, last_k=(3 if cfg.quick else 4) if exp == "residual" else None,
-                       n_folds=4, scales=(1.0, 4.0))  # the 15-minute study's budget: last 4 positions, 2 scales
-           for exp in EXPERIMENTS]
+    pcs = [
+        PatchConfig(
+            experiment=exp,
+            modes=REGISTRY[exp].study_modes,
+            max_pairs=cfg.patch_pairs,
+            lengths=lengths,
+            seed=cfg.seed,
+            n_boot=300 if cfg.quick else 1000,
+            last_k=(3 if cfg.quick else 4) if exp == "residual" else None,
+            n_folds=4,
+            scales=(1.0, 4.0),
+        )  # the 15-minute study's budget: last 4 positions, 2 scales
+        for exp in EXPERIMENTS
+    ]
     # one call: the final-position experiments share each batch's prefill (the same tables as one by one)
-    run_several(model, df, pcs, out=out / "results" / "interventions" / name, force=True, model_info=info, figures=False)
+    run_several(
+        model, df, pcs, out=out / "results" / "interventions" / name, force=True, model_info=info, figures=False
+    )
 
 
 def methods_stages(cfg: ReproConfig, out: Path, name: str, ck: dict, after: list[str]) -> list[Stage]:
     """AtP (with its parity check) and DAS, then the lens (fbt_probe.reproduce.methods)."""
     key = {**ck, "patch_pairs": cfg.patch_pairs, "patch_knobs": cfg.patch_knobs, **M.methods_settings(cfg)}
-    return [Stage(f"methods-{name}", key, [out / "results" / "methods" / name], partial(M.stage_methods, cfg, out, name), after=after),
-            Stage(f"lens-{name}", key, [out / "results" / "lens" / name], partial(M.stage_lens, cfg, out, name), after=after)]
+    return [
+        Stage(
+            f"methods-{name}",
+            key,
+            [out / "results" / "methods" / name],
+            partial(M.stage_methods, cfg, out, name),
+            after=after,
+        ),
+        Stage(
+            f"lens-{name}", key, [out / "results" / "lens" / name], partial(M.stage_lens, cfg, out, name), after=after
+        ),
+    ]
 
 
 def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
@@ -159,29 +197,75 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
     ck = {k: c[k] for k in ("preset", "seed", "model")}
     if cfg.shipped:  # a new shipped model (another package version) redoes every stage that reads it
         ck["shipped"] = {n: record(shipped_name(cfg, n))["checkpoint_sha256"] for n in cfg.models()}
-    st = [Stage("data", {**ck, "groups": cfg.groups, "knobs": cfg.knobs, "protocol": "appendix-F"}, [out / "data"],
-                partial(stage_data, cfg, out))]
+    st = [
+        Stage(
+            "data",
+            {**ck, "groups": cfg.groups, "knobs": cfg.knobs, "protocol": "appendix-F"},
+            [out / "data"],
+            partial(stage_data, cfg, out),
+        )
+    ]
     trained = []
     for name in cfg.models():
         if not cfg.model and not cfg.shipped:
-            st.append(Stage(f"train-{name}", {**ck, "steps": cfg.steps}, [out / "models" / name],
-                            partial(stage_train, cfg, out, name), resumable=True))
+            st.append(
+                Stage(
+                    f"train-{name}",
+                    {**ck, "steps": cfg.steps},
+                    [out / "models" / name],
+                    partial(stage_train, cfg, out, name),
+                    resumable=True,
+                )
+            )
             trained.append(f"train-{name}")
     # every kind of pair a group holds evaluated (before: its first: r0 only, required = the smaller count), so an earlier study's eval is redone
-    evaluate = Stage("eval", {**ck, "eval_pairs": cfg.eval_pairs, "quick": cfg.quick, "pairs": "every-kind"}, [out / "eval"],
-                     partial(stage_eval, cfg, out), after=trained)
-    contract = Stage("contraction", {**ck, "passes": cfg.passes}, [out / "diagnostics"], partial(stage_contraction, cfg, out),
-                     after=trained)
+    evaluate = Stage(
+        "eval",
+        {**ck, "eval_pairs": cfg.eval_pairs, "quick": cfg.quick, "pairs": "every-kind"},
+        [out / "eval"],
+        partial(stage_eval, cfg, out),
+        after=trained,
+    )
+    contract = Stage(
+        "contraction",
+        {**ck, "passes": cfg.passes},
+        [out / "diagnostics"],
+        partial(stage_contraction, cfg, out),
+        after=trained,
+    )
     per = {kind: [] for kind in ("extract", "methods", "lens", "probe", "patch")}
     for name in cfg.models():
         dep = [f"train-{name}"] if not cfg.model and not cfg.shipped else []
-        batch = {} if cfg.extract_batch() == EXTRACT_BATCH else {"batch": cfg.extract_batch()}  # the full study's key as before
-        per["extract"].append(Stage(f"extract-{name}", {**ck, "modes": cfg.modes, **batch}, [out / "acts" / name],
-                                    partial(stage_extract, cfg, out, name), after=["data"] + dep))
-        per["probe"].append(Stage(f"probe-{name}", ck, [out / "results" / "probes" / name], partial(stage_probe, cfg, out, name),
-                                  after=[f"extract-{name}"]))
-        per["patch"].append(Stage(f"patch-{name}", {**ck, "patch_pairs": cfg.patch_pairs, "patch_knobs": cfg.patch_knobs},
-                                  [out / "results" / "interventions" / name], partial(stage_patch, cfg, out, name), after=["data"] + dep))
+        batch = (
+            {} if cfg.extract_batch() == EXTRACT_BATCH else {"batch": cfg.extract_batch()}
+        )  # the full study's key as before
+        per["extract"].append(
+            Stage(
+                f"extract-{name}",
+                {**ck, "modes": cfg.modes, **batch},
+                [out / "acts" / name],
+                partial(stage_extract, cfg, out, name),
+                after=["data"] + dep,
+            )
+        )
+        per["probe"].append(
+            Stage(
+                f"probe-{name}",
+                ck,
+                [out / "results" / "probes" / name],
+                partial(stage_probe, cfg, out, name),
+                after=[f"extract-{name}"],
+            )
+        )
+        per["patch"].append(
+            Stage(
+                f"patch-{name}",
+                {**ck, "patch_pairs": cfg.patch_pairs, "patch_knobs": cfg.patch_knobs},
+                [out / "results" / "interventions" / name],
+                partial(stage_patch, cfg, out, name),
+                after=["data"] + dep,
+            )
+        )
         if cfg.methods and name in cfg.methods_models():
             methods, lens = methods_stages(cfg, out, name, ck, ["data"] + dep)
             per["methods"].append(methods)
@@ -205,24 +289,36 @@ def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), 
     names = {s.name for s in stages} | {"figures", "report"}
     unknown = sorted(set(force) - names)
     if unknown:
-        raise FbtError(f"--force {unknown[0]}: unknown stage (stages: {', '.join(s.name for s in stages)}, figures, report)")
+        raise FbtError(
+            f"--force {unknown[0]}: unknown stage (stages: {', '.join(s.name for s in stages)}, figures, report)"
+        )
     runner = Runner(out, force, echo)
     runner.run_all(stages, jobs)
     all_names = [s.name for s in stages]
     runner.run(Stage("figures", {}, [out / "figures"], lambda: stage_figures(cfg, out, workers=jobs), after=all_names))
-    runner.run(Stage("report", {"v": 4, "seeds": source_key(cfg, out)}, [out / "report.md", out / "report.html", out / "headline.csv"],
-                     lambda: stage_report(cfg, out, runner.times), after=all_names + ["figures"]))
+    runner.run(
+        Stage(
+            "report",
+            {"v": 4, "seeds": source_key(cfg, out)},
+            [out / "report.md", out / "report.html", out / "headline.csv"],
+            lambda: stage_report(cfg, out, runner.times),
+            after=all_names + ["figures"],
+        )
+    )
     return {"times": runner.times, "ran": runner.ran, "report": out / "report.html"}
 
 
-def reproduce_seeds(cfg: ReproConfig, out: str | Path, seeds: int, force: set[str] = frozenset(), echo=print,
-                    jobs: int = 1) -> dict:
+def reproduce_seeds(
+    cfg: ReproConfig, out: str | Path, seeds: int, force: set[str] = frozenset(), echo=print, jobs: int = 1
+) -> dict:
     """Study seeds 0..N-1 (each trained from scratch: `cfg.shipped` must be off) in OUT/seed-S/, write
     OUT/seeds.csv (`seeds.combine`), then redo each seed's report (its key names seeds.csv) so that
     its findings quote the mean and range over the seeds."""
     if cfg.shipped or cfg.model:
-        raise FbtError("--seeds: needs --train (the seeds are trained here; the shipped models' seeds table "
-                       "is already in the package)")
+        raise FbtError(
+            "--seeds: needs --train (the seeds are trained here; the shipped models' seeds table "
+            "is already in the package)"
+        )
     if seeds < 2:
         raise FbtError(f"--seeds {seeds}: expected at least 2")
     train_config(cfg, False)  # refused before OUT is made

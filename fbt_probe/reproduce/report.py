@@ -1,5 +1,6 @@
 """Figures and the self-contained report (report.md + report.html with embedded PNGs) of a
 `reproduce` run. Everything here reads tables written by earlier stages; nothing runs a model."""
+
 from __future__ import annotations
 
 import base64
@@ -11,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from fbt_probe.figures import draw_all
-from fbt_probe.loading import checkpoint_hash
 from fbt_probe.io import atomic_dir, atomic_path
+from fbt_probe.loading import checkpoint_hash
 from fbt_probe.provenance import provenance
 from fbt_probe.reproduce.config import model_path, shipped_name
 from fbt_probe.reproduce.findings import findings, headline, same_kind, shipped_comparison, study_kind
@@ -23,7 +24,14 @@ from fbt_probe.reproduce.tables import PAPER_DEPTH0, SETTING, _summary, pooled_a
 
 def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
     probes = {n: pd.read_parquet(out / "results" / "probes" / n / "probes.parquet") for n in cfg.models()}
-    jobs = [("fig3-contraction", "fig3", pd.read_parquet(out / "diagnostics" / "contraction.parquet"), {"trained_passes": 3})]
+    jobs = [
+        (
+            "fig3-contraction",
+            "fig3",
+            pd.read_parquet(out / "diagnostics" / "contraction.parquet"),
+            {"trained_passes": 3},
+        )
+    ]
     base = probes.get("baseline")
     for n, t in probes.items():
         words = {"model_label": MODEL_WORDS.get(n, n)}
@@ -34,11 +42,24 @@ def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
             jobs.append((f"fig7b-{n}", "fig7b", t, words))
     for n in cfg.models():
         words = {"model_label": MODEL_WORDS.get(n, n)}
-        abl = [s for s in (_summary(out, n, e) for e in ("feedback-swap", "state-replacement", "gate-ablation")) if s is not None]
+        abl = [
+            s
+            for s in (_summary(out, n, e) for e in ("feedback-swap", "state-replacement", "gate-ablation"))
+            if s is not None
+        ]
         if abl:  # every task of the study is accounted for: one the causal experiments leave out is marked as such
-            jobs.append((f"ablation-bars-{n}", "ablation-bars", pd.concat(abl, ignore_index=True),
-                         {"tasks": ",".join(cfg.knobs), **words}))
-        for exp, fig, stem in (("residual", "patching-heatmap", "patching"), ("probe-direction", "decodable-vs-used", "decodable-vs-used")):
+            jobs.append(
+                (
+                    f"ablation-bars-{n}",
+                    "ablation-bars",
+                    pd.concat(abl, ignore_index=True),
+                    {"tasks": ",".join(cfg.knobs), **words},
+                )
+            )
+        for exp, fig, stem in (
+            ("residual", "patching-heatmap", "patching"),
+            ("probe-direction", "decodable-vs-used", "decodable-vs-used"),
+        ):
             s = _summary(out, n, exp)
             if s is not None:
                 jobs.append((f"{stem}-{n}", fig, s, words if fig == "patching-heatmap" else {}))
@@ -74,11 +95,20 @@ def depth0_table(out: Path, models: list[str]) -> pd.DataFrame:
             ctl = g[g["metric"] == "control_accuracy"]["value"].to_numpy()
             r = pooled_accuracy(out, acc, task)
             paper = PAPER_DEPTH0.get(task) if mode == "recurrent:1" else (0.5 if mode == "standard" else None)
-            rows.append({"model": n, "task": task, "mode": mode, "depth-0 accuracy [95% CI]": _pooled(out, acc, task),
-                         "lengths": ",".join(map(str, r["lengths"])), "samples (groups)": f"{r['n']} ({r['groups']})",
-                         "cell spread": f"{acc['value'].min():.3f}–{acc['value'].max():.3f}" if len(acc) else "",
-                         "majority baseline": f"{maj.mean():.3f}" if len(maj) else "", "control task": f"{ctl.mean():.3f}" if len(ctl) else "",
-                         "paper": "" if paper is None else (f"{paper:.3f}" + (" (chance)" if mode == "standard" else ""))})
+            rows.append(
+                {
+                    "model": n,
+                    "task": task,
+                    "mode": mode,
+                    "depth-0 accuracy [95% CI]": _pooled(out, acc, task),
+                    "lengths": ",".join(map(str, r["lengths"])),
+                    "samples (groups)": f"{r['n']} ({r['groups']})",
+                    "cell spread": f"{acc['value'].min():.3f}–{acc['value'].max():.3f}" if len(acc) else "",
+                    "majority baseline": f"{maj.mean():.3f}" if len(maj) else "",
+                    "control task": f"{ctl.mean():.3f}" if len(ctl) else "",
+                    "paper": "" if paper is None else (f"{paper:.3f}" + (" (chance)" if mode == "standard" else "")),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -111,16 +141,32 @@ def causal_table(out: Path, models: list[str]) -> pd.DataFrame:
                 continue
             s = s[(s["length_knob"] != -1) & s["metric"].isin(["normalized", "accuracy"])]
             for keys, g in s.groupby(["condition", "decoding", "task", "length_knob"], sort=True):
-                cell = {"model": n, "experiment": exp, "condition": keys[0], "decoding": keys[1], "task": keys[2],
-                        "length": int(keys[3])}
+                cell = {
+                    "model": n,
+                    "experiment": exp,
+                    "condition": keys[0],
+                    "decoding": keys[1],
+                    "task": keys[2],
+                    "length": int(keys[3]),
+                }
                 for r in g.itertuples():
                     cell[r.metric] = "n/a" if pd.isna(r.mean) else f"{r.mean:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
                     if r.metric == "normalized":
                         cell["pairs (tiny gap)"] = f"{int(r.n_pairs)} ({int(r.n_excluded)})"
                         cell["groups"] = int(getattr(r, "n_groups", r.n_pairs))
                 rows.append(cell)
-    cols = ["model", "experiment", "condition", "decoding", "task", "length", "normalized", "accuracy",
-            "pairs (tiny gap)", "groups"]
+    cols = [
+        "model",
+        "experiment",
+        "condition",
+        "decoding",
+        "task",
+        "length",
+        "normalized",
+        "accuracy",
+        "pairs (tiny gap)",
+        "groups",
+    ]
     return pd.DataFrame(rows).reindex(columns=cols).fillna("")
 
 
@@ -148,9 +194,13 @@ def _model_reference(cfg, name: str) -> str:
 
 
 def _provenance(cfg, out: Path, times: dict) -> dict:
-    return provenance(config=cfg.to_dict(), seed=cfg.seed, models={n: _model_reference(cfg, n) for n in cfg.models()},
-                      checkpoints={n: checkpoint_hash(model_path(cfg, out, n)) for n in cfg.models()},
-                      stage_seconds={k: round(v, 1) for k, v in times.items()})
+    return provenance(
+        config=cfg.to_dict(),
+        seed=cfg.seed,
+        models={n: _model_reference(cfg, n) for n in cfg.models()},
+        checkpoints={n: checkpoint_hash(model_path(cfg, out, n)) for n in cfg.models()},
+        stage_seconds={k: round(v, 1) for k, v in times.items()},
+    )
 
 
 def provenance_rows(record: dict) -> list[tuple[str, str]]:
@@ -189,13 +239,16 @@ def provenance_markdown(record: dict) -> str:
     (rendered by GitHub in the Markdown, and by `_md_to_html(..., trusted=True)` in the HTML).
     Cell values are HTML-escaped and their pipes escaped, so a path or a version cannot break the
     table or inject markup."""
+
     def cell(v: str) -> str:
         return html.escape(v, quote=False).replace("|", "\\|")
 
     table = ["| what | value |", "|---|---|"] + [f"| {cell(k)} | {cell(v)} |" for k, v in provenance_rows(record)]
     body = json.dumps(record, indent=1, default=str)
-    return ("\n".join(table) + "\n\n<details>\n<summary>Full provenance record (JSON)</summary>\n\n"
-            "```json\n" + body + "\n```\n\n</details>\n")
+    return (
+        "\n".join(table) + "\n\n<details>\n<summary>Full provenance record (JSON)</summary>\n\n"
+        "```json\n" + body + "\n```\n\n</details>\n"
+    )
 
 
 def _md_table(df: pd.DataFrame) -> str:
@@ -213,9 +266,11 @@ def seeds_table_text(seeds: pd.DataFrame) -> str:
     wide.columns = [f"seed {c}" for c in wide.columns]
     mean, rng = wide.mean(axis=1), wide.max(axis=1) - wide.min(axis=1)  # over the seeds that have the number
     wide = wide.round(3).assign(mean=mean.round(3), range=rng.round(3))
-    return ("Each headline number of the findings in the study of each training seed (the same recipe and study, "
-            "seed of data, initialisation and probes changed): how much of a number is the seed.\n\n"
-            + _md_table(wide.reset_index()))
+    return (
+        "Each headline number of the findings in the study of each training seed (the same recipe and study, "
+        "seed of data, initialisation and probes changed): how much of a number is the seed.\n\n"
+        + _md_table(wide.reset_index())
+    )
 
 
 def _sections(cfg, out: Path, times: dict) -> list[tuple[str, str, list[str]]]:
@@ -223,29 +278,50 @@ def _sections(cfg, out: Path, times: dict) -> list[tuple[str, str, list[str]]]:
     models = cfg.models()
     figs = sorted(p.stem for p in (out / "figures").glob("*.png"))
     pick = lambda prefix: [f for f in figs if f.startswith(prefix)]  # noqa: E731
-    base_note = ("The **no-feedback baseline** has the same data and steps but trains one pass only, so its fusion "
-                 "weights are random: whatever it shows at depth 0 under `recurrent:1` is a random, nearly linear "
-                 "map of a state that already encodes the label (docs/probes.md). Read every feedback number beside it.")
+    base_note = (
+        "The **no-feedback baseline** has the same data and steps but trains one pass only, so its fusion "
+        "weights are random: whatever it shows at depth 0 under `recurrent:1` is a random, nearly linear "
+        "map of a state that already encodes the label (docs/probes.md). Read every feedback number beside it."
+    )
     return [
-        ("Answer accuracy (held-out contexts)", "Greedy answer at the final colon. `Std/Soft` are identical for the first "
-         "generated token; `Fused` is `jacobi:2` prefill.\n\n" + _md_table(accuracy_table(out)), []),
-        ("Contraction diagnostic (Fig. 3)", "Validation loss after k feedback passes and the mean change of the carried "
-         "state per pass (the models were trained with at most 3 passes).\n\n" + _md_table(contraction_table(out)), pick("fig3")),
-        ("Depth-0 decodability (Fig. 7a / 7b)", base_note + " `carried-state` probes the state `recurrent:1` feeds in "
-         "(top layer, previous position, `standard`).\n\n" + _md_table(depth0_table(out, models)), pick("fig7a") + pick("fig7b")),
-        ("Robustness of depth-0 decodability", "Depth-0 accuracy under `recurrent:1`, pooled over lengths, refitted on "
-         "the same folds with standardised or raw features and C from 0.01 to 10 (the main table's probe is "
-         "standardised, C = 1); in brackets the control task (labels permuted across groups). A reading that moves "
-         "with the probe is the probe's, not the model's.\n\n" + _md_table(robustness_table(out, models)), []),
-        ("Causal tests: is the carried state used?", "Metric: logit difference between the two label words at the final "
-         "position; normalized = `(patched − corrupt)/(clean − corrupt)`. **Feedback swap** (run a sample with its "
-         "partner's carried state, value or gate at the final position): 1 = the answer fully follows the swapped-in "
-         "state, 0 = it ignores it (`gate` is an exact no-op control: both samples end in the same token). **State "
-         "replacement / gate ablation** (noising): 1 = no effect, 0 = behaves like the partner; `accuracy` is the answer "
-         "accuracy with the replacement (under `soft` decoding for the gate rows). Pairs whose clean–corrupt gap is "
-         "below 0.1 are left out of `normalized` (counted). One row per length; group-bootstrap 95 % CIs (the "
-         "pairs of one group resampled together).\n\n" + _md_table(causal_table(out, models)),
-         pick("ablation-bars") + pick("patching") + pick("decodable-vs-used")),
+        (
+            "Answer accuracy (held-out contexts)",
+            "Greedy answer at the final colon. `Std/Soft` are identical for the first "
+            "generated token; `Fused` is `jacobi:2` prefill.\n\n" + _md_table(accuracy_table(out)),
+            [],
+        ),
+        (
+            "Contraction diagnostic (Fig. 3)",
+            "Validation loss after k feedback passes and the mean change of the carried "
+            "state per pass (the models were trained with at most 3 passes).\n\n" + _md_table(contraction_table(out)),
+            pick("fig3"),
+        ),
+        (
+            "Depth-0 decodability (Fig. 7a / 7b)",
+            base_note + " `carried-state` probes the state `recurrent:1` feeds in "
+            "(top layer, previous position, `standard`).\n\n" + _md_table(depth0_table(out, models)),
+            pick("fig7a") + pick("fig7b"),
+        ),
+        (
+            "Robustness of depth-0 decodability",
+            "Depth-0 accuracy under `recurrent:1`, pooled over lengths, refitted on "
+            "the same folds with standardised or raw features and C from 0.01 to 10 (the main table's probe is "
+            "standardised, C = 1); in brackets the control task (labels permuted across groups). A reading that moves "
+            "with the probe is the probe's, not the model's.\n\n" + _md_table(robustness_table(out, models)),
+            [],
+        ),
+        (
+            "Causal tests: is the carried state used?",
+            "Metric: logit difference between the two label words at the final "
+            "position; normalized = `(patched − corrupt)/(clean − corrupt)`. **Feedback swap** (run a sample with its "
+            "partner's carried state, value or gate at the final position): 1 = the answer fully follows the swapped-in "
+            "state, 0 = it ignores it (`gate` is an exact no-op control: both samples end in the same token). **State "
+            "replacement / gate ablation** (noising): 1 = no effect, 0 = behaves like the partner; `accuracy` is the answer "
+            "accuracy with the replacement (under `soft` decoding for the gate rows). Pairs whose clean–corrupt gap is "
+            "below 0.1 are left out of `normalized` (counted). One row per length; group-bootstrap 95 % CIs (the "
+            "pairs of one group resampled together).\n\n" + _md_table(causal_table(out, models)),
+            pick("ablation-bars") + pick("patching") + pick("decodable-vs-used"),
+        ),
         methods_section(cfg, out, _md_table, figs),
         ("What was run", provenance_markdown(_provenance(cfg, out, times)), []),
     ]
@@ -260,28 +336,50 @@ def stage_report(cfg, out: Path, times: dict) -> None:
     title = f"fbt-probe reproduction — preset {cfg.preset}{' (quick)' if cfg.quick else ' (demo)' if cfg.demo else ''}"
     sections = _sections(cfg, out, times)
     tables, (prov_head, prov_text, _) = sections[:-1], sections[-1]
-    source = ("the reference models shipped with the package (" + ", ".join(f"`ref:{shipped_name(cfg, n)}`" for n in cfg.models())
-              + "); `fbt-probe reproduce --train` retrains them") if cfg.shipped else \
-        (f"the checkpoint `{cfg.model}`" if cfg.model else "models trained from scratch in this study")
-    scope = (" The demo study: fewer probe groups, no `full` recurrence on the register tasks, the causal experiments at "
-             "one length per task (" + ", ".join(f"{t} {','.join(map(str, k))}" for t, k in cfg.patch_knobs.items())
-             + "), lighter AtP/DAS/lens;"
-             " `fbt-probe reproduce` without --demo runs the full one." if cfg.demo else "")
-    intro = f"Models: {source}.{scope} {SETTING} Stage times: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()) + "."
+    source = (
+        (
+            "the reference models shipped with the package ("
+            + ", ".join(f"`ref:{shipped_name(cfg, n)}`" for n in cfg.models())
+            + "); `fbt-probe reproduce --train` retrains them"
+        )
+        if cfg.shipped
+        else (f"the checkpoint `{cfg.model}`" if cfg.model else "models trained from scratch in this study")
+    )
+    scope = (
+        " The demo study: fewer probe groups, no `full` recurrence on the register tasks, the causal experiments at "
+        "one length per task ("
+        + ", ".join(f"{t} {','.join(map(str, k))}" for t, k in cfg.patch_knobs.items())
+        + "), lighter AtP/DAS/lens;"
+        " `fbt-probe reproduce` without --demo runs the full one."
+        if cfg.demo
+        else ""
+    )
+    intro = (
+        f"Models: {source}.{scope} {SETTING} Stage times: "
+        + ", ".join(f"{k} {v:.0f} s" for k, v in times.items())
+        + "."
+    )
     seeds = spread_table(cfg, out)
     found = findings(cfg, out, seeds) + shipped_comparison(cfg, out)
     kind = same_kind(seeds, study_kind(cfg))
     if kind is not None and len(kind):
         tables.append(("Over training seeds", seeds_table_text(kind), []))
     md = [f"# {title}\n", intro + "\n", "## Findings\n", "\n".join(f"- {f}" for f in found) + "\n", "## Figures\n"]
-    body = [f"<h1>{html.escape(title)}</h1>", f"<p>{_inline(intro)}</p>", "<h2>Findings</h2>",
-            "<ul>" + "".join(f"<li>{_inline(f)}</li>" for f in found) + "</ul>", "<h2>Figures</h2>"]
+    body = [
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p>{_inline(intro)}</p>",
+        "<h2>Findings</h2>",
+        "<ul>" + "".join(f"<li>{_inline(f)}</li>" for f in found) + "</ul>",
+        "<h2>Figures</h2>",
+    ]
     for head, _, figs in tables:
         for f in figs:
             md.append(f"![{f}](figures/{f}.png)\n\n*{f}* ({head})\n")
             data = base64.b64encode((out / "figures" / f"{f}.png").read_bytes()).decode()
-            body.append(f'<figure><img alt="{f}" src="data:image/png;base64,{data}"><figcaption>{html.escape(f)} '
-                        f'({html.escape(head)})</figcaption></figure>')
+            body.append(
+                f'<figure><img alt="{f}" src="data:image/png;base64,{data}"><figcaption>{html.escape(f)} '
+                f"({html.escape(head)})</figcaption></figure>"
+            )
     md.append("## Tables\n")
     body.append("<h2>Tables</h2>")
     for head, text, _ in tables:
@@ -291,11 +389,13 @@ def stage_report(cfg, out: Path, times: dict) -> None:
     body.append(f"<h2>{html.escape(prov_head)}</h2>" + _md_to_html(prov_text, trusted=True))
     with atomic_path(out / "report.md") as tmp:
         tmp.write_text("\n".join(md))
-    page = ("<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title><style>"
-            "body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}table{border-collapse:collapse;font-size:13px}"
-            "td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:11px}"
-            "li{margin:.4em 0}details{margin:.6em 0}summary{cursor:pointer;font-weight:bold}"
-            "</style></head><body>" + "\n".join(body) + "</body></html>")
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title><style>"
+        "body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}table{border-collapse:collapse;font-size:13px}"
+        "td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:11px}"
+        "li{margin:.4em 0}details{margin:.6em 0}summary{cursor:pointer;font-weight:bold}"
+        "</style></head><body>" + "\n".join(body) + "</body></html>"
+    )
     with atomic_path(out / "report.html") as tmp:
         tmp.write_text(page)
 

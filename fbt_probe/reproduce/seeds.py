@@ -7,6 +7,7 @@ finding quotes, beside its within-run CI, the mean and range over the seeds. The
 models come with the table of their preset's seeds (`fbt_probe/reference/seeds-<preset>.csv`), so a
 study of them shows the spread without training anything.
 """
+
 from __future__ import annotations
 
 from importlib import resources
@@ -54,7 +55,9 @@ def rows(table: pd.DataFrame | None, model: str, quantity: str, task: str, mode:
     """The seeds table's rows of one headline number that have a value (none without a table)."""
     if table is None:
         return pd.DataFrame(columns=["seed", "value"])
-    g = table[(table["model"] == model) & (table["quantity"] == quantity) & (table["task"] == task) & (table["mode"] == mode)]
+    g = table[
+        (table["model"] == model) & (table["quantity"] == quantity) & (table["task"] == task) & (table["mode"] == mode)
+    ]
     return g.dropna(subset=["value"])
 
 

@@ -10,10 +10,12 @@ finished; if it fails, the old outputs are put back.
 processes (each with `cpus // jobs` BLAS/torch threads); the parent alone decides, records and
 moves outputs, so `stages.json` has one writer. A stage's function must then pickle (a
 module-level function or a `functools.partial` of one)."""
+
 from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -23,7 +25,6 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-import multiprocessing
 from typing import Callable, Iterator
 
 from fbt_probe.errors import FbtError
@@ -42,7 +43,9 @@ class Stage:
     resumable: bool = False  # outputs may be partially written and continued (training)
 
     def key(self, keys: dict[str, str]) -> str:
-        blob = json.dumps({"inputs": self.inputs, "after": {a: keys[a] for a in self.after}}, sort_keys=True, default=str)
+        blob = json.dumps(
+            {"inputs": self.inputs, "after": {a: keys[a] for a in self.after}}, sort_keys=True, default=str
+        )
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -96,7 +99,9 @@ class Runner:
                     if not running:
                         if error is not None or not pending:
                             break
-                        raise FbtError(f"stages {', '.join(s.name for s in pending)}: wait for stages that never finish")
+                        raise FbtError(
+                            f"stages {', '.join(s.name for s in pending)}: wait for stages that never finish"
+                        )
                     finished, _ = wait(running, return_when=FIRST_COMPLETED)
                     for fut in finished:
                         s, key, aside, t0 = running.pop(fut)
@@ -112,7 +117,9 @@ class Runner:
                     self._failed(s, aside)
                 raise
         order = [s.name for s in stages]
-        self.times = {n: self.times[n] for n in sorted(self.times, key=lambda n: order.index(n) if n in order else len(order))}
+        self.times = {
+            n: self.times[n] for n in sorted(self.times, key=lambda n: order.index(n) if n in order else len(order))
+        }
         if error is not None:
             raise error
 
@@ -129,8 +136,10 @@ class Runner:
             return None
         stale_model = stage.resumable and rec.get("key") not in (None, key) and any(p.exists() for p in stage.outputs)
         if stale_model and stage.name not in self.force:  # never delete a trained model unasked
-            raise FbtError(f"{self.out}: stage {stage.name}'s inputs changed since {stage.outputs[0]} was made; "
-                           f"pass --force {stage.name} to redo it (deletes it) or choose another --out")
+            raise FbtError(
+                f"{self.out}: stage {stage.name}'s inputs changed since {stage.outputs[0]} was made; "
+                f"pass --force {stage.name} to redo it (deletes it) or choose another --out"
+            )
         aside = None
         if not (stage.resumable and rec.get("key") == key) or stage.name in self.force:
             if stage.resumable:  # forced (a stale model was refused above): the run starts afresh
@@ -216,8 +225,14 @@ SEED_ENTRY = re.compile(r"seed-\d+")
 def is_seeds_study(folder: Path) -> bool:
     """`folder` holds only a study over seeds: seed-S/ studies and seeds.csv (hidden temporary files aside)."""
     entries = [e for e in Path(folder).iterdir() if not e.name.startswith(".")]
-    return all(e.name == "seeds.csv" and e.is_file() or SEED_ENTRY.fullmatch(e.name) and e.is_dir()
-               and (is_study(e) or is_empty_dir(e)) for e in entries)
+    return all(
+        e.name == "seeds.csv"
+        and e.is_file()
+        or SEED_ENTRY.fullmatch(e.name)
+        and e.is_dir()
+        and (is_study(e) or is_empty_dir(e))
+        for e in entries
+    )
 
 
 def check_out(out: Path, seeds: bool = False) -> None:
@@ -229,8 +244,10 @@ def check_out(out: Path, seeds: bool = False) -> None:
     if not out.is_dir() or is_empty_dir(out) or is_study(out) or (seeds and is_seeds_study(out)):
         return
     what = "a study over seeds (seed-S/ and seeds.csv)" if seeds else f"a study folder ({STATE} missing)"
-    raise FbtError(f"--out {out}: exists and is not {what}; refusing to write into it, the stages would replace "
-                   "its files (choose another --out, or an empty folder)")
+    raise FbtError(
+        f"--out {out}: exists and is not {what}; refusing to write into it, the stages would replace "
+        "its files (choose another --out, or an empty folder)"
+    )
 
 
 def _chain(key: str, finished: str | None) -> str:

@@ -1,5 +1,6 @@
 """What the report and the findings both read: the study's result tables and their intervals
 (`fbt_probe.stats`: the resampling unit of every number is named there)."""
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -10,9 +11,11 @@ import pandas as pd
 from fbt_probe.stats import group_wilson
 
 PAPER_DEPTH0 = {"completion": 0.996, "memory": 1.0}  # one-step recurrent prefill, depth 0 (Fig. 7a)
-SETTING = ("The models here are small transformers trained on these tasks and probed on held-out contexts; the "
-           "paper probed its 1B general language model, so its numbers are a reference point, not a replication "
-           "target.")
+SETTING = (
+    "The models here are small transformers trained on these tasks and probed on held-out contexts; the "
+    "paper probed its 1B general language model, so its numbers are a reference point, not a replication "
+    "target."
+)
 
 
 def _summary(out: Path, name: str, exp: str) -> pd.DataFrame | None:
@@ -38,8 +41,14 @@ def pooled_accuracy(out: Path, cells: pd.DataFrame, task: str) -> dict:
     """Probe accuracy pooled over `cells` (rows of one metric, length x fold): correct / tested
     samples, with the Wilson interval at n = distinct groups (`fbt_probe.stats.group_wilson`)."""
     if cells.empty:
-        return {"value": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "n": 0, "groups": 0,
-                "lengths": []}
+        return {
+            "value": float("nan"),
+            "ci_low": float("nan"),
+            "ci_high": float("nan"),
+            "n": 0,
+            "groups": 0,
+            "lengths": [],
+        }
     n = float(cells["n_test"].sum())
     p = float((cells["value"] * cells["n_test"]).sum() / n)
     lengths = sorted(int(x) for x in cells["length"].unique())
@@ -60,6 +69,10 @@ def per_length(summary: pd.DataFrame | None, task: str, condition: str, metric: 
     """The summary's rows of one task x condition x metric, one per length (the pooled row left out)."""
     if summary is None:
         return pd.DataFrame()
-    g = summary[(summary["task"] == task) & (summary["condition"] == condition) & (summary["metric"] == metric)
-                & (summary["length_knob"] != -1)]
+    g = summary[
+        (summary["task"] == task)
+        & (summary["condition"] == condition)
+        & (summary["metric"] == metric)
+        & (summary["length_knob"] != -1)
+    ]
     return g.sort_values("length_knob")

@@ -6,6 +6,7 @@ query from it, using only the text and the spec's declarative fields (query temp
 answer variable) — never the generator's own values — so that a generator bug shows up as a
 disagreement. Generation runs it on every sample; a mismatch is a hard error.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,7 +22,7 @@ def run_program(text: str, query_lines: int = 1) -> tuple[dict, list[str]]:
     """Execute every line but the last `query_lines` (blank lines and lines of '#'s only are
     comments: padding); return (environment, query lines)."""
     lines = text.split("\n")
-    body, query = lines[: len(lines) - query_lines], lines[len(lines) - query_lines:]
+    body, query = lines[: len(lines) - query_lines], lines[len(lines) - query_lines :]
     env: dict[str, int] = {}
     for n, line in enumerate(body, 1):
         if _COMMENT.match(line):
@@ -107,5 +108,7 @@ def check_sample(spec, text: str, label: int, label_word: str, where: str) -> No
     """Raise unless the interpreter agrees with the generator's label and label word."""
     got = disagreement(spec, text, label, label_word, where)
     if got is not None:
-        raise FbtError(f"{where}: label checker says {got} ({spec.label_words[got]}) but the generator "
-                       f"wrote {label} ({label_word}); refusing to write an inconsistent dataset")
+        raise FbtError(
+            f"{where}: label checker says {got} ({spec.label_words[got]}) but the generator "
+            f"wrote {label} ({label_word}); refusing to write an inconsistent dataset"
+        )

@@ -4,6 +4,7 @@ The Parquet file is byte-identical for the same spec, seed, tokenizer and librar
 manifest (written last, so a dataset without one is incomplete) records the spec, the Parquet
 sha256, the tokenizer sha256, counts per cell, the package version and provenance.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,9 +26,19 @@ SAMPLE_COLUMNS = ("task", "pair_id", "group_id", "label", "label_word", "length_
 def arrow_schema():
     import pyarrow as pa
 
-    types = {"task": pa.string(), "text": pa.string(), "token_ids": pa.list_(pa.field("element", pa.int32())), "label": pa.int64(),
-             "label_word": pa.string(), "pair_id": pa.int64(), "group_id": pa.string(), "context_id": pa.string(),
-             "length_knob": pa.int64(), "n_tokens": pa.int64(), "seed": pa.int64()}
+    types = {
+        "task": pa.string(),
+        "text": pa.string(),
+        "token_ids": pa.list_(pa.field("element", pa.int32())),
+        "label": pa.int64(),
+        "label_word": pa.string(),
+        "pair_id": pa.int64(),
+        "group_id": pa.string(),
+        "context_id": pa.string(),
+        "length_knob": pa.int64(),
+        "n_tokens": pa.int64(),
+        "seed": pa.int64(),
+    }
     return pa.schema([(c, types[c]) for c in COLUMNS])
 
 
@@ -63,34 +74,53 @@ def write_dataset(df: pd.DataFrame, out_dir, tokenizer, force: bool = False, tok
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-
     task = df.attrs["spec"]["task"]
     parquet, manifest, tok_path = dataset_paths(out_dir, task)
     refuse_existing(parquet, force)
     refuse_existing(manifest, force)
     tok_sha = tokenizer_sha256(tokenizer)
     if tok_path.exists() and sha256_file(tok_path) != tok_sha:
-        refuse_existing(tok_path, force, hint="--force, or another --out folder, for a dataset with a different tokenizer")
+        refuse_existing(
+            tok_path, force, hint="--force, or another --out folder, for a dataset with a different tokenizer"
+        )
     if not tok_path.exists() or sha256_file(tok_path) != tok_sha:
         save_tokenizer(tokenizer, tok_path)
     table = pa.Table.from_pydict({c: df[c].tolist() for c in COLUMNS}, schema=arrow_schema())
     with atomic_path(parquet) as tmp:
         pq.write_table(table, tmp, compression="zstd")
-    write_json(manifest, {
-        "format": FORMAT, "task": task, "file": parquet.name, "sha256": sha256_file(parquet),
-        "rows": len(df), "pairs": len(df) // 2, "schema": schema_record(),
-        "spec": df.attrs["spec"], "seed": df.attrs["seed"], "groups": df.attrs["groups"],
-        "n_groups": int(df["group_id"].nunique()), "knob": knob_name(df.attrs["spec"]),
-        "counts": df.attrs["counts"], "suffix_tokens": df.attrs.get("suffix_tokens"),
-        "padded_to": df.attrs.get("padded_to"),
-        "tokenizer": {"file": tok_path.name, "sha256": tok_sha, "source": tokenizer_source,
-                      "vocab_size": tokenizer.get_vocab_size(), "final_token_id": df.attrs["final_token_id"],
-                      "final_token": df.attrs["final_token"],
-                      "label_token_ids": _label_token_ids(
-                          tokenizer, df.text.iloc[0], df.attrs["spec"]["label_words"].values())},
-        "package_version": __version__,
-        "provenance": provenance(),
-    })
+    write_json(
+        manifest,
+        {
+            "format": FORMAT,
+            "task": task,
+            "file": parquet.name,
+            "sha256": sha256_file(parquet),
+            "rows": len(df),
+            "pairs": len(df) // 2,
+            "schema": schema_record(),
+            "spec": df.attrs["spec"],
+            "seed": df.attrs["seed"],
+            "groups": df.attrs["groups"],
+            "n_groups": int(df["group_id"].nunique()),
+            "knob": knob_name(df.attrs["spec"]),
+            "counts": df.attrs["counts"],
+            "suffix_tokens": df.attrs.get("suffix_tokens"),
+            "padded_to": df.attrs.get("padded_to"),
+            "tokenizer": {
+                "file": tok_path.name,
+                "sha256": tok_sha,
+                "source": tokenizer_source,
+                "vocab_size": tokenizer.get_vocab_size(),
+                "final_token_id": df.attrs["final_token_id"],
+                "final_token": df.attrs["final_token"],
+                "label_token_ids": _label_token_ids(
+                    tokenizer, df.text.iloc[0], df.attrs["spec"]["label_words"].values()
+                ),
+            },
+            "package_version": __version__,
+            "provenance": provenance(),
+        },
+    )
     return parquet
 
 
@@ -109,11 +139,15 @@ def load_dataset(path) -> pd.DataFrame:
     parquet, manifest_path = _manifest_for(Path(path))
     if not parquet.is_file():
         raise FbtError(f"{parquet}: dataset file not found")
-    manifest = read_json(manifest_path, what="dataset manifest (written beside the .parquet by `fbt-probe tasks generate`)")
+    manifest = read_json(
+        manifest_path, what="dataset manifest (written beside the .parquet by `fbt-probe tasks generate`)"
+    )
     if manifest.get("format") != FORMAT:
         raise FbtError(f"{manifest_path}: field 'format': expected {FORMAT!r}, got {manifest.get('format')!r}")
     if manifest.get("sha256") != sha256_file(parquet):
-        raise FbtError(f"{parquet}: sha256 does not match field 'sha256' of {manifest_path.name} (file changed or truncated)")
+        raise FbtError(
+            f"{parquet}: sha256 does not match field 'sha256' of {manifest_path.name} (file changed or truncated)"
+        )
     try:
         table = pq.read_table(parquet)
     except Exception as exc:  # pyarrow raises several types for a damaged file
@@ -121,9 +155,13 @@ def load_dataset(path) -> pd.DataFrame:
     got = {f.name: str(f.type) for f in table.schema}
     if got != schema_record() or manifest.get("schema") != schema_record():
         diff = sorted(set(schema_record().items()) ^ set(got.items()))
-        raise FbtError(f"{parquet}: schema does not match the dataset schema (differs in {diff or 'manifest field schema'})")
+        raise FbtError(
+            f"{parquet}: schema does not match the dataset schema (differs in {diff or 'manifest field schema'})"
+        )
     if table.num_rows != manifest.get("rows"):
-        raise FbtError(f"{parquet}: {table.num_rows} rows but field 'rows' of {manifest_path.name} says {manifest.get('rows')}")
+        raise FbtError(
+            f"{parquet}: {table.num_rows} rows but field 'rows' of {manifest_path.name} says {manifest.get('rows')}"
+        )
     df = table.to_pandas()
     check_labels(df, manifest, parquet)
     df.attrs["manifest"] = manifest
@@ -138,11 +176,15 @@ def check_labels(df: pd.DataFrame, manifest: dict, parquet: Path) -> None:
     from fbt_probe.tasks.spec import spec_from_dict
 
     if not isinstance(manifest.get("spec"), dict):
-        raise FbtError(f"{parquet}: the manifest's field 'spec' is missing or not an object (regenerate with `fbt-probe tasks generate`)")
+        raise FbtError(
+            f"{parquet}: the manifest's field 'spec' is missing or not an object (regenerate with `fbt-probe tasks generate`)"
+        )
     spec = spec_from_dict(manifest["spec"], source=f"{parquet.name}'s manifest, field 'spec'")
     for row, (text, label, word, pair) in enumerate(zip(df["text"], df["label"], df["label_word"], df["pair_id"])):
         got = disagreement(spec, text, label, word, where=f"{parquet}: row {row} (pair {pair})")
         if got is not None:
-            raise FbtError(f"{parquet}: row {row} (pair {pair}): field 'label' is {label} ({word}) but its text says "
-                           f"{got} ({spec.label_words[got]}); the labels were changed after generation "
-                           "(regenerate with `fbt-probe tasks generate`)")
+            raise FbtError(
+                f"{parquet}: row {row} (pair {pair}): field 'label' is {label} ({word}) but its text says "
+                f"{got} ({spec.label_words[got]}); the labels were changed after generation "
+                "(regenerate with `fbt-probe tasks generate`)"
+            )

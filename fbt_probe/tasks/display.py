@@ -1,4 +1,5 @@
 """Side-by-side text rendering of minimal pairs for `fbt-probe tasks show`."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -8,7 +9,7 @@ def _shorten(lines: list[str], max_lines: int) -> list[str]:
     if len(lines) <= max_lines:
         return lines
     head, tail = max_lines // 2, max_lines - max_lines // 2 - 1
-    return lines[:head] + [f"... {len(lines) - head - tail} more lines ..."] + lines[len(lines) - tail:]
+    return lines[:head] + [f"... {len(lines) - head - tail} more lines ..."] + lines[len(lines) - tail :]
 
 
 def format_pair(a: pd.Series, b: pd.Series, max_lines: int = 12) -> str:
@@ -18,10 +19,11 @@ def format_pair(a: pd.Series, b: pd.Series, max_lines: int = 12) -> str:
     rows = list(zip(la + [""] * (len(lb) - len(la)), lb + [""] * (len(la) - len(lb)), marks))
     rows = [r if isinstance(r, tuple) else (r, "", " ") for r in _shorten(rows, max_lines)]
     width = max([len(x) for x, _, _ in rows] + [24])
-    head = [f"pair {a.pair_id}  {a.task}  length knob {a.length_knob}",
-            f"  groups: {a.group_id} | {b.group_id}"]
+    head = [f"pair {a.pair_id}  {a.task}  length knob {a.length_knob}", f"  groups: {a.group_id} | {b.group_id}"]
     body = [f"  {x:<{width}} {m}| {y}" for x, y, m in rows]
-    foot = [f"  {'-> ' + a.label_word + f' ({a.label}), {a.n_tokens} tokens':<{width}}  | -> {b.label_word} ({b.label}), {b.n_tokens} tokens"]
+    foot = [
+        f"  {'-> ' + a.label_word + f' ({a.label}), {a.n_tokens} tokens':<{width}}  | -> {b.label_word} ({b.label}), {b.n_tokens} tokens"
+    ]
     return "\n".join(head + body + foot)
 
 

@@ -7,6 +7,7 @@ re-derived from the text by the independent interpreter, every sample of a task 
 token, label words must be single tokens after the query, and register samples can be padded to an
 exact token length (a leading comment line of '#'s).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -20,8 +21,19 @@ from fbt_probe.tasks.rng import StableRng
 from fbt_probe.tasks.spec import TaskSpec, check_knob, load_spec
 from fbt_probe.tasks.tokenizer import build_tokenizer, check_encoded, check_label_words, encode, tokenizer_sha256
 
-COLUMNS = ("task", "text", "token_ids", "label", "label_word", "pair_id", "group_id", "context_id",
-           "length_knob", "n_tokens", "seed")
+COLUMNS = (
+    "task",
+    "text",
+    "token_ids",
+    "label",
+    "label_word",
+    "pair_id",
+    "group_id",
+    "context_id",
+    "length_knob",
+    "n_tokens",
+    "seed",
+)
 
 
 def _distinct_groups(spec: TaskSpec, knob: int, n: int, rng: StableRng, fits) -> list[Group]:
@@ -40,6 +52,7 @@ def _distinct_groups(spec: TaskSpec, knob: int, n: int, rng: StableRng, fits) ->
 
 def _cells(spec: TaskSpec, n_groups: int, seed: int, contexts) -> list[tuple[int, list]]:
     """[(knob, [Sample, ...])] in grid order."""
+
     def render(knob, g):
         return render_group(spec, knob, g, StableRng("fbt-probe.tasks", spec.task, seed, knob, g.group_id), contexts)
 
@@ -53,12 +66,20 @@ def _cells(spec: TaskSpec, n_groups: int, seed: int, contexts) -> list[tuple[int
     first = spec.length_grid[0]  # completion and memory groups do not depend on the length
     rng = StableRng("fbt-probe.tasks", spec.task, seed, "groups")
     probe = StableRng("unused")
-    groups = _distinct_groups(spec, first, n_groups, rng, lambda g: render_group(spec, first, g, probe, contexts) is not None)
+    groups = _distinct_groups(
+        spec, first, n_groups, rng, lambda g: render_group(spec, first, g, probe, contexts) is not None
+    )
     return [(knob, [s for g in groups for s in render(knob, g)]) for knob in spec.length_grid]
 
 
-def generate(spec, groups: int | None = None, seed: int | None = None, tokenizer=None, contexts=None,
-             tokenizer_name: str | None = None) -> pd.DataFrame:
+def generate(
+    spec,
+    groups: int | None = None,
+    seed: int | None = None,
+    tokenizer=None,
+    contexts=None,
+    tokenizer_name: str | None = None,
+) -> pd.DataFrame:
     """One row per sample, the two samples of a pair adjacent, cells in length-grid order.
 
     `groups` and `seed` override the spec's; `tokenizer` defaults to `build_tokenizer([spec])`;
@@ -81,12 +102,26 @@ def generate(spec, groups: int | None = None, seed: int | None = None, tokenizer
         n_cell_groups = len({s.group_id for s in samples})
         counts[str(knob)] = {"groups": n_cell_groups, "requested_groups": n_groups}
         for i, s in enumerate(samples):
-            rows.append({"task": spec.task, "text": s.text, "label": s.label, "label_word": spec.label_words[s.label],
-                         "pair_id": len(rows) // 2, "group_id": s.group_id, "context_id": s.context_id,
-                         "length_knob": knob, "seed": seed, "_query": s.pair})
+            rows.append(
+                {
+                    "task": spec.task,
+                    "text": s.text,
+                    "label": s.label,
+                    "label_word": spec.label_words[s.label],
+                    "pair_id": len(rows) // 2,
+                    "group_id": s.group_id,
+                    "context_id": s.context_id,
+                    "length_knob": knob,
+                    "seed": seed,
+                    "_query": s.pair,
+                }
+            )
         if n_cell_groups < n_groups:
-            warnings.warn(f"{spec.task}: {spec.knob_name}={knob} has only {n_cell_groups} distinct group(s) "
-                          f"(asked for {n_groups})", stacklevel=2)
+            warnings.warn(
+                f"{spec.task}: {spec.knob_name}={knob} has only {n_cell_groups} distinct group(s) "
+                f"(asked for {n_groups})",
+                stacklevel=2,
+            )
     if not rows:
         raise FbtError(f"{spec.task}: no group can be produced (is the contexts filter empty for this task?)")
 
@@ -107,11 +142,21 @@ def generate(spec, groups: int | None = None, seed: int | None = None, tokenizer
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     for knob, c in counts.items():
         cell = df[df.length_knob == int(knob)]
-        c.update(samples=len(cell), pairs=len(cell) // 2,
-                 n_tokens_min=int(cell.n_tokens.min()) if len(cell) else None,
-                 n_tokens_max=int(cell.n_tokens.max()) if len(cell) else None)
-    df.attrs.update(spec=spec.to_dict(), seed=seed, groups=n_groups, counts=counts, final_token_id=int(final),
-                    final_token=tok.id_to_token(final), tokenizer_sha256=tokenizer_sha256(tok))
+        c.update(
+            samples=len(cell),
+            pairs=len(cell) // 2,
+            n_tokens_min=int(cell.n_tokens.min()) if len(cell) else None,
+            n_tokens_max=int(cell.n_tokens.max()) if len(cell) else None,
+        )
+    df.attrs.update(
+        spec=spec.to_dict(),
+        seed=seed,
+        groups=n_groups,
+        counts=counts,
+        final_token_id=int(final),
+        final_token=tok.id_to_token(final),
+        tokenizer_sha256=tokenizer_sha256(tok),
+    )
     if suffix is not None:
         df.attrs["suffix_tokens"] = suffix
     if target is not None:
@@ -131,8 +176,10 @@ def _pad(spec: TaskSpec, tok, rows: list[dict], ids: list[list[int]]) -> int | N
     for i, r in enumerate(rows):
         missing = target - len(ids[i])
         if missing < 0:
-            raise FbtError(f"{spec.task}: field 'pad_to': sample {i} already has {len(ids[i])} tokens, more than "
-                           f"{target}; raise pad_to or use \"max\"")
+            raise FbtError(
+                f"{spec.task}: field 'pad_to': sample {i} already has {len(ids[i])} tokens, more than "
+                f'{target}; raise pad_to or use "max"'
+            )
         if missing == 0:
             continue
         tries = [found[missing]] if missing in found else range(missing)
@@ -144,8 +191,10 @@ def _pad(spec: TaskSpec, tok, rows: list[dict], ids: list[list[int]]) -> int | N
                 r["text"], ids[i] = text, new
                 break
         else:
-            raise FbtError(f"{spec.task}: field 'pad_to': sample {i} cannot be padded from {len(ids[i])} to exactly "
-                           f"{target} tokens with a leading line of '{PAD_LINE}'s under this tokenizer")
+            raise FbtError(
+                f"{spec.task}: field 'pad_to': sample {i} cannot be padded from {len(ids[i])} to exactly "
+                f"{target} tokens with a leading line of '{PAD_LINE}'s under this tokenizer"
+            )
     return target
 
 
@@ -157,15 +206,21 @@ def _suffix_tokens(spec: TaskSpec, tok, rows: list[dict]) -> dict:
         for r in rows:
             text, piece = r["text"], span.format(i=r["_query"])
             if not text.endswith(piece):
-                raise FbtError(f"{spec.task}: field 'suffix_spans' k={k}: {piece!r} is not the end of sample {r['pair_id']}'s text")
+                raise FbtError(
+                    f"{spec.task}: field 'suffix_spans' k={k}: {piece!r} is not the end of sample {r['pair_id']}'s text"
+                )
             head = encode(tok, [text[: len(text) - len(piece)]])[0]
             if r["token_ids"][: len(head)] != head:
-                raise FbtError(f"{spec.task}: field 'suffix_spans' k={k}: the tokenizer does not split the text where "
-                               f"{piece!r} starts, so no whole-token suffix covers it")
+                raise FbtError(
+                    f"{spec.task}: field 'suffix_spans' k={k}: the tokenizer does not split the text where "
+                    f"{piece!r} starts, so no whole-token suffix covers it"
+                )
             counts.add(len(r["token_ids"]) - len(head))
         if len(counts) != 1:
-            raise FbtError(f"{spec.task}: field 'suffix_spans' k={k}: {span!r} covers {sorted(counts)} tokens in different "
-                           "samples under this tokenizer; a recurrent:k suffix would not mean one span")
+            raise FbtError(
+                f"{spec.task}: field 'suffix_spans' k={k}: {span!r} covers {sorted(counts)} tokens in different "
+                "samples under this tokenizer; a recurrent:k suffix would not mean one span"
+            )
         out[k] = counts.pop()
     return out
 

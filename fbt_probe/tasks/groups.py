@@ -18,6 +18,7 @@ samples, two per minimal pair:
 
 Ids spell their content out (no hashing), so different groups never share an id.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -86,8 +87,10 @@ def _render_completion(spec: TaskSpec, knob: int, group: Group, rng: StableRng, 
             return None
         s = rng.choice(scratch)
         ctx = f"{spec.task}:R{r}-S{s}"
-        samples += [Sample(_completion_text(spec, knob, r, c, s), int(completion_truth(spec, r, c)), group.group_id, ctx, pair)
-                    for c in (other, r)]
+        samples += [
+            Sample(_completion_text(spec, knob, r, c, s), int(completion_truth(spec, r, c)), group.group_id, ctx, pair)
+            for c in (other, r)
+        ]
     return _pairs(samples, rng)
 
 
@@ -102,9 +105,15 @@ def _render_memory(spec: TaskSpec, knob: int, group: Group, rng: StableRng, cont
     if contexts is not None and group.group_id not in contexts:
         return None
     (bits,), n, tpl = group.params, spec.context_updates, spec.template
-    body = [tpl["context"].format(X=(bits >> (n - 1 - j)) & 1) for j in range(n)] + [tpl["distractor"]] * knob + [tpl["query"]]
-    samples = [Sample("\n".join([h.format(B=b) for h in tpl["header"]] + body), b, group.group_id, group.group_id, 0)
-               for b in (0, 1)]
+    body = (
+        [tpl["context"].format(X=(bits >> (n - 1 - j)) & 1) for j in range(n)]
+        + [tpl["distractor"]] * knob
+        + [tpl["query"]]
+    )
+    samples = [
+        Sample("\n".join([h.format(B=b) for h in tpl["header"]] + body), b, group.group_id, group.group_id, 0)
+        for b in (0, 1)
+    ]
     return _pairs(samples, rng)
 
 
@@ -138,8 +147,16 @@ def _render_registers(spec: TaskSpec, knob: int, group: Group, rng: StableRng, c
     latest = dict(writes)
     samples = []
     for reg in range(m):
-        samples += [Sample(registers_text(spec, ws, s, reg), latest[reg] if ws is writes else 1 - latest[reg],
-                           group.group_id, group.group_id, reg) for ws in (writes, complement)]
+        samples += [
+            Sample(
+                registers_text(spec, ws, s, reg),
+                latest[reg] if ws is writes else 1 - latest[reg],
+                group.group_id,
+                group.group_id,
+                reg,
+            )
+            for ws in (writes, complement)
+        ]
     return _pairs(samples, rng)
 
 

@@ -1,4 +1,5 @@
 """A random stream that stays the same across Python versions, so datasets stay byte-identical."""
+
 from __future__ import annotations
 
 import hashlib

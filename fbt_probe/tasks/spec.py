@@ -5,6 +5,7 @@ fills in its template lines, label words, length grid, group count and seed. The
 the paper's appendix F (`fbt_probe/tasks/specs/README.md` lists every departure). Validation happens once, here,
 with messages that name the file and the field; generators trust a `TaskSpec`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,17 +30,29 @@ MAX_GROUPS = 100_000
 
 # Template keys: name -> (one line or a list of lines, placeholders allowed, placeholders required once).
 _TEMPLATE_FIELDS = {
-    "completion": {"header": ("lines", {"R", "C", "S"}, {"R", "C", "S"}), "distractor": ("line", set(), set()),
-                   "query": ("line", set(), set())},
-    "memory": {"header": ("lines", {"B"}, {"B"}), "context": ("line", {"X"}, {"X"}), "distractor": ("line", set(), set()),
-               "query": ("line", set(), set())},
-    "registers": {"write": ("line", {"i", "v"}, {"i", "v"}), "scratch": ("lines", {"S"}, {"S"}),
-                  "query": ("lines", {"i"}, {"i"})},
+    "completion": {
+        "header": ("lines", {"R", "C", "S"}, {"R", "C", "S"}),
+        "distractor": ("line", set(), set()),
+        "query": ("line", set(), set()),
+    },
+    "memory": {
+        "header": ("lines", {"B"}, {"B"}),
+        "context": ("line", {"X"}, {"X"}),
+        "distractor": ("line", set(), set()),
+        "query": ("line", set(), set()),
+    },
+    "registers": {
+        "write": ("line", {"i", "v"}, {"i", "v"}),
+        "scratch": ("lines", {"S"}, {"S"}),
+        "query": ("lines", {"i"}, {"i"}),
+    },
 }
 _COMMON = {"task", "kind", "description", "template", "label_words", "length_grid", "groups", "seed"}
-_EXTRA = {"completion": {"relation", "value_range", "scratch_range"},
-          "memory": {"answer", "context_updates"},
-          "registers": {"registers", "assignments", "empty_updates", "scratch_range", "pad_to", "suffix_spans"}}
+_EXTRA = {
+    "completion": {"relation", "value_range", "scratch_range"},
+    "memory": {"answer", "context_updates"},
+    "registers": {"registers", "assignments", "empty_updates", "scratch_range", "pad_to", "suffix_spans"},
+}
 _OPTIONAL = {"description", "registers", "assignments", "pad_to", "suffix_spans"}
 _STATEMENT = re.compile(r"^\s*([A-Za-z_]\w*)\s*(=|\+=|-=|\^=)\s*(-?\d+)\s*$")
 _RELATION = re.compile(r"^\s*([A-Za-z_]\w*)\s*(==|!=)\s*([A-Za-z_]\w*)\s*$")
@@ -164,12 +177,24 @@ def spec_from_dict(raw: dict, source: str = "<spec>") -> TaskSpec:
     words = raw["label_words"]
     if not isinstance(words, dict) or set(words) != {"0", "1"}:
         raise bad("label_words", 'an object {"0": word, "1": word}', words)
-    if not all(isinstance(w, str) and re.fullmatch(r"[A-Za-z_]+", w) for w in words.values()) or words["0"] == words["1"]:
+    if (
+        not all(isinstance(w, str) and re.fullmatch(r"[A-Za-z_]+", w) for w in words.values())
+        or words["0"] == words["1"]
+    ):
         raise bad("label_words", "two different single words of letters and _", words)
     extra = _EXTRA_CHECKS[kind](raw, template, bad)
-    spec = TaskSpec(task=task, kind=kind, template=template, label_words=(words["0"], words["1"]),
-                    length_grid=(), groups=_int(raw, "groups", bad, 1, MAX_GROUPS), seed=_int(raw, "seed", bad, 0, 2**31 - 1),
-                    description=str(raw.get("description", "")), source=source, **extra)
+    spec = TaskSpec(
+        task=task,
+        kind=kind,
+        template=template,
+        label_words=(words["0"], words["1"]),
+        length_grid=(),
+        groups=_int(raw, "groups", bad, 1, MAX_GROUPS),
+        seed=_int(raw, "seed", bad, 0, 2**31 - 1),
+        description=str(raw.get("description", "")),
+        source=source,
+        **extra,
+    )
     grid = raw["length_grid"]
     if not isinstance(grid, list) or not grid:
         raise bad("length_grid", "a non-empty list of integers", grid)
@@ -193,8 +218,12 @@ def _int(raw, key, bad, lo: int, hi: int) -> int:
 
 def _range(raw, key, bad, width: int | None = None) -> tuple:
     vr = raw[key]
-    ok = (isinstance(vr, list) and len(vr) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in vr)
-          and 0 <= vr[0] <= vr[1] <= MAX_VALUE)
+    ok = (
+        isinstance(vr, list)
+        and len(vr) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in vr)
+        and 0 <= vr[0] <= vr[1] <= MAX_VALUE
+    )
     if not ok or (width is not None and vr[1] - vr[0] + 1 < width):
         need = "" if width is None else f" holding at least {width} values"
         raise bad(key, f"[low, high] with 0 <= low <= high <= {MAX_VALUE}{need}", vr)
@@ -208,9 +237,17 @@ def check_knob(spec: TaskSpec, knob, where: str = "length_grid") -> int:
     elif spec.assignments is None:
         lo, hi, what = 1, MAX_WRITES, "writes per register"
     else:
-        lo, hi, what = 1, min(MAX_REGISTERS, spec.assignments), f"register count dividing {spec.assignments} assignments"
-    if isinstance(knob, bool) or not isinstance(knob, int) or not lo <= knob <= hi or (
-            spec.assignments is not None and spec.assignments % knob):
+        lo, hi, what = (
+            1,
+            min(MAX_REGISTERS, spec.assignments),
+            f"register count dividing {spec.assignments} assignments",
+        )
+    if (
+        isinstance(knob, bool)
+        or not isinstance(knob, int)
+        or not lo <= knob <= hi
+        or (spec.assignments is not None and spec.assignments % knob)
+    ):
         raise FbtError(f"{where}: {knob!r} is not a {what} that can be produced (expected an integer {lo}..{hi})")
     return knob
 
@@ -228,7 +265,11 @@ def _check_template(tpl, kind, bad) -> dict:
         raise bad("template", "an object with keys " + ", ".join(fields), tpl)
     for key, (shape, allowed, required) in fields.items():
         lines = tpl[key] if shape == "lines" else [tpl[key]]
-        if not isinstance(lines, list) or not lines or not all(isinstance(s, str) and s.strip() and "\n" not in s for s in lines):
+        if (
+            not isinstance(lines, list)
+            or not lines
+            or not all(isinstance(s, str) and s.strip() and "\n" not in s for s in lines)
+        ):
             what = "a non-empty list of one-line strings" if shape == "lines" else "a non-empty one-line string"
             raise bad(f"template.{key}", what, tpl[key])
         seen: list[str] = []
@@ -246,8 +287,11 @@ def _check_template(tpl, kind, bad) -> dict:
                 raise bad(f"template.{key}", f"placeholder {{{name}}} exactly once", tpl[key])
     last = tpl["query"][-1] if isinstance(tpl["query"], list) else tpl["query"]
     if not last.rstrip().endswith(":") or placeholders(last):
-        raise bad("template.query", "a last line without placeholders ending with ':' (every sample ends with the same colon)",
-                  tpl["query"])
+        raise bad(
+            "template.query",
+            "a last line without placeholders ending with ':' (every sample ends with the same colon)",
+            tpl["query"],
+        )
     return {k: (list(v) if isinstance(v, list) else v) for k, v in tpl.items()}
 
 
@@ -275,9 +319,16 @@ def _completion_extra(raw, tpl, bad) -> dict:
         raise bad("template.header", "{R}, {C} and {S} assigned to three different variables", tpl["header"])
     m = _RELATION.match(raw["relation"]) if isinstance(raw["relation"], str) else None
     if not m or {m.group(1), m.group(3)} != {owner["R"], owner["C"]}:
-        raise bad("relation", f"'{owner['C']} == {owner['R']}' or '{owner['C']} != {owner['R']}' (every group holds the "
-                  "assignments (a,a), (a,b), (b,a), (b,b): only == and != give each pair two labels)", raw["relation"])
-    if _assigned(tpl["distractor"], {}, bad, "template.distractor", ("=", "+=", "-=", "^=")) in (owner["R"], owner["C"]):
+        raise bad(
+            "relation",
+            f"'{owner['C']} == {owner['R']}' or '{owner['C']} != {owner['R']}' (every group holds the "
+            "assignments (a,a), (a,b), (b,a), (b,b): only == and != give each pair two labels)",
+            raw["relation"],
+        )
+    if _assigned(tpl["distractor"], {}, bad, "template.distractor", ("=", "+=", "-=", "^=")) in (
+        owner["R"],
+        owner["C"],
+    ):
         raise bad("template.distractor", "a statement that does not change the compared variables", tpl["distractor"])
     return {"relation": raw["relation"].strip(), "value_range": vr, "scratch_range": sr}
 
@@ -299,15 +350,21 @@ def _memory_extra(raw, tpl, bad) -> dict:
 def _registers_extra(raw, tpl, bad) -> dict:
     has_m, has_n = raw.get("registers") is not None, raw.get("assignments") is not None
     if has_m == has_n:
-        raise bad("registers", "exactly one of 'registers' (overwrite sweep: the knob is writes per register) and "
-                  "'assignments' (count sweep: the knob is the register count)", raw.get("registers"))
+        raise bad(
+            "registers",
+            "exactly one of 'registers' (overwrite sweep: the knob is writes per register) and "
+            "'assignments' (count sweep: the knob is the register count)",
+            raw.get("registers"),
+        )
     m = _int(raw, "registers", bad, 1, MAX_REGISTERS) if has_m else None
     n = _int(raw, "assignments", bad, 1, MAX_REGISTERS * MAX_WRITES) if has_n else None
     _assigned(tpl["write"], {"i": 0, "v": 0}, bad, "template.write")
     sr = _range(raw, "scratch_range", bad)
     scratch = tpl["scratch"]
     if len(scratch) != 2 or "S" not in placeholders(scratch[0]) or placeholders(scratch[1]):
-        raise bad("template.scratch", "two lines: the first assigns {S}, the second (no placeholder) is repeated", scratch)
+        raise bad(
+            "template.scratch", "two lines: the first assigns {S}, the second (no placeholder) is repeated", scratch
+        )
     _assigned(scratch[0], {"S": sr[0]}, bad, "template.scratch")
     _assigned(scratch[1], {}, bad, "template.scratch", ("=", "+=", "-=", "^="))
     empty = _int(raw, "empty_updates", bad, 1, MAX_DISTRACTORS)
@@ -316,11 +373,28 @@ def _registers_extra(raw, tpl, bad) -> dict:
         raise bad("pad_to", 'null, "max" or a positive token length', pad)
     spans = raw.get("suffix_spans")
     if spans is not None:
-        if not isinstance(spans, dict) or not spans or not all(
-                isinstance(k, str) and k.isdigit() and int(k) >= 1 and isinstance(v, str) and v for k, v in spans.items()):
-            raise bad("suffix_spans", 'an object {"k": "text the last k inputs cover", ...} ({i}: the queried register)', spans)
+        if (
+            not isinstance(spans, dict)
+            or not spans
+            or not all(
+                isinstance(k, str) and k.isdigit() and int(k) >= 1 and isinstance(v, str) and v
+                for k, v in spans.items()
+            )
+        ):
+            raise bad(
+                "suffix_spans",
+                'an object {"k": "text the last k inputs cover", ...} ({i}: the queried register)',
+                spans,
+            )
         spans = dict(sorted(spans.items(), key=lambda kv: int(kv[0])))
-    return {"registers": m, "assignments": n, "empty_updates": empty, "scratch_range": sr, "pad_to": pad, "suffix_spans": spans}
+    return {
+        "registers": m,
+        "assignments": n,
+        "empty_updates": empty,
+        "scratch_range": sr,
+        "pad_to": pad,
+        "suffix_spans": spans,
+    }
 
 
 _EXTRA_CHECKS = {"completion": _completion_extra, "memory": _memory_extra, "registers": _registers_extra}

@@ -6,6 +6,7 @@ out whole count pairs {a, b} would leave training almost no `more` cases, since 
 groups use 80 of the 91 pairs —; memory the scratch context; registers the update schedule (with
 its complement). For memory and registers the context is the group id itself.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -78,8 +79,9 @@ def _per_task(value, specs: dict, what: str, default) -> dict:
     return {t: value for t in specs}
 
 
-def training_documents(specs, tokenizer=None, n: int = 1000, seed: int = 0, mixture=None,
-                       exclude_groups=None, knobs=None) -> Iterator[dict]:
+def training_documents(
+    specs, tokenizer=None, n: int = 1000, seed: int = 0, mixture=None, exclude_groups=None, knobs=None
+) -> Iterator[dict]:
     """Yield `n` training documents drawn from the task generators.
 
     Each is a dict: `token_ids` (sample text, then the answer word, then a newline), `answer_pos`
@@ -97,7 +99,10 @@ def training_documents(specs, tokenizer=None, n: int = 1000, seed: int = 0, mixt
         raise FbtError(f"n: expected an integer >= 0, got {n!r}")
     tok = tokenizer if tokenizer is not None else build_tokenizer(spec_list)
     weights = _per_task(mixture, by_task, "mixture", lambda s: 1.0)
-    if not all(isinstance(w, (int, float)) and math.isfinite(w) and w >= 0 for w in weights.values()) or sum(weights.values()) <= 0:
+    if (
+        not all(isinstance(w, (int, float)) and math.isfinite(w) and w >= 0 for w in weights.values())
+        or sum(weights.values()) <= 0
+    ):
         raise FbtError(f"mixture: expected non-negative finite weights with a positive sum, got {weights}")
     tasks = [t for t in by_task if weights[t] > 0]
     grids = _per_task(knobs, by_task, "knobs", lambda s: list(s.length_grid))
@@ -125,6 +130,17 @@ def training_documents(specs, tokenizer=None, n: int = 1000, seed: int = 0, mixt
         if pos is None:
             raise FbtError(f"{task}: answer word {word!r} is not a single token after the colon under this tokenizer")
         if final.setdefault(task, ids[pos - 1]) != ids[pos - 1]:
-            raise FbtError(f"{task}: a document's last token before the answer is id {ids[pos - 1]}, not the shared id {final[task]}")
-        yield {"token_ids": ids, "answer_pos": pos, "task": task, "group_id": group, "context_id": sample.context_id,
-               "label": label, "label_word": word, "length_knob": knob, "text": text}
+            raise FbtError(
+                f"{task}: a document's last token before the answer is id {ids[pos - 1]}, not the shared id {final[task]}"
+            )
+        yield {
+            "token_ids": ids,
+            "answer_pos": pos,
+            "task": task,
+            "group_id": group,
+            "context_id": sample.context_id,
+            "label": label,
+            "label_word": word,
+            "length_knob": knob,
+            "text": text,
+        }

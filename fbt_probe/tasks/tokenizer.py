@@ -6,6 +6,7 @@ query (`Status:`, `# final state:`, `query = r3` / `Value:`) ends in the same ':
 (ids never move when a spec file is edited); words a variant spec introduces are appended in sorted
 order. No special tokens are added when encoding, with this or any other tokenizer.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,10 +21,29 @@ PAD, UNK = "<pad>", "<unk>"
 # Order is the id: <pad> = 0. Covers the built-in specs (the paper's appendix F) and their answer
 # words; numbers up to 99 are single words (a digit run is a token of its own, so `r3` is `r`, `3`).
 BASE_VOCAB = (
-    PAD, UNK, "\n", ":", "=", "+=", "-=", "^=", "#",
+    PAD,
+    UNK,
+    "\n",
+    ":",
+    "=",
+    "+=",
+    "-=",
+    "^=",
+    "#",
     *(str(d) for d in range(100)),
-    "required", "completed", "scratch", "Status", "state", "final", "query", "Value", "r",
-    "done", "more", "zero", "one",
+    "required",
+    "completed",
+    "scratch",
+    "Status",
+    "state",
+    "final",
+    "query",
+    "Value",
+    "r",
+    "done",
+    "more",
+    "zero",
+    "one",
 )
 _DIGITS = re.compile(r"[0-9]+")
 
@@ -49,7 +69,6 @@ def build_tokenizer(specs=None):
     produce that it lacks. With the built-in specs the result is always the same file."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
-
     vocab = {w: i for i, w in enumerate(BASE_VOCAB)}
     extra = set()
     for spec in specs or ():
@@ -57,12 +76,14 @@ def build_tokenizer(specs=None):
     for word in sorted(extra - set(vocab)):
         vocab[word] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"[ \t\r]+"), "removed"),
-        pre_tokenizers.Split("\n", "isolated"),
-        pre_tokenizers.Split(":", "isolated"),
-        pre_tokenizers.Split(Regex(_DIGITS.pattern), "isolated"),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"[ \t\r]+"), "removed"),
+            pre_tokenizers.Split("\n", "isolated"),
+            pre_tokenizers.Split(":", "isolated"),
+            pre_tokenizers.Split(Regex(_DIGITS.pattern), "isolated"),
+        ]
+    )
     tok.add_special_tokens([PAD, UNK])
     return tok
 
@@ -141,15 +162,18 @@ def check_encoded(tok, task: str, ids: list[list[int]], describe) -> int:
         if not row:
             raise FbtError(f"{task}: sample {i} ({describe(i)}) encodes to no tokens")
         if unk is not None and unk in row:
-            raise FbtError(f"{task}: sample {i} ({describe(i)}) has words outside the tokenizer's vocabulary "
-                           f"(encoded as {UNK}); build the tokenizer from this spec or use another one")
+            raise FbtError(
+                f"{task}: sample {i} ({describe(i)}) has words outside the tokenizer's vocabulary "
+                f"(encoded as {UNK}); build the tokenizer from this spec or use another one"
+            )
     final = ids[0][-1]
     for i, row in enumerate(ids):
         if row[-1] != final:
             raise FbtError(
                 f"{task}: sample {i} ({describe(i)}) ends with token {token_name(tok, row[-1])} (id {row[-1]}) but "
                 f"sample 0 ends with {token_name(tok, final)} (id {final}); every sample of a task must end "
-                "with the same token under the tokenizer in use")
+                "with the same token under the tokenizer in use"
+            )
     return final
 
 
@@ -167,11 +191,15 @@ def check_label_words(tok, task: str, query_line: str, words, tokenizer_name: st
         full, pos = answer_ids(tok, query_line, word)
         if pos is None:
             n = len(tok.encode(f" {word}", add_special_tokens=False).ids)
-            raise FbtError(f"{task}: label word {word!r} is {n if n > 1 else 'not one'} token{'s' if n > 1 else ''} "
-                           f"after the query under {tokenizer_name}; label words must be single tokens")
+            raise FbtError(
+                f"{task}: label word {word!r} is {n if n > 1 else 'not one'} token{'s' if n > 1 else ''} "
+                f"after the query under {tokenizer_name}; label words must be single tokens"
+            )
         if unk is not None and full[pos] == unk:
-            raise FbtError(f"{task}: label word {word!r} is not in the vocabulary of {tokenizer_name} "
-                           f"(it encodes as {tok.id_to_token(unk)!r}); use a tokenizer that has it")
+            raise FbtError(
+                f"{task}: label word {word!r} is not in the vocabulary of {tokenizer_name} "
+                f"(it encodes as {tok.id_to_token(unk)!r}); use a tokenizer that has it"
+            )
 
 
 def answer_ids(tok, text: str, word: str) -> tuple[list[int], int | None]:

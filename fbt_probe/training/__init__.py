@@ -1,4 +1,5 @@
 """Multi-pass training of small latent-feedback models (docs/training.md)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,8 +19,17 @@ from fbt_probe.training.evaluate import answer_accuracy, eval_samples
 from fbt_probe.training.loop import make_optimizer, multipass_loss, train, weighted_ce
 from fbt_probe.training.resume import recorded, unfinished_run
 
-__all__ = ["PAPER_SCHEDULE", "TRAIN_KNOBS", "Schedule", "TrainConfig", "multipass_loss", "parse_schedule",
-           "run_training", "train", "weighted_ce"]
+__all__ = [
+    "PAPER_SCHEDULE",
+    "TRAIN_KNOBS",
+    "Schedule",
+    "TrainConfig",
+    "multipass_loss",
+    "parse_schedule",
+    "run_training",
+    "train",
+    "weighted_ce",
+]
 
 
 def _initial_model(cfg: TrainConfig, tokenizer, init: str | Path | None):
@@ -38,9 +48,17 @@ def _initial_model(cfg: TrainConfig, tokenizer, init: str | Path | None):
     return model
 
 
-def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = None, resume: bool = False,
-                 force: bool = False, progress: bool = True, eval_pairs: int = 16, fsdp: bool = False,
-                 device: str = "cpu") -> dict:
+def run_training(
+    cfg: TrainConfig,
+    out: str | Path,
+    init: str | Path | None = None,
+    resume: bool = False,
+    force: bool = False,
+    progress: bool = True,
+    eval_pairs: int = 16,
+    fsdp: bool = False,
+    device: str = "cpu",
+) -> dict:
     """Train (or resume) a run folder. Returns {'seconds', 'tokens', 'step'} (+ 'replaced': the folder
     path when `force` replaced an earlier run). `force` replaces only a run folder (or an empty
     folder), after every input has been read; the new run is trained in a temporary sibling and
@@ -63,16 +81,26 @@ def run_training(cfg: TrainConfig, out: str | Path, init: str | Path | None = No
         try:
             opt.load_state_dict(opt_state)
         except (ValueError, KeyError, TypeError, RuntimeError, IndexError) as exc:
-            raise FbtError(f"{out / 'train_state.pt'}: optimizer state does not fit the model "
-                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); cannot resume") from None
+            raise FbtError(
+                f"{out / 'train_state.pt'}: optimizer state does not fit the model "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); cannot resume"
+            ) from None
         distributed.on_main(lambda: truncate_metrics(out, step))
     else:
-        replacing = distributed.on_main(lambda: refuse_existing(
-            out, force, hint="--resume to continue it or --force", own=lambda p: is_run_folder(p) or unfinished_run(p),
-            kind="a training run folder (config.json with a 'train' field, or a run stopped before its first checkpoint)"))
+        replacing = distributed.on_main(
+            lambda: refuse_existing(
+                out,
+                force,
+                hint="--resume to continue it or --force",
+                own=lambda p: is_run_folder(p) or unfinished_run(p),
+                kind="a training run folder (config.json with a 'train' field, or a run stopped before its first checkpoint)",
+            )
+        )
         tokenizer = build_tokenizer()
         init = init if init is not None else cfg.init
-        model = _on_device(_initial_model(cfg, tokenizer, init), device)  # every input is read before anything is written
+        model = _on_device(
+            _initial_model(cfg, tokenizer, init), device
+        )  # every input is read before anything is written
         if init is not None:  # the run records where its weights came from
             cfg = dataclasses.replace(cfg, init=str(init), init_sha256=_init_sha256(init))
         target = out
@@ -122,7 +150,9 @@ def is_run_folder(folder: Path) -> bool:
     return isinstance(meta, dict) and "train" in meta and "fbt_probe_format" in meta
 
 
-def _train(model, tokenizer, cfg: TrainConfig, out: Path, step: int, opt, progress: bool, eval_pairs: int, fsdp: bool) -> dict:
+def _train(
+    model, tokenizer, cfg: TrainConfig, out: Path, step: int, opt, progress: bool, eval_pairs: int, fsdp: bool
+) -> dict:
     samples = eval_samples(cfg, tokenizer, pairs=eval_pairs)
 
     def on_eval(m) -> dict:
@@ -131,5 +161,7 @@ def _train(model, tokenizer, cfg: TrainConfig, out: Path, step: int, opt, progre
         rec.update(ARCHS[cfg.arch].val_losses(m, cfg, tokenizer, max_passes=min(3, cfg.schedule_obj.max_passes + 1)))
         return rec
 
-    result = train(model, tokenizer, cfg, out, start_step=step, optimizer=opt, progress=progress, on_eval=on_eval, fsdp=fsdp)
+    result = train(
+        model, tokenizer, cfg, out, start_step=step, optimizer=opt, progress=progress, on_eval=on_eval, fsdp=fsdp
+    )
     return {**result, "step": cfg.steps}

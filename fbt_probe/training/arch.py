@@ -1,6 +1,7 @@
 """What differs between architectures in training, looked up by `TrainConfig.arch` in `ARCHS`:
 the model a run starts from, the validation losses it logs, and what `fbt-probe eval` reports.
 (The objective is looked up by the model itself: `fbt_probe.training.loop.LOSSES`.)"""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,8 +43,10 @@ def _check_preset_shapes(model, name: str, init) -> None:
     got = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     if got != want:
         diff = next((k for k in want if want[k] != got.get(k)), None) or next(k for k in got if k not in want)
-        raise FbtError(f"--init {init}: not a '{name}' model ({diff}: {got.get(diff, 'missing')} where the preset has "
-                       f"{want.get(diff, 'no such parameter')}); pass --preset of the model it was trained as")
+        raise FbtError(
+            f"--init {init}: not a '{name}' model ({diff}: {got.get(diff, 'missing')} where the preset has "
+            f"{want.get(diff, 'no such parameter')}); pass --preset of the model it was trained as"
+        )
 
 
 def hidden_initial_model(cfg: TrainConfig, vocab: int, init: str | Path | None):
@@ -57,7 +60,9 @@ def hidden_initial_model(cfg: TrainConfig, vocab: int, init: str | Path | None):
     if is_hidden_checkpoint(init):
         model = load_hidden(init)
         if model.cfg.n_streams != cfg.streams:
-            raise FbtError(f"{init}: a hidden-decoding checkpoint with {model.cfg.n_streams} streams, not {cfg.streams}")
+            raise FbtError(
+                f"{init}: a hidden-decoding checkpoint with {model.cfg.n_streams} streams, not {cfg.streams}"
+            )
         return model
     return HiddenDecodingTransformer.from_base(load_model(str(init)), cfg.streams, cfg.cross_stream_layers)
 
@@ -87,6 +92,12 @@ class Arch:
 
 ARCHS: dict[str, Arch] = {
     "feedback": Arch(feedback_initial_model, feedback_val_loss, None, "validation loss per pass: "),
-    HIDDEN_ARCH: Arch(hidden_initial_model, hidden_val_loss, ("standard",), "validation loss (one pass, last streams): ",
-                      kind="Hidden Decoding (n streams per token, one pass)", needs_init=True),
+    HIDDEN_ARCH: Arch(
+        hidden_initial_model,
+        hidden_val_loss,
+        ("standard",),
+        "validation loss (one pass, last streams): ",
+        kind="Hidden Decoding (n streams per token, one pass)",
+        needs_init=True,
+    ),
 }

@@ -1,5 +1,6 @@
 """Run folders: config.json (model + train config + provenance), model.safetensors, tokenizer.json,
 train_state.pt (optimizer state and step, for resume) and metrics.jsonl."""
+
 from __future__ import annotations
 
 import io
@@ -24,13 +25,24 @@ def save_run(model, opt, cfg: TrainConfig, out: Path, step: int, world_size: int
     # torch.save names the zip's records after the file it writes to (here a random temporary name);
     # a buffer's records are always "archive/...", so identical runs write identical bytes
     buffer = io.BytesIO()
-    state = tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, opt if isinstance(opt, dict) else opt.state_dict())
+    state = tree_map(
+        lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, opt if isinstance(opt, dict) else opt.state_dict()
+    )
     torch.save({"step": step, "optimizer": state}, buffer)
     with atomic_path(out / "train_state.pt") as tmp:
         tmp.write_bytes(buffer.getvalue())
     tok = out / "tokenizer.json"
-    save_checkpoint(model, out, None, extra={"train": cfg.to_dict(), "step": step,
-                                             "tokenizer_sha256": _sha(tok), "provenance": provenance(seed=cfg.seed, world_size=world_size, device=device)})
+    save_checkpoint(
+        model,
+        out,
+        None,
+        extra={
+            "train": cfg.to_dict(),
+            "step": step,
+            "tokenizer_sha256": _sha(tok),
+            "provenance": provenance(seed=cfg.seed, world_size=world_size, device=device),
+        },
+    )
 
 
 def _sha(path: Path) -> str | None:
@@ -46,8 +58,11 @@ def load_trained(source) -> tuple:
     meta = read_json(out / "config.json", "run config")
     if not isinstance(meta, dict) or "train" not in meta:
         raise FbtError(f"{out / 'config.json'}: field 'train' missing (not a training run folder)")
-    cfg = TrainConfig.from_dict(meta["train"], source=f"{out / 'config.json'}: field 'train'",
-                                legacy=legacy_version(meta.get("fbt_probe_format")) == 1)  # train fields changed only after /1
+    cfg = TrainConfig.from_dict(
+        meta["train"],
+        source=f"{out / 'config.json'}: field 'train'",
+        legacy=legacy_version(meta.get("fbt_probe_format")) == 1,
+    )  # train fields changed only after /1
     model = CHECKPOINT_LOADERS[cfg.arch](out)
     if meta.get("tokenizer_sha256") != _sha(out / "tokenizer.json"):
         raise FbtError(f"{out / 'tokenizer.json'}: does not match the tokenizer the run was trained with")
@@ -73,6 +88,7 @@ def load_run(out: Path):
 
 def check_train_state(state, path: Path) -> None:
     """The structure `save_run` writes: {'step': int, 'optimizer': an optimizer state dict}."""
+
     def bad(what: str):
         return FbtError(f"{path}: {what} (not a train state fbt-probe wrote; cannot resume)")
 
@@ -89,7 +105,9 @@ def check_train_state(state, path: Path) -> None:
     for key, kind in (("state", dict), ("param_groups", list)):
         if not isinstance(opt.get(key), kind):
             raise bad(f"field 'optimizer.{key}' missing or not a {kind.__name__}")
-    if not opt["param_groups"] or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in opt["param_groups"]):
+    if not opt["param_groups"] or not all(
+        isinstance(g, dict) and isinstance(g.get("params"), list) for g in opt["param_groups"]
+    ):
         raise bad("field 'optimizer.param_groups' must list groups with their 'params'")
 
 

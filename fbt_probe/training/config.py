@@ -1,4 +1,5 @@
 """Training configuration and the pass-count schedule (docs/training.md)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,7 +53,9 @@ def parse_schedule(text: str) -> Schedule:
             k, p = item.split(":")
             k, p = int(k), float(p)
         except ValueError:
-            raise FbtError(f"schedule '{text}': expected 'K:p,K:p,...' (e.g. {PAPER_SCHEDULE}) or 'constant:K'") from None
+            raise FbtError(
+                f"schedule '{text}': expected 'K:p,K:p,...' (e.g. {PAPER_SCHEDULE}) or 'constant:K'"
+            ) from None
         if k < 1 or not (math.isfinite(p) and p >= 0) or k in probs:
             raise FbtError(f"schedule '{text}': each K must be a distinct integer >= 1 with a finite p >= 0")
         probs[k] = p
@@ -73,8 +76,12 @@ class TrainConfig:
     learned at every length on 1 seed of 3, with these shares on 5 of 6 (docs/research/completion-dependable.md)."""
     steps: int = 800
     tokens_per_step: int = 2048  # documents (one per row, whole) are drawn until this many tokens
-    lr: float = 1e-3  # the prototype's 2e-3 learned completion later or not at all (docs/research/qk-norm-gain-and-lr.md)
-    min_lr_ratio: float = 0.1  # cosine decay to 10 %: at a constant lr accuracy oscillates (docs/research/reference-recipe.md)
+    lr: float = (
+        1e-3  # the prototype's 2e-3 learned completion later or not at all (docs/research/qk-norm-gain-and-lr.md)
+    )
+    min_lr_ratio: float = (
+        0.1  # cosine decay to 10 %: at a constant lr accuracy oscillates (docs/research/reference-recipe.md)
+    )
     warmup: int = 100
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = 0.01  # on matrices only
@@ -83,7 +90,9 @@ class TrainConfig:
     lam: float = 1.0  # λ of eq. 12
     noise: float = 0.02  # σ of the uniform noise on carried states
     prefix_mix: float = 0.25  # share of rows whose random prompt prefix keeps plain embeddings
-    answer_weight: float = 20.0  # with answer_share None: the answer weighs this many text tokens (at 5 the mix sat at chance 900 steps)
+    answer_weight: float = (
+        20.0  # with answer_share None: the answer weighs this many text tokens (at 5 the mix sat at chance 900 steps)
+    )
     answer_share: float | None = 0.5
     """The answer's share of every document's loss weight, whatever the document's length (None:
     `answer_weight` instead): a fixed weight makes the answer a smaller share of longer documents
@@ -157,39 +166,64 @@ class TrainConfig:
         else:
             object.__setattr__(self, "task_shares", dict(self.task_shares))
         shares = self.task_shares
-        if sorted(shares) != sorted(self.tasks) or any(not _number(v) or not math.isfinite(v) or v <= 0 for v in shares.values()):
-            raise FbtError(f"train config: field 'task_shares' needs a positive share for each of {list(self.tasks)}, got {shares}")
+        if sorted(shares) != sorted(self.tasks) or any(
+            not _number(v) or not math.isfinite(v) or v <= 0 for v in shares.values()
+        ):
+            raise FbtError(
+                f"train config: field 'task_shares' needs a positive share for each of {list(self.tasks)}, got {shares}"
+            )
         if abs(sum(shares.values()) - 1.0) > 1e-6:
             raise FbtError(f"train config: field 'task_shares' sums to {sum(shares.values()):g}, expected 1")
         if self.answer_share is not None and not 0 < self.answer_share <= 1:
-            raise FbtError(f"train config: field 'answer_share' (--answer-share) must be in (0, 1] (1: answers only), got {self.answer_share}")
+            raise FbtError(
+                f"train config: field 'answer_share' (--answer-share) must be in (0, 1] (1: answers only), got {self.answer_share}"
+            )
         if not 0 <= self.min_lr_ratio <= 1:
-            raise FbtError(f"train config: field 'min_lr_ratio' (--min-lr-ratio) must be in [0, 1] (1: constant lr), got {self.min_lr_ratio}")
+            raise FbtError(
+                f"train config: field 'min_lr_ratio' (--min-lr-ratio) must be in [0, 1] (1: constant lr), got {self.min_lr_ratio}"
+            )
         if not (math.isfinite(self.lr) and self.lr >= 0) or self.warmup < 0:
-            raise FbtError(f"train config: fields 'lr' and 'warmup' (--lr, --warmup) must be finite and >= 0, got {self.lr} and {self.warmup}")
+            raise FbtError(
+                f"train config: fields 'lr' and 'warmup' (--lr, --warmup) must be finite and >= 0, got {self.lr} and {self.warmup}"
+            )
         self._check_floats()
         self._check_register_mix()
         d = self.decay_steps
         if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= self.steps:
-            raise FbtError(f"train config: field 'decay_steps' (--decay-steps) must be an integer 0..steps ({self.steps}), got {d!r}")
+            raise FbtError(
+                f"train config: field 'decay_steps' (--decay-steps) must be an integer 0..steps ({self.steps}), got {d!r}"
+            )
         if self.one_pass_steps < 0:
             raise FbtError("train config: field 'one_pass_steps' must be >= 0")
         c = self.copy_steps
         if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= self.steps:
-            raise FbtError(f"train config: field 'copy_steps' (--copy-steps) must be an integer 0..steps ({self.steps}), got {c!r}")
+            raise FbtError(
+                f"train config: field 'copy_steps' (--copy-steps) must be an integer 0..steps ({self.steps}), got {c!r}"
+            )
         r = self.register_steps
         if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r <= self.steps - c:
-            raise FbtError(f"train config: field 'register_steps' (--register-steps) must be an integer 0..steps - copy_steps "
-                           f"({self.steps - c}), got {r!r}")
+            raise FbtError(
+                f"train config: field 'register_steps' (--register-steps) must be an integer 0..steps - copy_steps "
+                f"({self.steps - c}), got {r!r}"
+            )
         if r and not self._has_register_task():
-            raise FbtError(f"train config: field 'register_steps' (--register-steps) trains the register tasks alone: "
-                           f"tasks {list(self.tasks)} have none")
+            raise FbtError(
+                f"train config: field 'register_steps' (--register-steps) trains the register tasks alone: "
+                f"tasks {list(self.tasks)} have none"
+            )
         self._check_register_ramp()
 
     def _check_floats(self) -> None:
         """Every float field finite and in its range (NaN passes no comparison, so each is explicit)."""
-        ranges = {"lam": (0, None, "--lam"), "noise": (0, None, "--noise"), "weight_decay": (0, None, ""),
-                  "clip": (0, None, ""), "answer_weight": (0, None, ""), "prefix_mix": (0, 1, ""), "heldout_fraction": (0, 1, "")}
+        ranges = {
+            "lam": (0, None, "--lam"),
+            "noise": (0, None, "--noise"),
+            "weight_decay": (0, None, ""),
+            "clip": (0, None, ""),
+            "answer_weight": (0, None, ""),
+            "prefix_mix": (0, 1, ""),
+            "heldout_fraction": (0, 1, ""),
+        }
         for name, (low, high, option) in ranges.items():
             v = getattr(self, name)
             if not (_number(v) and math.isfinite(v) and v >= low and (high is None or v <= high)):
@@ -208,12 +242,16 @@ class TrainConfig:
         windows = parse_ramp(self.register_ramp, where)
         total = sum(n for _, n in windows)
         if total > self.register_steps:
-            raise FbtError(f"{where}: its windows take {total} steps, more than the register phase "
-                           f"(register_steps = {self.register_steps}); pass a shorter ramp, or 'none'")
+            raise FbtError(
+                f"{where}: its windows take {total} steps, more than the register phase "
+                f"(register_steps = {self.register_steps}); pass a shorter ramp, or 'none'"
+            )
         least = min(k.registers for k in self.register_kinds)
         for bound, _ in windows:
             if bound < least:
-                raise FbtError(f"{where}: no kind of the register mix has at most {bound} registers (the fewest is {least})")
+                raise FbtError(
+                    f"{where}: no kind of the register mix has at most {bound} registers (the fewest is {least})"
+                )
         object.__setattr__(self, "register_ramp", " ".join(f"{m}:{n}" for m, n in windows))
 
     @property
@@ -235,16 +273,22 @@ class TrainConfig:
     def _check_register_mix(self) -> None:
         q = self.register_queries
         if isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= MAX_QUERIES:
-            raise FbtError(f"train config: field 'register_queries' (--register-queries) must be an integer 1..{MAX_QUERIES}, got {q!r}")
+            raise FbtError(
+                f"train config: field 'register_queries' (--register-queries) must be an integer 1..{MAX_QUERIES}, got {q!r}"
+            )
         if self.register_mix is None:
             if q != 1:
-                raise FbtError("train config: field 'register_queries' (--register-queries) applies to register-mix documents: "
-                               "set field 'register_mix' (--register-mix) too")
+                raise FbtError(
+                    "train config: field 'register_queries' (--register-queries) applies to register-mix documents: "
+                    "set field 'register_mix' (--register-mix) too"
+                )
             return
         object.__setattr__(self, "register_mix", " ".join(map(str, parse_register_mix(self.register_mix))))
         if not self._has_register_task():
-            raise FbtError(f"train config: field 'register_mix' (--register-mix) replaces the register tasks' cells: "
-                           f"tasks {list(self.tasks)} have none (e.g. --tasks registers,registers-count)")
+            raise FbtError(
+                f"train config: field 'register_mix' (--register-mix) replaces the register tasks' cells: "
+                f"tasks {list(self.tasks)} have none (e.g. --tasks registers,registers-count)"
+            )
 
     def _has_register_task(self) -> bool:
         return any(load_spec(t).kind == "registers" for t in self.tasks)
@@ -310,8 +354,16 @@ def equal_cell_shares(tasks, knobs: dict | None = None) -> dict:
 
 # fields added after format fbt-probe/2, with the value that means "not used": config.json leaves
 # them out at that value and a run that lacks them used none of them
-ADDED_FIELDS = {"register_mix": None, "register_queries": 1, "init": None, "init_sha256": None, "copy_steps": 0,
-                "register_steps": 0, "register_ramp": None, "decay_steps": 0}
+ADDED_FIELDS = {
+    "register_mix": None,
+    "register_queries": 1,
+    "init": None,
+    "init_sha256": None,
+    "copy_steps": 0,
+    "register_steps": 0,
+    "register_ramp": None,
+    "decay_steps": 0,
+}
 
 
 def parse_ramp(text, where: str) -> list[tuple[int, int]]:
@@ -329,6 +381,8 @@ def parse_ramp(text, where: str) -> list[tuple[int, int]]:
     if not out:
         raise FbtError(f"{where}: expected one or more windows M:N (at most M registers for N steps)")
     return out
+
+
 ARCH_NAMES = ("feedback", HIDDEN_ARCH)  # each has its row in fbt_probe.training.arch.ARCHS
 ONE_PASS_ARCHS = (HIDDEN_ARCH,)  # no feedback passes: the schedule is always constant:1
 DEFAULT_TASK_SHARES = {"completion": 0.5, "memory": 0.25, "registers": 0.25, "registers-count": 0.25}

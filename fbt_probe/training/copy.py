@@ -9,6 +9,7 @@ content-based lookup (an induction head: a previous-token head composed with a m
 That lookup is the circuit the register tasks need, and on the register documents alone the `tiny`
 model does not find it within the training budget (R0-R21, V1-V5).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,8 +31,8 @@ def copy_batch(tokenizer, rows: int, seed: int):
     weights = torch.zeros(rows, ROW_LEN)
     for r, gap in enumerate(rng.integers(0, COPY_GAP + 1, rows).tolist()):
         start = COPY_LEN + gap
-        tokens[r, start: start + COPY_LEN] = tokens[r, :COPY_LEN]
-        weights[r, start: start + COPY_LEN - 1] = 1.0 / (COPY_LEN - 1)
+        tokens[r, start : start + COPY_LEN] = tokens[r, :COPY_LEN]
+        weights[r, start : start + COPY_LEN - 1] = 1.0 / (COPY_LEN - 1)
     targets = torch.cat([tokens[:, 1:], torch.zeros(rows, 1, dtype=torch.long)], dim=1)
     return tokens, targets, weights
 

@@ -1,10 +1,10 @@
 """Packed training batches, a pure function of (config, step): resuming needs no data-loader state."""
+
 from __future__ import annotations
 
 import hashlib
 
 import numpy as np
-
 import torch
 
 from fbt_probe.tasks import heldout_groups, load_spec, training_documents
@@ -37,7 +37,9 @@ def _spec(task: str):
     return _SPECS[task]
 
 
-def one_per_row(docs, answer_weight: float, pad_id: int = 0, length: int | None = None, answer_share: float | None = None):
+def one_per_row(
+    docs, answer_weight: float, pad_id: int = 0, length: int | None = None, answer_share: float | None = None
+):
     """One document per row, starting at position 0 and right-padded to `length` (default the
     longest): the shape of the probe-time inputs. Returns tokens [rows, length], targets (the next
     token) and loss weights (0 on padding and on the last token, `answer_weight` on the position that
@@ -123,7 +125,9 @@ def cell_length(task: str, knob: int, tokenizer) -> int:
     """Tokens of a training document of a cell (every document of a cell has the same length)."""
     key = (task, knob, id(tokenizer))
     if key not in _LENGTHS:
-        _LENGTHS[key] = len(next(iter(training_documents([task], tokenizer, n=1, seed=0, knobs={task: [knob]})))["token_ids"])
+        _LENGTHS[key] = len(
+            next(iter(training_documents([task], tokenizer, n=1, seed=0, knobs={task: [knob]})))["token_ids"]
+        )
     return _LENGTHS[key]
 
 
@@ -139,15 +143,26 @@ def mix_length(cfg: TrainConfig, i: int, tokenizer) -> int:
 def _mix_docs(cfg: TrainConfig, i: int, tokenizer, n: int, seed: int, split: str) -> list[dict]:
     names = held_names(register_tasks(cfg))
     held = HeldOut(cfg.heldout_fraction, cfg.seed, frozenset(names))
-    return mix_documents(_spec(register_tasks(cfg)[0]), cfg.register_kinds[i], cfg.register_queries, tokenizer, n, seed,
-                         held, names, only_held=split != "train")
+    return mix_documents(
+        _spec(register_tasks(cfg)[0]),
+        cfg.register_kinds[i],
+        cfg.register_queries,
+        tokenizer,
+        n,
+        seed,
+        held,
+        names,
+        only_held=split != "train",
+    )
 
 
 def cell_probabilities(cfg: TrainConfig, tokenizer):
     """(cells, their document lengths, the probability a drawn document comes from each): ∝ the
     cell's token share / its length, so a cell's expected share of the tokens is its token share."""
     cells = _train_cells(cfg)
-    lengths = np.array([mix_length(cfg, k, tokenizer) if t == MIX else cell_length(t, k, tokenizer) for t, k in cells], dtype=float)
+    lengths = np.array(
+        [mix_length(cfg, k, tokenizer) if t == MIX else cell_length(t, k, tokenizer) for t, k in cells], dtype=float
+    )
     p = _token_shares(cfg, cells, lengths) / lengths
     return cells, lengths, p / p.sum()
 
@@ -187,8 +202,14 @@ def batches_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train
             out.append(one_per_row(docs, cfg.answer_weight, answer_share=cfg.answer_share))
         elif n:
             task, knob = cells[i]
-            docs = training_documents([_spec(task)], tokenizer, n=int(n), seed=step_seed(cfg.seed, step * 1000 + i, split),
-                                      knobs={task: [knob]}, exclude_groups=_exclusion(cfg, split))
+            docs = training_documents(
+                [_spec(task)],
+                tokenizer,
+                n=int(n),
+                seed=step_seed(cfg.seed, step * 1000 + i, split),
+                knobs={task: [knob]},
+                exclude_groups=_exclusion(cfg, split),
+            )
             out.append(one_per_row(docs, cfg.answer_weight, answer_share=cfg.answer_share))
     return out
 
@@ -199,8 +220,16 @@ def validation_batch(cfg: TrainConfig, tokenizer, rows: int = 16):
     per = max(1, rows // len(cells))
     docs = []
     for i, (task, knob) in enumerate(cells):
-        docs += list(training_documents([_spec(task)], tokenizer, n=per, seed=step_seed(cfg.seed, i, "val"), knobs={task: [knob]},
-                                        exclude_groups=_exclusion(cfg, "val")))
+        docs += list(
+            training_documents(
+                [_spec(task)],
+                tokenizer,
+                n=per,
+                seed=step_seed(cfg.seed, i, "val"),
+                knobs={task: [knob]},
+                exclude_groups=_exclusion(cfg, "val"),
+            )
+        )
     return one_per_row(docs, cfg.answer_weight, answer_share=cfg.answer_share)
 
 

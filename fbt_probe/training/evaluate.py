@@ -6,6 +6,7 @@ first generated token). For that first token Std and Soft decoding are identical
 (both prefill the prompt without feedback; Soft only feeds back from the first generated token on),
 so the table reports the prefill modes: `standard` (= Std = Soft), `jacobi:2` (= Fused),
 `recurrent:1` (the paper's probing mode), and `jacobi:3`, `full` (past the trained depth)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,10 +20,18 @@ from fbt_probe.training.data import heldout, validation_batch  # noqa: F401 (re-
 from fbt_probe.training.loop import weighted_ce
 
 EVAL_MODES = ("standard", "jacobi:2", "recurrent:1", "jacobi:3", "full")
-DECODING_OF_MODE = {"standard": "Std/Soft", "jacobi:2": "Fused", "recurrent:1": "recurrent:1", "jacobi:3": "jacobi:3", "full": "full"}
+DECODING_OF_MODE = {
+    "standard": "Std/Soft",
+    "jacobi:2": "Fused",
+    "recurrent:1": "recurrent:1",
+    "jacobi:3": "jacobi:3",
+    "full": "full",
+}
 
 
-def eval_samples(cfg: TrainConfig, tokenizer, pairs: int = 32, knobs: dict | None = None, seed: int = 10_000) -> pd.DataFrame:
+def eval_samples(
+    cfg: TrainConfig, tokenizer, pairs: int = 32, knobs: dict | None = None, seed: int = 10_000
+) -> pd.DataFrame:
     """`pairs` minimal pairs per task x length cell, drawn only from contexts held out of training:
     one pair from each of as many groups, so a register cell mixes many schedules. The k-th group
     of a cell gives its pair k mod (pairs in the group), so every kind of pair a group holds is
@@ -43,7 +52,9 @@ def _one_pair_per_group(df: pd.DataFrame) -> pd.DataFrame:
     order, of the k-th group of the cell (in order of appearance)."""
     pairs = df.groupby(["length_knob", "group_id"], sort=False)["pair_id"]
     rank = pairs.rank(method="dense").astype(int) - 1  # the pair's index in its group
-    group_k = df.groupby("length_knob", sort=False)["group_id"].transform(lambda g: pd.factorize(g)[0])  # k of the group in its cell
+    group_k = df.groupby("length_knob", sort=False)["group_id"].transform(
+        lambda g: pd.factorize(g)[0]
+    )  # k of the group in its cell
     return df[rank == group_k % pairs.transform("nunique")]
 
 
@@ -56,34 +67,52 @@ def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, b
     for (task, knob, n_tok), cell in samples.groupby(["task", "length_knob", "n_tokens"], sort=True):
         toks = torch.tensor(cell["token_ids"].tolist(), dtype=torch.long, device=device)
         for mode in modes:
-            preds = torch.cat([model(toks[i: i + batch], mode=mode)[:, -1].argmax(-1) for i in range(0, len(toks), batch)]).cpu()
-            hits = (preds.numpy() == answer[cell.index.to_numpy()])
-            rows.append({"task": task, "length_knob": int(knob), "mode": mode, "decoding": DECODING_OF_MODE.get(mode, mode),
-                         "correct": int(hits.sum()), "n": len(hits)})
+            preds = torch.cat(
+                [model(toks[i : i + batch], mode=mode)[:, -1].argmax(-1) for i in range(0, len(toks), batch)]
+            ).cpu()
+            hits = preds.numpy() == answer[cell.index.to_numpy()]
+            rows.append(
+                {
+                    "task": task,
+                    "length_knob": int(knob),
+                    "mode": mode,
+                    "decoding": DECODING_OF_MODE.get(mode, mode),
+                    "correct": int(hits.sum()),
+                    "n": len(hits),
+                }
+            )
     df = pd.DataFrame(rows).groupby(["task", "length_knob", "mode", "decoding"], as_index=False)[["correct", "n"]].sum()
     df["accuracy"] = df["correct"] / df["n"]
     return df
 
 
 @torch.no_grad()
-def contraction(model, tokens: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, n_passes: int = 32) -> pd.DataFrame:
+def contraction(
+    model, tokens: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, n_passes: int = 32
+) -> pd.DataFrame:
     """Validation loss after k = 1..N Jacobi feedback passes and ‖s^(k) − s^(k−1)‖ (mean over
     positions of the L2 norm of the change of the carried state). A contracting map's loss stays
     flat and its state change decays; a diverging one oscillates."""
     device = next(model.parameters()).device
     tokens, targets, weights = tokens.to(device), targets.to(device), weights.to(device)
-    answer = (weights > 0) & (weights == weights.max(-1, keepdim=True).values)  # the up-weighted answer position of each row
+    answer = (weights > 0) & (
+        weights == weights.max(-1, keepdim=True).values
+    )  # the up-weighted answer position of each row
     has = torch.arange(tokens.shape[1], device=device) >= 1
     states, prev, rows = None, None, []
     for k in range(1, n_passes + 1):
         state, logits = model.feedback_pass(tokens, states, None if states is None else has)
         delta = float("nan") if prev is None else (state - prev).norm(dim=-1).mean().item()
-        rows.append({
-            "pass": k, "val_loss": weighted_ce(logits, targets, (weights > 0).float()).item(),
-            "answer_loss": weighted_ce(logits, targets, answer.float()).item(),
-            "answer_accuracy": (logits.argmax(-1) == targets)[answer].float().mean().item(),
-            "state_change": delta, "state_norm": state.norm(dim=-1).mean().item(),
-        })
+        rows.append(
+            {
+                "pass": k,
+                "val_loss": weighted_ce(logits, targets, (weights > 0).float()).item(),
+                "answer_loss": weighted_ce(logits, targets, answer.float()).item(),
+                "answer_accuracy": (logits.argmax(-1) == targets)[answer].float().mean().item(),
+                "state_change": delta,
+                "state_norm": state.norm(dim=-1).mean().item(),
+            }
+        )
         prev, states = state, model.shift_states(state)
     return pd.DataFrame(rows)
 

@@ -4,6 +4,7 @@
 
 where pass 1 is standard and pass k fuses the right-shifted carried states of pass k-1 (jacobi:K).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,8 +53,17 @@ def make_optimizer(model, cfg: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
 
 
-def train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int = 0, optimizer=None, progress=True, on_eval=None,
-          fsdp: bool = False) -> dict:
+def train(
+    model,
+    tokenizer,
+    cfg: TrainConfig,
+    out: Path,
+    start_step: int = 0,
+    optimizer=None,
+    progress=True,
+    on_eval=None,
+    fsdp: bool = False,
+) -> dict:
     """Train `model` in place from `start_step` to `cfg.steps`, checkpointing into `out`.
 
     Attention takes the explicit path throughout (steps and evaluations): the arithmetic the
@@ -71,8 +81,10 @@ def train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int = 0, op
 def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optimizer, progress, on_eval, fsdp) -> dict:
     world = distributed.world()
     if fsdp and not torch.distributed.is_initialized():
-        raise FbtError("--fsdp: shards the model over torchrun's processes; launch with torchrun "
-                       "(torchrun --nproc_per_node N -m fbt_probe train ... --fsdp)")
+        raise FbtError(
+            "--fsdp: shards the model over torchrun's processes; launch with torchrun "
+            "(torchrun --nproc_per_node N -m fbt_probe train ... --fsdp)"
+        )
     opt = optimizer or make_optimizer(model, cfg)
     # DDP (or FSDP2) over the objective (training/parallel.py); alone: the model itself
     engine = parallel.wrap(model, fsdp) if world.several or fsdp else None
@@ -122,13 +134,27 @@ def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optim
                 loss, *parts = (float(x) for x in _sum_ranks([loss, *parts]))
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
             opt.step()
-            n_tok = sum(t.shape[0] * (t.shape[1] - 1) for t, _, _ in micro) * K  # positions that predict a token (a cell's rows are unpadded)
+            n_tok = (
+                sum(t.shape[0] * (t.shape[1] - 1) for t, _, _ in micro) * K
+            )  # positions that predict a token (a cell's rows are unpadded)
             tokens_seen += n_tok
-            rec = {"step": step + 1, "loss": loss, "passes": K, "pass_losses": parts,
-                   "lr": lr_at(cfg, step), "grad_norm": float(gnorm), "step_s": time.perf_counter() - ts,
-                   "tokens_per_s": n_tok / max(time.perf_counter() - ts, 1e-9)}
+            rec = {
+                "step": step + 1,
+                "loss": loss,
+                "passes": K,
+                "pass_losses": parts,
+                "lr": lr_at(cfg, step),
+                "grad_norm": float(gnorm),
+                "step_s": time.perf_counter() - ts,
+                "tokens_per_s": n_tok / max(time.perf_counter() - ts, 1e-9),
+            }
             # under FSDP2 no rank holds the whole model between steps: evaluate the run afterwards (fbt-probe eval)
-            if on_eval is not None and world.main and not fsdp and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+            if (
+                on_eval is not None
+                and world.main
+                and not fsdp
+                and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps)
+            ):
                 model.eval()
                 rec.update(on_eval(model))
                 model.train()
@@ -137,7 +163,9 @@ def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optim
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
                 _save(engine, model, opt, cfg, out, step + 1, fsdp)
             if bar:
-                bar[0].update(bar[1], completed=step + 1, loss=rec["loss"], tps=tokens_seen / (time.perf_counter() - t0))
+                bar[0].update(
+                    bar[1], completed=step + 1, loss=rec["loss"], tps=tokens_seen / (time.perf_counter() - t0)
+                )
     finally:
         model.eval()
         if bar:
@@ -152,10 +180,20 @@ def _save(engine, model, opt, cfg: TrainConfig, out: Path, step: int, fsdp: bool
         if world.main:
             save_run(model, opt, cfg, out, step, world_size=world.size, device=str(model.cfg.device))
     else:
-        full, opt_state = parallel.full_state_dict(engine, model, True), parallel.optimizer_state(engine, model, opt, True)
+        full, opt_state = (
+            parallel.full_state_dict(engine, model, True),
+            parallel.optimizer_state(engine, model, opt, True),
+        )
         if world.main:
-            save_run(parallel.Consolidated(model.cfg, full), opt_state, cfg, out, step, world_size=world.size,
-                     device=str(model.cfg.device))
+            save_run(
+                parallel.Consolidated(model.cfg, full),
+                opt_state,
+                cfg,
+                out,
+                step,
+                world_size=world.size,
+                device=str(model.cfg.device),
+            )
     distributed.barrier()
 
 
@@ -172,6 +210,13 @@ def _append(path: Path, rec: dict) -> None:
 
 
 def _progress(total: int, done: int):
-    return bar("train", total, done, TextColumn("{task.completed}/{task.total}"), TextColumn("loss {task.fields[loss]:.3f}"),
-               TextColumn("{task.fields[tps]:,.0f} tok/s"), loss=float("nan"), tps=0.0)
-
+    return bar(
+        "train",
+        total,
+        done,
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]:.3f}"),
+        TextColumn("{task.fields[tps]:,.0f} tok/s"),
+        loss=float("nan"),
+        tps=0.0,
+    )

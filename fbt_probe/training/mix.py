@@ -9,6 +9,7 @@ schedule or its complement) is written out, then Q queries: distinct registers i
 task (those trained, and the built-in `registers` and `registers-count`) is held out is never drawn,
 so held-out evaluation stays on contexts no stage has trained on.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,10 @@ from fbt_probe.tasks.tokenizer import encode
 MIX = "register-mix"  # the pseudo-task of a mix cell: (MIX, index of its kind)
 BUILTIN_REGISTER_TASKS = ("registers", "registers-count")
 MAX_QUERIES = 64
-_FORM = ("m:wpr:K:S[:weight][:vN] (K writes per register) or m:N:S[:weight][:vN] (N assignments, a multiple of m); "
-         "vN: values 0..N-1 answered by the value itself (default v2: the task's two label words)")
+_FORM = (
+    "m:wpr:K:S[:weight][:vN] (K writes per register) or m:N:S[:weight][:vN] (N assignments, a multiple of m); "
+    "vN: values 0..N-1 answered by the value itself (default v2: the task's two label words)"
+)
 MAX_VALUES = 100  # the numbers 0-99 are words of the task vocabulary
 
 
@@ -91,8 +94,17 @@ def held_names(task_names) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*task_names, *BUILTIN_REGISTER_TASKS]))
 
 
-def mix_documents(spec: TaskSpec, kind: RegisterKind, queries: int, tokenizer, n: int, seed: int, held: HeldOut,
-                  names, only_held: bool = False) -> list[dict]:
+def mix_documents(
+    spec: TaskSpec,
+    kind: RegisterKind,
+    queries: int,
+    tokenizer,
+    n: int,
+    seed: int,
+    held: HeldOut,
+    names,
+    only_held: bool = False,
+) -> list[dict]:
     """`n` documents of `kind` rendered with the register spec `spec`'s template and label words.
     Each is a dict like `training_documents`' with `answer_positions` (the index of every answer
     token; `answer_pos` is the last) and `labels`. A schedule held out under any of `names` is never
@@ -129,7 +141,9 @@ def _queries(m: int, q: int, rng: StableRng) -> list[int]:
     return rng.shuffle((order * (q // m + 1))[:q])
 
 
-def _document(spec: TaskSpec, kind: RegisterKind, writes, scratch: int, queries: list[int], tokenizer, group_id: str) -> dict:
+def _document(
+    spec: TaskSpec, kind: RegisterKind, writes, scratch: int, queries: list[int], tokenizer, group_id: str
+) -> dict:
     tpl, latest = spec.template, dict(writes)
     word = (lambda v: spec.label_words[v]) if kind.values == 2 else str  # the answer word of value v
     lines = [tpl["write"].format(i=reg, v=v) for reg, v in writes]
@@ -147,8 +161,20 @@ def _document(spec: TaskSpec, kind: RegisterKind, writes, scratch: int, queries:
     words = dict(zip(used, encode(tokenizer, [" " + word(v) for v in used])))  # each answer word's tokens, once
     full, positions = ids[0], [len(p) for p in ids[1:]]
     for pos, prefix, label in zip(positions, ids[1:], labels):
-        if full[:pos] != prefix or full[pos: pos + 1] != words[label] or full[pos - 1] != full[positions[0] - 1]:
-            raise FbtError(f"{spec.task}: a register-mix answer is not one token after the shared colon under this tokenizer")
-    return {"token_ids": full, "answer_pos": positions[-1], "answer_positions": positions, "labels": labels,
-            "task": MIX, "group_id": group_id, "context_id": group_id, "label": labels[-1],
-            "label_word": word(labels[-1]), "length_knob": str(kind), "text": text}
+        if full[:pos] != prefix or full[pos : pos + 1] != words[label] or full[pos - 1] != full[positions[0] - 1]:
+            raise FbtError(
+                f"{spec.task}: a register-mix answer is not one token after the shared colon under this tokenizer"
+            )
+    return {
+        "token_ids": full,
+        "answer_pos": positions[-1],
+        "answer_positions": positions,
+        "labels": labels,
+        "task": MIX,
+        "group_id": group_id,
+        "context_id": group_id,
+        "label": labels[-1],
+        "label_word": word(labels[-1]),
+        "length_knob": str(kind),
+        "text": text,
+    }

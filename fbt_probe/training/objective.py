@@ -1,4 +1,5 @@
 """The training objective of each architecture on one batch (eq. 12 for latent feedback)."""
+
 from __future__ import annotations
 
 from fbt_probe.config import arch_of

@@ -1,5 +1,6 @@
 """Make a shipped reference model (`fbt_probe.reference`) from a finished training run: copy its checkpoint, evaluate it on
 contexts held out of training, write the model card and the hash record (`fbt-probe model pack`)."""
+
 from __future__ import annotations
 
 import json
@@ -52,8 +53,10 @@ def retrain_command(cfg, name: str) -> str:
     if named is not None:  # the recipe holds the steps and the rest
         parts = ["fbt-probe train", f"--recipe {named}", f"--preset {cfg.preset}", f"--seed {cfg.seed}"]
     elif cfg.init is not None or cfg.register_mix is not None:
-        raise FbtError("a run started from --init or trained on --register-mix has no one-line retrain command: "
-                       "pass --command (the lines that trained it and its init)")
+        raise FbtError(
+            "a run started from --init or trained on --register-mix has no one-line retrain command: "
+            "pass --command (the lines that trained it and its init)"
+        )
     else:
         parts = ["fbt-probe train", f"--preset {cfg.preset}", f"--steps {cfg.steps}", f"--seed {cfg.seed}"]
     if cfg.baseline:
@@ -61,8 +64,15 @@ def retrain_command(cfg, name: str) -> str:
     return " ".join(parts + [f"--out runs/{name}"])
 
 
-def pack(run: str | Path, name: str, out_root: str | Path = ROOT, eval_pairs: int = 16, force: bool = False,
-         command: str | None = None, timing: str | None = None) -> Path:
+def pack(
+    run: str | Path,
+    name: str,
+    out_root: str | Path = ROOT,
+    eval_pairs: int = 16,
+    force: bool = False,
+    command: str | None = None,
+    timing: str | None = None,
+) -> Path:
     prior = None
     if is_reference(str(run)):  # re-evaluate a shipped model (after an evaluation change): its training record stays
         model, cfg, run = load_trained(str(run))  # verifies every shipped file's sha256
@@ -79,16 +89,28 @@ def pack(run: str | Path, name: str, out_root: str | Path = ROOT, eval_pairs: in
     metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if l.strip()]
     seconds = sum(m.get("step_s", 0.0) for m in metrics)
     rec = {
-        "name": name, "arch": cfg.arch, "baseline": cfg.baseline, "seed": cfg.seed, "steps": step,
-        "train": cfg.to_dict(), "train_seconds": round(seconds, 1), "checkpoint_sha256": checkpoint_hash(run),
-        "command": command, "cpu": prior["cpu"] if prior else cpu_name(),  # the machine it was trained on
+        "name": name,
+        "arch": cfg.arch,
+        "baseline": cfg.baseline,
+        "seed": cfg.seed,
+        "steps": step,
+        "train": cfg.to_dict(),
+        "train_seconds": round(seconds, 1),
+        "checkpoint_sha256": checkpoint_hash(run),
+        "command": command,
+        "cpu": prior["cpu"] if prior else cpu_name(),  # the machine it was trained on
         "knobs": {task: list((cfg.knobs or TRAIN_KNOBS)[task]) for task in cfg.tasks},
         "check": {"pairs": CHECK_PAIRS, "seed": CHECK_SEED, "mode": "standard", "rows": check.to_dict("records")},
-        "accuracy": {"pairs": eval_pairs, "rows": acc[["task", "length_knob", "mode", "correct", "n", "accuracy"]].to_dict("records")},
+        "accuracy": {
+            "pairs": eval_pairs,
+            "rows": acc[["task", "length_knob", "mode", "correct", "n", "accuracy"]].to_dict("records"),
+        },
         "provenance": provenance(seed=cfg.seed),
     }
     timing = timing if timing is not None else (prior or {}).get("timing")
-    if timing is not None:  # how long the recipe takes alone, as measured (the summed step times are not, beside other runs)
+    if (
+        timing is not None
+    ):  # how long the recipe takes alone, as measured (the summed step times are not, beside other runs)
         rec["timing"] = timing
     dest = Path(out_root) / name
     with atomic_dir(dest, force=force, own=lambda p: (p / RECORD).is_file(), kind="a reference model folder") as tmp:
@@ -106,19 +128,25 @@ def card(rec: dict, acc: pd.DataFrame) -> str:
     kind = arch.kind or ("no-feedback baseline (one pass, fusion unused)" if rec["baseline"] else "latent feedback")
     table = acc.pivot_table(index=["task", "length_knob"], columns="mode", values="accuracy").round(3)
     lines = [
-        f"# ref:{rec['name']}", "",
+        f"# ref:{rec['name']}",
+        "",
         f"A {t['preset']} model, {kind}, trained {'from the checkpoint named in the retrain command' if arch.needs_init or t.get('init') else 'from scratch'} "
         f"on the task mix below ({rec['steps']} steps, seed {rec['seed']}, "
-        f"{rec['train_seconds'] / 60:.1f} min of optimizer steps on {rec['cpu']}, summed from its metrics).", "",
+        f"{rec['train_seconds'] / 60:.1f} min of optimizer steps on {rec['cpu']}, summed from its metrics).",
+        "",
         *([f"Training time alone: {rec['timing']}", ""] if rec.get("timing") else []),
         f"- checkpoint sha256: `{rec['checkpoint_sha256']}`",
         f"- tasks and training lengths: {json.dumps(rec['knobs'])}; token shares {json.dumps(t['task_shares'])}",
         f"- schedule {t['schedule']!r}, lr {t['lr']} ({_lr_schedule(t)}), tokens/step {t['tokens_per_step']}, seed {rec['seed']}",
         f"- retrain: `{rec['command']}`",
-        f"- commit {rec['provenance']['git_commit']}, torch {rec['provenance']['versions'].get('torch')}", "",
-        f"## Held-out answer accuracy ({rec['accuracy']['pairs']} minimal pairs per task x length, contexts held out of training)", "",
-        _md(table.reset_index()), "",
-        "Chance is 0.5 everywhere (the two samples of a pair have opposite answers).", "",
+        f"- commit {rec['provenance']['git_commit']}, torch {rec['provenance']['versions'].get('torch')}",
+        "",
+        f"## Held-out answer accuracy ({rec['accuracy']['pairs']} minimal pairs per task x length, contexts held out of training)",
+        "",
+        _md(table.reset_index()),
+        "",
+        "Chance is 0.5 everywhere (the two samples of a pair have opposite answers).",
+        "",
     ]
     return "\n".join(lines)
 

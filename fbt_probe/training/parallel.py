@@ -11,6 +11,7 @@ the gradient the engine averages over ranks is the single-process step's gradien
 does). A rank with no row of a micro-batch still runs one row of it with scale 0: every rank runs
 the same forwards and backwards, as DDP's last synchronising backward and FSDP's all-gathers need.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -144,11 +145,14 @@ def load_optimizer_state(engine: nn.Module, model: nn.Module, opt, state: dict) 
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     names = [f"model.{n}" for n in _param_names(model)]
-    if sorted(len(g["params"]) for g in state["param_groups"]) != sorted(len(g["params"]) for g in opt.param_groups) or \
-            any(not 0 <= int(i) < len(names) for i in state["state"]):
+    if sorted(len(g["params"]) for g in state["param_groups"]) != sorted(
+        len(g["params"]) for g in opt.param_groups
+    ) or any(not 0 <= int(i) < len(names) for i in state["state"]):
         raise FbtError("train_state.pt: the optimizer state does not match the model's parameters")
-    full = {"state": {names[int(i)]: v for i, v in state["state"].items()},
-            "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]]}
+    full = {
+        "state": {names[int(i)]: v for i, v in state["state"].items()},
+        "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]],
+    }
     # strict=False: a parameter without saved state is not an error. Loading first gives every
     # parameter a state (a step at lr 0: step count 1, zero moments); those without saved state lose
     # it again, or their first real update would be bias-corrected as Adam's second

@@ -12,13 +12,16 @@ decay 6 cells of 78 fell short of the targets on three seeds, with it none
 register at all (docs/research/register-binding.md), and with completion and memory beside the
 registers from the start it did not form either.
 """
+
 from __future__ import annotations
 
 from fbt_probe.errors import FbtError
 
 # the paper-format register kinds (m:wpr:K:S[:weight]); the same kinds again with 16-valued registers
-_REGISTER_KINDS = ("2:wpr:1:0 2:wpr:2:0 4:wpr:1:0 4:wpr:2:0 8:wpr:1:0 2:wpr:2:8 4:wpr:2:8 1:16:8 2:16:8 4:16:8 "
-                   "8:16:8 8:wpr:4:8:0.5 8:wpr:8:8:0.25").split()
+_REGISTER_KINDS = (
+    "2:wpr:1:0 2:wpr:2:0 4:wpr:1:0 4:wpr:2:0 8:wpr:1:0 2:wpr:2:8 4:wpr:2:8 1:16:8 2:16:8 4:16:8 "
+    "8:16:8 8:wpr:4:8:0.5 8:wpr:8:8:0.25"
+).split()
 _MANY_VALUED = [k + ":v16" if k.count(":") == 4 else k + ":1:v16" for k in _REGISTER_KINDS]
 
 RECIPES: dict[str, dict] = {

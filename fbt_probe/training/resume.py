@@ -1,5 +1,6 @@
 """`train --resume` continues the recorded run: the options a resume names are checked against the
 run's config.json, and the steps default to the recorded total."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,7 +20,7 @@ def recorded(out: Path) -> tuple[TrainConfig, int]:
     out = Path(out)
     path = out / "config.json"
     if not path.is_file():
-        hint = ("; it stopped before its first checkpoint: start it again with --force" if unfinished_run(out) else "")
+        hint = "; it stopped before its first checkpoint: start it again with --force" if unfinished_run(out) else ""
         raise FbtError(f"{out}: no run to resume (config.json missing){hint}")
     meta = read_json(path, "run config")
     if not isinstance(meta, dict) or "train" not in meta:
@@ -39,16 +40,23 @@ def resume_config(out: Path, given: dict, steps: int | None) -> TrainConfig:
     where = f"--resume {out}"
     differ = _differing(saved, given)
     if differ:
-        shown = ", ".join(f"--{f.replace('_', '-')} {_show(given[f])} (recorded: {_show(_normal(saved, f))})" for f in differ)
-        raise FbtError(f"{where}: {shown}: a resume continues the recorded run; leave the option out, "
-                       "or train a new run in another --out")
+        shown = ", ".join(
+            f"--{f.replace('_', '-')} {_show(given[f])} (recorded: {_show(_normal(saved, f))})" for f in differ
+        )
+        raise FbtError(
+            f"{where}: {shown}: a resume continues the recorded run; leave the option out, "
+            "or train a new run in another --out"
+        )
     if steps is not None and steps < saved.steps:
-        raise FbtError(f"{where}: --steps {steps}: the run records {saved.steps} steps; resume trains to them "
-                       "(leave --steps out) or past them")
+        raise FbtError(
+            f"{where}: --steps {steps}: the run records {saved.steps} steps; resume trains to them "
+            "(leave --steps out) or past them"
+        )
     total = saved.steps if steps is None else steps
     if step >= total:
-        raise RunFinished(f"{out}: the run is finished ({step} of {total} steps); pass --steps N "
-                          f"(more than {total}) to train on")
+        raise RunFinished(
+            f"{out}: the run is finished ({step} of {total} steps); pass --steps N (more than {total}) to train on"
+        )
     return saved if total == saved.steps else dataclasses.replace(saved, steps=total)
 
 
