@@ -94,8 +94,8 @@ def test_register_findings_quote_each_probed_mode_the_baseline_and_the_swap(tmp_
     assert f"reads {q(baseline, 'recurrent:1')} under `recurrent:1`" in line and "Fig. 7b" in line
     # per length, never the pooled row, with pairs and groups counted
     assert (
-        "by a normalized at length 2 **0.70** [0.60, 0.75] (10 pairs, 8 groups); at length 4 **0.54** "
-        "[0.44, 0.59] (10 pairs, 8 groups)"
+        "by a normalized **0.70** [0.60, 0.75] at length 2 (10 pairs, 8 groups), **0.54** [0.44, 0.59] "
+        "at length 4 (10 pairs, 8 groups)"
     ) in swap and "0.62" not in swap
     # with a seeds table each number carries its spread over seeds
     seeds = pd.DataFrame(

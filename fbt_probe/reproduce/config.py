@@ -47,7 +47,7 @@ class ReproConfig:
         default_factory=lambda: {"completion": 80, "memory": 128, "registers": 32, "registers-count": 32}
     )
     """Probe-set groups per task (held-out contexts only): completion and memory over the grid (the
-    paper's 80 and 128), register tasks per cell (the paper's 128; 32 keeps the 15-minute study)."""
+    paper's 80 and 128), register tasks per cell (the paper's 128; 32 keeps the study's extraction short)."""
     knobs: dict = field(default_factory=lambda: dict(PROBE_KNOBS))
     modes: dict = field(
         default_factory=lambda: {

@@ -65,15 +65,15 @@ def swap_effect(out: Path, model: str, task: str, condition: str = "state") -> t
 
 
 def swap_by_length(out: Path, model: str, task: str, condition: str = "state") -> str:
-    """'at length 8 **0.56** [0.55, 0.57] (10 pairs, 10 groups)', one entry per length run."""
+    """'**0.56** [0.55, 0.57] at length 8 (10 pairs, 10 groups)', one entry per length run."""
     g = per_length(_summary(out, model, "feedback-swap"), task, condition)
     parts = [
-        f"at length {int(r.length_knob)} {fmt(r.mean, r.ci_low, r.ci_high)} ({int(r.n_pairs)} pairs, "
+        f"{fmt(r.mean, r.ci_low, r.ci_high)} at length {int(r.length_knob)} ({int(r.n_pairs)} pairs, "
         f"{int(getattr(r, 'n_groups', r.n_pairs))} groups)"
         for r in g.itertuples()
         if r.mean == r.mean
     ]
-    return "; ".join(parts)
+    return ", ".join(parts)
 
 
 def variant_range(out: Path, model: str, task: str) -> tuple[float, float] | None:
@@ -184,7 +184,7 @@ def _variants_sentence(out: Path, task: str) -> str:
         f"{b[0]:.2f}–{b[1]:.2f} and the feedback model {f[0]:.2f}–{f[1]:.2f}"
         + (
             ": the control's reading depends on the probe more than the feedback model's"
-            if b[1] - b[0] > 2 * (f[1] - f[0])
+            if b[1] - b[0] > max(0.02, 2 * (f[1] - f[0]))
             else ""
         )
         + " (table *Robustness of depth-0 decodability*)."

@@ -214,7 +214,10 @@ def parity_rows(out: Path, models: list[str]) -> pd.DataFrame:
         par = tables(out, n)["parity"]
         if par is None or par.empty:
             continue
-        for (task, mode), g in par[par["direction"] == "denoising"].groupby(["task", "mode"], sort=True):
+        keys = ["task", "length_knob", "mode"] if "length_knob" in par.columns else ["task", "mode"]
+        for key, g in par[par["direction"] == "denoising"].groupby(keys, sort=True):
+            task, mode = key[0], key[-1]
+            length = int(key[1]) if len(key) == 3 else -1
             r = g.set_index("metric")
             metric = (
                 "normalized"
@@ -226,6 +229,7 @@ def parity_rows(out: Path, models: list[str]) -> pd.DataFrame:
                 {
                     "model": n,
                     "task": task,
+                    "length": length,
                     "mode": mode,
                     "units": metric,
                     "cells (top + random)": f"{int(r['n_cells'])} ({int(r['n_top'])} top)",
@@ -379,7 +383,7 @@ def methods_section(cfg, out: Path, md_table, figures: list[str]) -> tuple[str, 
         "`(patched − corrupt)/(clean − corrupt)`; serial hooks when the mode carries a state, so gradients flow "
         f"through the carried states). The parity check patches the {s['check']} cells AtP ranks highest and "
         f"{s['check']} random others exactly: Spearman rank correlation and worst absolute error of AtP against "
-        "exact patching (percentile bootstrap over pairs), in normalized units, or logit-difference units where "
+        "exact patching (BCa group bootstrap: the pairs of one group resampled together), per length, in normalized units, or logit-difference units where "
         "no pair separates. Only denoising is shown: with both samples of each pair in the table, noising is "
         "1 − denoising of the partner."
         + (
