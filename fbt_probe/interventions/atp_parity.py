@@ -111,13 +111,20 @@ def _nanmean(M: np.ndarray, axis: int = 1) -> np.ndarray:
     return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
 
+def _weighted_means(M: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """[cells, samples]: each cell's mean over the pairs that have a value, pairs weighted by W's rows
+    (NaN where no weighted pair has one)."""
+    have = ~np.isnan(M)
+    counts = have @ W.T
+    return (np.where(have, M, 0.0) @ W.T) / np.where(counts > 0, counts, np.nan)
+
+
 def _boot_stats(A: np.ndarray, E: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`_stats` of every reweighted sample: row i of W [n_resamples, pairs] weights the pairs (a group
     bootstrap resample, or a leave-one-group-out jackknife sample); the cell means of all samples in
     one product, ranks of every NaN-free sample in one `rankdata`, the correlation per sample as
     `_spearman` computes it. -> (Spearman [n], worst [n])."""
-    a = (np.where(np.isnan(A), 0.0, A) @ W.T) / np.where((~np.isnan(A)) @ W.T > 0, (~np.isnan(A)) @ W.T, np.nan)
-    e = (np.where(np.isnan(E), 0.0, E) @ W.T) / np.where((~np.isnan(E)) @ W.T > 0, (~np.isnan(E)) @ W.T, np.nan)
+    a, e = _weighted_means(A, W), _weighted_means(E, W)
     err = np.abs(a - e)
     some = np.any(~np.isnan(err), axis=0)
     worst = np.full(W.shape[0], np.nan)

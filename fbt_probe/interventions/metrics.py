@@ -134,6 +134,21 @@ def bootstrap_cis(
     return group_bootstrap_means(arrays, groups, n_boot, ci, seed)
 
 
+def _lengths(seen, at: int) -> dict[tuple, str]:
+    """{condition key: the lengths its row covers}: its own length, or for a pooled key
+    (length_knob = -1) every length of the keys that differ from it only there."""
+    by_rest: dict[tuple, set] = {}
+    for key in seen:
+        if key[at] != -1:
+            by_rest.setdefault(key[:at] + key[at + 1 :], set()).add(int(key[at]))
+    return {
+        key: ",".join(map(str, sorted(by_rest.get(key[:at] + key[at + 1 :], ()))))
+        if key[at] == -1
+        else str(int(key[at]))
+        for key in seen
+    }
+
+
 def _split_by_keys(per_pair: pd.Series, n_keys: int) -> dict[tuple, np.ndarray]:
     """{condition key: its pairs' values} of a Series indexed (sorted) by the keys + pair_id: the
     groups are contiguous runs of the index, cut at the rows where any key changes (iterating a
@@ -178,21 +193,7 @@ def summarize(
         groups = _split_by_keys(kept.groupby(keys + ["pair_id"], sort=True)["group_id"].first(), len(keys))
     else:
         groups = {}
-    lengths = {}
-    if "length_knob" in keys:
-        at = keys.index("length_knob")
-        src = (
-            long.groupby([k for k in keys if k != "length_knob"], sort=False)["length_knob"].unique()
-            if len(keys) > 1
-            else None
-        )
-        for key in values:
-            if key[at] == -1 and src is not None:
-                rest = tuple(k for i, k in enumerate(key) if i != at)
-                found = src.get(rest if len(rest) > 1 else rest[0])
-                lengths[key] = ",".join(str(int(x)) for x in sorted(found)) if found is not None else ""
-            else:
-                lengths[key] = str(int(key[at]))
+    lengths = _lengths(set(values) | set(n_excl), keys.index("length_knob")) if "length_knob" in keys else {}
     out = []
     order = sorted(set(values) | set(n_excl), key=str)
     empty = np.array([])

@@ -30,6 +30,11 @@ from transformer_lens.FactoredMatrix import FactoredMatrix
 from fbt_probe.errors import FbtError
 
 
+def is_text(x) -> bool:
+    """Whether a model input is text (a string or a list of strings) rather than token ids."""
+    return isinstance(x, str) or (isinstance(x, list) and bool(x) and isinstance(x[0], str))
+
+
 class FeedbackActivationCache(ActivationCache):
     """`ActivationCache` of a latent-feedback model; `mode` is the prefill mode it was cached under."""
 
@@ -311,7 +316,7 @@ class TransformerLensSurface:
             raise FbtError("generate: do_sample=True: only greedy decoding is implemented")
         if return_type not in ("input", "str", "tokens"):
             raise FbtError(f"generate: return_type: expected 'input', 'str' or 'tokens', got {return_type!r}")
-        text = isinstance(input, str) or (isinstance(input, list) and input and isinstance(input[0], str))
+        text = is_text(input)
         tokens = self.to_tokens(input) if text else input
         new = greedy(self, tokens, max_new_tokens, decoding)
         out = torch.cat([tokens, new], dim=1)

@@ -40,7 +40,7 @@ from fbt_probe.model.graph_scan import GraphedScan
 from fbt_probe.model.modes import Mode, parse_mode
 from fbt_probe.model.nanochat import add_extras, init_extras, plain_input, trunk_with_extras
 from fbt_probe.model.serial_cache import run_with_serial_cache
-from fbt_probe.model.tl_native import FeedbackActivationCache, TransformerLensSurface, without_wrappers
+from fbt_probe.model.tl_native import FeedbackActivationCache, TransformerLensSurface, is_text, without_wrappers
 from fbt_probe.model.tokens import check_tokens
 
 SILENT_CHUNK_TOKENS = 8192  # batch x positions per chunk of a silent pass through the KV cache (memory bound)
@@ -453,7 +453,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         >>> torch.allclose(full, model(tokens, mode="full", serial=True))
         True
         """
-        if isinstance(tokens, str) or (isinstance(tokens, list) and tokens and isinstance(tokens[0], str)):
+        if is_text(tokens):
             tokens = self.to_tokens(tokens, prepend_bos=prepend_bos)
         tokens = check_tokens(tokens, self.cfg)
         mode = self._default_mode if mode is None else parse_mode(mode)

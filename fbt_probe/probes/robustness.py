@@ -87,3 +87,13 @@ def _robustness(store, mode: str, depth: int, cfg: ProbeConfig) -> pd.DataFrame:
                     }
                 )
     return pd.DataFrame(rows)
+
+
+def pooled_by_variant(panel: pd.DataFrame) -> pd.DataFrame:
+    """One row per variant (standardize, C), in the panel's order: accuracy and control accuracy
+    pooled over its length x fold cells (correct over tested samples)."""
+    w = panel.assign(correct=panel["accuracy"] * panel["n_test"], control=panel["control_accuracy"] * panel["n_test"])
+    g = w.groupby(["standardize", "C"], sort=False)[["correct", "control", "n_test"]].sum()
+    return pd.DataFrame(
+        {"accuracy": g["correct"] / g["n_test"], "control_accuracy": g["control"] / g["n_test"]}
+    ).reset_index()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from fbt_probe.loading import checkpoint_hash
+from fbt_probe.probes.robustness import pooled_by_variant
 from fbt_probe.provenance import git_commit
 from fbt_probe.reference import names, record
 from fbt_probe.reproduce.config import model_path, shipped_name
@@ -85,7 +86,7 @@ def variant_range(out: Path, model: str, task: str) -> tuple[float, float] | Non
     t = t[t["task"] == task]
     if t.empty:
         return None
-    acc = t.groupby(["standardize", "C"]).apply(lambda g: (g["accuracy"] * g["n_test"]).sum() / g["n_test"].sum())
+    acc = pooled_by_variant(t)["accuracy"]
     return float(acc.min()), float(acc.max())
 
 

@@ -14,6 +14,7 @@ import pandas as pd
 from fbt_probe.figures import draw_all
 from fbt_probe.io import atomic_dir, atomic_path
 from fbt_probe.loading import checkpoint_hash
+from fbt_probe.probes.robustness import pooled_by_variant
 from fbt_probe.provenance import provenance
 from fbt_probe.reproduce.config import model_path, shipped_name
 from fbt_probe.reproduce.findings import findings, headline, same_kind, shipped_comparison, study_kind
@@ -72,8 +73,8 @@ def stage_figures(cfg, out: Path, workers: int = 1) -> None:
         draw_all(_figure_jobs(cfg, out), tmp, formats=cfg.figure_formats(), dpi=150, workers=workers)
 
 
-def _pooled(out: Path, g: pd.DataFrame, task: str) -> str:
-    r = pooled_accuracy(out, g, task)
+def _pooled(r: dict) -> str:
+    """A `pooled_accuracy` record as 'value [low, high]'."""
     if r["value"] != r["value"]:
         return ""
     if r["ci_low"] != r["ci_low"]:
@@ -100,7 +101,7 @@ def depth0_table(out: Path, models: list[str]) -> pd.DataFrame:
                     "model": n,
                     "task": task,
                     "mode": mode,
-                    "depth-0 accuracy [95% CI]": _pooled(out, acc, task),
+                    "depth-0 accuracy [95% CI]": _pooled(r),
                     "lengths": ",".join(map(str, r["lengths"])),
                     "samples (groups)": f"{r['n']} ({r['groups']})",
                     "cell spread": f"{acc['value'].min():.3f}–{acc['value'].max():.3f}" if len(acc) else "",
@@ -122,10 +123,8 @@ def robustness_table(out: Path, models: list[str]) -> pd.DataFrame:
         t = pd.read_parquet(p)
         for task, g in t.groupby("task", sort=False):
             row = {"model": n, "task": task}
-            for (std, C), v in g.groupby(["standardize", "C"], sort=False):
-                acc = (v["accuracy"] * v["n_test"]).sum() / v["n_test"].sum()
-                ctl = (v["control_accuracy"] * v["n_test"]).sum() / v["n_test"].sum()
-                row[f"{'std' if std else 'raw'} C={C:g}"] = f"{acc:.3f} ({ctl:.2f})"
+            for v in pooled_by_variant(g).itertuples():
+                row[f"{'std' if v.standardize else 'raw'} C={v.C:g}"] = f"{v.accuracy:.3f} ({v.control_accuracy:.2f})"
             rows.append(row)
     return pd.DataFrame(rows)
 

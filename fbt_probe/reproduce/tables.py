@@ -28,6 +28,12 @@ def _groups(data: Path, task: str, mtime: float) -> pd.DataFrame:
     return pd.read_parquet(data / f"{task}.parquet", columns=["group_id", "length_knob"])
 
 
+@lru_cache(maxsize=8)
+def _probe_table(path: Path, mtime: float) -> pd.DataFrame:
+    """A study's probes.parquet, read once per version (the findings and headline ask it per number)."""
+    return pd.read_parquet(path)
+
+
 def n_groups(out: Path, task: str, lengths) -> int:
     """Distinct groups of `task`'s samples at `lengths` (the study's dataset); 0 without it."""
     f = Path(out) / "data" / f"{task}.parquet"
@@ -61,7 +67,7 @@ def probe_cells(out: Path, model: str, task: str, mode: str, depth: int = 0, met
     p = Path(out) / "results" / "probes" / model / "probes.parquet"
     if not p.is_file():
         return pd.DataFrame(columns=["value", "n_test", "length"])
-    t = pd.read_parquet(p)
+    t = _probe_table(p, p.stat().st_mtime)
     return t[(t["task"] == task) & (t["mode"] == mode) & (t["depth"] == depth) & (t["metric"] == metric)]
 
 
