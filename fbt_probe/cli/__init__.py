@@ -54,6 +54,7 @@ _SUBCOMMANDS = [
     ("reproduce", "fbt_probe.cli.reproduce"),
     ("patch", "fbt_probe.cli.patch"),
     ("lens", "fbt_probe.cli.lens"),
+    ("sae", "fbt_probe.cli.sae"),
 ]
 
 for _name, _module in _SUBCOMMANDS:

@@ -100,6 +100,12 @@ FIGURES: dict[str, FigureEntry] = {
         "summary.parquet",
         "DAS: interchange intervention accuracy vs subspace dimension, with baselines",
     ),
+    "sae-swap": FigureEntry(
+        "fbt_probe.figures.sae",
+        "sae_swap",
+        "fractions.parquet",
+        "SAE feature swap: share of the full-state swap carried by the top-k label latents vs k, random control",
+    ),
     "lens": FigureEntry(
         "fbt_probe.figures.lens",
         "lens_depth",
