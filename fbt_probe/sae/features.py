@@ -111,15 +111,15 @@ def feature_tests(
     runs = final_states(model, batches, hook, mode)
     ranks = rankings(sae, runs)
     d_sae = sae.cfg.d_sae
-    all_z = torch.cat([sae.encode(h.to(sae.W_enc.dtype)) for _, _, h in runs]).double()
+    codes = [sae.encode(h.to(sae.W_enc.dtype)).double() for _, _, h in runs]  # once per batch
+    all_z = torch.cat(codes)
     mean_code = all_z.mean(0)
     rng = np.random.default_rng(seed)
     ks = sorted({int(k) for k in ks if 1 <= int(k) <= d_sae})
     rows = []
-    for b, ref, h in runs:
+    for (b, ref, h), z in zip(runs, codes):
         task = str(b.meta["task"].iloc[0])
         h = h.double()
-        z = sae.encode(h.to(sae.W_enc.dtype)).double()
         p = b.partner
         folds = fold_of(b.meta["group_id"].to_numpy())
         orders = [ranks[(task, int(f))] for f in folds]
@@ -175,16 +175,3 @@ def feature_tests(
                     )
                 )
     return pd.concat(rows, ignore_index=True)
-
-
-@torch.no_grad()
-def reconstruction_gap(sae, runs) -> float:
-    """Mean ‖e_i − e_p‖ / ‖h_i − h_p‖ over rows: how far the all-latent swap is from the full-state swap."""
-    num, den = [], []
-    for b, _, h in runs:
-        h = h.double()
-        e = h - sae(h.to(sae.W_enc.dtype)).double()
-        num.append((e - e[b.partner]).norm(dim=1))
-        den.append((h - h[b.partner]).norm(dim=1))
-    n, d = torch.cat(num), torch.cat(den)
-    return float((n / d.clamp_min(1e-12)).mean())
