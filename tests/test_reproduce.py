@@ -151,6 +151,17 @@ def test_demo_config_is_the_full_study_lighter():
         assert 0 < demo.groups[task] < full.groups[task]
     a, b = methods_settings(full), methods_settings(demo)
     assert set(b["das_ks"]) < set(a["das_ks"]) and b["lens_steps"] < a["lens_steps"] and "full" not in b["lens_modes"]
+    # every stage but the SAEs, which the demo skips (its report says so)
+    from pathlib import Path
+
+    from fbt_probe.reproduce.pipeline import build_stages
+    from fbt_probe.reproduce.sae import sae_section
+
+    names = lambda cfg: {s.name for s in build_stages(cfg, Path("unused"))}  # noqa: E731
+    assert "sae-feedback" in names(full) and not any(n.startswith("sae") for n in names(demo))
+    assert names(demo) < names(full)
+    ((title, text, figs),) = sae_section(demo, Path("unused"), None, [])
+    assert "not run in the demo" in text and "fbt-probe sae train" in text and not figs
 
 
 def test_spread_over_seeds_is_the_mean_and_range():
@@ -209,6 +220,21 @@ def test_quick_study_end_to_end(tmp_path):
     )
     nums = _depth0_numbers(report)
     assert len(nums) >= 8 and all(0.0 <= x <= 1.0 for x in nums)
+    # the SAE stage: two SAEs in SAELens's format, the per-task analyses, the section, the browser, the figures
+    from fbt_probe.sae.model import SparseAutoencoder
+
+    sae_dir = out / "results" / "sae" / "feedback"
+    assert SparseAutoencoder.load(sae_dir / "jumprelu").cfg.architecture == "jumprelu"
+    assert sorted(p.name for p in (sae_dir / "analysis").iterdir()) == [
+        "completion",
+        "memory",
+        "registers",
+        "registers-count",
+    ]
+    assert "### Sparse autoencoders on the carried state" in report and "### Feature browser" in report
+    assert (
+        all(f"sae-{f}-feedback" in html for f in ("swap", "vs-das", "features")) and "How many features carry" in report
+    )
     # findings first, then figures, then the tables (collapsed in the HTML)
     assert report.index("## Findings") < report.index("## Figures") < report.index("## Tables")
     assert html.count("<details>") >= 4 and html.index("<h2>Findings</h2>") < html.index("<h2>Figures</h2>")

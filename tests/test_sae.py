@@ -210,3 +210,97 @@ def test_sae_swap_figure(setup):
     plt.close(fig)
     with pytest.raises(FbtError, match="not an SAE fractions table"):
         draw("sae-swap", fr.drop(columns="k"))
+
+
+def test_feature_table_reads_the_final_carried_state_and_lists_distinct_examples(one_thread, setup):
+    """The browser's activations are the SAE codes of the state recurrent:1 carries into the final
+    position (captured there by the interventions' own hook, an independent path from the jacobi:2
+    collection the table reads); its examples are the largest activations, one per distinct text."""
+    from fbt_probe.interventions.edits import capture
+    from fbt_probe.sae.analyze import EXAMPLES, feature_table
+
+    model, df = setup
+    sae = exact_sae(model.cfg.d_model)
+    order = {t: np.arange(6) for t in sorted(df["task"].unique())}
+    feats, ex, acts = feature_table(model, sae, df, HOOK, "jacobi:2", order)
+    assert set(acts["rank"]) == set(range(1, 5)) and len(feats) == 4 * len(order)
+    key = ["task", "pair_id", "label"]
+    for (task, T), g in df.assign(T=[len(t) for t in df["token_ids"]]).groupby(["task", "T"]):
+        tokens = torch.tensor(np.stack([np.asarray(t) for t in g["token_ids"]]))
+        store: dict = {}
+        with torch.no_grad():
+            model.run_with_hooks(tokens, mode="recurrent:1", fwd_hooks=[(HOOK, capture(store, HOOK, model, T - 1))])
+            z = sae.encode(store[HOOK]).double().numpy()
+        for rank in range(1, 5):
+            a = acts[(acts["task"] == task) & (acts["rank"] == rank)].set_index(key)["activation"]
+            got = a.loc[list(zip(g["task"], g["pair_id"], g["label"]))].to_numpy()
+            np.testing.assert_allclose(got, z[:, rank - 1], atol=1e-9)
+    for task in order:
+        for r in feats[feats["task"] == task].itertuples():
+            a = acts[(acts["task"] == task) & (acts["latent"] == r.latent)]
+            np.testing.assert_allclose(r.final_mean_label1, a[a["label"] == 1]["activation"].mean(), atol=1e-12)
+            e = ex[(ex["task"] == task) & (ex["latent"] == r.latent)]
+            assert 0 < len(e) <= EXAMPLES and e["text"].is_unique
+            assert (np.diff(e["activation"].to_numpy()) <= 0).all() and all("[[" in t and "]]" in t for t in e["text"])
+
+
+def test_report_text_escapes_markup_and_bolds_the_carried_token():
+    from fbt_probe.reproduce.sae import _md_text
+
+    assert _md_text("a | b *c* [[x_1]] :") == r"a \| b \*c\* **x\_1** :"
+    assert _md_text("<b> [[⏎]]") == r"\<b\> **⏎**"
+
+
+def test_sae_features_and_sae_vs_das_figures():
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from fbt_probe.figures import draw
+
+    acts = pd.DataFrame(
+        {
+            "task": ["memory"] * 8,
+            "rank": [1, 1, 1, 1, 2, 2, 2, 2],
+            "latent": [7] * 4 + [3] * 4,
+            "label": [0, 0, 1, 1] * 2,
+            "activation": [0.0, 0.1, 4.0, 5.0, 3.0, 2.0, 0.0, 0.0],
+        }
+    )
+    fig = draw("sae-features", acts)
+    assert [a.get_title() for a in fig.axes] == ["memory: latent 7 (#1)", "memory: latent 3 (#2)"]
+    assert len(fig.axes[0].patches) == 2 * 20  # one histogram per label
+    plt.close(fig)
+    with pytest.raises(FbtError, match="not an SAE activations table"):
+        draw("sae-features", acts.drop(columns="label"))
+    fr = pd.DataFrame(
+        {
+            "task": ["memory"] * 3,
+            "condition": ["features", "random", "all"],
+            "k": [1, 1, 64],
+            "fraction": [0.4, 0.1, 0.95],
+            "ci_low": [0.3, 0.0, 0.9],
+            "ci_high": [0.5, 0.2, 1.0],
+        }
+    )
+    das = pd.DataFrame(
+        {
+            "task": "memory",
+            "mode": "recurrent:1",
+            "condition": [HOOK, HOOK, HOOK, "blocks.0.hook_resid_pre"],
+            "method": ["das", "random-rotation", "full-interchange", "das"],
+            "subspace_dim": [1, 1, 32, 1],
+            "metric": "iia",
+            "length_knob": -1,
+            "mean": [0.9, 0.05, 1.0, 0.2],
+            "ci_low": [0.8, 0.0, 1.0, 0.1],
+            "ci_high": [1.0, 0.1, 1.0, 0.3],
+        }
+    )
+    fig = draw("sae-vs-das", fr, das=das, probe=pd.DataFrame({"task": ["memory"], "accuracy": [0.97]}))
+    top, bottom = fig.axes[:2]
+    assert top.get_title() == "memory" and "IIA" in bottom.get_ylabel()
+    ys = sorted(float(line.get_ydata()[0]) for line in bottom.lines if len(line.get_ydata()) == 2)
+    assert 0.97 in ys and 1.0 in ys and 0.2 not in ys  # the probe and the full swap; the other hook's DAS is not drawn
+    plt.close(fig)
+    with pytest.raises(FbtError, match="das is not a DAS summary"):
+        draw("sae-vs-das", fr, das=das.drop(columns="method"))

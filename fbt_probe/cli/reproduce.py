@@ -54,7 +54,8 @@ def reproduce_cmd(
     methods: Annotated[
         bool,
         typer.Option(
-            "--methods/--no-methods", help="Run attribution patching, DAS and the lens (stages methods-*, lens-*)."
+            "--methods/--no-methods",
+            help="Run attribution patching, DAS, the lens and the SAEs (stages methods-*, lens-*, sae-feedback; the demo runs no SAE).",
         ),
     ] = True,
     seeds: Annotated[

@@ -106,6 +106,18 @@ FIGURES: dict[str, FigureEntry] = {
         "fractions.parquet",
         "SAE feature swap: share of the full-state swap carried by the top-k label latents vs k, random control",
     ),
+    "sae-features": FigureEntry(
+        "fbt_probe.figures.sae",
+        "sae_features",
+        "activations.parquet",
+        "SAE feature browser: each task's top label latents, activation at the final position by label",
+    ),
+    "sae-vs-das": FigureEntry(
+        "fbt_probe.figures.sae",
+        "sae_vs_das",
+        "fractions.parquet",
+        "feature swap vs k beside DAS IIA vs k and the depth-0 probe (options das=DAS summary, probe=task,accuracy)",
+    ),
     "lens": FigureEntry(
         "fbt_probe.figures.lens",
         "lens_depth",

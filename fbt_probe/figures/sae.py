@@ -46,3 +46,138 @@ def sae_swap(table: pd.DataFrame, model_label: str = ""):
         fig.legend(handles, labels, loc="outside lower center", ncol=3)
         fig.suptitle(f"Feature swap on the carried state{' — ' + model_label if model_label else ''}")
     return fig
+
+
+ACT_NEED = {"task", "rank", "latent", "label", "activation"}
+
+
+def sae_features(table: pd.DataFrame, model_label: str = "", bins: int = 20):
+    """The feature browser's histograms: each task's top label latents (columns by rank), the latent's
+    activation at every sample's final position, one histogram per label (`activations.parquet`)."""
+    import numpy as np
+
+    missing = ACT_NEED - set(table.columns)
+    if missing:
+        raise FbtError(f"sae-features: not an SAE activations table (missing columns {sorted(missing)})")
+    tasks = sorted(table["task"].unique())
+    if not tasks:
+        raise FbtError("sae-features: the table has no rows")
+    ranks = sorted(int(r) for r in table["rank"].unique())
+    with paper_style():
+        fig, axes = subplots(len(tasks), len(ranks), panel_height_in=1.5)
+        for i, task in enumerate(tasks):
+            for j, rank in enumerate(ranks):
+                ax = axes[i, j]
+                t = table[(table["task"] == task) & (table["rank"] == rank)]
+                if t.empty:
+                    ax.set_axis_off()
+                    continue
+                a = t["activation"].to_numpy(float)
+                edges = np.linspace(0.0, max(float(a.max()), 1e-6), bins + 1)
+                for lab, colour in ((0, "C0"), (1, "C1")):
+                    v = t.loc[t["label"] == lab, "activation"].to_numpy(float)
+                    if len(v):
+                        ax.hist(v, bins=edges, color=colour, alpha=0.6, label=f"label {lab}")
+                ax.set_title(f"{task}: latent {int(t['latent'].iloc[0])} (#{rank})", fontsize=7)
+                if j == 0:
+                    ax.set_ylabel("samples")
+        handles, labels = axes[0, 0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncol=2)
+        fig.supxlabel("activation at the final position", fontsize=8)
+        fig.suptitle(f"Top label latents of the carried state{' — ' + model_label if model_label else ''}")
+    return fig
+
+
+DAS_NEED = {"task", "method", "subspace_dim", "metric", "mean", "ci_low", "ci_high"}
+
+
+def sae_vs_das(
+    table: pd.DataFrame,
+    das: pd.DataFrame | None = None,
+    probe: pd.DataFrame | None = None,
+    hook: str = "fusion.hook_feedback",
+    model_label: str = "",
+):
+    """One question three ways, one column per task: (top) the share of the full-state swap's effect
+    that the top-k SAE label latents carry (`fractions.parquet`, random latents beside it); (bottom)
+    DAS's held-out interchange accuracy in a learned k-dimensional subspace of the same hook (a DAS
+    `summary.parquet`: random rotation and the full-vector swap beside it) and the depth-0 probe's
+    accuracy under recurrent:1 (`probe`: task, accuracy). k is latents on top, dimensions below."""
+    missing = NEED - set(table.columns)
+    if missing:
+        raise FbtError(f"sae-vs-das: not an SAE fractions table (missing columns {sorted(missing)})")
+    if das is not None and DAS_NEED - set(das.columns):
+        raise FbtError(f"sae-vs-das: das is not a DAS summary (missing columns {sorted(DAS_NEED - set(das.columns))})")
+    tasks = sorted(table["task"].unique())
+    if not tasks:
+        raise FbtError("sae-vs-das: the table has no rows")
+    if das is not None:
+        das = das[(das["metric"] == "iia") & (das["length_knob"] == -1)]
+        if "condition" in das:
+            das = das[das["condition"] == hook]
+        if "mode" in das:
+            das = das[das["mode"] == "recurrent:1"]
+    with paper_style():
+        fig, axes = subplots(2, len(tasks), panel_height_in=2.0, sharex="col")
+        for j, task in enumerate(tasks):
+            top, bottom = axes[0, j], axes[1, j]
+            t = table[table["task"] == task]
+            for cond, label, colour, marker in LINES:
+                s = t[t["condition"] == cond].sort_values("k")
+                if len(s):
+                    err = [s["fraction"] - s["ci_low"], s["ci_high"] - s["fraction"]]
+                    top.errorbar(s["k"], s["fraction"], yerr=err, color=colour, marker=marker, capsize=2, label=label)
+            full = t[t["condition"] == "all"]
+            if len(full):
+                top.axhline(
+                    float(full["fraction"].iloc[0]), color="C3", ls="--", lw=1, label="every latent (error kept)"
+                )
+            top.axhline(1.0, color="black", lw=0.6)
+            shown = t[t["condition"].isin(["features", "random"])]
+            lo = min([float(shown["ci_low"].min())] + [float(v) for v in full["fraction"]])
+            hi = max([float(shown["ci_high"].max())] + [float(v) for v in full["fraction"]])
+            top.set_ylim(min(-0.05, lo - 0.05), max(1.1, hi + 0.05))
+            top.set_title(task)
+            top.set_xlabel("k latents", fontsize=7)
+            top.tick_params(labelbottom=True)
+            if j == 0:
+                top.set_ylabel("feature swap:\nshare of full-state swap")
+                bottom.set_ylabel(f"DAS on {hook.split('.')[-1]}:\nheld-out IIA")
+            d = das[das["task"] == task] if das is not None else None
+            if d is not None and len(d):
+                for method, label, colour, marker in (
+                    ("das", "DAS k-dim subspace", "C2", "o"),
+                    ("random-rotation", "random k-dim subspace", "0.55", "s"),
+                ):
+                    s = d[d["method"] == method].sort_values("subspace_dim")
+                    if len(s):
+                        err = [(s["mean"] - s["ci_low"]).clip(lower=0), (s["ci_high"] - s["mean"]).clip(lower=0)]
+                        bottom.errorbar(
+                            s["subspace_dim"], s["mean"], yerr=err, color=colour, marker=marker, capsize=2, label=label
+                        )
+                full = d[d["method"] == "full-interchange"]
+                if len(full):
+                    bottom.axhline(
+                        float(full["mean"].iloc[0]), color="C1", ls="--", lw=1, label="DAS: full-vector swap"
+                    )
+            else:
+                bottom.text(0.5, 0.5, "DAS not run", ha="center", va="center", transform=bottom.transAxes)
+            if probe is not None:
+                p = probe[probe["task"] == task]
+                if len(p):
+                    bottom.axhline(
+                        float(p["accuracy"].iloc[0]), color="C4", ls=":", lw=1.2, label="depth-0 probe accuracy"
+                    )
+            bottom.axhline(0.5, color="black", lw=0.5, ls="-.", label="chance")
+            bottom.set_ylim(0, 1.05)
+            bottom.set_xscale("log", base=2)
+            bottom.set_xlabel("k dimensions", fontsize=7)
+        handles = {}
+        for ax in axes.flat:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(lab, h)
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=4)
+        fig.suptitle(
+            f"How much of what the model uses lies in k features / k dimensions{' — ' + model_label if model_label else ''}"
+        )
+    return fig

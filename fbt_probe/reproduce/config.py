@@ -70,7 +70,8 @@ class ReproConfig:
     demo: bool = False
     """The lighter study `make demo` runs on the shipped models (`demo_config`)."""
     methods: bool = True
-    """Run attribution patching, DAS and the lens (stages methods-*, lens-*); --no-methods skips them."""
+    """Run attribution patching, DAS, the lens and the SAEs (stages methods-*, lens-*, sae-feedback; the
+    demo runs no SAE); --no-methods skips them."""
     shipped: bool = False
     """Study the reference models shipped with the package (ref:<preset>-feedback, ref:<preset>-baseline)
     instead of training them; `fbt-probe reproduce` does unless --train."""

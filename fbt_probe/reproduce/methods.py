@@ -157,6 +157,8 @@ def _per_task(folder: Path, rel: str, out: Path) -> pd.DataFrame | None:
     for path in sorted(folder.glob(f"*/{rel}")):
         t = pd.read_parquet(path)
         task = path.relative_to(folder).parts[0]
+        if "task" not in t:  # a per-task table without its own task column (an SAE analysis's reconstruction)
+            t = t.assign(task=task)
         manifest = out / "data" / f"{task}.manifest.json"
         if "mode" in t and manifest.is_file():
             back = {v: k for k, v in suffix_modes(read_json(manifest)).items() if v != k}

@@ -36,6 +36,8 @@ from fbt_probe.reproduce.config import (  # noqa: F401
 )
 from fbt_probe.reproduce.config import tokenizer as _tokenizer
 from fbt_probe.reproduce.report import stage_figures, stage_report
+from fbt_probe.reproduce.sae import NAME as SAE_MODEL
+from fbt_probe.reproduce.sae import sae_settings, stage_sae
 from fbt_probe.reproduce.seeds import combine, seed_folder, source_key
 from fbt_probe.reproduce.stages import Runner, Stage
 from fbt_probe.tasks import generate, load_spec, write_dataset
@@ -270,9 +272,21 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
             methods, lens = methods_stages(cfg, out, name, ck, ["data"] + dep)
             per["methods"].append(methods)
             per["lens"].append(lens)
+    sae = []
+    if cfg.methods and sae_settings(cfg) is not None and SAE_MODEL in cfg.methods_models():
+        dep = [f"train-{SAE_MODEL}"] if not cfg.model and not cfg.shipped else []
+        sae.append(
+            Stage(
+                f"sae-{SAE_MODEL}",
+                {**ck, "sae": sae_settings(cfg)},
+                [out / "results" / "sae" / SAE_MODEL],
+                partial(stage_sae, cfg, out),
+                after=["data"] + dep,
+            )
+        )
     # the order is the one stages start in when they can run side by side (`--jobs`): the longest chains
-    # first (extract -> probe; AtP/DAS), the short stages last, so that no long stage is left to run alone
-    st += per["extract"] + per["methods"] + [evaluate] + per["lens"] + per["probe"] + [contract] + per["patch"]
+    # first (extract -> probe; AtP/DAS; the SAEs), the short stages last, so that no long stage is left to run alone
+    st += per["extract"] + per["methods"] + sae + [evaluate] + per["lens"] + per["probe"] + [contract] + per["patch"]
     return st
 
 

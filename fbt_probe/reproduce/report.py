@@ -19,6 +19,9 @@ from fbt_probe.provenance import provenance
 from fbt_probe.reproduce.config import model_path, shipped_name
 from fbt_probe.reproduce.findings import findings, headline, same_kind, shipped_comparison, study_kind
 from fbt_probe.reproduce.methods import MODEL_WORDS, figure_jobs, methods_section
+from fbt_probe.reproduce.sae import figure_jobs as sae_figure_jobs
+from fbt_probe.reproduce.sae import sae_section
+from fbt_probe.reproduce.sae import sentences as sae_sentences
 from fbt_probe.reproduce.seeds import spread_table
 from fbt_probe.reproduce.tables import PAPER_DEPTH0, SETTING, _summary, pooled_accuracy
 
@@ -64,7 +67,7 @@ def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
             s = _summary(out, n, exp)
             if s is not None:
                 jobs.append((f"{stem}-{n}", fig, s, words if fig == "patching-heatmap" else {}))
-    return jobs + figure_jobs(cfg, out)
+    return jobs + figure_jobs(cfg, out) + sae_figure_jobs(cfg, out)
 
 
 def stage_figures(cfg, out: Path, workers: int = 1) -> None:
@@ -322,7 +325,19 @@ def _sections(cfg, out: Path, times: dict) -> list[tuple[str, str, list[str]]]:
             pick("ablation-bars") + pick("patching") + pick("decodable-vs-used"),
         ),
         methods_section(cfg, out, _md_table, figs),
+        *sae_section(cfg, out, _md_table, figs),
         ("What was run", provenance_markdown(_provenance(cfg, out, times)), []),
+    ]
+
+
+def _sae_finding(out: Path) -> list[str]:
+    said = sae_sentences(out)
+    if not said:
+        return []
+    return [
+        "How many features carry what the model uses (a TopK SAE on the carried state, label latents chosen on "
+        "the other half of the groups; share of the full-state swap's effect, BCa group-bootstrap 95 % CI; "
+        "figure *sae-vs-das-feedback*): " + "; ".join(said) + "."
     ]
 
 
@@ -359,7 +374,7 @@ def stage_report(cfg, out: Path, times: dict) -> None:
         + "."
     )
     seeds = spread_table(cfg, out)
-    found = findings(cfg, out, seeds) + shipped_comparison(cfg, out)
+    found = findings(cfg, out, seeds) + _sae_finding(out) + shipped_comparison(cfg, out)
     kind = same_kind(seeds, study_kind(cfg))
     if kind is not None and len(kind):
         tables.append(("Over training seeds", seeds_table_text(kind), []))

@@ -6,7 +6,9 @@ Files (parquet unless named): `reconstruction` (FVU, L0, dead latents per mode o
 (per task and k: the feature swap's normalized effect over the full-state swap's, a ratio of pair
 means with its BCa group-bootstrap interval), `features` (per task the top label latents: mean
 activation by label and length, how often active), `examples` (each top latent's max-activating
-fed positions as text, the token whose top state is carried marked), `analysis.json` (provenance), `figures/sae-swap.png`.
+fed positions as text, the token whose top state is carried marked), `activations` (each top latent's
+activation at every sample's final position, with its label and length: the histograms by label),
+`analysis.json` (provenance), `figures/sae-swap.png`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from fbt_probe.sae.features import KS, feature_tests, final_states, rankings
 from fbt_probe.sae.metrics import loss_recovered, loss_recovered_rows, ratio_ci, reconstruction
 
 TOP = 4  # latents per task in the feature table and the browser
-EXAMPLES = 5  # max-activating positions per latent
+EXAMPLES = 5  # max-activating positions per latent (distinct texts)
 
 
 def is_analysis_folder(p: Path) -> bool:
@@ -62,18 +64,23 @@ def fractions(wide: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataF
     return pd.DataFrame(out)
 
 
+VISIBLE = {"\n": "⏎", " ": "␣", "\t": "⇥", "": "∅"}
+
+
 def _text(tokenizer, ids, mark: int, width: int = 12) -> str:
     lo = max(0, mark - width)
     words = [str(tokenizer.decode([int(t)])) if tokenizer is not None else str(int(t)) for t in ids[lo : mark + 2]]
     i = mark - lo
-    words[i] = f"[[{words[i].strip()}]]"
+    words[i] = f"[[{words[i].strip() or VISIBLE.get(words[i], repr(words[i]))}]]"  # a whitespace token shown
     return ("… " if lo else "") + " ".join(w.strip() for w in words)
 
 
 @torch.no_grad()
-def feature_table(model, sae, df, hook, mode, order: dict, batch_size: int = 64) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per-latent table, max-activating examples) of each task's top label latents."""
-    feats, examples = [], []
+def feature_table(
+    model, sae, df, hook, mode, order: dict, batch_size: int = 64
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(per-latent table, max-activating examples, final-position activations) of each task's top label latents."""
+    feats, examples, finals = [], [], []
     tok = getattr(model, "tokenizer", None)
     for task, ranking in order.items():
         sub = df[df["task"] == task].reset_index(drop=True)
@@ -91,22 +98,53 @@ def feature_table(model, sae, df, hook, mode, order: dict, batch_size: int = 64)
                 sel = last & (meta["length_knob"].to_numpy() == kn)
                 r[f"final_mean_len{int(kn)}"] = float(a[sel].mean())
             feats.append(r)
-            for e, i in enumerate(np.argsort(-a, kind="stable")[:EXAMPLES]):
+            finals.append(
+                pd.DataFrame(
+                    {
+                        "task": task,
+                        "rank": rank + 1,
+                        "latent": int(j),
+                        "pair_id": meta["pair_id"].to_numpy()[last],
+                        "label": meta["label"].to_numpy()[last].astype(int),
+                        "length_knob": meta["length_knob"].to_numpy()[last].astype(int),
+                        "activation": a[last],
+                    }
+                )
+            )
+            seen: set = set()
+            for i in np.argsort(-a, kind="stable"):  # the largest activations, one per distinct text
+                if len(seen) == EXAMPLES or a[i] <= 0:
+                    break
                 row, pos = int(idx["row"].iloc[i]), int(idx["position"].iloc[i])
                 ids = sub["token_ids"].iloc[row]
+                text = _text(tok, ids, pos - 1)
+                if text in seen:
+                    continue
+                seen.add(text)
                 examples.append(
                     {
                         "task": task,
                         "latent": int(j),
-                        "example": e + 1,
+                        "example": len(seen),
                         "activation": float(a[i]),
                         "label": int(sub["label"].iloc[row]),
                         "position": pos,
                         "final": bool(pos == len(ids) - 1),
-                        "text": _text(tok, ids, pos - 1),
+                        "text": text,
                     }
                 )
-    return pd.DataFrame(feats), pd.DataFrame(examples)
+    return pd.DataFrame(feats), pd.DataFrame(examples), pd.concat(finals, ignore_index=True) if finals else None
+
+
+def quality(model, sae, df, modes, batch_size: int = 64, n_boot: int = 1000, seed: int = 0):
+    """(reconstruction per mode on the fed positions, loss recovered per task x mode) of `sae` on its hook."""
+    hook = sae.hook_name or "fusion.hook_feedback"
+    recon, rows = [], []
+    for m in modes:
+        x, _ = collect(model, df, hook, m, "fed", batch_size)
+        recon.append({"mode": m, **reconstruction(sae, x)})
+        rows.append(loss_recovered_rows(model, sae, df, hook, [m], x.mean(0), batch_size))
+    return pd.DataFrame(recon), loss_recovered(pd.concat(rows), n_boot, seed)
 
 
 def analyze(
@@ -128,14 +166,8 @@ def analyze(
     hook = sae.hook_name or "fusion.hook_feedback"
     modes = list(dict.fromkeys([mode, *(modes or [])]))
     with atomic_dir(Path(out), force=force, own=is_analysis_folder, kind="an SAE analysis folder") as tmp:
-        recon, means = [], {}
-        for m in modes:
-            x, _ = collect(model, df, hook, m, "fed", batch_size)
-            means[m] = x.mean(0)
-            recon.append({"mode": m, **reconstruction(sae, x)})
-        pd.DataFrame(recon).to_parquet(tmp / "reconstruction.parquet", index=False)
-        rows = pd.concat([loss_recovered_rows(model, sae, df, hook, [m], means[m], batch_size) for m in modes])
-        lr = loss_recovered(rows, n_boot, seed)
+        recon, lr = quality(model, sae, df, modes, batch_size, n_boot, seed)
+        recon.to_parquet(tmp / "reconstruction.parquet", index=False)
         lr.to_parquet(tmp / "loss_recovered.parquet", index=False)
         wide = feature_tests(model, sae, df, hook, mode, ks, max_pairs, batch_size, seed=seed)
         wide.to_parquet(tmp / "feature_tests.parquet", index=False)
@@ -155,9 +187,11 @@ def analyze(
         # every position's state as the SAE was trained on it (jacobi:2 carries the standard pass's top
         # state into every position: recurrent:1's final-position state is one of them)
         browse = sae.cfg.metadata.get("mode") or "jacobi:2"
-        feats, ex = feature_table(model, sae, df, hook, browse, order, batch_size)
+        feats, ex, finals = feature_table(model, sae, df, hook, browse, order, batch_size)
         feats.to_parquet(tmp / "features.parquet", index=False)
         ex.to_parquet(tmp / "examples.parquet", index=False)
+        if finals is not None:
+            finals.to_parquet(tmp / "activations.parquet", index=False)
         write_json(
             tmp / "analysis.json",
             {
@@ -173,7 +207,7 @@ def analyze(
                 "provenance": provenance(),
             },
         )
-    return {"reconstruction": pd.DataFrame(recon), "loss_recovered": lr, "fractions": fr}
+    return {"reconstruction": recon, "loss_recovered": lr, "fractions": fr}
 
 
 def sparsity_sentence(fr: pd.DataFrame, task: str, share: float = 0.8) -> str:
