@@ -77,6 +77,18 @@ def test_bench_patch_runs_the_commands_and_compares_reuse(tmp_path):
         assert c["max_summary_diff"] < 1e-3 and c["speedup"] > 0, c
 
 
+def test_bench_nnsight_checks_each_value_and_reports_the_ratio(tmp_path):
+    out = tmp_path / "nn.md"
+    res = runner.invoke(app, ["bench", "nnsight", "--batch", "2", "--seq", "6", "--repeats", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    r = json.loads((tmp_path / "nn.md.json").read_text())
+    assert [(c["mode"], c["serial"]) for c in r["cases"]] == [("recurrent:1", False), ("full", True)]
+    for c in r["cases"]:
+        assert c["max_abs_diff"] < 1e-5  # nnsight read the same values (the serial chunks in order)
+        assert c["nnsight_over_run_with_cache"] == pytest.approx(c["nnsight_s"] / c["run_with_cache_s"])
+    assert "tracer.iter" in out.read_text() and r["hook"] == "blocks.2.hook_resid_post"  # the middle of 4
+
+
 @pytest.mark.parametrize(
     "args,match",
     [
@@ -86,6 +98,8 @@ def test_bench_patch_runs_the_commands_and_compares_reuse(tmp_path):
         (["patch", "--experiments", "nope"], "--experiments"),
         (["patch", "--mode", "fulll"], "mode"),
         (["patch", "--dataset", "/no/such/dataset"], "no such dataset"),
+        (["nnsight", "--seq", "1"], "--seq"),
+        (["nnsight", "--layer", "9"], "--layer 9"),
     ],
 )
 def test_bench_bad_input_is_one_line(args, match):

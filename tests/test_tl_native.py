@@ -261,3 +261,40 @@ def test_nnsight_patch_equals_our_residual_patch(model):
     ours = model.run_with_hooks(x, mode=mode, fwd_hooks=[("blocks.0.hook_resid_post", zero)])
     assert not torch.allclose(ours, model(x, mode=mode))
     torch.testing.assert_close(patched, ours, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["recurrent:3", "full"])
+def test_nnsight_serial_steps_through_its_iteration_support(model, mode):
+    """Under serial=True the blocks run once for the standard prefix and once per serial step;
+    nnsight's `tracer.iter` reaches each call: the chunks stitch to run_with_cache(serial=True)'s
+    stream, and a patch inside one step equals our serial residual patch at that position, whose
+    change reaches the later positions through the carried state (unlike the same patch in the
+    final pass alone)."""
+    from fbt_probe.interventions.edits import set_at
+
+    x, T = tokens(2, 8), 8
+    n_serial = 3 if mode == "recurrent:3" else T
+    P = T - n_serial
+    _, c = model.run_with_cache(x, mode=mode, serial=True)
+    nn_model = NNsight(model)
+    calls = (1 if P else 0) + n_serial  # a bounded loop: an open one (`tracer.iter[:]`) ends with a warning
+    with nn_model.trace(x, mode=mode, serial=True) as tracer:
+        chunks = list().save()
+        for _ in tracer.iter[:calls]:
+            chunks.append(nn_model.blocks[1].hook_resid_post.output)
+    assert [ch.shape[1] for ch in chunks] == ([P] if P else []) + [1] * n_serial
+    torch.testing.assert_close(torch.cat(chunks, 1), c["blocks.1.hook_resid_post"], rtol=0, atol=1e-12)
+
+    t = T - 2  # a serial step's position; its call index: the prefix (if any), then one call per step
+    call = (1 if P else 0) + (t - P)
+    with nn_model.trace(x, mode=mode, serial=True) as tracer:
+        for _ in tracer.iter[call]:
+            nn_model.blocks[0].hook_resid_post.output[:] = 0.0
+        patched = nn_model.output.save()
+    zero = set_at(torch.zeros(model.cfg.d_model, dtype=torch.float64), t, model)
+    ours = model.run_with_hooks(x, mode=mode, serial=True, fwd_hooks=[("blocks.0.hook_resid_post", zero)])
+    torch.testing.assert_close(patched, ours, rtol=0, atol=1e-12)
+    final_only = model.run_with_hooks(x, mode=mode, fwd_hooks=[("blocks.0.hook_resid_post", zero)])
+    clean = model(x, mode=mode)
+    assert (ours[:, T - 1] - clean[:, T - 1]).abs().max() > 1e-6  # the patch reaches the next position
+    assert (ours[:, T - 1] - final_only[:, T - 1]).abs().max() > 1e-6  # through the carried state

@@ -1,4 +1,4 @@
-"""`fbt-probe bench fusion | model | patch | probes`: benchmarks that write a Markdown report.
+"""`fbt-probe bench fusion | model | nnsight | patch | probes`: benchmarks that write a Markdown report.
 
 Each command builds its config, calls one library function that returns a JSON-able dict, and hands
 it to `write_report`, which prints the Markdown or writes it to --out (with the full result as JSON
@@ -8,7 +8,7 @@ beside it, provenance included). A new benchmark is one more `@app.command` doin
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Callable
+from typing import Annotated, Callable, Optional
 
 import typer
 
@@ -180,6 +180,36 @@ def patch(
         progress=lambda line: typer.echo(line, err=True),
     )
     write_report(result, to_markdown, out, force)
+
+
+@app.command()
+def nnsight(
+    model: Annotated[str, typer.Option(help="Run / checkpoint folder or ref:<name>.")] = "ref:tiny-feedback",
+    batch: Annotated[int, typer.Option(help="Batch of random tokens.")] = 8,
+    seq: Annotated[int, typer.Option(help="Sequence length T.")] = 256,
+    repeats: Annotated[int, typer.Option(help="Timed calls per measurement (the median is reported).")] = 15,
+    layer: Annotated[
+        Optional[int], typer.Option(help="Block whose hook_resid_post is read (default: the middle).")
+    ] = None,
+    out: OutOption = None,
+    force: ForceOption = False,
+) -> None:
+    """nnsight's trace against run_with_cache reading one hook on the same forward: `recurrent:1`,
+    and `full` with serial=True through nnsight's iteration support (each value checked first).
+
+    \b
+    Example: fbt-probe bench nnsight --out reports/bench/nnsight.md
+    """
+    from fbt_probe.bench.nnsight import run_nnsight_bench, to_markdown
+    from fbt_probe.errors import FbtError
+
+    if min(batch, seq, repeats) < 1 or seq < 2:
+        raise FbtError("--batch and --repeats must be >= 1, --seq >= 2")
+    if out is not None:
+        from fbt_probe.io import refuse_existing
+
+        refuse_existing(out, force)
+    write_report(run_nnsight_bench(model, batch, seq, repeats, layer), to_markdown, out, force)
 
 
 @app.command()
