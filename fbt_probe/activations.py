@@ -42,18 +42,16 @@ from fbt_probe.hidden.config import ARCH as HIDDEN_ARCH
 from fbt_probe.hidden.streams import stream_depth, stream_position
 from fbt_probe.hooks import depth_name
 from fbt_probe.io import atomic_path, read_json, swap_in, temp_sibling, write_json
-from fbt_probe.loading import check_compatible, load_data, open_model, state_hash  # noqa: F401  (state_hash: re-exported)
+from fbt_probe.loading import check_compatible, load_data, open_model
 from fbt_probe.model.modes import check_distinct, parse_mode
 from fbt_probe.model.prefix import build_prefix
 from fbt_probe.model.transformer import FeedbackTransformer
 from fbt_probe.provenance import provenance
-from fbt_probe.shards import (  # noqa: F401  (re-exported: the CLI and tests use them from here)
+from fbt_probe.shards import (
     FORMAT,
     check_out_dir,
-    is_activation_folder,
     read_shard,
     record_sha256,
-    sidecar,
     verify_finished,
     verify_shards,
 )

@@ -186,10 +186,6 @@ class ModelConfig:
     def residual_scale(self) -> float:
         return 1.0 / math.sqrt(2 * self.n_layers) if self.depth_scaling == "1/sqrt(2L)" else 1.0
 
-    @property
-    def n_fusion_params(self) -> int:
-        return 2 * self.d_model * self.d_model  # W_U and W_G, W_U and W_T, or W_C (the fusion norm's D weights aside)
-
     # What TransformerLens's `ActivationCache` methods read from `model.cfg` (read-only, not saved).
     @property
     def normalization_type(self) -> str:

@@ -5,10 +5,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fbt_probe.activations import ActivationStore, extract, sidecar
+from fbt_probe.activations import ActivationStore, extract
 from fbt_probe.cli import app
 from fbt_probe.errors import FbtError
 from fbt_probe.probes import ProbeConfig, probe_sweep
+from fbt_probe.shards import sidecar
 from tests.helpers import make_model
 from tests.test_activations import frame, shard_bytes
 from tests.test_force import snapshot

@@ -154,7 +154,8 @@ def test_eval_and_diagnose_contraction_take_a_shipped_model_by_name(tmp_path):
     import pandas as pd
 
     from fbt_probe.tasks import load_tokenizer
-    from fbt_probe.training.evaluate import contraction, validation_batch
+    from fbt_probe.training.data import validation_batch
+    from fbt_probe.training.evaluate import contraction
 
     r = runner.invoke(
         app, ["diagnose", "contraction", "ref:tiny-feedback", "--passes", "3", "--out", str(tmp_path / "c")]

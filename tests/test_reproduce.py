@@ -125,7 +125,7 @@ def test_wilson_interval_is_scipys():
 
 
 def test_long_config_adds_the_long_lengths_only():
-    from fbt_probe.reproduce.pipeline import LONG_KNOBS, PROBE_KNOBS, ReproConfig
+    from fbt_probe.reproduce.config import LONG_KNOBS, PROBE_KNOBS, ReproConfig
     from fbt_probe.training.config import TRAIN_KNOBS
 
     assert ReproConfig().knobs == PROBE_KNOBS == TRAIN_KNOBS  # the default probes the training lengths
@@ -137,8 +137,8 @@ def test_long_config_adds_the_long_lengths_only():
 def test_demo_config_is_the_full_study_lighter():
     """--demo keeps every task, length, stage and the shipped models' seed/steps; it drops only `full`
     on the register tasks, halves (or quarters) the probe groups and lightens the methods."""
+    from fbt_probe.reproduce.config import ReproConfig
     from fbt_probe.reproduce.methods import methods_settings
-    from fbt_probe.reproduce.pipeline import ReproConfig
 
     full, demo = ReproConfig(shipped=True), ReproConfig.demo_config(shipped=True)
     assert (
@@ -314,8 +314,8 @@ def test_methods_run_every_task_and_report_the_papers_suffix_modes(tmp_path):
     import pandas as pd
 
     from fbt_probe.io import write_json
+    from fbt_probe.reproduce.config import ReproConfig
     from fbt_probe.reproduce.methods import methods_knobs, tables
-    from fbt_probe.reproduce.pipeline import ReproConfig
 
     cfg = ReproConfig()
     # the full study runs the causal experiments at every probe length; the demo at one per task

@@ -216,7 +216,8 @@ def test_warm_start_refuses_a_mismatched_checkpoint(tmp_path):
 
 def test_contraction_table_matches_the_jacobi_modes():
     from fbt_probe.tasks import build_tokenizer
-    from fbt_probe.training.evaluate import contraction, validation_batch
+    from fbt_probe.training.data import validation_batch
+    from fbt_probe.training.evaluate import contraction
 
     tok = build_tokenizer()
     model = fp.load_model("tiny", d_vocab=tok.get_vocab_size(), seed=2).eval()

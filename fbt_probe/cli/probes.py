@@ -78,9 +78,10 @@ def extract(
 
     from rich.console import Console
 
-    from fbt_probe.activations import ExtractProgress, is_activation_folder
+    from fbt_probe.activations import ExtractProgress
     from fbt_probe.activations import extract as run_extract
     from fbt_probe.distributed import world
+    from fbt_probe.shards import is_activation_folder
 
     where = f"rank {world().rank} " if world().several else ""
 

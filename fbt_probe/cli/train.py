@@ -369,7 +369,8 @@ def contraction_cmd(
     from fbt_probe.reference import is_reference
     from fbt_probe.tasks import load_tokenizer
     from fbt_probe.training.checkpoint import load_trained
-    from fbt_probe.training.evaluate import contraction, validation_batch
+    from fbt_probe.training.data import validation_batch
+    from fbt_probe.training.evaluate import contraction
 
     if len(runs) > 1 and out is None:
         raise FbtError("diagnose contraction: several runs need --out (a folder for the shared table and figure)")

@@ -20,8 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from fbt_probe.errors import FbtError
-from fbt_probe.figures import FIGURES as REGISTRY
-from fbt_probe.figures import FigureEntry, get_figure, register_figure
+from fbt_probe.figures import get_figure
 from fbt_probe.figures.style import model_words, paper_style, subplots, titled
 
 NEED = {"experiment", "condition", "mode", "task", "length_knob", "metric", "mean", "ci_low", "ci_high"}
@@ -373,13 +372,7 @@ def steering_sweep(table: pd.DataFrame, depth: int = 0, length: int = POOLED):
     return fig
 
 
-# ----------------------------------------------------------------------------- registry glue
-FIGURES = {
-    "patching-heatmap": (patching_heatmap, "residual patching: depth x position heatmaps"),
-    "ablation-bars": (ablation_bars, "feedback swap / state replacement / gate ablation: bars with bootstrap CIs"),
-    "decodable-vs-used": (decodable_vs_used, "probe accuracy and causal effect of erasing its direction, per depth"),
-    "steering-sweep": (steering_sweep, "answer movement vs steering scale, probe vs random direction"),
-}
+# ----------------------------------------------------------------------------- per experiment
 BY_EXPERIMENT = {
     "residual": ("patching-heatmap",),
     "feedback-swap": ("ablation-bars",),
@@ -389,13 +382,6 @@ BY_EXPERIMENT = {
     "attribution": ("atp-heatmap", "atp-parity"),
     "das": ("das-iia",),
 }
-
-
-def register_all() -> None:
-    """Add these figures to the `fbt-probe figures` registry (default table: summary.parquet)."""
-    for name, (fn, help_) in FIGURES.items():
-        if name not in REGISTRY:
-            register_figure(name, FigureEntry(__name__, fn.__name__, "summary.parquet", help_))
 
 
 def draw_for(summary: pd.DataFrame, out_dir: Path) -> list[Path]:
@@ -409,7 +395,7 @@ def draw_for(summary: pd.DataFrame, out_dir: Path) -> list[Path]:
     for name in names:
         if name == "atp-parity" and not (summary["method"] == "exact").any():
             continue  # no --check: nothing to compare
-        fig = FIGURES[name][0](summary) if name in FIGURES else get_figure(name)(summary)
+        fig = get_figure(name)(summary)
         path = out_dir / f"{name}.png"
         fig.savefig(path, dpi=150, bbox_inches="tight")
         plt.close(fig)

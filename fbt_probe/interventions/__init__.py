@@ -35,7 +35,8 @@ from fbt_probe.interventions.experiments import (
 from fbt_probe.interventions.metrics import bootstrap_ci, kl_div, logit_diff, score, summarize, to_long
 from fbt_probe.interventions.pairs import PairBatch, label_token_ids, pair_batches
 from fbt_probe.interventions.probe_edits import erase_methods, probe_direction
-from fbt_probe.interventions.runner import EXPERIMENTS, HOOK_RULES, PatchConfig, Results, run, run_experiment
+from fbt_probe.interventions.registry import EXPERIMENTS, HOOK_RULES, PatchConfig
+from fbt_probe.interventions.runner import Results, run, run_experiment
 from fbt_probe.loading import check_compatible, load_pairs, open_model, open_pairs  # re-exported: where to start
 
 __all__ = [

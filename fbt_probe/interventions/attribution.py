@@ -176,21 +176,6 @@ def _rows(
     return pd.DataFrame(data)
 
 
-def attribution_patching(
-    model,
-    batches: Iterable[PairBatch],
-    mode: str = "standard",
-    min_gap: float = 0.1,
-    hooks: Iterable[str] | None = None,
-    last_k: int | None = None,
-    directions=("denoising", "noising"),
-    serial: bool | None = None,
-) -> pd.DataFrame:
-    """AtP rows (method `atp`) for every hook × position (× pass) cell, both directions; see module doc.
-    `hooks` default: `default_hooks`. `last_k`: only the last k positions."""
-    return traced_attribution(model, batches, mode, min_gap, hooks, last_k, directions, serial, keep=False)[0]
-
-
 def traced_attribution(model, batches, mode, min_gap, hooks, last_k, directions, serial, keep: bool = True):
     """(AtP rows, [(batch, Traced, serial)] if `keep`): the traces let the parity check patch chosen
     cells exactly with the same source activations."""

@@ -23,7 +23,7 @@ from fbt_probe.interventions.atp_parity import PARQUET_ONLY, split_rows
 from fbt_probe.interventions.metrics import METRIC_HELP, summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.probe_edits import erase_methods
-from fbt_probe.interventions.registry import EXPERIMENTS, HOOK_RULES, PatchConfig  # noqa: F401  (PatchConfig: re-exported)
+from fbt_probe.interventions.registry import EXPERIMENTS, HOOK_RULES, PatchConfig
 from fbt_probe.io import atomic_dir, read_json, refuse_existing, write_csv, write_json
 from fbt_probe.provenance import provenance
 

@@ -14,7 +14,8 @@ import pandas as pd
 
 from fbt_probe.figures.methods import short_hook
 from fbt_probe.interventions.pairs import round_robin
-from fbt_probe.interventions.runner import PatchConfig, run
+from fbt_probe.interventions.registry import PatchConfig
+from fbt_probe.interventions.runner import run
 from fbt_probe.io import atomic_dir, read_json
 from fbt_probe.lens.sweep import LensConfig, run_lens, write_lens
 from fbt_probe.loading import checkpoint_hash, load_model, load_pairs
@@ -343,13 +344,9 @@ def _largest(s: pd.DataFrame | None, task: str, exp: str, where: str) -> str:
         m = sel[(sel["metric"] == metric) & sel["mean"].notna()]
         if len(m):
             r = m.loc[m["mean"].abs().idxmax()] if metric == "normalized" else m.loc[m["mean"].idxmax()]
-            cell = f"depth {int(r['depth'])}" if where == "depth" else _short(str(r["condition"]))
+            cell = f"depth {int(r['depth'])}" if where == "depth" else short_hook(str(r["condition"]))
             return f"{cell} @ pos {int(r['position'])}: {r['mean']:.2f}" + ("" if metric == "normalized" else " (LD)")
     return "n/a"
-
-
-def _short(name: str) -> str:
-    return short_hook(name)
 
 
 def lens_rows(out: Path, models: list[str]) -> pd.DataFrame:

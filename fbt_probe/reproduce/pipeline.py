@@ -14,21 +14,16 @@ from fbt_probe.activations import extract
 from fbt_probe.errors import FbtError
 from fbt_probe.interventions.combined import run_several
 from fbt_probe.interventions.registry import EXPERIMENTS as REGISTRY
-from fbt_probe.interventions.runner import PatchConfig
+from fbt_probe.interventions.registry import PatchConfig
 from fbt_probe.io import atomic_dir, atomic_path, read_json
 from fbt_probe.loading import checkpoint_hash, load_model, load_pairs
 from fbt_probe.probes.robustness import robustness
 from fbt_probe.probes.sweep import ProbeConfig, probe_sweep, write_results
 from fbt_probe.reference import names, record
 from fbt_probe.reproduce import methods as M
-from fbt_probe.reproduce.config import (  # noqa: F401
+from fbt_probe.reproduce.config import (
     EXPERIMENTS,
     EXTRACT_BATCH,
-    FEEDBACK_MODES,
-    LONG_KNOBS,
-    PROBE_KNOBS,
-    QUICK_KNOBS,
-    REGISTER_MODES,
     ReproConfig,
     model_path,
     shipped_name,
@@ -44,8 +39,8 @@ from fbt_probe.tasks import generate, load_spec, write_dataset
 from fbt_probe.tasks.generators import suffix_modes
 from fbt_probe.training import run_training
 from fbt_probe.training.config import TRAIN_KNOBS
-from fbt_probe.training.data import heldout
-from fbt_probe.training.evaluate import answer_accuracy, contraction, eval_samples, validation_batch
+from fbt_probe.training.data import heldout, validation_batch
+from fbt_probe.training.evaluate import answer_accuracy, contraction, eval_samples
 
 
 def stage_data(cfg: ReproConfig, out: Path) -> None:

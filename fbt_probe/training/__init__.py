@@ -10,13 +10,15 @@ from fbt_probe import distributed
 from fbt_probe.errors import FbtError
 from fbt_probe.io import read_json, refuse_existing, swap_in, temp_sibling
 from fbt_probe.loading import checkpoint_hash
+from fbt_probe.model.loss import weighted_ce
 from fbt_probe.reference import resolve
 from fbt_probe.tasks import build_tokenizer, load_tokenizer, save_tokenizer
 from fbt_probe.training.arch import ARCHS
 from fbt_probe.training.checkpoint import load_run, truncate_metrics
 from fbt_probe.training.config import PAPER_SCHEDULE, TRAIN_KNOBS, Schedule, TrainConfig, parse_schedule
 from fbt_probe.training.evaluate import answer_accuracy, eval_samples
-from fbt_probe.training.loop import make_optimizer, multipass_loss, train, weighted_ce
+from fbt_probe.training.loop import make_optimizer, train
+from fbt_probe.training.objective import multipass_loss
 from fbt_probe.training.resume import recorded, unfinished_run
 
 __all__ = [

@@ -20,7 +20,8 @@ from fbt_probe.hidden.model import HiddenDecodingTransformer
 from fbt_probe.loading import load_model
 from fbt_probe.model.transformer import FeedbackTransformer
 from fbt_probe.training.config import TrainConfig
-from fbt_probe.training.evaluate import loss_per_pass, validation_batch
+from fbt_probe.training.data import validation_batch
+from fbt_probe.training.evaluate import loss_per_pass
 
 
 def feedback_initial_model(cfg: TrainConfig, vocab: int, init: str | Path | None):

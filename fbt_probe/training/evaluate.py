@@ -14,10 +14,10 @@ import dataclasses
 import pandas as pd
 import torch
 
+from fbt_probe.model.loss import weighted_ce
 from fbt_probe.tasks import generate, load_spec
 from fbt_probe.training.config import TRAIN_KNOBS, TrainConfig
-from fbt_probe.training.data import heldout, validation_batch  # noqa: F401 (re-exported)
-from fbt_probe.training.loop import weighted_ce
+from fbt_probe.training.data import heldout, validation_batch
 
 EVAL_MODES = ("standard", "jacobi:2", "recurrent:1", "jacobi:3", "full")
 DECODING_OF_MODE = {

@@ -19,13 +19,12 @@ from rich.progress import TextColumn
 from fbt_probe import distributed
 from fbt_probe.errors import FbtError
 from fbt_probe.model.components import use_path
-from fbt_probe.model.loss import weighted_ce  # noqa: F401  (re-exported)
 from fbt_probe.progress import bar
 from fbt_probe.training import parallel
 from fbt_probe.training.checkpoint import save_run
 from fbt_probe.training.config import TrainConfig
 from fbt_probe.training.data import batches_for_step, step_seed
-from fbt_probe.training.objective import LOSSES, feedback_loss, multipass_loss, one_pass_hidden_loss  # noqa: F401
+from fbt_probe.training.objective import multipass_loss
 
 
 def prefix_mask(rows: int, ctx: int, share: float, gen: torch.Generator) -> torch.Tensor:
