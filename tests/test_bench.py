@@ -144,9 +144,6 @@ def test_bench_model_on_cuda_times_full_with_and_without_the_graph(tmp_path):
 
 
 def test_diff_reports_tolerates_one_unit_in_the_last_place_and_nothing_else(tmp_path):
-    import subprocess
-    import sys
-
     def report(body: str):
         p = tmp_path / f"r{len(list(tmp_path.iterdir()))}.md"
         p.write_text(f"# r\n## Findings\nx 1.0\n## Tables\n{body}\n## What was run\ncommit abc 12.5 s\n")
@@ -155,12 +152,12 @@ def test_diff_reports_tolerates_one_unit_in_the_last_place_and_nothing_else(tmp_
     base = report("| completion | 0.758 [0.66, 0.86] | 1,544 | −0.012 |")
 
     def rc(body):
-        return subprocess.run(
-            [sys.executable, "benchmarks/diff_reports.py", base, report(body)], capture_output=True
-        ).returncode
+        return runner.invoke(app, ["bench", "diff-reports", base, report(body)]).exit_code
 
     assert rc("| completion | 0.758 [0.66, 0.86] | 1,544 | −0.012 |") == 0
     assert rc("| completion | 0.759 [0.67, 0.86] | 1,545 | −0.011 |") == 0  # one unit each
     assert rc("| completion | 0.760 [0.66, 0.86] | 1,544 | −0.012 |") == 1  # two units
     assert rc("| memory | 0.758 [0.66, 0.86] | 1,544 | −0.012 |") == 1  # text
     assert rc("| completion | 0.758 [0.66, 0.86] | 1,544 |") == 1  # a token missing
+    res = runner.invoke(app, ["bench", "diff-reports", base, str(tmp_path / "none.md")])
+    assert res.exit_code == 2 and "report not found" in res.output and res.output.strip().count("\n") == 0

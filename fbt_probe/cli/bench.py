@@ -1,4 +1,4 @@
-"""`fbt-probe bench fusion | model | nnsight | patch | probes`: benchmarks that write a Markdown report.
+"""`fbt-probe bench fusion | model | nnsight | patch | probes | diff-reports`: benchmarks that write a Markdown report.
 
 Each command builds its config, calls one library function that returns a JSON-able dict, and hands
 it to `write_report`, which prints the Markdown or writes it to --out (with the full result as JSON
@@ -238,3 +238,23 @@ def probes(
     if out is not None:  # before minutes of fitting
         refuse_existing(out, force)
     write_report(bench_probe_sweep(n, d, depths, folds, jobs, seed, torch_path, device), to_markdown, out, force)
+
+
+@app.command("diff-reports")
+def diff_reports(
+    old: Annotated[Path, typer.Argument(help="The earlier report.md.", show_default=False)],
+    new: Annotated[Path, typer.Argument(help="The report.md to compare with it.", show_default=False)],
+    ulps: Annotated[float, typer.Option(help="Allowed difference in units of a number's last printed place.")] = 1.0,
+) -> None:
+    """Compare two reports' tables token by token: text exactly, numbers to --ulps units in their last
+    printed place (a speed-up must leave a study's tables as they were). Exit status 1 on a difference.
+
+    \b
+    Example: fbt-probe bench diff-reports reports/tiny/report.md runs/reference/report.md
+    """
+    from fbt_probe.bench.diff_reports import diff_reports as run_diff
+
+    lines, bad = run_diff(old, new, ulps)
+    typer.echo("\n".join(lines))
+    if bad:
+        raise typer.Exit(1)
