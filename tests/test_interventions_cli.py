@@ -89,7 +89,7 @@ def test_patch_cli_errors_are_one_line(workdir):
 
 
 def test_residual_and_probe_direction_figures_from_written_tables(workdir):
-    from fbt_probe.figures.interventions import FIGURES
+    from fbt_probe.figures import get_figure
 
     model = make_model()
     df = load_pairs(workdir / "data", ["completion"])
@@ -108,9 +108,9 @@ def test_residual_and_probe_direction_figures_from_written_tables(workdir):
         PatchConfig("probe-direction", depths=(0, 1), scales=(1.0,), n_folds=2, erase="orth", n_boot=50, min_gap=0),
     )
     for name in ("decodable-vs-used", "steering-sweep"):
-        FIGURES[name][0](pd_res.summary)
+        get_figure(name)(pd_res.summary)
     with pytest.raises(Exception, match="no rows of experiment"):
-        FIGURES["ablation-bars"][0](pd_res.summary)
+        get_figure("ablation-bars")(pd_res.summary)
 
 
 def test_patch_cli_runs_several_experiments_into_their_folders(workdir):
