@@ -81,9 +81,10 @@ def sae_features(table: pd.DataFrame, model_label: str = "", bins: int = 20):
                 ax.set_title(f"{task}: latent {int(t['latent'].iloc[0])} (#{rank})", fontsize=7)
                 if j == 0:
                     ax.set_ylabel("samples")
+        for ax in axes[-1]:  # the x label on the bottom row, the legend below it
+            ax.set_xlabel("activation at the final position", fontsize=7)
         handles, labels = axes[0, 0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncol=2)
-        fig.supxlabel("activation at the final position", fontsize=8)
         fig.suptitle(f"Top label latents of the carried state{' — ' + model_label if model_label else ''}")
     return fig
 
