@@ -43,7 +43,7 @@ from fbt_probe.hidden.streams import stream_depth, stream_position
 from fbt_probe.hooks import depth_name
 from fbt_probe.io import atomic_path, read_json, swap_in, temp_sibling, write_json
 from fbt_probe.loading import check_compatible, load_data, open_model
-from fbt_probe.model.modes import check_distinct, parse_mode
+from fbt_probe.model.modes import Mode, check_distinct, parse_mode
 from fbt_probe.model.prefix import build_prefix
 from fbt_probe.model.transformer import FeedbackTransformer
 from fbt_probe.provenance import provenance
@@ -175,7 +175,7 @@ def collect(
     A latent-feedback model runs only the positions from the earliest target on with hooks, after
     the positions before it were computed once with hooks off (`fbt_probe.model.prefix`, the
     one-pass rule: the activations are those of the one hooked pass, up to float rounding)."""
-    run_mode = "standard" if mode == REFERENCE_MODE else mode
+    run_mode = Mode("standard") if mode == REFERENCE_MODE else mode
     feedback = isinstance(model, FeedbackTransformer)
     T = tokens.shape[1]
     where = {t.key: t.position if t.position >= 0 else T + t.position for t in targets}  # global positions
@@ -316,7 +316,7 @@ def extract(
     if require_arch is not None and arch_of(model) != require_arch:
         raise FbtError(f"{lm.source}: not a {require_arch} model (use fbt_probe.activations.extract)")
     arch = ARCH_TARGETS[arch_of(model)]
-    modes = list(arch.default_modes) if modes is None else modes
+    modes = _parse_modes(arch.default_modes) if modes is None else modes
     if arch.only_modes is not None and [m for m in modes if m != REFERENCE_MODE] != list(arch.only_modes):
         raise FbtError(
             f"modes '{spec}': {lm.source} is {arch.label}, which has only mode "
@@ -394,7 +394,7 @@ def extract_streams(model, dataset, out_dir, **kwargs) -> "ActivationStore":
 
 def _parse_modes(spec) -> list[str]:
     modes = [str(m).strip() for m in (spec.split(",") if isinstance(spec, str) else spec) if str(m).strip()]
-    modes = [m if m == REFERENCE_MODE else str(parse_mode(m)) for m in modes]
+    modes = [m if m == REFERENCE_MODE else parse_mode(m) for m in modes]  # parsed once, here
     if not modes:
         raise FbtError(f"modes '{spec}': expected a comma-separated list of prefill modes")
     check_distinct(modes, spec)

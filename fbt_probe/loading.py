@@ -27,13 +27,13 @@ import torch
 
 from fbt_probe.config import PRESETS, arch_of, check_device, preset
 from fbt_probe.errors import FbtError
+from fbt_probe.formats.checkpoint import FORMATS, load_checkpoint
+from fbt_probe.formats.checkpoint import checkpoint_hash as safetensors_hash
+from fbt_probe.formats.nanochat import is_nanochat_folder, load_nanochat, pt_sha256
+from fbt_probe.formats.qwen3 import import_qwen3
 from fbt_probe.hidden.checkpoint import load_hidden
 from fbt_probe.hidden.config import ARCH as HIDDEN_ARCH
 from fbt_probe.io import read_json
-from fbt_probe.model.checkpoint import FORMATS, load_checkpoint
-from fbt_probe.model.checkpoint import checkpoint_hash as safetensors_hash
-from fbt_probe.model.hf import import_qwen3
-from fbt_probe.model.nanochat_import import is_nanochat_folder, load_nanochat, pt_sha256
 from fbt_probe.model.transformer import FeedbackTransformer
 from fbt_probe.reference import is_reference, resolve
 from fbt_probe.tasks import SAMPLE_COLUMNS, load_dataset, load_tokenizer, tokenizer_sha256
@@ -89,7 +89,7 @@ def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrid
         reference model shipped with the package, see ``fbt-probe model refs``), a checkpoint folder
         of ours (latent-feedback or Hidden Decoding), a nanochat latent-feedback checkpoint folder
         (``model_<step>.pt`` + ``meta_<step>.json``, the last step; see
-        `fbt_probe.model.nanochat_import`) or a Qwen3-format folder (config.json and safetensors;
+        `fbt_probe.formats.nanochat`) or a Qwen3-format folder (config.json and safetensors;
         fresh fusion weights are added from `seed`).
     device : str, default "cpu"
         Where the weights go.

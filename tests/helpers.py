@@ -82,7 +82,7 @@ def patch_workdir(root):
     (root/data): what `fbt-probe patch` reads."""
     import dataclasses
 
-    from fbt_probe.model.checkpoint import save_checkpoint
+    from fbt_probe.formats.checkpoint import save_checkpoint
     from fbt_probe.tasks import build_tokenizer, generate, load_spec, save_tokenizer, write_dataset
 
     tok = build_tokenizer()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from fbt_probe.model.nanochat_import import config_from_meta, read_model_config, to_theirs
+from fbt_probe.formats.nanochat import config_from_meta, read_model_config, to_theirs
 from fbt_probe.model.transformer import FeedbackTransformer
 
 # sequence_len 256: their short window is ceil(256 / 4 / 128) * 128 = 128 keys before the query

@@ -211,7 +211,7 @@ def test_token_ids_outside_the_vocabulary_are_refused(model, tmp_path):
 
 
 def test_checkpoint_with_another_tokenizer_is_refused(model, tmp_path):
-    from fbt_probe.model.checkpoint import save_checkpoint
+    from fbt_probe.formats.checkpoint import save_checkpoint
     from fbt_probe.tasks import build_tokenizer, generate, load_spec, write_dataset
 
     tok = build_tokenizer()

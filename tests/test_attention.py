@@ -7,7 +7,9 @@ import pickle
 import pytest
 import torch
 
+from fbt_probe.engine import dispatch
 from fbt_probe.model.components import MLP, Attention, RotaryTable, apply_rotary, rotary, use_path
+from fbt_probe.model.modes import parse_mode
 from fbt_probe.model.prefix import build_prefix
 from tests.helpers import make_model, tokens
 
@@ -42,7 +44,7 @@ def test_sdpa_equals_explicit_in_every_mode_and_with_the_kv_cache(shape, dtype):
         fast, ref = both(model, lambda: model(x, mode=mode))
         torch.testing.assert_close(fast, ref, **TOL[dtype])
         torch.testing.assert_close(model.run_with_hooks(x, mode=mode, fwd_hooks=patterns), ref, **TOL[dtype])
-    pre = build_prefix(model, x, "standard", upto=9)  # queries 9.. over a cache of 0..8: the offset mask
+    pre = build_prefix(model, x, parse_mode("standard"), upto=9)  # queries 9.. over a cache of 0..8: the offset mask
     fast, ref = both(model, lambda: pre.run(9))
     torch.testing.assert_close(fast, ref, **TOL[dtype])
 
@@ -51,18 +53,23 @@ def test_sdpa_equals_explicit_in_every_mode_and_with_the_kv_cache(shape, dtype):
 def test_sdpa_path_is_taken_unless_the_pattern_is_hooked(monkeypatch):
     model, x = make_model(), tokens(2, T)
     calls = []
-    for path in ("_sdpa", "_materialized", "_explicit"):
-        real = getattr(Attention, path)
-        monkeypatch.setattr(Attention, path, lambda self, *a, _p=path, _r=real: calls.append(_p) or _r(self, *a))
+    real = dispatch.attention
+
+    def recorded(*a):  # every SDPA variant (decode step, window, general mask) counted as "sdpa"
+        route = real(*a)
+        calls.append("sdpa" if route.startswith("sdpa") else route)
+        return route
+
+    monkeypatch.setattr(dispatch, "attention", recorded)
     L = model.cfg.n_layers
     plain = model(x)
-    assert calls == ["_sdpa"] * L
+    assert calls == ["sdpa"] * L
     calls.clear()
     logits, cache = model.run_with_cache(x, names_filter=lambda n: "resid" in n)
-    assert calls == ["_sdpa"] * L and torch.equal(logits, plain)
+    assert calls == ["sdpa"] * L and torch.equal(logits, plain)
     calls.clear()
     logits, cache = model.run_with_cache(x, names_filter=lambda n: n.endswith("hook_pattern"))
-    assert calls == ["_materialized"] * L  # the pattern is hooked in every layer
+    assert calls == ["materialized"] * L  # the pattern is hooked in every layer
     torch.testing.assert_close(logits, plain, **TOL[torch.float64])
     p = cache["blocks.0.attn.hook_pattern"]  # [batch, heads, q, k]: rows sum to 1, causal, windowed (5)
     assert p.shape == (2, 4, T, T)
@@ -71,14 +78,14 @@ def test_sdpa_path_is_taken_unless_the_pattern_is_hooked(monkeypatch):
     assert (p[..., (k > q) | (q - k >= 5)] == 0).all()
     calls.clear()
     model.run_with_hooks(x, fwd_hooks=[("blocks.1.attn.hook_pattern", lambda a, hook: a)])
-    assert calls == ["_sdpa", "_materialized", "_sdpa"]  # only the hooked layer materialises its scores
+    assert calls == ["sdpa", "materialized", "sdpa"]  # only the hooked layer materialises its scores
     calls.clear()
     with use_path(model, "explicit"):
         model(x)
-    assert calls == ["_explicit"] * L
+    assert calls == ["explicit"] * L
     calls.clear()
     model(x, mode="recurrent:2")  # silent carried-state passes never need the pattern
-    assert set(calls) == {"_sdpa"}
+    assert set(calls) == {"sdpa"}
 
 
 @torch.no_grad()

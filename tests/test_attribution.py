@@ -16,6 +16,7 @@ from fbt_probe.hooks import depth_name
 from fbt_probe.interventions import label_token_ids, pair_batches, residual_patching
 from fbt_probe.interventions.atp_parity import attribution, choose_cells, parity_table
 from fbt_probe.interventions.attribution import FUSION_HOOKS, default_hooks, exact_cells, trace
+from fbt_probe.model.modes import parse_mode
 from fbt_probe.tasks import build_tokenizer, generate, load_spec
 from tests.helpers import make_model
 
@@ -62,7 +63,7 @@ def _matched(w: pd.DataFrame) -> pd.DataFrame:
 def test_atp_equals_exact_patching_on_a_model_linear_in_the_activation(pairs, mode):
     model = linear_model()
     # completion (14 tokens); K larger than the grid: every cell is also patched exactly
-    w = attribution(model, pairs[:1], mode, min_gap=0.0, check=10_000, batch_size=600)
+    w = attribution(model, pairs[:1], parse_mode(mode), min_gap=0.0, check=10_000, batch_size=600)
     m = _matched(w)
     n_cells = len(w[w.method == "atp"])
     assert len(m) == n_cells and len(m) > 0  # every AtP cell was also patched exactly
@@ -84,7 +85,9 @@ def test_atp_equals_exact_patching_on_a_model_linear_in_the_activation(pairs, mo
 def test_atp_is_only_approximate_on_a_nonlinear_model(pairs):
     """The control for the test above: the same comparison on an ordinary random model fails it."""
     model = make_model()
-    m = _matched(attribution(model, pairs, "recurrent:1", min_gap=0.0, check=10_000, last_k=4, batch_size=600))
+    m = _matched(
+        attribution(model, pairs, parse_mode("recurrent:1"), min_gap=0.0, check=10_000, last_k=4, batch_size=600)
+    )
     scale = m["logit_diff_exact"].abs().max()
     assert (m["logit_diff_atp"] - m["logit_diff_exact"]).abs().max() > 1e-6 * scale
 
@@ -97,12 +100,12 @@ def test_exact_cells_are_residual_patching(pairs, mode):
     L = model.cfg.n_layers
     names = [depth_name(d) for d in (0, L)]
     serial = mode != "standard"
-    tr = trace(model, batch, mode, names, serial)
+    tr = trace(model, batch, parse_mode(mode), names, serial)
     cells = [(n, 1, p) for n in names for p in (batch.T - 3, batch.T - 1)]
     for direction in ("denoising", "noising"):
         ours = exact_cells(model, batch, tr, mode, cells, direction, serial, 0.0)
         ref = residual_patching(
-            model, [batch], mode=mode, min_gap=0.0, depths=[0, L], last_k=3, directions=(direction,)
+            model, [batch], mode=parse_mode(mode), min_gap=0.0, depths=[0, L], last_k=3, directions=(direction,)
         )
         ref = ref[ref.position.isin([batch.T - 3, batch.T - 1])].assign(hook=lambda d: d.depth.map(depth_name))
         both = ours.merge(ref, on=["row", "hook", "position"], suffixes=("", "_ref"))
@@ -116,7 +119,7 @@ def test_exact_cells_are_residual_patching(pairs, mode):
 @pytest.mark.parametrize("mode", ["standard", "recurrent:1", "jacobi:2"])
 def test_atp_sign_matches_exact_on_the_tiny_models_top_cells(pairs, mode):
     model = fp.load_model("tiny", d_vocab=128).double()
-    w = attribution(model, pairs, mode, min_gap=0.0, check=8, last_k=6)
+    w = attribution(model, pairs, parse_mode(mode), min_gap=0.0, check=8, last_k=6)
     par = parity_table(w, n_boot=50)
     assert len(par) == 2 * 2 * 2  # tasks × directions × metrics
     assert (par["n_top"] == 8).all() and (par["n_cells"] == 16).all()
@@ -146,7 +149,7 @@ def test_atp_sign_matches_exact_on_the_tiny_models_top_cells(pairs, mode):
 
 def test_cell_choice_is_top_k_then_seeded_random(pairs):
     model = make_model()
-    w = attribution(model, pairs[:1], "standard", min_gap=0.0, directions=("noising",))
+    w = attribution(model, pairs[:1], parse_mode("standard"), min_gap=0.0, directions=("noising",))
     chosen = choose_cells(w, 3, seed=0)
     assert list(chosen.values()).count("top") == 3 and list(chosen.values()).count("random") == 3
     eff = (w["logit_diff"] - w["clean_logit_diff"]).groupby([w.hook, w.pass_index, w.position]).mean().abs()
@@ -158,10 +161,10 @@ def test_cell_choice_is_top_k_then_seeded_random(pairs):
 def test_default_hooks_and_refusals(pairs):
     model = make_model()
     T = pairs[0].T
-    assert not set(FUSION_HOOKS) & set(default_hooks(model, "standard", T))
-    assert set(FUSION_HOOKS) <= set(default_hooks(model, "recurrent:1", T))
+    assert not set(FUSION_HOOKS) & set(default_hooks(model, parse_mode("standard"), T))
+    assert set(FUSION_HOOKS) <= set(default_hooks(model, parse_mode("recurrent:1"), T))
     with pytest.raises(FbtError, match="does not fire"):
-        attribution(model, pairs[:1], "standard", hooks=["fusion.hook_feedback"])
+        attribution(model, pairs[:1], parse_mode("standard"), hooks=["fusion.hook_feedback"])
     with pytest.raises(FbtError, match="not \\[batch, pos"):
-        attribution(model, pairs[:1], "standard", hooks=["blocks.0.attn.hook_pattern"])
+        attribution(model, pairs[:1], parse_mode("standard"), hooks=["blocks.0.attn.hook_pattern"])
     assert all(not hp.fwd_hooks for hp in model.hook_dict.values())

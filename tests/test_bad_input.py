@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from fbt_probe.cli import app
 from fbt_probe.errors import FbtError
-from fbt_probe.model.checkpoint import save_checkpoint
+from fbt_probe.formats.checkpoint import save_checkpoint
 from fbt_probe.tasks import build_tokenizer, generate, load_spec, save_tokenizer, write_dataset
 from tests.helpers import make_model
 
@@ -282,7 +282,7 @@ def test_a_label_word_of_several_tokens_is_refused_at_generation(tmp_path):
 @pytest.fixture()
 def qwen(tmp_path):
     import fbt_probe as fp
-    from fbt_probe.model.hf import export_qwen3
+    from fbt_probe.formats.qwen3 import export_qwen3
 
     export_qwen3(fp.load_model("tiny", depth_scaling="none"), tmp_path / "hf")
     return tmp_path / "hf"

@@ -122,7 +122,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
 
 
 def test_train_on_a_full_disk_is_one_line(tmp_path, monkeypatch):
-    import fbt_probe.model.checkpoint as ck
+    import fbt_probe.formats.checkpoint as ck
 
     monkeypatch.setattr(ck, "save_file", raise_safetensors_full)
     out = tmp_path / "run"

@@ -11,7 +11,7 @@ import fbt_probe as fp
 from fbt_probe.cli import app
 from fbt_probe.config import LEGACY_MODEL_DEFAULTS, ModelConfig
 from fbt_probe.errors import FbtError
-from fbt_probe.model.checkpoint import FORMAT, LEGACY_FORMAT, save_checkpoint
+from fbt_probe.formats.checkpoint import FORMAT, LEGACY_FORMAT, save_checkpoint
 from tests.helpers import make_model, tokens
 
 runner = CliRunner()

@@ -29,7 +29,7 @@ def test_missing_model_is_a_one_line_error(tmp_path):
 
 def test_import_export_cli_round_trip(tmp_path):
     model = fp.load_model("tiny", depth_scaling="none")
-    from fbt_probe.model.hf import export_qwen3
+    from fbt_probe.formats.qwen3 import export_qwen3
 
     export_qwen3(model, tmp_path / "hf")
     res = runner.invoke(app, ["model", "import-hf", str(tmp_path / "hf"), str(tmp_path / "ckpt")])

@@ -24,6 +24,7 @@ from fbt_probe.interventions.das import (
     subspace_cosine,
 )
 from fbt_probe.interventions.das_experiment import FEEDBACK, das, merge, pair_components
+from fbt_probe.model.modes import parse_mode
 from tests.helpers import make_model, task_pairs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -45,7 +46,10 @@ def test_final_step_equals_the_modes_last_position(model, data, mode):
     b = data[1][0]
     # the prefix comes from a KV cache and the last position runs alone: float64, not bitwise
     torch.testing.assert_close(
-        FinalStep.build(model, b.tokens, mode)(), final_logits(model, b.tokens, mode), rtol=0, atol=1e-10
+        FinalStep.build(model, b.tokens, parse_mode(mode))(),
+        final_logits(model, b.tokens, parse_mode(mode)),
+        rtol=0,
+        atol=1e-10,
     )
 
 
@@ -58,11 +62,13 @@ def test_identity_rotation_with_k_equal_d_is_the_full_vector_interchange(model, 
     base, src = torch.randn(5, D, generator=g, dtype=torch.float64), torch.randn(5, D, generator=g, dtype=torch.float64)
     assert torch.equal(interchange(base, src, I, D), src)  # exact: R = I multiplies by ones and adds zeros
     assert torch.equal(interchange(base, src, I, 3), torch.cat([src[:, :3], base[:, 3:]], -1))
-    step = FinalStep.build(model, b.tokens, "recurrent:1")
+    step = FinalStep.build(model, b.tokens, parse_mode("recurrent:1"))
     acts = step.activation(FEEDBACK)
     ex = Examples(step, acts, b.partner, b.target[b.partner], b.other[b.partner], torch.ones(b.n, dtype=torch.bool))
     das_full = intervened_logits(ex, I, D, FEEDBACK)
-    swap = final_logits(model, b.tokens, "recurrent:1", [(FEEDBACK, set_at(acts[b.partner], b.T - 1, model))])
+    swap = final_logits(
+        model, b.tokens, parse_mode("recurrent:1"), [(FEEDBACK, set_at(acts[b.partner], b.T - 1, model))]
+    )
     torch.testing.assert_close(das_full, swap, rtol=0, atol=1e-10)  # the feedback swap, computed the long way
 
 
@@ -145,7 +151,7 @@ def test_das_experiment_rows_and_fold_table(model, data):
     w = das(
         model,
         batches,
-        "recurrent:1",
+        parse_mode("recurrent:1"),
         min_gap=0.0,
         hooks=[FEEDBACK, "blocks.0.hook_resid_pre"],
         ks=(1, 2),
@@ -177,7 +183,7 @@ def test_das_experiment_rows_and_fold_table(model, data):
 
 def test_rotations_trained_side_by_side_train_as_they_would_alone(model, data):
     b = data[1][0]
-    step = FinalStep.build(model, b.tokens, "recurrent:1")
+    step = FinalStep.build(model, b.tokens, parse_mode("recurrent:1"))
     acts = step.activation(FEEDBACK)
     half = torch.arange(b.n) % 3 != 0
     ex = Examples(step, acts, b.partner, b.target[b.partner], b.other[b.partner], torch.ones(b.n, dtype=torch.bool))

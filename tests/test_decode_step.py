@@ -1,4 +1,4 @@
-"""The lean silent serial step (`fbt_probe.model.decode_step`) computes the module path's step.
+"""The lean silent serial step (`fbt_probe.engine.step`) computes the module path's step.
 
 Oracle: the same step through the modules (`hk=hooked` with nothing attached runs the module path
 without changing its arithmetic), itself tested against Hugging Face Qwen3 (test_hf.py) and the
@@ -9,8 +9,8 @@ a wrong rotation row, KV head, window edge, gain or residual moves logits at ord
 import pytest
 import torch
 
+from fbt_probe.engine import dispatch
 from fbt_probe.model.components import KVCache, hooked, use_path
-from fbt_probe.model.decode_step import DecodePlan
 from tests.helpers import STEP_CONFIGS, make_model, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -90,12 +90,12 @@ def test_module_path_wherever_the_plan_does_not_apply():
     with torch.no_grad():
         with use_path(model, "explicit"):
             assert model.decode_plan() is None  # the reference arithmetic was asked for
-        assert not DecodePlan.supports(make_model(smear=True))  # nanochat extras
-        assert not DecodePlan.supports(make_model(fusion="gate_product", norm_weights=False))
-        assert not DecodePlan.supports(make_model().to(torch.bfloat16))  # half types keep the module's casts
+        assert dispatch.step(make_model(smear=True)) == "module"  # nanochat extras
+        assert dispatch.step(make_model(fusion="gate_product", norm_weights=False)) == "module"
+        assert dispatch.step(make_model().to(torch.bfloat16)) == "module"  # half types keep the module's casts
         noisy = make_model(feedback_noise=0.1).train()
-        assert not DecodePlan.supports(noisy)  # fresh noise on every carried state
-        assert DecodePlan.supports(noisy.eval())
+        assert dispatch.step(noisy) == "module"  # fresh noise on every carried state
+        assert dispatch.step(noisy.eval()) == "plan"
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""The serial scan over static buffers at a device-side position (`fbt_probe.model.graph_scan`,
+"""The serial scan over static buffers at a device-side position (`fbt_probe.engine.graph_scan`,
 what a CUDA graph captures) computes the lean step's scan.
 
 Oracle: `serial_scan` through the lean step (`DecodePlan` over a `KVCache`), itself tested equal to
@@ -11,8 +11,8 @@ The `gpu` tests check the captured graph against the same body run eagerly on CU
 import pytest
 import torch
 
-from fbt_probe.model import graph_scan
-from fbt_probe.model.graph_scan import GraphedScan
+from fbt_probe.engine import dispatch, graph_scan
+from fbt_probe.engine.graph_scan import GraphedScan
 from tests.helpers import STEP_CONFIGS, make_model, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -25,12 +25,14 @@ def on_cpu(monkeypatch):
     """serial_scan takes the static-buffer path on CPU too (run eagerly); records each use."""
     used = []
 
-    def applies(cache, tokens, start, n):
-        ok = n >= graph_scan.MIN_STEPS and GraphedScan.buffers_ready(cache, start, n)
+    def scan(has_plan, cuda_graphs, cache, tokens, start, n):
+        if not (has_plan and cuda_graphs):
+            return "eager"
+        ok = n >= dispatch.MIN_STEPS and dispatch.buffers_ready(cache, start, n)
         used.append(ok)
-        return ok
+        return "graphed" if ok else "eager"
 
-    monkeypatch.setattr(GraphedScan, "applies", staticmethod(applies))
+    monkeypatch.setattr(dispatch, "scan", scan)
     return used
 
 
@@ -94,10 +96,10 @@ def test_short_scans_and_cpu_tensors_keep_the_lean_loop():
     model = make_model()
     cache = model.prefill_cache(tokens(1, 4), capacity=12)[0]
     x = tokens(1, 12)
-    assert not GraphedScan.applies(cache, x, 4, 8)  # CPU tensors
-    assert not GraphedScan.buffers_ready(cache, 4, 9)  # no room
-    assert not GraphedScan.buffers_ready(cache, 3, 4)  # the cache holds more than the start
-    assert GraphedScan.buffers_ready(cache, 4, 8)
+    assert dispatch.scan(True, True, cache, x, 4, 8) == "eager"  # CPU tensors
+    assert not dispatch.buffers_ready(cache, 4, 9)  # no room
+    assert not dispatch.buffers_ready(cache, 3, 4)  # the cache holds more than the start
+    assert dispatch.buffers_ready(cache, 4, 8)
 
 
 def _cuda_model(**kw):

@@ -9,7 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 import fbt_probe as fp  # noqa: E402
 from fbt_probe.errors import FbtError  # noqa: E402
-from fbt_probe.model.hf import export_qwen3, import_qwen3  # noqa: E402
+from fbt_probe.formats.qwen3 import export_qwen3, import_qwen3  # noqa: E402
 
 
 def _hf_config(**kw):

@@ -203,7 +203,7 @@ def test_no_feedback_modes(base):
 
 
 def test_checkpoint_round_trip(base, tmp_path):
-    from fbt_probe.model.checkpoint import load_checkpoint
+    from fbt_probe.formats.checkpoint import load_checkpoint
 
     hd = HiddenDecodingTransformer.from_base(base, n_streams=2, cross_stream_layers=(0,)).float()
     save_checkpoint(hd, tmp_path)

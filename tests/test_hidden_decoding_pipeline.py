@@ -56,7 +56,7 @@ def frame(n_pairs: int = 6, lengths=(6, 9), tasks=("alpha", "beta")) -> pd.DataF
 
 
 def test_training_warm_starts_from_a_standard_checkpoint_and_resumes(tmp_path):
-    from fbt_probe.model.checkpoint import save_checkpoint
+    from fbt_probe.formats.checkpoint import save_checkpoint
     from fbt_probe.tasks import build_tokenizer
 
     base = fp.load_model("tiny", seed=3, d_vocab=build_tokenizer().get_vocab_size())

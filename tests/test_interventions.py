@@ -32,6 +32,7 @@ from fbt_probe.interventions import (
 )
 from fbt_probe.interventions.experiments import last_prefix
 from fbt_probe.interventions.probe_edits import apply_edit, fold_edits
+from fbt_probe.model.modes import parse_mode
 from fbt_probe.probes import fit_binary, grouped_folds
 from fbt_probe.tasks import build_tokenizer, generate, load_spec
 from tests.helpers import assert_same_rows, make_model, task_pairs, tokens
@@ -119,10 +120,13 @@ def test_zero_state_gives_zero_fused_input(model):
 def test_feedback_swap_equals_the_kv_step_with_the_partners_state(model, batches):
     b = batches[0]
     T = b.T
-    states, _ = model.carried_states(b.tokens, "recurrent:1")
+    states, _ = model.carried_states(b.tokens, parse_mode("recurrent:1"))
     with torch.no_grad():
         swapped = final_logits(
-            model, b.tokens, "recurrent:1", [("fusion.hook_feedback", set_at(states[b.partner, T - 1], T - 1, model))]
+            model,
+            b.tokens,
+            parse_mode("recurrent:1"),
+            [("fusion.hook_feedback", set_at(states[b.partner, T - 1], T - 1, model))],
         )
         cache, _, _ = model.prefill_cache(b.tokens[:, :-1])
         step, _ = model.step(b.tokens[:, -1], cache, states[b.partner, T - 1])
@@ -133,12 +137,15 @@ def test_soft_answer_equals_recurrent1_and_sees_its_hooks(model, batches):
     b = batches[0]
     with torch.no_grad():
         torch.testing.assert_close(
-            soft_answer_logits(model, b.tokens), final_logits(model, b.tokens, "recurrent:1"), rtol=0, atol=1e-12
+            soft_answer_logits(model, b.tokens),
+            final_logits(model, b.tokens, parse_mode("recurrent:1")),
+            rtol=0,
+            atol=1e-12,
         )
     zero = [("fusion.hook_gate", set_at(torch.zeros(b.n, model.cfg.d_model), b.T - 1, model))]
     torch.testing.assert_close(
         soft_answer_logits(model, b.tokens, zero),
-        final_logits(model, b.tokens, "recurrent:1", zero),
+        final_logits(model, b.tokens, parse_mode("recurrent:1"), zero),
         rtol=0,
         atol=1e-12,
     )
@@ -187,7 +194,7 @@ def test_feedback_swap_conditions_and_gate_control(model, batches):
     st, va = w[w.condition == "state"], w[w.condition == "value"]
     np.testing.assert_allclose(st["logit_diff"].to_numpy(), va["logit_diff"].to_numpy(), atol=1e-10)
     with pytest.raises(FbtError, match="feeds no state"):
-        feedback_swap(model, batches[:1], mode="standard")
+        feedback_swap(model, batches[:1], mode=parse_mode("standard"))
     assert no_hooks_left(model)
 
 
@@ -207,7 +214,9 @@ def test_state_replacement_and_gate_ablation(model, batches):
 @pytest.mark.parametrize("mode", MODES)
 def test_residual_patching_top_of_last_position_is_full_recovery(model, batches, mode):
     L = model.cfg.n_layers
-    w = residual_patching(model, batches[:1], mode=mode, min_gap=0.0, depths=[0, L], last_k=3, batch_size=24)
+    w = residual_patching(
+        model, batches[:1], mode=parse_mode(mode), min_gap=0.0, depths=[0, L], last_k=3, batch_size=24
+    )
     assert set(w["hook_rule"]) == {"serial" if mode != "standard" else "one-pass"}
     top = w[(w.depth == L) & (w.position == batches[0].T - 1)]
     np.testing.assert_allclose(top[top.direction == "denoising"]["normalized"], 1.0, atol=1e-8)
@@ -251,8 +260,8 @@ REUSE_CASES = [
 def test_prefix_reuse_equals_the_full_rerun(model, batches, experiment, mode, kw):
     """Each condition run from a cached prefix (positions before the first edit, hooks off) gives
     the tables of re-running the whole sequence, for every experiment, mode and hook rule."""
-    reused = experiment(model, batches, mode=mode, min_gap=0.1, reuse=True, **kw)
-    full = experiment(model, batches, mode=mode, min_gap=0.1, reuse=False, **kw)
+    reused = experiment(model, batches, mode=parse_mode(mode), min_gap=0.1, reuse=True, **kw)
+    full = experiment(model, batches, mode=parse_mode(mode), min_gap=0.1, reuse=False, **kw)
     assert_same_rows(reused, full)
     assert no_hooks_left(model) and model.hook_context is None
 
@@ -262,12 +271,12 @@ def test_hooks_are_removed_when_an_intervention_fails(model, batches):
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
-        final_logits(model, batches[0].tokens, "recurrent:1", [("fusion.hook_gate", boom)])
+        final_logits(model, batches[0].tokens, parse_mode("recurrent:1"), [("fusion.hook_gate", boom)])
     with pytest.raises(RuntimeError, match="boom"):
         soft_answer_logits(model, batches[0].tokens, [("fusion.hook_gate", boom)])
-    pre = last_prefix(model, batches[0].tokens, "recurrent:1")
+    pre = last_prefix(model, batches[0].tokens, parse_mode("recurrent:1"))
     with pytest.raises(RuntimeError, match="boom"):
-        final_logits(model, batches[0].tokens, "recurrent:1", [("fusion.hook_gate", boom)], prefix=pre)
+        final_logits(model, batches[0].tokens, parse_mode("recurrent:1"), [("fusion.hook_gate", boom)], prefix=pre)
     assert no_hooks_left(model) and model.hook_context is None
 
 

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 
 import fbt_probe.kernels as K
+from fbt_probe.engine import dispatch
+from fbt_probe.engine.graph_scan import fusion_epilogue
 
 kmod = importlib.import_module("fbt_probe.kernels.glu_fusion")
 ROOT = Path(__file__).resolve().parent.parent
@@ -450,9 +452,8 @@ def test_gpu_inductor_compile():
 def test_gpu_model_outputs_unchanged_with_fast_path(mode, monkeypatch):
     pytest.importorskip("transformer_lens")  # absent from the bare GPU image
     import fbt_probe as fp
-    from fbt_probe.model import fusion
 
-    monkeypatch.setattr(fusion, "FUSED_MIN_ROWS", 1)  # every call takes the kernel (the size dispatch aside)
+    monkeypatch.setattr(dispatch, "FUSED_MIN_ROWS", 1)  # every call takes the kernel (the size dispatch aside)
 
     models = {fast: fp.load_model("tiny", device="cuda", seed=0, fast_fusion=fast).eval() for fast in (False, True)}
     tokens = torch.randint(0, models[True].cfg.d_vocab, (2, 24), device="cuda")
@@ -471,16 +472,18 @@ def test_fusion_dispatch_by_size(monkeypatch):
     the reference."""
     from fbt_probe.model import fusion
 
-    n = fusion.FUSED_MIN_ROWS
-    assert not fusion.use_kernel(n - 1, True) and fusion.use_kernel(n, True) and not fusion.use_kernel(10 * n, False)
-    assert fusion.use_kernel(1, True, autograd=False) and not fusion.use_kernel(1, False, autograd=False)
-    assert fusion._fast_path(torch.zeros(n, 4)) is None  # CPU tensor: never the kernel
+    n = dispatch.FUSED_MIN_ROWS
+    assert (
+        not dispatch.use_kernel(n - 1, True) and dispatch.use_kernel(n, True) and not dispatch.use_kernel(10 * n, False)
+    )
+    assert dispatch.use_kernel(1, True, autograd=False) and not dispatch.use_kernel(1, False, autograd=False)
+    assert dispatch.fusion(torch.zeros(n, 4)) is None  # CPU tensor: never the kernel
     value, gate, weight = make((3, 5, 16), torch.float32)
     torch.testing.assert_close(
-        fusion.epilogue(value, gate, weight, EPS), fusion.fusion_reference(value, gate, weight, EPS), rtol=0, atol=0
+        fusion_epilogue(value, gate, weight, EPS), fusion.fusion_reference(value, gate, weight, EPS), rtol=0, atol=0
     )
-    monkeypatch.setattr(fusion, "FUSED_MIN_ROWS", 15)
-    assert fusion.use_kernel(15, True) and not fusion.use_kernel(14, True)
+    monkeypatch.setattr(dispatch, "FUSED_MIN_ROWS", 15)
+    assert dispatch.use_kernel(15, True) and not dispatch.use_kernel(14, True)
 
 
 @pytest.mark.skipif(INTERPRETED, reason="needs a process where Triton is not interpreting")
@@ -495,11 +498,9 @@ def test_direct_entry_on_cpu_is_the_reference():
 @needs_cuda
 @needs_triton
 def test_gpu_dispatch_direct_without_autograd_op_for_large_autograd_calls():
-    from fbt_probe.model import fusion
-
-    small, large = torch.zeros(8, 1536, device="cuda"), torch.zeros(fusion.FUSED_MIN_ROWS, 1536, device="cuda")
-    assert fusion._fast_path(small) is K.glu_fusion_direct and fusion._fast_path(large) is K.glu_fusion_direct
+    small, large = torch.zeros(8, 1536, device="cuda"), torch.zeros(dispatch.FUSED_MIN_ROWS, 1536, device="cuda")
+    assert dispatch.fusion(small) is K.glu_fusion_direct and dispatch.fusion(large) is K.glu_fusion_direct
     small_g, large_g = small.clone().requires_grad_(), large.clone().requires_grad_()
-    assert fusion._fast_path(small_g) is None and fusion._fast_path(large_g) is K.glu_fusion
+    assert dispatch.fusion(small_g) is None and dispatch.fusion(large_g) is K.glu_fusion
     with torch.no_grad():
-        assert fusion._fast_path(small_g) is K.glu_fusion_direct
+        assert dispatch.fusion(small_g) is K.glu_fusion_direct

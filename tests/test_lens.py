@@ -12,9 +12,10 @@ import torch
 from typer.testing import CliRunner
 
 from fbt_probe.cli import app
+from fbt_probe.formats.checkpoint import save_checkpoint
 from fbt_probe.interventions import label_token_ids
 from fbt_probe.lens import LensConfig, TunedLens, fit_tuned_lens, kl_to, logit_lens, pass_activations, run_lens
-from fbt_probe.model.checkpoint import save_checkpoint
+from fbt_probe.model.modes import parse_mode
 from fbt_probe.tasks import build_tokenizer, generate, load_spec, save_tokenizer, write_dataset
 from tests.helpers import make_model, tokens
 
@@ -30,7 +31,7 @@ def model():
 def test_logit_lens_at_the_top_depth_is_the_models_logits(model, mode):
     toks = tokens(3, 11)
     L = model.cfg.n_layers
-    passes = pass_activations(model, toks, mode)
+    passes = pass_activations(model, toks, parse_mode(mode))
     assert sorted(passes) == (list(range(1, 4)) if mode == "jacobi:3" else [1])
     with torch.no_grad():
         for k, acts in passes.items():
@@ -46,7 +47,7 @@ def test_logit_lens_at_the_top_depth_is_the_models_logits(model, mode):
 def test_tuned_lens_translators_at_identity_reproduce_the_logit_lens(model):
     L, D = model.cfg.n_layers, model.cfg.d_model
     lens = TunedLens(D, L, dtype=torch.float64)
-    acts = pass_activations(model, tokens(2, 9), "recurrent:1")[1]["resid"]
+    acts = pass_activations(model, tokens(2, 9), parse_mode("recurrent:1"))[1]["resid"]
     with torch.no_grad():
         for d, r in acts.items():
             assert torch.equal(lens(model, r, d), logit_lens(model, r))  # x + (0·x + 0) is x exactly
@@ -54,7 +55,7 @@ def test_tuned_lens_translators_at_identity_reproduce_the_logit_lens(model):
 
 def test_tuned_lens_training_lowers_the_kl_and_keeps_the_top_depth(model):
     L = model.cfg.n_layers
-    acts = pass_activations(model, tokens(8, 12, seed=3), "standard")[1]
+    acts = pass_activations(model, tokens(8, 12, seed=3), parse_mode("standard"))[1]
     X = {d: r.reshape(-1, r.shape[-1]) for d, r in acts["resid"].items()}
     Y = acts["logits"].reshape(-1, acts["logits"].shape[-1])
     lens, history = fit_tuned_lens(model, X, Y, steps=60, lr=1e-2, batch=64, seed=0)

@@ -8,7 +8,7 @@ import torch
 
 from fbt_probe import loading
 from fbt_probe.errors import FbtError
-from fbt_probe.model.checkpoint import save_checkpoint
+from fbt_probe.formats.checkpoint import save_checkpoint
 from fbt_probe.tasks import save_tokenizer, tokenizer_sha256
 from tests.helpers import make_model, task_pairs
 

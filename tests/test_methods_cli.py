@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from fbt_probe.cli import app
-from fbt_probe.model.checkpoint import save_checkpoint
+from fbt_probe.formats.checkpoint import save_checkpoint
 from fbt_probe.tasks import build_tokenizer, generate, load_spec, save_tokenizer, write_dataset
 from tests.helpers import make_model
 

@@ -9,6 +9,7 @@ from transformer_lens import patching
 from fbt_probe.errors import FbtError
 from fbt_probe.interventions import label_token_ids, pair_batches, residual_patching
 from fbt_probe.model import generate
+from fbt_probe.model.modes import parse_mode
 from fbt_probe.tasks import build_tokenizer, load_spec
 from fbt_probe.tasks import generate as generate_pairs
 from tests.helpers import make_model, tokens
@@ -64,7 +65,9 @@ def test_transformer_lens_patching_equals_our_one_pass_residual_patching(model, 
     with torch.no_grad(), model.mode(mode):
         _, clean_cache = model.run_with_cache(b.tokens)
         tl = patching.get_act_patch_resid_pre(model, b.tokens[b.partner], clean_cache, metric)
-    ours = residual_patching(model, [b], mode=mode, depths=range(L), directions=("denoising",), serial=False)
+    ours = residual_patching(
+        model, [b], mode=parse_mode(mode), depths=range(L), directions=("denoising",), serial=False
+    )
     ours["w"] = weights.numpy()[ours.index % b.n]
     table = (ours.logit_diff * ours.w).groupby([ours.depth, ours.position]).sum()
     expected = torch.tensor(table.unstack().to_numpy())
@@ -79,7 +82,7 @@ def test_transformer_lens_patching_under_recurrent_1_is_not_the_serial_rule(mode
     """Under recurrent:1 the serial rule (our default there) reaches the carried state into T-1 from a
     patch at p < T-1, which TL's one-pass patch cannot: both agree at p = T-1 and differ before it."""
     b = pair_batch
-    kw = dict(mode="recurrent:1", depths=[1], directions=("denoising",))
+    kw = dict(mode=parse_mode("recurrent:1"), depths=[1], directions=("denoising",))
     one_pass = residual_patching(model, [b], serial=False, **kw).set_index(["position", "row"]).logit_diff
     serial = residual_patching(model, [b], serial=True, **kw).set_index(["position", "row"]).logit_diff
     last = b.T - 1

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 import fbt_probe as fp
 from fbt_probe.config import FLOAT32_EPS
 from fbt_probe.errors import FbtError
-from fbt_probe.model.nanochat_import import import_nanochat, read_state, to_theirs, window_sizes
+from fbt_probe.formats.nanochat import import_nanochat, read_state, to_theirs, window_sizes
+from fbt_probe.model.modes import parse_mode
 from tests.nanochat_helpers import META, random_state, write_nanochat
 
 T_LONG = 140  # > their short window of 128 keys before the query (ours: 129 in all)
@@ -239,7 +240,9 @@ def test_modes_cache_and_prefix_on_an_import(tmp_path):
             torch.testing.assert_close(step, model(toks[:, : t + 1])[:, -1], rtol=0, atol=1e-10)
         for mode in ("standard", "recurrent:2", "jacobi:3"):
             ref = model(toks, mode=mode)
-            torch.testing.assert_close(build_prefix(model, toks, mode, upto=5).run(3), ref[:, 3:], rtol=0, atol=1e-10)
+            torch.testing.assert_close(
+                build_prefix(model, toks, parse_mode(mode), upto=5).run(3), ref[:, 3:], rtol=0, atol=1e-10
+            )
     for dec in ("std", "soft", "fused"):
         assert fp.model.generate(model, toks[:, :5], 4, dec).shape == (2, 4)
 
@@ -375,7 +378,7 @@ def test_hidden_decoding_refuses_an_import(tmp_path):
 def test_older_formats_load_with_extras_at_identity(tmp_path):
     """A format fbt-probe/2 folder (no extras fields) loads and computes what it did."""
     from fbt_probe.config import EXTRAS_DEFAULTS
-    from fbt_probe.model.checkpoint import save_checkpoint
+    from fbt_probe.formats.checkpoint import save_checkpoint
     from tests.helpers import make_model
 
     model = make_model()
@@ -396,7 +399,7 @@ def test_older_formats_load_with_extras_at_identity(tmp_path):
 
 
 def test_export_hf_refuses_an_import(tmp_path):
-    from fbt_probe.model.hf import export_qwen3
+    from fbt_probe.formats.qwen3 import export_qwen3
 
     model, *_ = _load(tmp_path)
     with pytest.raises(FbtError, match="field 'fusion' is 'gate_product'"):

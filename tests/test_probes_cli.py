@@ -22,7 +22,7 @@ def run(*args):
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     """A checkpoint folder and a dataset folder (completion 0/8 distractors, memory 0 distractors in 3 groups)."""
-    from fbt_probe.model.checkpoint import save_checkpoint
+    from fbt_probe.formats.checkpoint import save_checkpoint
     from fbt_probe.tasks import build_tokenizer, generate, load_spec, write_dataset
 
     root = tmp_path_factory.mktemp("study")
@@ -35,7 +35,7 @@ def study(tmp_path_factory):
 
 
 def test_extract_probe_figures_end_to_end(study, tmp_path):
-    from fbt_probe.model.checkpoint import checkpoint_hash
+    from fbt_probe.formats.checkpoint import checkpoint_hash
 
     acts, results, figs = tmp_path / "acts", tmp_path / "results", tmp_path / "figs"
     r = run("extract", study / "ckpt", study / "data", "--modes", "standard,recurrent:1", "--out", acts)

@@ -10,8 +10,8 @@ import fbt_probe as fp
 from fbt_probe import reference
 from fbt_probe.cli import app
 from fbt_probe.errors import FbtError
+from fbt_probe.formats.checkpoint import checkpoint_hash
 from fbt_probe.io import sha256_file
-from fbt_probe.model.checkpoint import checkpoint_hash
 from fbt_probe.training import TrainConfig, run_training
 
 runner = CliRunner()

@@ -290,7 +290,7 @@ def test_quick_study_end_to_end(tmp_path):
 @pytest.mark.slow
 def test_checkpoint_path_skips_training(tmp_path):
     """The paper-1b path on a tiny stand-in checkpoint: the study runs on the given model, no training."""
-    from fbt_probe.model.checkpoint import save_checkpoint
+    from fbt_probe.formats.checkpoint import save_checkpoint
     from fbt_probe.tasks import build_tokenizer, save_tokenizer
 
     tok = build_tokenizer()

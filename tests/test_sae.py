@@ -13,6 +13,7 @@ from fbt_probe.cli import app
 from fbt_probe.errors import FbtError
 from fbt_probe.interventions import feedback_swap
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
+from fbt_probe.model.modes import parse_mode
 from fbt_probe.sae import SAEConfig, SAETrainConfig, SparseAutoencoder, train_sae
 from fbt_probe.sae.analyze import fractions
 from fbt_probe.sae.data import collect
@@ -138,7 +139,7 @@ def test_feature_tests_exact_identities(one_thread, setup):
     model, df = setup
     d = model.cfg.d_model
     sae = exact_sae(d)
-    wide = feature_tests(model, sae, df, HOOK, "recurrent:1", ks=(1, 2 * d), max_pairs=4, min_gap=0.0)
+    wide = feature_tests(model, sae, df, HOOK, parse_mode("recurrent:1"), ks=(1, 2 * d), max_pairs=4, min_gap=0.0)
     key = ["task", "pair_id", "label"]
     sw = wide[wide["experiment"] == "sae-feature-swap"]
     state = sw[sw["condition"] == "state"].set_index(key)["logit_diff"]
@@ -146,7 +147,7 @@ def test_feature_tests_exact_identities(one_thread, setup):
         got = sw[(sw["condition"] == cond) & (sw["subspace_dim"] == k)].set_index(key)["logit_diff"]
         np.testing.assert_allclose(got.loc[state.index], state, atol=1e-9, err_msg=cond)
     # the full-state swap is the interventions' feedback swap, computed by its own code
-    ref = feedback_swap(model, list(pair_batches(df, df.attrs["label_token_ids"], 64, 4)), "recurrent:1")
+    ref = feedback_swap(model, list(pair_batches(df, df.attrs["label_token_ids"], 64, 4)), parse_mode("recurrent:1"))
     ref = ref[ref["condition"] == "state"].set_index(key)["logit_diff"]
     np.testing.assert_allclose(state.loc[ref.index], ref, atol=1e-9)
     # one latent moves the partner's answer less than the whole state does
@@ -166,7 +167,7 @@ def test_loss_recovered_of_an_exact_sae_is_one(one_thread, setup):
     sae = exact_sae(model.cfg.d_model)
     x, idx = collect(model, df, HOOK, "jacobi:2")
     assert len(x) == sum(len(t) - 1 for t in df["token_ids"]) and reconstruction(sae, x)["fvu"] < 1e-20
-    rows = loss_recovered_rows(model, sae, df, HOOK, ["recurrent:1"], x.mean(0))
+    rows = loss_recovered_rows(model, sae, df, HOOK, [parse_mode("recurrent:1")], x.mean(0))
     np.testing.assert_allclose(rows["ce_sae"], rows["ce_clean"], atol=1e-10)
     lr = loss_recovered(rows, n_boot=100)
     np.testing.assert_allclose(lr["recovered_ld"], 1.0, atol=1e-9)

@@ -150,7 +150,7 @@ def test_resume_is_bit_for_bit(tmp_path):
 
 
 def test_checkpoint_round_trip_is_exact(tmp_path):
-    from fbt_probe.model.checkpoint import save_checkpoint
+    from fbt_probe.formats.checkpoint import save_checkpoint
 
     model = fp.load_model("tiny", seed=4)
     save_checkpoint(model, tmp_path)
@@ -207,7 +207,7 @@ def test_cli_errors(tmp_path):
 
 
 def test_warm_start_refuses_a_mismatched_checkpoint(tmp_path):
-    from fbt_probe.model.checkpoint import save_checkpoint
+    from fbt_probe.formats.checkpoint import save_checkpoint
 
     save_checkpoint(fp.load_model("tiny"), tmp_path / "wrong-vocab")  # 128 tokens vs the task tokenizer's 37
     with pytest.raises(FbtError, match="vocabulary"):

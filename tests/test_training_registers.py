@@ -415,7 +415,7 @@ def test_init_from_a_shipped_model_on_the_cli(tmp_path):
 
 
 def test_init_with_other_shapes_is_a_one_line_error(tmp_path):
-    from fbt_probe.model.checkpoint import save_checkpoint
+    from fbt_probe.formats.checkpoint import save_checkpoint
 
     save_checkpoint(
         fp.load_model("tiny", n_layers=2, d_vocab=build_tokenizer().get_vocab_size()), tmp_path / "two-layers"

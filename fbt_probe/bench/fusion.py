@@ -173,7 +173,8 @@ def _rel_err(out: torch.Tensor, value, gate, weight, eps) -> float:
 
 def bench_rows(cfg: FusionBenchConfig, device: torch.device, dtype: torch.dtype, timer, fused: bool) -> list[dict]:
     import fbt_probe.kernels as K
-    from fbt_probe.model.fusion import _fast_path, epilogue
+    from fbt_probe.engine import dispatch
+    from fbt_probe.engine.graph_scan import fusion_epilogue
 
     reference = _reference()
     compiled = None
@@ -198,8 +199,8 @@ def bench_rows(cfg: FusionBenchConfig, device: torch.device, dtype: torch.dtype,
                 rec["compile_s"] = timer(lambda: compiled(value, gate, weight, eps))
             except Exception as exc:  # a compile failure is a result to report, not a crash
                 rec["compile_error"] = _one_line(exc)
-        rec["dispatch_kernel"] = _fast_path(value) is not None  # the model's size dispatch at this row count
-        rec["dispatch_s"] = timer(lambda: epilogue(value, gate, weight, eps))
+        rec["dispatch_kernel"] = dispatch.fusion(value) is not None  # the engine's size rule at this row count
+        rec["dispatch_s"] = timer(lambda: fusion_epilogue(value, gate, weight, eps))
         if fused:
             rec["rel_err"] = _rel_err(K.glu_fusion(value, gate, weight, eps), value, gate, weight, eps)
             rec["table_rel_err"] = _rel_err(

@@ -7,7 +7,7 @@
   (every hook includes `hook_pattern`, which takes the explicit attention path).
 
 `--device cuda`: the same measurements on the GPU (each timed call ends in a synchronize), `full`
-both ways: with the serial step captured as a CUDA graph (`model/graph_scan.py`, the default) and
+both ways: with the serial step captured as a CUDA graph (`fbt_probe/engine/graph_scan.py`, the default) and
 with the eager lean step (`model.cuda_graphs = False`); peak memory is the CUDA allocator's peak.
 
 Times are medians of `repeats` runs after one warm-up; ratios come from the same run. Peak memory

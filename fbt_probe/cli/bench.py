@@ -165,7 +165,7 @@ def patch(
         raise FbtError(
             f"--experiments '{experiments}': expected 'all' or a comma-separated subset of {', '.join(EXPERIMENTS)}"
         )
-    parse_mode(mode)
+    mode = parse_mode(mode)
     if compare_pairs < 0:
         raise FbtError("--compare-pairs must be >= 0")
     if dataset is not None and not dataset.exists():
@@ -174,7 +174,7 @@ def patch(
         run,
         dataset,
         names,
-        str(parse_mode(mode)),
+        mode,
         compare_pairs,
         seed,
         progress=lambda line: typer.echo(line, err=True),

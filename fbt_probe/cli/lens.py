@@ -60,7 +60,7 @@ def lens(
     from fbt_probe.model.modes import parse_modes
 
     cfg = LensConfig(
-        modes=tuple(str(m) for m in parse_modes(mode)),
+        modes=tuple(parse_modes(mode)),
         steps=steps,
         lr=lr,
         positions=positions,

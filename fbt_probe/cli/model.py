@@ -88,9 +88,9 @@ def import_hf(
     \b
     Example: fbt-probe model import-hf ./qwen3-small runs/imported
     """
+    from fbt_probe.formats.checkpoint import is_own_checkpoint, save_checkpoint
+    from fbt_probe.formats.qwen3 import import_qwen3
     from fbt_probe.io import atomic_dir, refuse_existing
-    from fbt_probe.model.checkpoint import is_own_checkpoint, save_checkpoint
-    from fbt_probe.model.hf import import_qwen3
 
     own = dict(own=is_own_checkpoint, kind="an fbt-probe checkpoint folder")
     replacing = refuse_existing(out, force, **own)  # before the (possibly large) weights are read
@@ -111,15 +111,15 @@ def import_nanochat(
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
 ) -> None:
     """Import a checkpoint of the nanochat latent-feedback reproduction (every backbone extra and the
-    fusion variant of its meta; see fbt_probe/model/nanochat_import.py). Refuses what it cannot represent.
+    fusion variant of its meta; see fbt_probe/formats/nanochat.py). Refuses what it cannot represent.
 
     \b
     Example: fbt-probe model import-nanochat ~/.cache/nanochat/base_checkpoints/d20 runs/d20 --step 5000
     """
     from fbt_probe.errors import FbtError
+    from fbt_probe.formats.checkpoint import is_own_checkpoint
+    from fbt_probe.formats.nanochat import write_import
     from fbt_probe.io import atomic_dir, refuse_existing
-    from fbt_probe.model.checkpoint import is_own_checkpoint
-    from fbt_probe.model.nanochat_import import write_import
 
     if tokenizer is not None and not tokenizer.is_file():
         raise FbtError(f"--tokenizer {tokenizer}: file not found")
@@ -146,9 +146,9 @@ def export_hf(
     \b
     Example: fbt-probe model export-hf runs/imported ./qwen3-again
     """
+    from fbt_probe.formats.qwen3 import export_qwen3, is_qwen3_folder
     from fbt_probe.io import atomic_dir, refuse_existing
     from fbt_probe.loading import load_model
-    from fbt_probe.model.hf import export_qwen3, is_qwen3_folder
 
     own = dict(own=is_qwen3_folder, kind="a Qwen3-format folder")
     replacing = refuse_existing(out, force, **own)

@@ -136,7 +136,7 @@ def patch(
     cfgs = [
         PatchConfig(
             experiment=name,
-            modes=tuple(str(m) for m in parse_modes(mode)),
+            modes=tuple(parse_modes(mode)),
             batch_size=batch_size,
             min_gap=min_gap,
             n_boot=n_boot,

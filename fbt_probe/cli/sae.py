@@ -128,7 +128,7 @@ def analyze(
     from fbt_probe.sae.analyze import is_analysis_folder, sparsity_sentence
     from fbt_probe.sae.model import SparseAutoencoder
 
-    mode_list = [str(m) for m in parse_modes(f"{mode},{modes}" if modes else mode)]
+    mode_list = parse_modes(f"{mode},{modes}" if modes else mode)
     k_list = _ints(ks, "ks")
     refuse_existing(out, force, own=is_analysis_folder, kind="an SAE analysis folder")
     model_sae = SparseAutoencoder.load(sae)

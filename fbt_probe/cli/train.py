@@ -408,8 +408,8 @@ def contraction_cmd(
 
 
 def _write_table(df, stem: Path, run: Path, cfg, force: bool, extra: dict | None = None) -> None:
+    from fbt_probe.formats.checkpoint import checkpoint_hash
     from fbt_probe.io import atomic_path, refuse_existing, write_json
-    from fbt_probe.model.checkpoint import checkpoint_hash
     from fbt_probe.provenance import provenance
 
     for suffix in (".parquet", ".csv", ".json"):

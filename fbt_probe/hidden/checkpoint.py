@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from fbt_probe.errors import FbtError
+from fbt_probe.formats.checkpoint import FORMATS, build_from_weights, read_config, save_checkpoint
 from fbt_probe.hidden.config import ARCH, HiddenConfig
 from fbt_probe.hidden.model import HiddenDecodingTransformer
 from fbt_probe.io import read_json
-from fbt_probe.model.checkpoint import FORMATS, build_from_weights, read_config, save_checkpoint
 
 __all__ = ["is_hidden_checkpoint", "load_hidden", "save_checkpoint"]
 

@@ -18,6 +18,7 @@ import pandas as pd
 from scipy.stats import rankdata
 
 from fbt_probe.interventions.attribution import exact_cells, traced_attribution
+from fbt_probe.model.modes import Mode
 from fbt_probe.stats import bca, group_weights
 
 GROUP = ["task", "length_knob", "mode", "hook_rule", "direction"]
@@ -59,7 +60,7 @@ def choose_cells(atp: pd.DataFrame, k: int, seed: int) -> dict[tuple, str]:
 def attribution(
     model,
     batches,
-    mode: str = "standard",
+    mode: Mode = Mode("standard"),
     min_gap: float = 0.1,
     hooks=None,
     last_k: int | None = None,

@@ -32,7 +32,7 @@ from fbt_probe.interventions.edits import span
 from fbt_probe.interventions.experiments import ONE_PASS, SERIAL, device_of
 from fbt_probe.interventions.metrics import AXES, logit_diff, score
 from fbt_probe.interventions.pairs import PairBatch
-from fbt_probe.model.modes import parse_mode
+from fbt_probe.model.modes import Mode
 
 FUSION_HOOKS = tuple(act_name(k) for k in ("fusion_feedback", "fusion_value", "fusion_gate", "fusion_out"))
 ATTRIBUTION_METRICS = ("logit_diff", "normalized")
@@ -47,10 +47,10 @@ def residual_hooks(n_layers: int) -> list[str]:
     return names
 
 
-def default_hooks(model, mode: str, T: int) -> list[str]:
+def default_hooks(model, mode: Mode, T: int) -> list[str]:
     """Residual stream, plus the fusion hooks when the mode carries a state."""
     names = residual_hooks(model.cfg.n_layers)
-    return names + list(FUSION_HOOKS) if parse_mode(mode).first_fed_position(T) < T else names
+    return names + list(FUSION_HOOKS) if mode.first_fed_position(T) < T else names
 
 
 def check_hooks(model, names) -> list[str]:
@@ -85,7 +85,7 @@ def _leaf_embed(x, hook=None):
     return x if x.requires_grad else x.detach().requires_grad_(True)
 
 
-def trace(model, batch: PairBatch, mode: str, names: Iterable[str], serial: bool) -> Traced:
+def trace(model, batch: PairBatch, mode: Mode, names: Iterable[str], serial: bool) -> Traced:
     """One forward of the batch (hooks record every chunk, with the graph) and one backward of Σ LD."""
     names = list(dict.fromkeys(names))
     bad = [n for n in names if n.endswith("hook_pattern")]
@@ -183,7 +183,7 @@ def traced_attribution(model, batches, mode, min_gap, hooks, last_k, directions,
     for batch in batches:
         batch = batch.to(device_of(model))
         T = batch.T
-        use_serial = parse_mode(mode).first_fed_position(T) < T if serial is None else serial
+        use_serial = mode.first_fed_position(T) < T if serial is None else serial
         names = check_hooks(model, hooks) if hooks is not None else default_hooks(model, mode, T)
         tr = trace(model, batch, mode, names, use_serial)
         if keep:
@@ -240,7 +240,7 @@ def exact_cells(
     model,
     batch: PairBatch,
     tr: Traced,
-    mode: str,
+    mode: Mode,
     cells: list[tuple[str, int, int]],
     direction: str,
     serial: bool,

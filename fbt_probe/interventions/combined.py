@@ -39,6 +39,7 @@ from fbt_probe.interventions.runner import (
     write_results,
 )
 from fbt_probe.io import refuse_existing
+from fbt_probe.model.modes import Mode
 
 SHARED = ("state-replacement", "feedback-swap", "gate-ablation", "probe-direction")  # final position, same batches
 
@@ -57,7 +58,7 @@ def units(batches) -> list[range]:
     return out
 
 
-def _call(model, cfg: PatchConfig, batches, mode: str, **extra) -> pd.DataFrame:
+def _call(model, cfg: PatchConfig, batches, mode: Mode, **extra) -> pd.DataFrame:
     exp = EXPERIMENTS[cfg.experiment]
     return exp.run(
         model, batches, mode=mode, min_gap=cfg.min_gap, reuse=cfg.prefix_reuse, **asdict(exp.options_of(cfg)), **extra
@@ -70,7 +71,7 @@ def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
     return w
 
 
-def _one_mode(model, by: dict, batches: list, mode: str) -> dict[str, pd.DataFrame]:
+def _one_mode(model, by: dict, batches: list, mode: Mode) -> dict[str, pd.DataFrame]:
     """{experiment: wide rows of `mode`} for the SHARED experiments in `by`."""
     means = E.mean_gates(model, batches) if "gate-ablation" in by else None  # over every batch, as on its own
     parts = {name: [] for name in by}

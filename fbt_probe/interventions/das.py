@@ -28,6 +28,7 @@ from torch.nn.utils.parametrizations import orthogonal
 
 from fbt_probe.errors import FbtError
 from fbt_probe.model.components import KVCache, hooked
+from fbt_probe.model.modes import Mode
 from fbt_probe.model.transformer import HookContext
 
 
@@ -84,7 +85,7 @@ class FinalStep:
 
     @classmethod
     @torch.no_grad()
-    def build(cls, model, tokens: torch.Tensor, mode: str) -> "FinalStep":
+    def build(cls, model, tokens: torch.Tensor, mode: Mode) -> "FinalStep":
         states, has = model.carried_states(tokens, mode)
         prefix_states = None if states is None else states[:, :-1]
         cache, _, _ = model.prefill_cache(tokens[:, :-1], prefix_states, None if has is None else has[:-1])

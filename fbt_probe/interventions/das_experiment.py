@@ -31,16 +31,16 @@ from fbt_probe.interventions.das import (
 from fbt_probe.interventions.experiments import ONE_PASS, device_of
 from fbt_probe.interventions.metrics import score
 from fbt_probe.interventions.pairs import PairBatch
-from fbt_probe.model.modes import parse_mode
+from fbt_probe.model.modes import Mode
 
 FEEDBACK = act_name("fusion_feedback")
 KS = (1, 2, 4, 8)
 
 
-def das_hooks(model, mode: str, T: int) -> list[str]:
+def das_hooks(model, mode: Mode, T: int) -> list[str]:
     """fusion.hook_feedback (when the mode feeds the final position), depth 0, the middle and the top."""
     L = model.cfg.n_layers
-    fed = parse_mode(mode).first_fed_position(T) <= T - 1
+    fed = mode.first_fed_position(T) <= T - 1
     return ([FEEDBACK] if fed else []) + [depth_name(d) for d in sorted({0, L // 2, L})]
 
 
@@ -120,7 +120,7 @@ def _fit_all(
 def das(
     model,
     batches,
-    mode: str = "recurrent:1",
+    mode: Mode = Mode("recurrent", 1),
     min_gap: float = 0.1,
     hooks=None,
     ks=KS,

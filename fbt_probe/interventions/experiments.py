@@ -30,7 +30,7 @@ from fbt_probe.interventions.edits import capture, patch_rows_at, set_at, stitch
 from fbt_probe.interventions.metrics import score
 from fbt_probe.interventions.pairs import PairBatch
 from fbt_probe.model.components import hooked
-from fbt_probe.model.modes import parse_mode
+from fbt_probe.model.modes import Mode
 from fbt_probe.model.prefix import Prefix, build_prefix
 from fbt_probe.model.transformer import HookContext
 
@@ -46,7 +46,7 @@ def device_of(model) -> torch.device:
 def final_logits(
     model,
     tokens: torch.Tensor,
-    mode: str,
+    mode: Mode,
     hooks=(),
     serial: bool = False,
     prefix: Prefix | None = None,
@@ -60,7 +60,7 @@ def final_logits(
     return model.run_with_hooks(tokens, mode=mode, serial=serial, fwd_hooks=list(hooks))[:, -1]
 
 
-def last_prefix(model, tokens: torch.Tensor, mode: str, reuse: bool = True) -> Prefix | None:
+def last_prefix(model, tokens: torch.Tensor, mode: Mode, reuse: bool = True) -> Prefix | None:
     """Everything before the final position, computed once (None: each run re-runs the whole sequence).
     Inside `pool.sharing` the prefix comes from the active pool (built once for every experiment)."""
     if not reuse:
@@ -77,15 +77,15 @@ def check_depths(depths, model) -> None:
         raise FbtError(f"--depths {bad[0]}: this model has probe depths 0..{L} (0 = its input, d = block d-1's output)")
 
 
-def require_feedback(mode: str, T: int, experiment: str) -> None:
-    if parse_mode(mode).first_fed_position(T) > T - 1:
+def require_feedback(mode: Mode, T: int, experiment: str) -> None:
+    if mode.first_fed_position(T) > T - 1:
         raise FbtError(
             f"{experiment}: mode '{mode}' feeds no state into the final position; "
             "use recurrent:k, full or jacobi:K (K >= 2)"
         )
 
 
-def _reference(model, batch: PairBatch, mode: str, names: Iterable[str], prefix: Prefix | None = None):
+def _reference(model, batch: PairBatch, mode: Mode, names: Iterable[str], prefix: Prefix | None = None):
     """(final logits [N, V], {name: final-position activation [N, D]}) of the unpatched run."""
     store: dict = {}
     last = batch.T - 1
@@ -95,7 +95,7 @@ def _reference(model, batch: PairBatch, mode: str, names: Iterable[str], prefix:
 
 # ----------------------------------------------------------------------------- feedback swap
 def feedback_swap(
-    model, batches: Iterable[PairBatch], mode: str = "recurrent:1", min_gap: float = 0.1, reuse: bool = True
+    model, batches: Iterable[PairBatch], mode: Mode = Mode("recurrent", 1), min_gap: float = 0.1, reuse: bool = True
 ) -> pd.DataFrame:
     """Run each row's partner with the row's own carried state (`state`), value W_U h (`value`) or
     gate σ(W_G e) (`gate`) at the final position: does the answer follow the swapped-in state?
@@ -107,7 +107,7 @@ def feedback_swap(
     return pd.concat(out, ignore_index=True)
 
 
-def _swap_batch(model, batch: PairBatch, mode: str, min_gap: float, reuse: bool) -> list[pd.DataFrame]:
+def _swap_batch(model, batch: PairBatch, mode: Mode, min_gap: float, reuse: bool) -> list[pd.DataFrame]:
     require_feedback(mode, batch.T, "feedback-swap")
     pre = last_prefix(model, batch.tokens, mode, reuse)
     swaps = [
@@ -145,7 +145,7 @@ def _swap_batch(model, batch: PairBatch, mode: str, min_gap: float, reuse: bool)
 
 # ----------------------------------------------------------------------------- state replacement
 def carried_last_states(
-    model, batches: list[PairBatch], mode: str, reuse: bool = True
+    model, batches: list[PairBatch], mode: Mode, reuse: bool = True
 ) -> tuple[torch.Tensor, pd.DataFrame]:
     """Carried state into the final position of every row: ([rows, D], meta)."""
     states, metas = [], []
@@ -177,7 +177,7 @@ def pick_donors(meta: pd.DataFrame, seed: int = 0) -> np.ndarray:
 def state_replacement(
     model,
     batches: Iterable[PairBatch],
-    mode: str = "recurrent:1",
+    mode: Mode = Mode("recurrent", 1),
     min_gap: float = 0.1,
     seed: int = 0,
     reuse: bool = True,
@@ -212,7 +212,7 @@ def state_replacement(
 
 
 def _replacement_batch(
-    model, batch: PairBatch, mode: str, min_gap: float, reuse: bool, replacements: dict
+    model, batch: PairBatch, mode: Mode, min_gap: float, reuse: bool, replacements: dict
 ) -> list[pd.DataFrame]:
     axes = dict(experiment="state-replacement", mode=mode, hook_rule=ONE_PASS, direction="noising")
     pre = last_prefix(model, batch.tokens, mode, reuse)
@@ -259,7 +259,7 @@ def _gate_hooks(model, condition: str, batch: PairBatch, mean_gate: torch.Tensor
 def gate_ablation(
     model,
     batches: Iterable[PairBatch],
-    mode: str = "recurrent:1",
+    mode: Mode = Mode("recurrent", 1),
     min_gap: float = 0.1,
     decoding: bool = True,
     reuse: bool = True,
@@ -279,7 +279,7 @@ def gate_ablation(
 
 
 def _gate_batch(
-    model, batch: PairBatch, mode: str, min_gap: float, decoding: bool, reuse: bool, mean_gate: torch.Tensor
+    model, batch: PairBatch, mode: Mode, min_gap: float, decoding: bool, reuse: bool, mean_gate: torch.Tensor
 ) -> list[pd.DataFrame]:
     require_feedback(mode, batch.T, "gate-ablation")
     axes = dict(experiment="gate-ablation", direction="noising")
@@ -296,7 +296,7 @@ def _gate_batch(
             soft = (
                 pre.serial_view()
                 if str(pre.mode) == "recurrent:1"
-                else build_prefix(model, batch.tokens, "recurrent:1", serial=True)
+                else build_prefix(model, batch.tokens, Mode("recurrent", 1), serial=True)
             )
         rows += _decoding_rows(model, batch, mean_gate, min_gap, axes, soft)
     return rows
@@ -353,7 +353,7 @@ def _decoding_rows(
 def residual_patching(
     model,
     batches: Iterable[PairBatch],
-    mode: str = "standard",
+    mode: Mode = Mode("standard"),
     min_gap: float = 0.1,
     depths: Iterable[int] | None = None,
     last_k: int | None = None,
@@ -385,7 +385,7 @@ def residual_patching(
 def _residual_batch(
     model,
     batch: PairBatch,
-    mode: str,
+    mode: Mode,
     min_gap: float,
     depths: list[int],
     last_k: int | None,
@@ -395,7 +395,7 @@ def _residual_batch(
     reuse: bool,
 ) -> list[pd.DataFrame]:
     T, N = batch.T, batch.n
-    fed = parse_mode(mode).first_fed_position(T) < T
+    fed = mode.first_fed_position(T) < T
     use_serial = fed if serial is None else serial
     rule = SERIAL if use_serial else ONE_PASS
     names = [depth_name(d) for d in depths]

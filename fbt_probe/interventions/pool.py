@@ -19,7 +19,7 @@ from contextvars import ContextVar
 
 import torch
 
-from fbt_probe.model.modes import parse_mode
+from fbt_probe.model.modes import Mode
 from fbt_probe.model.prefix import Prefix, build_prefix
 
 _POOL: ContextVar["PrefixPool | None"] = ContextVar("fbt_probe_prefix_pool", default=None)
@@ -31,8 +31,8 @@ class PrefixPool:
     def __init__(self) -> None:
         self._entries: dict = {}
 
-    def get(self, model, tokens: torch.Tensor, mode) -> Prefix:
-        key = (id(model), tokens.data_ptr(), tuple(tokens.shape), str(tokens.device), str(parse_mode(mode)))
+    def get(self, model, tokens: torch.Tensor, mode: Mode) -> Prefix:
+        key = (id(model), tokens.data_ptr(), tuple(tokens.shape), str(tokens.device), str(mode))
         hit = self._entries.get(key)
         # the tokens tensor is kept alive by the entry, so its address cannot be reused while it is
         # here; the content check guards against an in-place change of the batch

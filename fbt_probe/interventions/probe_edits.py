@@ -27,6 +27,7 @@ from fbt_probe.hooks import depth_name
 from fbt_probe.interventions.edits import edit_at, rank_one_edit
 from fbt_probe.interventions.experiments import ONE_PASS, _reference, device_of, final_logits, last_prefix
 from fbt_probe.interventions.metrics import score
+from fbt_probe.model.modes import Mode
 
 
 def erase_methods(requested: str = "auto") -> tuple[str, ...]:
@@ -95,7 +96,7 @@ def apply_edit(X: np.ndarray, r, l, b) -> np.ndarray:
 def probe_direction(
     model,
     batches,
-    mode: str = "recurrent:1",
+    mode: Mode = Mode("recurrent", 1),
     min_gap: float = 0.1,
     depths=(0,),
     scales=(0.5, 1.0, 2.0, 4.0),

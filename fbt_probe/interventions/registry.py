@@ -18,7 +18,7 @@ from fbt_probe.interventions.atp_parity import attribution, parity_table
 from fbt_probe.interventions.das_experiment import das
 from fbt_probe.interventions.experiments import feedback_swap, gate_ablation, residual_patching, state_replacement
 from fbt_probe.interventions.probe_edits import erase_methods, probe_direction
-from fbt_probe.model.modes import check_distinct, parse_mode
+from fbt_probe.model.modes import Mode, check_distinct, parse_mode
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,8 @@ class PatchConfig:
 
     experiment: str
     """A key of `registry.EXPERIMENTS`."""
-    modes: tuple[str, ...] = ("recurrent:1",)
-    """Prefill modes, each run separately."""
+    modes: tuple[Mode, ...] = ("recurrent:1",)
+    """Prefill modes, each run separately (names are parsed into `Mode`s here)."""
     batch_size: int = 32
     """Samples per forward (both samples of a pair always share a batch)."""
     min_gap: float = 0.1
@@ -100,7 +100,8 @@ class PatchConfig:
     def __post_init__(self) -> None:
         if self.experiment not in EXPERIMENTS:
             raise FbtError(f"experiment '{self.experiment}': expected one of {', '.join(EXPERIMENTS)}")
-        check_distinct([str(parse_mode(m)) for m in self.modes], list(self.modes))
+        object.__setattr__(self, "modes", tuple(parse_mode(m) for m in self.modes))  # parsed once, here
+        check_distinct(list(self.modes), list(self.modes))
         if not (_number(self.min_gap) and self.min_gap >= 0):  # NaN would disable the filter
             raise FbtError(f"--min-gap {self.min_gap}: expected a finite number >= 0")
         if not (_number(self.ci) and 0 < self.ci < 1):
@@ -180,7 +181,7 @@ class Experiment:
     def options_of(self, cfg) -> object:
         return self.options(**{f.name: getattr(cfg, f.name) for f in fields(self.options)})
 
-    def __call__(self, model, batches, cfg, mode: str) -> pd.DataFrame:
+    def __call__(self, model, batches, cfg, mode: Mode) -> pd.DataFrame:
         reuse = {"reuse": cfg.prefix_reuse} if self.reuse else {}
         w = self.run(model, batches, mode=mode, min_gap=cfg.min_gap, **reuse, **asdict(self.options_of(cfg)))
         if self.tables is not None:

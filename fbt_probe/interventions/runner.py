@@ -25,6 +25,7 @@ from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.probe_edits import erase_methods
 from fbt_probe.interventions.registry import EXPERIMENTS, HOOK_RULES, PatchConfig
 from fbt_probe.io import atomic_dir, read_json, refuse_existing, write_csv, write_json
+from fbt_probe.model.modes import Mode
 from fbt_probe.provenance import provenance
 
 FORMAT = "fbt-probe.interventions/1"
@@ -46,7 +47,7 @@ def _cell_filter(df: pd.DataFrame, cfg: PatchConfig):
     return lengths, max_pairs
 
 
-def _shared_out(model, batches: list, cfg: PatchConfig, mode: str) -> pd.DataFrame | None:
+def _shared_out(model, batches: list, cfg: PatchConfig, mode: Mode) -> pd.DataFrame | None:
     """One mode's wide rows. Under torchrun a `per_batch` experiment runs each rank's batches
     (`distributed.assign` by pairs x tokens) and rank 0 puts them back in batch order (the same rows
     as one process: each batch runs whole, on the same shapes); the others return None."""

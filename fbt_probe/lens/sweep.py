@@ -32,7 +32,7 @@ from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.runner import dataset_hash
 from fbt_probe.io import atomic_dir, read_json, write_json
 from fbt_probe.lens.lenses import TunedLens, fit_tuned_lens, kl_to, logit_lens
-from fbt_probe.model.modes import check_distinct, parse_mode
+from fbt_probe.model.modes import Mode, check_distinct, parse_mode
 from fbt_probe.provenance import provenance
 
 FORMAT = "fbt-probe.lens/1"
@@ -48,7 +48,7 @@ LENS_METRICS = {
 
 @dataclass(frozen=True)
 class LensConfig:
-    modes: tuple[str, ...] = ("standard", "recurrent:1", "full", "jacobi:3")
+    modes: tuple[Mode, ...] = ("standard", "recurrent:1", "full", "jacobi:3")  # names parsed into Modes
     steps: int = 300
     """Tuned-lens optimizer steps (0: logit lens only)."""
     lr: float = 1e-3
@@ -64,7 +64,8 @@ class LensConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_distinct([str(parse_mode(m)) for m in self.modes], list(self.modes))
+        object.__setattr__(self, "modes", tuple(parse_mode(m) for m in self.modes))  # parsed once, here
+        check_distinct(list(self.modes), list(self.modes))
         if not (_number(self.eval_fraction) and 0 < self.eval_fraction < 1):
             raise FbtError(f"--eval-fraction {self.eval_fraction}: expected a number in (0, 1)")
         if not (_number(self.lr) and self.lr > 0):
@@ -109,10 +110,9 @@ class LensResult:
 
 
 @torch.no_grad()
-def pass_activations(model, tokens: torch.Tensor, mode: str) -> dict[int, dict]:
+def pass_activations(model, tokens: torch.Tensor, mode: Mode) -> dict[int, dict]:
     """{pass_index: {"resid": {depth: [B, T, D]}, "logits": [B, T, V]}} under `mode` (see module doc)."""
-    m = parse_mode(mode)
-    serial = m.kind == "jacobi" and m.k > 1
+    serial = mode.kind == "jacobi" and mode.k > 1
     names = [depth_name(d) for d in range(model.cfg.n_layers + 1)] + [act_name("ln_final")]
     store: dict = {}
 
@@ -124,7 +124,7 @@ def pass_activations(model, tokens: torch.Tensor, mode: str) -> dict[int, dict]:
 
         return hook
 
-    model.run_with_hooks(tokens, mode=m, serial=serial, fwd_hooks=[(n, grab(n)) for n in names])
+    model.run_with_hooks(tokens, mode=mode, serial=serial, fwd_hooks=[(n, grab(n)) for n in names])
     out: dict = {}
     for (name, k), chunks in store.items():
         full = torch.cat([t for _, t in sorted(chunks, key=lambda c: c[0])], dim=1)

@@ -16,6 +16,9 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import ModelConfig
+from fbt_probe.engine import attention as fast_attention
+from fbt_probe.engine import dispatch
+from fbt_probe.engine.fused import FusedWeight, expand_cat
 
 Hk = Callable[[HookPoint, torch.Tensor], torch.Tensor]
 
@@ -306,16 +309,13 @@ def has_hooks(hp: nn.Module) -> bool:
     )
 
 
-PATHS = ("auto", "explicit")
-
-
 @contextmanager
 def use_path(model: nn.Module, path: str):
-    """Every attention and MLP of `model` on `path` inside the block: "auto" (the fast paths where
-    they apply) or "explicit" (the reference arithmetic, op for op: einsum attention, one GEMM per
-    projection)."""
-    if path not in PATHS:
-        raise ValueError(f"path '{path}': expected one of {PATHS}")
+    """Every attention and MLP of `model` on `path` inside the block: "auto" (the engine's rules,
+    `fbt_probe.engine.dispatch`), "explicit" (the reference arithmetic, op for op: einsum
+    attention, one GEMM per projection) or one attention path by name (tests, benchmarks)."""
+    if path not in dispatch.PATHS:
+        raise ValueError(f"path '{path}': expected one of {dispatch.PATHS}")
     mods = [m for m in model.modules() if isinstance(m, (Attention, MLP))]
     before = [m.path for m in mods]
     for m in mods:
@@ -327,49 +327,18 @@ def use_path(model: nn.Module, path: str):
             m.path = old
 
 
-class FusedWeight:
-    """A weight derived from parameters (default: cat along the output dim, one GEMM instead of
-    several), rebuilt whenever one of them changes (data pointer or in-place version). Detached:
-    for passes without autograd only."""
-
-    def __init__(self, build=None):
-        self.build = build or _cat  # module-level functions and partials: the model stays picklable
-        self.key, self.weight = None, None
-
-    def __call__(self, *weights: torch.Tensor) -> torch.Tensor:
-        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
-        if key != self.key:
-            with torch.no_grad():
-                self.weight, self.key = self.build(*(w.detach() for w in weights)), key
-        return self.weight
-
-
-def _cat(*weights: torch.Tensor) -> torch.Tensor:
-    return torch.cat(weights)
-
-
-def _expand_cat(*weights: torch.Tensor, rows: tuple[int, ...]) -> torch.Tensor:
-    """[d] gains -> [sum(rows), d]: gain i repeated rows[i] times (one per head)."""
-    return torch.cat([w.expand(n, w.shape[-1]) for w, n in zip(weights, rows)])
-
-
-def _fast(module) -> bool:
-    """The fused-GEMM path: "auto" and no autograd graph being recorded."""
-    return module.path == "auto" and not torch.is_grad_enabled()
-
-
 class Attention(nn.Module):
     """Grouped-query attention with per-head QK-norm and RoPE.
 
-    Three paths compute the same function: `F.scaled_dot_product_attention` (no [T, T] scores are
-    materialised, no copies of the KV heads); the materialised scores and softmax that
-    `hook_pattern` reads, taken on `path = "auto"` only while a hook is attached to `hook_pattern`
-    (TransformerLens-style: the HookPoint's registered hooks decide); and on `path = "explicit"`
-    the reference arithmetic, op for op (einsum over repeated KV heads; training uses it, see
-    `fbt_probe.training.loop.train`). Softmax runs in float32 for half types
-    and in the input's dtype otherwise. On "auto" without autograd the q/k/v projections are one
-    GEMM and the query and key heads are normed and rotated together (module hooks on q_proj,
-    k_proj, v_proj do not fire there; the HookPoints do).
+    `reference` is the arithmetic, op for op (einsum over repeated KV heads; softmax in float32
+    for half types and in the input's dtype otherwise); `fbt_probe.engine.dispatch.attention`
+    decides per call whether it or one of the engine's paths computes it (`path = "explicit"`:
+    always the reference; training uses it, see `fbt_probe.training.loop.train`). The
+    materialised pattern that `hook_pattern` reads is formed only while a hook is attached to it
+    (TransformerLens-style: the HookPoint's registered hooks decide). Without autograd the q/k/v
+    projections are one GEMM and the query and key heads are normed and rotated together
+    (`dispatch.fused_projection`; module hooks on q_proj, k_proj, v_proj do not fire there; the
+    HookPoints do).
     """
 
     def __init__(self, cfg: ModelConfig, layer_type: str, layer: int = -1):
@@ -380,7 +349,7 @@ class Attention(nn.Module):
         D, H, KV, dh = cfg.d_model, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
         self.out_scale = cfg.residual_scale  # depth scaling of the branch output (hook_attn_out is after it)
         self.qkv = FusedWeight()
-        self.qk_gain = FusedWeight(partial(_expand_cat, rows=(H, KV)))  # [H + KV, d_head]
+        self.qk_gain = FusedWeight(partial(expand_cat, rows=(H, KV)))  # [H + KV, d_head]
         self.o_scaled = FusedWeight(partial(torch.mul, other=self.out_scale))
         self.q_proj = nn.Linear(D, H * dh, bias=False)
         self.k_proj = nn.Linear(D, KV * dh, bias=False)
@@ -448,7 +417,7 @@ class Attention(nn.Module):
         with a value embedding."""
         B, P, _ = x.shape
         H, KV, dh = self.cfg.n_heads, self.cfg.n_key_value_heads, self.cfg.d_head
-        if _fast(self):  # one GEMM; q, k, v are views of its output
+        if dispatch.fused_projection(self):  # one GEMM; q, k, v are views of its output
             proj = F.linear(x, self.qkv(self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)).view(
                 B, P, H + 2 * KV, dh
             )
@@ -484,16 +453,11 @@ class Attention(nn.Module):
             k_start = 0
         else:
             k, v, k_start = k.transpose(1, 2), v.transpose(1, 2), start
-        if self.path == "explicit":
-            z = self._explicit(q, k, v, start, k_start, hk)
-        elif hk is not silent and has_hooks(self.hook_pattern):
-            z = self._materialized(q, k, v, start, k_start, hk)
-        else:
-            z = self._sdpa(q, k, v, start, k_start)
+        z = self._attend(q, k, v, start, k_start, hk)
         z = hk(self.hook_z, z).reshape(B, P, H * dh)
         if self.out_scale == 1.0:
             return self.o_proj(z)
-        if _fast(self):  # the depth scale folded into the weight: one op fewer per layer
+        if dispatch.fused_projection(self):  # the depth scale folded into the weight: one op fewer per layer
             return F.linear(z, self.o_scaled(self.o_proj.weight))
         return self.o_proj(z) * self.out_scale
 
@@ -506,83 +470,37 @@ class Attention(nn.Module):
         s = self.cfg.qk_scale
         return (q, k) if s == 1.0 else (q * s, k * s)
 
-    @staticmethod
-    def _positions(P: int, K: int, start: int, k_start: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.arange(start, start + P, device=device), torch.arange(k_start, k_start + K, device=device)
+    def _attend(self, q, k, v, start: int, k_start: int, hk: Hk) -> torch.Tensor:
+        """z [batch, pos, n_heads, d_head] by the path `dispatch.attention` picks: the reference
+        below or one of `fbt_probe.engine.attention`'s (the same function)."""
+        plain = type(self).mask is Attention.mask  # a subclass (Hidden Decoding) brings its own mask
+        hooked_pattern = hk is not silent and has_hooks(self.hook_pattern)
+        route = dispatch.attention(
+            self.path, plain, self.window, q.shape[1], k.shape[2], start, k_start, hooked_pattern
+        )
+        if route == "explicit":
+            return self.reference(q, k, v, start, k_start, hk)
+        if route == "materialized":
+            return fast_attention.materialized(q, k, v, start, k_start, self.mask, partial(hk, self.hook_pattern))
+        if route == "sdpa-decode":
+            return fast_attention.sdpa_decode(q, k, v, self.window)
+        if route == "sdpa-windowed":
+            return fast_attention.sdpa_windowed(q, k, v, start, k_start, self.mask, self.window)
+        return fast_attention.sdpa(q, k, v, start, k_start, self.mask, plain, self.window)
 
-    def _explicit(self, q, k, v, start: int, k_start: int, hk: Hk) -> torch.Tensor:
+    def reference(self, q, k, v, start: int, k_start: int, hk: Hk) -> torch.Tensor:
         """The reference arithmetic (every score materialised); q: [batch, pos, n_heads, d_head],
         k, v: [batch, n_kv_heads, key_pos, d_head] -> z [batch, pos, n_heads, d_head]."""
         rep = self.cfg.n_heads // self.cfg.n_key_value_heads
         k = k.transpose(1, 2).repeat_interleave(rep, dim=2)  # [batch, key_pos, n_heads, d_head]
         v = v.transpose(1, 2).repeat_interleave(rep, dim=2)
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * self.cfg.d_head**-0.5
-        q_pos, k_pos = self._positions(q.shape[1], k.shape[1], start, k_start, q.device)
+        q_pos = torch.arange(start, start + q.shape[1], device=q.device)
+        k_pos = torch.arange(k_start, k_start + k.shape[1], device=q.device)
         scores = scores.masked_fill(~self.mask(q_pos, k_pos), float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32 if _halves(q.dtype) else None)
         pattern = hk(self.hook_pattern, probs.to(q.dtype))
         return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
-
-    def _materialized(self, q, k, v, start: int, k_start: int, hk: Hk) -> torch.Tensor:
-        """Every score materialised for `hook_pattern`, with fewer passes over the [T, T] scores
-        than `_explicit`: a KV group's query heads share one matmul with its keys (no copies of the
-        KV heads), the scale goes onto the queries and the mask is applied in place. Shapes as
-        `_explicit`."""
-        B, P, H, dh = q.shape
-        KV, K = k.shape[1], k.shape[2]
-        grouped = q.transpose(1, 2).reshape(B, KV, (H // KV) * P, dh) * dh**-0.5  # heads h = kv * rep + r
-        scores = torch.matmul(grouped, k.transpose(-1, -2)).view(B, H, P, K)
-        q_pos, k_pos = self._positions(P, K, start, k_start, q.device)
-        scores.masked_fill_(~self.mask(q_pos, k_pos), float("-inf"))
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32 if _halves(q.dtype) else None)
-        pattern = hk(self.hook_pattern, probs.to(q.dtype))
-        z = torch.matmul(pattern.reshape(B, KV, (H // KV) * P, K), v)  # [batch, n_kv_heads, rep * pos, d_head]
-        return z.view(B, H, P, dh).transpose(1, 2)
-
-    def _sdpa(self, q, k, v, start: int, k_start: int) -> torch.Tensor:
-        """The same function through scaled_dot_product_attention (shapes as `_explicit`)."""
-        B, P, H, dh = q.shape
-        KV, K = k.shape[1], k.shape[2]
-        plain = type(self).mask is Attention.mask  # a subclass (Hidden Decoding) brings its own mask
-        if plain and P == 1 and k_start + K == start + 1:
-            # one query that sees every key up to itself (the decode step): heads of a KV group
-            # become its queries, so nothing is repeated and no mask is needed
-            if self.window is not None and K > self.window:
-                k, v = k[:, :, K - self.window :], v[:, :, K - self.window :]
-            z = F.scaled_dot_product_attention(q.reshape(B, KV, H // KV, dh), k, v)
-            return z.reshape(B, 1, H, dh)  # CUDA may return a non-contiguous layout
-        last = start + P - 1  # the latest query; the earliest key is k_start
-        if plain and self.window is not None and last - k_start >= self.window:
-            return self._sdpa_windowed(q, k, v, start, k_start)
-        mask, causal = None, False
-        if plain and start == k_start:
-            causal = True  # queries and keys start together and no window bites: the top-left causal mask
-        else:
-            mask = self.mask(*self._positions(P, K, start, k_start, q.device))
-        z = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k, v, attn_mask=mask, is_causal=causal, enable_gqa=H != KV
-        )
-        return z.transpose(1, 2)
-
-    def _sdpa_windowed(self, q, k, v, start: int, k_start: int) -> torch.Tensor:
-        """A sliding window that bites: blocks of `window` queries, each over only the (at most
-        2 * window - 1) keys it can see, so the work is O(pos * window), not O(pos * keys)."""
-        W, (P, K), H, KV = self.window, (q.shape[1], k.shape[2]), q.shape[2], k.shape[1]
-        out = []
-        for a in range(0, P, W):
-            first, last = start + a, start + min(a + W, P) - 1  # the block's query positions
-            lo, hi = max(k_start, first - W + 1), min(k_start + K, last + 1)  # the keys they can see
-            mask = self.mask(*self._positions(last + 1 - first, hi - lo, first, lo, q.device))
-            out.append(
-                F.scaled_dot_product_attention(
-                    q[:, a : a + W].transpose(1, 2),
-                    k[:, :, lo - k_start : hi - k_start],
-                    v[:, :, lo - k_start : hi - k_start],
-                    attn_mask=mask,
-                    enable_gqa=H != KV,
-                )
-            )
-        return (out[0] if len(out) == 1 else torch.cat(out, dim=2)).transpose(1, 2)
 
 
 class MLP(nn.Module):
@@ -619,7 +537,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, hk: Hk) -> torch.Tensor:
         if self.relu2:  # hook_pre: up(x); hook_post: relu(pre)²
             post = hk(self.hook_post, F.relu(hk(self.hook_pre, self.up_proj(x))).square())
-        elif _fast(self):
+        elif dispatch.fused_projection(self):
             both = F.linear(x, self.gate_up(self.gate_proj.weight, self.up_proj.weight))
             pre, lin = both.chunk(2, dim=-1)
             pre, lin = hk(self.hook_pre, pre), hk(self.hook_pre_linear, lin)
@@ -630,7 +548,7 @@ class MLP(nn.Module):
             post = hk(self.hook_post, F.silu(pre) * lin)
         if self.out_scale == 1.0:
             return self.down_proj(post)
-        if _fast(self):  # the depth scale folded into the weight
+        if dispatch.fused_projection(self):  # the depth scale folded into the weight
             return F.linear(post, self.down_scaled(self.down_proj.weight))
         return self.down_proj(post) * self.out_scale
 

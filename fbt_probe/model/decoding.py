@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from fbt_probe.errors import FbtError
+from fbt_probe.model.modes import Mode
 from fbt_probe.model.tokens import check_tokens
 
 DECODINGS = ("std", "soft", "fused")
@@ -45,5 +46,5 @@ def generate(model, tokens: torch.Tensor, n_new: int, decoding: str = "std") -> 
 def _prefill(model, tokens: torch.Tensor, decoding: str, capacity: int):
     if decoding != "fused" or tokens.shape[1] < 2:
         return model.prefill_cache(tokens, capacity=capacity)
-    states, has = model.carried_states(tokens, "jacobi:2")
+    states, has = model.carried_states(tokens, Mode("jacobi", 2))
     return model.prefill_cache(tokens, states, has, capacity=capacity)

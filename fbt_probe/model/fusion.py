@@ -12,6 +12,7 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import ModelConfig
+from fbt_probe.engine import dispatch
 from fbt_probe.errors import FbtError
 from fbt_probe.model.components import Hk, RMSNorm, rms_norm
 
@@ -24,47 +25,6 @@ def fusion_reference(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tens
     x = x.float() if dtype in (torch.float16, torch.bfloat16) else x
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x.to(dtype)
-
-
-FUSED_MIN_ROWS = 16_384
-"""Rows (batch x positions) from which a call that needs autograd runs the Triton kernel (through the
-custom op, whose dispatch costs tens of microseconds of Python); fewer take the eager reference,
-because below this size the dispatch costs more than the kernel saves: on an H200 the op measured
-0.31-0.99x eager from 1 to 4,096 rows and 7.3x at 16,384 (docs/research/fusion-kernel-gpu.md).
-Calls that need no autograd launch the kernel directly (`glu_fusion_direct`) at every size: one
-launch against the ~6 of the eager reference."""
-
-
-def _needs_autograd(*tensors: torch.Tensor) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-
-
-def use_kernel(rows: int, kernel_runs_here: bool, autograd: bool = True) -> bool:
-    """The size dispatch: the fused kernel only where it runs and the call is large enough to win
-    (any size without autograd, `FUSED_MIN_ROWS` with it)."""
-    return kernel_runs_here and (rows >= FUSED_MIN_ROWS or not autograd)
-
-
-def _fast_path(x: torch.Tensor, *others: torch.Tensor):
-    """The Triton entry point for this call when the kernel can run on it and wins at its size, else
-    None: `glu_fusion_direct` when no autograd is needed and nothing is being compiled, else the op."""
-    if not x.is_cuda:
-        return None
-    autograd = _needs_autograd(x, *others) or torch.compiler.is_compiling()
-    if not use_kernel(x.numel() // max(x.shape[-1], 1), True, autograd):
-        return None
-    try:
-        import fbt_probe.kernels as K
-    except ImportError:
-        return None
-    if not K.fast_fusion_available(x.device):
-        return None
-    return K.glu_fusion if autograd else K.glu_fusion_direct
-
-
-def epilogue(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm(value ⊙ gate) · weight by the path the model takes for this call (size dispatch)."""
-    return (_fast_path(value, gate, weight) or fusion_reference)(value, gate, weight, eps)
 
 
 class Fusion(nn.Module):
@@ -150,7 +110,7 @@ class Fusion(nn.Module):
     def _glu(self, state: torch.Tensor, embed: torch.Tensor, hk: Hk) -> torch.Tensor:
         value = hk(self.hook_value, self.W_U(state))
         gate = hk(self.hook_gate, torch.sigmoid(self.W_G(embed)))
-        fast = _fast_path(value, gate, self.norm.weight) if self.cfg.fast_fusion else None
+        fast = dispatch.fusion(value, gate, self.norm.weight) if self.cfg.fast_fusion else None
         if fast is not None:
             return fast(value, gate, self.norm.weight, self.norm.eps)
         return rms_norm(

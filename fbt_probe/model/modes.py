@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from fbt_probe.errors import FbtError
 
@@ -20,13 +19,27 @@ _PATTERN = re.compile(r"^(standard|full|recurrent:(\d+)|jacobi:(\d+))$")
 MODE_HELP = "standard | recurrent:k (k >= 1) | full | jacobi:K (K >= 1)"
 
 
-@dataclass(frozen=True)
-class Mode:
-    kind: str  # "standard" | "recurrent" | "full" | "jacobi"
-    k: int = 0  # recurrent: number of serial steps; jacobi: number of passes
+class Mode(str):
+    """A parsed prefill mode. It is its canonical name ("recurrent:1"; `str` subclass), so tables,
+    manifests, dict keys and comparisons with names read it as that string, and it carries what
+    the name means: `kind` ("standard" | "recurrent" | "full" | "jacobi") and `k` (recurrent: the
+    number of serial steps; jacobi: the number of passes). Parsed once, at the edge
+    (`parse_mode`, `parse_modes`); everything after takes a Mode."""
 
-    def __str__(self) -> str:
-        return self.kind if self.kind in ("standard", "full") else f"{self.kind}:{self.k}"
+    kind: str
+    k: int
+
+    def __new__(cls, kind: str, k: int = 0) -> "Mode":
+        self = super().__new__(cls, kind if kind in ("standard", "full") else f"{kind}:{k}")
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "k", k)
+        return self
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Mode is immutable")
+
+    def __reduce__(self):
+        return (Mode, (self.kind, self.k))
 
     def n_serial(self, T: int) -> int:
         """How many trailing positions are computed one at a time (recurrent/full)."""
@@ -69,6 +82,14 @@ def parse_mode(mode: "str | Mode") -> Mode:
             raise FbtError(f"mode '{mode}': jacobi:K needs K >= 1")
         return Mode("jacobi", k)
     return Mode(m.group(1))
+
+
+def require_mode(mode) -> Mode:
+    """`mode` itself when it is a parsed Mode; a TypeError naming the parser when it is not (the
+    functions behind the entry points take parsed modes only)."""
+    if not isinstance(mode, Mode):
+        raise TypeError(f"expected a Mode (fbt_probe.model.modes.parse_mode), got {mode!r}")
+    return mode
 
 
 def parse_modes(spec: "str | list") -> list[Mode]:

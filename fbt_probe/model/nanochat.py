@@ -1,4 +1,4 @@
-"""The backbone extras of nanochat-style checkpoints (`fbt_probe.model.nanochat_import` reads them), on
+"""The backbone extras of nanochat-style checkpoints (`fbt_probe.formats.nanochat` reads them), on
 the `FeedbackTransformer`. Each is a `ModelConfig` field whose default is the identity, so a model
 that leaves them alone has none of these parameters or hook points and computes exactly what it did.
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from fbt_probe.model.components import KVCache, hooked, silent
-from fbt_probe.model.modes import Mode, parse_mode
+from fbt_probe.model.modes import Mode, require_mode
 from fbt_probe.model.tokens import check_tokens
 from fbt_probe.model.transformer import HookContext
 
@@ -77,7 +77,7 @@ class Prefix:
         if self.mode.first_fed_position(self.T) < self.upto or len(self.caches) != 1:
             raise ValueError(f"mode '{self.mode}': positions below {self.upto} are not standard")
         self._restore(self.upto)
-        return replace(self, mode=parse_mode("standard"), serial=False, states=None, has=None, _clean=None)
+        return replace(self, mode=Mode("standard"), serial=False, states=None, has=None, _clean=None)
 
     def select(self, rows: torch.Tensor) -> "Prefix":
         """The prefix of batch rows `rows` (e.g. each row's pair partner): copies, no recomputation."""
@@ -158,13 +158,11 @@ class Prefix:
 
 
 @torch.no_grad()
-def build_prefix(
-    model, tokens: torch.Tensor, mode: "str | Mode", upto: int | None = None, serial: bool = False
-) -> Prefix:
+def build_prefix(model, tokens: torch.Tensor, mode: Mode, upto: int | None = None, serial: bool = False) -> Prefix:
     """The silent computation of `tokens` under `mode` below position `upto` (default T - 1, the
     final position), for runs of positions >= start (any start <= upto) under the one-pass rule or,
     with `serial`, the serial rule (as `model(tokens, mode=mode, serial=serial)`)."""
-    mode = parse_mode(mode)
+    require_mode(mode)
     tokens = check_tokens(tokens, model.cfg)  # the checks of model(tokens): one-line errors
     B, T = tokens.shape
     mode.check_length(T)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from fbt_probe.errors import FbtError
+from fbt_probe.model.modes import parse_mode
 from fbt_probe.model.tl_native import FeedbackActivationCache
 
 
@@ -59,6 +60,7 @@ def run_with_serial_cache(
         chunks.setdefault(hook.name, []).append((ctx, x.detach().to(device) if device is not None else x.detach()))
         return x
 
+    mode = model.default_mode if mode is None else parse_mode(mode)  # a public entry: strings accepted
     names = [name for name in model.hook_dict if keep(name)]
     with model.hooks(
         fwd_hooks=[(name, save) for name in names], reset_hooks_end=reset_hooks_end, clear_contexts=clear_contexts
@@ -72,7 +74,6 @@ def run_with_serial_cache(
         if logits.shape[0] != 1:
             raise FbtError(f"run_with_cache: remove_batch_dim needs batch size 1, got {logits.shape[0]}")
         cache = {k: v[0] for k, v in cache.items()}
-    mode = model.default_mode if mode is None else str(mode)
     return logits, FeedbackActivationCache(cache, model, has_batch_dim=not remove_batch_dim, mode=mode)
 
 

@@ -28,6 +28,7 @@ from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.FactoredMatrix import FactoredMatrix
 
 from fbt_probe.errors import FbtError
+from fbt_probe.model.modes import Mode
 
 
 def is_text(x) -> bool:
@@ -38,19 +39,16 @@ def is_text(x) -> bool:
 class FeedbackActivationCache(ActivationCache):
     """`ActivationCache` of a latent-feedback model; `mode` is the prefill mode it was cached under."""
 
-    def __init__(self, cache_dict, model, has_batch_dim: bool = True, mode: str | None = None):
+    def __init__(self, cache_dict, model, has_batch_dim: bool = True, mode: "Mode | None" = None):
         super().__init__(cache_dict, model, has_batch_dim=has_batch_dim)
         self.mode = mode
 
     def _input_label(self) -> str:
-        from fbt_probe.model.modes import parse_mode
-
         cfg = self.model.cfg
         carries = False
         if self.mode is not None:
-            mode = parse_mode(self.mode)
             T = self["blocks.0.hook_resid_pre"].shape[-2]
-            carries = mode.first_fed_position(T) < T
+            carries = self.mode.first_fed_position(T) < T
         return "input" if carries or getattr(cfg, "nanochat_input", False) else "embed"
 
     def _check_sum(self, what: str, final: bool) -> None:

@@ -32,12 +32,13 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import ModelConfig
+from fbt_probe.engine import dispatch
+from fbt_probe.engine.graph_scan import GraphedScan
+from fbt_probe.engine.step import DecodePlan
 from fbt_probe.errors import FbtError
 from fbt_probe.model.components import Block, Hk, HookedRMSNorm, KVCache, hooked, silent
-from fbt_probe.model.decode_step import DecodePlan
 from fbt_probe.model.fusion import Fusion
-from fbt_probe.model.graph_scan import GraphedScan
-from fbt_probe.model.modes import Mode, parse_mode
+from fbt_probe.model.modes import Mode, parse_mode, require_mode
 from fbt_probe.model.nanochat import add_extras, init_extras, plain_input, trunk_with_extras
 from fbt_probe.model.serial_cache import run_with_serial_cache
 from fbt_probe.model.tl_native import FeedbackActivationCache, TransformerLensSurface, is_text, without_wrappers
@@ -98,7 +99,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         add_extras(self, cfg)  # nanochat's extras (parameters and hook points), none by default
         self.hook_context: HookContext | None = None
         self._default_mode = Mode("standard")
-        self.cuda_graphs = True  # silent serial scans on CUDA replay one captured step (model/graph_scan.py)
+        self.cuda_graphs = True  # silent serial scans on CUDA replay one captured step (fbt_probe/engine/graph_scan.py)
         self.init_weights()
         self.setup()
         self.to(dtype=getattr(torch, cfg.dtype))
@@ -124,9 +125,9 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
 
     # ----------------------------------------------------------------- default mode
     @property
-    def default_mode(self) -> str:
+    def default_mode(self) -> Mode:
         """The mode of calls that pass none (see module doc)."""
-        return str(self._default_mode)
+        return self._default_mode
 
     @default_mode.setter
     def default_mode(self, mode: "str | Mode") -> None:
@@ -152,7 +153,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         remove_batch_dim = kwargs.get("remove_batch_dim", False)
         out, cache = super().run_with_cache(*model_args, **kwargs)
         mode = kwargs.get("mode", model_args[1] if len(model_args) > 1 else None)
-        mode = self.default_mode if mode is None else str(parse_mode(mode))
+        mode = self._default_mode if mode is None else parse_mode(mode)
         return out, FeedbackActivationCache(cache, self, has_batch_dim=not remove_batch_dim, mode=mode)
 
     # ----------------------------------------------------------------- primitives
@@ -272,10 +273,8 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
 
     def decode_plan(self) -> DecodePlan | None:
         """The lean serial step for silent steps of this model as its weights are now, or None
-        where the module path must run (autograd on, or a config it does not cover)."""
-        if torch.is_grad_enabled() or not DecodePlan.supports(self):
-            return None
-        return DecodePlan(self)
+        where the module path must run (`fbt_probe.engine.dispatch.step`)."""
+        return DecodePlan(self) if dispatch.step(self) == "plan" else None
 
     def step(
         self,
@@ -353,7 +352,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         out = logits.new_empty(B, stop, logits.shape[-1])
         out[:, :P] = logits
         plan = None if hooks else self.decode_plan()  # the weights are fixed for the whole scan
-        if plan is not None and self.cuda_graphs and GraphedScan.applies(cache, tokens, P, stop - P):
+        if dispatch.scan(plan is not None, self.cuda_graphs, cache, tokens, P, stop - P) == "graphed":
             scan = GraphedScan(plan, cache, tokens, carried, out, prev, P, fused_epilogue=self.cfg.fast_fusion)
             prev = scan.run(stop - P)
             return cache, carried, out, prev
@@ -373,14 +372,14 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         _, states, logits, _ = self.serial_scan(tokens, n_serial, hooks)
         return states, torch.arange(T, device=tokens.device) >= T - n_serial, logits
 
-    def carried_states(self, tokens: torch.Tensor, mode: "str | Mode"):
+    def carried_states(self, tokens: torch.Tensor, mode: Mode):
         """(states, has_state) that `mode` feeds into its final pass; (None, None) for no feedback.
         Module-level `forward` wrappers (nnsight's) are lifted meanwhile: they see the final pass only."""
         with without_wrappers(self):
             return self._carried_states(tokens, mode)
 
-    def _carried_states(self, tokens: torch.Tensor, mode: "str | Mode"):
-        mode = parse_mode(mode)
+    def _carried_states(self, tokens: torch.Tensor, mode: Mode):
+        require_mode(mode)
         T = tokens.shape[1]
         mode.check_length(T)
         if mode.first_fed_position(T) >= T:
@@ -390,7 +389,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         if (
             mode.kind == "jacobi"
         ):  # K >= T: jacobi:T = full, whose serial scan is T steps, not T passes over T positions
-            mode = parse_mode("full")
+            mode = Mode("full")
         # the final position's own step would only produce the state carried out of the sequence
         _, states, _, last = self.serial_scan(tokens, mode.n_serial(T), stop=T - 1)
         states[:, T - 1] = last

@@ -17,6 +17,7 @@ import pandas as pd
 
 from fbt_probe.io import atomic_dir
 from fbt_probe.loading import load_data
+from fbt_probe.model.modes import parse_modes
 from fbt_probe.reproduce.methods import FEEDBACK, _fmt, _mapped, _model, _per_task, _task_pairs, methods_knobs, tables
 from fbt_probe.sae.analyze import TOP, analyze, quality, sparsity_sentence
 from fbt_probe.sae.data import collect
@@ -94,7 +95,7 @@ def stage_sae(cfg, out: Path) -> None:
             sae.save(tmp / arch)
             saes[arch] = sae
         for task, df, mapping in _task_pairs(cfg, out):
-            modes = list(_mapped(s["modes"], mapping))
+            modes = parse_modes(list(_mapped(s["modes"], mapping)))  # the stage settings name them
             analyze(
                 model,
                 saes["topk"],

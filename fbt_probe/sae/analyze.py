@@ -24,6 +24,7 @@ from fbt_probe.figures.sae import sae_swap
 from fbt_probe.interventions.metrics import summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.io import atomic_dir, write_json
+from fbt_probe.model.modes import parse_mode
 from fbt_probe.provenance import provenance
 from fbt_probe.sae.data import collect
 from fbt_probe.sae.features import KS, feature_tests, final_states, rankings
@@ -164,7 +165,8 @@ def analyze(
     figures: bool = True,
 ) -> dict:
     hook = sae.hook_name or "fusion.hook_feedback"
-    modes = list(dict.fromkeys([mode, *(modes or [])]))
+    modes = list(dict.fromkeys(parse_mode(m) for m in [mode, *(modes or [])]))  # parsed once, here
+    mode = modes[0]
     with atomic_dir(Path(out), force=force, own=is_analysis_folder, kind="an SAE analysis folder") as tmp:
         recon, lr = quality(model, sae, df, modes, batch_size, n_boot, seed)
         recon.to_parquet(tmp / "reconstruction.parquet", index=False)
@@ -186,7 +188,7 @@ def analyze(
         order = rankings(sae, final_states(model, batches, hook, mode), fold=False)
         # every position's state as the SAE was trained on it (jacobi:2 carries the standard pass's top
         # state into every position: recurrent:1's final-position state is one of them)
-        browse = sae.cfg.metadata.get("mode") or "jacobi:2"
+        browse = parse_mode(sae.cfg.metadata.get("mode") or "jacobi:2")  # as the SAE folder records it
         feats, ex, finals = feature_table(model, sae, df, hook, browse, order, batch_size)
         feats.to_parquet(tmp / "features.parquet", index=False)
         ex.to_parquet(tmp / "examples.parquet", index=False)

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from fbt_probe.errors import FbtError
-from fbt_probe.model.modes import parse_mode
+from fbt_probe.model.modes import Mode, parse_mode
 
 POSITIONS = ("fed", "all", "final")
 
@@ -32,14 +32,14 @@ def token_batches(df: pd.DataFrame, batch_size: int):
             yield sel, torch.tensor(np.stack([np.asarray(df["token_ids"].iloc[i], dtype=np.int64) for i in sel]))
 
 
-def position_range(mode, T: int, positions: str) -> range:
+def position_range(mode: Mode, T: int, positions: str) -> range:
     if positions not in POSITIONS:
         raise FbtError(f"positions '{positions}': expected one of {', '.join(POSITIONS)}")
     if positions == "final":
         return range(T - 1, T)
     if positions == "all":
         return range(T)
-    first = parse_mode(mode).first_fed_position(T)
+    first = mode.first_fed_position(T)
     return range(min(first, T), T)
 
 
@@ -48,6 +48,7 @@ def collect(
     model, df: pd.DataFrame, hook: str, mode: str = "recurrent:1", positions: str = "fed", batch_size: int = 64
 ) -> tuple[torch.Tensor, pd.DataFrame]:
     """([rows, d] float32 activations of `hook`, index frame with `row` (in df) and `position`)."""
+    mode = parse_mode(mode)  # a public entry: names accepted
     if hook not in model.hook_dict:
         raise FbtError(f"--hook {hook}: not a hook of this model (e.g. fusion.hook_feedback, blocks.0.hook_resid_pre)")
     device = next(model.parameters()).device

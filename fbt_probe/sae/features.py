@@ -26,6 +26,7 @@ import torch
 from fbt_probe.interventions.edits import capture, set_at
 from fbt_probe.interventions.metrics import score
 from fbt_probe.interventions.pairs import PairBatch, label_token_ids, pair_batches
+from fbt_probe.model.modes import Mode
 
 KS = (1, 2, 4, 8, 16, 32)
 
@@ -39,7 +40,7 @@ def fold_of(group_ids) -> np.ndarray:
 
 
 @torch.no_grad()
-def final_states(model, batches: list[PairBatch], hook: str, mode: str):
+def final_states(model, batches: list[PairBatch], hook: str, mode: Mode):
     """[(batch, clean final logits [N, V], hook value at T−1 [N, d])] of every batch."""
     out = []
     for b in batches:
@@ -95,7 +96,7 @@ def feature_tests(
     sae,
     df: pd.DataFrame,
     hook: str,
-    mode: str = "recurrent:1",
+    mode: Mode = Mode("recurrent", 1),
     ks=KS,
     max_pairs: int | None = None,
     batch_size: int = 64,

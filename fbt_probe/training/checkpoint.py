@@ -11,9 +11,9 @@ import torch
 from torch.utils._pytree import tree_map
 
 from fbt_probe.errors import FbtError
+from fbt_probe.formats.checkpoint import legacy_version, save_checkpoint
 from fbt_probe.io import atomic_path, read_json, sha256_file
 from fbt_probe.loading import CHECKPOINT_LOADERS
-from fbt_probe.model.checkpoint import legacy_version, save_checkpoint
 from fbt_probe.provenance import provenance
 from fbt_probe.training.config import TrainConfig
 

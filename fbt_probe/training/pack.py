@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from fbt_probe.errors import FbtError
+from fbt_probe.formats.checkpoint import checkpoint_hash
 from fbt_probe.io import atomic_dir, read_json, sha256_file, write_json
-from fbt_probe.model.checkpoint import checkpoint_hash
 from fbt_probe.provenance import provenance
 from fbt_probe.reference import FILES, RECORD, ROOT, is_reference
 from fbt_probe.tasks import load_tokenizer

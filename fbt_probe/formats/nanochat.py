@@ -31,8 +31,8 @@ import torch
 
 from fbt_probe.config import FLOAT32_EPS, MAX_N_CTX, ModelConfig
 from fbt_probe.errors import FbtError
+from fbt_probe.formats.checkpoint import save_checkpoint
 from fbt_probe.io import read_json, sha256_file
-from fbt_probe.model.checkpoint import save_checkpoint
 from fbt_probe.model.transformer import FeedbackTransformer
 
 DEFAULTS = {  # their GPTConfig defaults, and what their loader patches into an old meta

@@ -14,9 +14,10 @@ host: appends, exact slices) or `AtTensor` (a device-side position over static b
 `graph_scan.GraphedScan` captures as a CUDA graph).
 
 It computes the module path's function on the same weights (float64: equal to 1e-12, tested in
-tests/test_decode_step.py; float32: rounding only) and is taken only where nothing can observe the
-difference: hooks off, no autograd, path "auto", float32/float64, and a backbone without
-nanochat's extras (`DecodePlan.supports`). Everything else takes the module path.
+tests/test_engine.py and tests/test_decode_step.py; float32: rounding only) and is taken only where
+nothing can observe the difference (`dispatch.step`: hooks off, no autograd, path "auto",
+float32/float64, a backbone without an imported family's extras). Everything else takes the module
+path.
 """
 
 from __future__ import annotations
@@ -33,27 +34,6 @@ def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 class DecodePlan:
     """One model's weights arranged for `step`; build it per scan (`model.decode_plan()`), not
     once for ever: it holds the weights as they were when it was built."""
-
-    @staticmethod
-    def supports(model) -> bool:
-        """Whether this model's silent serial step can take the plan (see module doc)."""
-        cfg = model.cfg
-        if model.embed.weight.dtype not in (torch.float32, torch.float64):
-            return False  # half types normalise in float32 and cast back: the module path has those casts
-        if model.training and cfg.feedback_noise > 0:
-            return False  # the carried state gets fresh noise: the module path draws it
-        plain = (
-            cfg.fusion == "glu"
-            and cfg.norm_weights
-            and not cfg.nanochat_input
-            and not cfg.x0_mixing
-            and cfg.backout_layer is None
-            and cfg.mlp_act == "silu_glu"
-            and not cfg.value_embed_layers
-            and not cfg.qk_norm_after_rope
-            and cfg.qk_scale == 1.0
-        )
-        return plain and all(b.attn.path == "auto" and b.mlp.path == "auto" for b in model.blocks)
 
     def __init__(self, model):
         cfg = model.cfg

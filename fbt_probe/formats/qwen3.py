@@ -16,8 +16,8 @@ from safetensors.torch import load_file, save_file
 
 from fbt_probe.config import EXTRAS_DEFAULTS, ModelConfig
 from fbt_probe.errors import FbtError
+from fbt_probe.formats.checkpoint import _load_state, read_weights
 from fbt_probe.io import atomic_path, read_json, write_json
-from fbt_probe.model.checkpoint import _load_state, read_weights
 from fbt_probe.model.transformer import FeedbackTransformer
 
 _REQUIRED = object()

@@ -9,20 +9,17 @@ then `n` replays with no host work between them. The fusion epilogue inside the 
 kernel where it runs (one launch instead of ~6).
 
 It computes the lean step's function (float64 on CPU, the same code run eagerly: equal to 1e-12,
-tests/test_graph_scan.py; on CUDA: rounding only, the `gpu` tests). Taken by `serial_scan` on CUDA
-tensors when the plan applies and the scan has at least `MIN_STEPS` steps; `model.cuda_graphs =
-False` turns it off.
+tests/test_graph_scan.py, tests/test_engine.py; on CUDA: rounding only, the `gpu` tests). Taken by
+`serial_scan` where `dispatch.scan` says so (CUDA tensors, the plan applies, at least
+`dispatch.MIN_STEPS` steps); `model.cuda_graphs = False` turns it off.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fbt_probe.model.decode_step import AtTensor, DecodePlan, eager_epilogue
-from fbt_probe.model.fusion import epilogue as dispatched_epilogue
-
-MIN_STEPS = 8
-"""Shorter scans run eagerly: a capture costs about as much as a few eager steps."""
+from fbt_probe.engine import dispatch
+from fbt_probe.engine.step import AtTensor, DecodePlan, eager_epilogue
 
 MIN_WIDTH = 64
 """The smallest attention width (KV slots read per step); the buckets double from it."""
@@ -46,22 +43,10 @@ class GraphedScan:
         self.pos = torch.full((1,), start, dtype=torch.long, device=tokens.device)
         for buf in cache.keys + cache.values:
             buf[:, :, start:].zero_()  # finite numbers where the mask reads nothing (see AtTensor)
-        # the model's own size dispatch (fusion.epilogue): the directly launched Triton kernel on CUDA
+        # the engine's fusion rule (`dispatch.fusion`): the directly launched Triton kernel on CUDA
         # without autograd, the reference elsewhere; decided once, when the step is captured
-        self.epilogue = dispatched_epilogue if fused_epilogue else eager_epilogue
+        self.epilogue = fusion_epilogue if fused_epilogue else eager_epilogue
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-
-    @staticmethod
-    def applies(cache, tokens: torch.Tensor, start: int, n: int) -> bool:
-        """Whether `serial_scan` takes this path: CUDA tensors, a scan long enough to capture."""
-        return tokens.is_cuda and n >= MIN_STEPS and GraphedScan.buffers_ready(cache, start, n)
-
-    @staticmethod
-    def buffers_ready(cache, start: int, n: int) -> bool:
-        """The cache holds exactly positions < start in buffers with room for n more."""
-        if any(b is None for b in cache.keys + cache.values) or any(L != start for L in cache.lengths):
-            return False
-        return min(b.shape[2] for b in cache.keys + cache.values) >= start + n
 
     def widths(self, n: int) -> list[tuple[int, int]]:
         """(width, steps) in order: each bucket's attention width and how many of the positions
@@ -126,3 +111,8 @@ class GraphedScan:
                 self.body(width)
             pool = g.pool()
             self.graphs[width] = g
+
+
+def fusion_epilogue(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm(value ⊙ gate) · weight by the engine's fusion rule: the Triton kernel where it runs."""
+    return (dispatch.fusion(value, gate, weight) or eager_epilogue)(value, gate, weight, eps)
