@@ -24,6 +24,7 @@ token's stream k at depth d as `stream.{k}.depth.{d}`, numbered stream-major
 from __future__ import annotations
 
 import json
+import re
 import resource
 import shutil
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 import torch
+from rich.console import Console
+from rich.progress import TextColumn
 from safetensors.torch import save_file
 
 from fbt_probe import distributed
@@ -46,6 +49,7 @@ from fbt_probe.loading import check_compatible, load_data, open_model
 from fbt_probe.model.modes import Mode, check_distinct, parse_mode
 from fbt_probe.model.prefix import build_prefix
 from fbt_probe.model.transformer import FeedbackTransformer
+from fbt_probe.progress import bar
 from fbt_probe.provenance import provenance
 from fbt_probe.shards import (
     FORMAT,
@@ -116,7 +120,6 @@ def targets_for(mode: str, model, extra_hooks=()) -> list[Target]:
 
 def hook_patterns(model) -> str:
     """The model's hook names with layer numbers folded into <l> (e.g. blocks.<l>.hook_resid_pre), comma-separated."""
-    import re
 
     return ", ".join(dict.fromkeys(re.sub(r"\.\d+\.", ".<l>.", n) for n in model.hook_dict))
 
@@ -416,15 +419,10 @@ class ExtractProgress:
 
     def __init__(self, console=None):
         if console is None:
-            from rich.console import Console
-
             console = Console(stderr=True)
         self.console, self.progress, self.task, self.costs = console, None, None, []
 
     def start(self, shards: list[dict]) -> None:
-        from rich.progress import TextColumn
-
-        from fbt_probe.progress import bar
 
         self.costs = [shard_cost(s) for s in shards]
         self.progress, self.task = bar(

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fbt_probe._version import __version__
-from fbt_probe.cli import app
+from fbt_probe.cli import COMMANDS, app, load_command
 
 runner = CliRunner()
 
@@ -24,14 +24,28 @@ def test_short_help_is_the_long_help(args):
     assert short.exit_code == long.exit_code == 0 and short.output == long.output and short.output.startswith("Usage: ")
 
 
-def test_help_imports_no_torch():
+def test_help_imports_no_torch_and_no_command_module():
     code = (
         "import sys\nfrom fbt_probe.cli import main\nsys.argv = ['fbt-probe', '--help']\n"
-        "try:\n    main()\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, sorted(m for m in sys.modules if m.startswith('fbt_probe.cli.')))"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip().splitlines()[-1] == "False"
+    assert res.stdout.strip().splitlines()[-1] == "False []"
+    assert all(name in res.stdout for name in COMMANDS)
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_root_help_lists_each_commands_own_help(name):
+    """The table's one-line help is the loaded command's help, so the root listing cannot drift."""
+    assert COMMANDS[name][1] == load_command(name).get_short_help_str(10**6)
+
+
+def test_a_command_runs_through_the_lazy_group():
+    res = runner.invoke(app, ["tasks", "list"])
+    assert res.exit_code == 0 and "completion" in res.output, res.output
+    assert runner.invoke(app, ["no-such-command"]).exit_code == 2
 
 
 def test_examples_in_help_are_kept_as_blocks():

@@ -131,7 +131,7 @@ def test_a_broken_link_fails_the_build(tmp_path):
 
 # Words that narrate how the project was made (work periods, review rounds, tickets, who did what
 # when) rather than what it is. Technical uses are left out by construction: `session()` and
-# `fbt_probe.distributed.session` (the torchrun process group), "torchrun session", `gpu_session.sh`,
+# `fbt_probe.distributed.session` (the torchrun process group), "torchrun session",
 # round(...) / round-robin, "helpers" (helper functions), "every helper here".
 NARRATION = [
     re.compile(p, re.IGNORECASE)
@@ -236,7 +236,7 @@ def test_narration_is_caught(text):
         "`fbt_probe.distributed.session()`, entered once by the CLI",
         "`session()` (entered once)",
         "one torchrun session per job",
-        "bash benchmarks/gpu_session.sh",
+        "one torchrun session per rank",
         "round(x, 3)",
         "round-robin over groups",
         "the tokenizer helpers (`to_tokens`)",

@@ -87,7 +87,7 @@ def test_training_warm_starts_from_a_standard_checkpoint_and_resumes(tmp_path):
 def test_train_cli_passes_the_hidden_options(monkeypatch, tmp_path):
     got = {}
     monkeypatch.setattr(
-        "fbt_probe.training.run_training",
+        "fbt_probe.cli.train.run_training",  # the name the command calls
         lambda cfg, out, **kw: got.update(cfg=cfg, **kw) or {"step": 1, "seconds": 1.0, "tokens": 1},
     )
     res = runner.invoke(

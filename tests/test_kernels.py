@@ -400,6 +400,8 @@ class TestBenchInterpreted:
             model_step=False,
             budget_ms=1,
             interpreted_kernel=True,
+            warps_rows=(3,),
+            warps=(1, 2),
         )
         result = run_fusion_bench(cfg)
         assert result["fused_available"] and launches
@@ -407,6 +409,9 @@ class TestBenchInterpreted:
         assert {"step_fused_s", "epilogue_fused_s", "fusion_fused_s"} <= set(result["decode"][0]), result["decode"]
         text = to_markdown(result)
         assert "INTERPRETED" in text and "× eager" in text and "fused table" in text
+        sweep = result["warps_sweep"]
+        assert [r["rows"] for r in sweep["records"]] == [3] and set(sweep["records"][0]["times_s"]) == {1, 2}
+        assert "num_warps sweep" in text and "| 3 |" in text
 
 
 # --------------------------------------------------------------------------- GPU only

@@ -25,7 +25,13 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+import fbt_probe.kernels as K
+from fbt_probe.config import PRESETS, preset
+from fbt_probe.engine import dispatch
+from fbt_probe.engine.graph_scan import fusion_epilogue
 from fbt_probe.errors import FbtError
+from fbt_probe.kernels.glu_fusion import _launch as launch_kernel
+from fbt_probe.kernels.glu_fusion import _num_warps as kernel_num_warps
 from fbt_probe.provenance import provenance
 
 DEFAULT_ROWS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
@@ -46,6 +52,8 @@ class FusionBenchConfig:
     decode_batches: tuple[int, ...] = (1, 8, 64)  # sequences decoded together (= fusion rows per step)
     decode_ctx: int = 2048  # tokens already in the KV cache
     model_step: bool | None = None  # also time the real FeedbackTransformer.step; None: on CUDA only
+    warps_rows: tuple[int, ...] = (64, 4096, 65536)  # the kernel's num_warps sweep (wherever the kernel runs)
+    warps: tuple[int, ...] = (1, 2, 4, 8, 16)
     budget_ms: float = 100.0  # timing budget per measurement
     seed: int = 0
     interpreted_kernel: bool = False  # tests only: run the kernel on CPU under TRITON_INTERPRET (timings meaningless)
@@ -61,7 +69,6 @@ class FusionBenchConfig:
             raise FbtError(f"bench fusion: device '{self.device}': expected auto, cpu or cuda[:N]")
         if any(int(b) < 1 for b in self.decode_batches) or self.decode_ctx < 1:
             raise FbtError("bench fusion: decode batches and decode context must be positive")
-        from fbt_probe.config import PRESETS
 
         if self.decode_preset not in PRESETS:
             raise FbtError(f"bench fusion: decode preset '{self.decode_preset}': expected one of {sorted(PRESETS)}")
@@ -172,9 +179,6 @@ def _rel_err(out: torch.Tensor, value, gate, weight, eps) -> float:
 
 
 def bench_rows(cfg: FusionBenchConfig, device: torch.device, dtype: torch.dtype, timer, fused: bool) -> list[dict]:
-    import fbt_probe.kernels as K
-    from fbt_probe.engine import dispatch
-    from fbt_probe.engine.graph_scan import fusion_epilogue
 
     reference = _reference()
     compiled = None
@@ -229,7 +233,6 @@ class DecodeDims:
 
     @classmethod
     def from_preset(cls, name: str) -> "DecodeDims":
-        from fbt_probe.config import preset
 
         c = preset(name)
         windows = tuple(c.window if t == "sliding_attention" else None for t in c.resolved_layer_types)
@@ -246,7 +249,6 @@ class SyntheticDecodeStep:
     two-product path (`σ(W_G e)` GEMM + reference epilogue)."""
 
     def __init__(self, dims: DecodeDims, batch: int, ctx: int, device, dtype, eps: float, seed: int = 0):
-        import fbt_probe.kernels as K
 
         gen = torch.Generator(device=device).manual_seed(seed)
 
@@ -288,7 +290,6 @@ class SyntheticDecodeStep:
         return F.linear(x, self.embed)  # [batch, d_vocab]
 
     def fusion_fused(self) -> torch.Tensor:
-        import fbt_probe.kernels as K
 
         return K.glu_fusion_table(F.linear(self.h, self.W_U), self.ids, self.gate_table, self.norm_w, self.eps)
 
@@ -297,7 +298,6 @@ class SyntheticDecodeStep:
         return _reference()(F.linear(self.h, self.W_U), gate, self.norm_w, self.eps)
 
     def epilogue_fused(self) -> torch.Tensor:
-        import fbt_probe.kernels as K
 
         return K.glu_fusion_table(self.value, self.ids, self.gate_table, self.norm_w, self.eps)
 
@@ -376,8 +376,6 @@ def _model_step_once(model, cfg, batch, device, timer) -> dict:
     value = torch.randn(batch, 1, d, device=device, generator=gen).to(state.dtype)
     gate = torch.rand(batch, 1, d, device=device, generator=gen).to(state.dtype)
     if out["fast_fusion_used"]:
-        import fbt_probe.kernels as K
-
         epilogue = lambda: K.glu_fusion(value, gate, fusion.norm.weight, fusion.norm.eps)  # noqa: E731
     else:
         epilogue = lambda: _reference()(value, gate, fusion.norm.weight, fusion.norm.eps)  # noqa: E731
@@ -415,7 +413,6 @@ def resolve(cfg: FusionBenchConfig) -> tuple[torch.device, torch.dtype]:
 
 def run_fusion_bench(cfg: FusionBenchConfig = FusionBenchConfig()) -> dict:
     """Run the benchmark; returns a JSON-able dict (see `to_markdown`)."""
-    import fbt_probe.kernels as K
 
     device, dtype = resolve(cfg)
     if device.type == "cuda" and device.index is not None:
@@ -439,8 +436,46 @@ def run_fusion_bench(cfg: FusionBenchConfig = FusionBenchConfig()) -> dict:
         result["decode"] = bench_decode(cfg, device, dtype, timer, _graph_timer(device, cfg.budget_ms), fused)
     if cfg.model_step if cfg.model_step is not None else on_gpu:
         result["model_step"] = bench_model_step(cfg, device, result["dtype"], timer)
+    if fused and cfg.warps_rows:
+        result["warps_sweep"] = bench_warps(cfg, device, dtype, timer)
     result["provenance"] = provenance(bench="fusion", device_name=result["device_name"])
     return result
+
+
+def bench_warps(cfg: FusionBenchConfig, device, dtype, timer) -> dict:
+    """Median kernel time per num_warps at a few row counts, beside the launcher's own choice, so
+    the heuristic in `kernels/glu_fusion.py:_num_warps` can be checked on the device at hand."""
+    block_d = _next_power_of_2(cfg.d_model)
+    records = []
+    for n in cfg.warps_rows:
+        v = torch.randn(n, cfg.d_model, device=device, dtype=dtype)
+        g = torch.rand(n, cfg.d_model, device=device, dtype=dtype)
+        w = torch.randn(cfg.d_model, device=device, dtype=dtype)
+        times = {nw: timer(lambda nw=nw: launch_kernel(v, g, None, w, cfg.eps, num_warps=nw)) for nw in cfg.warps}
+        records.append({"rows": n, "times_s": times})
+    return {"default_warps": kernel_num_warps(block_d), "records": records}
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def _warps_markdown(result: dict) -> list[str]:
+    sweep = result.get("warps_sweep")
+    if not sweep:
+        return []
+    warps = list(sweep["records"][0]["times_s"]) if sweep["records"] else []
+    lines = [
+        "",
+        f"#### Kernel num_warps sweep (D = {result['config']['d_model']}, {result['dtype']}; "
+        f"the launcher picks {sweep['default_warps']})",
+        "",
+        "| rows | " + " | ".join(f"{w} warps µs" for w in warps) + " |",
+        "|---:|" + "---:|" * len(warps),
+    ]
+    for r in sweep["records"]:
+        lines.append(f"| {r['rows']} | " + " | ".join(_us(r["times_s"][w]) for w in warps) + " |")
+    return lines
 
 
 def _path_label(device: torch.device, fused: bool) -> str:
@@ -528,6 +563,7 @@ def to_markdown(result: dict) -> str:
     errors = sorted({r["compile_error"] for r in result["rows"] if "compile_error" in r})
     lines += [f"\ntorch.compile failed: {e}" for e in errors]
     lines += _decode_markdown(result)
+    lines += _warps_markdown(result)
     return "\n".join(lines) + "\n"
 
 

@@ -12,6 +12,23 @@ from typing import Annotated, Callable, Optional
 
 import typer
 
+from fbt_probe.bench import fusion as fusion_bench
+from fbt_probe.bench import model as model_bench
+from fbt_probe.bench import nnsight as nnsight_bench
+from fbt_probe.bench import patch as patch_bench
+from fbt_probe.bench import probes as probes_bench
+from fbt_probe.bench.diff_reports import diff_reports as run_diff
+from fbt_probe.bench.fusion import FusionBenchConfig, parse_rows, run_fusion_bench
+from fbt_probe.bench.model import run_model_bench
+from fbt_probe.bench.nnsight import run_nnsight_bench
+from fbt_probe.bench.patch import EXPERIMENTS, run_patch_bench
+from fbt_probe.bench.probes import bench_probe_sweep
+from fbt_probe.bench.report import save_report
+from fbt_probe.config import check_device
+from fbt_probe.errors import FbtError
+from fbt_probe.io import refuse_existing
+from fbt_probe.model.modes import parse_mode
+
 app = typer.Typer(help="Benchmarks (Markdown tables; JSON with provenance beside --out).", no_args_is_help=True)
 
 OutOption = Annotated[
@@ -22,7 +39,6 @@ ForceOption = Annotated[bool, typer.Option("--force", help="Replace an existing 
 
 def write_report(result: dict, to_markdown: Callable[[dict], str], out: Path | None, force: bool) -> None:
     """Print the report, or write it atomically to `out` and the result to `out` + '.json'."""
-    from fbt_probe.bench.report import save_report
 
     text = to_markdown(result)
     if out is None:
@@ -69,7 +85,6 @@ def fusion(
     \b
     Example: fbt-probe bench fusion --rows 1,64,4k,64k --out reports/bench/fusion.md
     """
-    from fbt_probe.bench.fusion import FusionBenchConfig, parse_rows, run_fusion_bench, to_markdown
 
     cfg = FusionBenchConfig(
         rows=parse_rows(rows),
@@ -84,7 +99,7 @@ def fusion(
         decode_preset=decode_preset,
         budget_ms=budget_ms,
     )
-    write_report(run_fusion_bench(cfg), to_markdown, out, force)
+    write_report(run_fusion_bench(cfg), fusion_bench.to_markdown, out, force)
 
 
 @app.command()
@@ -112,8 +127,6 @@ def model(
     \b
     Example: fbt-probe bench model --out reports/bench/model.md
     """
-    from fbt_probe.bench.model import run_model_bench, to_markdown
-    from fbt_probe.errors import FbtError
 
     try:
         fb = tuple(int(x) for x in full_batches.split(",") if x.strip())
@@ -123,11 +136,10 @@ def model(
         raise FbtError("--batch, --full-batches, --cache-batch, --cache-seq and --repeats must be >= 1, --seq >= 2")
     if device != "cpu" and not device.startswith("cuda"):
         raise FbtError(f"--device '{device}': expected cpu or cuda[:N]")
-    from fbt_probe.config import check_device
 
     check_device(device)  # CUDA present, the index in range: one line otherwise
     result = run_model_bench(preset, batch, seq, fb, cache_batch, cache_seq, repeats, memory, device)
-    write_report(result, to_markdown, out, force)
+    write_report(result, model_bench.to_markdown, out, force)
 
 
 @app.command()
@@ -153,9 +165,6 @@ def patch(
     \b
     Example: fbt-probe bench patch --out reports/bench/patch.md
     """
-    from fbt_probe.bench.patch import EXPERIMENTS, run_patch_bench, to_markdown
-    from fbt_probe.errors import FbtError
-    from fbt_probe.model.modes import parse_mode
 
     names = (
         EXPERIMENTS if experiments.strip() == "all" else tuple(e.strip() for e in experiments.split(",") if e.strip())
@@ -179,7 +188,7 @@ def patch(
         seed,
         progress=lambda line: typer.echo(line, err=True),
     )
-    write_report(result, to_markdown, out, force)
+    write_report(result, patch_bench.to_markdown, out, force)
 
 
 @app.command()
@@ -200,16 +209,12 @@ def nnsight(
     \b
     Example: fbt-probe bench nnsight --out reports/bench/nnsight.md
     """
-    from fbt_probe.bench.nnsight import run_nnsight_bench, to_markdown
-    from fbt_probe.errors import FbtError
 
     if min(batch, seq, repeats) < 1 or seq < 2:
         raise FbtError("--batch and --repeats must be >= 1, --seq >= 2")
     if out is not None:
-        from fbt_probe.io import refuse_existing
-
         refuse_existing(out, force)
-    write_report(run_nnsight_bench(model, batch, seq, repeats, layer), to_markdown, out, force)
+    write_report(run_nnsight_bench(model, batch, seq, repeats, layer), nnsight_bench.to_markdown, out, force)
 
 
 @app.command()
@@ -232,12 +237,12 @@ def probes(
     \b
     Example: fbt-probe bench probes --torch --out reports/bench/probes.md ; fbt-probe bench probes --depths 3 --d 64 --n 200
     """
-    from fbt_probe.bench.probes import bench_probe_sweep, to_markdown
-    from fbt_probe.io import refuse_existing
 
     if out is not None:  # before minutes of fitting
         refuse_existing(out, force)
-    write_report(bench_probe_sweep(n, d, depths, folds, jobs, seed, torch_path, device), to_markdown, out, force)
+    write_report(
+        bench_probe_sweep(n, d, depths, folds, jobs, seed, torch_path, device), probes_bench.to_markdown, out, force
+    )
 
 
 @app.command("diff-reports")
@@ -252,7 +257,6 @@ def diff_reports(
     \b
     Example: fbt-probe bench diff-reports reports/tiny/report.md runs/reference/report.md
     """
-    from fbt_probe.bench.diff_reports import diff_reports as run_diff
 
     lines, bad = run_diff(old, new, ulps)
     typer.echo("\n".join(lines))

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import torch
 import typer
+
+from fbt_probe.cli.model import model_summary
+from fbt_probe.loading import load_model
+from fbt_probe.model import generate
 
 
 def register(app: typer.Typer) -> None:
@@ -18,11 +23,6 @@ def register(app: typer.Typer) -> None:
 
         Example: fbt-probe demo --seed 1
         """
-        import torch
-
-        from fbt_probe.cli.model import model_summary
-        from fbt_probe.loading import load_model
-        from fbt_probe.model import generate
 
         model = load_model("tiny", seed=seed).eval()
         s = model_summary(model)

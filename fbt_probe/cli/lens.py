@@ -8,6 +8,11 @@ from typing import Annotated, Optional
 import typer
 
 from fbt_probe.cli.options import DeviceOption, NBootOption
+from fbt_probe.cli.patch import _ints
+from fbt_probe.io import refuse_existing
+from fbt_probe.lens.sweep import LENS_KIND, LensConfig, is_lens_folder, run_lens, write_lens
+from fbt_probe.loading import open_pairs
+from fbt_probe.model.modes import parse_modes
 
 
 def lens(
@@ -53,11 +58,6 @@ def lens(
     \b
     Example: fbt-probe lens runs/tiny data/tasks --mode standard,recurrent:1,full,jacobi:3 --out results/lens
     """
-    from fbt_probe.cli.patch import _ints
-    from fbt_probe.io import refuse_existing
-    from fbt_probe.lens.sweep import LENS_KIND, LensConfig, is_lens_folder, run_lens, write_lens
-    from fbt_probe.loading import open_pairs
-    from fbt_probe.model.modes import parse_modes
 
     cfg = LensConfig(
         modes=tuple(parse_modes(mode)),

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
+import torch
 import typer
+
+from fbt_probe import reference
+from fbt_probe.config import PRESETS
+from fbt_probe.errors import FbtError
+from fbt_probe.formats.checkpoint import is_own_checkpoint, save_checkpoint
+from fbt_probe.formats.nanochat import write_import
+from fbt_probe.formats.qwen3 import export_qwen3, import_qwen3, is_qwen3_folder
+from fbt_probe.io import atomic_dir, refuse_existing
+from fbt_probe.loading import load_model
+from fbt_probe.training.pack import pack as do_pack
 
 app = typer.Typer(help="Inspect, import and export models.", no_args_is_help=True)
 
@@ -36,10 +48,6 @@ def info(
     \b
     Example: fbt-probe model info paper-1b   (built on the meta device: no memory used)
     """
-    import torch
-
-    from fbt_probe.config import PRESETS
-    from fbt_probe.loading import load_model
 
     if source in PRESETS and source != "tiny":
         with torch.device("meta"):
@@ -88,9 +96,6 @@ def import_hf(
     \b
     Example: fbt-probe model import-hf ./qwen3-small runs/imported
     """
-    from fbt_probe.formats.checkpoint import is_own_checkpoint, save_checkpoint
-    from fbt_probe.formats.qwen3 import import_qwen3
-    from fbt_probe.io import atomic_dir, refuse_existing
 
     own = dict(own=is_own_checkpoint, kind="an fbt-probe checkpoint folder")
     replacing = refuse_existing(out, force, **own)  # before the (possibly large) weights are read
@@ -116,10 +121,6 @@ def import_nanochat(
     \b
     Example: fbt-probe model import-nanochat ~/.cache/nanochat/base_checkpoints/d20 runs/d20 --step 5000
     """
-    from fbt_probe.errors import FbtError
-    from fbt_probe.formats.checkpoint import is_own_checkpoint
-    from fbt_probe.formats.nanochat import write_import
-    from fbt_probe.io import atomic_dir, refuse_existing
 
     if tokenizer is not None and not tokenizer.is_file():
         raise FbtError(f"--tokenizer {tokenizer}: file not found")
@@ -146,9 +147,6 @@ def export_hf(
     \b
     Example: fbt-probe model export-hf runs/imported ./qwen3-again
     """
-    from fbt_probe.formats.qwen3 import export_qwen3, is_qwen3_folder
-    from fbt_probe.io import atomic_dir, refuse_existing
-    from fbt_probe.loading import load_model
 
     own = dict(own=is_qwen3_folder, kind="a Qwen3-format folder")
     replacing = refuse_existing(out, force, **own)
@@ -161,7 +159,6 @@ def export_hf(
 def _took(rec: dict) -> str:
     """The card's time measured alone (its first "(N min)"), else the optimizer steps' summed time,
     which is an upper bound when the model trained beside other jobs."""
-    import re
 
     m = re.search(r"\(([\d.]+) min\)", rec.get("timing") or "")
     if m:
@@ -176,7 +173,6 @@ def refs() -> None:
     \b
     Example: fbt-probe model refs
     """
-    from fbt_probe import reference
 
     records = {
         name: reference.record(name) for name in reference.names()
@@ -227,15 +223,10 @@ def pack(
     Example: fbt-probe model pack runs/reference/models/feedback --name tiny-feedback --force
     (after a change to evaluation: fbt-probe model pack ref:tiny-feedback --name tiny-feedback --force)
     """
-    import re
-
-    from fbt_probe.errors import FbtError
-    from fbt_probe.reference import ROOT
-    from fbt_probe.training.pack import pack as do_pack
 
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
         raise FbtError(f"--name {name!r}: expected lower-case letters, digits and '-'")
     if eval_pairs < 1:
         raise FbtError(f"--eval-pairs {eval_pairs}: expected an integer >= 1")
-    dest = do_pack(run, name, out or ROOT, eval_pairs=eval_pairs, force=force, command=command, timing=timing)
+    dest = do_pack(run, name, out or reference.ROOT, eval_pairs=eval_pairs, force=force, command=command, timing=timing)
     typer.echo(f"wrote {dest} (ref:{name}; card: {dest / 'card.md'})")

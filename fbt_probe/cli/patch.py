@@ -8,10 +8,19 @@ from typing import Annotated, Optional
 import typer
 
 from fbt_probe.cli.options import DeviceOption, NBootOption
+from fbt_probe.distributed import device_for
+from fbt_probe.errors import FbtError
+from fbt_probe.interventions import PatchConfig
+from fbt_probe.interventions import run as run_patch
+from fbt_probe.interventions.combined import run_several
+from fbt_probe.interventions.methods_report import report_lines
+from fbt_probe.interventions.runner import RESULTS_KIND, is_results_folder
+from fbt_probe.io import refuse_existing
+from fbt_probe.loading import open_pairs
+from fbt_probe.model.modes import parse_modes
 
 
 def _ints(spec: Optional[str], what: str) -> tuple[int, ...] | None:
-    from fbt_probe.errors import FbtError
 
     if spec is None or spec.strip().lower() == "all":
         return None
@@ -22,7 +31,6 @@ def _ints(spec: Optional[str], what: str) -> tuple[int, ...] | None:
 
 
 def _floats(spec: str, what: str) -> tuple[float, ...]:
-    from fbt_probe.errors import FbtError
 
     try:
         return tuple(float(s) for s in spec.split(",") if s.strip())
@@ -126,11 +134,6 @@ def patch(
     torchrun --standalone --nproc_per_node 2 -m fbt_probe patch runs/tiny data/tasks --experiment residual --out results/
     (feedback-swap and residual share their pair batches over the processes; the others run on rank 0)
     """
-    from fbt_probe.interventions import PatchConfig
-    from fbt_probe.interventions import run as run_patch
-    from fbt_probe.io import refuse_existing
-    from fbt_probe.loading import open_pairs
-    from fbt_probe.model.modes import parse_modes
 
     names = [e.strip() for e in experiment.split(",") if e.strip()]
     cfgs = [
@@ -158,8 +161,6 @@ def patch(
         )
         for name in names or [experiment]
     ]
-    from fbt_probe.errors import FbtError
-    from fbt_probe.interventions.runner import RESULTS_KIND, is_results_folder
 
     if len(set(names)) != len(names):
         raise FbtError(f"--experiment {experiment}: each experiment at most once")
@@ -169,7 +170,6 @@ def patch(
         if refuse_existing(out / c.experiment, force, own=is_results_folder, kind=RESULTS_KIND)
     ]
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
-    from fbt_probe.distributed import device_for
 
     lm, df = open_pairs(
         run, dataset, task_list, device=device_for(device), seed=seed
@@ -178,8 +178,6 @@ def patch(
         res = run_patch(lm.model, df, cfgs[0], out=out, force=force, model_info=lm.provenance(), figures=figures)
         done = None if res is None else [res]
     else:
-        from fbt_probe.interventions.combined import run_several
-
         done = run_several(lm.model, df, cfgs, out=out, force=force, model_info=lm.provenance(), figures=figures)
     if done is None:  # torchrun: rank 0 gathers, summarizes and writes (fbt_probe.interventions.runner.run)
         return
@@ -200,7 +198,6 @@ def _report(res) -> None:
             f"{r.mode:<12} {r.task:<11} {r.condition:<13}{depth}{scale}{dec}: normalized {r.mean:+.3f} "
             f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] over {r.n_pairs} pairs ({r.n_excluded} tiny-gap excluded)"
         )
-    from fbt_probe.interventions.methods_report import report_lines
 
     for line in report_lines(res):
         typer.echo(line)

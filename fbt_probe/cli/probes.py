@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated, List, Optional
 
 import typer
+from rich.console import Console
+
+from fbt_probe.activations import ExtractProgress
+from fbt_probe.activations import extract as run_extract
+from fbt_probe.distributed import world
+from fbt_probe.errors import FbtError
+from fbt_probe.figures import FIGURES, draw, get_figure, save_figure
+from fbt_probe.io import refuse_existing
+from fbt_probe.probes import ProbeConfig, probe_sweep, write_results
+from fbt_probe.probes.sweep import CSV_FILE, PROVENANCE_FILE, SUMMARY_FILE, TABLE_FILE
+from fbt_probe.shards import is_activation_folder
 
 
 def _figure_help() -> str:
-    from fbt_probe.figures import FIGURES
 
     return "; ".join(f"{name}: {e.help}" for name, e in sorted(FIGURES.items()))
 
@@ -74,14 +85,6 @@ def extract(
     Example: fbt-probe extract runs/tiny data/tasks --modes standard,recurrent:1 --out runs/tiny/acts ;
     torchrun --standalone --nproc_per_node 4 -m fbt_probe extract runs/tiny data/tasks --out runs/tiny/acts
     """
-    import contextlib
-
-    from rich.console import Console
-
-    from fbt_probe.activations import ExtractProgress
-    from fbt_probe.activations import extract as run_extract
-    from fbt_probe.distributed import world
-    from fbt_probe.shards import is_activation_folder
 
     where = f"rank {world().rank} " if world().several else ""
 
@@ -164,9 +167,6 @@ def probe(
     \b
     Example: fbt-probe probe runs/tiny/acts --out runs/tiny/results
     """
-    from fbt_probe.io import refuse_existing
-    from fbt_probe.probes import ProbeConfig, probe_sweep, write_results
-    from fbt_probe.probes.sweep import CSV_FILE, PROVENANCE_FILE, SUMMARY_FILE, TABLE_FILE
 
     cfg = ProbeConfig(
         n_splits=folds,
@@ -214,8 +214,6 @@ def figures(
     \b
     Example: fbt-probe figures fig7a runs/tiny/results --out reports/tiny
     """
-    from fbt_probe.errors import FbtError
-    from fbt_probe.figures import draw, get_figure, save_figure
 
     get_figure(name)  # unknown name: one clear line before anything is read
     options: dict = {}

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from fbt_probe.config import preset as check_preset
+from fbt_probe.errors import FbtError
+from fbt_probe.reproduce import ReproConfig, reproduce
+from fbt_probe.reproduce.pipeline import build_stages, reproduce_seeds
+from fbt_probe.reproduce.stages import check_out, default_jobs, start_workers, time_table
 
 
 def register(app: typer.Typer) -> None:
@@ -81,16 +88,9 @@ def reproduce_cmd(
     Example: fbt-probe reproduce --preset tiny --out runs/repro          (the shipped models)
              fbt-probe reproduce --preset tiny --train --out runs/retrained (from scratch)
     """
-    import time
-
-    from fbt_probe.reproduce.stages import check_out, default_jobs, start_workers, time_table
 
     jobs = default_jobs() if jobs is None else jobs
     start_workers(jobs)  # the workers' imports run beside this process's
-    from fbt_probe.config import preset as check_preset
-    from fbt_probe.errors import FbtError
-    from fbt_probe.reproduce import ReproConfig, reproduce
-    from fbt_probe.reproduce.pipeline import reproduce_seeds
 
     check_out(out, seeds=seeds is not None)  # before anything is made or read: a user's folder is never written into
     check_preset(preset)
@@ -133,8 +133,6 @@ def reproduce_cmd(
 
 def _check_force(cfg, out: Path, force: set[str]) -> None:
     """An unknown --force stage is refused before OUT is made."""
-    from fbt_probe.errors import FbtError
-    from fbt_probe.reproduce.pipeline import build_stages
 
     if not force:
         return

@@ -8,6 +8,17 @@ from typing import Annotated, Optional
 import typer
 
 from fbt_probe.cli.options import DeviceOption, NBootOption
+from fbt_probe.cli.patch import _ints
+from fbt_probe.errors import FbtError
+from fbt_probe.io import refuse_existing
+from fbt_probe.loading import load_data, open_model, open_pairs
+from fbt_probe.model.modes import parse_mode, parse_modes
+from fbt_probe.sae.analyze import analyze as run_analysis
+from fbt_probe.sae.analyze import is_analysis_folder, sparsity_sentence
+from fbt_probe.sae.data import collect
+from fbt_probe.sae.metrics import reconstruction
+from fbt_probe.sae.model import CFG_FILE, WEIGHTS_FILE, SparseAutoencoder, is_sae_folder
+from fbt_probe.sae.train import SAETrainConfig, train_sae
 
 app = typer.Typer(
     help="Sparse autoencoders on a hook (default: the carried state, fusion.hook_feedback).", no_args_is_help=True
@@ -56,13 +67,6 @@ def train(
     \b
     Example: fbt-probe sae train ref:tiny-feedback runs/demo/data --out runs/sae/topk
     """
-    from fbt_probe.io import refuse_existing
-    from fbt_probe.loading import load_data, open_model
-    from fbt_probe.model.modes import parse_mode
-    from fbt_probe.sae.data import collect
-    from fbt_probe.sae.metrics import reconstruction
-    from fbt_probe.sae.model import CFG_FILE, WEIGHTS_FILE, is_sae_folder
-    from fbt_probe.sae.train import SAETrainConfig, train_sae
 
     mode = str(parse_mode(mode))
     cfg = SAETrainConfig(
@@ -120,13 +124,6 @@ def analyze(
     \b
     Example: fbt-probe sae analyze ref:tiny-feedback runs/sae/topk runs/demo/data --out runs/sae/analysis
     """
-    from fbt_probe.cli.patch import _ints
-    from fbt_probe.io import refuse_existing
-    from fbt_probe.loading import open_pairs
-    from fbt_probe.model.modes import parse_modes
-    from fbt_probe.sae.analyze import analyze as run_analysis
-    from fbt_probe.sae.analyze import is_analysis_folder, sparsity_sentence
-    from fbt_probe.sae.model import SparseAutoencoder
 
     mode_list = parse_modes(f"{mode},{modes}" if modes else mode)
     k_list = _ints(ks, "ks")
@@ -134,8 +131,6 @@ def analyze(
     model_sae = SparseAutoencoder.load(sae)
     lm, df = open_pairs(run, dataset, _tasks(tasks), device=device, seed=seed, command="sae analyze")
     if model_sae.cfg.d_in != lm.model.cfg.d_model:
-        from fbt_probe.errors import FbtError
-
         raise FbtError(f"{sae}: d_in {model_sae.cfg.d_in} does not match the model's d_model {lm.model.cfg.d_model}")
     res = run_analysis(
         lm.model,

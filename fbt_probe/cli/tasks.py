@@ -8,6 +8,21 @@ from typing import Annotated, List, Optional
 
 import typer
 
+from fbt_probe.io import refuse_existing
+from fbt_probe.tasks import (
+    build_tokenizer,
+    heldout_groups,
+    load_dataset,
+    load_tokenizer,
+    save_tokenizer,
+    tokenizer_sha256,
+    write_dataset,
+)
+from fbt_probe.tasks import generate as gen
+from fbt_probe.tasks.dataset import dataset_paths
+from fbt_probe.tasks.display import format_pairs
+from fbt_probe.tasks.spec import builtin_spec_paths, load_spec
+
 app = typer.Typer(
     help="Synthetic probe tasks (completion, memory, registers, registers-count): specs, datasets, tokenizer.",
     no_args_is_help=True,
@@ -21,7 +36,6 @@ def list_cmd() -> None:
     \b
     Example: fbt-probe tasks list
     """
-    from fbt_probe.tasks.spec import builtin_spec_paths, load_spec
 
     for name, path in builtin_spec_paths().items():
         s = load_spec(path)
@@ -61,10 +75,6 @@ def generate(
     \b
     Example: fbt-probe tasks generate completion memory registers registers-count --out data/tasks
     """
-    from fbt_probe.io import refuse_existing
-    from fbt_probe.tasks import build_tokenizer, heldout_groups, load_spec, load_tokenizer, write_dataset
-    from fbt_probe.tasks import generate as gen
-    from fbt_probe.tasks.dataset import dataset_paths
 
     loaded = [load_spec(s) for s in specs]
     for s in loaded:  # refuse before generating anything
@@ -114,8 +124,6 @@ def show(
     \b
     Example: fbt-probe tasks show data/tasks/completion.parquet --n 3 --knob 8
     """
-    from fbt_probe.tasks import load_dataset
-    from fbt_probe.tasks.display import format_pairs
 
     df = load_dataset(file)
     m = df.attrs["manifest"]
@@ -140,8 +148,6 @@ def tokenizer_cmd(
     \b
     Example: fbt-probe tasks tokenizer --out runs/tokenizer.json
     """
-    from fbt_probe.io import refuse_existing
-    from fbt_probe.tasks import build_tokenizer, save_tokenizer, tokenizer_sha256
 
     refuse_existing(out, force)
     tok = build_tokenizer(specs or None)

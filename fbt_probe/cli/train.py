@@ -5,7 +5,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+import pandas as pd
 import typer
+
+from fbt_probe.config import preset as check_preset
+from fbt_probe.distributed import world
+from fbt_probe.errors import FbtError
+from fbt_probe.figures import save_figure
+from fbt_probe.figures.contraction import fig3
+from fbt_probe.formats.checkpoint import checkpoint_hash
+from fbt_probe.io import atomic_path, refuse_existing, write_json
+from fbt_probe.provenance import provenance
+from fbt_probe.reference import is_reference
+from fbt_probe.tasks import load_spec, load_tokenizer
+from fbt_probe.training import TrainConfig, parse_schedule, run_training
+from fbt_probe.training.arch import ARCHS
+from fbt_probe.training.checkpoint import load_trained
+from fbt_probe.training.data import validation_batch
+from fbt_probe.training.evaluate import answer_accuracy, contraction, eval_samples
+from fbt_probe.training.parallel import process_device
+from fbt_probe.training.recipes import recipe as recipe_fields
+from fbt_probe.training.resume import RunFinished, resume_config
 
 diagnose_app = typer.Typer(help="Diagnostics of a trained run.", no_args_is_help=True)
 
@@ -155,15 +175,11 @@ def train_cmd(
     torchrun --standalone --nproc_per_node 2 -m fbt_probe train --preset tiny --out runs/tiny  (DDP: each
     process takes its rows of every step; same global batch, checkpoint written once)
     """
-    from fbt_probe.config import preset as check_preset
-    from fbt_probe.training import TrainConfig, parse_schedule, run_training
-    from fbt_probe.training.parallel import process_device
 
     check_preset(preset)
     parse_schedule(schedule)
     dev = process_device(device)  # a missing GPU is refused before anything is written
     hidden = _hidden_options(arch, streams, cross_layers)
-    from fbt_probe.training.recipes import recipe as recipe_fields
 
     extra = {} if recipe is None else recipe_fields(recipe)
     if one_pass_steps is not None:
@@ -201,8 +217,6 @@ def train_cmd(
         **extra,
     }
     if resume:
-        from fbt_probe.training.resume import RunFinished, resume_config
-
         try:
             cfg = resume_config(out, _named_fields(ctx, fields, recipe, init), steps)
         except RunFinished as done:
@@ -218,7 +232,6 @@ def train_cmd(
         msg = "the earlier run is unchanged" if replacing else "continue from the last checkpoint with --resume"
         typer.echo(f"interrupted: {out}: {msg}", err=True)
         raise typer.Exit(130) from None
-    from fbt_probe.distributed import world
 
     if not world().main:
         return
@@ -244,8 +257,6 @@ def _named_fields(ctx: typer.Context, fields: dict, recipe: str | None, init) ->
         field = OPTION_FIELDS.get(name, name)
         named[field] = fields.get(field)
     if recipe is not None:
-        from fbt_probe.training.recipes import recipe as recipe_fields
-
         named.update({k: fields[k] for k in recipe_fields(recipe) if k != "steps"})
     if init is not None:
         named["init"] = str(init)
@@ -254,8 +265,6 @@ def _named_fields(ctx: typer.Context, fields: dict, recipe: str | None, init) ->
 
 def parse_tasks(text: str) -> tuple[str, ...]:
     """'registers,registers-count' -> the task names (each a built-in task or a spec file)."""
-    from fbt_probe.errors import FbtError
-    from fbt_probe.tasks import load_spec
 
     names = tuple(t.strip() for t in text.split(",") if t.strip())
     if not names or len(set(names)) < len(names):
@@ -270,7 +279,6 @@ def parse_tasks(text: str) -> tuple[str, ...]:
 
 def parse_task_shares(text: str) -> dict:
     """'completion:.5,memory:.25,registers:.25' -> {task: share} (checked by TrainConfig)."""
-    from fbt_probe.errors import FbtError
 
     shares = {}
     for item in text.split(","):
@@ -285,7 +293,6 @@ def parse_task_shares(text: str) -> dict:
 
 
 def _hidden_options(arch: str, streams: int | None, cross_layers: str | None) -> dict:
-    from fbt_probe.errors import FbtError
 
     if arch == "feedback":
         if streams is not None or cross_layers is not None:
@@ -314,12 +321,6 @@ def eval_cmd(
     \b
     Example: fbt-probe eval runs/tiny
     """
-    from fbt_probe.errors import FbtError
-    from fbt_probe.reference import is_reference
-    from fbt_probe.tasks import load_tokenizer
-    from fbt_probe.training.arch import ARCHS
-    from fbt_probe.training.checkpoint import load_trained
-    from fbt_probe.training.evaluate import answer_accuracy, eval_samples
 
     if is_reference(str(run)) and out is None:
         raise FbtError(f"eval {run}: a shipped model needs --out (its folder is part of the package)")
@@ -361,16 +362,6 @@ def contraction_cmd(
     Example: fbt-probe diagnose contraction runs/tiny --passes 32 ;
     fbt-probe diagnose contraction runs/tiny runs/tiny-1-2 --out runs/schedules
     """
-    import pandas as pd
-
-    from fbt_probe.errors import FbtError
-    from fbt_probe.figures import save_figure
-    from fbt_probe.figures.contraction import fig3
-    from fbt_probe.reference import is_reference
-    from fbt_probe.tasks import load_tokenizer
-    from fbt_probe.training.checkpoint import load_trained
-    from fbt_probe.training.data import validation_batch
-    from fbt_probe.training.evaluate import contraction
 
     if len(runs) > 1 and out is None:
         raise FbtError("diagnose contraction: several runs need --out (a folder for the shared table and figure)")
@@ -408,9 +399,6 @@ def contraction_cmd(
 
 
 def _write_table(df, stem: Path, run: Path, cfg, force: bool, extra: dict | None = None) -> None:
-    from fbt_probe.formats.checkpoint import checkpoint_hash
-    from fbt_probe.io import atomic_path, refuse_existing, write_json
-    from fbt_probe.provenance import provenance
 
     for suffix in (".parquet", ".csv", ".json"):
         refuse_existing(stem.with_suffix(suffix), force)

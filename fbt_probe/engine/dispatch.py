@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import torch
 
+import fbt_probe.kernels as K
+
 ATTENTION_PATHS = ("explicit", "materialized", "sdpa-decode", "sdpa-windowed", "sdpa")
 PATHS = ("auto",) + ATTENTION_PATHS
 
@@ -152,10 +154,6 @@ def fusion(x: torch.Tensor, *others: torch.Tensor):
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *others))
     autograd = needs_grad or torch.compiler.is_compiling()
     if not use_kernel(x.numel() // max(x.shape[-1], 1), True, autograd):
-        return None
-    try:
-        import fbt_probe.kernels as K
-    except ImportError:
         return None
     if not K.fast_fusion_available(x.device):
         return None

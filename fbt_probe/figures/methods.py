@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from fbt_probe.errors import FbtError
-from fbt_probe.figures.interventions import _check, _modes, _tasks
-from fbt_probe.figures.style import paper_style, subplots
+from fbt_probe.figures.interventions import _check, _modes, _tasks, position_labels
+from fbt_probe.figures.style import model_words, paper_style, subplots, titled
 
 
 def short_hook(name: str) -> str:
@@ -80,8 +80,6 @@ def atp_heatmap(
     therefore shows at most `positions` columns: the final position and those whose largest effect
     is at least `min_share` of the panel's largest (white lines mark skipped positions; ticks give
     each position's index and its offset from the final one). `positions=0` draws every position."""
-    from fbt_probe.figures.interventions import position_labels
-    from fbt_probe.figures.style import model_words, titled
 
     t = _atp_rows(table, metric)
     positions, min_share = int(positions), float(min_share)
@@ -262,7 +260,6 @@ def das_iia(table: pd.DataFrame, metric: str = "iia", length: int = -1, model_la
     full-vector interchange (diamonds) at its own slot after the largest k. k is a discrete choice of
     subspace size, so points are not joined across k. Dashed: chance, 1 / the task's label count
     (`n_classes`), for a metric that is a rate of picking the source's label."""
-    from fbt_probe.figures.style import model_words, titled
 
     t = _check(table, ("das",), "das-iia")
     t = t[(t["metric"] == metric) & (t["length_knob"] == int(length))]

@@ -32,6 +32,7 @@ from fbt_probe.interventions.experiments import ONE_PASS, device_of
 from fbt_probe.interventions.metrics import score
 from fbt_probe.interventions.pairs import PairBatch
 from fbt_probe.model.modes import Mode
+from fbt_probe.probes import fit_binary, grouped_folds
 
 FEEDBACK = act_name("fusion_feedback")
 KS = (1, 2, 4, 8)
@@ -148,7 +149,6 @@ def das(
             continue
         if len(np.unique(y_pairs)) < 2:  # y only balances the folds: every pair trains in both directions
             y_pairs = np.arange(len(y_pairs)) % 2
-        from fbt_probe.probes import fit_binary, grouped_folds  # scikit-learn: imported where probes are fitted
 
         try:
             with warnings.catch_warnings():  # few groups per label class: sklearn warns, folds stay valid

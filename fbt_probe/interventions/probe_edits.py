@@ -28,6 +28,7 @@ from fbt_probe.interventions.edits import edit_at, rank_one_edit
 from fbt_probe.interventions.experiments import ONE_PASS, _reference, device_of, final_logits, last_prefix
 from fbt_probe.interventions.metrics import score
 from fbt_probe.model.modes import Mode
+from fbt_probe.probes import fit_binary, grouped_folds
 
 
 def erase_methods(requested: str = "auto") -> tuple[str, ...]:
@@ -43,7 +44,6 @@ def erase_methods(requested: str = "auto") -> tuple[str, ...]:
 
 def cv_correct(X: np.ndarray, y: np.ndarray, splits, C: float = 1.0) -> np.ndarray:
     """[n] 0/1: each sample's label predicted by the probe fitted on the other folds."""
-    from fbt_probe.probes import fit_binary  # scikit-learn: imported where a probe is fitted (CLI start-up)
 
     out = np.full(len(y), np.nan)
     for train, test in splits:
@@ -55,7 +55,6 @@ def cv_correct(X: np.ndarray, y: np.ndarray, splits, C: float = 1.0) -> np.ndarr
 def fold_edits(X: np.ndarray, y: np.ndarray, splits, methods, C: float = 1.0, seed: int = 0) -> dict:
     """Per-row edit parameters from the folds that do not hold the row: for each erase method
     (r, l, b) of x -> x - ((x-b)·r) l; for steering the unit step toward the opposite label."""
-    from fbt_probe.probes import fit_binary  # scikit-learn: imported where a probe is fitted (CLI start-up)
 
     n, D = X.shape
     z = np.zeros((n, D))
@@ -127,7 +126,6 @@ def probe_direction(
         if len(np.unique(groups)) < 2 or len(np.unique(y)) < 2:
             notes.append(f"{task} length {knob}: skipped (needs >= 2 groups and both labels)")
             continue
-        from fbt_probe.probes import grouped_folds
 
         try:
             splits = grouped_folds(y, groups, n_folds, seed)

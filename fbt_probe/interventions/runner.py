@@ -18,6 +18,7 @@ import pandas as pd
 
 from fbt_probe import distributed
 from fbt_probe.errors import FbtError
+from fbt_probe.figures.interventions import draw_for
 from fbt_probe.interventions import experiments as E
 from fbt_probe.interventions.atp_parity import PARQUET_ONLY, split_rows
 from fbt_probe.interventions.metrics import METRIC_HELP, summarize, to_long
@@ -192,8 +193,6 @@ def write_results(res: Results, out_dir: Path, force: bool = False, figures: boo
             if name not in PARQUET_ONLY:
                 write_csv(table, tmp / f"{name}.csv")
         if figures:
-            from fbt_probe.figures.interventions import draw_for  # matplotlib: only where figures are drawn
-
             res.manifest["figures"] = [p.name for p in draw_for(res.summary, tmp / "figures")]
         write_json(tmp / "manifest.json", res.manifest)
     res.out_dir = Path(out_dir)

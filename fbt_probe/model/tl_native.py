@@ -26,8 +26,10 @@ import contextlib
 import torch
 from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.FactoredMatrix import FactoredMatrix
+from transformer_lens.utilities import Slice
 
 from fbt_probe.errors import FbtError
+from fbt_probe.model.decoding import generate as greedy
 from fbt_probe.model.modes import Mode
 
 
@@ -135,7 +137,6 @@ class FeedbackActivationCache(ActivationCache):
         return (stack, labels) if return_labels else stack
 
     def _input_row(self, pos_slice) -> torch.Tensor:
-        from transformer_lens.utilities import Slice
 
         pos_slice = pos_slice if isinstance(pos_slice, Slice) else Slice(pos_slice)
         return pos_slice.apply(self["blocks.0.hook_resid_pre"], dim=-2)[None]
@@ -308,7 +309,6 @@ class TransformerLensSurface:
         `fbt_probe.model.decoding`). Like TransformerLens, returns the input followed by the new
         tokens: a string for a string input (`return_type="input"`, or ``"str"``), ids for ids
         (or ``"tokens"``)."""
-        from fbt_probe.model.decoding import generate as greedy
 
         if do_sample:
             raise FbtError("generate: do_sample=True: only greedy decoding is implemented")

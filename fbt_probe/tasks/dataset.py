@@ -10,12 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from fbt_probe._version import __version__
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json, refuse_existing, sha256_file, write_json
 from fbt_probe.provenance import provenance
+from fbt_probe.tasks.checker import disagreement
 from fbt_probe.tasks.generators import COLUMNS
+from fbt_probe.tasks.spec import spec_from_dict
 from fbt_probe.tasks.tokenizer import answer_ids, save_tokenizer, tokenizer_sha256
 
 FORMAT = "fbt-probe.tasks.dataset/1"
@@ -24,7 +28,6 @@ SAMPLE_COLUMNS = ("task", "pair_id", "group_id", "label", "label_word", "length_
 
 
 def arrow_schema():
-    import pyarrow as pa
 
     types = {
         "task": pa.string(),
@@ -71,8 +74,6 @@ def write_dataset(df: pd.DataFrame, out_dir, tokenizer, force: bool = False, tok
     """Write `df` (from `generate`) and its manifest into `out_dir`; return the Parquet path.
 
     Refuses to replace an existing Parquet/manifest, or a different `tokenizer.json`, without `force`."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     task = df.attrs["spec"]["task"]
     parquet, manifest, tok_path = dataset_paths(out_dir, task)
@@ -134,7 +135,6 @@ def _manifest_for(path: Path) -> tuple[Path, Path]:
 def load_dataset(path) -> pd.DataFrame:
     """A dataset written by `write_dataset` (the .parquet or its .manifest.json), checked against its
     manifest: sha256, schema and row count. `df.attrs['manifest']` holds the manifest."""
-    import pyarrow.parquet as pq
 
     parquet, manifest_path = _manifest_for(Path(path))
     if not parquet.is_file():
@@ -172,8 +172,6 @@ def check_labels(df: pd.DataFrame, manifest: dict, parquet: Path) -> None:
     """Re-derive every row's label from its text with the independent interpreter (under the spec
     the manifest records) and refuse a file whose labels or label words disagree: a sha256 in the
     manifest proves the file is the one it names, not that its labels are the task's."""
-    from fbt_probe.tasks.checker import disagreement
-    from fbt_probe.tasks.spec import spec_from_dict
 
     if not isinstance(manifest.get("spec"), dict):
         raise FbtError(

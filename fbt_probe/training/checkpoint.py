@@ -15,6 +15,7 @@ from fbt_probe.formats.checkpoint import legacy_version, save_checkpoint
 from fbt_probe.io import atomic_path, read_json, sha256_file
 from fbt_probe.loading import CHECKPOINT_LOADERS
 from fbt_probe.provenance import provenance
+from fbt_probe.reference import resolve
 from fbt_probe.training.config import TrainConfig
 
 
@@ -52,7 +53,6 @@ def _sha(path: Path) -> str | None:
 def load_trained(source) -> tuple:
     """(model, TrainConfig, folder) of a run folder or a shipped `ref:<name>` (verified), without the
     train state: what evaluation and diagnostics need (a shipped model has no optimizer state)."""
-    from fbt_probe.reference import resolve
 
     out = Path(resolve(str(source)))
     meta = read_json(out / "config.json", "run config")
