@@ -11,8 +11,6 @@ from fbt_probe.errors import FbtError
 DEPTH_SCALING_RULES = ("none", "1/sqrt(2L)")
 FEEDBACK_SOURCES = ("pre_norm", "post_norm")
 LAYER_TYPES = ("full_attention", "sliding_attention")
-FUSIONS = ("glu", "gate_product", "concat_projection", "linear_addition")
-MLP_ACTS = ("silu_glu", "relu2")
 FLOAT32_EPS = 1.1920928955078125e-07  # torch.finfo(torch.float32).eps: F.rms_norm's default eps in float32
 
 
@@ -63,27 +61,6 @@ class ModelConfig:
     scratch, embedding-scale fused inputs unbalance the multi-pass gradients (a two-pass step's
     backbone gradient 12.6x a one-pass step's at initialisation, 1.6x at 1;
     docs/research/completion-dependable.md). Loaded weights override it."""
-    # ---- backbone extras of nanochat-style checkpoints (fbt_probe.model.nanochat); each one's
-    # default is the identity, so a config that leaves them alone computes exactly the model above
-    fusion: str = "glu"
-    """"glu": ours, RMSNorm_f((W_U h) ⊙ σ(W_G e)). nanochat's three variants, every norm weightless:
-    "gate_product" norm(W_U h ⊙ σ(W_G norm(e))); "concat_projection" norm(W_C [norm(h); norm(e)]);
-    "linear_addition" norm(W_U h + W_T norm(e)). The fused vector replaces the whole plain input."""
-    norm_weights: bool = True  # False: every RMSNorm (blocks, final, QK, fusion) is a plain F.rms_norm, no gain
-    embed_scale: float = 1.0  # the looked-up embedding is multiplied by this (nanochat's tied-embedding scale)
-    embed_norm: bool = False  # the looked-up (scaled) embedding is RMS-normed (weightless) before layer 0
-    smear: bool = False  # x_t += λ·σ(W_s x_t[:smear_channels])·x_{t-1} on the normed embeddings (t >= 1)
-    smear_channels: int = 24
-    x0_mixing: bool = False  # block l reads resid_lambdas[l]·x + x0_lambdas[l]·x0 (x0: block 0's input)
-    value_embed_layers: tuple[int, ...] = ()  # layers adding a token-indexed value embedding, gated per KV head
-    value_embed_gate_channels: int = 12  # gate = 3·σ(W_ve x[:channels]) on the attention input
-    backout_layer: int | None = None  # None, or l: subtract backout_lambda · (output of block l) before ln_final
-    mlp_act: str = "silu_glu"  # "relu2": down(relu(up x)²), no gate projection
-    rope_sign: int = 1  # -1 rotates by -θ (nanochat's layout, the transpose of HF's)
-    qk_norm_after_rope: bool = False  # nanochat: q, k rotated first, then RMS-normed
-    qk_scale: float = 1.0  # q and k multiplied by this after their norm (nanochat: 1.2)
-    logit_softcap: float | None = None  # logits -> c·tanh(logits / c)
-    tie_embeddings: bool = True  # False: a separate unembedding matrix `unembed.weight` [d_vocab, d_model]
     dtype: str = "float32"
     device: str = "cpu"
 
@@ -118,7 +95,6 @@ class ModelConfig:
         check(self.feedback_source in FEEDBACK_SOURCES, "feedback_source", f"one of {FEEDBACK_SOURCES}")
         check(self.window is None or self.window >= 1, "window", "a positive integer or null")
         check(self.global_every >= 1, "global_every", ">= 1")
-        self._check_extras(check)
         if self.layer_types is not None:
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
             check(len(self.layer_types) == self.n_layers, "layer_types", f"{self.n_layers} entries")
@@ -128,49 +104,6 @@ class ModelConfig:
                 "window",
                 "set when a layer is sliding",
             )
-
-    def _check_extras(self, check) -> None:
-        check(self.fusion in FUSIONS, "fusion", f"one of {FUSIONS}")
-        check(self.mlp_act in MLP_ACTS, "mlp_act", f"one of {MLP_ACTS}")
-        for name in ("norm_weights", "embed_norm", "smear", "x0_mixing", "qk_norm_after_rope", "tie_embeddings"):
-            check(isinstance(getattr(self, name), bool), name, "true or false")
-        for name in ("embed_scale", "qk_scale"):
-            check(_is_number(getattr(self, name)) and getattr(self, name) > 0, name, "a number > 0")
-        check(
-            self.logit_softcap is None or (_is_number(self.logit_softcap) and self.logit_softcap > 0),
-            "logit_softcap",
-            "a number > 0 or null",
-        )
-        check(self.rope_sign in (1, -1) and _is_int(self.rope_sign), "rope_sign", "1 or -1")
-        check(
-            _is_int(self.smear_channels) and 1 <= self.smear_channels <= self.d_model,
-            "smear_channels",
-            f"an integer in 1..{self.d_model}",
-        )
-        check(
-            _is_int(self.value_embed_gate_channels) and 1 <= self.value_embed_gate_channels <= self.d_model,
-            "value_embed_gate_channels",
-            f"an integer in 1..{self.d_model}",
-        )
-        layers = self.value_embed_layers
-        check(
-            isinstance(layers, (list, tuple))
-            and all(_is_int(l) and 0 <= l < self.n_layers for l in layers)
-            and len(set(layers)) == len(layers),
-            "value_embed_layers",
-            f"distinct layer indices in 0..{self.n_layers - 1}",
-        )
-        object.__setattr__(self, "value_embed_layers", tuple(sorted(layers)))
-        check(
-            self.backout_layer is None or (_is_int(self.backout_layer) and 0 <= self.backout_layer < self.n_layers),
-            "backout_layer",
-            f"null or a layer index in 0..{self.n_layers - 1}",
-        )
-        check(
-            self.fusion == "glu" or not self.norm_weights,
-            "norm_weights",
-            f"false with fusion '{self.fusion}' (its norms are weightless)",
-        )
 
     @property
     def resolved_layer_types(self) -> tuple[str, ...]:
@@ -189,8 +122,8 @@ class ModelConfig:
     # What TransformerLens's `ActivationCache` methods read from `model.cfg` (read-only, not saved).
     @property
     def normalization_type(self) -> str:
-        """ "RMS" (RMSNorm with a gain) or "RMSPre" (weightless): every norm of the model."""
-        return "RMS" if self.norm_weights else "RMSPre"
+        """ "RMS": every norm of the model is an RMSNorm with a gain."""
+        return "RMS"
 
     @property
     def attn_only(self) -> bool:
@@ -206,11 +139,11 @@ class ModelConfig:
 
     @property
     def act_fn(self) -> str:
-        return "relu2" if self.mlp_act == "relu2" else "silu"
+        return "silu"
 
     @property
     def gated_mlp(self) -> bool:
-        return self.mlp_act != "relu2"
+        return True
 
     @property
     def d_vocab_out(self) -> int:
@@ -220,30 +153,27 @@ class ModelConfig:
     def default_prepend_bos(self) -> bool:
         return False  # the task tokenizer has no BOS token
 
-    @property
-    def nanochat_input(self) -> bool:
-        """Whether the plain input is more than the looked-up embedding (norm, scale or smear)."""
-        return self.embed_norm or self.smear or self.embed_scale != 1.0
-
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["layer_types"] = list(self.layer_types) if self.layer_types is not None else None
-        d["value_embed_layers"] = list(self.value_embed_layers)
         return d
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "config", legacy: int = 0) -> "ModelConfig":
         """The config a checkpoint recorded. Every field must be present: a missing one is an error,
-        never a silent default. `legacy` (a checkpoint of format fbt-probe/1, written before some
-        initialisation-only fields existed) fills in `LEGACY_MODEL_DEFAULTS` and nothing else."""
+        never a silent default. `legacy`: the version of an older format whose records differ (1:
+        written before the initialisation-only fields, which get `LEGACY_MODEL_DEFAULTS`; 3: every
+        model's record carried `FORMAT_3_EXTRAS`, see `from_format_3`)."""
         if not isinstance(d, dict):
             raise FbtError(f"{source}: field 'model': expected an object of model config fields")
+        if legacy == 1:
+            d = {**LEGACY_MODEL_DEFAULTS, **d}
+        elif legacy == 3:
+            d = cls.from_format_3(d, source)
         known = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(d) - set(known))
         if unknown:
             raise FbtError(f"{source}: unknown model config field(s) {unknown}")
-        if legacy:  # the version of an older format: 1 (True) fills both tables, 2 the extras only
-            d = {**EXTRAS_DEFAULTS, **d} if legacy == 2 else {**LEGACY_MODEL_DEFAULTS, **EXTRAS_DEFAULTS, **d}
         missing = [name for name in known if name not in d]
         if missing:
             raise FbtError(
@@ -256,6 +186,22 @@ class ModelConfig:
             raise FbtError(f"{source}: {exc}") from None
         except FbtError as exc:  # name the file as well as the field
             raise FbtError(f"{source}: {exc.format_message()}") from None
+
+    @classmethod
+    def from_format_3(cls, d: dict, source: str) -> dict:
+        """A format-3 record without `FORMAT_3_EXTRAS`, which must hold their identity values: any
+        other value is a nanochat model's (`fbt_probe.formats.nanochat` reads those records)."""
+        d = dict(d)
+        for name, identity in FORMAT_3_EXTRAS.items():
+            if name not in d:
+                continue
+            value = d.pop(name)
+            if (tuple(value) if isinstance(value, list) else value) != identity:
+                raise FbtError(
+                    f"{source}: field '{name}' is {value!r}: an extra of a nanochat model, which this "
+                    f"config ({cls.__name__}) does not have (fbt_probe.load_model reads such a folder)"
+                )
+        return d
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -280,30 +226,25 @@ POSITIVE_INTS = (
 # initial value of weights that a checkpoint stores (QK-norm gains, fusion norm), so the values at
 # the time (Qwen3's gain 1; the mean embedding RMS) change nothing a loaded model computes.
 LEGACY_MODEL_DEFAULTS = {"qk_norm_init": 1.0, "fusion_norm_init": None}
-# Checkpoints of formats fbt-probe/1 and /2 were written before the nanochat extras existed; each
-# extra's identity value is what those models compute.
-EXTRAS_DEFAULTS = {
-    f.name: f.default
-    for f in dataclasses.fields(ModelConfig)
-    if f.name
-    in (
-        "fusion",
-        "norm_weights",
-        "embed_scale",
-        "embed_norm",
-        "smear",
-        "smear_channels",
-        "x0_mixing",
-        "value_embed_layers",
-        "value_embed_gate_channels",
-        "backout_layer",
-        "mlp_act",
-        "rope_sign",
-        "qk_norm_after_rope",
-        "qk_scale",
-        "logit_softcap",
-        "tie_embeddings",
-    )
+# Checkpoints of format fbt-probe/3 recorded these fields for every model, at these identity values
+# unless the model was imported from nanochat (they are `fbt_probe.formats.nanochat.config`'s now).
+FORMAT_3_EXTRAS = {
+    "fusion": "glu",
+    "norm_weights": True,
+    "embed_scale": 1.0,
+    "embed_norm": False,
+    "smear": False,
+    "smear_channels": 24,
+    "x0_mixing": False,
+    "value_embed_layers": (),
+    "value_embed_gate_channels": 12,
+    "backout_layer": None,
+    "mlp_act": "silu_glu",
+    "rope_sign": 1,
+    "qk_norm_after_rope": False,
+    "qk_scale": 1.0,
+    "logit_softcap": None,
+    "tie_embeddings": True,
 }
 
 

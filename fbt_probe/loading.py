@@ -29,7 +29,9 @@ from fbt_probe.config import PRESETS, arch_of, check_device, preset
 from fbt_probe.errors import FbtError
 from fbt_probe.formats.checkpoint import FORMATS, load_checkpoint
 from fbt_probe.formats.checkpoint import checkpoint_hash as safetensors_hash
-from fbt_probe.formats.nanochat import is_nanochat_folder, load_nanochat, pt_sha256
+from fbt_probe.formats.nanochat.checkpoint import is_nanochat_folder, load_imported, load_nanochat, pt_sha256
+from fbt_probe.formats.nanochat.config import ARCH as NANOCHAT_ARCH
+from fbt_probe.formats.nanochat.config import is_nanochat_record
 from fbt_probe.formats.qwen3 import import_qwen3
 from fbt_probe.hidden.checkpoint import load_hidden
 from fbt_probe.hidden.config import ARCH as HIDDEN_ARCH
@@ -59,7 +61,11 @@ __all__ = [
 CHECKPOINT_SUBDIRS = ("", "checkpoint", "final", "model")
 
 # config.json's `model.arch` -> the loader of that kind of checkpoint (folder, device) -> model in eval mode
-CHECKPOINT_LOADERS: dict[str, Callable] = {"feedback": load_checkpoint, HIDDEN_ARCH: load_hidden}
+CHECKPOINT_LOADERS: dict[str, Callable] = {
+    "feedback": load_checkpoint,
+    HIDDEN_ARCH: load_hidden,
+    NANOCHAT_ARCH: load_imported,
+}
 # folders that are not ours, tried in order: (recognises the folder, loads it (folder, device, seed) in
 # eval mode); a folder none of them recognises is read as Qwen3 format. One place to add a kind.
 FOREIGN_LOADERS: list[tuple[Callable[[Path], bool], Callable[..., torch.nn.Module]]] = [
@@ -76,7 +82,9 @@ def checkpoint_kind(folder: str | Path) -> str | None:
     if not isinstance(meta, dict) or meta.get("fbt_probe_format") not in FORMATS:
         return None
     model = meta.get("model")
-    return model.get("arch", "feedback") if isinstance(model, dict) else "feedback"
+    if not isinstance(model, dict):
+        return "feedback"
+    return NANOCHAT_ARCH if is_nanochat_record(model) else model.get("arch", "feedback")
 
 
 def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrides):

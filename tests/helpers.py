@@ -28,19 +28,24 @@ def make_cfg(**overrides) -> ModelConfig:
 STEP_CONFIGS = {  # the serial-step variants the lean and the static-buffer steps are checked on
     "gqa-window": dict(),  # window 5 bites within T
     "mqa-global": dict(n_heads=4, n_key_value_heads=1, window=None),
-    "mha-prenorm-untied-capped": dict(
-        n_key_value_heads=4,
-        feedback_source="pre_norm",
-        tie_embeddings=False,
-        logit_softcap=3.0,
-        depth_scaling="1/sqrt(2L)",
-    ),
+    "mha-prenorm-scaled": dict(n_key_value_heads=4, feedback_source="pre_norm", depth_scaling="1/sqrt(2L)"),
 }
 
 
 def make_model(seed: int = 0, dtype=torch.float64, **overrides) -> FeedbackTransformer:
     torch.manual_seed(seed)
     return FeedbackTransformer(make_cfg(**overrides)).to(dtype).eval()
+
+
+def make_nanochat(seed: int = 0, dtype=torch.float64, **extras):
+    """A `NanochatTransformer` on `make_cfg`'s backbone with the given extras (random weights)."""
+    from fbt_probe.formats.nanochat.config import NanochatConfig
+    from fbt_probe.formats.nanochat.model import NanochatTransformer
+
+    backbone = {k: v for k, v in extras.items() if k in ModelConfig.__dataclass_fields__}
+    cfg = NanochatConfig(**make_cfg(**backbone).to_dict() | {k: v for k, v in extras.items() if k not in backbone})
+    torch.manual_seed(seed)
+    return NanochatTransformer(cfg).to(dtype).eval()
 
 
 def tokens(batch: int, T: int, vocab: int = 37, seed: int = 1) -> torch.Tensor:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from fbt_probe.formats.nanochat import config_from_meta, read_model_config, to_theirs
-from fbt_probe.model.transformer import FeedbackTransformer
+from fbt_probe.formats.nanochat.checkpoint import config_from_meta, read_model_config, to_theirs
+from fbt_probe.formats.nanochat.model import NanochatTransformer
 
 # sequence_len 256: their short window is ceil(256 / 4 / 128) * 128 = 128 keys before the query
 META = dict(
@@ -32,7 +32,7 @@ def random_state(seed: int = 0, identity: bool = False, **meta) -> tuple[dict, d
     mc = read_model_config({"model_config": {**META, **meta}}, "test")
     cfg = config_from_meta(mc, "test")
     g = torch.Generator().manual_seed(seed)
-    model = FeedbackTransformer(cfg)
+    model = NanochatTransformer(cfg)
     state = to_theirs(model)
     out = {}
     for k, t in state.items():

@@ -135,7 +135,7 @@ def test_a_model_may_be_named_by_a_path():
 def test_a_code_running_nanochat_pickle_gets_no_advice_to_run_it(tmp_path):
     import torch
 
-    from fbt_probe.formats.nanochat import read_state
+    from fbt_probe.formats.nanochat.checkpoint import read_state
 
     class Evil:
         def __reduce__(self):
@@ -153,7 +153,7 @@ def test_a_code_running_nanochat_pickle_gets_no_advice_to_run_it(tmp_path):
 def test_an_absurd_context_length_is_refused_by_name(tmp_path):
     from fbt_probe.config import MAX_N_CTX
     from fbt_probe.formats.checkpoint import save_checkpoint
-    from fbt_probe.formats.nanochat import import_nanochat
+    from fbt_probe.formats.nanochat.checkpoint import import_nanochat
     from tests.helpers import make_model
     from tests.nanochat_helpers import random_state, write_nanochat
 

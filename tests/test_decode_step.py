@@ -11,7 +11,7 @@ import torch
 
 from fbt_probe.engine import dispatch
 from fbt_probe.model.components import KVCache, hooked, use_path
-from tests.helpers import STEP_CONFIGS, make_model, tokens
+from tests.helpers import STEP_CONFIGS, make_model, make_nanochat, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ATOL = 1e-12
@@ -28,8 +28,6 @@ def _scan(model, x, n_serial, lean: bool):
 @torch.no_grad()
 def test_serial_scan_lean_equals_module_path(name):
     model = make_model(**CONFIGS[name])
-    if name.startswith("mha"):  # untied head: give it weights of its own
-        torch.nn.init.normal_(model.unembed.weight, std=0.3)
     assert model.decode_plan() is not None
     x = tokens(3, 17)
     for n_serial in (1, 5, 16):  # recurrent:1, recurrent:5, full
@@ -90,8 +88,8 @@ def test_module_path_wherever_the_plan_does_not_apply():
     with torch.no_grad():
         with use_path(model, "explicit"):
             assert model.decode_plan() is None  # the reference arithmetic was asked for
-        assert dispatch.step(make_model(smear=True)) == "module"  # nanochat extras
-        assert dispatch.step(make_model(fusion="gate_product", norm_weights=False)) == "module"
+        assert dispatch.step(make_nanochat(smear=True)) == "module"  # a family with backbone extras
+        assert dispatch.step(make_nanochat()) == "module"  # even at identity values: the plan is the paper's model
         assert dispatch.step(make_model().to(torch.bfloat16)) == "module"  # half types keep the module's casts
         noisy = make_model(feedback_noise=0.1).train()
         assert dispatch.step(noisy) == "module"  # fresh noise on every carried state

@@ -11,8 +11,10 @@ import torch.nn.functional as F
 import fbt_probe as fp
 from fbt_probe.config import FLOAT32_EPS
 from fbt_probe.errors import FbtError
-from fbt_probe.formats.nanochat import import_nanochat, read_state, to_theirs, window_sizes
+from fbt_probe.formats.nanochat.checkpoint import import_nanochat, read_state, to_theirs, window_sizes
+from fbt_probe.formats.nanochat.model import NanochatTransformer
 from fbt_probe.model.modes import parse_mode
+from fbt_probe.model.transformer import FeedbackTransformer
 from tests.nanochat_helpers import META, random_state, write_nanochat
 
 T_LONG = 140  # > their short window of 128 keys before the query (ours: 129 in all)
@@ -347,8 +349,17 @@ def test_cli_import(tmp_path):
     loaded = fp.load_model(str(out))
     direct, *_ = import_nanochat(folder, step=5)
     toks = _toks(8)
+    assert meta["model"]["arch"] == "nanochat" and type(loaded) is type(direct) is NanochatTransformer
     with torch.no_grad():
         assert torch.equal(loaded(toks, mode="jacobi:2"), direct(toks, mode="jacobi:2"))
+    # a folder written while every config carried the extras (format 3, no `arch`) loads the same model
+    meta["model"].pop("arch")
+    (out / "config.json").write_text(json.dumps(meta))
+    again = fp.load_model(str(out))
+    with torch.no_grad():
+        assert type(again) is NanochatTransformer and torch.equal(
+            again(toks, mode="jacobi:2"), direct(toks, mode="jacobi:2")
+        )
 
 
 def test_interventions_on_a_fusion_without_gate(tmp_path):
@@ -371,37 +382,53 @@ def test_hidden_decoding_refuses_an_import(tmp_path):
     from fbt_probe.hidden.model import HiddenDecodingTransformer
 
     model, *_ = _load(tmp_path)
-    with pytest.raises(FbtError, match="field 'fusion'.*plain backbone"):
+    with pytest.raises(FbtError, match="field 'arch' is 'nanochat'.*paper's backbone"):
         HiddenDecodingTransformer.from_base(model)
 
 
 def test_older_formats_load_with_extras_at_identity(tmp_path):
-    """A format fbt-probe/2 folder (no extras fields) loads and computes what it did."""
-    from fbt_probe.config import EXTRAS_DEFAULTS
+    """Format fbt-probe/2 (no extras) and the format-3 records that carried every extra at its identity
+    value load as the core model and compute what they did; a record with an extra away from its
+    identity is not a core model's, and the core config says so by name."""
+    from fbt_probe.config import FORMAT_3_EXTRAS, ModelConfig
     from fbt_probe.formats.checkpoint import save_checkpoint
     from tests.helpers import make_model
 
     model = make_model()
     folder = save_checkpoint(model, tmp_path / "old")
     meta = json.loads((folder / "config.json").read_text())
-    meta["fbt_probe_format"] = "fbt-probe/2"
-    for k in EXTRAS_DEFAULTS:
-        meta["model"].pop(k)
-    (folder / "config.json").write_text(json.dumps(meta))
-    again = fp.load_model(str(folder)).double()
+    assert not set(FORMAT_3_EXTRAS) & set(meta["model"])  # the core writes its own fields only
     toks = _toks(12, V=37)
-    with torch.no_grad():
-        assert torch.equal(again(toks, mode="full"), model(toks, mode="full"))
-    meta["fbt_probe_format"] = "fbt-probe/3"
-    (folder / "config.json").write_text(json.dumps(meta))
-    with pytest.raises(FbtError, match="field 'fusion' missing"):
-        fp.load_model(str(folder))
+    for fmt, record in (
+        ("fbt-probe/2", meta["model"]),
+        ("fbt-probe/3", {**meta["model"], **FORMAT_3_EXTRAS, "value_embed_layers": []}),
+    ):
+        (folder / "config.json").write_text(json.dumps({**meta, "fbt_probe_format": fmt, "model": record}))
+        again = fp.load_model(str(folder)).double()
+        with torch.no_grad():
+            assert type(again) is FeedbackTransformer and torch.equal(
+                again(toks, mode="full"), model(toks, mode="full")
+            )
+    with pytest.raises(FbtError, match="old.json: field 'smear' is True: an extra of a nanochat model"):
+        ModelConfig.from_dict({**meta["model"], **FORMAT_3_EXTRAS, "smear": True}, "old.json", legacy=3)
+    with pytest.raises(FbtError, match="field 'rope_theta' missing"):
+        ModelConfig.from_dict({k: v for k, v in meta["model"].items() if k != "rope_theta"}, "old.json", legacy=3)
+
+
+def test_nanochat_config_defaults_are_the_identities_format_3_recorded():
+    from fbt_probe.config import FORMAT_3_EXTRAS, ModelConfig
+    from fbt_probe.formats.nanochat.config import NanochatConfig
+
+    cfg = NanochatConfig()
+    assert {name: getattr(cfg, name) for name in FORMAT_3_EXTRAS} == FORMAT_3_EXTRAS and not cfg.extras
+    extra = set(NanochatConfig.__dataclass_fields__) - set(ModelConfig.__dataclass_fields__)
+    assert extra == set(FORMAT_3_EXTRAS) | {"arch"} and len(ModelConfig.__dataclass_fields__) <= 25
 
 
 def test_export_hf_refuses_an_import(tmp_path):
     from fbt_probe.formats.qwen3 import export_qwen3
 
     model, *_ = _load(tmp_path)
-    with pytest.raises(FbtError, match="field 'fusion' is 'gate_product'"):
+    with pytest.raises(FbtError, match="field 'arch' is 'nanochat'"):
         export_qwen3(model, tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -11,7 +11,7 @@ from transformer_lens.ActivationCache import ActivationCache
 from fbt_probe.errors import FbtError
 from fbt_probe.loading import load_model
 from fbt_probe.model.decoding import generate as greedy
-from tests.helpers import make_model, tokens
+from tests.helpers import make_model, make_nanochat, tokens
 
 MODES = ["standard", "recurrent:1", "recurrent:3", "full", "jacobi:2"]
 L = 3
@@ -178,7 +178,7 @@ def test_return_type_loss_is_next_token_cross_entropy(model):
 
 
 def test_decompositions_refuse_models_whose_stream_is_not_a_sum():
-    m = make_model(x0_mixing=True)
+    m = make_nanochat(x0_mixing=True)
     _, c = m.run_with_cache(tokens(1, 5))
     with pytest.raises(FbtError, match="x0_mixing"):
         c.decompose_resid()

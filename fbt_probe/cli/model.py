@@ -13,7 +13,7 @@ from fbt_probe import reference
 from fbt_probe.config import PRESETS
 from fbt_probe.errors import FbtError
 from fbt_probe.formats.checkpoint import is_own_checkpoint, save_checkpoint
-from fbt_probe.formats.nanochat import write_import
+from fbt_probe.formats.nanochat.checkpoint import write_import
 from fbt_probe.formats.qwen3 import export_qwen3, import_qwen3, is_qwen3_folder
 from fbt_probe.io import atomic_dir, refuse_existing
 from fbt_probe.loading import load_model
@@ -64,7 +64,7 @@ def info(
         "gate_product": "W_U + W_G",
         "concat_projection": "W_C",
         "linear_addition": "W_U + W_T",
-    }[model.cfg.fusion]
+    }[getattr(model.cfg, "fusion", "glu")]
     typer.echo(
         f"parameters: {s['parameters']:,}  (fusion {mats} = 2·D² = {s['fusion_parameters_2D2']:,}, {100 * s['fusion_share']:.2f} %)"
     )
@@ -116,7 +116,7 @@ def import_nanochat(
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
 ) -> None:
     """Import a checkpoint of the nanochat latent-feedback reproduction (every backbone extra and the
-    fusion variant of its meta; see fbt_probe/formats/nanochat.py). Refuses what it cannot represent.
+    fusion variant of its meta; see fbt_probe/formats/nanochat/). Refuses what it cannot represent.
 
     \b
     Example: fbt-probe model import-nanochat ~/.cache/nanochat/base_checkpoints/d20 runs/d20 --step 5000

@@ -79,22 +79,6 @@ def fused_projection(module) -> bool:
     return module.path != "explicit" and not torch.is_grad_enabled()
 
 
-def plain_backbone(cfg) -> bool:
-    """The paper's backbone (Qwen3 with the GLU fusion), none of an imported family's extras: what
-    the lean serial step computes."""
-    return (
-        cfg.fusion == "glu"
-        and cfg.norm_weights
-        and not cfg.nanochat_input
-        and not cfg.x0_mixing
-        and cfg.backout_layer is None
-        and cfg.mlp_act == "silu_glu"
-        and not cfg.value_embed_layers
-        and not cfg.qk_norm_after_rope
-        and cfg.qk_scale == 1.0
-    )
-
-
 def step(model) -> str:
     """'plan' (the lean serial step, `step.DecodePlan`) or 'module' (the model's forward) for the
     silent serial steps of `model` as it is now."""
@@ -104,8 +88,8 @@ def step(model) -> str:
         return "module"  # half types normalise in float32 and cast back: the module path has those casts
     if model.training and model.cfg.feedback_noise > 0:
         return "module"  # the carried state gets fresh noise: the module path draws it
-    if not plain_backbone(model.cfg):
-        return "module"
+    if not model.paper_backbone:
+        return "module"  # a family with backbone extras (nanochat's): the plan computes the paper's model only
     if any(b.attn.path != "auto" or b.mlp.path != "auto" for b in model.blocks):
         return "module"  # a path was asked for: the module runs it
     return "plan"

@@ -48,8 +48,7 @@ class DecodePlan:
             self.fusion_w, self.fusion_eps = fusion.norm.weight, fusion.norm.eps
             self.layers = [self._layer(block) for block in model.blocks]
             self.final_w = model.ln_final.weight
-            self.head_w = model.embed.weight if cfg.tie_embeddings else model.unembed.weight
-        self.softcap = cfg.logit_softcap
+            self.head_w = model.head_weight
 
     @staticmethod
     def _layer(block) -> tuple:
@@ -95,8 +94,6 @@ class DecodePlan:
             x = torch.addmm(x, F.silu(gate) * up, w_down)
         normed = _rms(x, eps) * self.final_w
         logits = F.linear(normed, self.head_w)
-        if self.softcap is not None:
-            logits = self.softcap * torch.tanh(logits / self.softcap)
         return logits, x if self.pre_norm else normed
 
 

@@ -13,15 +13,19 @@ from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json, sha256_file, write_json
 from fbt_probe.model.transformer import FeedbackTransformer
 
-FORMAT = "fbt-probe/3"  # config.json records every ModelConfig field (and TrainConfig field, for a run)
+FORMAT = "fbt-probe/3"
+"""config.json records every field of the model's config class (`model.arch` names the class when
+it is not the plain `ModelConfig`; and every TrainConfig field, for a run). Records written while
+every config carried the nanochat extras hold them at identity values: `ModelConfig.from_format_3`
+drops those."""
 LEGACY_FORMAT = "fbt-probe/1"  # written before qk_norm_init / fusion_norm_init existed: config.LEGACY_MODEL_DEFAULTS
-FORMAT_2 = "fbt-probe/2"  # written before the nanochat extras existed: config.EXTRAS_DEFAULTS
+FORMAT_2 = "fbt-probe/2"  # the fields of format 1 and those two
 FORMATS = (FORMAT, FORMAT_2, LEGACY_FORMAT)
 
 
 def legacy_version(fmt) -> int:
-    """0 for the current format, else the older format's version (what `ModelConfig.from_dict` fills in)."""
-    return {LEGACY_FORMAT: 1, FORMAT_2: 2}.get(fmt, 0)
+    """The version of format `fmt` (1, 2 or 3), which `ModelConfig.from_dict` reads it by."""
+    return {LEGACY_FORMAT: 1, FORMAT_2: 2, FORMAT: 3}.get(fmt, 0)
 
 
 def save_checkpoint(
@@ -73,10 +77,11 @@ def read_config(folder: Path, config_cls=ModelConfig) -> tuple[dict, "ModelConfi
     return meta, config_cls.from_dict(meta["model"], source=str(path), legacy=legacy_version(fmt))
 
 
-def load_checkpoint(folder: str | Path, device: str = "cpu"):
+def load_checkpoint(folder: str | Path, device: str = "cpu", model_cls=FeedbackTransformer, config_cls=ModelConfig):
+    """The model of a checkpoint folder of ours (a `model_cls` of a `config_cls`), in eval mode."""
     folder = Path(folder)
-    cfg = read_config(folder)[1].replace(device=device)
-    return build_from_weights(FeedbackTransformer, cfg, folder / "model.safetensors").to(device).eval()
+    cfg = read_config(folder, config_cls)[1].replace(device=device)
+    return build_from_weights(model_cls, cfg, folder / "model.safetensors").to(device).eval()
 
 
 def build_from_weights(model_cls, cfg, weights: Path):

@@ -14,7 +14,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from fbt_probe.config import EXTRAS_DEFAULTS, ModelConfig
+from fbt_probe.config import ModelConfig, arch_of
 from fbt_probe.errors import FbtError
 from fbt_probe.formats.checkpoint import _load_state, read_weights
 from fbt_probe.io import atomic_path, read_json, write_json
@@ -131,11 +131,8 @@ def config_from_qwen3(hf: dict, source: str = "config.json") -> ModelConfig:
 def config_to_qwen3(cfg: ModelConfig) -> dict:
     if cfg.depth_scaling != "none":
         raise FbtError(f"model config: field 'depth_scaling' is {cfg.depth_scaling!r}; only 'none' is a Qwen3 function")
-    for name, identity in EXTRAS_DEFAULTS.items():  # the nanochat extras have no Qwen3 counterpart
-        if getattr(cfg, name) != identity:
-            raise FbtError(
-                f"model config: field '{name}' is {getattr(cfg, name)!r}; only {identity!r} is a Qwen3 function"
-            )
+    if arch_of(cfg) == "nanochat":  # its backbone extras have no Qwen3 counterpart
+        raise FbtError("model config: field 'arch' is 'nanochat'; only the paper's backbone is a Qwen3 function")
     types = list(cfg.resolved_layer_types)
     return {
         "architectures": ["Qwen3ForCausalLM"],

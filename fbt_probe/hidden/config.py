@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from fbt_probe.config import EXTRAS_DEFAULTS, ModelConfig, _checker
+from fbt_probe.config import ModelConfig, _checker, arch_of
+from fbt_probe.errors import FbtError
 
 ARCH = "hidden-decoding"
 
@@ -30,10 +31,6 @@ class HiddenConfig(ModelConfig):
         super().__post_init__()
         check = _checker("hidden-decoding config")
         check(self.arch == ARCH, "arch", f"'{ARCH}'")
-        for name, identity in EXTRAS_DEFAULTS.items():  # the nanochat extras are not wired into the stream model
-            check(
-                getattr(self, name) == identity, name, f"{identity!r} (Hidden Decoding runs on the plain backbone only)"
-            )
         check(isinstance(self.n_streams, int) and self.n_streams >= 1, "n_streams", "an integer >= 1")
         if self.cross_stream_layers is not None:
             object.__setattr__(self, "cross_stream_layers", tuple(int(l) for l in self.cross_stream_layers))
@@ -60,6 +57,11 @@ class HiddenConfig(ModelConfig):
 
     @classmethod
     def from_base(cls, base: ModelConfig, n_streams: int = 2, cross_stream_layers=None) -> "HiddenConfig":
+        if arch_of(base) != "feedback":  # another family's extras are not wired into the stream model
+            raise FbtError(
+                f"hidden-decoding config: field 'arch' is {arch_of(base)!r}; Hidden Decoding runs on the "
+                "paper's backbone only"
+            )
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(ModelConfig)}
         return cls(**fields, n_streams=n_streams, cross_stream_layers=cross_stream_layers)
 

@@ -355,22 +355,12 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(D, KV * dh, bias=False)
         self.v_proj = nn.Linear(D, KV * dh, bias=False)
         self.o_proj = nn.Linear(H * dh, D, bias=False)
-        self.q_norm = RMSNorm(dh, cfg.rms_eps, cfg.norm_weights)
-        self.k_norm = RMSNorm(dh, cfg.rms_eps, cfg.norm_weights)
-        if cfg.norm_weights:
-            with torch.no_grad():  # QK-norm gains: Qwen3 starts them at 1 (see ModelConfig.qk_norm_init)
-                self.q_norm.weight.fill_(cfg.qk_norm_init)
-                self.k_norm.weight.fill_(cfg.qk_norm_init)
-        # nanochat's QK: rotate then norm, or weightless norms, and a constant scale (identity by default)
-        self.custom_qk = cfg.qk_norm_after_rope or not cfg.norm_weights or cfg.qk_scale != 1.0
-        self.rope = RotaryTable(dh, cfg.rope_theta, cfg.n_ctx, cfg.rope_sign)
-        self.value_embed = self.ve_gate = None
-        if layer in cfg.value_embed_layers:  # ResFormer-style value embedding, gated per KV head
-            self.value_embed = nn.Embedding(cfg.d_vocab, KV * dh)
-            self.ve_gate = nn.Linear(cfg.value_embed_gate_channels, KV, bias=False)
-            self.hook_value_embed = (
-                HookPoint()
-            )  # [batch, pos, n_kv_heads, d_head]  3σ(W x[:c]) · E_v(token), added to v
+        self.q_norm = RMSNorm(dh, cfg.rms_eps)
+        self.k_norm = RMSNorm(dh, cfg.rms_eps)
+        with torch.no_grad():  # QK-norm gains: Qwen3 starts them at 1 (see ModelConfig.qk_norm_init)
+            self.q_norm.weight.fill_(cfg.qk_norm_init)
+            self.k_norm.weight.fill_(cfg.qk_norm_init)
+        self.rope = RotaryTable(dh, cfg.rope_theta, cfg.n_ctx)
         self.hook_q = HookPoint()  # [batch, pos, n_heads, d_head]  (projection, before QK-norm and RoPE)
         self.hook_k = HookPoint()  # [batch, pos, n_kv_heads, d_head]
         self.hook_v = HookPoint()  # [batch, pos, n_kv_heads, d_head]
@@ -431,23 +421,8 @@ class Attention(nn.Module):
             k = hk(self.hook_k, self.k_proj(x).view(B, P, KV, dh))
             v = hk(self.hook_v, self.v_proj(x).view(B, P, KV, dh))
             qk = None if self.path == "explicit" else torch.cat((q, k), dim=2)
-        if self.value_embed is not None:
-            if tokens is None:
-                raise ValueError(f"layer {layer} adds a value embedding: its forward needs the tokens")
-            ve = self.value_embed(tokens).view(B, P, KV, dh)
-            gate = 3 * torch.sigmoid(
-                self.ve_gate(x[..., : self.cfg.value_embed_gate_channels])
-            )  # [batch, pos, n_kv_heads]
-            v = v + hk(self.hook_value_embed, gate[..., None] * ve)
-        if self.custom_qk:
-            q, k = self._custom_qk(q, k, start)
-        elif qk is None:  # the reference arithmetic, op for op
-            q = self.rope.apply(self.q_norm(q), start)
-            k = self.rope.apply(self.k_norm(k), start)
-        else:  # query and key heads normed and rotated together: the same arithmetic per row, fewer ops
-            gains = (self.q_norm.weight, self.k_norm.weight)
-            w = self.qk_gain.build(*gains) if torch.is_grad_enabled() else self.qk_gain(*gains)
-            q, k = self.rope.apply(rms_norm(qk, w, self.q_norm.eps), start).split((H, KV), dim=2)
+        v = self.values(v, x, tokens, layer, hk)
+        q, k = self.position(q, k, qk, start)
         if cache is not None:
             k, v = cache.append(layer, k, v)  # [batch, n_kv_heads, key_pos, d_head]
             k_start = 0
@@ -461,14 +436,21 @@ class Attention(nn.Module):
             return F.linear(z, self.o_scaled(self.o_proj.weight))
         return self.o_proj(z) * self.out_scale
 
-    def _custom_qk(self, q: torch.Tensor, k: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """QK-norm and RoPE in the configured order, then the constant scale (nanochat)."""
-        if self.cfg.qk_norm_after_rope:
-            q, k = self.q_norm(self.rope.apply(q, start)), self.k_norm(self.rope.apply(k, start))
-        else:
-            q, k = self.rope.apply(self.q_norm(q), start), self.rope.apply(self.k_norm(k), start)
-        s = self.cfg.qk_scale
-        return (q, k) if s == 1.0 else (q * s, k * s)
+    def values(self, v: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor | None, layer: int, hk: Hk) -> torch.Tensor:
+        """The values attention reads: the projection (a model family may add to it; `tokens` are
+        passed for that)."""
+        return v
+
+    def position(self, q: torch.Tensor, k: torch.Tensor, qk: torch.Tensor | None, start: int):
+        """QK-norm, then RoPE at positions start.. (q [batch, pos, n_heads, d_head], k [batch, pos,
+        n_kv_heads, d_head]; `qk` their concatenation over heads, or None)."""
+        if qk is None:  # the reference arithmetic, op for op
+            return self.rope.apply(self.q_norm(q), start), self.rope.apply(self.k_norm(k), start)
+        # query and key heads normed and rotated together: the same arithmetic per row, fewer ops
+        gains = (self.q_norm.weight, self.k_norm.weight)
+        w = self.qk_gain.build(*gains) if torch.is_grad_enabled() else self.qk_gain(*gains)
+        H, KV = self.cfg.n_heads, self.cfg.n_key_value_heads
+        return self.rope.apply(rms_norm(qk, w, self.q_norm.eps), start).split((H, KV), dim=2)
 
     def _attend(self, q, k, v, start: int, k_start: int, hk: Hk) -> torch.Tensor:
         """z [batch, pos, n_heads, d_head] by the path `dispatch.attention` picks: the reference
@@ -506,14 +488,14 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SiLU-GLU; on path "auto" without autograd the gate and up projections are one GEMM."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, gated: bool = True):
         super().__init__()
         self.path = "auto"
-        self.relu2 = cfg.mlp_act == "relu2"  # nanochat: down(relu(up x)²), no gate projection
+        self.gated = gated  # False: no gate projection (a family's MLP overrides `post`)
         self.out_scale = cfg.residual_scale  # depth scaling of the branch output (hook_mlp_out is after it)
         self.gate_up = FusedWeight()
         self.down_scaled = FusedWeight(partial(torch.mul, other=self.out_scale))
-        self.gate_proj = None if self.relu2 else nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False) if self.gated else None
         self.up_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
         self.down_proj = nn.Linear(cfg.d_mlp, cfg.d_model, bias=False)
         self.hook_pre = HookPoint()  # [batch, pos, d_mlp]  gate pre-activation
@@ -534,18 +516,19 @@ class MLP(nn.Module):
     def W_out(self) -> torch.Tensor:
         return self.down_proj.weight.t() * self.out_scale
 
-    def forward(self, x: torch.Tensor, hk: Hk) -> torch.Tensor:
-        if self.relu2:  # hook_pre: up(x); hook_post: relu(pre)²
-            post = hk(self.hook_post, F.relu(hk(self.hook_pre, self.up_proj(x))).square())
-        elif dispatch.fused_projection(self):
+    def post(self, x: torch.Tensor, hk: Hk) -> torch.Tensor:
+        """[batch, pos, d_mlp] silu(gate x) * (up x): what `hook_post` holds."""
+        if dispatch.fused_projection(self):
             both = F.linear(x, self.gate_up(self.gate_proj.weight, self.up_proj.weight))
             pre, lin = both.chunk(2, dim=-1)
             pre, lin = hk(self.hook_pre, pre), hk(self.hook_pre_linear, lin)
         else:
             pre = hk(self.hook_pre, self.gate_proj(x))
             lin = hk(self.hook_pre_linear, self.up_proj(x))
-        if not self.relu2:
-            post = hk(self.hook_post, F.silu(pre) * lin)
+        return hk(self.hook_post, F.silu(pre) * lin)
+
+    def forward(self, x: torch.Tensor, hk: Hk) -> torch.Tensor:
+        post = self.post(x, hk)
         if self.out_scale == 1.0:
             return self.down_proj(post)
         if dispatch.fused_projection(self):  # the depth scale folded into the weight
@@ -554,38 +537,36 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """Pre-norm block: resid_mid = x + attn(ln1 x), resid_post = resid_mid + mlp(ln2 resid_mid).
+    A model family changes its pieces through the class attributes (`fbt_probe.formats.nanochat`)."""
+
+    attention_cls = Attention
+    mlp_cls = MLP
+
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.ln1 = ScaledRMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_weights)
-        self.attn = Attention(cfg, cfg.resolved_layer_types[layer], layer)
-        self.ln2 = ScaledRMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_weights)
-        self.mlp = MLP(cfg)
+        self.ln1 = self.norm(cfg)
+        self.attn = self.attention_cls(cfg, cfg.resolved_layer_types[layer], layer)
+        self.ln2 = self.norm(cfg)
+        self.mlp = self.mlp_cls(cfg)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
-        if cfg.x0_mixing:
-            self.hook_resid_mix = HookPoint()  # [batch, pos, d_model]  resid_lambdas[l]·resid_pre + x0_lambdas[l]·x0
         self.hook_attn_out = HookPoint()  # [batch, pos, d_model]  (after depth scaling)
         self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
         self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]  (after depth scaling)
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
 
+    @staticmethod
+    def norm(cfg: ModelConfig) -> ScaledRMSNorm:
+        return ScaledRMSNorm(cfg.d_model, cfg.rms_eps)
+
     def forward(
-        self,
-        x: torch.Tensor,
-        start: int,
-        cache: KVCache | None,
-        hk: Hk,
-        tokens: torch.Tensor | None = None,
-        mix: tuple | None = None,
+        self, x: torch.Tensor, start: int, cache: KVCache | None, hk: Hk, tokens: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """x: [batch, pos, d_model] at positions start..start+pos-1. `mix` (x0 mixing): (resid
-        lambda, x0 lambda, x0), with x already through `hook_resid_pre` (the trunk fires it: block
-        0's is x0)."""
-        if mix is None:
-            resid_pre = hk(self.hook_resid_pre, x)
-        else:
-            lam_r, lam_x, x0 = mix
-            resid_pre = hk(self.hook_resid_mix, lam_r * x + lam_x * x0)
+        """x: [batch, pos, d_model] at positions start..start+pos-1."""
+        return self.sublayers(hk(self.hook_resid_pre, x), start, cache, hk, tokens)
+
+    def sublayers(self, resid_pre: torch.Tensor, start: int, cache: KVCache | None, hk: Hk, tokens) -> torch.Tensor:
         attn_out = hk(self.hook_attn_out, self.attn(self.ln1(resid_pre, hk), start, cache, self.layer, hk, tokens))
         resid_mid = hk(self.hook_resid_mid, resid_pre + attn_out)
         mlp_out = hk(self.hook_mlp_out, self.mlp(self.ln2(resid_mid, hk), hk))

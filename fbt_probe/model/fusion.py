@@ -7,13 +7,11 @@ the whole input (a symmetric e + W h could learn W -> 0 and ignore the feedback)
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import ModelConfig
 from fbt_probe.engine import dispatch
-from fbt_probe.errors import FbtError
 from fbt_probe.model.components import Hk, RMSNorm, rms_norm
 
 
@@ -33,48 +31,23 @@ class Fusion(nn.Module):
     Initialisation: W_U, W_G ~ N(0, init_std) like every other matrix (so σ(W_G e) starts near 0.5);
     the fusion norm's weight starts at the mean RMS of the embedding rows (set by the model after
     the embedding is initialised), so a fused input starts at the scale of a plain embedding.
-
-    `cfg.fusion` other than "glu" selects one of nanochat's variants (weightless norms; see
-    `ModelConfig.fusion`): "gate_product" keeps W_U, W_G; "linear_addition" has W_U and W_T (token
-    path); "concat_projection" has one W_C [D, 2D] over [norm(h); norm(e)].
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.kind = cfg.fusion
         D = cfg.d_model
-        if self.kind == "concat_projection":
-            self.W_C = nn.Linear(2 * D, D, bias=False)  # [norm(h); norm(e)] -> D
-        else:
-            self.W_U = nn.Linear(D, D, bias=False)  # value path: the carried state
-        if self.kind in ("glu", "gate_product"):
-            self.W_G = nn.Linear(D, D, bias=False)  # gate path: the token embedding
-        if self.kind == "linear_addition":
-            self.W_T = nn.Linear(D, D, bias=False)  # token path, added
-        self.norm = RMSNorm(D, cfg.rms_eps, weight=self.kind == "glu")
+        self.W_U = nn.Linear(D, D, bias=False)  # value path: the carried state
+        self.W_G = nn.Linear(D, D, bias=False)  # gate path: the token embedding
+        self.norm = RMSNorm(D, cfg.rms_eps)
         self.hook_feedback = HookPoint()  # [batch, pos, d_model]  carried h_{t-1}; zeros where none
-        self.hook_value = (
-            HookPoint()
-        )  # [batch, pos, d_model]  the state's path: W_U h_{t-1} (concat: W_C[:, :D] norm(h))
-        if self.kind in ("glu", "gate_product"):
-            self.hook_gate = HookPoint()  # [batch, pos, d_model]  σ(W_G e_t) (gate_product: σ(W_G norm(e_t)))
-        else:
-            self.hook_token = (
-                HookPoint()
-            )  # [batch, pos, d_model]  the token's path: W_T norm(e) (concat: W_C[:, D:] norm(e))
+        self.hook_value = HookPoint()  # [batch, pos, d_model]  the state's path: W_U h_{t-1}
+        self.hook_gate = HookPoint()  # [batch, pos, d_model]  σ(W_G e_t)
         self.hook_out = HookPoint()  # [batch, pos, d_model]  u_t (the plain input where no state is carried)
 
     def gate(self, embed: torch.Tensor) -> torch.Tensor:
         """σ(W_G e) of token embeddings e [..., d_model] (what `hook_gate` holds)."""
-        if self.kind == "glu":
-            return torch.sigmoid(self.W_G(embed))
-        if self.kind == "gate_product":
-            return torch.sigmoid(self.W_G(self._norm(embed)))
-        raise FbtError(f"model config: field 'fusion' is '{self.kind}', which has no gate")
-
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), None, self.cfg.rms_eps)
+        return torch.sigmoid(self.W_G(embed))
 
     def forward(
         self,
@@ -86,33 +59,19 @@ class Fusion(nn.Module):
     ) -> torch.Tensor:
         """state, embed: [batch, pos, d_model]; has_state: bool [pos] or [batch, pos], or None when
         every position takes the carried state (a decode step). `plain`: the input where no state is
-        carried (default: `embed`; nanochat: the normed, smeared embedding)."""
-        state = hk(self.hook_feedback, state)
-        if self.kind == "glu":
-            fused = self._glu(state, embed, hk)
-        elif self.kind == "concat_projection":
-            D = self.cfg.d_model
-            W = self.W_C.weight
-            value = hk(self.hook_value, F.linear(self._norm(state), W[:, :D]))
-            fused = self.norm(value + hk(self.hook_token, F.linear(self._norm(embed), W[:, D:])))
-        else:
-            value = hk(self.hook_value, self.W_U(state))
-            if self.kind == "gate_product":
-                fused = self.norm(value * hk(self.hook_gate, self.gate(embed)))
-            else:
-                fused = self.norm(value + hk(self.hook_token, self.W_T(self._norm(embed))))
+        carried (default: `embed`)."""
+        fused = self.fuse(hk(self.hook_feedback, state), embed, hk)
         plain = embed if plain is None else plain
         if has_state is None:
             return hk(self.hook_out, fused)
         mask = has_state if has_state.dim() == 2 else has_state[None, :]
         return hk(self.hook_out, torch.where(mask[..., None], fused, plain))
 
-    def _glu(self, state: torch.Tensor, embed: torch.Tensor, hk: Hk) -> torch.Tensor:
+    def fuse(self, state: torch.Tensor, embed: torch.Tensor, hk: Hk) -> torch.Tensor:
+        """RMSNorm_f((W_U h) ⊙ σ(W_G e)) [batch, pos, d_model] (the Triton kernel on CUDA where it applies)."""
         value = hk(self.hook_value, self.W_U(state))
-        gate = hk(self.hook_gate, torch.sigmoid(self.W_G(embed)))
+        gate = hk(self.hook_gate, self.gate(embed))
         fast = dispatch.fusion(value, gate, self.norm.weight) if self.cfg.fast_fusion else None
         if fast is not None:
             return fast(value, gate, self.norm.weight, self.norm.eps)
-        return rms_norm(
-            value * gate, self.norm.weight, self.norm.eps
-        )  # = fusion_reference for same-dtype inputs, in fewer ops
+        return rms_norm(value * gate, self.norm.weight, self.norm.eps)  # = fusion_reference for same-dtype inputs

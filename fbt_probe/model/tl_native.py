@@ -163,8 +163,7 @@ class TransformerLensSurface:
 
     @property
     def W_U(self) -> torch.Tensor:  # [d_model, d_vocab]
-        head = self.embed if self.cfg.tie_embeddings else self.unembed
-        return head.weight.t()
+        return self.head_weight.t()
 
     @property
     def b_U(self) -> torch.Tensor:

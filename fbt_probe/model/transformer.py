@@ -39,7 +39,6 @@ from fbt_probe.errors import FbtError
 from fbt_probe.model.components import Block, Hk, HookedRMSNorm, KVCache, hooked, silent
 from fbt_probe.model.fusion import Fusion
 from fbt_probe.model.modes import Mode, parse_mode, require_mode
-from fbt_probe.model.nanochat import add_extras, init_extras, plain_input, trunk_with_extras
 from fbt_probe.model.serial_cache import run_with_serial_cache
 from fbt_probe.model.tl_native import FeedbackActivationCache, TransformerLensSurface, is_text, without_wrappers
 from fbt_probe.model.tokens import check_tokens
@@ -86,17 +85,22 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
     (torch.Size([1, 4, 128]), torch.Size([1, 4, 128]))
     """
 
+    # A model family with extras (fbt_probe.formats.nanochat) subclasses these pieces and the
+    # methods marked "a family may override"; `paper_backbone = False` keeps the engine's lean
+    # serial step (which computes the paper's backbone only) off its models.
+    fusion_cls = Fusion
+    block_cls = Block
+    paper_backbone = True
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)  # tied: also the unembedding
-        self.hook_embed = HookPoint()  # [batch, pos, d_model]  plain token embedding e_t (times embed_scale)
-        self.fusion = Fusion(cfg)
-        self.blocks = nn.ModuleList(Block(cfg, l) for l in range(cfg.n_layers))
-        self.ln_final = HookedRMSNorm(
-            cfg.d_model, cfg.rms_eps, cfg.norm_weights
-        )  # hook_normalized: [batch, pos, d_model]
-        add_extras(self, cfg)  # nanochat's extras (parameters and hook points), none by default
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]  plain token embedding e_t
+        self.fusion = self.fusion_cls(cfg)
+        self.blocks = nn.ModuleList(self.block_cls(cfg, l) for l in range(cfg.n_layers))
+        self.ln_final = self.final_norm(cfg)  # hook_normalized: [batch, pos, d_model]
+        self.add_extras()
         self.hook_context: HookContext | None = None
         self._default_mode = Mode("standard")
         self.cuda_graphs = True  # silent serial scans on CUDA replay one captured step (fbt_probe/engine/graph_scan.py)
@@ -105,12 +109,19 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         self.to(dtype=getattr(torch, cfg.dtype))
 
     # ----------------------------------------------------------------- parameters
+    @staticmethod
+    def final_norm(cfg: ModelConfig) -> HookedRMSNorm:
+        return HookedRMSNorm(cfg.d_model, cfg.rms_eps)
+
+    def add_extras(self) -> None:
+        """Parameters and hook points a model family adds after the final norm (none here)."""
+
     @torch.no_grad()
     def init_weights(self) -> None:
+        """Every matrix ~ N(0, init_std), in registration order; the fusion norm as `reset_fusion_norm`."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=self.cfg.init_std)
-        init_extras(self)
         self.reset_fusion_norm()
 
     @torch.no_grad()
@@ -168,15 +179,18 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
     ) -> torch.Tensor:
         """The layer-0 input of positions start..: the plain input, or the fused one where a state is carried."""
         e = hk(self.hook_embed, self.token_embedding(tokens))
-        plain = plain_input(self, tokens, e, start, cache, hk) if self.cfg.nanochat_input else e
+        plain = self.plain_input(tokens, e, start, cache, hk)
         if states is None:
             return plain
         return self.fusion(states, e, has_state, hk, plain)
 
     def token_embedding(self, tokens: torch.Tensor) -> torch.Tensor:
-        """e_t: the looked-up embedding (times `embed_scale`), what `hook_embed` holds and the fusion reads."""
-        e = self.embed(tokens)
-        return e if self.cfg.embed_scale == 1.0 else e * self.cfg.embed_scale
+        """e_t: the looked-up embedding, what `hook_embed` holds and the fusion reads (a family may override)."""
+        return self.embed(tokens)
+
+    def plain_input(self, tokens: torch.Tensor, e: torch.Tensor, start: int, cache: KVCache | None, hk: Hk):
+        """The layer-0 input of positions start.. where no state is carried: e itself (a family may override)."""
+        return e
 
     def plain_inputs(self, tokens: torch.Tensor) -> torch.Tensor:
         """[batch, pos, d_model] the layer-0 input of every position without feedback (hooks off)."""
@@ -191,18 +205,19 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         tokens: torch.Tensor | None = None,
         stop: int | None = None,
     ) -> torch.Tensor:
-        """Blocks 0..stop-1 (default all) on the layer-0 input x."""
-        if self.cfg.x0_mixing or self.cfg.backout_layer is not None:
-            return trunk_with_extras(self, x, start, cache, hk, tokens, stop)
+        """Blocks 0..stop-1 (default all) on the layer-0 input x (a family may override)."""
         for block in self.blocks if stop is None else self.blocks[:stop]:
             x = block(x, start, cache, hk, tokens)
         return x
 
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """[d_vocab, d_model] the unembedding: the tied embedding (a family may override)."""
+        return self.embed.weight
+
     def head(self, normed: torch.Tensor) -> torch.Tensor:
-        """Logits of final-normed states [..., d_model] -> [..., d_vocab] (untied / soft-capped if configured)."""
-        logits = F.linear(normed, self.embed.weight if self.cfg.tie_embeddings else self.unembed.weight)
-        cap = self.cfg.logit_softcap
-        return logits if cap is None else cap * torch.tanh(logits / cap)
+        """Logits of final-normed states [..., d_model] -> [..., d_vocab] (a family may override)."""
+        return F.linear(normed, self.head_weight)
 
     def _top(self, h: torch.Tensor, hk: Hk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """h^L -> (carried state, normed, logits)."""
@@ -250,8 +265,6 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             return torch.cat([s for s, _ in parts], dim=1), torch.cat([lg for _, lg in parts], dim=1)
         start = cache.length
         x = self._input(tokens, states, has_state, hk, start, cache)
-        if self.cfg.smear:
-            cache.write_tokens(start, tokens)  # the next chunk's smear reads the token before it
         h = self._trunk(x, start, cache, hk, tokens)
         state, _, logits = self._top(h, hk)
         return state, logits

@@ -4,7 +4,7 @@ xidulu/Full-bandwidth-transformer, `nanochat/gpt.py` with `LATENT_FEEDBACK_MODES
 Their folder holds `model_<step>.pt` (a state dict, keys of their `GPT`, possibly `_orig_mod.`
 prefixed, possibly bf16) and `meta_<step>.json` (`model_config`: their `GPTConfig` fields; an absent
 key takes the default their loader patches in). What their model computes, and the field of ours
-that represents it (`fbt_probe.model.nanochat`):
+that represents it (`NanochatConfig`, computed by `NanochatTransformer`, both in this package):
 
 - every RMSNorm without weight, eps = float32 eps (`norm_weights=False`, `rms_eps`);
 - embedding looked up (times 0.8/0.001 when tied), RMS-normed, then the smear (`embed_scale`,
@@ -29,11 +29,12 @@ from pathlib import Path
 
 import torch
 
-from fbt_probe.config import FLOAT32_EPS, MAX_N_CTX, ModelConfig
+from fbt_probe.config import FLOAT32_EPS, MAX_N_CTX
 from fbt_probe.errors import FbtError
-from fbt_probe.formats.checkpoint import save_checkpoint
+from fbt_probe.formats.checkpoint import load_checkpoint, save_checkpoint
+from fbt_probe.formats.nanochat.config import NanochatConfig
+from fbt_probe.formats.nanochat.model import NanochatTransformer
 from fbt_probe.io import read_json, sha256_file
-from fbt_probe.model.transformer import FeedbackTransformer
 
 DEFAULTS = {  # their GPTConfig defaults, and what their loader patches into an old meta
     "sequence_len": 2048,
@@ -135,7 +136,7 @@ def window_sizes(mc: dict) -> list[int]:
     return sizes
 
 
-def config_from_meta(mc: dict, source: str) -> ModelConfig:
+def config_from_meta(mc: dict, source: str) -> NanochatConfig:
     """Our config for their `model_config` (defaults filled); a one-line error names a field we cannot represent."""
 
     def refuse(field: str, why: str):
@@ -171,7 +172,7 @@ def config_from_meta(mc: dict, source: str) -> ModelConfig:
         refuse("window_pattern", f"gives several window sizes {short}; one is supported")
     types = tuple("sliding_attention" if w < n_ctx else "full_attention" for w in windows)
     try:
-        return ModelConfig(
+        return NanochatConfig(
             d_vocab=mc["vocab_size"],
             d_model=D,
             n_layers=L,
@@ -228,7 +229,7 @@ def _why(exc: Exception) -> str:
     return (text.splitlines() or [""])[0][:200]
 
 
-def key_map(cfg: ModelConfig, latent_feedback: bool) -> dict[str, str]:
+def key_map(cfg: NanochatConfig, latent_feedback: bool) -> dict[str, str]:
     """Their key -> ours, for every tensor our model takes from their checkpoint."""
     names = {"transformer.wte.weight": "embed.weight", **_TOP}
     if not cfg.tie_embeddings:
@@ -247,7 +248,7 @@ def key_map(cfg: ModelConfig, latent_feedback: bool) -> dict[str, str]:
 
 
 def to_ours(
-    state: dict[str, torch.Tensor], cfg: ModelConfig, latent_feedback: bool, source: str
+    state: dict[str, torch.Tensor], cfg: NanochatConfig, latent_feedback: bool, source: str
 ) -> tuple[dict, list[str]]:
     """(our state dict, the names of their tensors left out: dormant fusion matrices). Padded vocabulary
     rows are cropped; a tied checkpoint's lm_head must equal its embedding."""
@@ -324,7 +325,7 @@ def import_nanochat(folder: str | Path, step: int | None = None, seed: int = 0):
     ours, dormant = to_ours(state, cfg, mc["latent_feedback"], str(pt))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = FeedbackTransformer(cfg)
+        model = NanochatTransformer(cfg)
     expected = model.state_dict()
     for name, t in ours.items():
         if tuple(t.shape) != tuple(expected[name].shape):
@@ -386,3 +387,8 @@ def write_import(folder: str | Path, out: Path, step: int | None = None, seed: i
         model, out, tokenizer, extra={"imported_from": str(folder), "nanochat": json.loads(json.dumps(record))}
     )
     return record, notes
+
+
+def load_imported(folder: str | Path, device: str = "cpu"):
+    """A checkpoint folder of ours holding a nanochat model (`fbt-probe model import-nanochat` wrote it)."""
+    return load_checkpoint(folder, device, model_cls=NanochatTransformer, config_cls=NanochatConfig)
