@@ -40,15 +40,15 @@ from safetensors.torch import save_file
 
 from fbt_probe import distributed
 from fbt_probe.config import arch_of, check_device
+from fbt_probe.engine.prefix import build_prefix
 from fbt_probe.errors import FbtError
 from fbt_probe.hidden.config import ARCH as HIDDEN_ARCH
 from fbt_probe.hidden.streams import stream_depth, stream_position
 from fbt_probe.hooks import depth_name
 from fbt_probe.io import atomic_path, read_json, swap_in, temp_sibling, write_json
 from fbt_probe.loading import check_compatible, load_data, open_model
-from fbt_probe.model.modes import Mode, check_distinct, parse_mode
-from fbt_probe.model.prefix import build_prefix
 from fbt_probe.model.transformer import FeedbackTransformer
+from fbt_probe.modes import Mode, check_distinct, parse_mode
 from fbt_probe.progress import bar
 from fbt_probe.provenance import provenance
 from fbt_probe.shards import (
@@ -176,7 +176,7 @@ def collect(
     """{key: [batch, d]} on CPU for `tokens` [batch, pos]; stops the forward once every hook fired.
 
     A latent-feedback model runs only the positions from the earliest target on with hooks, after
-    the positions before it were computed once with hooks off (`fbt_probe.model.prefix`, the
+    the positions before it were computed once with hooks off (`fbt_probe.engine.prefix`, the
     one-pass rule: the activations are those of the one hooked pass, up to float rounding)."""
     run_mode = Mode("standard") if mode == REFERENCE_MODE else mode
     feedback = isinstance(model, FeedbackTransformer)

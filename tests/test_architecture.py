@@ -33,7 +33,7 @@ def test_a_planted_cycle_breaks_the_contract(tmp_path):
     modules of one package breaks the acyclic contract. Only the copy is changed."""
     shutil.copytree(ROOT / "fbt_probe", tmp_path / "fbt_probe", ignore=shutil.ignore_patterns("models", "__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    with open(tmp_path / "fbt_probe" / "model" / "modes.py", "a") as f:
+    with open(tmp_path / "fbt_probe" / "model" / "fusion.py", "a") as f:
         f.write("\nimport fbt_probe.cli  # planted\n")
     with open(tmp_path / "fbt_probe" / "interventions" / "metrics.py", "a") as f:
         f.write("\nimport fbt_probe.interventions.runner  # planted\n")
@@ -41,7 +41,7 @@ def test_a_planted_cycle_breaks_the_contract(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     assert "0 kept, 2 broken" in out, out
-    assert "fbt_probe.model.modes -> fbt_probe.cli" in out, out  # the copy was linted, not the installed package
+    assert "fbt_probe.model.fusion -> fbt_probe.cli" in out, out  # the copy was linted, not the installed package
 
 
 def test_no_module_imports_the_package_root():

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from fbt_probe.engine import dispatch
-from fbt_probe.model.components import MLP, Attention, RotaryTable, apply_rotary, rotary, use_path
-from fbt_probe.model.modes import parse_mode
-from fbt_probe.model.prefix import build_prefix
+from fbt_probe.engine.dispatch import use_path
+from fbt_probe.engine.prefix import build_prefix
+from fbt_probe.model.components import MLP, Attention, RotaryTable, apply_rotary, rotary
+from fbt_probe.modes import parse_mode
 from tests.helpers import make_model, tokens
 
 T = 20

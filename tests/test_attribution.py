@@ -16,7 +16,7 @@ from fbt_probe.hooks import depth_name
 from fbt_probe.interventions import label_token_ids, pair_batches, residual_patching
 from fbt_probe.interventions.atp_parity import attribution, choose_cells, parity_table
 from fbt_probe.interventions.attribution import FUSION_HOOKS, default_hooks, exact_cells, trace
-from fbt_probe.model.modes import parse_mode
+from fbt_probe.modes import parse_mode
 from fbt_probe.tasks import build_tokenizer, generate, load_spec
 from tests.helpers import make_model
 

@@ -24,7 +24,7 @@ from fbt_probe.interventions.das import (
     subspace_cosine,
 )
 from fbt_probe.interventions.das_experiment import FEEDBACK, das, merge, pair_components
-from fbt_probe.model.modes import parse_mode
+from fbt_probe.modes import parse_mode
 from tests.helpers import make_model, task_pairs
 
 pytestmark = pytest.mark.usefixtures("one_thread")

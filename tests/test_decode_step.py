@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from fbt_probe.engine import dispatch
-from fbt_probe.model.components import KVCache, hooked, use_path
+from fbt_probe.engine.cache import KVCache
+from fbt_probe.engine.dispatch import use_path
+from fbt_probe.engine.hooks import hooked
 from tests.helpers import STEP_CONFIGS, make_model, make_nanochat, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")

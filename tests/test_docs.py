@@ -102,7 +102,7 @@ def test_the_manual_builds_strict(tmp_path):
     r = build_docs(ROOT / "mkdocs.yml", tmp_path / "site")
     assert r.returncode == 0, r.stdout + r.stderr
     api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
-    for name in ("fbt_probe.load_model", "FeedbackTransformer", "fbt_probe.model.tl_native"):
+    for name in ("fbt_probe.load_model", "FeedbackTransformer", "fbt_probe.surface.tl_native"):
         assert name in api, name
     assert (tmp_path / "site" / "research" / "index.html").exists()
 

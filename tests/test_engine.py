@@ -19,9 +19,10 @@ import torch
 
 from fbt_probe.engine import attention as fast
 from fbt_probe.engine import dispatch, step
-from fbt_probe.model.components import Attention, use_path
-from fbt_probe.model.modes import parse_mode
-from fbt_probe.model.prefix import build_prefix
+from fbt_probe.engine.dispatch import use_path
+from fbt_probe.engine.prefix import build_prefix
+from fbt_probe.model.components import Attention
+from fbt_probe.modes import parse_mode
 from tests.helpers import make_cfg, make_model, make_nanochat, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")

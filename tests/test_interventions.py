@@ -32,7 +32,7 @@ from fbt_probe.interventions import (
 )
 from fbt_probe.interventions.experiments import last_prefix
 from fbt_probe.interventions.probe_edits import apply_edit, fold_edits
-from fbt_probe.model.modes import parse_mode
+from fbt_probe.modes import parse_mode
 from fbt_probe.probes import fit_binary, grouped_folds
 from fbt_probe.tasks import build_tokenizer, generate, load_spec
 from tests.helpers import assert_same_rows, make_model, task_pairs, tokens

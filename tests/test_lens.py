@@ -15,7 +15,7 @@ from fbt_probe.cli import app
 from fbt_probe.formats.checkpoint import save_checkpoint
 from fbt_probe.interventions import label_token_ids
 from fbt_probe.lens import LensConfig, TunedLens, fit_tuned_lens, kl_to, logit_lens, pass_activations, run_lens
-from fbt_probe.model.modes import parse_mode
+from fbt_probe.modes import parse_mode
 from fbt_probe.tasks import build_tokenizer, generate, load_spec, save_tokenizer, write_dataset
 from tests.helpers import make_model, tokens
 

@@ -8,8 +8,8 @@ from transformer_lens import patching
 
 from fbt_probe.errors import FbtError
 from fbt_probe.interventions import label_token_ids, pair_batches, residual_patching
-from fbt_probe.model import generate
-from fbt_probe.model.modes import parse_mode
+from fbt_probe.modes import parse_mode
+from fbt_probe.surface.decoding import generate
 from fbt_probe.tasks import build_tokenizer, load_spec
 from fbt_probe.tasks import generate as generate_pairs
 from tests.helpers import make_model, tokens

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from fbt_probe.errors import FbtError
-from fbt_probe.model import generate, parse_mode
+from fbt_probe.modes import parse_mode
+from fbt_probe.surface.decoding import generate
 from tests.helpers import make_model, tokens
 
 T = 12

@@ -13,8 +13,9 @@ from fbt_probe.config import FLOAT32_EPS
 from fbt_probe.errors import FbtError
 from fbt_probe.formats.nanochat.checkpoint import import_nanochat, read_state, to_theirs, window_sizes
 from fbt_probe.formats.nanochat.model import NanochatTransformer
-from fbt_probe.model.modes import parse_mode
 from fbt_probe.model.transformer import FeedbackTransformer
+from fbt_probe.modes import parse_mode
+from fbt_probe.surface.decoding import generate
 from tests.nanochat_helpers import META, random_state, write_nanochat
 
 T_LONG = 140  # > their short window of 128 keys before the query (ours: 129 in all)
@@ -226,7 +227,7 @@ def test_fusion_variants(tmp_path, mode):
 
 # ----------------------------------------------------------------------------- modes, cache, decoding
 def test_modes_cache_and_prefix_on_an_import(tmp_path):
-    from fbt_probe.model.prefix import build_prefix
+    from fbt_probe.engine.prefix import build_prefix
 
     model, *_ = _load(tmp_path, latent_feedback_mode="linear_addition")
     toks = _toks(10)
@@ -246,7 +247,7 @@ def test_modes_cache_and_prefix_on_an_import(tmp_path):
                 build_prefix(model, toks, parse_mode(mode), upto=5).run(3), ref[:, 3:], rtol=0, atol=1e-10
             )
     for dec in ("std", "soft", "fused"):
-        assert fp.model.generate(model, toks[:, :5], 4, dec).shape == (2, 4)
+        assert generate(model, toks[:, :5], 4, dec).shape == (2, 4)
 
 
 # ----------------------------------------------------------------------------- mapping and folder

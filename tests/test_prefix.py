@@ -1,12 +1,12 @@
-"""Prefix reuse (fbt_probe.model.prefix): a run of positions >= start from a cached silent prefix
+"""Prefix reuse (fbt_probe.engine.prefix): a run of positions >= start from a cached silent prefix
 equals the full run, under every mode and both hook rules, with and without edits (float64)."""
 
 import pytest
 import torch
 
+from fbt_probe.engine.prefix import build_prefix
 from fbt_probe.interventions.edits import capture, set_at
-from fbt_probe.model.modes import parse_mode
-from fbt_probe.model.prefix import build_prefix
+from fbt_probe.modes import parse_mode
 from tests.helpers import make_model, tokens
 
 T = 12

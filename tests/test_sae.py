@@ -13,7 +13,7 @@ from fbt_probe.cli import app
 from fbt_probe.errors import FbtError
 from fbt_probe.interventions import feedback_swap
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
-from fbt_probe.model.modes import parse_mode
+from fbt_probe.modes import parse_mode
 from fbt_probe.sae import SAEConfig, SAETrainConfig, SparseAutoencoder, train_sae
 from fbt_probe.sae.analyze import fractions
 from fbt_probe.sae.data import collect

@@ -10,7 +10,7 @@ from transformer_lens.ActivationCache import ActivationCache
 
 from fbt_probe.errors import FbtError
 from fbt_probe.loading import load_model
-from fbt_probe.model.decoding import generate as greedy
+from fbt_probe.surface.decoding import generate as greedy
 from tests.helpers import make_model, make_nanochat, tokens
 
 MODES = ["standard", "recurrent:1", "recurrent:3", "full", "jacobi:2"]

@@ -27,7 +27,7 @@ from fbt_probe.bench.report import save_report
 from fbt_probe.config import check_device
 from fbt_probe.errors import FbtError
 from fbt_probe.io import refuse_existing
-from fbt_probe.model.modes import parse_mode
+from fbt_probe.modes import parse_mode
 
 app = typer.Typer(help="Benchmarks (Markdown tables; JSON with provenance beside --out).", no_args_is_help=True)
 

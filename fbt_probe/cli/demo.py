@@ -9,7 +9,7 @@ import typer
 
 from fbt_probe.cli.model import model_summary
 from fbt_probe.loading import load_model
-from fbt_probe.model import generate
+from fbt_probe.surface.decoding import generate
 
 
 def register(app: typer.Typer) -> None:

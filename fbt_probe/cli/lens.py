@@ -12,7 +12,7 @@ from fbt_probe.cli.patch import _ints
 from fbt_probe.io import refuse_existing
 from fbt_probe.lens.sweep import LENS_KIND, LensConfig, is_lens_folder, run_lens, write_lens
 from fbt_probe.loading import open_pairs
-from fbt_probe.model.modes import parse_modes
+from fbt_probe.modes import parse_modes
 
 
 def lens(

@@ -17,7 +17,7 @@ from fbt_probe.interventions.methods_report import report_lines
 from fbt_probe.interventions.runner import RESULTS_KIND, is_results_folder
 from fbt_probe.io import refuse_existing
 from fbt_probe.loading import open_pairs
-from fbt_probe.model.modes import parse_modes
+from fbt_probe.modes import parse_modes
 
 
 def _ints(spec: Optional[str], what: str) -> tuple[int, ...] | None:

@@ -12,7 +12,7 @@ from fbt_probe.cli.patch import _ints
 from fbt_probe.errors import FbtError
 from fbt_probe.io import refuse_existing
 from fbt_probe.loading import load_data, open_model, open_pairs
-from fbt_probe.model.modes import parse_mode, parse_modes
+from fbt_probe.modes import parse_mode, parse_modes
 from fbt_probe.sae.analyze import analyze as run_analysis
 from fbt_probe.sae.analyze import is_analysis_folder, sparsity_sentence
 from fbt_probe.sae.data import collect

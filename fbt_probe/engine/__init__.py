@@ -3,11 +3,15 @@
 The model (`fbt_probe.model`) is the reference arithmetic; each module here computes a piece of
 it faster, and `dispatch` says in one place which runs for a call and why:
 
-    dispatch.py     the rules: attention path, fused projections, lean step, CUDA-graph scan, fusion kernel
+    dispatch.py     the rules: attention path, fused projections, lean step, CUDA-graph scan,
+                    fusion kernel; `use_path` pins a model to the reference or to one path
     attention.py    SDPA (general mask, decode step, sliding window) and the materialised pattern
     fused.py        weights fused from parameters (one GEMM for q/k/v, gate/up)
     step.py         the lean serial step (`DecodePlan`) over a KV cache or static buffers
     graph_scan.py   the silent serial scan as one captured CUDA graph replayed per position
+    prefix.py       prefix reuse: positions before an edit computed once, hooks off, then forked
+    cache.py        the KV cache (in-place buffers; fork, select, repeat for prefix reuse)
+    hooks.py        `hooked` / `silent`: how a pass calls its hook points; `HookContext`
     (fbt_probe.kernels: the Triton fusion kernel, reached through `dispatch.fusion`)
 
 tests/test_engine.py runs every path against the reference over one grid of configs. Nothing here

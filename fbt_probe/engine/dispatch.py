@@ -16,8 +16,9 @@ where the path holds detached weights.
     projection     fused         path "auto", no autograd           one GEMM for q/k/v, gate/up
                    split         otherwise                          one GEMM per projection
     step           plan          hooks off, no autograd, path       the lean serial step (step.py)
-                                 "auto", float32/64, a plain
-                                 backbone, no feedback noise
+                                 "auto", float32/64, the paper's
+                                 backbone (model.paper_backbone),
+                                 no feedback noise
                    module        otherwise                          the model's own forward
     scan           graphed       a plan, CUDA, >= MIN_STEPS steps   one CUDA graph replayed (graph_scan.py)
                    eager         otherwise
@@ -29,6 +30,8 @@ name of one attention path (forced; a call the forced path cannot compute raises
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 
@@ -142,3 +145,21 @@ def fusion(x: torch.Tensor, *others: torch.Tensor):
     if not K.fast_fusion_available(x.device):
         return None
     return K.glu_fusion if autograd else K.glu_fusion_direct
+
+
+@contextmanager
+def use_path(model, path: str):
+    """Every module of `model` that takes a path (its attentions and MLPs: a `path` attribute) on
+    `path` inside the block: "auto" (the rules above), "explicit" (the reference arithmetic, op for
+    op: einsum attention, one GEMM per projection) or one attention path by name (tests, benchmarks)."""
+    if path not in PATHS:
+        raise ValueError(f"path '{path}': expected one of {PATHS}")
+    mods = [m for m in model.modules() if isinstance(vars(m).get("path"), str)]
+    before = [m.path for m in mods]
+    for m in mods:
+        m.path = path
+    try:
+        yield model
+    finally:
+        for m, old in zip(mods, before):
+            m.path = old

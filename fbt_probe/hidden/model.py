@@ -20,11 +20,13 @@ from torch import nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from fbt_probe.engine.cache import KVCache
+from fbt_probe.engine.hooks import Hk, hooked, silent
 from fbt_probe.errors import FbtError
 from fbt_probe.hidden.config import HiddenConfig
 from fbt_probe.hidden.streams import stream_mask, stream_slice
-from fbt_probe.model.components import Attention, Block, Hk, HookedRMSNorm, KVCache, hooked, silent
-from fbt_probe.model.tokens import check_tokens
+from fbt_probe.model.components import Attention, Block, HookedRMSNorm
+from fbt_probe.tokens import check_tokens
 
 
 class StreamAttention(Attention):

@@ -8,7 +8,7 @@
 Hook rules (docs/modes.md): feedback-swap, state-replacement, gate-ablation and probe-direction edit
 the final position in the one hooked pass (exact); residual patching uses `serial=True` when the
 mode carries a state; Soft decoding uses the KV-cache step path with hooks on. Every experiment
-computes the positions before its first edit once per batch (`fbt_probe.model.prefix`; off with
+computes the positions before its first edit once per batch (`fbt_probe.engine.prefix`; off with
 `PatchConfig(prefix_reuse=False)`, the full re-run: same tables up to float rounding).
 """
 

@@ -18,7 +18,7 @@ import pandas as pd
 from scipy.stats import rankdata
 
 from fbt_probe.interventions.attribution import exact_cells, traced_attribution
-from fbt_probe.model.modes import Mode
+from fbt_probe.modes import Mode
 from fbt_probe.stats import bca, group_weights
 
 GROUP = ["task", "length_knob", "mode", "hook_rule", "direction"]

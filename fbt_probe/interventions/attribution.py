@@ -32,7 +32,7 @@ from fbt_probe.interventions.edits import span
 from fbt_probe.interventions.experiments import ONE_PASS, SERIAL, device_of
 from fbt_probe.interventions.metrics import AXES, logit_diff, score
 from fbt_probe.interventions.pairs import PairBatch
-from fbt_probe.model.modes import Mode
+from fbt_probe.modes import Mode
 
 FUSION_HOOKS = tuple(act_name(k) for k in ("fusion_feedback", "fusion_value", "fusion_gate", "fusion_out"))
 ATTRIBUTION_METRICS = ("logit_diff", "normalized")

@@ -39,7 +39,7 @@ from fbt_probe.interventions.runner import (
     write_results,
 )
 from fbt_probe.io import refuse_existing
-from fbt_probe.model.modes import Mode
+from fbt_probe.modes import Mode
 
 SHARED = ("state-replacement", "feedback-swap", "gate-ablation", "probe-direction")  # final position, same batches
 

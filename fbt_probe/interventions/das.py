@@ -26,10 +26,10 @@ import torch
 from torch import nn
 from torch.nn.utils.parametrizations import orthogonal
 
+from fbt_probe.engine.cache import KVCache
+from fbt_probe.engine.hooks import HookContext, hooked
 from fbt_probe.errors import FbtError
-from fbt_probe.model.components import KVCache, hooked
-from fbt_probe.model.modes import Mode
-from fbt_probe.model.transformer import HookContext
+from fbt_probe.modes import Mode
 
 
 # ----------------------------------------------------------------------------- rotation and interchange

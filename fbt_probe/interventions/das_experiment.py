@@ -31,7 +31,7 @@ from fbt_probe.interventions.das import (
 from fbt_probe.interventions.experiments import ONE_PASS, device_of
 from fbt_probe.interventions.metrics import score
 from fbt_probe.interventions.pairs import PairBatch
-from fbt_probe.model.modes import Mode
+from fbt_probe.modes import Mode
 from fbt_probe.probes import fit_binary, grouped_folds
 
 FEEDBACK = act_name("fusion_feedback")

@@ -11,7 +11,7 @@ Every run goes through `run_with_hooks` (or `model.hooks`), which removes its ho
 
 Prefix reuse (`reuse=True`, the default): every edit is at positions >= p (p = T-1, or the first
 patched position for residual patching), so each batch computes positions < p once, hooks off
-(`fbt_probe.model.prefix`), and every condition runs only positions >= p under the same hook rule.
+(`fbt_probe.engine.prefix`), and every condition runs only positions >= p under the same hook rule.
 That equals the full re-run (`reuse=False`) up to float rounding (tests/test_interventions.py, float64).
 """
 
@@ -23,16 +23,15 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fbt_probe.engine.hooks import HookContext, hooked
+from fbt_probe.engine.prefix import Prefix, build_prefix
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import act_name, depth_name
 from fbt_probe.interventions import pool
 from fbt_probe.interventions.edits import capture, patch_rows_at, set_at, stitch
 from fbt_probe.interventions.metrics import score
 from fbt_probe.interventions.pairs import PairBatch
-from fbt_probe.model.components import hooked
-from fbt_probe.model.modes import Mode
-from fbt_probe.model.prefix import Prefix, build_prefix
-from fbt_probe.model.transformer import HookContext
+from fbt_probe.modes import Mode
 
 FEEDBACK, VALUE, GATE, FUSED = (act_name(k) for k in ("fusion_feedback", "fusion_value", "fusion_gate", "fusion_out"))
 ONE_PASS, SERIAL, STEP = "one-pass", "serial", "kv-step"

@@ -19,8 +19,8 @@ from contextvars import ContextVar
 
 import torch
 
-from fbt_probe.model.modes import Mode
-from fbt_probe.model.prefix import Prefix, build_prefix
+from fbt_probe.engine.prefix import Prefix, build_prefix
+from fbt_probe.modes import Mode
 
 _POOL: ContextVar["PrefixPool | None"] = ContextVar("fbt_probe_prefix_pool", default=None)
 

@@ -27,7 +27,7 @@ from fbt_probe.hooks import depth_name
 from fbt_probe.interventions.edits import edit_at, rank_one_edit
 from fbt_probe.interventions.experiments import ONE_PASS, _reference, device_of, final_logits, last_prefix
 from fbt_probe.interventions.metrics import score
-from fbt_probe.model.modes import Mode
+from fbt_probe.modes import Mode
 from fbt_probe.probes import fit_binary, grouped_folds
 
 

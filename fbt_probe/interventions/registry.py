@@ -18,7 +18,7 @@ from fbt_probe.interventions.atp_parity import attribution, parity_table
 from fbt_probe.interventions.das_experiment import das
 from fbt_probe.interventions.experiments import feedback_swap, gate_ablation, residual_patching, state_replacement
 from fbt_probe.interventions.probe_edits import erase_methods, probe_direction
-from fbt_probe.model.modes import Mode, check_distinct, parse_mode
+from fbt_probe.modes import Mode, check_distinct, parse_mode
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class PatchConfig:
     """DAS: Adam learning rate of the rotation."""
     prefix_reuse: bool = True
     """Compute the positions before the first edited one once per batch (hooks off) and run only the
-    rest per condition (`fbt_probe.model.prefix`); False re-runs the whole sequence each time (the
+    rest per condition (`fbt_probe.engine.prefix`); False re-runs the whole sequence each time (the
     reference path: same tables up to float rounding)."""
 
     def __post_init__(self) -> None:

@@ -26,7 +26,7 @@ from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.probe_edits import erase_methods
 from fbt_probe.interventions.registry import EXPERIMENTS, HOOK_RULES, PatchConfig
 from fbt_probe.io import atomic_dir, read_json, refuse_existing, write_csv, write_json
-from fbt_probe.model.modes import Mode
+from fbt_probe.modes import Mode
 from fbt_probe.provenance import provenance
 
 FORMAT = "fbt-probe.interventions/1"

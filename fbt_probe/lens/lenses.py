@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fbt_probe.model.components import silent
+from fbt_probe.engine.hooks import silent
 
 
 def logit_lens(model, resid: torch.Tensor) -> torch.Tensor:

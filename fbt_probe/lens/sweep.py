@@ -32,7 +32,7 @@ from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.runner import dataset_hash
 from fbt_probe.io import atomic_dir, read_json, write_json
 from fbt_probe.lens.lenses import TunedLens, fit_tuned_lens, kl_to, logit_lens
-from fbt_probe.model.modes import Mode, check_distinct, parse_mode
+from fbt_probe.modes import Mode, check_distinct, parse_mode
 from fbt_probe.provenance import provenance
 
 FORMAT = "fbt-probe.lens/1"

@@ -1,7 +1,3 @@
-"""The latent-feedback model: backbone, fusion, modes, decoding, checkpoints, Qwen3 interop."""
-
-from fbt_probe.model.decoding import generate
-from fbt_probe.model.modes import Mode, parse_mode, parse_modes
-from fbt_probe.model.transformer import FeedbackTransformer, HookContext
-
-__all__ = ["FeedbackTransformer", "HookContext", "Mode", "generate", "parse_mode", "parse_modes"]
+"""The reference model: the paper's latent-feedback transformer on the Qwen3 backbone, every line
+its math (components.py: norms, RoPE, attention, MLP, block; fusion.py; transformer.py: the
+modes). What runs it fast is `fbt_probe.engine`; its TransformerLens surface is `fbt_probe.surface`."""

@@ -12,7 +12,8 @@ from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import ModelConfig
 from fbt_probe.engine import dispatch
-from fbt_probe.model.components import Hk, RMSNorm, rms_norm
+from fbt_probe.engine.hooks import Hk
+from fbt_probe.model.components import RMSNorm, rms_norm
 
 
 def fusion_reference(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

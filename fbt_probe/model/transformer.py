@@ -23,7 +23,6 @@ hooks then fire in every chunk of the real computation — the standard prefix, 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -33,24 +32,19 @@ from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import ModelConfig
 from fbt_probe.engine import dispatch
+from fbt_probe.engine.cache import KVCache
 from fbt_probe.engine.graph_scan import GraphedScan
+from fbt_probe.engine.hooks import Hk, HookContext, hooked, silent
 from fbt_probe.engine.step import DecodePlan
 from fbt_probe.errors import FbtError
-from fbt_probe.model.components import Block, Hk, HookedRMSNorm, KVCache, hooked, silent
+from fbt_probe.model.components import Block, HookedRMSNorm
 from fbt_probe.model.fusion import Fusion
-from fbt_probe.model.modes import Mode, parse_mode, require_mode
-from fbt_probe.model.serial_cache import run_with_serial_cache
-from fbt_probe.model.tl_native import FeedbackActivationCache, TransformerLensSurface, is_text, without_wrappers
-from fbt_probe.model.tokens import check_tokens
+from fbt_probe.modes import Mode, parse_mode, require_mode
+from fbt_probe.surface.serial_cache import run_with_serial_cache
+from fbt_probe.surface.tl_native import FeedbackActivationCache, TransformerLensSurface, is_text, without_wrappers
+from fbt_probe.tokens import check_tokens
 
 SILENT_CHUNK_TOKENS = 8192  # batch x positions per chunk of a silent pass through the KV cache (memory bound)
-
-
-@dataclass(frozen=True)
-class HookContext:
-    phase: str  # "final" (the one hooked pass), "prefix", "step" or "pass" (serial runs)
-    positions: range  # the sequence positions the firing tensors cover
-    pass_index: int = 1  # Jacobi pass (1-based); 1 elsewhere
 
 
 class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
@@ -156,9 +150,9 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
 
     def run_with_cache(self, *model_args, serial: bool = False, **kwargs):
         """TransformerLens's `run_with_cache`, returning an `ActivationCache` (a
-        `FeedbackActivationCache`, see `fbt_probe.model.tl_native`). With `serial=True` the hooks fire in every chunk of
+        `FeedbackActivationCache`, see `fbt_probe.surface.tl_native`). With `serial=True` the hooks fire in every chunk of
         the serial computation and the chunks are stitched into [batch, pos, ...] (Jacobi: one entry
-        per pass); see `fbt_probe.model.serial_cache`."""
+        per pass); see `fbt_probe.surface.serial_cache`."""
         if serial:
             return run_with_serial_cache(self, *model_args, **kwargs)
         remove_batch_dim = kwargs.get("remove_batch_dim", False)

@@ -17,7 +17,7 @@ import pandas as pd
 
 from fbt_probe.io import atomic_dir
 from fbt_probe.loading import load_data
-from fbt_probe.model.modes import parse_modes
+from fbt_probe.modes import parse_modes
 from fbt_probe.reproduce.methods import FEEDBACK, _fmt, _mapped, _model, _per_task, _task_pairs, methods_knobs, tables
 from fbt_probe.sae.analyze import TOP, analyze, quality, sparsity_sentence
 from fbt_probe.sae.data import collect

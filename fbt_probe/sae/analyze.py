@@ -24,7 +24,7 @@ from fbt_probe.figures.sae import sae_swap
 from fbt_probe.interventions.metrics import summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.io import atomic_dir, write_json
-from fbt_probe.model.modes import parse_mode
+from fbt_probe.modes import parse_mode
 from fbt_probe.provenance import provenance
 from fbt_probe.sae.data import collect
 from fbt_probe.sae.features import KS, feature_tests, final_states, rankings

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from fbt_probe.errors import FbtError
-from fbt_probe.model.modes import Mode, parse_mode
+from fbt_probe.modes import Mode, parse_mode
 
 POSITIONS = ("fed", "all", "final")
 

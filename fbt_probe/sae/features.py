@@ -26,7 +26,7 @@ import torch
 from fbt_probe.interventions.edits import capture, set_at
 from fbt_probe.interventions.metrics import score
 from fbt_probe.interventions.pairs import PairBatch, label_token_ids, pair_batches
-from fbt_probe.model.modes import Mode
+from fbt_probe.modes import Mode
 
 KS = (1, 2, 4, 8, 16, 32)
 

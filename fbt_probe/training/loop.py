@@ -17,8 +17,8 @@ import torch
 from rich.progress import TextColumn
 
 from fbt_probe import distributed
+from fbt_probe.engine.dispatch import use_path
 from fbt_probe.errors import FbtError
-from fbt_probe.model.components import use_path
 from fbt_probe.progress import bar
 from fbt_probe.training import parallel
 from fbt_probe.training.checkpoint import save_run

@@ -25,19 +25,11 @@ import torch.nn.functional as F
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
+from fbt_probe.engine.cache import KVCache
+from fbt_probe.engine.hooks import Hk
 from fbt_probe.errors import FbtError
 from fbt_probe.formats.nanochat.config import NanochatConfig
-from fbt_probe.model.components import (
-    MLP,
-    Attention,
-    Block,
-    Hk,
-    HookedRMSNorm,
-    KVCache,
-    RMSNorm,
-    RotaryTable,
-    ScaledRMSNorm,
-)
+from fbt_probe.model.components import MLP, Attention, Block, HookedRMSNorm, RMSNorm, RotaryTable, ScaledRMSNorm
 from fbt_probe.model.fusion import Fusion
 from fbt_probe.model.transformer import FeedbackTransformer
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from fbt_probe.errors import FbtError
-from fbt_probe.model.modes import parse_mode
-from fbt_probe.model.tl_native import FeedbackActivationCache
+from fbt_probe.modes import parse_mode
+from fbt_probe.surface.tl_native import FeedbackActivationCache
 
 
 def _keep(names_filter):

@@ -88,7 +88,7 @@ def require_mode(mode) -> Mode:
     """`mode` itself when it is a parsed Mode; a TypeError naming the parser when it is not (the
     functions behind the entry points take parsed modes only)."""
     if not isinstance(mode, Mode):
-        raise TypeError(f"expected a Mode (fbt_probe.model.modes.parse_mode), got {mode!r}")
+        raise TypeError(f"expected a Mode (fbt_probe.modes.parse_mode), got {mode!r}")
     return mode
 
 

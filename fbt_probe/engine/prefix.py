@@ -23,10 +23,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from fbt_probe.model.components import KVCache, hooked, silent
-from fbt_probe.model.modes import Mode, require_mode
-from fbt_probe.model.tokens import check_tokens
-from fbt_probe.model.transformer import HookContext
+from fbt_probe.engine.cache import KVCache
+from fbt_probe.engine.hooks import HookContext, hooked, silent
+from fbt_probe.modes import Mode, require_mode
+from fbt_probe.tokens import check_tokens
 
 
 @dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from fbt_probe.errors import FbtError
-from fbt_probe.model.modes import Mode
-from fbt_probe.model.tokens import check_tokens
+from fbt_probe.modes import Mode
+from fbt_probe.tokens import check_tokens
 
 DECODINGS = ("std", "soft", "fused")
 

@@ -29,8 +29,8 @@ from transformer_lens.FactoredMatrix import FactoredMatrix
 from transformer_lens.utilities import Slice
 
 from fbt_probe.errors import FbtError
-from fbt_probe.model.decoding import generate as greedy
-from fbt_probe.model.modes import Mode
+from fbt_probe.modes import Mode
+from fbt_probe.surface.decoding import generate as greedy
 
 
 def is_text(x) -> bool:
@@ -305,7 +305,7 @@ class TransformerLensSurface:
         verbose: bool = False,
     ):
         """Greedy continuation under one of the paper's decodings (``std``, ``soft``, ``fused``;
-        `fbt_probe.model.decoding`). Like TransformerLens, returns the input followed by the new
+        `fbt_probe.surface.decoding`). Like TransformerLens, returns the input followed by the new
         tokens: a string for a string input (`return_type="input"`, or ``"str"``), ids for ids
         (or ``"tokens"``)."""
 
