@@ -191,17 +191,12 @@ class ModelConfig:
     def from_format_3(cls, d: dict, source: str) -> dict:
         """A format-3 record without `FORMAT_3_EXTRAS`, which must hold their identity values: any
         other value is a nanochat model's (`fbt_probe.formats.nanochat` reads those records)."""
-        d = dict(d)
-        for name, identity in FORMAT_3_EXTRAS.items():
-            if name not in d:
-                continue
-            value = d.pop(name)
-            if (tuple(value) if isinstance(value, list) else value) != identity:
-                raise FbtError(
-                    f"{source}: field '{name}' is {value!r}: an extra of a nanochat model, which this "
-                    f"config ({cls.__name__}) does not have (fbt_probe.load_model reads such a folder)"
-                )
-        return d
+        for name in extras_away_from_identity(d):
+            raise FbtError(
+                f"{source}: field '{name}' is {d[name]!r}: an extra of a nanochat model, which this "
+                f"config ({cls.__name__}) does not have (fbt_probe.load_model reads such a folder)"
+            )
+        return {k: v for k, v in d.items() if k not in FORMAT_3_EXTRAS}
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -246,6 +241,16 @@ FORMAT_3_EXTRAS = {
     "logit_softcap": None,
     "tie_embeddings": True,
 }
+
+
+def extras_away_from_identity(record: dict) -> list[str]:
+    """The `FORMAT_3_EXTRAS` a config record holds at other than their identity values (a JSON
+    list compares as the tuple it was written from)."""
+    return [
+        name
+        for name, identity in FORMAT_3_EXTRAS.items()
+        if name in record and (tuple(v) if isinstance(v := record[name], list) else v) != identity
+    ]
 
 
 def _is_int(v) -> bool:

@@ -32,6 +32,7 @@ from fbt_probe.engine.graph_scan import fusion_epilogue
 from fbt_probe.errors import FbtError
 from fbt_probe.kernels.glu_fusion import _launch as launch_kernel
 from fbt_probe.kernels.glu_fusion import _num_warps as kernel_num_warps
+from fbt_probe.kernels.glu_fusion import block_width
 from fbt_probe.provenance import provenance
 
 DEFAULT_ROWS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
@@ -445,7 +446,7 @@ def run_fusion_bench(cfg: FusionBenchConfig = FusionBenchConfig()) -> dict:
 def bench_warps(cfg: FusionBenchConfig, device, dtype, timer) -> dict:
     """Median kernel time per num_warps at a few row counts, beside the launcher's own choice, so
     the heuristic in `kernels/glu_fusion.py:_num_warps` can be checked on the device at hand."""
-    block_d = _next_power_of_2(cfg.d_model)
+    block_d = block_width(cfg.d_model)
     records = []
     for n in cfg.warps_rows:
         v = torch.randn(n, cfg.d_model, device=device, dtype=dtype)
@@ -454,10 +455,6 @@ def bench_warps(cfg: FusionBenchConfig, device, dtype, timer) -> dict:
         times = {nw: timer(lambda nw=nw: launch_kernel(v, g, None, w, cfg.eps, num_warps=nw)) for nw in cfg.warps}
         records.append({"rows": n, "times_s": times})
     return {"default_warps": kernel_num_warps(block_d), "records": records}
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
 
 
 def _warps_markdown(result: dict) -> list[str]:

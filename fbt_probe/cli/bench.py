@@ -18,11 +18,6 @@ from fbt_probe.bench import nnsight as nnsight_bench
 from fbt_probe.bench import patch as patch_bench
 from fbt_probe.bench import probes as probes_bench
 from fbt_probe.bench.diff_reports import diff_reports as run_diff
-from fbt_probe.bench.fusion import FusionBenchConfig, parse_rows, run_fusion_bench
-from fbt_probe.bench.model import run_model_bench
-from fbt_probe.bench.nnsight import run_nnsight_bench
-from fbt_probe.bench.patch import EXPERIMENTS, run_patch_bench
-from fbt_probe.bench.probes import bench_probe_sweep
 from fbt_probe.bench.report import save_report
 from fbt_probe.config import check_device
 from fbt_probe.errors import FbtError
@@ -86,20 +81,20 @@ def fusion(
     Example: fbt-probe bench fusion --rows 1,64,4k,64k --out reports/bench/fusion.md
     """
 
-    cfg = FusionBenchConfig(
-        rows=parse_rows(rows),
+    cfg = fusion_bench.FusionBenchConfig(
+        rows=fusion_bench.parse_rows(rows),
         d_model=d_model,
         device=device,
         dtype=dtype,
         compile=compile,
         decode=decode,
         model_step=model_step,
-        decode_batches=parse_rows(decode_batches, "--decode-batches"),
+        decode_batches=fusion_bench.parse_rows(decode_batches, "--decode-batches"),
         decode_ctx=decode_ctx,
         decode_preset=decode_preset,
         budget_ms=budget_ms,
     )
-    write_report(run_fusion_bench(cfg), fusion_bench.to_markdown, out, force)
+    write_report(fusion_bench.run_fusion_bench(cfg), fusion_bench.to_markdown, out, force)
 
 
 @app.command()
@@ -138,7 +133,7 @@ def model(
         raise FbtError(f"--device '{device}': expected cpu or cuda[:N]")
 
     check_device(device)  # CUDA present, the index in range: one line otherwise
-    result = run_model_bench(preset, batch, seq, fb, cache_batch, cache_seq, repeats, memory, device)
+    result = model_bench.run_model_bench(preset, batch, seq, fb, cache_batch, cache_seq, repeats, memory, device)
     write_report(result, model_bench.to_markdown, out, force)
 
 
@@ -167,19 +162,21 @@ def patch(
     """
 
     names = (
-        EXPERIMENTS if experiments.strip() == "all" else tuple(e.strip() for e in experiments.split(",") if e.strip())
+        patch_bench.EXPERIMENTS
+        if experiments.strip() == "all"
+        else tuple(e.strip() for e in experiments.split(",") if e.strip())
     )
-    bad = [e for e in names if e not in EXPERIMENTS]
+    bad = [e for e in names if e not in patch_bench.EXPERIMENTS]
     if bad or not names:
         raise FbtError(
-            f"--experiments '{experiments}': expected 'all' or a comma-separated subset of {', '.join(EXPERIMENTS)}"
+            f"--experiments '{experiments}': expected 'all' or a comma-separated subset of {', '.join(patch_bench.EXPERIMENTS)}"
         )
     mode = parse_mode(mode)
     if compare_pairs < 0:
         raise FbtError("--compare-pairs must be >= 0")
     if dataset is not None and not dataset.exists():
         raise FbtError(f"{dataset}: no such dataset file or folder")
-    result = run_patch_bench(
+    result = patch_bench.run_patch_bench(
         run,
         dataset,
         names,
@@ -214,7 +211,9 @@ def nnsight(
         raise FbtError("--batch and --repeats must be >= 1, --seq >= 2")
     if out is not None:
         refuse_existing(out, force)
-    write_report(run_nnsight_bench(model, batch, seq, repeats, layer), nnsight_bench.to_markdown, out, force)
+    write_report(
+        nnsight_bench.run_nnsight_bench(model, batch, seq, repeats, layer), nnsight_bench.to_markdown, out, force
+    )
 
 
 @app.command()
@@ -241,7 +240,10 @@ def probes(
     if out is not None:  # before minutes of fitting
         refuse_existing(out, force)
     write_report(
-        bench_probe_sweep(n, d, depths, folds, jobs, seed, torch_path, device), probes_bench.to_markdown, out, force
+        probes_bench.bench_probe_sweep(n, d, depths, folds, jobs, seed, torch_path, device),
+        probes_bench.to_markdown,
+        out,
+        force,
     )
 
 

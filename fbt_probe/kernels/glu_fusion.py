@@ -135,6 +135,11 @@ def _tl_dtype(dtype: torch.dtype):
     return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
 
 
+def block_width(d: int) -> int:
+    """The block the launcher gives rows of width d: the whole row up to MAX_SINGLE_PASS_D, else LOOP_D chunks."""
+    return triton.next_power_of_2(d) if d <= MAX_SINGLE_PASS_D else LOOP_D
+
+
 def _num_warps(block_d: int) -> int:
     return 4 if block_d < 2048 else 8 if block_d < 8192 else 16
 
@@ -187,7 +192,7 @@ def _launch(
     if v2.shape[0] == 0:
         return out.reshape(value.shape)
     if block_d is None:
-        block_d = triton.next_power_of_2(d) if d <= MAX_SINGLE_PASS_D else LOOP_D
+        block_d = block_width(d)
     interpret = interpreting()
     # the launch goes to the current CUDA device: switch only when the tensors live on another one
     switch = value.is_cuda and not interpret and value.device.index not in (None, torch.cuda.current_device())

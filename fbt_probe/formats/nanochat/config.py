@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fbt_probe.config import FORMAT_3_EXTRAS, ModelConfig, _checker, _is_int, _is_number
+from fbt_probe.config import ModelConfig, _checker, _is_int, _is_number, extras_away_from_identity
 
 ARCH = "nanochat"
 FUSIONS = ("glu", "gate_product", "concat_projection", "linear_addition")
@@ -111,9 +111,7 @@ class NanochatConfig(ModelConfig):
     @property
     def extras(self) -> dict:
         """The extras that differ from their identity value (what makes this more than the backbone)."""
-        return {
-            name: getattr(self, name) for name, identity in FORMAT_3_EXTRAS.items() if getattr(self, name) != identity
-        }
+        return {name: getattr(self, name) for name in extras_away_from_identity(self.to_dict())}
 
 
 def is_nanochat_record(model: dict) -> bool:
@@ -121,8 +119,4 @@ def is_nanochat_record(model: dict) -> bool:
     written before `arch` marked them) an extra holds other than its identity value."""
     if "arch" in model:
         return model["arch"] == ARCH
-    for name, identity in FORMAT_3_EXTRAS.items():
-        value = model.get(name, identity)
-        if (tuple(value) if isinstance(value, list) else value) != identity:
-            return True
-    return False
+    return bool(extras_away_from_identity(model))
