@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fbt_probe._version import __version__
-from fbt_probe.cli import COMMANDS, app, load_command
+from fbt_probe.cli import COMMANDS, Group, app, load_command
 
 runner = CliRunner()
 
@@ -36,10 +36,41 @@ def test_help_imports_no_torch_and_no_command_module():
     assert all(name in res.stdout for name in COMMANDS)
 
 
-@pytest.mark.parametrize("name", list(COMMANDS))
-def test_root_help_lists_each_commands_own_help(name):
-    """The table's one-line help is the loaded command's help, so the root listing cannot drift."""
-    assert COMMANDS[name][1] == load_command(name).get_short_help_str(10**6)
+TABLE = [(name, COMMANDS) for name in COMMANDS] + [
+    (sub, entry.commands) for entry in COMMANDS.values() if isinstance(entry, Group) for sub in entry.commands
+]
+
+
+@pytest.mark.parametrize(("name", "table"), TABLE, ids=[n if t is COMMANDS else f"sub-{n}" for n, t in TABLE])
+def test_each_listed_help_is_the_commands_own(name, table):
+    """The table's one-line help is the loaded command's help, so a group's listing cannot drift."""
+    assert table[name].help == load_command(name, table).get_short_help_str(10**6)
+
+
+def _modules_after(args: list[str]) -> list[str]:
+    """The fbt_probe.cli modules a fresh process has imported after running `fbt-probe ARGS`."""
+    code = (
+        f"import sys\nfrom fbt_probe.cli import main\nsys.argv = ['fbt-probe', *{args!r}]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, sorted(m for m in sys.modules if m.startswith('fbt_probe.cli.')))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip().splitlines()[-1]
+
+
+def test_a_group_loads_only_the_sub_command_that_runs():
+    assert _modules_after(["model", "--help"]) == "False []"
+    assert _modules_after(["bench", "-h"]) == "False []"
+    # `model refs` reads the shipped records: its own module, and neither torch nor a sibling's
+    assert _modules_after(["model", "refs"]) == "False ['fbt_probe.cli.model', 'fbt_probe.cli.model.refs']"
+
+
+def test_a_group_lists_its_table():
+    res = runner.invoke(app, ["model", "--help"], terminal_width=200)
+    listed = [line.split()[0] for line in res.output.split("Commands:")[1].splitlines() if line.strip()]
+    assert res.exit_code == 0 and listed == list(COMMANDS["model"].commands)
+    assert runner.invoke(app, ["bench", "no-such-benchmark"]).exit_code == 2
 
 
 def test_a_command_runs_through_the_lazy_group():

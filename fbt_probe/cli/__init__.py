@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import NamedTuple
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -17,52 +18,134 @@ from typer.core import TyperCommand, TyperGroup
 from fbt_probe._version import __version__
 from fbt_probe.errors import FbtError
 
-# name: (module, the one-line help `fbt-probe --help` lists; tests/test_cli_root.py checks it against
-# the command's own). A module exposes `register(app)` (plain commands on the root) or `app` (a group
-# of that name). Nothing here imports a module before its command runs, so `--help` and
-# `--version` start without torch, and every command module imports what it needs at its top.
-COMMANDS = {
-    "demo": (
+
+class Command(NamedTuple):
+    """A command in a lazy table: the module that defines it and the one-line help the group lists."""
+
+    module: str
+    help: str
+
+
+class Group(NamedTuple):
+    """A group of commands in a lazy table: its help and its own table (loaded as lazily as the root)."""
+
+    help: str
+    commands: dict[str, Command]
+
+
+# name: the command or group, and the one-line help `fbt-probe --help` lists (tests/test_cli_root.py
+# checks every help here against the command's own). A module exposes `register(app)` (plain commands)
+# or `app` (a group of that name). Nothing here imports a module before its command runs, so
+# `--help` and `--version` start without torch, `fbt-probe model refs` imports only `refs`, and every
+# command module imports what it needs at its top.
+COMMANDS: dict[str, Command | Group] = {
+    "demo": Command(
         "fbt_probe.cli.demo",
         "Build the `tiny` model, summarise its hooks, and greedy-generate under Std / Soft / Fused.",
     ),
-    "extract": (
+    "extract": Command(
         "fbt_probe.cli.probes",
         "Extract the final-position residual stream at every depth for each prefill mode.",
     ),
-    "probe": ("fbt_probe.cli.probes", "Fit grouped-CV probes at every depth for each task x mode x length."),
-    "figures": ("fbt_probe.cli.probes", "Draw a figure from a results table (never runs a model)."),
-    "train": (
+    "probe": Command("fbt_probe.cli.probes", "Fit grouped-CV probes at every depth for each task x mode x length."),
+    "figures": Command("fbt_probe.cli.probes", "Draw a figure from a results table (never runs a model)."),
+    "train": Command(
         "fbt_probe.cli.train",
         "Train a latent-feedback model (or its no-feedback baseline, or a Hidden Decoding model) on the four tasks.",
     ),
-    "eval": (
+    "eval": Command(
         "fbt_probe.cli.train",
         "Answer accuracy per task × length under Std/Soft, Fused, recurrent:1, jacobi:3 and full, on contexts held out of training, plus validation loss per pass.",
     ),
-    "reproduce": (
+    "reproduce": Command(
         "fbt_probe.cli.reproduce",
         "Generate the task datasets, take the shipped feedback model and its no-feedback baseline (or train them: --train), run the contraction diagnostic, extract activations, fit the probe sweep, run the causal experiments, draw every figure and write OUT/report.html and OUT/report.md.",
     ),
-    "patch": ("fbt_probe.cli.patch", "Run causal intervention experiments over the minimal pairs of DATASET."),
-    "lens": (
+    "patch": Command("fbt_probe.cli.patch", "Run causal intervention experiments over the minimal pairs of DATASET."),
+    "lens": Command(
         "fbt_probe.cli.lens",
         "What each depth would predict: the logit lens (final norm + tied unembedding) and a tuned lens (one affine translator per depth, identity init, KL to the final logits of held-out task text), at the final position, under each prefill mode and each Jacobi pass.",
     ),
-    "model": ("fbt_probe.cli.model", "Inspect, import and export models."),
-    "bench": ("fbt_probe.cli.bench", "Benchmarks (Markdown tables; JSON with provenance beside --out)."),
-    "tasks": (
+    "model": Group(
+        "Inspect, import and export models.",
+        {
+            "info": Command("fbt_probe.cli.model.info", "Config, parameter counts and hook points of a model."),
+            "import-hf": Command(
+                "fbt_probe.cli.model.import_hf",
+                "Import a Qwen3 checkpoint and add fresh fusion weights (W_U, W_G ~ N(0, 0.02); fusion norm weight = mean embedding-row RMS), depth scaling off, post-norm feedback.",
+            ),
+            "import-nanochat": Command(
+                "fbt_probe.cli.model.import_nanochat",
+                "Import a checkpoint of the nanochat latent-feedback reproduction (every backbone extra and the fusion variant of its meta; see fbt_probe/formats/nanochat/).",
+            ),
+            "export-hf": Command(
+                "fbt_probe.cli.model.export_hf",
+                "Export the backbone as a Qwen3 checkpoint (fusion weights go to fusion.safetensors beside it).",
+            ),
+            "refs": Command(
+                "fbt_probe.cli.model.refs",
+                "The reference models shipped with the package (load them as ref:<name> wherever a model is read).",
+            ),
+            "pack": Command(
+                "fbt_probe.cli.model.pack",
+                "Make RUN a reference model: copy its checkpoint, evaluate it on held-out contexts, write its model card (card.md) and the sha256 record every load verifies (reference.json).",
+            ),
+        },
+    ),
+    "bench": Group(
+        "Benchmarks (Markdown tables; JSON with provenance beside --out).",
+        {
+            "fusion": Command(
+                "fbt_probe.cli.bench.fusion",
+                "Time the fusion epilogue RMSNorm(value ⊙ gate)·w: fused Triton kernel vs eager PyTorch vs torch.compile, bandwidth vs the device peak, and its share of a paper-1b decode step.",
+            ),
+            "model": Command(
+                "fbt_probe.cli.bench.model",
+                "`standard` and `full` prefill time (and peak memory) at T x batch, full / standard and the time per serial step, and run_with_cache over a plain forward, on this machine's CPU (or GPU: --device cuda).",
+            ),
+            "patch": Command(
+                "fbt_probe.cli.bench.patch",
+                "Wall time and peak RSS of `fbt-probe patch` per experiment (each command in its own process), and on a subset the speed-up of prefix reuse over the full re-run with the largest difference between their summary tables.",
+            ),
+            "nnsight": Command(
+                "fbt_probe.cli.bench.nnsight",
+                "nnsight's trace against run_with_cache reading one hook on the same forward: `recurrent:1`, and `full` with serial=True through nnsight's iteration support (each value checked first).",
+            ),
+            "probes": Command(
+                "fbt_probe.cli.bench.probes",
+                "A depth x fold probe sweep on synthetic activations: the project's CPU path (lbfgs, one BLAS thread per fit, fits over cores) against scikit-learn defaults in one loop, and with --torch the batched torch path, with the largest held-out accuracy difference between them.",
+            ),
+            "diff-reports": Command(
+                "fbt_probe.cli.bench.diff_reports",
+                "Compare two reports' tables token by token: text exactly, numbers to --ulps units in their last printed place (a speed-up must leave a study's tables as they were).",
+            ),
+        },
+    ),
+    "tasks": Command(
         "fbt_probe.cli.tasks",
         "Synthetic probe tasks (completion, memory, registers, registers-count): specs, datasets, tokenizer.",
     ),
-    "diagnose": ("fbt_probe.cli.train", "Diagnostics of a trained run."),
-    "sae": ("fbt_probe.cli.sae", "Sparse autoencoders on a hook (default: the carried state, fusion.hook_feedback)."),
+    "diagnose": Command("fbt_probe.cli.train", "Diagnostics of a trained run."),
+    "sae": Command(
+        "fbt_probe.cli.sae", "Sparse autoencoders on a hook (default: the carried state, fusion.hook_feedback)."
+    ),
 }
 
 
-def load_command(name: str) -> TyperCommand | TyperGroup:
-    """The click command `name`, its module imported now."""
-    module = importlib.import_module(COMMANDS[name][0])
+def load_command(name: str, table: dict[str, Command | Group] = COMMANDS) -> TyperCommand | TyperGroup:
+    """The click command `name` of `table`: its module imported now, or a lazy group over its own table."""
+    entry = table[name]
+    if isinstance(entry, Group):
+        group = LazyGroup(
+            name=name,
+            help=entry.help,
+            no_args_is_help=True,
+            context_settings=SETTINGS["context_settings"],
+            rich_markup_mode=SETTINGS["rich_markup_mode"],
+        )
+        group.table = entry.commands
+        return group
+    module = importlib.import_module(entry.module)
     holder = typer.Typer(**SETTINGS)
     if hasattr(module, "register"):
         module.register(holder)
@@ -72,23 +155,25 @@ def load_command(name: str) -> TyperCommand | TyperGroup:
 
 
 class LazyGroup(TyperGroup):
-    """The root group: lists `COMMANDS` from the table and imports a command's module only when
-    that command is looked up to run (click's lazy-group pattern)."""
+    """A group that lists its commands from a table and imports a command's module only when that
+    command is looked up to run (click's lazy-group pattern). The root's table is `COMMANDS`."""
+
+    table: dict[str, Command | Group] = COMMANDS
 
     def list_commands(self, ctx: typer.Context) -> list[str]:
-        return list(COMMANDS)
+        return list(self.table)
 
     def get_command(self, ctx: typer.Context, name: str) -> TyperCommand | TyperGroup | None:
-        if name not in COMMANDS:
+        if name not in self.table:
             return None
         if name not in self.commands:
-            self.commands[name] = load_command(name)
+            self.commands[name] = load_command(name, self.table)
         return self.commands[name]
 
     def format_commands(self, ctx: typer.Context, formatter) -> None:
         """The command list from the table's one-line helps (no module imported)."""
-        limit = formatter.width - 6 - max(len(n) for n in COMMANDS)
-        rows = [(name, TyperCommand(name, help=text).get_short_help_str(limit)) for name, (_, text) in COMMANDS.items()]
+        limit = formatter.width - 6 - max(len(n) for n in self.table)
+        rows = [(name, TyperCommand(name, help=e.help).get_short_help_str(limit)) for name, e in self.table.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import torch
 import typer
 
-from fbt_probe.cli.model import model_summary
+from fbt_probe.cli.model.info import model_summary
 from fbt_probe.loading import load_model
 from fbt_probe.surface.decoding import generate
 

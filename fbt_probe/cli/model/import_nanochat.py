@@ -1,0 +1,46 @@
+"""`fbt-probe model import-nanochat`: a checkpoint of the nanochat latent-feedback reproduction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fbt_probe.errors import FbtError
+from fbt_probe.formats.checkpoint import is_own_checkpoint
+from fbt_probe.formats.nanochat.checkpoint import write_import
+from fbt_probe.io import atomic_dir, refuse_existing
+
+
+def import_nanochat(
+    ckpt_dir: Annotated[Path, typer.Argument(help="nanochat checkpoint folder (model_<step>.pt + meta_<step>.json).")],
+    out: Annotated[Path, typer.Argument(help="Checkpoint folder to write.")],
+    step: Annotated[int | None, typer.Option(help="Step to import (default: the last).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of fresh fusion weights (only when the checkpoint has none).")] = 0,
+    tokenizer: Annotated[Path | None, typer.Option(help="tokenizer.json to copy into OUT.")] = None,
+    force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+) -> None:
+    """Import a checkpoint of the nanochat latent-feedback reproduction (every backbone extra and the
+    fusion variant of its meta; see fbt_probe/formats/nanochat/). Refuses what it cannot represent.
+
+    \b
+    Example: fbt-probe model import-nanochat ~/.cache/nanochat/base_checkpoints/d20 runs/d20 --step 5000
+    """
+
+    if tokenizer is not None and not tokenizer.is_file():
+        raise FbtError(f"--tokenizer {tokenizer}: file not found")
+    own = dict(own=is_own_checkpoint, kind="an fbt-probe checkpoint folder")
+    replacing = refuse_existing(out, force, **own)
+    with atomic_dir(out, force, **own) as tmp:
+        record, notes = write_import(ckpt_dir, tmp, step=step, seed=seed, tokenizer=tokenizer)
+    for note in notes:
+        typer.echo(f"note: {note}")
+    typer.echo(
+        f"{'replaced the earlier checkpoint in' if replacing else 'wrote'} {out} "
+        f"(step {record['step']}, fusion {record['model_config']['latent_feedback_mode']})"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("import-nanochat")(import_nanochat)
