@@ -6,16 +6,22 @@ import dataclasses
 import pandas as pd
 import pytest
 
-import fbt_probe.interventions.experiments as E
-import fbt_probe.interventions.pool as pool_module
+import fbt_probe.interventions.forwards as forwards_module
 from fbt_probe.interventions import PatchConfig, label_token_ids, pair_batches, run
 from fbt_probe.interventions.combined import run_several, units
+from fbt_probe.interventions.registry import options_for
 from fbt_probe.tasks import build_tokenizer, generate, load_spec
 from tests.helpers import assert_same_rows, make_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FIVE = ("feedback-swap", "state-replacement", "gate-ablation", "residual", "probe-direction")
-OPTS = dict(n_boot=50, depths=(0, 3), scales=(1.0,), n_folds=2, batch_size=8)
+OPTS = dict(n_boot=50, batch_size=8)
+KNOBS = dict(depths=(0, 3), scales=(1.0,), n_folds=2)
+
+
+def config(experiment, **kw) -> PatchConfig:
+    knobs = {**KNOBS, **kw.pop("knobs", {})}
+    return PatchConfig(experiment, options=options_for(experiment, **knobs), **OPTS, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +50,7 @@ def same_frame(a: pd.DataFrame, b: pd.DataFrame) -> None:
 @pytest.mark.parametrize("mode", ["recurrent:1", "jacobi:2"])
 def test_five_together_equal_each_on_its_own(model, data, mode):
     df, ids = data
-    cfgs = [PatchConfig(e, modes=(mode,), **OPTS) for e in FIVE]
+    cfgs = [config(e, modes=(mode,)) for e in FIVE]
     together = run_several(model, df, cfgs, label_ids=ids, figures=False)
     for cfg, res in zip(cfgs, together):
         alone = run(model, df, cfg, label_ids=ids, figures=False)
@@ -63,7 +69,7 @@ def test_experiments_with_different_modes_run_together_as_the_study_runs_them(mo
         "state-replacement": ("recurrent:1",),
         "residual": ("recurrent:1", "standard"),
     }
-    cfgs = [PatchConfig(e, modes=m, **OPTS) for e, m in modes.items()]
+    cfgs = [config(e, modes=m) for e, m in modes.items()]
     for cfg, res in zip(cfgs, run_several(model, df, cfgs, label_ids=ids, figures=False)):
         alone = run(model, df, cfg, label_ids=ids, figures=False)
         assert list(dict.fromkeys(res.rows["mode"])) == list(cfg.modes)
@@ -77,16 +83,15 @@ def test_one_prefill_per_batch_serves_every_final_position_experiment(model, dat
     df, ids = data
     n_batches = len(list(pair_batches(df, ids, OPTS["batch_size"])))
     calls = []
-    real = E.build_prefix
+    real = forwards_module.build_prefix
 
     def counting(*a, **k):
         calls.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr(E, "build_prefix", counting)
-    monkeypatch.setattr(pool_module, "build_prefix", counting)
+    monkeypatch.setattr(forwards_module, "build_prefix", counting)  # the one place prefixes are built
     shared = ("state-replacement", "feedback-swap", "probe-direction", "gate-ablation")
-    cfgs = [PatchConfig(e, decoding=False, **OPTS) for e in shared]
+    cfgs = [config(e, knobs=dict(decoding=False)) for e in shared]
     run_several(model, df, cfgs, label_ids=ids, figures=False)
     assert len(calls) == 2 * n_batches
     calls.clear()

@@ -30,7 +30,7 @@ from fbt_probe.interventions import (
     summarize,
     to_long,
 )
-from fbt_probe.interventions.experiments import last_prefix
+from fbt_probe.interventions.forwards import Forwards
 from fbt_probe.interventions.probe_edits import apply_edit, fold_edits
 from fbt_probe.modes import parse_mode
 from fbt_probe.probes import fit_binary, grouped_folds
@@ -260,8 +260,8 @@ REUSE_CASES = [
 def test_prefix_reuse_equals_the_full_rerun(model, batches, experiment, mode, kw):
     """Each condition run from a cached prefix (positions before the first edit, hooks off) gives
     the tables of re-running the whole sequence, for every experiment, mode and hook rule."""
-    reused = experiment(model, batches, mode=parse_mode(mode), min_gap=0.1, reuse=True, **kw)
-    full = experiment(model, batches, mode=parse_mode(mode), min_gap=0.1, reuse=False, **kw)
+    reused = experiment(Forwards(model), batches, mode=parse_mode(mode), min_gap=0.1, **kw)
+    full = experiment(Forwards(model, reuse=False), batches, mode=parse_mode(mode), min_gap=0.1, **kw)
     assert_same_rows(reused, full)
     assert no_hooks_left(model) and model.hook_context is None
 
@@ -274,9 +274,11 @@ def test_hooks_are_removed_when_an_intervention_fails(model, batches):
         final_logits(model, batches[0].tokens, parse_mode("recurrent:1"), [("fusion.hook_gate", boom)])
     with pytest.raises(RuntimeError, match="boom"):
         soft_answer_logits(model, batches[0].tokens, [("fusion.hook_gate", boom)])
-    pre = last_prefix(model, batches[0].tokens, parse_mode("recurrent:1"))
+    fw, tokens = Forwards(model), batches[0].tokens
     with pytest.raises(RuntimeError, match="boom"):
-        final_logits(model, batches[0].tokens, parse_mode("recurrent:1"), [("fusion.hook_gate", boom)], prefix=pre)
+        fw.final_logits(tokens, parse_mode("recurrent:1"), [("fusion.hook_gate", boom)], edit_from=tokens.shape[1] - 1)
+    with pytest.raises(RuntimeError, match="boom"):
+        fw.soft_answer_logits(tokens, [("fusion.hook_gate", boom)])
     assert no_hooks_left(model) and model.hook_context is None
 
 

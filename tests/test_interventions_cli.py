@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from fbt_probe.cli import app
 from fbt_probe.interventions import PatchConfig, load_pairs, run
+from fbt_probe.interventions.registry import ProbeDirectionOptions, ResidualOptions
 from tests.helpers import make_model, patch_workdir
 
 runner = CliRunner()
@@ -96,7 +97,9 @@ def test_residual_and_probe_direction_figures_from_written_tables(workdir):
     res = run(
         model,
         df,
-        PatchConfig("residual", modes=("standard", "recurrent:1"), depths=(0, 3), n_boot=50, min_gap=0),
+        PatchConfig(
+            "residual", modes=("standard", "recurrent:1"), options=ResidualOptions(depths=(0, 3)), n_boot=50, min_gap=0
+        ),
         out=workdir / "lib",
     )
     summary = pd.read_parquet(res.out_dir / "summary.parquet")
@@ -105,7 +108,12 @@ def test_residual_and_probe_direction_figures_from_written_tables(workdir):
     pd_res = run(
         model,
         df,
-        PatchConfig("probe-direction", depths=(0, 1), scales=(1.0,), n_folds=2, erase="orth", n_boot=50, min_gap=0),
+        PatchConfig(
+            "probe-direction",
+            options=ProbeDirectionOptions(depths=(0, 1), scales=(1.0,), n_folds=2, erase="orth"),
+            n_boot=50,
+            min_gap=0,
+        ),
     )
     for name in ("decodable-vs-used", "steering-sweep"):
         get_figure(name)(pd_res.summary)

@@ -71,7 +71,7 @@ def test_attribution_cli_with_check(workdir):
     assert len(every[cells].drop_duplicates()) > 4 * len(rows[cells].drop_duplicates())
     man = json.loads((folder / "manifest.json").read_text())
     assert "parity.csv" in man["files"] and "atp_rows.parquet" in man["files"] and "atp_rows.csv" not in man["files"]
-    assert man["provenance"]["config"]["check"] == 3
+    assert man["provenance"]["config"]["options"]["check"] == 3
     par = pd.read_parquet(folder / "parity.parquet")
     assert set(par["mode"]) == {"standard", "jacobi:2"} and set(par["hook_rule"]) == {"one-pass", "serial"}
     s = pd.read_parquet(folder / "summary.parquet")

@@ -14,6 +14,7 @@ from fbt_probe.interventions import PatchConfig
 from fbt_probe.interventions import run as run_patch
 from fbt_probe.interventions.combined import run_several
 from fbt_probe.interventions.methods_report import report_lines
+from fbt_probe.interventions.registry import EXPERIMENTS, options_for
 from fbt_probe.interventions.runner import RESULTS_KIND, is_results_folder
 from fbt_probe.io import refuse_existing
 from fbt_probe.loading import open_pairs
@@ -135,31 +136,34 @@ def patch(
     (feedback-swap and residual share their pair batches over the processes; the others run on rank 0)
     """
 
-    names = [e.strip() for e in experiment.split(",") if e.strip()]
+    names = [e.strip() for e in experiment.split(",") if e.strip()] or [experiment]
+    knobs = dict(  # each experiment's options take the knobs they declare (registry.options_for)
+        depths=_ints(depths, "depths"),
+        last_k=last_k,
+        scales=_floats(scales, "scales"),
+        n_folds=folds,
+        erase=erase,
+        decoding=decoding,
+        check=check,
+        hooks=tuple(h.strip() for h in hooks.split(",") if h.strip()) if hooks else None,
+        ks=_ints(ks, "ks") or (1, 2, 4, 8),
+        steps=steps,
+        lr=lr,
+    )
     cfgs = [
         PatchConfig(
             experiment=name,
             modes=tuple(parse_modes(mode)),
+            options=options_for(name, **knobs) if name in EXPERIMENTS else None,
             batch_size=batch_size,
             min_gap=min_gap,
             n_boot=n_boot,
             seed=seed,
             max_pairs=max_pairs,
             lengths=_ints(lengths, "lengths"),
-            depths=_ints(depths, "depths"),
-            last_k=last_k,
-            scales=_floats(scales, "scales"),
-            n_folds=folds,
-            erase=erase,
-            decoding=decoding,
-            check=check,
-            ks=_ints(ks, "ks") or (1, 2, 4, 8),
-            steps=steps,
-            lr=lr,
             prefix_reuse=prefix_reuse,
-            hooks=tuple(h.strip() for h in hooks.split(",") if h.strip()) if hooks else None,
         )
-        for name in names or [experiment]
+        for name in names
     ]
 
     if len(set(names)) != len(names):

@@ -68,7 +68,7 @@ def train(
     Example: fbt-probe sae train ref:tiny-feedback runs/demo/data --out runs/sae/topk
     """
 
-    mode = str(parse_mode(mode))
+    mode = parse_mode(mode)  # a Mode is a str: the SAE folder records its name
     cfg = SAETrainConfig(
         architecture=architecture,
         expansion=expansion,

@@ -7,9 +7,11 @@
 
 Hook rules (docs/modes.md): feedback-swap, state-replacement, gate-ablation and probe-direction edit
 the final position in the one hooked pass (exact); residual patching uses `serial=True` when the
-mode carries a state; Soft decoding uses the KV-cache step path with hooks on. Every experiment
-computes the positions before its first edit once per batch (`fbt_probe.engine.prefix`; off with
-`PatchConfig(prefix_reuse=False)`, the full re-run: same tables up to float rounding).
+mode carries a state; Soft decoding uses the KV-cache step path with hooks on. Every forward of an
+experiment goes through the runner (`Forwards`, `fbt_probe.interventions.forwards`), which computes
+the positions before the first edit once per batch (off with `PatchConfig(prefix_reuse=False)`, the
+full re-run: same tables up to float rounding). Each experiment's knobs are its options dataclass
+(`registry.ResidualOptions`, ...), `PatchConfig(..., options=...)`.
 """
 
 from fbt_probe.interventions.edits import (
@@ -25,13 +27,12 @@ from fbt_probe.interventions.edits import (
 from fbt_probe.interventions.experiments import (
     GATE_CONDITIONS,
     feedback_swap,
-    final_logits,
     gate_ablation,
     mean_gates,
     residual_patching,
-    soft_answer_logits,
     state_replacement,
 )
+from fbt_probe.interventions.forwards import Forwards, final_logits, soft_answer_logits
 from fbt_probe.interventions.metrics import bootstrap_ci, kl_div, logit_diff, score, summarize, to_long
 from fbt_probe.interventions.pairs import PairBatch, label_token_ids, pair_batches
 from fbt_probe.interventions.probe_edits import erase_methods, probe_direction
@@ -41,6 +42,7 @@ from fbt_probe.loading import check_compatible, load_pairs, open_model, open_pai
 
 __all__ = [
     "EXPERIMENTS",
+    "Forwards",
     "GATE_CONDITIONS",
     "HOOK_RULES",
     "PairBatch",

@@ -18,6 +18,7 @@ import pandas as pd
 from scipy.stats import rankdata
 
 from fbt_probe.interventions.attribution import exact_cells, traced_attribution
+from fbt_probe.interventions.forwards import forwards
 from fbt_probe.modes import Mode
 from fbt_probe.stats import bca, group_weights
 
@@ -58,7 +59,7 @@ def choose_cells(atp: pd.DataFrame, k: int, seed: int) -> dict[tuple, str]:
 
 
 def attribution(
-    model,
+    fw,
     batches,
     mode: Mode = Mode("standard"),
     min_gap: float = 0.1,
@@ -71,8 +72,9 @@ def attribution(
 ) -> pd.DataFrame:
     """AtP rows (method `atp`) and, with `check` = K > 0, exact rows (method `exact`, column
     `check_cell` = top | random) for the K top and K random cells of each task × length × direction."""
+    fw = forwards(fw)
     batches = list(batches)
-    atp, traces = traced_attribution(model, batches, mode, min_gap, hooks, last_k, directions, None, keep=check > 0)
+    atp, traces = traced_attribution(fw.model, batches, mode, min_gap, hooks, last_k, directions, None, keep=check > 0)
     if check <= 0:
         return atp
     out = [atp]
@@ -82,7 +84,7 @@ def attribution(
         for batch, tr, serial in traces:
             if (str(batch.meta["task"].iloc[0]), int(batch.meta["length_knob"].iloc[0])) != (task, knob):
                 continue
-            rows = exact_cells(model, batch, tr, mode, cells, direction, serial, min_gap, batch_size)
+            rows = exact_cells(fw, batch, tr, mode, cells, direction, serial, min_gap, batch_size)
             rows["check_cell"] = [
                 chosen[(h, k, p)] for h, k, p in zip(rows["hook"], rows["pass_index"], rows["position"])
             ]

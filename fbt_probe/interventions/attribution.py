@@ -30,6 +30,7 @@ from fbt_probe.errors import FbtError
 from fbt_probe.hooks import act_name, depth_name
 from fbt_probe.interventions.edits import span
 from fbt_probe.interventions.experiments import ONE_PASS, SERIAL, device_of
+from fbt_probe.interventions.forwards import forwards
 from fbt_probe.interventions.metrics import AXES, logit_diff, score
 from fbt_probe.interventions.pairs import PairBatch
 from fbt_probe.modes import Mode
@@ -237,7 +238,7 @@ def _cell_hook(
 
 @torch.no_grad()
 def exact_cells(
-    model,
+    fw,
     batch: PairBatch,
     tr: Traced,
     mode: Mode,
@@ -248,10 +249,12 @@ def exact_cells(
     batch_size: int = 64,
 ) -> pd.DataFrame:
     """Exact patching (method `exact`) of the given (hook, pass, position) cells, scored by `score`
-    exactly as `residual_patching` scores its cells. Many cells share a forward (replicas)."""
-    N = batch.n
+    exactly as `residual_patching` scores its cells. Many cells share a forward (replicas); each runs
+    the whole sequence (`edit_from` unclaimed), as the traced forward AtP linearises."""
+    fw = forwards(fw)
+    model, N = fw.model, batch.n
     own = torch.arange(N, device=batch.tokens.device)
-    base, src = (batch.tokens[batch.partner], own) if direction == "denoising" else (batch.tokens, batch.partner)
+    run_rows, src = (batch.partner, own) if direction == "denoising" else (None, batch.partner)
     per = max(1, batch_size // N)
     out = []
     for s in range(0, len(cells), per):
@@ -262,7 +265,7 @@ def exact_cells(
             rows = torch.cat([j * N + own for j in js])
             pos = torch.tensor([chunk[j][2] for j in js], device=own.device).repeat_interleave(N)
             hooks.append((name, _cell_hook(model, tr.acts[(name, k)], rows, pos, k, src.repeat(len(js)))))
-        logits = model.run_with_hooks(base.repeat(len(chunk), 1), mode=mode, serial=serial, fwd_hooks=hooks)[:, -1]
+        logits = fw.final_logits(batch.tokens, mode, hooks, serial=serial, rows=run_rows, replicas=len(chunk))
         for j, (name, k, p) in enumerate(chunk):
             out.append(
                 score(

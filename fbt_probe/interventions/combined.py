@@ -5,8 +5,8 @@ only, on the same pair batches, so each needs the same prefix of each batch (pos
 the mode). Run as separate commands they compute it five times over the dataset (state replacement
 twice: all carried states are needed before any donor can be swapped in). Here the batches are cut
 into units (`units`: contiguous, each probe-direction cell inside one), and per unit one prefix per
-batch serves all of them (`pool.sharing`), state replacement's first pass included; its second pass
-runs after every unit, as on its own. Residual patching (its own default cells), attribution and
+batch serves all of them (one `Forwards` holding the unit's prefixes), state replacement's first pass
+included; its second pass runs after every unit, as on its own. Residual patching (its own default cells), attribution and
 DAS (no prefix reuse) run after, each as on its own.
 
 The tables are those of the separate commands (tests/test_combined.py): every experiment still
@@ -16,7 +16,6 @@ over all batches, and a shared prefix equals a fresh one.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -25,8 +24,8 @@ import torch
 from fbt_probe import distributed
 from fbt_probe.errors import FbtError
 from fbt_probe.interventions import experiments as E
+from fbt_probe.interventions.forwards import Forwards
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
-from fbt_probe.interventions.pool import PrefixPool, sharing
 from fbt_probe.interventions.registry import EXPERIMENTS, PatchConfig
 from fbt_probe.interventions.runner import (
     RESULTS_KIND,
@@ -58,38 +57,33 @@ def units(batches) -> list[range]:
     return out
 
 
-def _call(model, cfg: PatchConfig, batches, mode: Mode, **extra) -> pd.DataFrame:
-    exp = EXPERIMENTS[cfg.experiment]
-    return exp.run(
-        model, batches, mode=mode, min_gap=cfg.min_gap, reuse=cfg.prefix_reuse, **asdict(exp.options_of(cfg)), **extra
-    )
-
-
 def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
     w = pd.concat(parts, ignore_index=True)
     w.attrs = {"notes": [n for p in parts for n in p.attrs.get("notes", [])]}
     return w
 
 
-def _one_mode(model, by: dict, batches: list, mode: Mode) -> dict[str, pd.DataFrame]:
-    """{experiment: wide rows of `mode`} for the SHARED experiments in `by`."""
-    means = E.mean_gates(model, batches) if "gate-ablation" in by else None  # over every batch, as on its own
+def _one_mode(fw: Forwards, by: dict, batches: list, mode: Mode) -> dict[str, pd.DataFrame]:
+    """{experiment: wide rows of `mode`} for the SHARED experiments in `by`, through one `Forwards`."""
+    means = E.mean_gates(fw.model, batches) if "gate-ablation" in by else None  # over every batch, as on its own
     parts = {name: [] for name in by}
     states, metas = [], []
     for unit in units(batches):
         part = [batches[i] for i in unit]
-        with sharing(PrefixPool()):  # this unit's prefixes, freed when it ends
+        with fw.holding():  # this unit's prefixes, freed when it ends
             if "state-replacement" in by:  # the first pass: carried states into the final position
-                s, m = E.carried_last_states(model, part, mode, by["state-replacement"].prefix_reuse)
+                s, m = E.carried_last_states(fw, part, mode)
                 states.append(s)
                 metas.append(m)
             for name in ("feedback-swap", "gate-ablation", "probe-direction"):
                 if name in by:
                     extra = {"means": means} if name == "gate-ablation" else {}
-                    parts[name].append(_call(model, by[name], part, mode, **extra))
+                    parts[name].append(EXPERIMENTS[name](fw, part, by[name], mode, **extra))
     if "state-replacement" in by:
         carried = (torch.cat(states), pd.concat(metas, ignore_index=True))
-        parts["state-replacement"].append(_call(model, by["state-replacement"], batches, mode, carried=carried))
+        parts["state-replacement"].append(
+            EXPERIMENTS["state-replacement"](fw, batches, by["state-replacement"], mode, carried=carried)
+        )
     return {name: _concat(p) for name, p in parts.items()}
 
 
@@ -110,12 +104,13 @@ def run_shared(
     label_ids = label_ids or label_token_ids(df)
     model.eval()
     dev = E.device_of(model)
+    fw = Forwards(model)  # prefix reuse on: `run_several` sends only those here
     parts = {cfg.experiment: {} for cfg in cfgs}
     for mode in dict.fromkeys(m for cfg in cfgs for m in cfg.modes):
         by = {cfg.experiment: cfg for cfg in cfgs if mode in cfg.modes}
-        # moved once, so every experiment meets the same token tensors (the pool's key)
+        # moved once, so every experiment meets the same token tensors (the runner's key)
         batches = [b.to(dev) for b in pair_batches(df, label_ids, first.batch_size, first.max_pairs, first.lengths)]
-        for name, w in _one_mode(model, by, batches, mode).items():
+        for name, w in _one_mode(fw, by, batches, mode).items():
             parts[name][mode] = w
     return {
         cfg.experiment: assemble(cfg.experiment, [(m, parts[cfg.experiment][m]) for m in cfg.modes]) for cfg in cfgs

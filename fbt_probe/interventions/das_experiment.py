@@ -29,6 +29,7 @@ from fbt_probe.interventions.das import (
     subspace_cosine,
 )
 from fbt_probe.interventions.experiments import ONE_PASS, device_of
+from fbt_probe.interventions.forwards import forwards
 from fbt_probe.interventions.metrics import score
 from fbt_probe.interventions.pairs import PairBatch
 from fbt_probe.modes import Mode
@@ -119,7 +120,7 @@ def _fit_all(
 
 
 def das(
-    model,
+    fw,
     batches,
     mode: Mode = Mode("recurrent", 1),
     min_gap: float = 0.1,
@@ -133,7 +134,9 @@ def das(
 ) -> pd.DataFrame:
     """Wide rows (held-out interchanges; metrics iia, iia_choice and the usual `score` columns) with
     methods `das`, `random-rotation`, `full-interchange`; attrs: `notes`, `tables` {"das_folds": ...}.
-    `max_rows`: rows per training forward (the (fold, k) rotations of a hook train side by side)."""
+    `max_rows`: rows per training forward (the (fold, k) rotations of a hook train side by side).
+    Its forwards are its own (`FinalStep`: the final position's pass, with gradients for training)."""
+    model = forwards(fw).model
     cells: dict = {}
     for b in batches:
         b = b.to(device_of(model))

@@ -1,4 +1,5 @@
-"""Pure hook functions: every factory returns `fn(x, hook) -> x` for `run_with_hooks`.
+"""Pure hook functions: every factory returns `fn(x, hook) -> x` for `run_with_hooks` (`set_at`: a
+callable per-row edit).
 
 Hooks are position-aware. In the one hooked pass of a mode (docs/modes.md) a hook sees the whole
 sequence; with `serial=True` it fires once per chunk (the standard prefix, then each serial step)
@@ -9,6 +10,7 @@ under both rules. Factories never mutate the incoming tensor (they return an edi
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -22,18 +24,30 @@ def span(model, x: torch.Tensor) -> range:
     return ctx.positions if ctx is not None else range(x.shape[1])
 
 
-def set_at(values: torch.Tensor, position: int, model=None) -> HookFn:
-    """x[:, position] <- values ([batch, ...], or broadcastable to it)."""
+@dataclass(frozen=True)
+class SetAt:
+    """x[:, position] <- values ([batch, ...], or broadcastable to it). A per-row edit: `take(rows)`
+    is the same edit for rows `rows` of the batch (what `Forwards` needs to run a partner in place)."""
 
-    def hook(x, hook=None):
-        s = span(model, x)
-        if position not in s:
+    values: torch.Tensor
+    position: int
+    model: object = None
+
+    def __call__(self, x, hook=None):
+        s = span(self.model, x)
+        if self.position not in s:
             return x
         x = x.clone()
-        x[:, position - s.start] = values.to(x.dtype)
+        x[:, self.position - s.start] = self.values.to(x.dtype)
         return x
 
-    return hook
+    def take(self, rows: torch.Tensor) -> "SetAt":
+        return replace(self, values=self.values[rows])
+
+
+def set_at(values: torch.Tensor, position: int, model=None) -> SetAt:
+    """x[:, position] <- values ([batch, ...], or broadcastable to it)."""
+    return SetAt(values, position, model)
 
 
 def edit_at(fn: Callable[[torch.Tensor], torch.Tensor], position: int, model=None) -> HookFn:

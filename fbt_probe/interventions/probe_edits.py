@@ -25,7 +25,8 @@ from concept_erasure import LeaceFitter
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import depth_name
 from fbt_probe.interventions.edits import edit_at, rank_one_edit
-from fbt_probe.interventions.experiments import ONE_PASS, _reference, device_of, final_logits, last_prefix
+from fbt_probe.interventions.experiments import ONE_PASS, device_of, reference
+from fbt_probe.interventions.forwards import forwards
 from fbt_probe.interventions.metrics import score
 from fbt_probe.modes import Mode
 from fbt_probe.probes import fit_binary, grouped_folds
@@ -93,7 +94,7 @@ def apply_edit(X: np.ndarray, r, l, b) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- experiment
 def probe_direction(
-    model,
+    fw,
     batches,
     mode: Mode = Mode("recurrent", 1),
     min_gap: float = 0.1,
@@ -103,80 +104,72 @@ def probe_direction(
     erase: str = "auto",
     C: float = 1.0,
     seed: int = 0,
-    reuse: bool = True,
 ) -> pd.DataFrame:
     """Erase / steer the probe direction at the final position of each depth (see module doc).
-    Cells with fewer than two groups are skipped and listed in `df.attrs['notes']`. With `reuse`,
-    each batch's positions before the final one are computed once (kept while its cell runs)."""
+    Cells with fewer than two groups are skipped and listed in `df.attrs['notes']`. A cell's batches
+    keep their prefixes while the cell runs (`Forwards.holding`)."""
+    fw = forwards(fw)
     methods = erase_methods(erase)
-    depths = list(depths) if depths is not None else list(range(model.cfg.n_layers + 1))
+    depths = list(depths) if depths is not None else list(range(fw.model.cfg.n_layers + 1))
     names = [depth_name(d) for d in depths]
     cells: dict = {}
     for batch in batches:  # task x length-knob cells, in order of first appearance
         key = (str(batch.meta["task"].iloc[0]), int(batch.meta["length_knob"].iloc[0]))
-        cells.setdefault(key, []).append(batch.to(device_of(model)))
+        cells.setdefault(key, []).append(batch.to(device_of(fw.model)))
     out, notes = [], []
     for (task, knob), cell in cells.items():
-        items = []
-        for batch in cell:
-            pre = last_prefix(model, batch.tokens, mode, reuse)
-            items.append((batch, _reference(model, batch, mode, names, pre)[1], pre))
-        meta = pd.concat([b.meta for b, _, _ in items], ignore_index=True)
-        y, groups = meta["label"].to_numpy().astype(np.int64), meta["group_id"].astype(str).to_numpy()
-        if len(np.unique(groups)) < 2 or len(np.unique(y)) < 2:
-            notes.append(f"{task} length {knob}: skipped (needs >= 2 groups and both labels)")
-            continue
-
-        try:
-            splits = grouped_folds(y, groups, n_folds, seed)
-        except FbtError as exc:
-            notes.append(f"{task} length {knob}: skipped ({exc})")
-            continue
-        for d, name in zip(depths, names):
-            X = torch.cat([a[name] for _, a, _ in items]).double().cpu().numpy()
-            edits = fold_edits(X, y, splits, methods, C, seed + d)
-            erased_acc = {m: cv_correct(apply_edit(X, *edits[m]), y, splits, C) for m in methods}
-            out.extend(_cell_rows(model, items, mode, d, name, edits, erased_acc, methods, scales, min_gap))
+        with fw.holding():
+            acts = [reference(fw, batch, mode, names)[1] for batch in cell]
+            meta = pd.concat([b.meta for b in cell], ignore_index=True)
+            y, groups = meta["label"].to_numpy().astype(np.int64), meta["group_id"].astype(str).to_numpy()
+            if len(np.unique(groups)) < 2 or len(np.unique(y)) < 2:
+                notes.append(f"{task} length {knob}: skipped (needs >= 2 groups and both labels)")
+                continue
+            try:
+                splits = grouped_folds(y, groups, n_folds, seed)
+            except FbtError as exc:
+                notes.append(f"{task} length {knob}: skipped ({exc})")
+                continue
+            for d, name in zip(depths, names):
+                X = torch.cat([a[name] for a in acts]).double().cpu().numpy()
+                edits = fold_edits(X, y, splits, methods, C, seed + d)
+                erased_acc = {m: cv_correct(apply_edit(X, *edits[m]), y, splits, C) for m in methods}
+                out.extend(_cell_rows(fw, cell, mode, d, name, edits, erased_acc, methods, scales, min_gap))
     df = pd.concat(out, ignore_index=True) if out else pd.DataFrame()
     df.attrs["notes"] = notes
     return df
 
 
-def _cell_rows(model, items, mode, d, name, edits, erased_acc, methods, scales, min_gap) -> list[pd.DataFrame]:
+def _cell_rows(fw, cell, mode, d, name, edits, erased_acc, methods, scales, min_gap) -> list[pd.DataFrame]:
+    """One depth of one cell: each batch edited at its final position by every erasure and steer."""
     rows, start = [], 0
-    for batch, _, pre in items:
+    axes = dict(experiment="probe-direction", mode=mode, hook_rule=ONE_PASS, direction="noising", depth=d)
+    for batch in cell:
         sl = slice(start, start + batch.n)
         start += batch.n
         dev, last = batch.tokens.device, batch.T - 1
-        t = {k: torch.as_tensor(v[sl], device=dev) for k, v in edits.items() if k not in methods}
-        axes = dict(experiment="probe-direction", mode=mode, hook_rule=ONE_PASS, direction="noising", depth=d)
-        ref = final_logits(model, batch.tokens, mode, prefix=pre)
+
+        def run(fn):  # the cell's final position of depth d edited by fn
+            return fw.final_logits(batch.tokens, mode, [(name, edit_at(fn, last, fw.model))], edit_from=last)
+
+        ref = fw.final_logits(batch.tokens, mode, edit_from=last)
         probe = score(batch, ref, ref, min_gap, condition="probe", method="probe", **axes)
         probe["probe_accuracy"] = edits["probe_correct"][sl]
         rows.append(probe)
         for m in methods:
             r, l, b = (torch.as_tensor(a[sl], device=dev) for a in edits[m])
-            patched = final_logits(
-                model, batch.tokens, mode, [(name, edit_at(rank_one_edit(r, l, b), last, model))], prefix=pre
-            )
-            row = score(batch, ref, patched, min_gap, condition=f"erase-{m}", method=m, **axes)
+            row = score(batch, ref, run(rank_one_edit(r, l, b)), min_gap, condition=f"erase-{m}", method=m, **axes)
             row["probe_accuracy"] = erased_acc[m][sl]
             rows.append(row)
-        zero = torch.zeros_like(t["step"])
+        step, random = (torch.as_tensor(edits[k][sl], device=dev) for k in ("step", "random"))
+        zero = torch.zeros_like(step)
         for alpha in scales:
-            for cond, step in (("steer", t["step"]), ("steer-random", t["random"])):
-                fn = rank_one_edit(zero, zero, zero, shift=alpha * step)
-                patched = final_logits(model, batch.tokens, mode, [(name, edit_at(fn, last, model))], prefix=pre)
+            for cond, method, shift in (
+                ("steer", "probe-direction", step),
+                ("steer-random", "random-direction", random),
+            ):
+                patched = run(rank_one_edit(zero, zero, zero, shift=alpha * shift))
                 rows.append(
-                    score(
-                        batch,
-                        ref,
-                        patched,
-                        min_gap,
-                        condition=cond,
-                        scale=float(alpha),
-                        method="probe-direction" if cond == "steer" else "random-direction",
-                        **axes,
-                    )
+                    score(batch, ref, patched, min_gap, condition=cond, scale=float(alpha), method=method, **axes)
                 )
     return rows

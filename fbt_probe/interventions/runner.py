@@ -145,7 +145,7 @@ def dataset_hash(df: pd.DataFrame) -> str:
 def manifest_for(cfg: PatchConfig, long: pd.DataFrame, notes: list[str], model_info: dict, df: pd.DataFrame) -> dict:
     extra = {}
     if cfg.experiment == "probe-direction":
-        methods = erase_methods(cfg.erase)
+        methods = erase_methods(cfg.options.erase)
         extra["erase_methods"] = {
             "leace": _leace_version() if "leace" in methods else None,
             "orth": "orthogonal projection off the probe direction (around the training mean)",

@@ -14,7 +14,7 @@ import pandas as pd
 
 from fbt_probe.figures.methods import short_hook
 from fbt_probe.interventions.pairs import round_robin
-from fbt_probe.interventions.registry import PatchConfig
+from fbt_probe.interventions.registry import AttributionOptions, DasOptions, PatchConfig
 from fbt_probe.interventions.runner import run
 from fbt_probe.io import atomic_dir, read_json
 from fbt_probe.lens.sweep import LensConfig, run_lens, write_lens
@@ -106,7 +106,11 @@ def stage_methods(cfg, out: Path, name: str) -> None:
                 model,
                 df,
                 PatchConfig(
-                    "attribution", modes=_mapped(ATP_MODES, mapping), check=s["check"], batch_size=160, **common
+                    "attribution",
+                    modes=_mapped(ATP_MODES, mapping),
+                    options=AttributionOptions(check=s["check"]),
+                    batch_size=160,
+                    **common,
                 ),
                 out=tmp / task,
                 model_info=info,
@@ -118,11 +122,13 @@ def stage_methods(cfg, out: Path, name: str) -> None:
                 PatchConfig(
                     "das",
                     modes=_mapped(("recurrent:1",), mapping),
-                    ks=tuple(s["das_ks"]),
-                    steps=s["das_steps"],
-                    lr=s["das_lr"],
-                    hooks=tuple(s["das_hooks"]),
-                    n_folds=s["das_folds"],
+                    options=DasOptions(
+                        ks=tuple(s["das_ks"]),
+                        steps=s["das_steps"],
+                        lr=s["das_lr"],
+                        hooks=tuple(s["das_hooks"]),
+                        n_folds=s["das_folds"],
+                    ),
                     **common,
                 ),
                 out=tmp / task,

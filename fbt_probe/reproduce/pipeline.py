@@ -14,7 +14,7 @@ from fbt_probe.activations import extract
 from fbt_probe.errors import FbtError
 from fbt_probe.interventions.combined import run_several
 from fbt_probe.interventions.registry import EXPERIMENTS as REGISTRY
-from fbt_probe.interventions.registry import PatchConfig
+from fbt_probe.interventions.registry import PatchConfig, options_for
 from fbt_probe.io import atomic_dir, atomic_path, read_json
 from fbt_probe.loading import checkpoint_hash, load_model, load_pairs
 from fbt_probe.probes.robustness import robustness
@@ -152,18 +152,19 @@ def stage_patch(cfg: ReproConfig, out: Path, name: str) -> None:
     df = df[keep].reset_index(drop=True).__finalize__(df)  # each task at its own lengths
     info = {"model": str(path), "checkpoint_sha256": checkpoint_hash(path)}
     lengths = tuple(sorted({k for ks in cfg.patch_knobs.values() for k in ks}))
+    study = dict(  # the 15-minute study's budget: last 4 positions, 2 scales
+        last_k=3 if cfg.quick else 4, scales=(1.0, 4.0), n_folds=4
+    )
     pcs = [
         PatchConfig(
             experiment=exp,
             modes=REGISTRY[exp].study_modes,
+            options=options_for(exp, **(study if exp in ("residual", "probe-direction") else {})),
             max_pairs=cfg.patch_pairs,
             lengths=lengths,
             seed=cfg.seed,
             n_boot=300 if cfg.quick else 1000,
-            last_k=(3 if cfg.quick else 4) if exp == "residual" else None,
-            n_folds=4,
-            scales=(1.0, 4.0),
-        )  # the 15-minute study's budget: last 4 positions, 2 scales
+        )
         for exp in EXPERIMENTS
     ]
     # one call: the final-position experiments share each batch's prefill (the same tables as one by one)
