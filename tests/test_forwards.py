@@ -120,6 +120,17 @@ def test_soft_and_std_answers_from_the_held_recurrent1_prefix(model, toks, mode,
     assert fw.builds == builds
 
 
+def test_an_earlier_start_does_not_leave_a_stale_soft_prompt(model, toks):
+    """The Soft view shares the recurrent:1 prefix's caches; a run that starts earlier rewrites
+    them (with its edits), so the next Soft answer must not read them."""
+    fw, mode = Forwards(model), parse_mode("recurrent:1")
+    fw.final_logits(toks, mode, edit_from=T - 1)
+    fw.soft_answer_logits(toks)
+    hooks = [(depth_name(1), set_at(values(model, seed=7), 2, model))]
+    close(fw.final_logits(toks, mode, hooks, edit_from=2), final_logits(model, toks, mode, hooks))
+    close(fw.soft_answer_logits(toks), soft_answer_logits(model, toks))
+
+
 def test_no_reuse_runs_the_whole_sequence_and_builds_nothing(model, toks, monkeypatch):
     monkeypatch.setattr(F, "build_prefix", lambda *a, **k: pytest.fail("built a prefix"))
     fw, mode = Forwards(model, reuse=False), parse_mode("jacobi:2")

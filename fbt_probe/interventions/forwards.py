@@ -12,8 +12,9 @@ this run only, where the hooks edit positions >= p and nothing before (they may 
 - **rows** (`rows=perm`): run rows `perm` of the batch (each row's pair partner). From a prefix,
   the prefix's rows are copied (`Prefix.select`); when `perm` pairs rows up (perm[perm] = identity)
   and every hook is a per-row edit (it has `take(rows)`, as `edits.set_at`), the batch runs as it
-  is, with the hook's values in partner order, and the output is put back in `perm` order: row j
-  run with row p(j)'s value is row p(j) of the asked run, and no prefix is copied.
+  is, with the hook's values in partner order, and the output is put back in `perm` order (row i
+  run with the value meant for row p(i) of the asked run is that row, as p(p(i)) = i), and no
+  prefix is copied.
 - **replicas** (`replicas=n`): n copies of the (row-selected) batch, replica-major, as
   `tokens.repeat(n, 1)`: many patch positions in one forward.
 - **sharing**: a prefix lives while its batch is the one being run; inside `with fw.holding():` every
@@ -23,9 +24,10 @@ this run only, where the hooks edit positions >= p and nothing before (they may 
 - **Soft / Std decoding** of the answer (`soft_answer_logits`, `std_answer_logits`): the prompt is a
   standard prefill of x_1..x_{T-1}; with reuse it is the serial view of the batch's `recurrent:1`
   prefix when one is held (the same silent recurrence), else one prefix built for it. It is kept apart
-  from the prefixes `final_logits` reads, since a view shares its caches and serves start = T-1 only.
+  from the prefixes `final_logits` reads, since a view shares its caches and serves start = T-1 only;
+  a `final_logits` run that starts earlier on the same batch drops it.
 
-`builds` counts the prefixes built (tests/test_combined.py checks it).
+`builds` counts the prefixes built (tests/test_forwards.py, tests/test_combined.py).
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ class Forwards:
             batch = batch if replicas == 1 else batch.repeat(replicas, 1)
             return final_logits(self.model, batch, mode, hooks, serial)
         entry = self._entry(("run", mode, serial), tokens, lambda: self._build(tokens, mode, serial))
+        if edit_from < entry.prefix.upto:  # this run rewrites prefix positions a Soft view may share
+            self._entries.pop(self._key(("soft",), tokens), None)
         if rows is not None and replicas == 1 and pairs_up(rows) and all(hasattr(h, "take") for _, h in hooks):
             out = entry.prefix.run(edit_from, fwd_hooks=[(n, h.take(rows)) for n, h in hooks])[:, -1]
             return out[rows]
