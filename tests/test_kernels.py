@@ -10,6 +10,7 @@ silently running the eager fallback. GPU tests are marked `gpu` and skipped with
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -31,7 +32,8 @@ EPS = 1e-6
 # Interpreted bf16 casts truncate (CUDA rounds to nearest), and the reference rounds three times
 # (product, normalised row, times weight): a few bf16 ulps relative. float32: reduction order only.
 TOL = {torch.float32: dict(rtol=2e-5, atol=1e-6), torch.bfloat16: dict(rtol=3e-2, atol=1e-3)}
-needs_triton = pytest.mark.skipif(kmod.triton is None, reason="triton not installed")
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU (not interpreted)"
 )
@@ -52,7 +54,7 @@ def make(shape, dtype, device="cpu", seed=0):
 
 @pytest.fixture
 def interpret():
-    if kmod.triton is None:
+    if not HAS_TRITON:
         pytest.skip("triton not installed")
     if not INTERPRETED:
         pytest.skip("runs in the TRITON_INTERPRET=1 child (test_interpreted_suite_in_subprocess)")
@@ -109,6 +111,21 @@ def test_interpreted_suite_in_subprocess():
     assert " passed" in run.stdout and " failed" not in run.stdout
 
 
+@needs_triton
+def test_a_cpu_process_does_not_import_triton():
+    """Triton is imported only where its kernel can run (CUDA, or the interpreter asked for): loading
+    and running a model on CPU leaves it out (it costs ~0.2 s and ~75 MB resident)."""
+    code = (
+        "import sys, torch; from fbt_probe.loading import load_model; "
+        "m = load_model('tiny'); m(torch.zeros(1, 4, dtype=torch.long), mode='recurrent:1'); "
+        "assert not torch.cuda.is_available(); print(sorted(n for n in sys.modules if n.split('.')[0] == 'triton'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"CUDA_VISIBLE_DEVICES": ""}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines()[-1] == "[]"
+
+
 @pytest.mark.skipif(INTERPRETED, reason="needs a process where Triton is not interpreting")
 def test_cpu_without_interpreter_runs_the_reference():
     assert not K.fast_fusion_available("cpu")
@@ -128,6 +145,7 @@ def test_kernel_compiles_for_hopper_with_16_byte_accesses(single_pass):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    assert kmod.import_triton()
     tl = kmod.tl
     fn = kmod._kernel(False)
     names = fn.arg_names
