@@ -185,6 +185,9 @@ class Forwards:
         return entry.derived[replicas]
 
 
-def forwards(model_or_forwards) -> Forwards:
-    """The `Forwards` an experiment runs through: the one given, or a model's with prefix reuse on."""
-    return model_or_forwards if isinstance(model_or_forwards, Forwards) else Forwards(model_or_forwards)
+def forwards(model_or_forwards, reuse: bool = True) -> Forwards:
+    """The `Forwards` an experiment runs through: the one given, or a new one over a model (prefix
+    reuse on unless `reuse` is False)."""
+    if isinstance(model_or_forwards, Forwards):
+        return model_or_forwards
+    return Forwards(model_or_forwards, reuse=reuse)

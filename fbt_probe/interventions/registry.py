@@ -20,7 +20,7 @@ from fbt_probe.errors import FbtError
 from fbt_probe.interventions.atp_parity import attribution, parity_table
 from fbt_probe.interventions.das_experiment import das
 from fbt_probe.interventions.experiments import feedback_swap, gate_ablation, residual_patching, state_replacement
-from fbt_probe.interventions.forwards import Forwards
+from fbt_probe.interventions.forwards import forwards
 from fbt_probe.interventions.probe_edits import erase_methods, probe_direction
 from fbt_probe.modes import Mode, check_distinct, parse_mode
 
@@ -244,7 +244,7 @@ class Experiment:
 
     def __call__(self, fw, batches, cfg, mode: Mode, **extra) -> pd.DataFrame:
         """One mode's wide rows; `fw`: a `Forwards` (shared by experiments run together) or a model."""
-        fw = fw if isinstance(fw, Forwards) else Forwards(fw, reuse=cfg.prefix_reuse)
+        fw = forwards(fw, reuse=cfg.prefix_reuse)
         shared = {k: getattr(cfg, k) for k in self.shared}
         w = self.run(fw, batches, mode=mode, min_gap=cfg.min_gap, **shared, **asdict(cfg.options), **extra)
         if self.tables is not None:

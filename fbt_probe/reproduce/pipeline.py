@@ -159,7 +159,7 @@ def stage_patch(cfg: ReproConfig, out: Path, name: str) -> None:
         PatchConfig(
             experiment=exp,
             modes=REGISTRY[exp].study_modes,
-            options=options_for(exp, **(study if exp in ("residual", "probe-direction") else {})),
+            options=options_for(exp, **study),  # each takes the knobs it declares
             max_pairs=cfg.patch_pairs,
             lengths=lengths,
             seed=cfg.seed,
