@@ -194,7 +194,10 @@ def collect(
         ctx = model.hook_context if feedback else None  # the chunk's first global position
         for t in by_hook[hook.name]:
             i = t.position if ctx is None else where[t.key] - ctx.positions.start
-            out[t.key] = act[:, i].detach().to("cpu", dtype).clone()
+            x = act[:, i].detach()
+            if hook.name == "ln_final.hook_normalized" and model.ln_final.weight is not None:
+                x = x * model.ln_final.weight.detach()  # the carried post-norm state: the norm's output, gain included
+            out[t.key] = x.to("cpu", dtype).clone()
         if len(out) == len(targets):
             raise _Stop
         return act

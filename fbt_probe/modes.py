@@ -52,6 +52,14 @@ class Mode(str):
         exact, so every pass after the T-th repeats the T-th bit for bit (`jacobi:T` = `full`)."""
         return min(self.k, T) if self.kind == "jacobi" else 1
 
+    def exact_passes(self, T: int) -> int:
+        """Parallel passes after which the mode's carried states are exact when each pass feeds the
+        previous one's top states (the exact hook rule): pass k fixes the k-th fed position, so
+        recurrent:k needs k + 1, full T, and jacobi:K is its own min(K, T) passes."""
+        if self.kind == "jacobi":
+            return self.passes(T)
+        return min(self.n_serial(T) + 1, T)
+
     def check_length(self, T: int) -> None:
         if self.kind == "recurrent" and self.k >= T:
             raise FbtError(f"mode '{self}': k must be < the sequence length {T} (recurrent:{T - 1} is 'full')")

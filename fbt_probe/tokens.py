@@ -28,3 +28,25 @@ def check_tokens(tokens, cfg) -> torch.Tensor:
         if lo < 0 or hi >= cfg.d_vocab:
             raise FbtError(f"tokens: id {lo if lo < 0 else hi} is outside the vocabulary 0..{cfg.d_vocab - 1}")
     return tokens.long()
+
+
+def check_mask(mask, tokens: torch.Tensor) -> torch.Tensor:
+    """`mask` as a bool [batch, pos] attention mask of `tokens`, or a one-line FbtError: the shape of
+    the tokens, 0/1 values, and each row's real tokens one contiguous run that touches the left or
+    the right edge (left or right padding), at least one per row."""
+    if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(tokens.shape):
+        got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise FbtError(f"attention_mask: expected shape {tuple(tokens.shape)} (the tokens'), got {got}")
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+        raise FbtError("attention_mask: expected 0/1 (or bool) values")
+    m = mask.bool().to(tokens.device)
+    n = m.sum(-1)
+    if bool((n == 0).any()):
+        raise FbtError(f"attention_mask: row {int((n == 0).nonzero()[0])} has no real token")
+    first = m.int().argmax(-1)
+    pos = torch.arange(m.shape[1], device=m.device)
+    run = (pos >= first[:, None]) & (pos < (first + n)[:, None])
+    edge = (first == 0) | (first + n == m.shape[1])
+    if not bool((run == m).all()) or not bool(edge.all()):
+        raise FbtError("attention_mask: each row's real tokens must be one run at the left or the right edge")
+    return m

@@ -49,11 +49,12 @@ def pair_batch():
     return next(pair_batches(df, label_token_ids(df, tok), batch_size=6))
 
 
-@pytest.mark.parametrize("mode", ["standard", "recurrent:1", "jacobi:2"])
-def test_transformer_lens_patching_equals_our_one_pass_residual_patching(model, pair_batch, mode):
-    """TL's get_act_patch_resid_pre, run inside `model.mode(mode)`, patches the one hooked pass of
-    `mode`: it equals our residual patching with the one-pass rule (serial=False) at every layer and
-    position. blocks.l.hook_resid_pre carries the same values as our probe depth l."""
+@pytest.mark.parametrize("mode", ["standard", "recurrent:1"])
+def test_transformer_lens_patching_equals_our_serial_residual_patching(model, pair_batch, mode):
+    """TL's get_act_patch_resid_pre, run inside `model.mode(mode)`, runs under the exact hook rule:
+    it equals our residual patching with the serial rule (serial=True) at every layer and position,
+    the patch reaching the carried states of later positions. blocks.l.hook_resid_pre carries the
+    same values as our probe depth l."""
     b = pair_batch
     L, T = model.cfg.n_layers, b.T
     weights = torch.rand(b.n, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
@@ -66,7 +67,7 @@ def test_transformer_lens_patching_equals_our_one_pass_residual_patching(model, 
         _, clean_cache = model.run_with_cache(b.tokens)
         tl = patching.get_act_patch_resid_pre(model, b.tokens[b.partner], clean_cache, metric)
     ours = residual_patching(
-        model, [b], mode=parse_mode(mode), depths=range(L), directions=("denoising",), serial=False
+        model, [b], mode=parse_mode(mode), depths=range(L), directions=("denoising",), serial=mode != "standard"
     )
     ours["w"] = weights.numpy()[ours.index % b.n]
     table = (ours.logit_diff * ours.w).groupby([ours.depth, ours.position]).sum()

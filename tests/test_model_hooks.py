@@ -88,7 +88,7 @@ def test_every_hook_fires_once_with_full_tensors(mode):
         assert x.shape[0] == 2 and (x.shape[1] == 10 or hook.name.endswith("hook_pattern"))
 
     with torch.no_grad():
-        model.run_with_hooks(toks, mode=mode, fwd_hooks=[(lambda n: True, count)])
+        model.run_with_hooks(toks, mode=mode, serial=False, fwd_hooks=[(lambda n: True, count)])
     fused = mode != "standard"
     expected = {n for n in model.hook_dict if fused or not n.startswith("fusion.")}
     assert set(counts) == expected and set(counts.values()) == {1}
@@ -107,7 +107,7 @@ def test_intervening_on_last_position_changes_only_last_logits(mode):
 
     with torch.no_grad():
         clean, cache = model.run_with_cache(toks, mode=mode, names_filter=name)
-        patched = model.run_with_hooks(toks, mode=mode, fwd_hooks=[(name, zero_last)])
+        patched = model.run_with_hooks(toks, mode=mode, serial=False, fwd_hooks=[(name, zero_last)])
     assert cache[name].shape == (2, 10, model.cfg.d_model)
     assert torch.equal(patched[:, :-1], clean[:, :-1])
     assert not torch.allclose(patched[:, -1], clean[:, -1])
@@ -142,7 +142,9 @@ def test_serial_hooks_fire_per_step_and_ripple_forward():
             x[:, 7] += 1.0
             return x
 
-        nonserial = model.run_with_hooks(toks, mode="recurrent:3", fwd_hooks=[("blocks.2.hook_resid_post", bump_final)])
+        nonserial = model.run_with_hooks(
+            toks, mode="recurrent:3", serial=False, fwd_hooks=[("blocks.2.hook_resid_post", bump_final)]
+        )
         # the one-pass rule: carried states were computed before, so position 8 is untouched
         # (the bump is on the top layer, after the last attention, so nothing else can carry it)
         assert torch.equal(nonserial[:, 8], model(toks, mode="recurrent:3")[:, 8])

@@ -134,8 +134,8 @@ def test_an_edited_norm_scale_changes_the_norm(model):
     cached = model.run_with_cache(x, mode="recurrent:1")[0]
     torch.testing.assert_close(cached, clean, rtol=0, atol=1e-12)  # observing hooks change nothing
     doubled = model.run_with_hooks(
-        x, mode="recurrent:1", fwd_hooks=[("blocks.2.ln2.hook_scale", lambda s, hook: 2 * s)]
-    )
+        x, mode="recurrent:1", serial=False, fwd_hooks=[("blocks.2.ln2.hook_scale", lambda s, hook: 2 * s)]
+    )  # the one-pass rule: the carried state is the unedited run's
     _, c = model.run_with_cache(x, mode="recurrent:1")
     half = (c["blocks.2.hook_resid_mid"] / (2 * rms(c["blocks.2.hook_resid_mid"], model.cfg.rms_eps))) * model.blocks[
         2
@@ -258,8 +258,8 @@ def test_nnsight_patch_equals_our_residual_patch(model):
         resid[:, t] = 0.0
         return resid
 
-    ours = model.run_with_hooks(x, mode=mode, fwd_hooks=[("blocks.0.hook_resid_post", zero)])
-    assert not torch.allclose(ours, model(x, mode=mode))
+    ours = model.run_with_hooks(x, mode=mode, serial=False, fwd_hooks=[("blocks.0.hook_resid_post", zero)])
+    assert not torch.allclose(ours, model(x, mode=mode))  # nnsight traces the analysed pass: the one-pass rule
     torch.testing.assert_close(patched, ours, rtol=0, atol=1e-12)
 
 
@@ -294,7 +294,7 @@ def test_nnsight_serial_steps_through_its_iteration_support(model, mode):
     zero = set_at(torch.zeros(model.cfg.d_model, dtype=torch.float64), t, model)
     ours = model.run_with_hooks(x, mode=mode, serial=True, fwd_hooks=[("blocks.0.hook_resid_post", zero)])
     torch.testing.assert_close(patched, ours, rtol=0, atol=1e-12)
-    final_only = model.run_with_hooks(x, mode=mode, fwd_hooks=[("blocks.0.hook_resid_post", zero)])
+    final_only = model.run_with_hooks(x, mode=mode, serial=False, fwd_hooks=[("blocks.0.hook_resid_post", zero)])
     clean = model(x, mode=mode)
     assert (ours[:, T - 1] - clean[:, T - 1]).abs().max() > 1e-6  # the patch reaches the next position
     assert (ours[:, T - 1] - final_only[:, T - 1]).abs().max() > 1e-6  # through the carried state

@@ -69,22 +69,35 @@ class ScaledRMSNorm(RMSNorm):
     def forward(self, x: torch.Tensor, hk: Hk = silent) -> torch.Tensor:
         if hk is silent or not has_hooks(self.hook_scale):
             return super().forward(x)
+        normed = self.normalize(x, hk)
+        return normed if self.weight is None else self.weight * normed
+
+    def normalize(self, x: torch.Tensor, hk: Hk = silent) -> torch.Tensor:
+        """x / scale before the gain, in x's dtype (through `hook_scale` when it has a hook)."""
+        if hk is silent or not has_hooks(self.hook_scale):
+            if x.dtype in (torch.float32, torch.float64):
+                return F.rms_norm(x, (x.shape[-1],), None, self.eps)
+            h = x.float()
+            return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
         work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         scale = (work.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
-        edited = hk(self.hook_scale, scale)
-        if edited is scale:
-            return super().forward(x)
-        normed = (work / edited).to(x.dtype)
-        return normed if self.weight is None else self.weight * normed
+        return (work / hk(self.hook_scale, scale)).to(x.dtype)
 
 
 class HookedRMSNorm(ScaledRMSNorm):
+    """`ScaledRMSNorm` with TransformerLens's `hook_normalized` [batch, pos, d]: x / scale, BEFORE the
+    gain (as TransformerLens's RMSNorm, whose fold_ln moves the final gain into W_U); the norm's
+    output is gain * hook_normalized."""
+
     def __init__(self, d: int, eps: float, weight: bool = True):
         super().__init__(d, eps, weight)
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: torch.Tensor, hk: Hk = hooked) -> torch.Tensor:
-        return hk(self.hook_normalized, super().forward(x, hk))
+        if hk is silent or not has_hooks(self.hook_normalized):
+            return super().forward(x, hk)
+        normed = hk(self.hook_normalized, self.normalize(x, hk))
+        return normed if self.weight is None else self.weight * normed
 
 
 def rotary(positions: torch.Tensor, d_head: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,6 +23,8 @@ hooks then fire in every chunk of the real computation — the standard prefix, 
 from __future__ import annotations
 
 import contextlib
+import warnings
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +36,7 @@ from fbt_probe.config import ModelConfig
 from fbt_probe.engine import dispatch
 from fbt_probe.engine.cache import KVCache
 from fbt_probe.engine.graph_scan import GraphedScan
-from fbt_probe.engine.hooks import Hk, HookContext, hooked, silent
+from fbt_probe.engine.hooks import GradTaps, Hk, HookContext, has_hooks, hooked, silent
 from fbt_probe.engine.step import DecodePlan
 from fbt_probe.errors import FbtError
 from fbt_probe.model.components import Block, HookedRMSNorm
@@ -42,7 +44,7 @@ from fbt_probe.model.fusion import Fusion
 from fbt_probe.modes import Mode, parse_mode, require_mode
 from fbt_probe.surface.serial_cache import run_with_serial_cache
 from fbt_probe.surface.tl_native import FeedbackActivationCache, TransformerLensSurface, is_text, without_wrappers
-from fbt_probe.tokens import check_tokens
+from fbt_probe.tokens import check_mask, check_tokens
 
 SILENT_CHUNK_TOKENS = 8192  # batch x positions per chunk of a silent pass through the KV cache (memory bound)
 
@@ -96,6 +98,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         self.ln_final = self.final_norm(cfg)  # hook_normalized: [batch, pos, d_model]
         self.add_extras()
         self.hook_context: HookContext | None = None
+        self._running_mode: Mode | None = None  # the mode of the call whose hooks are running
         self._default_mode = Mode("standard")
         self.cuda_graphs = True  # silent serial scans on CUDA replay one captured step (fbt_probe/engine/graph_scan.py)
         self.init_weights()
@@ -148,13 +151,16 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         finally:
             self._default_mode = old
 
-    def run_with_cache(self, *model_args, serial: bool = False, **kwargs):
+    def run_with_cache(self, *model_args, serial: bool | None = None, **kwargs):
         """TransformerLens's `run_with_cache`, returning an `ActivationCache` (a
         `FeedbackActivationCache`, see `fbt_probe.surface.tl_native`). With `serial=True` the hooks fire in every chunk of
         the serial computation and the chunks are stitched into [batch, pos, ...] (Jacobi: one entry
         per pass); see `fbt_probe.surface.serial_cache`."""
         if serial:
             return run_with_serial_cache(self, *model_args, **kwargs)
+        if serial is False or not (kwargs.get("incl_bwd") or self.hooks_attached()):
+            kwargs["serial"] = False  # the cache's hooks only read: the one pass holds the mode's activations
+            self.__dict__.pop("_cache_read", None)  # and no patch reads another cache
         remove_batch_dim = kwargs.get("remove_batch_dim", False)
         out, cache = super().run_with_cache(*model_args, **kwargs)
         mode = kwargs.get("mode", model_args[1] if len(model_args) > 1 else None)
@@ -412,33 +418,51 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         self,
         tokens: torch.Tensor,
         mode: "str | Mode | None" = None,
-        serial: bool = False,
+        serial: bool | None = None,
         stop_at_layer: int | None = None,
         return_type: str | None = "logits",
         prepend_bos: bool | None = None,
+        *,
+        padding_side: str | None = None,
+        attention_mask: torch.Tensor | None = None,
+        loss_per_token: bool = False,
+        start_at_layer: int | None = None,
     ) -> torch.Tensor:
         """Logits of `tokens` under a prefill mode (docs/modes.md).
 
         Parameters
         ----------
         tokens : torch.LongTensor, str or list of str
-            [batch, pos] token ids (text goes through `to_tokens`, with `prepend_bos`).
+            [batch, pos] token ids (text goes through `to_tokens`, with `prepend_bos` and
+            `padding_side`); with `start_at_layer`, the residual stream [batch, pos, d_model] there.
         mode : str or Mode, optional
             ``standard``, ``recurrent:k``, ``full`` or ``jacobi:K`` (None: `self.default_mode`).
             ``jacobi:K`` runs min(K, T) passes; for K >= T the answer is the exact recurrence
             (``jacobi:T`` = ``full``), computed by the serial scan of ``full`` when hooks fire once.
-        serial : bool, default False
-            Where hooks fire. False: once, in one final pass over the whole sequence whose inputs are
-            the mode's (carried states computed before it with hooks off), so an edit there does not
-            reach later positions' inputs through the feedback. True: in every chunk of the real
-            computation (the standard prefix, then each step, `self.hook_context` naming the
-            positions), so a patch at position t reaches t+1's input. The logits are the same.
+        serial : bool or None, default None
+            The hook rule (docs/modes.md, "Hooks under feedback"). None: the exact rule where the mode
+            carries a state and a hook is attached (each hook fires once per pass of the mode's exact
+            iteration, on full [batch, pos, ...] tensors, so an edit reaches the carried state as in
+            the serial run and backward hooks get the whole gradient), else the one pass. False: the
+            one-pass rule (hooks fire once in a final pass whose carried states were computed with
+            hooks off; an edit does not reach later inputs). True: hooks fire in every chunk of the
+            serial computation, `self.hook_context` naming the positions. The logits are the same.
         stop_at_layer : int, optional
             TransformerLens's: run the analysed pass through blocks 0..stop_at_layer-1 only and
             return the residual stream there ([batch, pos, d_model]; negative counts from the top).
             The carried states a feedback mode feeds in still come from the whole model.
         return_type : {"logits", "loss", "both", None}
             TransformerLens's: the logits, the mean next-token cross-entropy, (logits, loss), or None.
+        padding_side : {"right", "left"}, optional
+            For text input: where `to_tokens` pads shorter rows.
+        attention_mask : torch.Tensor, optional
+            [batch, pos], 1 at real tokens: rows padded on the left or right run as their unpadded
+            selves (pad positions get zero logits). Batches made by `to_tokens` carry their mask.
+        loss_per_token : bool, default False
+            TransformerLens's: the loss per position [batch, pos - 1] instead of the mean.
+        start_at_layer : int, optional
+            TransformerLens's: `tokens` is the residual stream at the input of block
+            `start_at_layer`; only where the mode carries no state (a state needs the whole model).
 
         Returns
         -------
@@ -460,47 +484,201 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         True
         """
         if is_text(tokens):
-            tokens = self.to_tokens(tokens, prepend_bos=prepend_bos)
-        tokens = check_tokens(tokens, self.cfg)
+            side = "right" if padding_side is None else padding_side
+            tokens = self.to_tokens(tokens, prepend_bos=prepend_bos, padding_side=side)
         mode = self._default_mode if mode is None else parse_mode(mode)
         if return_type not in ("logits", "loss", "both", None):
             raise FbtError(f"return_type: expected 'logits', 'loss', 'both' or None, got {return_type!r}")
+        if start_at_layer is not None:
+            return self._started(tokens, mode, start_at_layer, stop_at_layer, return_type)
+        tokens = check_tokens(tokens, self.cfg)
         T = tokens.shape[1]
         mode.check_length(T)
-        if stop_at_layer is not None:
-            return self._stopped(tokens, mode, serial, stop_at_layer)
-        if serial and mode.kind == "jacobi":
-            logits = self.jacobi_passes(tokens, mode.passes(T), serial_hooks=True)[-1]
-        elif serial and mode.kind in ("recurrent", "full"):
-            logits = self.serial_states(tokens, mode.n_serial(T), hooks=True)[2]
-        else:
-            states, has = self.carried_states(tokens, mode)
-            ctx = HookContext("final", range(T), mode.passes(T))
-            logits = self._with_context(ctx, self.feedback_pass, tokens, states, has, hooked)[1]
+        mask = attention_mask if attention_mask is not None else self.padding_of(tokens)
+        if mask is not None:
+            mask = check_mask(mask, tokens)
+            if not bool(mask.all()):
+                return self._padded(tokens, mask, mode, serial, stop_at_layer, return_type, loss_per_token)
+        rule = self.hook_rule(mode, T, serial)
+        self.check_cache_mode(mode)
+        self._running_mode = mode
+        try:
+            if stop_at_layer is not None:
+                return self._stopped(tokens, mode, rule, stop_at_layer)
+            logits = self._logits(tokens, mode, rule)
+        finally:
+            self._running_mode = None
+            self.__dict__.pop("_cache_read", None)
+        return self._returned(logits, tokens, return_type, loss_per_token, None)
+
+    def hooks_attached(self) -> bool:
+        """Whether any TransformerLens hook (forward or backward) is attached to a hook point."""
+        return any(hp._forward_hooks or hp._forward_pre_hooks or hp._backward_hooks for hp in self.hook_dict.values())
+
+    def note_cache_read(self, cache, key) -> None:
+        """A `FeedbackActivationCache` was read: the next hooked run checks that its mode is the cache's."""
+        self.__dict__["_cache_read"] = (weakref.ref(cache), str(key))
+        if self._running_mode is not None:  # read inside a hook of this run
+            self.check_cache_mode(self._running_mode)
+
+    def check_cache_mode(self, mode: Mode) -> None:
+        """Warn once per cache and mode when a hooked run under `mode` follows a read of a cache made
+        under another mode (TransformerLens's patching reads the clean cache just before each run)."""
+        read = self.__dict__.pop("_cache_read", None)
+        cache = None if read is None else read[0]()
+        if cache is None or cache.mode is None or cache.mode == mode or not self.hooks_attached():
+            return
+        warned = self.__dict__.setdefault("_cache_mode_warned", set())
+        if (id(cache), mode) not in warned:
+            warned.add((id(cache), mode))
+            warnings.warn(
+                f"{read[1]}: read from a cache made under '{cache.mode}' for a hooked run under '{mode}'; "
+                f"run under model.mode('{cache.mode}') to patch like with like",
+                stacklevel=4,
+            )
+
+    def hook_rule(self, mode: Mode, T: int, serial: bool | None) -> str:
+        """Which hook rule a call runs under: "serial", "one-pass" or "exact" (see `forward`)."""
+        carries = mode.first_fed_position(T) < T
+        if serial:
+            return "serial"
+        attached = [hp for hp in self.hook_dict.values() if hp._forward_hooks or hp._forward_pre_hooks]
+        backward = [hp.name for hp in self.hook_dict.values() if hp._backward_hooks]
+        if serial is None:
+            return "exact" if carries and (attached or backward) else "one-pass"
+        if carries and backward:
+            raise FbtError(
+                f"backward hooks on {backward[0]} under '{mode}' with serial=False: the one pass's gradient "
+                "misses the path through the carried state; leave serial unset (the exact rule)"
+            )
+        return "one-pass"
+
+    def _logits(self, tokens: torch.Tensor, mode: Mode, rule: str) -> torch.Tensor:
+        T = tokens.shape[1]
+        if rule == "serial" and mode.kind == "jacobi":
+            return self.jacobi_passes(tokens, mode.passes(T), serial_hooks=True)[-1]
+        if rule == "serial" and mode.kind in ("recurrent", "full"):
+            return self.serial_states(tokens, mode.n_serial(T), hooks=True)[2]
+        if rule == "exact":
+            return self.exact_passes(tokens, mode)[1]
+        states, has = self.carried_states(tokens, mode)
+        ctx = HookContext("final", range(T), mode.passes(T))
+        return self._with_context(ctx, self.feedback_pass, tokens, states, has, hooked)[1]
+
+    def exact_passes(self, tokens: torch.Tensor, mode: Mode, stop: int | None = None):
+        """The exact hook rule: `mode.exact_passes(T)` hooked parallel passes, each feeding the
+        previous pass's top states at the mode's fed positions (the first pass feeds none). Pass k
+        makes the k-th fed position exact, so the last pass is the mode's computation, and a
+        position-wise edit made by a hook in every pass is the serial run's edit: its effect reaches
+        the carried states of later positions. Backward hooks fire once with the summed gradient
+        (`GradTaps`). Returns (the last pass's carried state or, with `stop`, the residual stream at
+        block `stop`'s input; logits or None)."""
+        T = tokens.shape[1]
+        K = mode.exact_passes(T)
+        has = torch.arange(T, device=tokens.device) >= mode.first_fed_position(T)
+        backward_ctx = HookContext("backward", range(T), K, K)
+        with GradTaps(self.hook_dict.values(), on_fire=lambda: setattr(self, "hook_context", backward_ctx)) as taps:
+            states = None
+            for k in range(1, K + 1):
+                ctx = HookContext("exact", range(T), k, K)
+                if stop is not None and k == K:
+                    x = self._input(tokens, states, None if states is None else has, taps.hk)
+                    return self._with_context(ctx, self._trunk, x, 0, None, taps.hk, tokens, stop), None
+                state, logits = self._with_context(
+                    ctx, self.feedback_pass, tokens, states, None if states is None else has, taps.hk
+                )
+                states = self.shift_states(state)
+        return state, logits
+
+    def _returned(self, logits, tokens, return_type, loss_per_token, mask):
         if return_type == "logits":
             return logits
         if return_type is None:
             return None
-        if T < 2:
+        if tokens.shape[1] < 2:
             raise FbtError("return_type: the next-token loss needs at least 2 positions")
-        flat = logits[:, :-1].flatten(0, 1)
-        loss = F.cross_entropy(
-            flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat, tokens[:, 1:].flatten()
-        )
+        flat = logits[:, :-1]
+        flat = flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat
+        per = F.cross_entropy(flat.flatten(0, 1), tokens[:, 1:].flatten(), reduction="none").view(tokens.shape[0], -1)
+        if mask is not None:  # a position counts where it and its target are real tokens
+            keep = (mask[:, :-1] & mask[:, 1:]).to(per.dtype)
+            per = per * keep
+            loss = per if loss_per_token else per.sum() / keep.sum().clamp(min=1)
+        else:
+            loss = per if loss_per_token else per.mean()
         return loss if return_type == "loss" else (logits, loss)
 
-    def _stopped(self, tokens: torch.Tensor, mode: Mode, serial: bool, stop_at_layer) -> torch.Tensor:
+    def _padded(self, tokens, mask, mode, serial, stop_at_layer, return_type, loss_per_token):
+        """A padded batch, each row run as its unpadded self (rows of one length and offset together)."""
+        attached = [hp.name for hp in self.hook_dict.values() if has_hooks(hp)]
+        if attached or stop_at_layer is not None:
+            what = f"a hook on {attached[0]}" if attached else "stop_at_layer"
+            raise FbtError(
+                f"padded batch with {what}: hook tensors would mix the rows' pad positions into the mode's "
+                "computation; run rows of one length together (model.to_tokens(text) per length)"
+            )
+        B, T = tokens.shape
+        starts = mask.int().argmax(-1)
+        lengths = mask.sum(-1)
+        logits = None
+        for a, n in sorted({(int(a), int(n)) for a, n in zip(starts, lengths)}):
+            rows = ((starts == a) & (lengths == n)).nonzero().flatten()
+            part = self.forward(tokens[rows, a : a + n], mode=mode, serial=serial)
+            if logits is None:
+                logits = part.new_zeros(B, T, part.shape[-1])
+            logits[rows, a : a + n] = part
+        return self._returned(logits, tokens, return_type, loss_per_token, mask)
+
+    def padding_of(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """The attention mask `to_tokens` made with this very tensor (None for any other)."""
+        entry = getattr(self, "_padded_batches", {}).get(id(tokens))
+        return entry[1] if entry is not None and entry[0]() is tokens else None
+
+    def remember_padding(self, tokens: torch.Tensor, mask: torch.Tensor) -> None:
+        """Record that `tokens` is a padded batch with `mask` (what `forward` reads back)."""
+        book = self.__dict__.setdefault("_padded_batches", {})
+        for key in [k for k, (ref, _) in book.items() if ref() is None]:
+            del book[key]
+        book[id(tokens)] = (weakref.ref(tokens), mask)
+
+    def _started(self, x, mode, start_at_layer, stop_at_layer, return_type):
+        """TransformerLens's start_at_layer: blocks start..stop-1 (then the top) on the stream x."""
+        L = self.cfg.n_layers
+        if isinstance(start_at_layer, bool) or not isinstance(start_at_layer, int) or not -L <= start_at_layer <= L:
+            raise FbtError(f"start_at_layer: expected an integer in [{-L}, {L}], got {start_at_layer!r}")
+        if not torch.is_tensor(x) or x.dim() != 3 or x.shape[-1] != self.cfg.d_model or not x.is_floating_point():
+            raise FbtError(f"start_at_layer: expected the residual stream [batch, pos, {self.cfg.d_model}] as input")
+        T = x.shape[1]
+        if mode.first_fed_position(T) < T:
+            raise FbtError(
+                f"start_at_layer under '{mode}': a carried state needs the whole model from the tokens; run "
+                "model(tokens) with a hook on blocks.{l}.hook_resid_pre that writes the stream"
+            )
+        if return_type in ("loss", "both"):
+            raise FbtError("start_at_layer: return_type 'loss' needs the tokens; use 'logits'")
+        a = start_at_layer % L if start_at_layer < 0 else start_at_layer
+        stop = L if stop_at_layer is None else (stop_at_layer % L if stop_at_layer < 0 else stop_at_layer)
+        h = x
+        for block in self.blocks[a:stop]:
+            h = block(h, 0, None, hooked, None)
+        if stop_at_layer is not None:
+            return h
+        return None if return_type is None else self._top(h, hooked)[2]
+
+    def _stopped(self, tokens: torch.Tensor, mode: Mode, rule: str, stop_at_layer) -> torch.Tensor:
         """The analysed pass through blocks 0..stop-1: the residual stream there."""
         L = self.cfg.n_layers
         if isinstance(stop_at_layer, bool) or not isinstance(stop_at_layer, int) or not -L <= stop_at_layer <= L:
             raise FbtError(f"stop_at_layer: expected an integer in [{-L}, {L}], got {stop_at_layer!r}")
-        if serial:
+        if rule == "serial":
             raise FbtError(
                 "stop_at_layer: not with serial=True (every serial step needs the top layer's state); "
                 "cache the final pass (serial=False), whose layers below the stop are the same"
             )
         stop = stop_at_layer if stop_at_layer >= 0 else L + stop_at_layer
         T = tokens.shape[1]
+        if rule == "exact":
+            return self.exact_passes(tokens, mode, stop=stop)[0]
         states, has = self.carried_states(tokens, mode)
 
         def run():

@@ -45,7 +45,9 @@ def final_states(model, batches: list[PairBatch], hook: str, mode: Mode):
     out = []
     for b in batches:
         store: dict = {}
-        logits = model.run_with_hooks(b.tokens, mode=mode, fwd_hooks=[(hook, capture(store, hook, model, b.T - 1))])
+        logits = model.run_with_hooks(
+            b.tokens, mode=mode, serial=False, fwd_hooks=[(hook, capture(store, hook, model, b.T - 1))]
+        )
         out.append((b, logits[:, -1], store[hook]))
     return out
 
@@ -129,7 +131,9 @@ def feature_tests(
         T, tokens_p = b.T, b.tokens[p]
 
         def run(tokens, values):
-            logits = model.run_with_hooks(tokens, mode=mode, fwd_hooks=[(hook, set_at(values, T - 1, model))])
+            logits = model.run_with_hooks(
+                tokens, mode=mode, serial=False, fwd_hooks=[(hook, set_at(values, T - 1, model))]
+            )
             return logits[:, -1]
 
         base = dict(experiment="sae-feature-swap", mode=mode, hook_rule="one-pass", direction="denoising")

@@ -75,7 +75,7 @@ def loss_recovered_rows(model, sae, df: pd.DataFrame, hook: str, modes, mean_act
             rec = {"row": sel, "task": sub["task"].to_numpy(), "group_id": sub["group_id"].to_numpy(), "mode": mode}
             rec["length_knob"] = sub["length_knob"].to_numpy()
             for name, hooks in conds.items():
-                logits = model.run_with_hooks(tokens, mode=mode, fwd_hooks=hooks)[:, -1].double()
+                logits = model.run_with_hooks(tokens, mode=mode, serial=False, fwd_hooks=hooks)[:, -1].double()
                 lp = torch.log_softmax(logits, -1)
                 idx = torch.arange(len(sel), device=device)
                 rec[f"ce_{name}"] = (-lp[idx, tgt]).cpu().numpy()

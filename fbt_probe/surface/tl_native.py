@@ -31,6 +31,7 @@ from transformer_lens.utilities import Slice
 from fbt_probe.errors import FbtError
 from fbt_probe.modes import Mode
 from fbt_probe.surface.decoding import generate as greedy
+from fbt_probe.tokens import check_mask
 
 
 def is_text(x) -> bool:
@@ -44,6 +45,11 @@ class FeedbackActivationCache(ActivationCache):
     def __init__(self, cache_dict, model, has_batch_dim: bool = True, mode: "Mode | None" = None):
         super().__init__(cache_dict, model, has_batch_dim=has_batch_dim)
         self.mode = mode
+
+    def __getitem__(self, key):
+        if self.mode is not None:  # what the next hooked run reads (`FeedbackTransformer.check_cache_mode`)
+            self.model.note_cache_read(self, key)
+        return super().__getitem__(key)
 
     def _input_label(self) -> str:
         cfg = self.model.cfg
@@ -76,7 +82,13 @@ class FeedbackActivationCache(ActivationCache):
         has_batch_dim=True,
         recompute_ln=False,
     ):
-        self._check_sum("apply_ln_to_stack", layer is None or layer in (-1, self.model.cfg.n_layers))
+        final = layer is None or layer in (-1, self.model.cfg.n_layers)
+        self._check_sum("apply_ln_to_stack", final)
+        if recompute_ln and final:  # TransformerLens's convention: the final gain lives in the unembedding
+            if has_batch_dim and batch_slice is not None:
+                batch_slice = batch_slice if isinstance(batch_slice, Slice) else Slice(batch_slice)
+                residual_stack = batch_slice.apply(residual_stack, dim=1)
+            return self.model.ln_final.normalize(residual_stack)
         return super().apply_ln_to_stack(
             residual_stack, layer, mlp_input, pos_slice, batch_slice, has_batch_dim, recompute_ln
         )
@@ -168,6 +180,35 @@ class TransformerLensSurface:
     @property
     def b_U(self) -> torch.Tensor:
         return self.W_U.new_zeros(self.cfg.d_vocab)
+
+    # the model has no biases: zeros in TransformerLens's shapes (as TL gives bias-free models)
+    @property
+    def b_Q(self) -> torch.Tensor:  # [n_layers, n_heads, d_head]
+        return self.W_E.new_zeros(self.cfg.n_layers, self.cfg.n_heads, self.cfg.d_head)
+
+    b_K = b_V = b_Q
+
+    @property
+    def b_O(self) -> torch.Tensor:  # [n_layers, d_model]
+        return self.W_E.new_zeros(self.cfg.n_layers, self.cfg.d_model)
+
+    b_out = b_O
+
+    @property
+    def b_in(self) -> torch.Tensor:  # [n_layers, d_mlp]
+        return self.W_E.new_zeros(self.cfg.n_layers, self.cfg.d_mlp)
+
+    def unembed(self, normalized: torch.Tensor) -> torch.Tensor:
+        """Logits of `ln_final.hook_normalized` [..., d_model] (the final gain, then the head):
+        TransformerLens's `model.unembed` of the normalised stream."""
+        gain = self.ln_final.weight
+        return self.head(normalized if gain is None else normalized * gain)
+
+    def loss_fn(self, logits: torch.Tensor, tokens: torch.Tensor, attention_mask=None, per_token: bool = False):
+        """TransformerLens's `loss_fn`: next-token cross-entropy of `logits` against `tokens` (mean, or
+        [batch, pos - 1] with `per_token`; pad positions of `attention_mask` left out)."""
+        mask = None if attention_mask is None else check_mask(attention_mask, tokens)
+        return self._returned(logits, tokens, "loss", per_token, mask)
 
     def _stack(self, name: str) -> torch.Tensor:
         return torch.stack(
@@ -263,7 +304,12 @@ class TransformerLensSurface:
             for row in ids
         ]
         out = torch.tensor(rows, dtype=torch.long)
-        return out.to(self.W_E.device) if move_to_device else out
+        out = out.to(self.W_E.device) if move_to_device else out
+        if any(len(row) != width for row in ids):  # the model runs this batch's rows as their unpadded selves
+            real = [[True] * len(row) + [False] * (width - len(row)) for row in ids]
+            mask = torch.tensor([r if padding_side == "right" else r[::-1] for r in real], device=out.device)
+            self.remember_padding(out, mask)
+        return out
 
     def to_str_tokens(self, input, prepend_bos: bool | None = None):
         """The token strings: of a string (a list), a list of strings (a list of lists), or ids
@@ -288,6 +334,30 @@ class TransformerLensSurface:
             return [tok.decode([int(i) for i in row], skip_special_tokens=False) for row in ids]
         return tok.decode([int(i) for i in ids.reshape(-1)], skip_special_tokens=False)
 
+    def to_single_str_token(self, int_token: int) -> str:
+        """The string of one token id (TransformerLens's)."""
+        if isinstance(int_token, torch.Tensor):
+            if int_token.numel() != 1:
+                raise FbtError(f"to_single_str_token: expected one token id, got {int_token.numel()}")
+            int_token = int(int_token.item())
+        return self.to_str_tokens([int(int_token)])[0]
+
+    def get_token_position(self, single_token, input, mode: str = "first", prepend_bos=None) -> int:
+        """TransformerLens's: the position of `single_token` (a string of one token, or an id) in
+        `input` (text, or ids of one sequence); `mode` "first" or "last"."""
+        if mode not in ("first", "last"):
+            raise FbtError(f"get_token_position: mode: expected 'first' or 'last', got {mode!r}")
+        ids = self.to_tokens(input, prepend_bos=prepend_bos) if isinstance(input, str) else torch.as_tensor(input)
+        if ids.dim() == 2:
+            if ids.shape[0] != 1:
+                raise FbtError(f"get_token_position: expected one sequence, got a batch of shape {tuple(ids.shape)}")
+            ids = ids[0]
+        tok = self.to_single_token(single_token) if isinstance(single_token, str) else int(single_token)
+        where = (ids == tok).nonzero().flatten()
+        if len(where) == 0:
+            raise FbtError(f"get_token_position: token {single_token!r} is not in the input")
+        return int(where[0] if mode == "first" else where[-1])
+
     def to_single_token(self, string: str) -> int:
         ids = self._tok().encode(string, add_special_tokens=False).ids
         if len(ids) != 1:
@@ -295,6 +365,20 @@ class TransformerLensSurface:
         return ids[0]
 
     # ------------------------------------------------------------------ generation
+    def _stopped_at_eos(self, new: torch.Tensor, eos: int | None) -> torch.Tensor:
+        """TransformerLens's stop_at_eos for greedy decoding (rows are independent): every token after
+        a row's first EOS becomes EOS, and the columns after the last row's EOS are dropped."""
+        if eos is None:
+            eos = None if self.tokenizer is None else _eos_id(self.tokenizer)
+        if eos is None:
+            raise FbtError("generate: stop_at_eos=True, but the tokenizer has no EOS token; pass eos_token_id=")
+        hit = (new == eos).int().cummax(-1).values.bool()
+        done = torch.cat([torch.zeros_like(hit[:, :1]), hit[:, :-1]], dim=1)  # after the first EOS
+        new = new.masked_fill(done, eos)
+        if bool(hit[:, -1].all()):
+            new = new[:, : int(hit.int().argmax(-1).max()) + 1]
+        return new
+
     def generate(
         self,
         input,
@@ -303,6 +387,8 @@ class TransformerLensSurface:
         do_sample: bool = False,
         return_type: str = "input",
         verbose: bool = False,
+        stop_at_eos: bool = False,
+        eos_token_id: int | None = None,
     ):
         """Greedy continuation under one of the paper's decodings (``std``, ``soft``, ``fused``;
         `fbt_probe.surface.decoding`). Like TransformerLens, returns the input followed by the new
@@ -316,12 +402,22 @@ class TransformerLensSurface:
         text = is_text(input)
         tokens = self.to_tokens(input) if text else input
         new = greedy(self, tokens, max_new_tokens, decoding)
+        if stop_at_eos:
+            new = self._stopped_at_eos(new, eos_token_id)
         out = torch.cat([tokens, new], dim=1)
         as_text = return_type == "str" or (return_type == "input" and text)
         if not as_text:
             return out
         strings = self.to_string(out)
         return strings[0] if isinstance(input, str) else strings
+
+
+def _eos_id(tok) -> int | None:
+    for name in ("<eos>", "<|eos|>", "</s>", "<|endoftext|>"):
+        i = tok.token_to_id(name)
+        if i is not None:
+            return i
+    return None
 
 
 @contextlib.contextmanager

@@ -1,0 +1,288 @@
+"""The idiom suite: what a TransformerLens user writes first, on every mode, each number checked
+against an independent computation (docs/modes.md, "Hooks under feedback").
+
+- gradients: a plain backward hook (and `run_with_cache(incl_bwd=True)`) gives d metric / d
+  activation through the carried state, checked against autograd through the serial run and
+  against finite differences of the serial run;
+- activation patching: TransformerLens's `patching` functions inside `model.mode(m)` give the
+  serial run's patch (residual and per-head), computed here by hand with `serial=True`;
+- padding: left- and right-padded batches equal their rows run alone;
+- the final norm: the direct-logit-attribution and logit-lens idioms give the logits;
+- the smaller idioms (zero biases, loss_fn, start_at_layer, unembed, token helpers, stop_at_eos).
+"""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformer_lens import patching
+
+from fbt_probe.errors import FbtError
+from fbt_probe.loading import load_model
+from tests.helpers import make_model, tokens
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+FEEDBACK = ["recurrent:1", "recurrent:3", "full", "jacobi:2"]
+T = 8
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model()  # float64, 3 layers
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return load_model("ref:tiny-feedback").double().eval()
+
+
+def metric(logits):
+    return (logits[:, -1, 3] - logits[:, -1, 4]).sum()
+
+
+def serial_gradient(model, toks, mode, name):
+    """The oracle: a zero leaf added to `name` in each chunk of the serial run, its gradient."""
+    leaf = None
+
+    def add(x, hook):
+        nonlocal leaf
+        ctx = model.hook_context
+        if leaf is None:
+            shape = (x.shape[0], toks.shape[1], *x.shape[2:])
+            leaf = x.new_zeros(shape, requires_grad=True)
+        if ctx.phase == "pass":  # Jacobi: the same leaf in every pass
+            return x + leaf
+        return x + leaf[:, ctx.positions.start : ctx.positions.stop]
+
+    metric(model.run_with_hooks(toks, mode=mode, serial=True, fwd_hooks=[(name, add)])).backward()
+    return leaf.grad
+
+
+@pytest.mark.parametrize("name", ["blocks.0.hook_resid_post", "blocks.1.attn.hook_z"])
+@pytest.mark.parametrize("mode", FEEDBACK)
+def test_a_backward_hook_gets_the_serial_gradient(model, mode, name):
+    toks = tokens(2, T)
+    grads = []
+    with model.hooks(bwd_hooks=[(name, lambda g, hook: grads.append(g.detach().clone()))]):
+        metric(model(toks, mode=mode)).backward()
+    assert len(grads) == 1  # once per backward, as in TransformerLens
+    want = serial_gradient(model, toks, mode, name)
+    got = grads[0]
+    assert got.shape == want.shape
+    cos = F.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+    assert cos > 0.999999
+    assert (got - want).norm() / want.norm() < 1e-10
+    # the one hooked pass alone (serial=False) misses the path through the carried state
+    held = []
+
+    def keep(x, hook):
+        x.retain_grad()
+        held.append(x)
+        return x
+
+    metric(model.run_with_hooks(toks, mode=mode, serial=False, fwd_hooks=[(name, keep)])).backward()
+    assert (held[0].grad - want).abs().max() > 1e-3 * want.abs().max()
+
+
+@pytest.mark.parametrize("mode", ["recurrent:1", "full"])
+def test_the_gradient_matches_finite_differences_of_the_serial_run(model, mode):
+    toks, name, p = tokens(1, T), "blocks.0.hook_resid_post", T - 2
+    grads = []
+    with model.hooks(bwd_hooks=[(name, lambda g, hook: grads.append(g))]):
+        metric(model(toks, mode=mode)).backward()
+    direction = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+    def shifted(eps):
+        def add(x, hook):
+            ctx = model.hook_context
+            if p in ctx.positions:
+                x = x.clone()
+                x[:, p - ctx.positions.start] += eps * direction
+            return x
+
+        with torch.no_grad():
+            return metric(model.run_with_hooks(toks, mode=mode, serial=True, fwd_hooks=[(name, add)]))
+
+    eps = 1e-5
+    fd = (shifted(eps) - shifted(-eps)) / (2 * eps)
+    assert abs(fd) > 1e-4
+    assert abs(float(grads[0][0, p] @ direction) - float(fd)) / abs(float(fd)) < 1e-6
+
+
+def test_run_with_cache_incl_bwd_holds_the_serial_gradient(model):
+    toks, mode, name = tokens(2, T), "recurrent:3", "blocks.1.hook_resid_mid"
+    _, cache = model.run_with_cache(toks, mode=mode, return_type="loss", incl_bwd=True)
+    leaf = None
+
+    def add(x, hook):
+        nonlocal leaf
+        ctx = model.hook_context
+        if leaf is None:
+            leaf = x.new_zeros((x.shape[0], T, x.shape[-1]), requires_grad=True)
+        return x + leaf[:, ctx.positions.start : ctx.positions.stop]
+
+    model.run_with_hooks(toks, mode=mode, serial=True, return_type="loss", fwd_hooks=[(name, add)]).backward()
+    torch.testing.assert_close(cache[name + "_grad"], leaf.grad, rtol=0, atol=1e-12)
+    assert leaf.grad[:, : T - 3].abs().max() > 1e-8
+
+
+def test_backward_hooks_under_the_one_pass_rule_are_refused(model):
+    with model.hooks(bwd_hooks=[("blocks.0.hook_resid_post", lambda g, hook: None)]):
+        with pytest.raises(FbtError, match="misses the path through the carried state"):
+            model(tokens(1, T), mode="recurrent:1", serial=False)
+        model(tokens(1, T), mode="standard", serial=False)  # nothing carried: exact
+
+
+def test_a_backward_hook_that_edits_the_gradient_is_refused(model):
+    with model.hooks(bwd_hooks=[("blocks.0.hook_resid_post", lambda g, hook: 2 * g)]):
+        with pytest.raises(FbtError, match="returned a gradient"):
+            metric(model(tokens(1, T), mode="recurrent:1")).backward()
+
+
+def hand_serial_patch(model, corrupt, cache, mode, name, index):
+    """The serial run of `corrupt` with the clean value written at `index` (position, [head])."""
+
+    def patch(x, hook):
+        ctx = model.hook_context
+        p = index[0]
+        if p in ctx.positions:
+            x = x.clone()
+            at = (slice(None), p - ctx.positions.start) + tuple(index[1:])
+            x[at] = cache[name][(slice(None), p) + tuple(index[1:])]
+        return x
+
+    with torch.no_grad():
+        return model.run_with_hooks(corrupt, mode=mode, serial=True, fwd_hooks=[(name, patch)])
+
+
+@pytest.mark.parametrize("mode", ["recurrent:1", "full", "jacobi:2"])
+def test_transformer_lens_head_patching_gives_the_serial_patch(model, mode):
+    """Under jacobi:K the cache holds the last pass, and the patch writes it in every pass (the
+    rule's definition for Jacobi: the same edit in each of its K passes)."""
+    clean, corrupt = tokens(2, 6, seed=1), tokens(2, 6, seed=2)
+    corrupt[:, -1] = clean[:, -1]
+    with torch.no_grad(), model.mode(mode):
+        _, cache = model.run_with_cache(clean)
+        tl = patching.get_act_patch_attn_head_out_by_pos(model, corrupt, cache, lambda lg: metric(lg) / 2)
+    L, P, H = model.cfg.n_layers, 6, model.cfg.n_heads
+    assert tl.shape == (L, P, H)
+    for l, p, h in [(0, 4, 1), (1, 2, 3), (2, 4, 0), (0, 5, 2)]:
+        want = metric(hand_serial_patch(model, corrupt, cache, mode, f"blocks.{l}.attn.hook_z", (p, h))) / 2
+        torch.testing.assert_close(tl[l, p, h].double(), want, rtol=1e-6, atol=1e-6)
+    one_pass = metric(model.run_with_hooks(corrupt, mode=mode, serial=False)) / 2
+    assert (tl[:, : P - 1] - one_pass).abs().max() > 1e-4  # positions before the last matter through the state
+
+
+def test_a_cache_of_another_mode_is_warned_once_by_name(model):
+    clean, corrupt = tokens(1, 5, seed=1), tokens(1, 5, seed=2)
+    _, cache = model.run_with_cache(clean, mode="recurrent:1")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        patching.get_act_patch_resid_pre(model, corrupt, cache, metric)  # runs under the default, standard
+    ours = [w for w in seen if "read from a cache made under 'recurrent:1'" in str(w.message)]
+    assert len(ours) == 1 and "blocks.0.hook_resid_pre" in str(ours[0].message)
+    with warnings.catch_warnings(record=True) as seen, model.mode("recurrent:1"):
+        warnings.simplefilter("always")
+        patching.get_act_patch_resid_pre(model, corrupt, cache, metric)
+    assert not [w for w in seen if "read from a cache" in str(w.message)]
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("mode", ["standard", "recurrent:1", "full", "jacobi:2"])
+def test_padded_batches_equal_their_rows_alone(ref, mode, side):
+    words = [ref.tokenizer.id_to_token(i) for i in range(10, 22)]
+    short, long = " ".join(words[:4]), " ".join(words[:9])
+    toks = ref.to_tokens([short, long], padding_side=side)
+    assert toks.shape == (2, 9)
+    with torch.no_grad():
+        batch = ref(toks, mode=mode)
+        a, b = ref(ref.to_tokens(short), mode=mode)[0], ref(ref.to_tokens(long), mode=mode)[0]
+        rows = batch[0, :4] if side == "right" else batch[0, -4:]
+        torch.testing.assert_close(rows, a, rtol=0, atol=1e-10)
+        torch.testing.assert_close(batch[1], b, rtol=0, atol=1e-10)
+        text = ref([short, long], mode=mode, padding_side=side)
+        torch.testing.assert_close(text, batch, rtol=0, atol=0)
+        loss = ref(toks, mode=mode, return_type="loss", loss_per_token=True)
+        alone = ref(ref.to_tokens(short), mode=mode, return_type="loss", loss_per_token=True)[0]
+        torch.testing.assert_close(loss[0, :3] if side == "right" else loss[0, -3:], alone, rtol=0, atol=1e-10)
+
+
+def test_an_explicit_attention_mask_and_its_refusals(model):
+    toks = tokens(2, T)
+    mask = torch.ones(2, T, dtype=torch.long)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        got = model(toks, mode="recurrent:1", attention_mask=mask)
+        torch.testing.assert_close(got[0, 3:], model(toks[:1, 3:], mode="recurrent:1")[0], rtol=0, atol=1e-10)
+        assert torch.count_nonzero(got[0, :3]) == 0
+        with pytest.raises(FbtError, match="padded batch with a hook on blocks.0.hook_resid_pre"):
+            model.run_with_hooks(toks, attention_mask=mask, fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: x)])
+        hole = torch.ones(2, T, dtype=torch.long)
+        hole[0, 4] = 0
+        with pytest.raises(FbtError, match="one run at the left or the right edge"):
+            model(toks, attention_mask=hole)
+
+
+@pytest.mark.parametrize("mode", ["standard", "recurrent:1", "full"])
+def test_direct_logit_attribution_gives_the_logit_difference(ref, mode):
+    words = [ref.tokenizer.id_to_token(i) for i in range(10, 22)]
+    toks = ref.to_tokens(" ".join(words[:7]))
+    A, B = 5, 6
+    with torch.no_grad():
+        logits, cache = ref.run_with_cache(toks, mode=mode)
+        direction = ref.tokens_to_residual_directions(torch.tensor([A])) - ref.tokens_to_residual_directions(
+            torch.tensor([B])
+        )
+        diff = logits[0, -1, A] - logits[0, -1, B]
+        final = cache.accumulated_resid(layer=-1, apply_ln=True, pos_slice=-1)[-1]
+        torch.testing.assert_close((final @ direction[0])[0], diff, rtol=0, atol=1e-10)
+        parts = cache.decompose_resid(apply_ln=True, pos_slice=-1)
+        torch.testing.assert_close((parts @ direction[0]).sum(0)[0], diff, rtol=0, atol=1e-10)
+        normalized = cache["ln_final.hook_normalized"]  # before the gain, as TransformerLens's
+        torch.testing.assert_close(ref.unembed(normalized), logits, rtol=0, atol=1e-10)
+        rms = normalized.pow(2).mean(-1).sqrt()
+        torch.testing.assert_close(rms, torch.ones_like(rms), rtol=0, atol=1e-5)
+        lens = ref.unembed(cache.accumulated_resid(apply_ln=True, pos_slice=-1))  # the logit lens
+        torch.testing.assert_close(lens[-1], logits[:, -1], rtol=0, atol=1e-10)
+
+
+def test_zero_biases_loss_fn_start_at_layer_and_unembed(model):
+    cfg = model.cfg
+    assert model.b_Q.shape == model.b_K.shape == model.b_V.shape == (cfg.n_layers, cfg.n_heads, cfg.d_head)
+    assert model.b_O.shape == model.b_out.shape == (cfg.n_layers, cfg.d_model)
+    assert model.b_in.shape == (cfg.n_layers, cfg.d_mlp)
+    assert not any(b.any() for b in (model.b_Q, model.b_O, model.b_in))
+    toks = tokens(2, T)
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(toks)
+        want = F.cross_entropy(logits[:, :-1].flatten(0, 1), toks[:, 1:].flatten(), reduction="none").view(2, -1)
+        torch.testing.assert_close(model.loss_fn(logits, toks, per_token=True), want, rtol=0, atol=1e-12)
+        torch.testing.assert_close(model.loss_fn(logits, toks), want.mean(), rtol=0, atol=1e-12)
+        torch.testing.assert_close(model(toks, return_type="loss", loss_per_token=True), want, rtol=0, atol=1e-12)
+        started = model(cache["blocks.1.hook_resid_pre"], start_at_layer=1)
+        torch.testing.assert_close(started, logits, rtol=0, atol=1e-12)
+        mid = model(cache["blocks.0.hook_resid_pre"], start_at_layer=0, stop_at_layer=2)
+        torch.testing.assert_close(mid, cache["blocks.1.hook_resid_post"], rtol=0, atol=1e-12)
+        with pytest.raises(FbtError, match="start_at_layer under 'recurrent:1'"):
+            model(cache["blocks.1.hook_resid_pre"], mode="recurrent:1", start_at_layer=1)
+
+
+def test_token_helpers_and_stop_at_eos(ref):
+    text = " ".join(ref.tokenizer.id_to_token(i) for i in (12, 15, 12, 18))
+    assert ref.to_single_str_token(15) == ref.tokenizer.id_to_token(15)
+    assert ref.to_single_str_token(torch.tensor(15)) == ref.tokenizer.id_to_token(15)
+    word = ref.tokenizer.id_to_token(12)
+    assert ref.get_token_position(word, text) == 0
+    assert ref.get_token_position(word, text, mode="last") == 2
+    assert ref.get_token_position(18, ref.to_tokens(text)) == 3
+    with pytest.raises(FbtError, match="not in the input"):
+        ref.get_token_position(19, text)
+    ids = ref.to_tokens(text)
+    free = ref.generate(ids, max_new_tokens=4)
+    eos = int(free[0, -3])  # treat the second new token as the EOS
+    stopped = ref.generate(ids, max_new_tokens=4, stop_at_eos=True, eos_token_id=eos)
+    first = int((free[0, 4:] == eos).nonzero()[0])
+    assert torch.equal(stopped[0], free[0, : 4 + first + 1])
+    with pytest.raises(FbtError, match="no EOS token"):
+        ref.generate(ids, max_new_tokens=2, stop_at_eos=True)
