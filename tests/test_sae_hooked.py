@@ -24,6 +24,7 @@ from tests.helpers import make_model, tokens
 
 HOOK = "blocks.0.hook_resid_post"
 MODES = ("standard", "recurrent:1")
+ALL_MODES = (*MODES, "full", "jacobi:2")
 TOL = 1e-12
 
 
@@ -49,7 +50,7 @@ def replace_by(fn):
 
 
 @pytest.mark.parametrize("arch", ["topk", "jumprelu"])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_run_with_saes_error_term_and_reconstruction(setup, mode, arch):
     model, tok, saes = setup
     sae = saes[arch]
