@@ -54,10 +54,12 @@ docs: $(DEV_STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-# SAELens opens our SAE folders and encodes as we do (tests/saelens_oracle.py). SAELens pins
+# SAELens opens our SAE folders and encodes as we do, we open folders SAELens wrote and encode as it
+# does, and the error term under a latent edit agrees (tests/saelens_oracle.py). SAELens pins
 # transformer-lens < 4, so it lives in its own venv (.venv-saelens, torch from the same local build).
 saelens-check: $(DEV_STAMP)
 	test -x .venv-saelens/bin/python || python3 -m venv .venv-saelens
 	.venv-saelens/bin/python -c "import sae_lens" 2>/dev/null || (.venv-saelens/bin/pip install -q --no-compile torch==2.13.0 && .venv-saelens/bin/pip install -q --no-compile sae-lens==6.54.12)
 	$(PY) tests/saelens_oracle.py write runs/saelens-check
 	.venv-saelens/bin/python tests/saelens_oracle.py check runs/saelens-check
+	$(PY) tests/saelens_oracle.py read runs/saelens-check

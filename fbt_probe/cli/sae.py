@@ -15,7 +15,7 @@ from fbt_probe.loading import load_data, open_model, open_pairs
 from fbt_probe.modes import parse_mode, parse_modes
 from fbt_probe.sae.analyze import analyze as run_analysis
 from fbt_probe.sae.analyze import is_analysis_folder, sparsity_sentence
-from fbt_probe.sae.data import collect
+from fbt_probe.sae.data import collect, saelens_metadata
 from fbt_probe.sae.metrics import reconstruction
 from fbt_probe.sae.model import CFG_FILE, WEIGHTS_FILE, SparseAutoencoder, is_sae_folder
 from fbt_probe.sae.train import SAETrainConfig, train_sae
@@ -83,9 +83,10 @@ def train(
     refuse_existing(out, force, own=is_sae_folder, kind=f"an SAE folder ({CFG_FILE} + {WEIGHTS_FILE})")
     df = load_data(dataset, _tasks(tasks), pairs=False, command="sae train")
     lm = open_model(run, device, seed)
-    x, _ = collect(lm.model, df, hook, mode, positions)
+    x, index = collect(lm.model, df, hook, mode, positions)
     typer.echo(f"{len(x)} rows of {hook} ({positions} positions under {mode}), d_in {x.shape[1]}")
     meta = {"hook_name": hook, "model_name": run, "mode": mode, "positions": positions, "dataset": str(dataset)}
+    meta |= saelens_metadata(index, str(dataset))
     sae, record = train_sae(x, cfg, meta, log=lambda r: typer.echo("  " + ", ".join(f"{a} {b}" for a, b in r.items())))
     sae.cfg.metadata["training"] = record
     r = reconstruction(sae, x)

@@ -27,9 +27,11 @@ def silent(hp: HookPoint, x: torch.Tensor) -> torch.Tensor:
 
 def has_hooks(hp: nn.Module) -> bool:
     """Whether calling `hp` would run any hook (its own, a global module hook, or an instance-level
-    `forward` such as nnsight installs to observe the module)."""
+    `forward` such as nnsight installs to observe the module), or `hp` is a module that stands in
+    for a hook point and must always run (`always_hooked`: an SAE spliced in, `fbt_probe.sae.hooked`)."""
     return bool(
-        "forward" in hp.__dict__
+        "always_hooked" in hp.__dict__  # an instance attribute: no lookup through nn.Module.__getattr__
+        or "forward" in hp.__dict__
         or hp._forward_hooks
         or hp._forward_pre_hooks
         or hp._backward_hooks

@@ -20,7 +20,7 @@ from fbt_probe.loading import load_data
 from fbt_probe.modes import parse_modes
 from fbt_probe.reproduce.methods import FEEDBACK, _fmt, _mapped, _model, _per_task, _task_pairs, methods_knobs, tables
 from fbt_probe.sae.analyze import TOP, analyze, quality, sparsity_sentence
-from fbt_probe.sae.data import collect
+from fbt_probe.sae.data import collect, saelens_metadata
 from fbt_probe.sae.metrics import reconstruction
 from fbt_probe.sae.model import SparseAutoencoder
 from fbt_probe.sae.train import SAETrainConfig, train_sae
@@ -68,7 +68,7 @@ def stage_sae(cfg, out: Path) -> None:
     s = sae_settings(cfg)
     model, info = _model(cfg, out, NAME)
     data = load_data(out / "data", pairs=False, command="reproduce")
-    x, _ = collect(model, data, s["hook"], s["train_mode"], s["positions"])
+    x, index = collect(model, data, s["hook"], s["train_mode"], s["positions"])
     with atomic_dir(folder(out), force=True) as tmp:
         saes = {}
         for arch in s["architectures"]:
@@ -88,6 +88,7 @@ def stage_sae(cfg, out: Path) -> None:
                 "mode": s["train_mode"],
                 "positions": s["positions"],
                 "dataset": "data (every task, every probe length)",
+                **saelens_metadata(index, str(out / "data")),
             }
             sae, record = train_sae(x, tc, meta)
             sae.cfg.metadata["training"] = record

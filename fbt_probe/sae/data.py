@@ -70,3 +70,11 @@ def collect(
     if not acts:
         raise FbtError(f"--hook {hook} under {mode}: no positions to collect ({positions}) in this dataset")
     return torch.cat(acts), pd.DataFrame({"row": np.concatenate(rows), "position": np.concatenate(pos)})
+
+
+def saelens_metadata(index: pd.DataFrame, dataset: str) -> dict:
+    """SAELens's metadata fields for the activations `collect` read (its index frame): `context_size`,
+    the longest sample's token count (samples vary in length; each one contributes its last
+    position, so that is the largest position + 1); `prepend_bos` False (the samples' token ids are
+    fed as stored, nothing is prepended); `dataset_path`, the dataset it read."""
+    return {"context_size": int(index["position"].max()) + 1, "prepend_bos": False, "dataset_path": str(dataset)}

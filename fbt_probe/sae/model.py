@@ -10,7 +10,19 @@
 A folder holds `cfg.json` and `sae_weights.safetensors` with the field and tensor names SAELens 6
 reads (`sae_lens.SAE.load_from_disk`): `architecture`, `d_in`, `d_sae`, `dtype`, `device`,
 `apply_b_dec_to_input` (true: b_dec is subtracted before encoding), `normalize_activations` ("none"),
-`reshape_activations` ("none"), `k` for topk, `metadata` (hook, model, mode, training record).
+`reshape_activations` ("none"), `k` for topk, `metadata` (hook, model, mode, training record, and
+SAELens's `model_name`, `hook_name`, `context_size`, `prepend_bos`, `dataset_path`; the mode also as
+`model_from_pretrained_kwargs: {"default_mode": MODE}`, the field SAELens reads the model's setup
+from). `load` reads a folder SAELens wrote as well (`SAE.save_model`, architectures topk and jumprelu;
+a TopK's `rescale_acts_by_decoder_norm` is folded into the weights as SAELens folds it).
+
+The SAE is a TransformerLens `HookedRootModule` with SAELens's hook points, each run only while a
+hook is attached to it: `hook_sae_input` (x), `hook_sae_acts_pre` (the pre-activations),
+`hook_sae_acts_post` (the latents f), `hook_sae_recons` (x̂), `hook_sae_error` (x − x̂, only with the
+error term) and `hook_sae_output` (what `forward` returns). With `use_error_term` the output is
+x̂ + (x − x̂_clean), where x̂_clean is the reconstruction computed with every hook off and without
+gradient: the output equals the input (exactly, see `forward`), and an edit of the latents changes
+it by the decoder's image of the edit only (SAELens's semantics). `fbt_probe.sae.hooked` splices an SAE into a model.
 """
 
 from __future__ import annotations
@@ -22,11 +34,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
 
+from fbt_probe.engine.hooks import has_hooks, hooked
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_dir
 
 ARCHITECTURES = ("topk", "jumprelu")
+DTYPES = ("float32", "float64", "float16", "bfloat16")
 CFG_FILE, WEIGHTS_FILE = "cfg.json", "sae_weights.safetensors"
 SAELENS_FORMAT = "6.0.0"  # the cfg.json layout (SAELens >= 6 reads it without conversion)
 
@@ -60,6 +76,11 @@ class SAEConfig:
             "reshape_activations": "none",
             "metadata": {"sae_lens_version": SAELENS_FORMAT, "sae_lens_training_version": None, **self.metadata},
         }
+        if self.metadata.get("mode") is not None:
+            # SAELens reads how to set the model up from `model_from_pretrained_kwargs` (and warns
+            # that the model should be built with them): here the mode the activations were read
+            # under, which the model takes as `model.default_mode` (or `with model.mode(...)`).
+            cfg["metadata"].setdefault("model_from_pretrained_kwargs", {"default_mode": str(self.metadata["mode"])})
         if self.architecture == "topk":
             cfg.update(k=self.k, rescale_acts_by_decoder_norm=False)
         return cfg
@@ -71,21 +92,33 @@ class SAEConfig:
                 raise FbtError(f"{where}: field '{key}' missing (expected an SAE cfg.json in SAELens's format)")
         if cfg.get("apply_b_dec_to_input", True) is not True or cfg.get("normalize_activations", "none") != "none":
             raise FbtError(f"{where}: expected apply_b_dec_to_input true and normalize_activations 'none'")
+        if cfg.get("reshape_activations", "none") != "none":
+            raise FbtError(
+                f"{where}: reshape_activations '{cfg['reshape_activations']}': only 'none' (an SAE over one hook's last dimension)"
+            )
+        if cfg["architecture"] == "topk" and "k" not in cfg:
+            raise FbtError(f"{where}: field 'k' missing (a topk SAE's active latents per row)")
+        dtype = str(cfg.get("dtype", "float32")).removeprefix("torch.")  # SAELens before 6 wrote "torch.float32"
+        if dtype not in DTYPES:
+            raise FbtError(f"{where}: dtype '{dtype}': expected one of {', '.join(DTYPES)}")
         meta = {k: v for k, v in (cfg.get("metadata") or {}).items() if not k.startswith("sae_lens_")}
-        return cls(
-            int(cfg["d_in"]),
-            int(cfg["d_sae"]),
-            cfg["architecture"],
-            int(cfg.get("k", 8)),
-            cfg.get("dtype", "float32"),
-            meta,
-        )
+        return cls(int(cfg["d_in"]), int(cfg["d_sae"]), cfg["architecture"], int(cfg.get("k", 8)), dtype, meta)
 
 
-class SparseAutoencoder(nn.Module):
-    def __init__(self, cfg: SAEConfig):
+class SparseAutoencoder(HookedRootModule):
+    HOOK_POINTS = (
+        "hook_sae_input",
+        "hook_sae_acts_pre",
+        "hook_sae_acts_post",
+        "hook_sae_recons",
+        "hook_sae_error",
+        "hook_sae_output",
+    )
+
+    def __init__(self, cfg: SAEConfig, use_error_term: bool = False):
         super().__init__()
         self.cfg = cfg
+        self.use_error_term = use_error_term
         dt = getattr(torch, cfg.dtype)
         self.W_enc = nn.Parameter(torch.zeros(cfg.d_in, cfg.d_sae, dtype=dt))
         self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, dtype=dt))
@@ -93,9 +126,12 @@ class SparseAutoencoder(nn.Module):
         self.b_dec = nn.Parameter(torch.zeros(cfg.d_in, dtype=dt))
         if cfg.architecture == "jumprelu":
             self.threshold = nn.Parameter(torch.zeros(cfg.d_sae, dtype=dt))
+        for name in self.HOOK_POINTS:
+            setattr(self, name, HookPoint())
+        self.setup()
 
     def pre_acts(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., d_in] -> [..., d_sae]: (x − b_dec) W_enc + b_enc."""
+        """[..., d_in] -> [..., d_sae]: (x − b_dec) W_enc + b_enc (no hook points)."""
         return (x - self.b_dec) @ self.W_enc + self.b_enc
 
     def activate(self, pre: torch.Tensor) -> torch.Tensor:
@@ -105,14 +141,28 @@ class SparseAutoencoder(nn.Module):
         return pre.relu() * (pre > self.threshold).to(pre.dtype)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.activate(self.pre_acts(x))
+        """[..., d_in] -> [..., d_sae] latents, through `hook_sae_input`, `hook_sae_acts_pre`, `hook_sae_acts_post`."""
+        pre = hooked(self.hook_sae_acts_pre, self.pre_acts(hooked(self.hook_sae_input, x)))
+        return hooked(self.hook_sae_acts_post, self.activate(pre))
 
     def decode(self, f: torch.Tensor) -> torch.Tensor:
-        """[..., d_sae] -> [..., d_in]: f W_dec + b_dec."""
-        return f @ self.W_dec + self.b_dec
+        """[..., d_sae] -> [..., d_in]: f W_dec + b_dec, through `hook_sae_recons`."""
+        return hooked(self.hook_sae_recons, f @ self.W_dec + self.b_dec)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decode(self.encode(x))
+    def forward(self, x: torch.Tensor, use_error_term: bool | None = None) -> torch.Tensor:
+        """The reconstruction x̂, or with the error term (default `self.use_error_term`) x̂ + e with
+        e = x − x̂_clean (hooks off, no gradient), e passing `hook_sae_error`. Written as
+        x + (x̂ − x̂_clean) + (e_hooked − e): the same value and the same gradient (through x̂ only),
+        and exactly `x` in floating point while no hook changes anything."""
+        out = self.decode(self.encode(x))
+        if self.use_error_term if use_error_term is None else use_error_term:
+            with torch.no_grad():
+                edited = any(has_hooks(getattr(self, n)) for n in self.HOOK_POINTS[:4])
+                clean = self.activate(self.pre_acts(x)) @ self.W_dec + self.b_dec if edited else out.detach()
+                error = x - clean
+                shift = hooked(self.hook_sae_error, error) - error
+            out = x.detach() + (out - clean) + shift
+        return hooked(self.hook_sae_output, out)
 
     @property
     def hook_name(self) -> str | None:
@@ -146,7 +196,20 @@ class SparseAutoencoder(nn.Module):
         if want != got:
             raise FbtError(f"{folder / WEIGHTS_FILE}: tensors {got} do not match cfg.json (expected {want})")
         sae.load_state_dict(state)
+        if sae.cfg.architecture == "topk" and raw.get("rescale_acts_by_decoder_norm", False):
+            sae.fold_decoder_norms()
         return sae
+
+    @torch.no_grad()
+    def fold_decoder_norms(self) -> None:
+        """SAELens's TopK with `rescale_acts_by_decoder_norm` multiplies the pre-activations by the
+        decoder row norms n and divides the latents by them before decoding; W_enc·n, b_enc·n and
+        W_dec/n compute the same latents and reconstruction with the plain formulas (up to rounding;
+        SAELens folds the same way). Computed in float64."""
+        n = self.W_dec.double().norm(dim=-1).clamp_min(1e-8)
+        self.W_enc.copy_(self.W_enc.double() * n)
+        self.b_enc.copy_(self.b_enc.double() * n)
+        self.W_dec.copy_(self.W_dec.double() / n[:, None])
 
 
 def is_sae_folder(folder: str | Path) -> bool:
