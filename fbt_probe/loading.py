@@ -140,7 +140,7 @@ def load_model(source: str | Path, device: str = "cpu", seed: int = 0, **overrid
             f"{source}: config overrides ({', '.join(sorted(overrides))}) apply to presets only; "
             "a folder carries its own config"
         )
-    return _with_tokenizer(_load_folder(folder, device, seed), folder)
+    return _with_default_mode(_with_tokenizer(_load_folder(folder, device, seed), folder), folder)
 
 
 def _load_folder(folder: Path, device: str, seed: int):
@@ -155,6 +155,26 @@ def _load_folder(folder: Path, device: str, seed: int):
             f"{folder / 'config.json'}: field 'model.arch': expected one of {sorted(CHECKPOINT_LOADERS)}, got {kind!r}"
         )
     return CHECKPOINT_LOADERS[kind](folder, device=device)
+
+
+TRAINED_FEEDBACK_MODE = "recurrent:1"
+"""The default mode of a checkpoint trained with feedback: the paper's recurrent prefill step, so that
+the first call a TransformerLens user writes (`model(tokens)`, `run_with_cache`, `patching`)
+includes the feedback path (docs/modes.md)."""
+
+
+def _with_default_mode(model, folder: Path):
+    """`model.default_mode`: `recurrent:1` where the folder's training record says the fusion was
+    trained (`train.baseline` false), else `standard` (baselines, imports without a record)."""
+    if not hasattr(model, "default_mode"):
+        return model
+    try:
+        train = json.loads((folder / "config.json").read_text()).get("train")
+    except (OSError, ValueError, AttributeError):
+        train = None
+    if isinstance(train, dict) and train.get("baseline") is False and train.get("arch", "feedback") == "feedback":
+        model.default_mode = TRAINED_FEEDBACK_MODE
+    return model
 
 
 def _with_tokenizer(model, folder: Path):

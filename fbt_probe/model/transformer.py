@@ -512,8 +512,14 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         return self._returned(logits, tokens, return_type, loss_per_token, None)
 
     def hooks_attached(self) -> bool:
-        """Whether any TransformerLens hook (forward or backward) is attached to a hook point."""
-        return any(hp._forward_hooks or hp._forward_pre_hooks or hp._backward_hooks for hp in self.hook_dict.values())
+        """Whether any TransformerLens hook (forward or backward) is attached to a hook point, or a
+        module is spliced in where a hook point was (an SAE, `fbt_probe.sae.hooked`)."""
+        return bool(self._editors()) or any(hp._backward_hooks for hp in self.hook_dict.values())
+
+    def _editors(self) -> list[str]:
+        """Hook points with a forward hook, and modules spliced in at a hook point: what can edit a pass."""
+        out = [n for n, hp in self.hook_dict.items() if hp._forward_hooks or hp._forward_pre_hooks]
+        return out + [n for n, m in self.mod_dict.items() if "always_hooked" in m.__dict__]
 
     def note_cache_read(self, cache, key) -> None:
         """A `FeedbackActivationCache` was read: the next hooked run checks that its mode is the cache's."""
@@ -542,7 +548,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         carries = mode.first_fed_position(T) < T
         if serial:
             return "serial"
-        attached = [hp for hp in self.hook_dict.values() if hp._forward_hooks or hp._forward_pre_hooks]
+        attached = self._editors()
         backward = [hp.name for hp in self.hook_dict.values() if hp._backward_hooks]
         if serial is None:
             return "exact" if carries and (attached or backward) else "one-pass"

@@ -13,14 +13,11 @@ Without the error term the activation is replaced by the SAE's reconstruction; w
 without the SAE, and an edit of the latents changes the activation by the decoder's image of the
 edit only.
 
-Modes. A feedback mode computes the carried states first with hooks off, then runs one hooked pass
-(docs/modes.md). The spliced SAE runs where hooks run: in that hooked pass, at every position, and
-never in the hooks-off computation of the carried states. Under `recurrent:k`, `full` and `jacobi:K`
-the states fed into the analysed pass are therefore the model's own, not ones computed through the
-SAE; a reconstruction (no error term) or a latent edit changes the analysed pass downstream of the
-hook, not the carried state it reads. With `serial=True` hooks fire in every chunk of the serial
-computation, and so does the SAE: its reconstruction or edit then also reaches the states carried
-into later positions.
+Modes. A spliced SAE is an edit like any hook, so the model's hook rule applies to it (docs/modes.md,
+"Hooks under feedback"): under a mode that carries a state the default (exact) rule runs the mode's
+exact iteration with the SAE in every pass, and its reconstruction or latent edit reaches the states
+carried into later positions exactly as in the serial run (`serial=True`, the SAE in every chunk);
+`serial=False` keeps it in the one analysed pass, whose carried states are the model's own.
 
 Two departures from SAELens, both refusals where SAELens would go on silently: a hook name the model
 does not have, and an SAE without a hook name, raise `FbtError` (SAELens logs a warning and attaches
