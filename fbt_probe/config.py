@@ -130,6 +130,16 @@ class ModelConfig:
         return False
 
     @property
+    def original_architecture(self) -> str:
+        """TransformerLens's field: the architecture family (read-only, not saved)."""
+        return "FeedbackTransformer"
+
+    @property
+    def model_name(self) -> str:
+        """TransformerLens's field: a name from the shape (the loaded source is `LoadedModel.source`)."""
+        return f"fbt-{self.n_layers}L-{self.d_model}d"
+
+    @property
     def final_rms(self) -> bool:
         return True
 

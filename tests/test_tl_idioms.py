@@ -286,3 +286,56 @@ def test_token_helpers_and_stop_at_eos(ref):
     assert torch.equal(stopped[0], free[0, : 4 + first + 1])
     with pytest.raises(FbtError, match="no EOS token"):
         ref.generate(ids, max_new_tokens=2, stop_at_eos=True)
+
+
+@pytest.mark.parametrize("mode", ["standard", "recurrent:1"])
+def test_the_transformer_lens_hook_points_mean_what_they_mean_there(model, mode):
+    toks = tokens(2, T)
+    l, eps = 1, model.cfg.rms_eps
+    with torch.no_grad():
+        logits, c = model.run_with_cache(toks, mode=mode)
+        for ln, src in (("ln1", "hook_resid_pre"), ("ln2", "hook_resid_mid")):
+            x = c[f"blocks.{l}.{src}"]
+            want = x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()  # before the gain
+            torch.testing.assert_close(c[f"blocks.{l}.{ln}.hook_normalized"], want, rtol=0, atol=1e-12)
+        attn = model.blocks[l].attn
+        rep = model.cfg.n_heads // model.cfg.n_key_value_heads
+        q, k = c[f"blocks.{l}.attn.hook_rot_q"], c[f"blocks.{l}.attn.hook_rot_k"].repeat_interleave(rep, dim=2)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * model.cfg.d_head**-0.5
+        scores = scores.masked_fill(~attn.mask(torch.arange(T), torch.arange(T)), float("-inf"))
+        torch.testing.assert_close(c[f"blocks.{l}.attn.hook_attn_scores"], scores, rtol=0, atol=1e-12)
+        torch.testing.assert_close(c[f"blocks.{l}.attn.hook_pattern"], scores.softmax(-1), rtol=0, atol=1e-12)
+        result = c[f"blocks.{l}.attn.hook_result"]
+        torch.testing.assert_close(
+            result[:, :, 2], c[f"blocks.{l}.attn.hook_z"][:, :, 2] @ attn.W_O[2], rtol=0, atol=1e-12
+        )
+        torch.testing.assert_close(result.sum(2), c[f"blocks.{l}.hook_attn_out"], rtol=0, atol=1e-12)
+        torch.testing.assert_close(c[f"blocks.{l}.hook_mlp_in"], c[f"blocks.{l}.hook_resid_mid"], rtol=0, atol=0)
+        # an edit of hook_mlp_in moves the MLP branch's input only, not the residual it is added to
+        bump = torch.zeros(model.cfg.d_model, dtype=torch.float64)
+        bump[3] = 1.0
+        _, e = model.run_with_cache(toks, mode=mode, serial=False)
+        with model.hooks(fwd_hooks=[(f"blocks.{l}.hook_mlp_in", lambda x, hook: x + bump)]):
+            _, edited = model.run_with_cache(toks, mode=mode, serial=False, names_filter=f"blocks.{l}.hook_resid_post")
+        blk = model.blocks[l]
+        want = e[f"blocks.{l}.hook_resid_mid"] + blk.mlp(
+            blk.ln2(e[f"blocks.{l}.hook_resid_mid"] + bump), lambda hp, v: v
+        )
+        torch.testing.assert_close(edited[f"blocks.{l}.hook_resid_post"], want, rtol=0, atol=1e-12)
+
+
+def test_unknown_hook_names_name_the_alternative(model):
+    with pytest.raises(FbtError, match=r"blocks.0.attn.hook_q_input'.*use blocks.0.ln1.hook_normalized"):
+        model.run_with_hooks(tokens(1, 4), fwd_hooks=[("blocks.0.attn.hook_q_input", lambda x, hook: x)])
+    with pytest.raises(KeyError):  # still a KeyError, as TransformerLens's lookups raise
+        model.hook_dict["blocks.0.hook_attn_in"]
+
+
+def test_serial_cache_returns_the_loss_and_the_config_fields(model):
+    toks = tokens(2, T)
+    with torch.no_grad():
+        loss, cache = model.run_with_cache(toks, mode="recurrent:3", serial=True, return_type="loss")
+        torch.testing.assert_close(loss, model(toks, mode="recurrent:3", return_type="loss"), rtol=0, atol=1e-12)
+    assert cache["blocks.0.hook_resid_pre"].shape[:2] == (2, T)
+    assert model.cfg.original_architecture == "FeedbackTransformer"
+    assert model.cfg.model_name == f"fbt-{model.cfg.n_layers}L-{model.cfg.d_model}d"

@@ -201,6 +201,10 @@ class Attention(nn.Module):
         self.hook_v = HookPoint()  # [batch, pos, n_kv_heads, d_head]
         self.hook_pattern = HookPoint()  # [batch, n_heads, query_pos, key_pos]
         self.hook_z = HookPoint()  # [batch, pos, n_heads, d_head]
+        self.hook_rot_q = HookPoint()  # [batch, pos, n_heads, d_head]  after QK-norm and RoPE
+        self.hook_rot_k = HookPoint()  # [batch, pos, n_kv_heads, d_head]
+        self.hook_attn_scores = HookPoint()  # [batch, n_heads, query_pos, key_pos]  scaled, masked (-inf)
+        self.hook_result = HookPoint()  # [batch, pos, n_heads, d_model]  each head's write (computed only while hooked)
 
     def mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         allowed = k_pos[None, :] <= q_pos[:, None]  # [q, k]
@@ -258,13 +262,18 @@ class Attention(nn.Module):
             qk = None if self.path == "explicit" else torch.cat((q, k), dim=2)
         v = self.values(v, x, tokens, layer, hk)
         q, k = self.position(q, k, qk, start)
+        if hk is not silent:
+            q, k = hk(self.hook_rot_q, q), hk(self.hook_rot_k, k)
         if cache is not None:
             k, v = cache.append(layer, k, v)  # [batch, n_kv_heads, key_pos, d_head]
             k_start = 0
         else:
             k, v, k_start = k.transpose(1, 2), v.transpose(1, 2), start
         z = self._attend(q, k, v, start, k_start, hk)
-        z = hk(self.hook_z, z).reshape(B, P, H * dh)
+        z = hk(self.hook_z, z)
+        if hk is not silent and has_hooks(self.hook_result):  # per head: z_h @ W_O[h], then the sum
+            return hk(self.hook_result, torch.einsum("bphd,hdm->bphm", z, self.W_O)).sum(2)
+        z = z.reshape(B, P, H * dh)
         if self.out_scale == 1.0:
             return self.o_proj(z)
         if dispatch.fused_projection(self):  # the depth scale folded into the weight: one op fewer per layer
@@ -291,6 +300,8 @@ class Attention(nn.Module):
         """z [batch, pos, n_heads, d_head] by the path `dispatch.attention` picks: the reference
         below or one of `fbt_probe.engine.attention`'s (the same function)."""
         plain = type(self).mask is Attention.mask  # a subclass (Hidden Decoding) brings its own mask
+        if hk is not silent and has_hooks(self.hook_attn_scores):
+            return self.reference(q, k, v, start, k_start, hk)  # the one path that forms the scores
         hooked_pattern = hk is not silent and has_hooks(self.hook_pattern)
         route = dispatch.attention(
             self.path, plain, self.window, q.shape[1], k.shape[2], start, k_start, hooked_pattern
@@ -314,7 +325,7 @@ class Attention(nn.Module):
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * self.cfg.d_head**-0.5
         q_pos = torch.arange(start, start + q.shape[1], device=q.device)
         k_pos = torch.arange(k_start, k_start + k.shape[1], device=q.device)
-        scores = scores.masked_fill(~self.mask(q_pos, k_pos), float("-inf"))
+        scores = hk(self.hook_attn_scores, scores.masked_fill(~self.mask(q_pos, k_pos), float("-inf")))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32 if _halves(q.dtype) else None)
         pattern = hk(self.hook_pattern, probs.to(q.dtype))
         return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
@@ -390,10 +401,11 @@ class Block(nn.Module):
         self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
         self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]  (after depth scaling)
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
+        self.hook_mlp_in = HookPoint()  # [batch, pos, d_model]  the MLP branch's input (before ln2)
 
     @staticmethod
     def norm(cfg: ModelConfig) -> ScaledRMSNorm:
-        return ScaledRMSNorm(cfg.d_model, cfg.rms_eps)
+        return HookedRMSNorm(cfg.d_model, cfg.rms_eps)
 
     def forward(
         self, x: torch.Tensor, start: int, cache: KVCache | None, hk: Hk, tokens: torch.Tensor | None = None
@@ -404,5 +416,5 @@ class Block(nn.Module):
     def sublayers(self, resid_pre: torch.Tensor, start: int, cache: KVCache | None, hk: Hk, tokens) -> torch.Tensor:
         attn_out = hk(self.hook_attn_out, self.attn(self.ln1(resid_pre, hk), start, cache, self.layer, hk, tokens))
         resid_mid = hk(self.hook_resid_mid, resid_pre + attn_out)
-        mlp_out = hk(self.hook_mlp_out, self.mlp(self.ln2(resid_mid, hk), hk))
+        mlp_out = hk(self.hook_mlp_out, self.mlp(self.ln2(hk(self.hook_mlp_in, resid_mid), hk), hk))
         return hk(self.hook_resid_post, resid_mid + mlp_out)

@@ -45,12 +45,14 @@ def run_with_serial_cache(
     pos_slice=None,
     reset_hooks_end: bool = True,
     clear_contexts: bool = False,
+    return_type: str | None = "logits",
+    **forward_kwargs,
 ):
-    """(logits, ActivationCache) of `model(tokens, mode, serial=True)` (see module doc)."""
+    """(output, ActivationCache) of `model(tokens, mode, serial=True, return_type=...)` (see module doc)."""
     if incl_bwd or pos_slice is not None:
         raise FbtError(
-            "run_with_cache(serial=True): incl_bwd and pos_slice are not supported; "
-            "cache without serial=True, or collect with hooks and model.hook_context"
+            "run_with_cache(serial=True): incl_bwd and pos_slice are not supported; leave serial unset "
+            "(the exact rule: the whole gradient in [batch, pos, ...]), or collect with hooks and model.hook_context"
         )
     keep = _keep(names_filter)
     chunks: dict[str, list] = {}
@@ -65,16 +67,17 @@ def run_with_serial_cache(
     with model.hooks(
         fwd_hooks=[(name, save) for name in names], reset_hooks_end=reset_hooks_end, clear_contexts=clear_contexts
     ):
-        logits = model(tokens, mode=mode, serial=True)
+        out = model(tokens, mode=mode, serial=True, return_type=return_type, **forward_kwargs)
     cache: dict[str, torch.Tensor] = {}
-    T = logits.shape[1]
+    T = model.to_tokens(tokens).shape[1] if isinstance(tokens, (str, list)) else tokens.shape[1]
     for name, parts in chunks.items():
         cache.update(_assemble(name, parts, T))
     if remove_batch_dim:
-        if logits.shape[0] != 1:
-            raise FbtError(f"run_with_cache: remove_batch_dim needs batch size 1, got {logits.shape[0]}")
+        B = next(iter(cache.values())).shape[0] if cache else 1
+        if B != 1:
+            raise FbtError(f"run_with_cache: remove_batch_dim needs batch size 1, got {B}")
         cache = {k: v[0] for k, v in cache.items()}
-    return logits, FeedbackActivationCache(cache, model, has_batch_dim=not remove_batch_dim, mode=mode)
+    return out, FeedbackActivationCache(cache, model, has_batch_dim=not remove_batch_dim, mode=mode)
 
 
 def _assemble(name: str, parts: list, T: int) -> dict[str, torch.Tensor]:
@@ -86,8 +89,9 @@ def _assemble(name: str, parts: list, T: int) -> dict[str, torch.Tensor]:
         out[name] = max(parts, key=lambda p: p[0].pass_index)[1]
         return out
     first = parts[0][1]
-    if name.endswith("hook_pattern"):  # [batch, heads, query, key]
-        full = first.new_zeros(*first.shape[:2], T, T)
+    if name.endswith(("hook_pattern", "hook_attn_scores")):  # [batch, heads, query, key]
+        past = 0.0 if name.endswith("hook_pattern") else float("-inf")  # keys a chunk cannot see
+        full = first.new_full((*first.shape[:2], T, T), past)
         for ctx, x in parts:
             full[:, :, ctx.positions.start : ctx.positions.stop, : x.shape[-1]] = x
         return {name: full}

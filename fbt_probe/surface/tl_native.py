@@ -162,11 +162,46 @@ class FeedbackActivationCache(ActivationCache):
             self.has_embed, self.has_pos_embed = has
 
 
+# TransformerLens hook names this model does not have, and what to use instead
+ALTERNATIVES = {
+    "hook_attn_in": "blocks.{l}.hook_resid_pre (what every head reads, before ln1) or blocks.{l}.ln1.hook_normalized",
+    "hook_q_input": "blocks.{l}.ln1.hook_normalized (q, k and v read one normalised input) or attn.hook_q",
+    "hook_k_input": "blocks.{l}.ln1.hook_normalized (q, k and v read one normalised input) or attn.hook_k",
+    "hook_v_input": "blocks.{l}.ln1.hook_normalized (q, k and v read one normalised input) or attn.hook_v",
+    "hook_pos_embed": "hook_embed (positions enter through RoPE: attn.hook_rot_q / hook_rot_k)",
+}
+
+
+class HookNames(dict):
+    """`hook_dict` / `mod_dict` whose unknown names raise one line naming what to use instead."""
+
+    def __missing__(self, name):
+        leaf = str(name).rsplit(".", 1)[-1]
+        layer = str(name).split(".")[1] if str(name).startswith("blocks.") else "l"
+        hint = ALTERNATIVES.get(leaf)
+        raise UnknownHook(
+            f"hook '{name}': this model has no such hook point"
+            + (f"; use {hint.replace('{l}', layer)}" if hint else " (fbt_probe.hooks.act_name builds the names)")
+        )
+
+
+class UnknownHook(FbtError, KeyError):
+    """An unknown hook name (a KeyError, as TransformerLens's own lookup raises)."""
+
+    def __str__(self) -> str:
+        return self.format_message()
+
+
 class TransformerLensSurface:
     """Mixin of `FeedbackTransformer`: TransformerLens's weight properties, tokenizer helpers and
     `generate` (see module doc). Needs `cfg`, `embed`, `blocks`, `ln_final` and `tokenizer`."""
 
     tokenizer = None  # a `tokenizers.Tokenizer`; checkpoint folders with a tokenizer.json set it on load
+
+    def setup(self):
+        """TransformerLens's setup, with the name tables answering unknown names in one line."""
+        super().setup()
+        self.mod_dict, self.hook_dict = HookNames(self.mod_dict), HookNames(self.hook_dict)
 
     # ------------------------------------------------------------------ weights
     @property

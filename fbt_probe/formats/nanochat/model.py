@@ -105,7 +105,7 @@ class NanochatBlock(Block):
 
     @staticmethod
     def norm(cfg: NanochatConfig) -> ScaledRMSNorm:
-        return ScaledRMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_weights)
+        return HookedRMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_weights)
 
     def forward(self, x, start, cache, hk, tokens=None, mix: tuple | None = None):
         """`mix` (x0 mixing): (resid lambda, x0 lambda, x0), with x already through `hook_resid_pre`
