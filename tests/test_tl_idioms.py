@@ -339,3 +339,48 @@ def test_serial_cache_returns_the_loss_and_the_config_fields(model):
     assert cache["blocks.0.hook_resid_pre"].shape[:2] == (2, T)
     assert model.cfg.original_architecture == "FeedbackTransformer"
     assert model.cfg.model_name == f"fbt-{model.cfg.n_layers}L-{model.cfg.d_model}d"
+
+
+def test_nnsight_clean_and_corrupted_invokes_in_one_trace(model):
+    """nnsight's clean -> corrupted pattern: two invokes batched in one trace equal separate runs
+    (a clean value written into the corrupted run's analysed pass: the one-pass rule)."""
+    from fbt_probe.surface.nnsight_model import traceable
+
+    clean, corrupt = tokens(2, 10, seed=1), tokens(2, 10, seed=2)
+    nn_model = traceable(model)
+    with torch.no_grad(), nn_model.trace(mode="recurrent:1") as tracer:
+        barrier = tracer.barrier(2)
+        with tracer.invoke(clean):
+            resid = nn_model.blocks[1].hook_resid_post.output[:, 6].save()
+            barrier()
+            clean_out = nn_model.output.save()
+        with tracer.invoke(corrupt):
+            barrier()
+            nn_model.blocks[1].hook_resid_post.output[:, 6] = resid
+            patched = nn_model.output.save()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(clean, mode="recurrent:1")
+
+        def write(x, hook):
+            x = x.clone()
+            x[:, 6] = cache["blocks.1.hook_resid_post"][:, 6]
+            return x
+
+        want = model.run_with_hooks(
+            corrupt, mode="recurrent:1", serial=False, fwd_hooks=[("blocks.1.hook_resid_post", write)]
+        )
+        torch.testing.assert_close(clean_out, model(clean, mode="recurrent:1"), rtol=0, atol=1e-12)
+        torch.testing.assert_close(patched, want, rtol=0, atol=1e-12)
+        assert (want - model(corrupt, mode="recurrent:1")).abs().max() > 1e-6
+    with pytest.raises(FbtError, match="mode='full' but an earlier invoke has 'recurrent:1'"):
+        with nn_model.trace() as tracer:
+            with tracer.invoke(clean, mode="recurrent:1"):
+                nn_model.output.save()
+            with tracer.invoke(corrupt, mode="full"):
+                nn_model.output.save()
+    with pytest.raises(FbtError, match="one trace batches rows of one length"):
+        with nn_model.trace() as tracer:
+            with tracer.invoke(clean):
+                nn_model.output.save()
+            with tracer.invoke(corrupt[:, :7]):
+                nn_model.output.save()
