@@ -63,10 +63,16 @@ def serial_gradient(model, toks, mode, name):
 @pytest.mark.parametrize("mode", FEEDBACK)
 def test_a_backward_hook_gets_the_serial_gradient(model, mode, name):
     toks = tokens(2, T)
-    grads = []
-    with model.hooks(bwd_hooks=[(name, lambda g, hook: grads.append(g.detach().clone()))]):
+    grads, contexts = [], []
+
+    def grab(g, hook):
+        grads.append(g.detach().clone())
+        contexts.append(model.hook_context)
+
+    with model.hooks(bwd_hooks=[(name, grab)]):
         metric(model(toks, mode=mode)).backward()
     assert len(grads) == 1  # once per backward, as in TransformerLens
+    assert contexts[0].phase == "backward" and contexts[0].positions == range(T) and model.hook_context is None
     want = serial_gradient(model, toks, mode, name)
     got = grads[0]
     assert got.shape == want.shape

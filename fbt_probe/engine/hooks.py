@@ -67,6 +67,7 @@ class GradTaps:
     activation being perturbed wherever it is evaluated (in the exact rule, the serial run's)."""
 
     def __init__(self, hook_points, on_fire=None):
+        """`on_fire(True)` before the lifted hooks of a hook point run, `on_fire(False)` after."""
         self.lifted: dict = {}
         self.placeholders = []
         self.leaves: dict = {}
@@ -97,7 +98,14 @@ class GradTaps:
 
     def _fire(self, hp: HookPoint, hooks: dict, grad: torch.Tensor) -> None:
         if self.on_fire is not None:
-            self.on_fire()
+            self.on_fire(True)
+        try:
+            self._call(hp, hooks, grad)
+        finally:
+            if self.on_fire is not None:
+                self.on_fire(False)
+
+    def _call(self, hp: HookPoint, hooks: dict, grad: torch.Tensor) -> None:
         for key, fn in hooks.items():
             if key not in hp._backward_hooks:  # removed since the forward (TransformerLens resets hooks)
                 continue

@@ -583,7 +583,9 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         K = mode.exact_passes(T)
         has = torch.arange(T, device=tokens.device) >= mode.first_fed_position(T)
         backward_ctx = HookContext("backward", range(T), K, K)
-        with GradTaps(self.hook_dict.values(), on_fire=lambda: setattr(self, "hook_context", backward_ctx)) as taps:
+        with GradTaps(
+            self.hook_dict.values(), on_fire=lambda on: setattr(self, "hook_context", backward_ctx if on else None)
+        ) as taps:
             states = None
             for k in range(1, K + 1):
                 ctx = HookContext("exact", range(T), k, K)
