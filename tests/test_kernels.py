@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import fbt_probe.kernels as K
+import fbt_probe.numerics as numerics
 from fbt_probe.engine import dispatch
 from fbt_probe.engine.graph_scan import fusion_epilogue
 
@@ -94,9 +95,13 @@ def test_every_package_folder_is_a_package():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reference_is_the_models(dtype):
-    fusion = pytest.importorskip("fbt_probe.model.fusion")
+    """The one fusion formula (fbt_probe.numerics) is what the model's fusion computes: its RMSNorm of
+    value ⊙ gate, bit for bit."""
+    components = pytest.importorskip("fbt_probe.model.components")
     value, gate, weight = make((3, 4, 33), dtype)
-    assert torch.equal(K.fusion_reference(value, gate, weight, EPS), fusion.fusion_reference(value, gate, weight, EPS))
+    assert torch.equal(
+        numerics.fusion_reference(value, gate, weight, EPS), components.rms_norm(value * gate, weight, EPS)
+    )
 
 
 @needs_triton
@@ -130,7 +135,7 @@ def test_a_cpu_process_does_not_import_triton():
 def test_cpu_without_interpreter_runs_the_reference():
     assert not K.fast_fusion_available("cpu")
     value, gate, weight = make((2, 5, 24), torch.float32)
-    assert torch.equal(K.glu_fusion(value, gate, weight, EPS), K.fusion_reference(value, gate, weight, EPS))
+    assert torch.equal(K.glu_fusion(value, gate, weight, EPS), numerics.fusion_reference(value, gate, weight, EPS))
 
 
 @needs_triton
@@ -198,7 +203,7 @@ class TestKernel:
         assert launches, "the kernel did not run"
         assert out.dtype == dtype and out.shape == value.shape
         torch.testing.assert_close(out.double(), ref64(value, gate, weight), **TOL[dtype])
-        torch.testing.assert_close(out, K.fusion_reference(value, gate, weight, EPS), **TOL[dtype])
+        torch.testing.assert_close(out, numerics.fusion_reference(value, gate, weight, EPS), **TOL[dtype])
 
     def test_kernel_loop_path_equals_single_pass(self, interpret):
         value, gate, weight = make((5, 300), torch.float32)
@@ -216,7 +221,7 @@ class TestKernel:
         # bf16 activations with a float32 norm weight: float32 out, like the reference
         value, gate, _ = make((4, 40), torch.bfloat16)
         out = K.glu_fusion(value, gate, weight[:40], EPS)
-        expected = K.fusion_reference(value, gate, weight[:40], EPS)
+        expected = numerics.fusion_reference(value, gate, weight[:40], EPS)
         assert out.dtype == expected.dtype == torch.float32
         torch.testing.assert_close(out, expected, **TOL[torch.bfloat16])
         assert len(launches) == 2
@@ -446,13 +451,13 @@ def test_gpu_kernel_matches_reference(shape, dtype):
     poison = value.new_full(value.shape, float("nan"))  # the output will likely reuse this block:
     del poison  # an element the kernel failed to write then stays NaN
     out = K.glu_fusion(value, gate, weight, EPS)
-    torch.testing.assert_close(out, K.fusion_reference(value, gate, weight, EPS), **TOL[dtype])
+    torch.testing.assert_close(out, numerics.fusion_reference(value, gate, weight, EPS), **TOL[dtype])
     torch.testing.assert_close(out.double(), ref64(value, gate, weight), **TOL[dtype])
     ids = torch.randint(0, 100, shape[:-1], device="cuda")
     table = torch.rand(100, shape[-1], device="cuda").to(dtype)
     torch.testing.assert_close(
         K.glu_fusion_table(value, ids, table, weight, EPS),
-        K.fusion_reference(value, table[ids], weight, EPS),
+        numerics.fusion_reference(value, table[ids], weight, EPS),
         **TOL[dtype],
     )
 
@@ -464,7 +469,7 @@ def test_gpu_inductor_compile():
     value, gate, weight = make((8, 1536), torch.bfloat16, device="cuda")
     compiled = torch.compile(lambda v, g, w: K.glu_fusion(v * 1.5, g, w, EPS), fullgraph=True)
     torch.testing.assert_close(
-        compiled(value, gate, weight), K.fusion_reference(value * 1.5, gate, weight, EPS), **TOL[torch.bfloat16]
+        compiled(value, gate, weight), numerics.fusion_reference(value * 1.5, gate, weight, EPS), **TOL[torch.bfloat16]
     )
 
 
@@ -493,7 +498,6 @@ def test_fusion_dispatch_by_size(monkeypatch):
     FUSED_MIN_ROWS rows on (the op's dispatch is launch-bound below: reports/bench/fusion-gpu.md);
     calls that need none take it at any size (launched directly). On CPU the model always takes
     the reference."""
-    from fbt_probe.model import fusion
 
     n = dispatch.FUSED_MIN_ROWS
     assert (
@@ -503,7 +507,7 @@ def test_fusion_dispatch_by_size(monkeypatch):
     assert dispatch.fusion(torch.zeros(n, 4)) is None  # CPU tensor: never the kernel
     value, gate, weight = make((3, 5, 16), torch.float32)
     torch.testing.assert_close(
-        fusion_epilogue(value, gate, weight, EPS), fusion.fusion_reference(value, gate, weight, EPS), rtol=0, atol=0
+        fusion_epilogue(value, gate, weight, EPS), numerics.fusion_reference(value, gate, weight, EPS), rtol=0, atol=0
     )
     monkeypatch.setattr(dispatch, "FUSED_MIN_ROWS", 15)
     assert dispatch.use_kernel(15, True) and not dispatch.use_kernel(14, True)
@@ -513,7 +517,10 @@ def test_fusion_dispatch_by_size(monkeypatch):
 def test_direct_entry_on_cpu_is_the_reference():
     value, gate, weight = make((4, 33), torch.float32)
     torch.testing.assert_close(
-        K.glu_fusion_direct(value, gate, weight, EPS), K.fusion_reference(value, gate, weight, EPS), rtol=0, atol=0
+        K.glu_fusion_direct(value, gate, weight, EPS),
+        numerics.fusion_reference(value, gate, weight, EPS),
+        rtol=0,
+        atol=0,
     )
 
 

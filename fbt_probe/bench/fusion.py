@@ -33,6 +33,7 @@ from fbt_probe.errors import FbtError
 from fbt_probe.kernels.glu_fusion import _launch as launch_kernel
 from fbt_probe.kernels.glu_fusion import _num_warps as kernel_num_warps
 from fbt_probe.kernels.glu_fusion import block_width
+from fbt_probe.numerics import fusion_reference
 from fbt_probe.provenance import provenance
 
 DEFAULT_ROWS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
@@ -163,15 +164,6 @@ def describe_device(device: torch.device) -> str:
 # --------------------------------------------------------------------------------- the rows sweep
 
 
-def _reference():
-    """The model's reference when it imports (it needs transformer-lens), else the kernels' copy."""
-    try:
-        from fbt_probe.model.fusion import fusion_reference
-    except ImportError:
-        from fbt_probe.kernels import fusion_reference
-    return fusion_reference
-
-
 def _rel_err(out: torch.Tensor, value, gate, weight, eps) -> float:
     x = value.double() * gate.double()
     ref = weight.double() * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
@@ -181,7 +173,7 @@ def _rel_err(out: torch.Tensor, value, gate, weight, eps) -> float:
 
 def bench_rows(cfg: FusionBenchConfig, device: torch.device, dtype: torch.dtype, timer, fused: bool) -> list[dict]:
 
-    reference = _reference()
+    reference = fusion_reference
     compiled = None
     if cfg.compile and device.type == "cuda":
         compiled = torch.compile(reference, dynamic=True)
@@ -296,14 +288,14 @@ class SyntheticDecodeStep:
 
     def fusion_eager(self) -> torch.Tensor:
         gate = torch.sigmoid(F.linear(self.embed[self.ids], self.W_G))
-        return _reference()(F.linear(self.h, self.W_U), gate, self.norm_w, self.eps)
+        return fusion_reference(F.linear(self.h, self.W_U), gate, self.norm_w, self.eps)
 
     def epilogue_fused(self) -> torch.Tensor:
 
         return K.glu_fusion_table(self.value, self.ids, self.gate_table, self.norm_w, self.eps)
 
     def epilogue_eager(self) -> torch.Tensor:
-        return _reference()(self.value, self.gate, self.norm_w, self.eps)
+        return fusion_reference(self.value, self.gate, self.norm_w, self.eps)
 
 
 def bench_decode(cfg: FusionBenchConfig, device, dtype, timer, graph_timer, fused: bool) -> list[dict]:
@@ -379,7 +371,7 @@ def _model_step_once(model, cfg, batch, device, timer) -> dict:
     if out["fast_fusion_used"]:
         epilogue = lambda: K.glu_fusion(value, gate, fusion.norm.weight, fusion.norm.eps)  # noqa: E731
     else:
-        epilogue = lambda: _reference()(value, gate, fusion.norm.weight, fusion.norm.eps)  # noqa: E731
+        epilogue = lambda: fusion_reference(value, gate, fusion.norm.weight, fusion.norm.eps)  # noqa: E731
     out["model_epilogue_s"] = timer(epilogue)
     x = torch.randn(batch, 1, d, device=device, generator=gen).to(state.dtype)
     has_state = torch.ones(1, dtype=torch.bool, device=device)

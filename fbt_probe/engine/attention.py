@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fbt_probe.numerics import is_half
+
 
 def positions(P: int, K: int, start: int, k_start: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.arange(start, start + P, device=device), torch.arange(k_start, k_start + K, device=device)
@@ -18,8 +20,7 @@ def positions(P: int, K: int, start: int, k_start: int, device) -> tuple[torch.T
 
 def softmax(scores: torch.Tensor) -> torch.Tensor:
     """Softmax over keys, in float32 for half types and in the scores' dtype otherwise."""
-    half = scores.dtype in (torch.float16, torch.bfloat16)
-    return torch.softmax(scores, dim=-1, dtype=torch.float32 if half else None)
+    return torch.softmax(scores, dim=-1, dtype=torch.float32 if is_half(scores.dtype) else None)
 
 
 def materialized(q, k, v, start: int, k_start: int, mask, pattern_hook) -> torch.Tensor:

@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from fbt_probe.engine import dispatch
-from fbt_probe.engine.step import AtTensor, DecodePlan, eager_epilogue
+from fbt_probe.engine.step import AtTensor, DecodePlan
+from fbt_probe.numerics import fusion_reference
 
 MIN_WIDTH = 64
 """The smallest attention width (KV slots read per step); the buckets double from it."""
@@ -45,7 +46,7 @@ class GraphedScan:
             buf[:, :, start:].zero_()  # finite numbers where the mask reads nothing (see AtTensor)
         # the engine's fusion rule (`dispatch.fusion`): the directly launched Triton kernel on CUDA
         # without autograd, the reference elsewhere; decided once, when the step is captured
-        self.epilogue = fusion_epilogue if fused_epilogue else eager_epilogue
+        self.epilogue = fusion_epilogue if fused_epilogue else fusion_reference
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
     def widths(self, n: int) -> list[tuple[int, int]]:
@@ -115,4 +116,4 @@ class GraphedScan:
 
 def fusion_epilogue(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm(value ⊙ gate) · weight by the engine's fusion rule: the Triton kernel where it runs."""
-    return (dispatch.fusion(value, gate, weight) or eager_epilogue)(value, gate, weight, eps)
+    return (dispatch.fusion(value, gate, weight) or fusion_reference)(value, gate, weight, eps)

@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fbt_probe.numerics import fusion_reference
+
 
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     """Qwen3RMSNorm without its gain, op for op (x * rsqrt(mean(x²) + eps))."""
@@ -97,15 +99,11 @@ class DecodePlan:
         return logits, x if self.pre_norm else normed
 
 
-def eager_epilogue(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return _rms(value * gate, eps) * weight
-
-
 class AtLength:
     """The step at position t = cache.length of a `KVCache`: the new key and value appended, the
     attention over the valid (and in-window) keys only."""
 
-    epilogue = staticmethod(eager_epilogue)
+    epilogue = staticmethod(fusion_reference)
 
     def __init__(self, cache):
         self.cache, self.t = cache, cache.length
@@ -132,7 +130,7 @@ class AtTensor:
     for all of them. Slots past `pos` must hold finite numbers (a masked weight is 0, and 0 × NaN
     is NaN): `GraphedScan` zeroes them."""
 
-    def __init__(self, keys: list, values: list, pos: torch.Tensor, epilogue=eager_epilogue):
+    def __init__(self, keys: list, values: list, pos: torch.Tensor, epilogue=fusion_reference):
         self.keys, self.values, self.pos, self.epilogue = keys, values, pos, epilogue
         self.slots = torch.arange(keys[0].shape[2], device=pos.device)
         self._masks: dict = {}

@@ -16,7 +16,6 @@ optional: without it everything here still imports and runs the reference.
 from fbt_probe.kernels.gate_table import build_gate_table
 from fbt_probe.kernels.glu_fusion import (
     fast_fusion_available,
-    fusion_reference,
     glu_fusion,
     glu_fusion_direct,
     glu_fusion_table,
@@ -25,7 +24,6 @@ from fbt_probe.kernels.glu_fusion import (
 __all__ = [
     "build_gate_table",
     "fast_fusion_available",
-    "fusion_reference",
     "glu_fusion",
     "glu_fusion_direct",
     "glu_fusion_table",

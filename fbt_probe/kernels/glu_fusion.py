@@ -5,7 +5,7 @@ one row of `value` and one row of `gate` (or gathers the gate row from the V×D 
 id), computes the float32 RMS statistics, and writes the scaled row: three row transfers instead of
 the ~8 an eager RMSNorm makes.
 
-The rounding follows the reference (`fbt_probe.model.fusion.fusion_reference`, Qwen3 style) step by
+The rounding follows the reference (`fbt_probe.numerics.fusion_reference`, Qwen3 style) step by
 step, so on CUDA the kernel differs from it only in reduction order and `rsqrt` ulps:
     x = value * gate                  rounded to the product dtype (promote(value, gate))
     n = x * rsqrt(mean(x²) + eps)     in float32
@@ -29,6 +29,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
+from fbt_probe.numerics import fusion_reference
+
 # Triton is imported only where its kernel can run (`triton_may_run`): a CPU process never pays its
 # import (~0.2 s and ~75 MB resident). Without Triton the ops still work: they run the reference.
 triton = None
@@ -37,17 +39,6 @@ tl = None
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_SINGLE_PASS_D = 16384  # wider rows are read twice in LOOP_D chunks (register budget)
 LOOP_D = 4096
-
-
-def fusion_reference(value: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """RMSNorm(value ⊙ gate) · weight, Qwen3 style. The same function as
-    `fbt_probe.model.fusion.fusion_reference` (a test checks it); kept here so this package does
-    not import the model."""
-    dtype = value.dtype
-    x = value * gate
-    x = x.float() if dtype in (torch.float16, torch.bfloat16) else x
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x.to(dtype)
 
 
 # ---------------------------------------------------------------------------------------------

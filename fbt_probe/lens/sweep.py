@@ -3,7 +3,7 @@ final position of held-out task text, through the logit lens and a tuned lens ->
 
 Activations come from the mode's one hooked pass (exact for every position, docs/modes.md); under
 `jacobi:K` the hooks fire in every pass (`serial=True`) and each pass is its own line (`pass_index`;
-pass k of jacobi:K is the final pass of jacobi:k). A pass's own logits are `model.unembed` of `ln_final.hook_normalized`,
+pass k of jacobi:K is the final pass of jacobi:k). A pass's own logits are `model.normalized_logits` of `ln_final.hook_normalized`,
 the model's operation on the same tensor, so both lenses equal them at the top depth.
 
 The tuned lens is fitted once per model on positions of the *lens-train* pairs (pair groups drawn with
@@ -130,7 +130,7 @@ def pass_activations(model, tokens: torch.Tensor, mode: Mode) -> dict[int, dict]
         full = torch.cat([t for _, t in sorted(chunks, key=lambda c: c[0])], dim=1)
         entry = out.setdefault(k, {"resid": {}})
         if name == act_name("ln_final"):
-            entry["logits"] = model.unembed(full)  # the model's own top operation (gain, then the head)
+            entry["logits"] = model.normalized_logits(full)  # the model's own top operation (gain, then the head)
         else:
             entry["resid"][names.index(name)] = full
     return out

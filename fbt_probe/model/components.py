@@ -20,6 +20,7 @@ from fbt_probe.engine import dispatch
 from fbt_probe.engine.cache import KVCache
 from fbt_probe.engine.fused import FusedWeight, expand_cat
 from fbt_probe.engine.hooks import Hk, has_hooks, hooked, silent
+from fbt_probe.numerics import is_half, upcast
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -33,7 +34,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if weight.dim() == 1:
             return F.rms_norm(x, (x.shape[-1],), weight, eps)
         return weight * F.rms_norm(x, (x.shape[-1],), None, eps)  # a gain per head: [heads, d_head]
-    h = x.float() if dtype in (torch.float16, torch.bfloat16) else x
+    h = upcast(x)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(dtype)
 
@@ -77,9 +78,9 @@ class ScaledRMSNorm(RMSNorm):
         if hk is silent or not has_hooks(self.hook_scale):
             if x.dtype in (torch.float32, torch.float64):
                 return F.rms_norm(x, (x.shape[-1],), None, self.eps)
-            h = x.float()
+            h = upcast(x)
             return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        work = upcast(x)
         scale = (work.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
         return (work / hk(self.hook_scale, scale)).to(x.dtype)
 
@@ -156,10 +157,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[None, :, None, :] + rotated * sin[None, :, None, :]
-
-
-def _halves(dtype: torch.dtype) -> bool:
-    return dtype in (torch.float16, torch.bfloat16)
 
 
 class Attention(nn.Module):
@@ -326,7 +323,7 @@ class Attention(nn.Module):
         q_pos = torch.arange(start, start + q.shape[1], device=q.device)
         k_pos = torch.arange(k_start, k_start + k.shape[1], device=q.device)
         scores = hk(self.hook_attn_scores, scores.masked_fill(~self.mask(q_pos, k_pos), float("-inf")))
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32 if _halves(q.dtype) else None)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32 if is_half(q.dtype) else None)
         pattern = hk(self.hook_pattern, probs.to(q.dtype))
         return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
 

@@ -16,16 +16,6 @@ from fbt_probe.engine.hooks import Hk
 from fbt_probe.model.components import RMSNorm, rms_norm
 
 
-def fusion_reference(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm(value ⊙ gate) · weight, Qwen3-style (float32 statistics for half types). The pure-PyTorch
-    reference the CUDA kernel is checked against; always used on CPU."""
-    dtype = value.dtype
-    x = value * gate
-    x = x.float() if dtype in (torch.float16, torch.bfloat16) else x
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x.to(dtype)
-
-
 class Fusion(nn.Module):
     """New parameters: W_U, W_G (2·D², no bias) and the fusion norm's D weights.
 
@@ -75,4 +65,6 @@ class Fusion(nn.Module):
         fast = dispatch.fusion(value, gate, self.norm.weight) if self.cfg.fast_fusion else None
         if fast is not None:
             return fast(value, gate, self.norm.weight, self.norm.eps)
-        return rms_norm(value * gate, self.norm.weight, self.norm.eps)  # = fusion_reference for same-dtype inputs
+        return rms_norm(
+            value * gate, self.norm.weight, self.norm.eps
+        )  # = numerics.fusion_reference for same-dtype inputs

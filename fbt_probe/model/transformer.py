@@ -42,6 +42,7 @@ from fbt_probe.errors import FbtError
 from fbt_probe.model.components import Block, HookedRMSNorm
 from fbt_probe.model.fusion import Fusion
 from fbt_probe.modes import Mode, parse_mode, require_mode
+from fbt_probe.numerics import upcast
 from fbt_probe.surface.serial_cache import run_with_serial_cache
 from fbt_probe.surface.tl_native import FeedbackActivationCache, TransformerLensSurface, is_text, without_wrappers
 from fbt_probe.tokens import check_mask, check_tokens
@@ -606,7 +607,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         if tokens.shape[1] < 2:
             raise FbtError("return_type: the next-token loss needs at least 2 positions")
         flat = logits[:, :-1]
-        flat = flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat
+        flat = upcast(flat)
         per = F.cross_entropy(flat.flatten(0, 1), tokens[:, 1:].flatten(), reduction="none").view(tokens.shape[0], -1)
         if mask is not None:  # a position counts where it and its target are real tokens
             keep = (mask[:, :-1] & mask[:, 1:]).to(per.dtype)

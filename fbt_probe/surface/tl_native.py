@@ -233,11 +233,18 @@ class TransformerLensSurface:
     def b_in(self) -> torch.Tensor:  # [n_layers, d_mlp]
         return self.W_E.new_zeros(self.cfg.n_layers, self.cfg.d_mlp)
 
-    def unembed(self, normalized: torch.Tensor) -> torch.Tensor:
-        """Logits of `ln_final.hook_normalized` [..., d_model] (the final gain, then the head):
-        TransformerLens's `model.unembed` of the normalised stream."""
+    def normalized_logits(self, normalized: torch.Tensor) -> torch.Tensor:
+        """Logits of `ln_final.hook_normalized` [..., d_model]: the final gain, then the head (with
+        whatever the family's head adds, e.g. soft-capping)."""
         gain = self.ln_final.weight
         return self.head(normalized if gain is None else normalized * gain)
+
+    @property
+    def unembed(self):
+        """TransformerLens's `model.unembed(normalized)`: `normalized_logits`, or a family's own
+        module of that name (nanochat's untied head) where it has one."""
+        own = self._modules.get("unembed")
+        return own if own is not None else self.normalized_logits
 
     def loss_fn(self, logits: torch.Tensor, tokens: torch.Tensor, attention_mask=None, per_token: bool = False):
         """TransformerLens's `loss_fn`: next-token cross-entropy of `logits` against `tokens` (mean, or
