@@ -35,7 +35,7 @@ from contextlib import contextmanager
 
 import torch
 
-import fbt_probe.kernels as K
+import fbt_probe.kernels as kernels
 
 ATTENTION_PATHS = ("explicit", "materialized", "sdpa-decode", "sdpa-windowed", "sdpa")
 PATHS = ("auto",) + ATTENTION_PATHS
@@ -142,9 +142,9 @@ def fusion(x: torch.Tensor, *others: torch.Tensor):
     autograd = needs_grad or torch.compiler.is_compiling()
     if not use_kernel(x.numel() // max(x.shape[-1], 1), True, autograd):
         return None
-    if not K.fast_fusion_available(x.device):
+    if not kernels.fast_fusion_available(x.device):
         return None
-    return K.glu_fusion if autograd else K.glu_fusion_direct
+    return kernels.glu_fusion if autograd else kernels.glu_fusion_direct
 
 
 @contextmanager

@@ -47,8 +47,9 @@ class FeedbackActivationCache(ActivationCache):
         self.mode = mode
 
     def __getitem__(self, key):
-        if self.mode is not None:  # what the next hooked run reads (`FeedbackTransformer.check_cache_mode`)
-            self.model.note_cache_read(self, key)
+        note = getattr(self.model, "note_cache_read", None)
+        if self.mode is not None and note is not None:  # what the next hooked run reads (`check_cache_mode`)
+            note(self, key)
         return super().__getitem__(key)
 
     def _input_label(self) -> str:
