@@ -251,6 +251,9 @@ def test_direct_logit_attribution_gives_the_logit_difference(ref, mode):
         torch.testing.assert_close(rms, torch.ones_like(rms), rtol=0, atol=1e-5)
         lens = ref.unembed(cache.accumulated_resid(apply_ln=True, pos_slice=-1))  # the logit lens
         torch.testing.assert_close(lens[-1], logits[:, -1], rtol=0, atol=1e-10)
+        tl_lens = cache.logit_lens(positions=None)  # TransformerLens's own logit-lens tool
+        torch.testing.assert_close(tl_lens.values[-1], logits, rtol=0, atol=1e-10)
+        torch.testing.assert_close(tl_lens.values[:, :, -1], lens, rtol=0, atol=1e-10)
 
 
 def test_zero_biases_loss_fn_start_at_layer_and_unembed(model):

@@ -110,7 +110,9 @@ def test_logit_attrs_sum_to_the_logits(model, mode):
 
 def test_weights_in_transformer_lens_shapes(model):
     cfg, x = model.cfg, tokens(1, 6)
-    assert model.W_U.shape == (32, 128) and torch.equal(model.W_U, model.embed.weight.t())
+    assert model.W_U.shape == (32, 128) and torch.equal(
+        model.W_U, model.embed.weight.t() * model.ln_final.weight[:, None]
+    )
     assert model.W_Q.shape == model.W_K.shape == model.W_V.shape == (L, 4, 32, 8)
     assert model.W_O.shape == (L, 4, 8, 32) and model.W_in.shape == model.W_gate.shape == (L, 32, 48)
     assert model.W_out.shape == (L, 48, 32) and model.OV.shape == (L, 4, 32, 32) and model.QK.shape == (L, 4, 32, 32)

@@ -385,6 +385,7 @@ class Block(nn.Module):
 
     attention_cls = Attention
     mlp_cls = MLP
+    hook_out_is_single_residual_stream = True  # TransformerLens's logit lens reads hook_resid_post as the stream
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()

@@ -11,9 +11,10 @@
 - `TransformerLensSurface`: weights in TransformerLens's shapes (`W_E`, `W_U`, `W_Q`, `W_K`, `W_V`,
   `W_O`, `W_in`, `W_gate`, `W_out`, `QK`, `OV`), the tokenizer helpers (`to_tokens`,
   `to_str_tokens`, `to_string`, `to_single_token`) and `generate` (our greedy decoding).
-  `W_O` and `W_out` include the depth scaling (z @ W_O is the head's write to the stream);
-  `tokens_to_residual_directions` folds in the final norm's gain, so `logit_attrs` of a stack
-  normalised with `apply_ln` sums to the logits (before any soft-capping).
+  `W_O` and `W_out` include the depth scaling (z @ W_O is the head's write to the stream); `W_U`
+  folds in the final norm's gain, TransformerLens's fold_ln convention, matching `hook_normalized`
+  and `apply_ln` (x / scale, before the gain), so `logit_attrs` of a stack normalised with
+  `apply_ln` sum to the logits (before any soft-capping).
 - `without_wrappers`: the hooks-off computations of carried states run with module-level
   `forward` overrides lifted, so a wrapper that instruments modules that way (nnsight) sees only
   the analysed pass, the one whose activations the mode defines.
@@ -211,7 +212,11 @@ class TransformerLensSurface:
 
     @property
     def W_U(self) -> torch.Tensor:  # [d_model, d_vocab]
-        return self.head_weight.t()
+        """The unembedding with the final norm's gain folded in (TransformerLens's fold_ln): the logits
+        are `ln_final.hook_normalized @ W_U` (the head's own matrix is `head_weight`)."""
+        W = self.head_weight.t()
+        gain = self.ln_final.weight
+        return W if gain is None else W * gain[:, None]
 
     @property
     def b_U(self) -> torch.Tensor:
@@ -300,13 +305,11 @@ class TransformerLensSurface:
         return self.W_E.new_zeros(self.cfg.d_model)
 
     def tokens_to_residual_directions(self, tokens) -> torch.Tensor:
-        """The direction d of each token with logit = ln_final(resid) · d before the gain: W_U's
-        column times the final norm's gain (so the cache's `logit_attrs` sum to the logits)."""
+        """The direction d of each token with logit = (resid / scale) · d: W_U's column, the final
+        gain folded in (so the cache's `logit_attrs` and the direct-logit idioms sum to the logits)."""
         if isinstance(tokens, str):
             tokens = self.to_single_token(tokens)
         W = self.W_U
-        if self.ln_final.weight is not None:
-            W = W * self.ln_final.weight[:, None]
         if isinstance(tokens, torch.Tensor) and tokens.dim() > 0:
             return W[:, tokens].movedim(0, -1)
         return W[:, int(tokens)]
