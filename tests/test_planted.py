@@ -246,3 +246,41 @@ def test_logit_lens_reads_the_answer_at_every_depth_only_under_feedback(model, d
             ld1, ld0 = expected_pair(mode, cut)
             want = np.where(r["label"] == 1, ld1, -ld0)
         np.testing.assert_allclose(r["value"], np.broadcast_to(want, r["value"].shape), atol=ATOL, err_msg=mode)
+
+
+def hand_sae():
+    """A top-k SAE (k = d_sae = 3) on the carried state, set by hand: a bias latent and one latent per
+    cue sign (`yes` reads +s[1], `no` reads -s[1]); it reconstructs every plain carried state exactly."""
+    import torch
+
+    from fbt_probe.sae.model import SAEConfig, SparseAutoencoder
+
+    sae = SparseAutoencoder(SAEConfig(d_in=D, d_sae=3, architecture="topk", k=3, dtype="float64"))
+    directions = torch.zeros(3, D, dtype=torch.float64)
+    directions[0, 0], directions[1, 1], directions[2, 1] = 1.0, 1.0, -1.0
+    with torch.no_grad():
+        sae.W_enc.copy_(directions.T)
+        sae.W_dec.copy_(directions)
+    return sae
+
+
+@pytest.mark.parametrize("mode", ["recurrent:1", "jacobi:2"])
+def test_sae_feature_swap_gives_the_closed_form_per_number_of_latents(model, data, mode):
+    from fbt_probe.sae.features import feature_tests
+
+    m, cut = model
+    rows = feature_tests(m, hand_sae(), data, "fusion.hook_feedback", parse_mode(mode), ks=(1, 2))
+    rows = rows[rows["experiment"] == "sae-feature-swap"]
+    clean, corrupt = expected_rows(rows, mode, cut)
+    # one cue latent swapped (either, by symmetry) leaves the state at (2, 0, ...): r = 0
+    half = np.array([oriented(ld_of_state(np.array([2.0, 0, 0, 0, 0, 0, 0, 0]), cut), lab) for lab in rows["label"]])
+    expected = {("state", -1): clean, ("all", 3): clean, ("features", 2): clean, ("features", 1): half}
+    for (condition, k), want in expected.items():
+        sel = ((rows["condition"] == condition) & (rows["subspace_dim"] == k)).to_numpy()
+        assert sel.sum() == 2 * N_PAIRS
+        np.testing.assert_allclose(rows["logit_diff"][sel], want[sel], atol=ATOL, err_msg=f"{condition} k={k}")
+    if cut:
+        assert rows["tiny_gap"].all() and np.abs(rows["logit_diff"]).max() < 1e-12
+    else:
+        two = rows[(rows["condition"] == "features") & (rows["subspace_dim"] == 2)]
+        np.testing.assert_allclose(two["normalized"], 1.0, atol=ATOL)  # the two cue latents are the mechanism

@@ -47,12 +47,12 @@ def parse(text: str) -> tuple[int, list[int]]:
     return start, [int(re.fullmatch(r"state = r(\d+) state", line).group(1)) for line in lines[1:-1]]
 
 
-def label_by_matrices(text: str) -> int:
+def label_by_matrices(text: str, perms=A5, accept=(0, 1)) -> int:
     start, word = parse(text)
-    v = np.eye(5)[start]
+    v = np.eye(len(perms[0]))[start]
     for g in word:
-        v = matrix(A5[g]) @ v
-    return int(np.argmax(v) in (0, 1))
+        v = matrix(perms[g]) @ v
+    return int(np.argmax(v) in accept)
 
 
 def test_the_builtin_spec_is_a5_on_five_points_and_uses_only_the_base_vocabulary(spec):
@@ -109,6 +109,14 @@ def test_no_truncated_view_decides_the_label(data):
     for name, view in views.items():
         mixed = long.groupby(view.to_numpy())["label"].nunique()
         assert (mixed[long.groupby(view.to_numpy()).size() >= 8] == 2).all(), name
+
+
+def test_the_solvable_control_spec_is_s3_and_its_labels_agree_with_matrices():
+    s3 = load_spec("compose-s3")
+    perms, accept = [list(p) for p in s3.permutations], s3.accept
+    assert perms == [[1, 0, 2], [1, 2, 0]] and accept == (0,)
+    df = generate(s3.replace(length_grid=[8, 16]), groups=16, seed=0, tokenizer=build_tokenizer())
+    assert (df["label"].to_numpy() == [label_by_matrices(t, perms, accept) for t in df["text"]]).all()
 
 
 def test_the_checker_refuses_a_wrong_label_and_text_outside_the_language(spec, data):
