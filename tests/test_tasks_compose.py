@@ -169,3 +169,15 @@ def test_training_documents_answer_after_the_colon_and_skip_held_out_words(spec)
         assert d["label"] == label_by_matrices(d["text"])
     probe = generate(spec.replace(length_grid=[4, 8]), groups=16, seed=0, tokenizer=tok, contexts=held)
     assert probe["context_id"].map(lambda c: c in held).all()
+
+
+def test_a_task_without_training_lengths_trains_on_its_spec_grid():
+    from fbt_probe.training.config import TRAIN_KNOBS, TrainConfig
+
+    cfg = TrainConfig(tasks=("compose",))
+    assert cfg.knobs == {"compose": [2, 4, 8, 16, 32]} and cfg.task_shares == {"compose": 1.0}
+    mixed = TrainConfig(tasks=("completion", "compose"), task_shares={"completion": 0.5, "compose": 0.5})
+    assert mixed.knobs == {"completion": TRAIN_KNOBS["completion"], "compose": [2, 4, 8, 16, 32]}
+    assert TrainConfig().knobs is None  # the paper's tasks keep TRAIN_KNOBS
+    with pytest.raises(FbtError, match="positive share"):  # a default share for one task only: name them all
+        TrainConfig(tasks=("completion", "compose"))
