@@ -40,7 +40,7 @@ def list_cmd() -> None:
     for name, path in builtin_spec_paths().items():
         s = load_spec(path)
         grid = "/".join(str(k) for k in s.length_grid)
-        per = "per cell" if s.kind == "registers" else "over the grid"
+        per = "per cell" if s.kind in ("registers", "compose") else "over the grid"
         typer.echo(
             f"{name:<16} kind={s.kind:<10} {s.knob_name}={grid:<16} groups={s.groups} ({per}) "
             f"seed={s.seed:<3} labels={s.label_words[0]}/{s.label_words[1]}  {path}"

@@ -67,9 +67,38 @@ def _query_pattern(template: str) -> re.Pattern:
     return re.compile("^" + r"(\d+)".join(re.escape(p) for p in parts) + "$")
 
 
+def _template_pattern(template: str, field: str) -> re.Pattern:
+    parts = template.split("{" + field + "}")
+    return re.compile("^" + r"\s*(\d+)\s*".join(re.escape(p) for p in parts) + "$")
+
+
+def _run_compose(spec, text: str) -> int:
+    """compose: the start line sets the point, each step line applies its generator (the spec's
+    table, read point by point here), and the query asks whether the final point is accepted."""
+    lines = [line for line in text.split("\n") if not _COMMENT.match(line)]
+    tpl = spec.template
+    if len(lines) < 2 or lines[-1] != tpl["query"]:
+        raise FbtError(f"query {lines[-1] if lines else ''!r} is not {tpl['query']!r}")
+    m = _template_pattern(tpl["start"], "A").match(lines[0])
+    if m is None:
+        raise FbtError(f"first line {lines[0]!r} does not match the start template {tpl['start']!r}")
+    point, n = int(m.group(1)), len(spec.permutations[0])
+    if point >= n:
+        raise FbtError(f"start value {point} is not a point of 0..{n - 1}")
+    step = _template_pattern(tpl["step"], "g")
+    for line in lines[1:-1]:
+        m = step.match(line)
+        if m is None or int(m.group(1)) >= len(spec.permutations):
+            raise FbtError(f"line {line!r} is not a step {tpl['step']!r} with a generator of the spec")
+        point = spec.permutations[int(m.group(1))][point]
+    return int(point in spec.accept)
+
+
 def interpret(spec, text: str) -> int:
     """The label (0/1) of `text` under the task format of `spec`, derived from the text alone."""
     tpl = spec.template
+    if spec.kind == "compose":
+        return _run_compose(spec, text)
     if spec.kind == "registers":
         env, query = run_program(text, len(tpl["query"]))
         index = None

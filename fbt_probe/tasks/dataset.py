@@ -56,6 +56,8 @@ def dataset_paths(out_dir, task: str) -> tuple[Path, Path, Path]:
 
 def knob_name(spec: dict) -> str:
     """What a dataset's `length_knob` counts, from its spec record."""
+    if spec["kind"] == "compose":
+        return "steps"
     if spec["kind"] != "registers":
         return "distractors"
     return "registers" if spec.get("assignments") is not None else "writes_per_register"

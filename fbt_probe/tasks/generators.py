@@ -2,7 +2,7 @@
 
 Group counts follow the spec's `groups`: completion and memory groups span the whole length grid
 (each group appears at every length: 80 x 4 x 5 = 1,600 and 128 x 2 x 5 = 1,280 samples), register
-groups are drawn per cell (128 per register count or writes-per-register value). Every label is
+and compose groups are drawn per cell (128 per register count or writes-per-register value). Every label is
 re-derived from the text by the independent interpreter, every sample of a task must end in the same
 token, label words must be single tokens after the query, and register samples can be padded to an
 exact token length (a leading comment line of '#'s).
@@ -57,7 +57,7 @@ def _cells(spec: TaskSpec, n_groups: int, seed: int, contexts) -> list[tuple[int
         return render_group(spec, knob, g, StableRng("fbt-probe.tasks", spec.task, seed, knob, g.group_id), contexts)
 
     out = []
-    if spec.kind == "registers":  # a schedule has a fixed register count and writes: groups per cell
+    if spec.kind in ("registers", "compose"):  # a schedule or a word has the cell's size: groups per cell
         for knob in spec.length_grid:
             rng = StableRng("fbt-probe.tasks", spec.task, seed, knob)
             groups = _distinct_groups(spec, knob, n_groups, rng, lambda g: contexts is None or g.group_id in contexts)

@@ -16,6 +16,11 @@ samples, two per minimal pair:
   `<task>:m<m>w<w>S<scratch>:<hex digit 2*register+value per write>`, spelled from the member whose
   first written value is 0.
 
+- compose: a word of k generator indices (the knob k is the number of dependent steps). At each
+  length one pair per accepted point b: a start a1 with π(a1) = b (label 1) and a start a0 with
+  π(a0) outside the accepted set (label 0), π the word's composed permutation; the pair differs
+  only in the start value. Group = context = `<task>:k<k>:<hex digit per step>`.
+
 Ids spell their content out (no hashing), so different groups never share an id.
 """
 
@@ -24,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fbt_probe.tasks.rng import StableRng
-from fbt_probe.tasks.spec import TaskSpec, completion_truth
+from fbt_probe.tasks.spec import TaskSpec, completion_truth, compose_steps
 
 
 @dataclass(frozen=True)
@@ -160,5 +165,43 @@ def _render_registers(spec: TaskSpec, knob: int, group: Group, rng: StableRng, c
     return _pairs(samples, rng)
 
 
-_DRAW = {"completion": _draw_completion, "memory": _draw_memory, "registers": _draw_registers}
-_RENDER = {"completion": _render_completion, "memory": _render_memory, "registers": _render_registers}
+# ----------------------------------------------------------------------------- compose
+def _draw_compose(spec: TaskSpec, knob: int, rng: StableRng) -> Group:
+    word = tuple(rng.below(len(spec.permutations)) for _ in range(knob))
+    return Group(f"{spec.task}:k{knob}:" + "".join(format(g, "x") for g in word), (word,))
+
+
+def compose_text(spec: TaskSpec, start: int, word) -> str:
+    tpl = spec.template
+    return "\n".join([tpl["start"].format(A=start)] + [tpl["step"].format(g=g) for g in word] + [tpl["query"]])
+
+
+def _render_compose(spec: TaskSpec, knob: int, group: Group, rng: StableRng, contexts) -> list[Sample] | None:
+    if contexts is not None and group.group_id not in contexts:
+        return None
+    (word,) = group.params
+    pi = compose_steps(*(spec.permutations[g] for g in word))
+    inverse = {b: a for a, b in enumerate(pi)}
+    rejected = [c for c in range(len(pi)) if c not in spec.accept]
+    samples = []
+    for pair, b in enumerate(spec.accept):
+        c = rng.choice(rejected)
+        samples += [
+            Sample(compose_text(spec, inverse[b], word), 1, group.group_id, group.group_id, pair),
+            Sample(compose_text(spec, inverse[c], word), 0, group.group_id, group.group_id, pair),
+        ]
+    return _pairs(samples, rng)
+
+
+_DRAW = {
+    "completion": _draw_completion,
+    "memory": _draw_memory,
+    "registers": _draw_registers,
+    "compose": _draw_compose,
+}
+_RENDER = {
+    "completion": _render_completion,
+    "memory": _render_memory,
+    "registers": _render_registers,
+    "compose": _render_compose,
+}

@@ -1,6 +1,6 @@
 """Task specifications: one declarative JSON file per task in the package's `fbt_probe/tasks/specs/` folder.
 
-A spec names a `kind` (the generator and label interpreter: completion, memory or registers) and
+A spec names a `kind` (the generator and label interpreter: completion, memory, registers or compose) and
 fills in its template lines, label words, length grid, group count and seed. The built-in files follow
 the paper's appendix F (`fbt_probe/tasks/specs/README.md` lists every departure). Validation happens once, here,
 with messages that name the file and the field; generators trust a `TaskSpec`.
@@ -19,14 +19,17 @@ from pathlib import Path
 
 from fbt_probe.errors import FbtError
 
-KINDS = ("completion", "memory", "registers")
-BUILTIN = ("completion", "memory", "registers", "registers-count")
+KINDS = ("completion", "memory", "registers", "compose")
+BUILTIN = ("completion", "memory", "registers", "registers-count", "compose")
 MAX_DISTRACTORS = 4096  # ~16k tokens: past any context a CPU model or the paper (1,350 tokens) uses
 MAX_WRITES = 64
 MAX_REGISTERS = 64
 MAX_VALUE = 99  # numbers are single words of the task tokenizer up to 99
 MAX_CONTEXT_UPDATES = 24
 MAX_GROUPS = 100_000
+MAX_STEPS = 256  # compose: dependent steps per sample (~1,550 tokens at six tokens a step)
+MAX_POINTS = 10  # compose: the permuted set is 0..n-1, each point one number word
+MAX_GENERATORS = 16  # compose: a step's generator index is one hex digit of the group id
 
 # Template keys: name -> (one line or a list of lines, placeholders allowed, placeholders required once).
 _TEMPLATE_FIELDS = {
@@ -46,12 +49,18 @@ _TEMPLATE_FIELDS = {
         "scratch": ("lines", {"S"}, {"S"}),
         "query": ("lines", {"i"}, {"i"}),
     },
+    "compose": {
+        "start": ("line", {"A"}, {"A"}),
+        "step": ("line", {"g"}, {"g"}),
+        "query": ("line", set(), set()),
+    },
 }
 _COMMON = {"task", "kind", "description", "template", "label_words", "length_grid", "groups", "seed"}
 _EXTRA = {
     "completion": {"relation", "value_range", "scratch_range"},
     "memory": {"answer", "context_updates"},
     "registers": {"registers", "assignments", "empty_updates", "scratch_range", "pad_to", "suffix_spans"},
+    "compose": {"permutations", "accept"},
 }
 _OPTIONAL = {"description", "registers", "assignments", "pad_to", "suffix_spans"}
 _STATEMENT = re.compile(r"^\s*([A-Za-z_]\w*)\s*(=|\+=|-=|\^=)\s*(-?\d+)\s*$")
@@ -64,7 +73,7 @@ class TaskSpec:
     """A validated task specification (see `fbt_probe/tasks/specs/README.md` for the file format)."""
 
     task: str  # dataset name: `<task>.parquet`, prefix of every group and context id
-    kind: str  # which generator and label interpreter: completion | memory | registers
+    kind: str  # which generator and label interpreter: completion | memory | registers | compose
     template: dict  # template lines of the task language with {placeholders}
     label_words: tuple  # (word for label 0, word for label 1)
     length_grid: tuple  # distractor lines (completion, memory), writes per register or register count (registers)
@@ -81,10 +90,14 @@ class TaskSpec:
     empty_updates: int | None = None  # registers: scratch lines (the first assigns S, the rest repeat the second)
     pad_to: int | str | None = None  # registers: None, "max" (longest sample) or an exact token length
     suffix_spans: dict | None = None  # registers: paper k -> the text span the last k inputs cover ({i}: register)
+    permutations: tuple | None = None  # compose: the generators, each a permutation of 0..n-1 (image of each point)
+    accept: tuple | None = None  # compose: label 1 iff the final point is one of these
     source: str = field(default="", compare=False)  # file it was read from
 
     @property
     def knob_name(self) -> str:
+        if self.kind == "compose":
+            return "steps"
         if self.kind != "registers":
             return "distractors"
         return "registers" if self.assignments is not None else "writes_per_register"
@@ -105,8 +118,10 @@ class TaskSpec:
         d.pop("source")
         d["label_words"] = {"0": self.label_words[0], "1": self.label_words[1]}
         d["length_grid"] = list(self.length_grid)
-        for key in ("value_range", "scratch_range"):
+        for key in ("value_range", "scratch_range", "accept"):
             d[key] = list(d[key]) if d[key] is not None else None
+        if self.permutations is not None:
+            d["permutations"] = [list(p) for p in self.permutations]
         return {k: v for k, v in d.items() if v is not None}
 
 
@@ -232,7 +247,9 @@ def _range(raw, key, bad, width: int | None = None) -> tuple:
 
 def check_knob(spec: TaskSpec, knob, where: str = "length_grid") -> int:
     """A length-grid value that the spec's generator can produce, else FbtError."""
-    if spec.kind != "registers":
+    if spec.kind == "compose":
+        lo, hi, what = 1, MAX_STEPS, "number of dependent steps"
+    elif spec.kind != "registers":
         lo, hi, what = 0, MAX_DISTRACTORS, "distractor count"
     elif spec.assignments is None:
         lo, hi, what = 1, MAX_WRITES, "writes per register"
@@ -397,7 +414,46 @@ def _registers_extra(raw, tpl, bad) -> dict:
     }
 
 
-_EXTRA_CHECKS = {"completion": _completion_extra, "memory": _memory_extra, "registers": _registers_extra}
+def _compose_extra(raw, tpl, bad) -> dict:
+    _assigned(tpl["start"], {"A": 0}, bad, "template.start")
+    perms = raw["permutations"]
+    ok = isinstance(perms, list) and 2 <= len(perms) <= MAX_GENERATORS and all(isinstance(p, list) for p in perms)
+    n = len(perms[0]) if ok and perms[0] else 0
+    ok = ok and 2 <= n <= MAX_POINTS and all(sorted(p) == list(range(n)) and len(p) == n for p in perms)
+    if not ok or len({tuple(p) for p in perms}) != len(perms):
+        raise bad(
+            "permutations",
+            f"2..{MAX_GENERATORS} distinct permutations of one set 0..n-1 (n = 2..{MAX_POINTS}), "
+            "each the list of the images of 0..n-1",
+            perms,
+        )
+    if all(compose_steps(p, q) == compose_steps(q, p) for p in perms for q in perms):
+        raise bad("permutations", "two generators that do not commute (commuting steps can be counted, not composed)")
+    acc = raw["accept"]
+    if (
+        not isinstance(acc, list)
+        or not all(isinstance(a, int) and not isinstance(a, bool) and 0 <= a < n for a in acc)
+        or len(set(acc)) != len(acc)
+        or not 0 < len(acc) < n
+    ):
+        raise bad("accept", f"distinct points of 0..{n - 1}, at least one and not all", acc)
+    return {"permutations": tuple(tuple(p) for p in perms), "accept": tuple(sorted(acc))}
+
+
+def compose_steps(*perms) -> tuple:
+    """The permutation that applies `perms` in order (each the tuple of the images of 0..n-1)."""
+    out = tuple(range(len(perms[0])))
+    for p in perms:
+        out = tuple(p[x] for x in out)
+    return out
+
+
+_EXTRA_CHECKS = {
+    "completion": _completion_extra,
+    "memory": _memory_extra,
+    "registers": _registers_extra,
+    "compose": _compose_extra,
+}
 
 
 def relation_owner(spec: TaskSpec) -> dict:

@@ -101,6 +101,9 @@ def spec_words(spec) -> set[str]:
     elif spec.kind == "memory":
         lines += [h.format(B=b) for h in tpl["header"] for b in (0, 1)]
         lines += [tpl["context"].format(X=b) for b in (0, 1)] + [tpl["distractor"], tpl["query"]]
+    elif spec.kind == "compose":
+        lines += [tpl["start"].format(A=a) for a in range(len(spec.permutations[0]))]
+        lines += [tpl["step"].format(g=g) for g in range(len(spec.permutations))] + [tpl["query"]]
     else:
         top = max(spec.length_grid) if spec.assignments is not None else spec.registers
         for i in range(top):

@@ -68,7 +68,7 @@ def parse_schedule(text: str) -> Schedule:
 class TrainConfig:
     preset: str = "tiny"
     tasks: tuple[str, ...] = ("completion", "memory", "registers", "registers-count")
-    knobs: dict | None = None  # task -> training length-grid values; None = TRAIN_KNOBS
+    knobs: dict | None = None  # task -> training knobs; None = TRAIN_KNOBS (else the spec grid)
     task_shares: dict | None = None
     """task -> expected share of a step's tokens, split equally over the task's (length) cells.
     None: DEFAULT_TASK_SHARES over the configured tasks, renormalised (resolved at construction, so
@@ -157,8 +157,14 @@ class TrainConfig:
         for name in ("steps", "tokens_per_step"):
             if getattr(self, name) < 1:
                 raise FbtError(f"train config: field '{name}' must be >= 1")
+        if self.knobs is None and any(t not in TRAIN_KNOBS for t in self.tasks):
+            # a task without training lengths of its own (the serial-depth task) trains on its spec's grid
+            knobs = {t: list(TRAIN_KNOBS.get(t) or load_spec(t).length_grid) for t in self.tasks}
+            object.__setattr__(self, "knobs", knobs)
         if self.task_shares is None:
             default = {t: DEFAULT_TASK_SHARES.get(t, 0.0) for t in self.tasks}
+            if not any(default.values()):  # no task with a default share (e.g. the serial-depth task alone): equal
+                default = {t: 1.0 for t in self.tasks}
             total = sum(default.values())
             if total <= 0:
                 raise FbtError(f"train config: no default task shares for {list(self.tasks)}; set field 'task_shares'")
