@@ -385,6 +385,11 @@ def check_compatible(
             f"(dataset and model use different tokenizers)"
         )
     data_tok = df.attrs.get("tokenizer_sha256")
+    if tokenizer is None and data_tok and arch_of(model) == NANOCHAT_ARCH:
+        raise FbtError(
+            f"{where}: the model has no tokenizer.json beside it, so nothing shows the dataset's tokenizer is its "
+            "own (import it with `fbt-probe model import-nanochat`, which brings its tokenizer)"
+        )
     if tokenizer is None or (exact_tokenizer and not data_tok):
         return
     tok = load_tokenizer(tokenizer)

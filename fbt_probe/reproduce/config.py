@@ -173,9 +173,17 @@ def train_config(cfg: ReproConfig, baseline: bool) -> TrainConfig:
 
 
 def tokenizer(cfg: ReproConfig):
-    """The study's tokenizer: a user checkpoint's own, else the built-in one."""
-    if cfg.model and (Path(cfg.model) / "tokenizer.json").is_file():
-        return load_tokenizer(Path(cfg.model) / "tokenizer.json")
+    """The study's tokenizer: a user checkpoint's own tokenizer.json (refused without one: its
+    embedding rows mean its own tokens, never the task tokenizer's), else the built-in one."""
+    if cfg.model:
+        path = Path(cfg.model) / "tokenizer.json"
+        if not path.is_file():
+            raise FbtError(
+                f"--model {cfg.model}: no tokenizer.json in the checkpoint folder; its token ids mean its own "
+                "tokenizer's tokens (import a nanochat checkpoint with `fbt-probe model import-nanochat`, which "
+                "brings it; copy a Qwen3 folder's tokenizer.json beside it)"
+            )
+        return load_tokenizer(path)
     return build_tokenizer()
 
 
