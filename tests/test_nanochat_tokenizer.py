@@ -261,3 +261,18 @@ def test_a_dataset_of_another_tokenizer_is_refused(imported, tmp_path):
         assert "tokenizer" in res.output
     res = runner.invoke(app, ["reproduce", "--quick", "--model", str(ckpt), "--out", str(tmp_path / "r")])
     assert res.exit_code == 2 and "no tokenizer.json" in res.output and not (tmp_path / "r").exists()
+
+
+def test_the_imported_model_prepends_its_bos(imported, enc):
+    import torch
+
+    import fbt_probe as fp
+
+    model = fp.load_model(str(imported[2]))
+    bos, text = enc.encode_single_token("<|bos|>"), "r3 = 12\nStatus:"
+    assert model.to_tokens(text).tolist() == [[bos, *enc.encode_ordinary(text)]]
+    assert model.to_tokens(text, prepend_bos=True).tolist() == model.to_tokens(text).tolist()
+    assert model.to_tokens(text, prepend_bos=False).tolist() == [enc.encode_ordinary(text)]
+    assert model.to_str_tokens(text)[0] == "<|bos|>"
+    with torch.no_grad():
+        assert torch.equal(model(text), model(model.to_tokens(text)))
