@@ -276,3 +276,43 @@ def test_the_imported_model_prepends_its_bos(imported, enc):
     assert model.to_str_tokens(text)[0] == "<|bos|>"
     with torch.no_grad():
         assert torch.equal(model(text), model(model.to_tokens(text)))
+
+
+def test_reproduce_refuses_a_baseline_it_cannot_pair(imported, tmp_path):
+    _, _, out = imported
+    other = tmp_path / "other"
+    save_tokenizer(build_tokenizer(), other / "tokenizer.json")
+    for args, match in (
+        (["--baseline", str(out)], "--baseline: needs --model"),
+        (["--model", str(out), "--baseline", str(other)], "differs from that of --model"),
+        (["--model", str(out), "--baseline", str(tmp_path / "missing")], "checkpoint folder not found"),
+    ):
+        res = runner.invoke(app, ["reproduce", "--quick", *args, "--out", str(tmp_path / "r")])
+        assert res.exit_code == 2 and match in res.output and len(res.output.strip().splitlines()) == 1, res.output
+        assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_reproduce_on_a_nanochat_import(imported, tmp_path):
+    """The quick study (two tasks, one length) on the imported checkpoint, in its tokenizer, with no baseline."""
+    from fbt_probe.reproduce.config import ReproConfig
+    from fbt_probe.reproduce.pipeline import reproduce
+
+    _, _, out = imported
+    study = tmp_path / "study"
+    modes = ["standard", "recurrent:1"]
+    cfg = ReproConfig.quick_config(
+        model=str(out),
+        methods=False,
+        knobs={"completion": [8], "memory": [8]},
+        patch_knobs={"completion": [8]},
+        modes={"completion": modes, "memory": modes},
+    )
+    reproduce(cfg, study, echo=lambda *_: None)
+    report = (study / "report.md").read_text()
+    sha = tokenizer_sha256(load_tokenizer(out))
+    assert f"sha256 {sha[:12]}..." in report and "no baseline was given (`--baseline PATH`)" in report
+    assert f'"sha256": "{sha}"' in report  # the provenance record's tokenizer
+    assert "checkpoint sha256 (feedback)" in report and "checkpoint sha256 (baseline)" not in report
+    for man in (study / "data").glob("*.manifest.json"):
+        assert json.loads(man.read_text())["tokenizer"]["sha256"] == sha
