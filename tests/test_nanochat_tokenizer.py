@@ -316,3 +316,22 @@ def test_reproduce_on_a_nanochat_import(imported, tmp_path):
     assert "checkpoint sha256 (feedback)" in report and "checkpoint sha256 (baseline)" not in report
     for man in (study / "data").glob("*.manifest.json"):
         assert json.loads(man.read_text())["tokenizer"]["sha256"] == sha
+
+
+def test_a_replaced_tokenizer_json_is_refused(imported, tmp_path):
+    """The task tokenizer copied over an import's tokenizer.json, and a dataset made with it: the hash the
+    import recorded refuses the pair."""
+    import shutil
+
+    _, _, out = imported
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    save_tokenizer(build_tokenizer(), copy / "tokenizer.json")
+    data = tmp_path / "data"
+    res = runner.invoke(
+        app, ["tasks", "generate", "memory", "--groups", "2", "--tokenizer", str(copy), "--out", str(data)]
+    )
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["extract", str(copy), str(data), "--modes", "standard", "--out", str(tmp_path / "a")])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert "not the tokenizer its checkpoint was imported with" in res.output
