@@ -335,3 +335,30 @@ def test_a_replaced_tokenizer_json_is_refused(imported, tmp_path):
     res = runner.invoke(app, ["extract", str(copy), str(data), "--modes", "standard", "--out", str(tmp_path / "a")])
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
     assert "not the tokenizer its checkpoint was imported with" in res.output
+
+
+def test_tasks_read_the_pickle_as_the_import_converts_it(imported, enc, tmp_path):
+    """`--tokenizer` on nanochat's tokenizer folder: the same tokenizer (sha256) the import wrote, and the
+    conversion is byte-for-byte deterministic."""
+    base, _, out = imported
+    assert tokenizer_sha256(load_tokenizer(base / "tokenizer")) == tokenizer_sha256(load_tokenizer(out))
+    nt.convert(base / "tokenizer" / "tokenizer.pkl", tmp_path / "a.json")
+    nt.convert(base / "tokenizer" / "tokenizer.pkl", tmp_path / "b.json")
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    for d in ("d1", "d2"):
+        res = runner.invoke(
+            app,
+            [
+                "tasks",
+                "generate",
+                "memory",
+                "--groups",
+                "2",
+                "--tokenizer",
+                str(base / "tokenizer"),
+                "--out",
+                str(tmp_path / d),
+            ],
+        )
+        assert res.exit_code == 0, res.output
+    assert (tmp_path / "d1" / "memory.parquet").read_bytes() == (tmp_path / "d2" / "memory.parquet").read_bytes()

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from fbt_probe.errors import FbtError
+from fbt_probe.formats.nanochat.tokenizer import load_tokenizer_file
 from fbt_probe.io import atomic_path
 from fbt_probe.tasks.spec import load_spec
 
@@ -128,12 +129,18 @@ def save_tokenizer(tok, path) -> Path:
 
 
 def load_tokenizer(path):
-    """Any Hugging Face `tokenizer.json` (a file, or a folder holding one)."""
+    """Any Hugging Face `tokenizer.json` (a file, or a folder holding one), or nanochat's
+    `tokenizer.pkl` (a file, or a folder holding it and no tokenizer.json), converted as
+    `fbt-probe model import-nanochat` converts it: the same tokenizer, the same sha256."""
     from tokenizers import Tokenizer
 
     path = Path(path)
+    if path.is_dir() and not (path / "tokenizer.json").is_file() and (path / "tokenizer.pkl").is_file():
+        path = path / "tokenizer.pkl"
     if path.is_dir():
         path = path / "tokenizer.json"
+    if path.suffix == ".pkl" and path.is_file():
+        return load_tokenizer_file(path)
     if not path.is_file():
         raise FbtError(f"{path}: tokenizer file not found (expected a Hugging Face tokenizer.json)")
     try:
