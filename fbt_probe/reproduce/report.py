@@ -374,7 +374,8 @@ def stage_report(cfg, out: Path, times: dict) -> None:
     with atomic_path(out / "headline.csv") as tmp:  # what a multi-seed run stacks (seeds.csv)
         headline(cfg, out).to_csv(tmp, index=False, float_format="%.6g")
 
-    title = f"fbt-probe reproduction — preset {cfg.preset}{' (quick)' if cfg.quick else ' (demo)' if cfg.demo else ''}"
+    subject = f"checkpoint {Path(cfg.model).name}" if cfg.model else f"preset {cfg.preset}"
+    title = f"fbt-probe reproduction — {subject}{' (quick)' if cfg.quick else ' (demo)' if cfg.demo else ''}"
     sections = _sections(cfg, out, times)
     tables, (prov_head, prov_text, _) = sections[:-1], sections[-1]
     source = (
