@@ -42,6 +42,7 @@ from fbt_probe import distributed
 from fbt_probe.config import arch_of, check_device
 from fbt_probe.engine.prefix import build_prefix
 from fbt_probe.errors import FbtError
+from fbt_probe.formats.nanochat.config import ARCH as NANOCHAT_ARCH
 from fbt_probe.hidden.config import ARCH as HIDDEN_ARCH
 from fbt_probe.hidden.streams import stream_depth, stream_position
 from fbt_probe.hooks import depth_name
@@ -166,6 +167,7 @@ ARCH_TARGETS: dict[str, ArchTargets] = {
         "a Hidden Decoding model", ("standard",), ("standard",), False, False, stream_targets, _stream_manifest
     ),
 }
+ARCH_TARGETS[NANOCHAT_ARCH] = ARCH_TARGETS["feedback"]  # a latent-feedback model with nanochat's backbone extras
 
 
 # ----------------------------------------------------------------------------- running

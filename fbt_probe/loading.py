@@ -405,9 +405,20 @@ def check_compatible(
             f"(dataset and model use different tokenizers)"
         )
     data_tok = df.attrs.get("tokenizer_sha256")
+    if tokenizer is None and data_tok and arch_of(model) == NANOCHAT_ARCH:
+        raise FbtError(
+            f"{where}: the model has no tokenizer.json beside it, so nothing shows the dataset's tokenizer is its "
+            "own (import it with `fbt-probe model import-nanochat`, which brings its tokenizer)"
+        )
     if tokenizer is None or (exact_tokenizer and not data_tok):
         return
     tok = load_tokenizer(tokenizer)
+    recorded = _recorded_tokenizer(Path(tokenizer).parent)
+    if recorded is not None and recorded != tokenizer_sha256(tok):
+        raise FbtError(
+            f"{tokenizer}: not the tokenizer its checkpoint was imported with (config.json records sha256 "
+            f"{recorded[:12]}..., the file has {tokenizer_sha256(tok)[:12]}...)"
+        )
     if data_tok is not None and tokenizer_sha256(tok) == data_tok:
         return
     if exact_tokenizer:
@@ -423,6 +434,19 @@ def check_compatible(
                 f"produce: the dataset was made with another tokenizer (regenerate it with "
                 f"--tokenizer {tokenizer})"
             )
+
+
+def _recorded_tokenizer(folder: Path) -> str | None:
+    """The tokenizer sha256 an import recorded in the folder's config.json (import-hf: `tokenizer`,
+    import-nanochat: `nanochat.tokenizer`), or None."""
+    path = folder / "config.json"
+    meta = read_json(path, "checkpoint config") if path.is_file() else {}
+    if not isinstance(meta, dict):
+        return None
+    rec = meta.get("tokenizer") or (meta.get("nanochat") if isinstance(meta.get("nanochat"), dict) else {}).get(
+        "tokenizer"
+    )
+    return rec.get("sha256") if isinstance(rec, dict) else None
 
 
 def load_pairs(dataset, tasks=None, command: str = "patch") -> pd.DataFrame:

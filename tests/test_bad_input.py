@@ -356,3 +356,22 @@ def test_token_ids_of_a_dataframe_outside_the_model_are_refused():
     )
     with pytest.raises(FbtError, match="id -2 is outside"):
         extract(make_model(), df, "standard", "/nonexistent/never-written")
+
+
+def test_import_hf_refuses_a_tokenizer_larger_than_the_embedding(qwen, tmp_path):
+    from tokenizers import Tokenizer, models
+
+    from fbt_probe.tasks import build_tokenizer, load_tokenizer, save_tokenizer, tokenizer_sha256
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(200)}, unk_token="w0"))  # more ids than rows
+    big = save_tokenizer(tok, tmp_path / "big" / "tokenizer.json")
+    cfg = json.loads((qwen / "config.json").read_text())
+    assert tok.get_vocab_size() > cfg["vocab_size"]
+    res = runner.invoke(app, ["model", "import-hf", str(qwen), str(tmp_path / "ckpt"), "--tokenizer", str(big)])
+    one_line_error(res, f"has {tok.get_vocab_size()} ids but the checkpoint's embedding has {cfg['vocab_size']} rows")
+    assert not (tmp_path / "ckpt").exists()
+    small = save_tokenizer(build_tokenizer(), tmp_path / "small" / "tokenizer.json")
+    res = runner.invoke(app, ["model", "import-hf", str(qwen), str(tmp_path / "ckpt"), "--tokenizer", str(small)])
+    assert res.exit_code == 0, res.output
+    record = json.loads((tmp_path / "ckpt" / "config.json").read_text())["tokenizer"]
+    assert record["sha256"] == tokenizer_sha256(load_tokenizer(tmp_path / "ckpt"))

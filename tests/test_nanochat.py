@@ -339,13 +339,15 @@ def test_cli_import(tmp_path):
     folder = write_nanochat(tmp_path / "ck", mc, state, step=5)
     write_nanochat(folder, mc, state, step=9, extra_meta={"num_forward_passes": 1})
     out = tmp_path / "out"
-    res = CliRunner().invoke(app, ["model", "import-nanochat", str(folder), str(out), "--step", "5"])
+    res = CliRunner().invoke(app, ["model", "import-nanochat", str(folder), str(out), "--step", "5", "--no-tokenizer"])
     assert res.exit_code == 0, res.output
     meta = json.loads((out / "config.json").read_text())
     assert meta["nanochat"]["step"] == 5 and meta["model"]["fusion"] == "gate_product"
-    res = CliRunner().invoke(app, ["model", "import-nanochat", str(folder), str(tmp_path / "o2")])
+    res = CliRunner().invoke(app, ["model", "import-nanochat", str(folder), str(tmp_path / "o2"), "--no-tokenizer"])
     assert res.exit_code == 0 and "dormant" in res.output and "step 9" in res.output
-    res = CliRunner().invoke(app, ["model", "import-nanochat", str(folder), str(out), "--step", "7", "--force"])
+    res = CliRunner().invoke(
+        app, ["model", "import-nanochat", str(folder), str(out), "--step", "7", "--force", "--no-tokenizer"]
+    )
     assert res.exit_code != 0 and "--step 7" in res.output and (out / "config.json").is_file()
     loaded = fp.load_model(str(out))
     direct, *_ = import_nanochat(folder, step=5)

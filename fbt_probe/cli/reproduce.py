@@ -27,6 +27,12 @@ def reproduce_cmd(
     model: Annotated[
         Path | None, typer.Option(help="A checkpoint folder to study instead of training (required for paper-1b).")
     ] = None,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --model: its no-feedback baseline checkpoint, studied beside it (same tokenizer; without it the report says there is none)."
+        ),
+    ] = None,
     train: Annotated[
         bool,
         typer.Option(
@@ -87,6 +93,7 @@ def reproduce_cmd(
     \b
     Example: fbt-probe reproduce --preset tiny --out runs/repro          (the shipped models)
              fbt-probe reproduce --preset tiny --train --out runs/retrained (from scratch)
+             fbt-probe reproduce --model runs/d20 --baseline runs/d20-base --out runs/d20-study
     """
 
     jobs = default_jobs() if jobs is None else jobs
@@ -96,7 +103,10 @@ def reproduce_cmd(
     check_preset(preset)
     if preset != "tiny" and model is None:
         raise FbtError(f"--preset {preset}: training it here is not supported; pass --model PATH (a checkpoint folder)")
+    if baseline is not None and model is None:
+        raise FbtError("--baseline: needs --model (the checkpoint it is the baseline of)")
     kw = {
+        "baseline": str(baseline) if baseline else None,
         "preset": preset,
         "seed": seed,
         "model": str(model) if model else None,

@@ -10,7 +10,7 @@ from fbt_probe.activations import BATCH_SIZE as EXTRACT_BATCH  # the full study 
 from fbt_probe.errors import FbtError
 from fbt_probe.interventions.registry import EXPERIMENTS as REGISTRY
 from fbt_probe.reference import folder
-from fbt_probe.tasks import build_tokenizer, load_tokenizer
+from fbt_probe.tasks import build_tokenizer, load_tokenizer, tokenizer_sha256
 from fbt_probe.training.config import TrainConfig
 from fbt_probe.training.recipes import RECIPES, recipe
 
@@ -65,7 +65,8 @@ class ReproConfig:
     )
     """Task -> lengths of the causal experiments (a task not named is left out): every probe length
     (effects such as the feedback swap change with length, so each length is reported on its own)."""
-    model: str | None = None  # a user checkpoint (paper-1b path): no training, no baseline
+    model: str | None = None  # a user checkpoint (paper-1b path): no training
+    baseline: str | None = None  # with `model`: its no-feedback baseline checkpoint (none: the study has none)
     quick: bool = False
     demo: bool = False
     """The lighter study `make demo` runs on the shipped models (`demo_config`)."""
@@ -127,7 +128,7 @@ class ReproConfig:
         return cls(**{"knobs": dict(LONG_KNOBS), **kw})
 
     def models(self) -> list[str]:
-        return ["feedback"] if self.model else ["feedback", "baseline"]
+        return ["feedback"] if self.model and not self.baseline else ["feedback", "baseline"]
 
     def methods_models(self) -> list[str]:
         """The models AtP, DAS and the lens run on: every model, or under --demo the feedback model
@@ -173,17 +174,36 @@ def train_config(cfg: ReproConfig, baseline: bool) -> TrainConfig:
 
 
 def tokenizer(cfg: ReproConfig):
-    """The study's tokenizer: a user checkpoint's own, else the built-in one."""
-    if cfg.model and (Path(cfg.model) / "tokenizer.json").is_file():
-        return load_tokenizer(Path(cfg.model) / "tokenizer.json")
-    return build_tokenizer()
+    """The study's tokenizer: a user checkpoint's own tokenizer.json (refused without one: its
+    embedding rows mean its own tokens, never the task tokenizer's; a --baseline must have the same
+    one), else the built-in one."""
+    if not cfg.model:
+        return build_tokenizer()
+    tok = _own_tokenizer("--model", cfg.model)
+    if cfg.baseline and tokenizer_sha256(_own_tokenizer("--baseline", cfg.baseline)) != tokenizer_sha256(tok):
+        raise FbtError(
+            f"--baseline {cfg.baseline}: its tokenizer.json differs from that of --model {cfg.model}; "
+            "the two models would read different datasets"
+        )
+    return tok
+
+
+def _own_tokenizer(option: str, folder: str):
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        raise FbtError(
+            f"{option} {folder}: no tokenizer.json in the checkpoint folder; its token ids mean its own "
+            "tokenizer's tokens (import a nanochat checkpoint with `fbt-probe model import-nanochat`, which "
+            "brings it; copy a Qwen3 folder's tokenizer.json beside it)"
+        )
+    return load_tokenizer(path)
 
 
 def model_path(cfg: ReproConfig, out: Path, name: str) -> Path:
     """The checkpoint folder of study model `name` (feedback, baseline): a user checkpoint, a
     shipped reference model's verified folder, or the one trained under `out`."""
     if cfg.model:
-        return Path(cfg.model)
+        return Path(cfg.baseline if name == "baseline" else cfg.model)
     if cfg.shipped:
         return folder(shipped_name(cfg, name))
     return out / "models" / name

@@ -291,6 +291,10 @@ def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), 
     out = Path(out)
     if cfg.model and not Path(cfg.model).is_dir():
         raise FbtError(f"--model {cfg.model}: checkpoint folder not found")
+    if cfg.baseline and not Path(cfg.baseline).is_dir():
+        raise FbtError(f"--baseline {cfg.baseline}: checkpoint folder not found")
+    if cfg.model:
+        _tokenizer(cfg)  # a checkpoint without its own tokenizer is refused before anything is written
     if cfg.shipped:
         check_shipped(cfg)
     train_config(cfg, False)  # an unusable --steps for the recipe is refused before anything is written

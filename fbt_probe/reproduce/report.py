@@ -17,13 +17,15 @@ from fbt_probe.loading import checkpoint_hash
 from fbt_probe.probes.robustness import pooled_by_variant
 from fbt_probe.provenance import provenance
 from fbt_probe.reproduce.config import model_path, shipped_name
+from fbt_probe.reproduce.config import tokenizer as study_tokenizer
 from fbt_probe.reproduce.findings import findings, headline, same_kind, shipped_comparison, study_kind
 from fbt_probe.reproduce.methods import MODEL_WORDS, figure_jobs, methods_section
 from fbt_probe.reproduce.sae import figure_jobs as sae_figure_jobs
 from fbt_probe.reproduce.sae import sae_section
 from fbt_probe.reproduce.sae import sentences as sae_sentences
 from fbt_probe.reproduce.seeds import spread_table
-from fbt_probe.reproduce.tables import PAPER_DEPTH0, SETTING, _summary, pooled_accuracy
+from fbt_probe.reproduce.tables import CHECKPOINT_SETTING, PAPER_DEPTH0, SETTING, _summary, pooled_accuracy
+from fbt_probe.tasks import tokenizer_sha256
 
 
 def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
@@ -189,7 +191,7 @@ def _model_reference(cfg, name: str) -> str:
     """How the study names model `name`: its shipped reference, the user's checkpoint, or the folder
     it was trained in, with the preset."""
     if cfg.model:
-        return f"checkpoint {cfg.model}"
+        return f"checkpoint {cfg.baseline if name == 'baseline' else cfg.model}"
     if cfg.shipped:
         return f"ref:{shipped_name(cfg, name)} (preset {cfg.preset})"
     return f"trained here: models/{name} (preset {cfg.preset})"
@@ -202,7 +204,32 @@ def _provenance(cfg, out: Path, times: dict) -> dict:
         models={n: _model_reference(cfg, n) for n in cfg.models()},
         checkpoints={n: checkpoint_hash(model_path(cfg, out, n)) for n in cfg.models()},
         stage_seconds={k: round(v, 1) for k, v in times.items()},
+        **({"tokenizer": _tokenizer_record(cfg)} if cfg.model else {}),
     )
+
+
+def _checkpoint_source(cfg) -> str:
+    """The intro's account of a user checkpoint: it, its tokenizer, and its baseline or the lack of one."""
+    tok = _tokenizer_record(cfg)
+    text = (
+        f"the checkpoint `{cfg.model}`, in its own tokenizer (`{tok['file']}`, {tok['vocab_size']:,} tokens, "
+        f"sha256 {tok['sha256'][:12]}...)"
+    )
+    if cfg.baseline:
+        return text + f", beside its no-feedback baseline `{cfg.baseline}`"
+    return text + (
+        "; no baseline was given (`--baseline PATH`), so no number here is read beside a model without trained feedback"
+    )
+
+
+def _tokenizer_record(cfg) -> dict:
+    """The user checkpoint's tokenizer: its file, sha256 (as dataset manifests record it) and size."""
+    tok = study_tokenizer(cfg)
+    return {
+        "file": str(Path(cfg.model) / "tokenizer.json"),
+        "sha256": tokenizer_sha256(tok),
+        "vocab_size": tok.get_vocab_size(),
+    }
 
 
 def provenance_rows(record: dict) -> list[tuple[str, str]]:
@@ -347,7 +374,8 @@ def stage_report(cfg, out: Path, times: dict) -> None:
     with atomic_path(out / "headline.csv") as tmp:  # what a multi-seed run stacks (seeds.csv)
         headline(cfg, out).to_csv(tmp, index=False, float_format="%.6g")
 
-    title = f"fbt-probe reproduction — preset {cfg.preset}{' (quick)' if cfg.quick else ' (demo)' if cfg.demo else ''}"
+    subject = f"checkpoint {Path(cfg.model).name}" if cfg.model else f"preset {cfg.preset}"
+    title = f"fbt-probe reproduction — {subject}{' (quick)' if cfg.quick else ' (demo)' if cfg.demo else ''}"
     sections = _sections(cfg, out, times)
     tables, (prov_head, prov_text, _) = sections[:-1], sections[-1]
     source = (
@@ -357,7 +385,7 @@ def stage_report(cfg, out: Path, times: dict) -> None:
             + "); `fbt-probe reproduce --train` retrains them"
         )
         if cfg.shipped
-        else (f"the checkpoint `{cfg.model}`" if cfg.model else "models trained from scratch in this study")
+        else (_checkpoint_source(cfg) if cfg.model else "models trained from scratch in this study")
     )
     scope = (
         " The demo study: fewer probe groups, no `full` recurrence on the register tasks, the causal experiments at "
@@ -369,7 +397,7 @@ def stage_report(cfg, out: Path, times: dict) -> None:
         else ""
     )
     intro = (
-        f"Models: {source}.{scope} {SETTING} Stage times: "
+        f"Models: {source}.{scope} {CHECKPOINT_SETTING if cfg.model else SETTING} Stage times: "
         + ", ".join(f"{k} {v:.0f} s" for k, v in times.items())
         + "."
     )

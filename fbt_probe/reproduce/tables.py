@@ -16,6 +16,11 @@ SETTING = (
     "paper probed its 1B general language model, so its numbers are a reference point, not a replication "
     "target."
 )
+CHECKPOINT_SETTING = (
+    "The tasks are probed on held-out contexts, in the checkpoint's tokenizer; a model not trained on these "
+    "tasks may answer them at chance, and the paper's numbers (its 1B general language model) are a "
+    "reference point, not a target."
+)
 
 
 def _summary(out: Path, name: str, exp: str) -> pd.DataFrame | None:

@@ -332,14 +332,14 @@ class TransformerLensSurface:
         truncate: bool = True,
     ) -> torch.Tensor:
         """[batch, pos] token ids of a string or a list of strings (shorter rows padded with
-        <pad> on `padding_side`). No BOS: the task tokenizer has none (`prepend_bos=True` refuses)."""
-        if prepend_bos:
-            raise FbtError("to_tokens: prepend_bos=True, but this model's tokenizer has no BOS token")
+        <pad> on `padding_side`). `prepend_bos` None: the tokenizer's own template, which prepends
+        the BOS where the model was trained with one (a nanochat import's `<|bos|>`; the task
+        tokenizer has none); True: that BOS, refused when the tokenizer has none; False: no BOS."""
         if padding_side not in ("right", "left"):
             raise FbtError(f"to_tokens: padding_side: expected 'right' or 'left', got {padding_side!r}")
         texts = [input] if isinstance(input, str) else list(input)
         tok = self._tok()
-        ids = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+        ids = [e.ids for e in tok.encode_batch(texts, add_special_tokens=self._with_bos(tok, prepend_bos))]
         if truncate:
             ids = [row[: self.cfg.n_ctx] for row in ids]
         pad = tok.token_to_id("<pad>")
@@ -357,6 +357,13 @@ class TransformerLensSurface:
             self.remember_padding(out, mask)
         return out
 
+    @staticmethod
+    def _with_bos(tok, prepend_bos: bool | None) -> bool:
+        """Whether to encode with the tokenizer's template (its BOS); prepend_bos=True needs one."""
+        if prepend_bos and len(tok.encode("", add_special_tokens=True).ids) != 1:
+            raise FbtError("to_tokens: prepend_bos=True, but this model's tokenizer has no BOS token")
+        return prepend_bos is not False
+
     def to_str_tokens(self, input, prepend_bos: bool | None = None):
         """The token strings: of a string (a list), a list of strings (a list of lists), or ids
         (a 1-D or [1, pos] tensor, or a list of ints)."""
@@ -364,7 +371,7 @@ class TransformerLensSurface:
         if isinstance(input, list) and input and isinstance(input[0], str):
             return [self.to_str_tokens(text, prepend_bos) for text in input]
         if isinstance(input, str):
-            return tok.encode(input, add_special_tokens=False).tokens
+            return tok.encode(input, add_special_tokens=self._with_bos(tok, prepend_bos)).tokens
         ids = torch.as_tensor(input)
         if ids.dim() == 2:
             if ids.shape[0] != 1:

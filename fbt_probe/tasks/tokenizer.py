@@ -4,7 +4,7 @@ Words are split on spaces; a newline, a colon and a run of digits are tokens of 
 query (`Status:`, `# final state:`, `query = r3` / `Value:`) ends in the same ':' token and `r3` is
 `r`, `3` — the split a BPE tokenizer makes, so the paper's k-token suffixes cover the same spans. The vocabulary is a fixed list
 (ids never move when a spec file is edited); words a variant spec introduces are appended in sorted
-order. No special tokens are added when encoding, with this or any other tokenizer.
+order. It has no special tokens to add; another tokenizer's template (a BOS) is applied when encoding.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from fbt_probe.errors import FbtError
+from fbt_probe.formats.nanochat.tokenizer import load_tokenizer_file
 from fbt_probe.io import atomic_path
 from fbt_probe.tasks.spec import load_spec
 
@@ -131,12 +132,18 @@ def save_tokenizer(tok, path) -> Path:
 
 
 def load_tokenizer(path):
-    """Any Hugging Face `tokenizer.json` (a file, or a folder holding one)."""
+    """Any Hugging Face `tokenizer.json` (a file, or a folder holding one), or nanochat's
+    `tokenizer.pkl` (a file, or a folder holding it and no tokenizer.json), converted as
+    `fbt-probe model import-nanochat` converts it: the same tokenizer, the same sha256."""
     from tokenizers import Tokenizer
 
     path = Path(path)
+    if path.is_dir() and not (path / "tokenizer.json").is_file() and (path / "tokenizer.pkl").is_file():
+        path = path / "tokenizer.pkl"
     if path.is_dir():
         path = path / "tokenizer.json"
+    if path.suffix == ".pkl" and path.is_file():
+        return load_tokenizer_file(path)
     if not path.is_file():
         raise FbtError(f"{path}: tokenizer file not found (expected a Hugging Face tokenizer.json)")
     try:
@@ -147,8 +154,10 @@ def load_tokenizer(path):
 
 
 def encode(tok, texts: list[str]) -> list[list[int]]:
-    """Token ids of each text, without special tokens."""
-    return [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=False)]
+    """Token ids of each text under the tokenizer's own template: a tokenizer whose model was trained
+    on documents that start with a BOS (nanochat's, converted) prepends it; the built-in one and a
+    Qwen3 tokenizer add nothing."""
+    return [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=True)]
 
 
 def token_name(tok, token_id: int) -> str:
@@ -188,28 +197,32 @@ def unk_id(tok) -> int | None:
 
 def check_label_words(tok, task: str, query_line: str, words, tokenizer_name: str) -> None:
     """Each label word must be exactly one known token after the query line (where the answer is
-    read); else a one-line FbtError naming the word and the tokenizer."""
+    read); else a one-line FbtError naming every word that is not, with the pieces it splits into."""
     unk = unk_id(tok)
+    split, pieces = [], []
     for word in words:
         full, pos = answer_ids(tok, query_line, word)
         if pos is None:
-            n = len(tok.encode(f" {word}", add_special_tokens=False).ids)
-            raise FbtError(
-                f"{task}: label word {word!r} is {n if n > 1 else 'not one'} token{'s' if n > 1 else ''} "
-                f"after the query under {tokenizer_name}; label words must be single tokens"
-            )
-        if unk is not None and full[pos] == unk:
+            got = tok.encode(f" {word}", add_special_tokens=False).tokens
+            n = len(got)
+            split.append(f"label word {word!r} is {n if n > 1 else 'not one'} token{'s' if n > 1 else ''}")
+            pieces.append(f"{word!r}: {' '.join(map(repr, got))}")
+        elif unk is not None and full[pos] == unk:
             raise FbtError(
                 f"{task}: label word {word!r} is not in the vocabulary of {tokenizer_name} "
                 f"(it encodes as {tok.id_to_token(unk)!r}); use a tokenizer that has it"
             )
+    if split:
+        raise FbtError(
+            f"{task}: {', '.join(split)} after the query under {tokenizer_name}; label words must be single "
+            f"tokens (field 'label_words': choose words this tokenizer keeps whole after a space; pieces: "
+            f"{'; '.join(pieces)})"
+        )
 
 
 def answer_ids(tok, text: str, word: str) -> tuple[list[int], int | None]:
     """(ids of `text + ' ' + word + '\\n'`, index of the answer token) — the index is None unless
     the text's own ids are a prefix and the word is exactly one token there."""
-    prefix = tok.encode(text, add_special_tokens=False).ids
-    full = tok.encode(f"{text} {word}\n", add_special_tokens=False).ids
-    bare = tok.encode(f"{text} {word}", add_special_tokens=False).ids
+    prefix, full, bare = encode(tok, [text, f"{text} {word}\n", f"{text} {word}"])
     ok = full[: len(prefix)] == prefix and len(bare) == len(prefix) + 1 and full[: len(bare)] == bare
     return full, (len(prefix) if ok else None)

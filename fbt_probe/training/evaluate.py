@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pandas as pd
 import torch
 
 from fbt_probe.model.loss import weighted_ce
 from fbt_probe.tasks import generate, load_spec
+from fbt_probe.tasks.tokenizer import answer_ids
 from fbt_probe.training.config import TRAIN_KNOBS, TrainConfig
 from fbt_probe.training.data import heldout, validation_batch
 
@@ -59,9 +61,19 @@ def _one_pair_per_group(df: pd.DataFrame) -> pd.DataFrame:
 
 
 @torch.no_grad()
+def _answer_ids(samples: pd.DataFrame, tokenizer) -> np.ndarray:
+    """Each row's answer token: its label word as the tokenizer encodes it after the query (in a BPE,
+    the word with its leading space), -1 where that is not one token."""
+    ids = {}
+    for (task, word), cell in samples.groupby(["task", "label_word"], sort=False):
+        full, pos = answer_ids(tokenizer, cell["text"].iloc[0], word)
+        ids[(task, word)] = -1 if pos is None else full[pos]
+    return np.array([ids[key] for key in zip(samples["task"], samples["label_word"])], dtype=np.int64)
+
+
 def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, batch: int = 64) -> pd.DataFrame:
     """One row per task × length_knob × mode: accuracy of the greedy answer at the final colon."""
-    answer = samples["label_word"].map(tokenizer.token_to_id).to_numpy()
+    answer = _answer_ids(samples, tokenizer)
     device = next(model.parameters()).device
     rows = []
     for (task, knob, n_tok), cell in samples.groupby(["task", "length_knob", "n_tokens"], sort=True):

@@ -7,9 +7,11 @@ from typing import Annotated
 
 import typer
 
+from fbt_probe.errors import FbtError
 from fbt_probe.formats.checkpoint import is_own_checkpoint, save_checkpoint
 from fbt_probe.formats.qwen3 import import_qwen3
 from fbt_probe.io import atomic_dir, refuse_existing
+from fbt_probe.tasks import load_tokenizer, tokenizer_sha256
 
 
 def import_hf(
@@ -32,8 +34,18 @@ def import_hf(
     replacing = refuse_existing(out, force, **own)  # before the (possibly large) weights are read
     model = import_qwen3(path, seed=seed)
     tok = tokenizer or (path / "tokenizer.json" if (path / "tokenizer.json").is_file() else None)
+    extra = {"imported_from": str(path), "fusion_seed": seed}
+    if tok is not None:
+        loaded = load_tokenizer(tok)
+        n = loaded.get_vocab_size(with_added_tokens=True)
+        if n > model.cfg.d_vocab:  # Qwen3 pads its embedding: fewer ids than rows is its normal layout
+            raise FbtError(
+                f"{tok}: the tokenizer has {n:,} ids but the checkpoint's embedding has {model.cfg.d_vocab:,} rows; "
+                "not the tokenizer of this checkpoint"
+            )
+        extra["tokenizer"] = {"source": str(tok), "sha256": tokenizer_sha256(loaded), "n_ids": n}
     with atomic_dir(out, force, **own) as tmp:
-        save_checkpoint(model, tmp, tok, extra={"imported_from": str(path), "fusion_seed": seed})
+        save_checkpoint(model, tmp, tok, extra=extra)
     typer.echo(f"{'replaced the earlier checkpoint in' if replacing else 'wrote'} {out}")
 
 

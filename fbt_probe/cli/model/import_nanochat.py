@@ -10,6 +10,7 @@ import typer
 from fbt_probe.errors import FbtError
 from fbt_probe.formats.checkpoint import is_own_checkpoint
 from fbt_probe.formats.nanochat.checkpoint import write_import
+from fbt_probe.formats.nanochat.tokenizer import find_tokenizer
 from fbt_probe.io import atomic_dir, refuse_existing
 
 
@@ -18,7 +19,17 @@ def import_nanochat(
     out: Annotated[Path, typer.Argument(help="Checkpoint folder to write.")],
     step: Annotated[int | None, typer.Option(help="Step to import (default: the last).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of fresh fusion weights (only when the checkpoint has none).")] = 0,
-    tokenizer: Annotated[Path | None, typer.Option(help="tokenizer.json to copy into OUT.")] = None,
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option(
+            help="The checkpoint's tokenizer: nanochat's tokenizer folder (tokenizer.pkl, converted) or a "
+            "tokenizer.pkl / tokenizer.json file (default: found in nanochat's layout, <base>/tokenizer/ "
+            "beside <base>/base_checkpoints/<tag>/)."
+        ),
+    ] = None,
+    no_tokenizer: Annotated[
+        bool, typer.Option("--no-tokenizer", help="Import the weights alone (no tasks can be made for them).")
+    ] = False,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
 ) -> None:
     """Import a checkpoint of the nanochat latent-feedback reproduction (every backbone extra and the
@@ -28,17 +39,25 @@ def import_nanochat(
     Example: fbt-probe model import-nanochat ~/.cache/nanochat/base_checkpoints/d20 runs/d20 --step 5000
     """
 
-    if tokenizer is not None and not tokenizer.is_file():
-        raise FbtError(f"--tokenizer {tokenizer}: file not found")
+    if no_tokenizer and tokenizer is not None:
+        raise FbtError("--tokenizer and --no-tokenizer: give one of them")
+    found = None if no_tokenizer else find_tokenizer(ckpt_dir, tokenizer)
+    if found is None and not no_tokenizer:
+        raise FbtError(
+            f"{ckpt_dir}: no tokenizer.pkl or tokenizer.json in {Path(ckpt_dir).resolve().parent.parent / 'tokenizer'} "
+            "(nanochat's layout) or in the folder; pass --tokenizer DIR (nanochat's tokenizer folder), "
+            "or --no-tokenizer for the weights alone"
+        )
     own = dict(own=is_own_checkpoint, kind="an fbt-probe checkpoint folder")
     replacing = refuse_existing(out, force, **own)
     with atomic_dir(out, force, **own) as tmp:
-        record, notes = write_import(ckpt_dir, tmp, step=step, seed=seed, tokenizer=tokenizer)
+        record, notes = write_import(ckpt_dir, tmp, step=step, seed=seed, tokenizer=found)
     for note in notes:
         typer.echo(f"note: {note}")
     typer.echo(
         f"{'replaced the earlier checkpoint in' if replacing else 'wrote'} {out} "
-        f"(step {record['step']}, fusion {record['model_config']['latent_feedback_mode']})"
+        f"(step {record['step']}, fusion {record['model_config']['latent_feedback_mode']}, "
+        + (f"tokenizer {found}: {record['tokenizer']['n_ids']:,} ids)" if found else "no tokenizer)")
     )
 
 

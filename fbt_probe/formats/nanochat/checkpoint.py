@@ -22,6 +22,7 @@ that represents it (`NanochatConfig`, computed by `NanochatTransformer`, both in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import warnings
@@ -34,7 +35,8 @@ from fbt_probe.errors import FbtError
 from fbt_probe.formats.checkpoint import load_checkpoint, save_checkpoint
 from fbt_probe.formats.nanochat.config import NanochatConfig
 from fbt_probe.formats.nanochat.model import NanochatTransformer
-from fbt_probe.io import read_json, sha256_file
+from fbt_probe.formats.nanochat.tokenizer import bos_id, check_fits, load_tokenizer_file
+from fbt_probe.io import atomic_path, read_json, sha256_file
 
 DEFAULTS = {  # their GPTConfig defaults, and what their loader patches into an old meta
     "sequence_len": 2048,
@@ -381,10 +383,30 @@ def load_nanochat(folder: str | Path, device: str = "cpu", seed: int = 0, step: 
 
 
 def write_import(folder: str | Path, out: Path, step: int | None = None, seed: int = 0, tokenizer: Path | None = None):
-    """Import and write our checkpoint folder into `out` (an empty or temporary folder). Returns the notes."""
+    """Import and write our checkpoint folder into `out` (an empty or temporary folder), with the
+    tokenizer file `tokenizer` (nanochat's tokenizer.pkl, converted, or a tokenizer.json) as
+    tokenizer.json once it is shown to fit the checkpoint's vocabulary. Returns (record, notes)."""
     model, record, notes = import_nanochat(folder, step=step, seed=seed)
+    tok_path = None
+    if tokenizer is not None:
+        tok = load_tokenizer_file(tokenizer)
+        rows = -(-model.cfg.d_vocab // PAD_TO) * PAD_TO
+        n = check_fits(tok, model.cfg.d_vocab, rows, str(tokenizer))
+        text = tok.to_str(pretty=True)
+        tok_path = Path(out) / "tokenizer.json"
+        with atomic_path(tok_path) as tmp:
+            tmp.write_text(text)
+        record["tokenizer"] = {
+            "source": str(tokenizer),
+            "source_sha256": sha256_file(tokenizer),
+            "sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "n_ids": n,
+            "bos_id": bos_id(tok),
+        }
+    else:
+        record["tokenizer"] = None
     save_checkpoint(
-        model, out, tokenizer, extra={"imported_from": str(folder), "nanochat": json.loads(json.dumps(record))}
+        model, out, tok_path, extra={"imported_from": str(folder), "nanochat": json.loads(json.dumps(record))}
     )
     return record, notes
 
