@@ -1,0 +1,167 @@
+"""Output markers: how a command recognises its own output folder.
+
+Every output folder a command writes holds `.fbt-output.json`: the command, the marker's format and
+the sha256 of each file the command wrote there. A folder counts as a command's own output by this
+record alone, never by its file names, so that a user's folder that happens to hold `cfg.json` or
+`stages.json` is refused. Replacing an output (`--force`, a study's redone stage) removes only the
+files the marker lists with their recorded hash: every other file is carried into the new output,
+and a listed file whose bytes changed since it was written is refused rather than replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from fbt_probe.errors import FbtError
+from fbt_probe.io import atomic_path, disk_full, is_empty_dir, sha256_file, temp_sibling
+
+MARKER = ".fbt-output.json"
+FORMAT = 1
+
+
+def is_temporary(rel: str) -> bool:
+    """A hidden temporary a writer leaves while it works (`.name.XXXX.tmp`, `.name.XXXX.old`)."""
+    return any(p.startswith(".") and p.endswith((".tmp", ".old")) for p in Path(rel).parts)
+
+
+def files_of(folder: Path) -> dict[str, str]:
+    """Relative path (posix) -> sha256 of every regular file under `folder`, the marker and hidden
+    temporaries aside."""
+    folder = Path(folder)
+    out = {}
+    for f in sorted(folder.rglob("*")):
+        rel = f.relative_to(folder).as_posix()
+        if f.is_file() and not f.is_symlink() and rel != MARKER and not is_temporary(rel):
+            out[rel] = sha256_file(f)
+    return out
+
+
+def write_marker(folder: Path, command: str, files: dict[str, str] | None = None) -> dict:
+    """Record `files` (default: every file now in `folder`) as written by `command`."""
+    folder = Path(folder)
+    record = {"command": command, "format": FORMAT, "files": files_of(folder) if files is None else files}
+    with atomic_path(folder / MARKER) as tmp:
+        tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return record
+
+
+def read_marker(folder: Path) -> dict | None:
+    """The folder's marker, or None where it has none (or one that is not ours)."""
+    path = Path(folder) / MARKER
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+        return None
+    if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("command"), str):
+        return None
+    files = record.get("files")
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        return None
+    return record
+
+
+def is_marked(folder: Path, command: str) -> bool:
+    record = read_marker(folder)
+    return record is not None and record["command"] == command
+
+
+def sort_files(folder: Path, recorded: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
+    """(ours, changed, foreign) among the files now under `folder`: listed with the recorded hash,
+    listed with another hash, not listed."""
+    ours, changed, foreign = [], [], []
+    for rel, sha in files_of(folder).items():
+        if rel not in recorded:
+            foreign.append(rel)
+        elif recorded[rel] == sha:
+            ours.append(rel)
+        else:
+            changed.append(rel)
+    return ours, changed, foreign
+
+
+def check_replaceable(folder: Path, command: str, kind: str = "") -> list[str]:
+    """Refuse `folder` unless its marker names `command` and none of the files it lists changed;
+    returns the files to keep (those the marker does not list)."""
+    folder = Path(folder)
+    record = read_marker(folder)
+    if record is None or record["command"] != command:
+        what = kind or f"an output of fbt-probe {command}"
+        why = (
+            f"it has no {MARKER} marker"
+            if record is None
+            else f"its {MARKER} marker names fbt-probe {record['command']}"
+        )
+        raise FbtError(
+            f"{folder}: exists and is not {what} ({why}); "
+            "refusing to replace it, even with --force (choose another output path, or move it away yourself)"
+        )
+    _, changed, foreign = sort_files(folder, record["files"])
+    if changed:
+        raise FbtError(
+            f"{folder / changed[0]}: changed since fbt-probe {command} wrote it (its sha256 differs from the one "
+            f"in {folder / MARKER}); refusing to replace it, even with --force (move it away, then run again)"
+        )
+    return foreign
+
+
+def refuse_unowned(path: Path, command: str, force: bool = False, kind: str = "") -> list[str] | None:
+    """Check an output path before any work: None where it is absent or an empty folder, else (with
+    `force`, and only for a folder whose marker names `command` with every listed file unchanged) the
+    files to keep. Without `force` an existing output is refused."""
+    path = Path(path)
+    if not path.exists() or is_empty_dir(path):
+        return None
+    if not force:
+        raise FbtError(f"{path}: already exists; refusing to overwrite (pass --force to replace it)")
+    if not path.is_dir():
+        raise FbtError(
+            f"{path}: exists and is a file, not {kind or f'an output folder of fbt-probe {command}'}; refusing to "
+            "replace it, even with --force (choose another output path)"
+        )
+    return check_replaceable(path, command, kind)
+
+
+@contextlib.contextmanager
+def output_dir(path: str | Path, command: str, force: bool = False, kind: str = "") -> Iterator[Path]:
+    """Yield a temporary folder beside `path`; when the block succeeds it is marked as `command`'s
+    output and put at `path`. An old output (with `force`, see `refuse_unowned`) is moved aside, the
+    files its marker does not list are carried into the new folder, and the rest is deleted."""
+    path = Path(path)
+    keep = refuse_unowned(path, command, force, kind) or []
+    tmp = temp_sibling(path)
+    try:
+        with disk_full(path.parent, tmp):
+            yield tmp
+            write_marker(tmp, command)
+        clash = [rel for rel in keep if (tmp / rel).exists() or (tmp / rel).is_symlink()]
+        if clash:
+            raise FbtError(
+                f"{path / clash[0]}: not written by fbt-probe {command} (absent from {path / MARKER}) and the new "
+                "output writes a file of that name; refusing to replace it (move it away, then run again)"
+            )
+        old = None
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            os.replace(path, old / "x")
+        os.replace(tmp, path)
+        if old is not None:
+            carry(old / "x", path, keep)
+            shutil.rmtree(old)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+def carry(old: Path, new: Path, keep: list[str]) -> None:
+    """Move the files `keep` (relative paths) from `old` into `new`."""
+    for rel in keep:
+        (Path(new) / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(Path(old) / rel, Path(new) / rel)
