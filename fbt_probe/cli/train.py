@@ -339,6 +339,10 @@ def eval_cmd(
     typer.echo(f"wrote {dest}/accuracy.{{parquet,csv,json}}")
 
 
+MAX_DIAGNOSE_PASSES = 1024  # well past any trained depth (the paper's figure: 32)
+MAX_DIAGNOSE_ROWS = 4096
+
+
 @diagnose_app.command("contraction")
 def contraction_cmd(
     runs: Annotated[
@@ -363,6 +367,12 @@ def contraction_cmd(
     fbt-probe diagnose contraction runs/tiny runs/tiny-1-2 --out runs/schedules
     """
 
+    if not 1 <= passes <= MAX_DIAGNOSE_PASSES:
+        raise FbtError(
+            f"--passes {passes}: expected an integer 1..{MAX_DIAGNOSE_PASSES} (feedback passes, each a forward of every row)"
+        )
+    if not 1 <= rows <= MAX_DIAGNOSE_ROWS:
+        raise FbtError(f"--rows {rows}: expected an integer 1..{MAX_DIAGNOSE_ROWS} (packed validation rows)")
     if len(runs) > 1 and out is None:
         raise FbtError("diagnose contraction: several runs need --out (a folder for the shared table and figure)")
     if is_reference(str(runs[0])) and out is None:

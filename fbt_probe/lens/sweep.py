@@ -48,6 +48,9 @@ LENS_METRICS = {
 }
 
 
+MAX_LENS_PASSES = 64  # jacobi:K under the lens: K hooked passes, every pass's residuals at every depth kept
+
+
 @dataclass(frozen=True)
 class LensConfig:
     modes: tuple[Mode, ...] = ("standard", "recurrent:1", "full", "jacobi:3")  # names parsed into Modes
@@ -68,6 +71,14 @@ class LensConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", tuple(parse_mode(m) for m in self.modes))  # parsed once, here
         check_distinct(list(self.modes), list(self.modes))
+        for m in self.modes:
+            if m.kind == "jacobi" and m.k > MAX_LENS_PASSES:
+                raise FbtError(
+                    f"--mode {m}: the lens reads every pass of jacobi:K (K hooked passes over the whole input, each "
+                    f"pass's residuals kept); expected K <= {MAX_LENS_PASSES} (the exact recurrence is --mode full)"
+                )
+        if not 0 <= self.seed < 2**63:
+            raise FbtError(f"--seed {self.seed}: expected an integer 0..2**63-1")
         if not (_number(self.eval_fraction) and 0 < self.eval_fraction < 1):
             raise FbtError(f"--eval-fraction {self.eval_fraction}: expected a number in (0, 1)")
         if not (_number(self.lr) and self.lr > 0):
