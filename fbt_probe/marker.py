@@ -30,16 +30,35 @@ def is_temporary(rel: str) -> bool:
     return any(p.startswith(".") and p.endswith((".tmp", ".old")) for p in Path(rel).parts)
 
 
-def files_of(folder: Path) -> dict[str, str]:
-    """Relative path (posix) -> sha256 of every regular file under `folder`, the marker and hidden
-    temporaries aside."""
+def list_files(folder: Path) -> list[str]:
+    """Relative paths (posix) of every regular file under `folder`, the marker and hidden temporaries aside."""
     folder = Path(folder)
-    out = {}
+    out = []
     for f in sorted(folder.rglob("*")):
         rel = f.relative_to(folder).as_posix()
         if f.is_file() and not f.is_symlink() and rel != MARKER and not is_temporary(rel):
-            out[rel] = sha256_file(f)
+            out.append(rel)
     return out
+
+
+def files_of(folder: Path) -> dict[str, str]:
+    """Relative path (posix) -> sha256 of every file `list_files` lists."""
+    return {rel: sha256_file(Path(folder) / rel) for rel in list_files(folder)}
+
+
+def changed_files(folder: Path, recorded: dict[str, str]) -> list[str]:
+    """The files the marker lists whose bytes differ from the recorded sha256 (absent ones aside)."""
+    folder = Path(folder)
+    return [rel for rel, sha in recorded.items() if (folder / rel).is_file() and sha256_file(folder / rel) != sha]
+
+
+def refuse_changed(folder: Path, command: str, recorded: dict[str, str]) -> None:
+    changed = changed_files(folder, recorded)
+    if changed:
+        raise FbtError(
+            f"{Path(folder) / changed[0]}: changed since fbt-probe {command} wrote it (its sha256 differs from the "
+            f"one in {Path(folder) / MARKER}); refusing to replace it, even with --force (move it away, then run again)"
+        )
 
 
 def write_marker(folder: Path, command: str, files: dict[str, str] | None = None) -> dict:
@@ -73,20 +92,6 @@ def is_marked(folder: Path, command: str) -> bool:
     return record is not None and record["command"] == command
 
 
-def sort_files(folder: Path, recorded: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
-    """(ours, changed, foreign) among the files now under `folder`: listed with the recorded hash,
-    listed with another hash, not listed."""
-    ours, changed, foreign = [], [], []
-    for rel, sha in files_of(folder).items():
-        if rel not in recorded:
-            foreign.append(rel)
-        elif recorded[rel] == sha:
-            ours.append(rel)
-        else:
-            changed.append(rel)
-    return ours, changed, foreign
-
-
 def check_replaceable(folder: Path, command: str, kind: str = "") -> list[str]:
     """Refuse `folder` unless its marker names `command` and none of the files it lists changed;
     returns the files to keep (those the marker does not list)."""
@@ -103,13 +108,8 @@ def check_replaceable(folder: Path, command: str, kind: str = "") -> list[str]:
             f"{folder}: exists and is not {what} ({why}); "
             "refusing to replace it, even with --force (choose another output path, or move it away yourself)"
         )
-    _, changed, foreign = sort_files(folder, record["files"])
-    if changed:
-        raise FbtError(
-            f"{folder / changed[0]}: changed since fbt-probe {command} wrote it (its sha256 differs from the one "
-            f"in {folder / MARKER}); refusing to replace it, even with --force (move it away, then run again)"
-        )
-    return foreign
+    refuse_changed(folder, command, record["files"])
+    return [rel for rel in list_files(folder) if rel not in record["files"]]
 
 
 def refuse_unowned(path: Path, command: str, force: bool = False, kind: str = "") -> list[str] | None:
@@ -147,17 +147,24 @@ def output_dir(path: str | Path, command: str, force: bool = False, kind: str = 
                 f"{path / clash[0]}: not written by fbt-probe {command} (absent from {path / MARKER}) and the new "
                 "output writes a file of that name; refusing to replace it (move it away, then run again)"
             )
-        old = None
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-            os.replace(path, old / "x")
-        os.replace(tmp, path)
-        if old is not None:
-            carry(old / "x", path, keep)
-            shutil.rmtree(old)
+        swap_keeping(tmp, path, keep)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+def swap_keeping(tmp: Path, path: Path, keep: list[str]) -> None:
+    """Put the finished folder `tmp` at `path`; an old `path` is moved aside first, the files `keep`
+    are moved from it into the new folder, and the rest of it is deleted."""
+    path = Path(path)
+    old = None
+    if path.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+        os.replace(path, old / "x")
+    os.replace(tmp, path)
+    if old is not None:
+        carry(old / "x", path, keep)
+        shutil.rmtree(old)
 
 
 def carry(old: Path, new: Path, keep: list[str]) -> None:

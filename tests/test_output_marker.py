@@ -4,6 +4,7 @@ folder, carries the files the marker does not list into the new output, and refu
 whose bytes changed; a folder that merely holds our file names is refused in one line, untouched."""
 
 import json
+import shutil
 
 import pytest
 from typer.testing import CliRunner
@@ -127,3 +128,25 @@ def test_sae_analyze_force_refuses_a_folder_with_our_file_names(workdir, tmp_pat
     )
     one_line_error(res, f"error: {out}: exists and is not an SAE analysis folder written by fbt-probe sae analyze")
     assert tree(out) == {"analysis.json": b"{}"}
+
+
+def test_extract_force_keeps_the_files_it_did_not_write_and_refuses_a_lookalike(workdir, tmp_path):  # noqa: F811
+    out = tmp_path / "acts"
+    args = ["extract", str(workdir / "run"), str(workdir / "data"), "--modes", "standard", "--out", str(out)]
+    assert runner.invoke(app, args).exit_code == 0
+    assert sorted(read_marker(out)["files"]) == ["manifest.json", "plan.json", "samples.parquet"]
+    write(out, "notes.txt", "mine")
+    write(out, "shards/standard/mine.csv", "mine too")
+    res = runner.invoke(app, [*args, "--force"])
+    assert res.exit_code == 0, res.output
+    assert (out / "notes.txt").read_text() == "mine" and (out / "shards/standard/mine.csv").read_text() == "mine too"
+    # a user's folder with our file names: a plan and manifest of our format, no marker
+    fake = tmp_path / "fake"
+    shutil.copytree(out, fake)
+    (fake / MARKER).unlink()
+    before = tree(fake)
+    res = runner.invoke(app, [*args[:-1], str(fake), "--force"])
+    one_line_error(
+        res, f"error: {fake}: exists and is not an activation folder (no {MARKER} marker of fbt-probe extract"
+    )
+    assert tree(fake) == before
