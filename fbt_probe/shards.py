@@ -90,9 +90,8 @@ def check_out_dir(out_dir: Path, plan: dict, force: bool) -> str:
         return "fresh"
     if not out_dir.is_dir() or not is_activation_folder(out_dir):
         raise FbtError(
-            f"{out_dir}: exists and is not an activation folder (no {MARKER} marker of fbt-probe extract with a plan "
-            "of our format); refusing to write into or replace it, "
-            f"even with --force (choose another --out)"
+            f"{out_dir}: exists and is not an activation folder; refusing to write into or replace it, even with "
+            f"--force (it has no {MARKER} marker of fbt-probe extract with a plan of our format; choose another --out)"
         )
     if force:
         return "replace"

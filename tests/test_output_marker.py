@@ -147,6 +147,29 @@ def test_extract_force_keeps_the_files_it_did_not_write_and_refuses_a_lookalike(
     before = tree(fake)
     res = runner.invoke(app, [*args[:-1], str(fake), "--force"])
     one_line_error(
-        res, f"error: {fake}: exists and is not an activation folder (no {MARKER} marker of fbt-probe extract"
+        res,
+        f"error: {fake}: exists and is not an activation folder; refusing to write into or replace it, even with "
+        f"--force (it has no {MARKER} marker of fbt-probe extract",
     )
+    assert tree(fake) == before
+
+
+def test_train_force_keeps_the_files_it_did_not_write_and_refuses_a_lookalike(tmp_path):
+    out = tmp_path / "run"
+    args = ["train", "--out", str(out), "--steps", "1", "--tasks", "completion", "--tokens-per-step", "200"]
+    args += ["--warmup", "1"]
+    assert runner.invoke(app, args).exit_code == 0
+    assert read_marker(out)["command"] == "train"
+    write(out, "mynotes.txt", "mine")
+    write(out, "mysub/a.csv", "1,2")
+    res = runner.invoke(app, [*args, "--force", "--seed", "1"])
+    assert res.exit_code == 0, res.output
+    assert (out / "mynotes.txt").read_text() == "mine" and (out / "mysub" / "a.csv").read_text() == "1,2"
+    assert '"seed": 1' in (out / "config.json").read_text()
+    fake = tmp_path / "fake"
+    shutil.copytree(out, fake)
+    (fake / MARKER).unlink()
+    before = tree(fake)
+    res = runner.invoke(app, [*args[:2], str(fake), *args[3:], "--force"])
+    one_line_error(res, f"error: {fake}: exists and is not a training run folder written by fbt-probe train")
     assert tree(fake) == before
