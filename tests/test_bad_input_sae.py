@@ -10,6 +10,7 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from fbt_probe.cli import app
+from fbt_probe.errors import FbtError
 from fbt_probe.formats.checkpoint import save_checkpoint
 from fbt_probe.marker import MARKER
 from tests.helpers import make_model
@@ -220,3 +221,14 @@ def test_sae_analyze_refuses_bad_options(trained, workdir, tmp_path, args, line)
     )
     one_line_error(res, line)
     assert not out.exists()
+
+
+def test_a_diverged_sae_is_not_saved(tmp_path):
+    from fbt_probe.sae import SAEConfig, SparseAutoencoder
+
+    sae = SparseAutoencoder(SAEConfig(d_in=4, d_sae=8, k=2))
+    with torch.no_grad():
+        sae.b_dec[1] = float("inf")
+    with pytest.raises(FbtError, match=rf"^{tmp_path / 's'}: the SAE's tensor 'b_dec' holds non-finite values"):
+        sae.save(tmp_path / "s")
+    assert not (tmp_path / "s").exists()

@@ -137,6 +137,12 @@ class SparseAutoencoder(nn.Module):
         """Write cfg.json + sae_weights.safetensors into `folder` (built in a temporary sibling, marked
         as `sae train`'s output; `force` replaces only such a folder, keeping files it did not write)."""
         folder = Path(folder)
+        bad = [n for n, t in self.state_dict().items() if not bool(torch.isfinite(t).all())]
+        if bad:  # refused before the folder is touched: a diverged SAE is no output
+            raise FbtError(
+                f"{folder}: the SAE's tensor '{bad[0]}' holds non-finite values (training diverged); "
+                "nothing written (lower --lr)"
+            )
         with output_dir(folder, COMMAND, force=force, kind=KIND) as tmp:
             tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
             save_file(tensors, str(tmp / WEIGHTS_FILE))
