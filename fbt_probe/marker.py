@@ -172,3 +172,43 @@ def carry(old: Path, new: Path, keep: list[str]) -> None:
     for rel in keep:
         (Path(new) / rel).parent.mkdir(parents=True, exist_ok=True)
         os.replace(Path(old) / rel, Path(new) / rel)
+
+
+NAMED = "named outputs"  # the marker of a folder that commands write named files into (figures, tables)
+
+
+def refuse_named(paths: list[Path], force: bool = False) -> list[Path]:
+    """Check named output files before any work: without `force` an existing one is refused; with it,
+    only a file its folder's marker lists with the same sha256 (one fbt-probe wrote, unchanged since)
+    may be replaced. Returns the files that will be replaced."""
+    replacing = []
+    for p in map(Path, paths):
+        if not p.exists():
+            continue
+        if not force:
+            raise FbtError(f"{p}: already exists; refusing to overwrite (pass --force to replace it)")
+        record = read_marker(p.parent)
+        recorded = (record or {}).get("files", {}).get(p.name)
+        if recorded is None or not p.is_file():
+            raise FbtError(
+                f"{p}: exists and was not written by fbt-probe (absent from {p.parent / MARKER}); refusing to replace "
+                "it, even with --force (choose another --out, or move it away yourself)"
+            )
+        if sha256_file(p) != recorded:
+            raise FbtError(
+                f"{p}: changed since fbt-probe wrote it (its sha256 differs from the one in {p.parent / MARKER}); "
+                "refusing to replace it, even with --force (move it away, then run again)"
+            )
+        replacing.append(p)
+    return replacing
+
+
+def mark_named(paths: list[Path]) -> None:
+    """Record the named files just written in their folder's marker (the folder keeps its own
+    command where another command marked it)."""
+    by_folder: dict[Path, list[Path]] = {}
+    for p in map(Path, paths):
+        by_folder.setdefault(p.parent, []).append(p)
+    for folder, files in by_folder.items():
+        record = read_marker(folder) or {"command": NAMED, "files": {}}
+        write_marker(folder, record["command"], files={**record["files"], **{p.name: sha256_file(p) for p in files}})

@@ -173,3 +173,42 @@ def test_train_force_keeps_the_files_it_did_not_write_and_refuses_a_lookalike(tm
     res = runner.invoke(app, [*args[:2], str(fake), *args[3:], "--force"])
     one_line_error(res, f"error: {fake}: exists and is not a training run folder written by fbt-probe train")
     assert tree(fake) == before
+
+
+@pytest.fixture(scope="module")
+def run1(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run1") / "run"
+    args = ["train", "--out", str(out), "--steps", "1", "--tasks", "completion", "--tokens-per-step", "200"]
+    assert runner.invoke(app, [*args, "--warmup", "1"]).exit_code == 0
+    return out
+
+
+def test_eval_tables_are_named_outputs_replaced_only_as_written(run1, tmp_path):
+    out = tmp_path / "eval"
+    args = ["eval", str(run1), "--pairs", "2", "--out", str(out)]
+    assert runner.invoke(app, args).exit_code == 0
+    record = read_marker(out)
+    assert record["command"] == "named outputs"
+    assert sorted(record["files"]) == ["accuracy.csv", "accuracy.json", "accuracy.parquet"]
+    write(out, "notes.txt", "mine")
+    assert runner.invoke(app, [*args, "--force"]).exit_code == 0  # its own files, unchanged: replaced
+    assert (out / "notes.txt").read_text() == "mine"
+    write(out, "accuracy.csv", "edited by hand")
+    before = tree(out)
+    one_line_error(
+        runner.invoke(app, [*args, "--force"]), f"error: {out / 'accuracy.csv'}: changed since fbt-probe wrote it"
+    )
+    assert tree(out) == before
+    user = tmp_path / "user"
+    write(user, "accuracy.parquet", "mine")
+    res = runner.invoke(app, ["eval", str(run1), "--pairs", "2", "--out", str(user), "--force"])
+    one_line_error(res, f"error: {user / 'accuracy.parquet'}: exists and was not written by fbt-probe (absent from")
+    assert tree(user) == {"accuracy.parquet": b"mine"}
+
+
+def test_figures_force_refuses_a_users_file_of_the_figures_name(tmp_path):
+    out = tmp_path / "figs"
+    write(out, "fig7a.png", "my picture")
+    res = runner.invoke(app, ["figures", "fig7a", str(tmp_path / "no-results"), "--out", str(out), "--force"])
+    one_line_error(res, f"error: {out / 'fig7a.png'}: exists and was not written by fbt-probe")
+    assert tree(out) == {"fig7a.png": b"my picture"}

@@ -14,7 +14,8 @@ from fbt_probe.errors import FbtError
 from fbt_probe.figures import save_figure
 from fbt_probe.figures.contraction import fig3
 from fbt_probe.formats.checkpoint import checkpoint_hash
-from fbt_probe.io import atomic_path, refuse_existing, write_json
+from fbt_probe.io import atomic_path, write_json
+from fbt_probe.marker import mark_named, refuse_named
 from fbt_probe.provenance import provenance
 from fbt_probe.reference import is_reference
 from fbt_probe.tasks import load_spec, load_tokenizer
@@ -398,20 +399,21 @@ def contraction_cmd(
     table = pd.concat(tables, ignore_index=True)
     dest = out or runs[0] / "diagnostics"
     cfgs = [c for _, _, c in loaded]
+    refuse_named([dest / f"contraction.{s}" for s in ("parquet", "csv", "json", "png", "svg")], force)
     if len(runs) == 1:
         _write_table(table, dest / "contraction", folders[0], cfgs[0], force)
     else:
         _write_table(table, dest / "contraction", folders, cfgs, force)
     depths = {run.name: c.schedule_obj.max_passes for run, c in zip(runs, cfgs)}  # a dotted line per trained depth
-    save_figure(fig3(table, trained_passes=depths), dest, "contraction", force)
+    save_figure(fig3(table, trained_passes=depths), dest, "contraction", force, mark=True)
     typer.echo(table[["run", "pass", "val_loss", "answer_accuracy", "state_change"]].round(4).to_string(index=False))
     typer.echo(f"wrote {dest}/contraction.{{parquet,csv,json,png,svg}}")
 
 
 def _write_table(df, stem: Path, run: Path, cfg, force: bool, extra: dict | None = None) -> None:
 
-    for suffix in (".parquet", ".csv", ".json"):
-        refuse_existing(stem.with_suffix(suffix), force)
+    paths = [stem.with_suffix(suffix) for suffix in (".parquet", ".csv", ".json")]
+    refuse_named(paths, force)
     with atomic_path(stem.with_suffix(".parquet")) as tmp:
         df.to_parquet(tmp, index=False)
     with atomic_path(stem.with_suffix(".csv")) as tmp:
@@ -431,3 +433,4 @@ def _write_table(df, stem: Path, run: Path, cfg, force: bool, extra: dict | None
             "seed": cfg.seed,
         }
     write_json(stem.with_suffix(".json"), provenance(**fields, **(extra or {})))
+    mark_named(paths)
