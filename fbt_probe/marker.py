@@ -31,19 +31,27 @@ def is_temporary(rel: str) -> bool:
 
 
 def list_files(folder: Path) -> list[str]:
-    """Relative paths (posix) of every regular file under `folder`, the marker and hidden temporaries aside."""
+    """Relative paths (posix) of every file, symbolic link and empty folder under `folder` (what a
+    replacement must either own or carry over), the marker and hidden temporaries aside."""
     folder = Path(folder)
     out = []
     for f in sorted(folder.rglob("*")):
         rel = f.relative_to(folder).as_posix()
-        if f.is_file() and not f.is_symlink() and rel != MARKER and not is_temporary(rel):
+        if rel == MARKER or is_temporary(rel):
+            continue
+        if f.is_symlink() or f.is_file() or (f.is_dir() and not any(f.iterdir())):
             out.append(rel)
     return out
 
 
 def files_of(folder: Path) -> dict[str, str]:
-    """Relative path (posix) -> sha256 of every file `list_files` lists."""
-    return {rel: sha256_file(Path(folder) / rel) for rel in list_files(folder)}
+    """Relative path (posix) -> sha256 of every regular file `list_files` lists."""
+    folder = Path(folder)
+    return {
+        rel: sha256_file(folder / rel)
+        for rel in list_files(folder)
+        if (folder / rel).is_file() and not (folder / rel).is_symlink()
+    }
 
 
 def changed_files(folder: Path, recorded: dict[str, str]) -> list[str]:
@@ -141,7 +149,11 @@ def output_dir(path: str | Path, command: str, force: bool = False, kind: str = 
         with disk_full(path.parent, tmp):
             yield tmp
             write_marker(tmp, command)
-        clash = [rel for rel in keep if (tmp / rel).exists() or (tmp / rel).is_symlink()]
+        clash = [
+            rel
+            for rel in keep
+            if ((tmp / rel).exists() or (tmp / rel).is_symlink()) and not _merges(path / rel, tmp / rel)
+        ]
         if clash:
             raise FbtError(
                 f"{path / clash[0]}: not written by fbt-probe {command} (absent from {path / MARKER}) and the new "
@@ -168,10 +180,18 @@ def swap_keeping(tmp: Path, path: Path, keep: list[str]) -> None:
 
 
 def carry(old: Path, new: Path, keep: list[str]) -> None:
-    """Move the files `keep` (relative paths) from `old` into `new`."""
+    """Move the files `keep` (relative paths) from `old` into `new` (an empty folder that the new
+    output has too needs no move)."""
     for rel in keep:
-        (Path(new) / rel).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(Path(old) / rel, Path(new) / rel)
+        src, dst = Path(old) / rel, Path(new) / rel
+        if _merges(src, dst):
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dst)
+
+
+def _merges(src: Path, dst: Path) -> bool:
+    return src.is_dir() and not src.is_symlink() and dst.is_dir()
 
 
 NAMED = "named outputs"  # the marker of a folder that commands write named files into (figures, tables)

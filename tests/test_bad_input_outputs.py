@@ -250,3 +250,13 @@ def test_a_second_study_on_the_same_out_is_refused_while_the_first_runs(tmp_path
     assert sorted(p.name for p in out.iterdir()) == [".fbt-output.json", ".fbt-study.lock"]  # nothing mixed in
     first.close()
     assert other() == ""  # the lock went with the first study
+
+
+def test_a_redone_stage_keeps_a_users_empty_folder_and_link(tmp_path):
+    out = tmp_path / "study"
+    target = out / "data"
+    Runner(out, echo=lambda _: None).run(Stage("data", {"v": 1}, [target], write_stage(target, "old")))
+    (target / "empty").mkdir()
+    (target / "link").symlink_to("t.txt")
+    Runner(out, echo=lambda _: None).run(Stage("data", {"v": 2}, [target], write_stage(target, "new")))
+    assert (target / "empty").is_dir() and (target / "link").is_symlink() and (target / "link").read_text() == "new"

@@ -35,13 +35,17 @@ def test_output_dir_marks_replaces_its_own_files_and_keeps_the_rest(tmp_path):
     assert record["command"] == "lens" and sorted(record["files"]) == ["a.csv", "figures/f.png"]
     write(out, "notes.txt", "mine")
     write(out, "figures/mine.png", "mine too")
+    (out / "empty").mkdir()
+    (out / "link").symlink_to("notes.txt")
     with output_dir(out, "lens", force=True) as tmp:
         write(tmp, "b.csv", "2")
+    assert (out / "empty").is_dir() and (out / "link").is_symlink() and (out / "link").read_text() == "mine"
     assert tree(out) == {
         MARKER: (out / MARKER).read_bytes(),
         "b.csv": b"2",
         "notes.txt": b"mine",
         "figures/mine.png": b"mine too",
+        "link": b"mine",
     }
     assert sorted(read_marker(out)["files"]) == ["b.csv"]  # the kept files stay the user's
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -36,7 +36,7 @@ from typing import Callable, Iterator
 
 from fbt_probe.errors import FbtError
 from fbt_probe.io import is_empty_dir, read_json, sha256_file, write_json
-from fbt_probe.marker import MARKER, files_of, is_marked, read_marker, write_marker
+from fbt_probe.marker import MARKER, carry, files_of, is_marked, list_files, read_marker, write_marker
 
 STATE = "stages.json"
 COMMAND = "reproduce"  # the study folder's marker
@@ -182,12 +182,12 @@ class Runner:
         earlier = set(rec.get("keep") or []) if rec.get("status") == "running" else None
         keep = []
         for p in stage.outputs:
-            found = {p.name: sha256_file(p)} if p.is_file() else files_of(p) if p.is_dir() else {}
+            found = [p.name] if p.is_file() else list_files(p) if p.is_dir() else []
             base = p if p.is_dir() else p.parent
-            for sub, sha in found.items():
+            for sub in found:
                 rel = (base / sub).relative_to(self.out).as_posix()
                 if rel in self.files:
-                    if self.files[rel] != sha:
+                    if sha256_file(base / sub) != self.files[rel]:
                         raise FbtError(
                             f"{self.out / rel}: changed since fbt-probe reproduce wrote it (its sha256 differs from "
                             f"the one in {self.out / MARKER}); refusing to redo stage {stage.name} over it "
@@ -204,7 +204,9 @@ class Runner:
 
     def _finish(self, stage: Stage, key: str, aside: Path | None, t0: float) -> None:
         keep = self.state.get(stage.name, {}).get("keep") or []
-        clash = [rel for rel in keep if (self.out / rel).exists() and aside is not None]
+        clash = [
+            rel for rel in keep if (self.out / rel).exists() and aside is not None and not (self.out / rel).is_dir()
+        ]
         if clash:
             self._put_back(stage, aside)
             raise FbtError(
@@ -227,11 +229,8 @@ class Runner:
     def _carry(self, stage: Stage, aside: Path, keep: list[str]) -> None:
         """Move the kept files from the old outputs (aside) into the new ones."""
         for i, p in enumerate(stage.outputs):
-            for rel in keep:
-                sub = (self.out / rel).relative_to(p) if (self.out / rel).is_relative_to(p) else None
-                if sub is not None and (aside / str(i) / sub).exists():
-                    (p / sub).parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(aside / str(i) / sub, p / sub)
+            subs = [(self.out / rel).relative_to(p) for rel in keep if (self.out / rel).is_relative_to(p)]
+            carry(aside / str(i), p, [sub for sub in subs if (aside / str(i) / sub).exists()])
 
     def _record_files(self, stage: Stage, keep: set[str]) -> None:
         """The marker lists the stage's new outputs (their sha256), not the files it kept."""
