@@ -13,7 +13,8 @@ sha256 beside it (`<shard>.sha256`, written before the shard is renamed into pla
 `manifest.json` (written last, with every shard's sha256). A folder with a plan but no manifest is
 an interrupted extraction: calling `extract` again with the same inputs continues it, after checking
 every finished shard against its recorded sha256. With `force`, an existing activation folder (and
-only that) is replaced: the new one is extracted in a temporary sibling and swapped in when done.
+only that: its `.fbt-output.json` marker names extract) is replaced: the new one is extracted in a
+temporary sibling and swapped in when done, and the files extract did not write are carried into it.
 
 What a mode's shards hold depends on the architecture (`ARCH_TARGETS`): a latent-feedback model
 keeps depth.0..L per mode; a Hidden Decoding model has one mode, `standard`, holding the final
@@ -46,8 +47,9 @@ from fbt_probe.formats.nanochat.config import ARCH as NANOCHAT_ARCH
 from fbt_probe.hidden.config import ARCH as HIDDEN_ARCH
 from fbt_probe.hidden.streams import stream_depth, stream_position
 from fbt_probe.hooks import depth_name
-from fbt_probe.io import atomic_path, read_json, swap_in, temp_sibling, write_json
+from fbt_probe.io import atomic_path, read_json, temp_sibling, write_json
 from fbt_probe.loading import check_compatible, load_data, open_model
+from fbt_probe.marker import swap_keeping
 from fbt_probe.model.transformer import FeedbackTransformer
 from fbt_probe.modes import Mode, check_distinct, parse_mode
 from fbt_probe.progress import bar
@@ -55,6 +57,8 @@ from fbt_probe.provenance import provenance
 from fbt_probe.shards import (
     FORMAT,
     check_out_dir,
+    foreign_files,
+    mark,
     read_shard,
     record_sha256,
     verify_finished,
@@ -358,21 +362,24 @@ def extract(
         **extra,
     }
     # rank 0 alone looks at and prepares the folder; the others wait for its answer (or its error)
-    action, work = distributed.on_main(lambda: _prepare(model, df, plan, targets, out_dir, force, dtype))
+    action, work, keep = distributed.on_main(lambda: _prepare(model, df, plan, targets, out_dir, force, dtype))
     try:
         _run_plan(model, df, plan, targets, work, batch_size, dtype, progress, on_shard, lm.hash, data_hash)
         if action == "replace":  # a forced run over an earlier extraction: built beside it, swapped in when done
-            distributed.on_main(lambda: swap_in(work, out_dir))
+            distributed.on_main(lambda: swap_keeping(work, out_dir, keep))
     finally:
         if action == "replace" and distributed.world().main and work.exists():
             shutil.rmtree(work)
     return ActivationStore(out_dir)
 
 
-def _prepare(model, df, plan: dict, targets: dict, out_dir: Path, force: bool, dtype: str) -> tuple[str, Path]:
-    """(action, folder to write into): checks `out_dir`, runs the preflight, and for a fresh or
-    replacing run writes samples.parquet and plan.json first."""
+def _prepare(
+    model, df, plan: dict, targets: dict, out_dir: Path, force: bool, dtype: str
+) -> tuple[str, Path, list[str]]:
+    """(action, folder to write into, files a replaced folder keeps): checks `out_dir`, runs the
+    preflight, and for a fresh or replacing run writes samples.parquet, plan.json and the marker first."""
     action = check_out_dir(out_dir, plan, force)
+    keep = foreign_files(out_dir) if action == "replace" else []
     _preflight(model, df, plan["modes"], targets, DTYPES[dtype])  # before anything is written or removed
     work = temp_sibling(out_dir) if action == "replace" else out_dir
     if action == "resume":
@@ -384,7 +391,8 @@ def _prepare(model, df, plan: dict, targets: dict, out_dir: Path, force: bool, d
         with atomic_path(work / "samples.parquet") as tmp:
             samples.to_parquet(tmp, index=False)
         write_json(work / "plan.json", plan)
-    return action, work
+        mark(work, ("samples.parquet", "plan.json"))
+    return action, work, keep
 
 
 def _drop_temporaries(out_dir: Path) -> None:
@@ -542,6 +550,7 @@ def _write_manifest(
     }
     manifest["provenance"] = provenance(model_hash=model_hash, dataset_hash=data_hash)
     write_json(out_dir / "manifest.json", manifest)
+    mark(out_dir, ("samples.parquet", "plan.json", "manifest.json"))
 
 
 # ----------------------------------------------------------------------------- reading

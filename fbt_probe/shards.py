@@ -16,8 +16,10 @@ import torch
 
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json, sha256_file
+from fbt_probe.marker import MARKER, is_marked, list_files, read_marker, refuse_changed, write_marker
 
 FORMAT = "fbt-probe.activations/1"
+COMMAND = "extract"  # the output marker's command
 
 
 def sidecar(path: Path) -> Path:
@@ -66,7 +68,10 @@ def verify_shards(folder: Path, shards: list[dict]) -> None:
 
 
 def is_activation_folder(path: Path) -> bool:
-    """A folder written by `extract` (finished or not): its plan or manifest has our format."""
+    """A folder written by `extract` (finished or not): its marker names the command and its plan or
+    manifest has our format (file names alone are anyone's)."""
+    if not is_marked(path, COMMAND):
+        return False
     for name in ("manifest.json", "plan.json"):
         f = Path(path) / name
         if f.is_file():
@@ -85,8 +90,8 @@ def check_out_dir(out_dir: Path, plan: dict, force: bool) -> str:
         return "fresh"
     if not out_dir.is_dir() or not is_activation_folder(out_dir):
         raise FbtError(
-            f"{out_dir}: exists and is not an activation folder; refusing to write into or replace it, "
-            f"even with --force (choose another --out)"
+            f"{out_dir}: exists and is not an activation folder; refusing to write into or replace it, even with "
+            f"--force (it has no {MARKER} marker of fbt-probe extract with a plan of our format; choose another --out)"
         )
     if force:
         return "replace"
@@ -101,6 +106,25 @@ def check_out_dir(out_dir: Path, plan: dict, force: bool) -> str:
             f"{out_dir}: holds an unfinished extraction with a different {', '.join(diff)}; pass --force to start over"
         )
     return "resume"
+
+
+def mark(out_dir: Path, names: tuple[str, ...]) -> None:
+    """The folder's marker: the named small files with their sha256 (each shard's is in the plan's
+    sidecars and the manifest, and is not hashed twice)."""
+    write_marker(out_dir, COMMAND, files={n: sha256_file(out_dir / n) for n in names if (out_dir / n).is_file()})
+
+
+def foreign_files(out_dir: Path) -> list[str]:
+    """The files of activation folder `out_dir` that extract did not write (kept by a forced rerun):
+    neither listed in its marker nor a shard (or sidecar) of its plan. A listed file whose bytes
+    changed is refused."""
+    record = read_marker(out_dir)
+    refuse_changed(out_dir, COMMAND, record["files"])
+    plan = read_json(out_dir / ("manifest.json" if (out_dir / "manifest.json").is_file() else "plan.json"))
+    shards = {s["file"] for s in plan.get("shards", []) if isinstance(s, dict) and isinstance(s.get("file"), str)}
+    own = set(record["files"]) | {"manifest.json", "plan.json", "samples.parquet"} | shards
+    own |= {f + ".sha256" for f in shards}
+    return [rel for rel in list_files(out_dir) if rel not in own]
 
 
 def read_shard(path: Path, expect_sha: str | None = None) -> dict[str, torch.Tensor]:

@@ -121,11 +121,14 @@ def test_a_damaged_train_state_is_refused_by_name(finished, tmp_path, state, nam
 
 
 def stopped_before_first_checkpoint(folder):
-    """What a run killed before its first checkpoint leaves: the tokenizer, a log line, a temp file."""
+    """What a run killed before its first checkpoint leaves: the tokenizer and the output marker, a
+    log line, a temp file."""
+    from fbt_probe.marker import write_marker
     from fbt_probe.tasks import build_tokenizer, save_tokenizer
 
     folder.mkdir(parents=True)
     save_tokenizer(build_tokenizer(), folder / "tokenizer.json")
+    write_marker(folder, "train")
     (folder / "metrics.jsonl").write_text('{"step": 1}\n')
     (folder / ".model.safetensors.abc123.tmp").write_bytes(b"\0" * 10)
     return folder

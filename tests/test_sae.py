@@ -186,7 +186,7 @@ def test_sae_cli_refuses_bad_input(tmp_path):
         app,
         ["sae", "train", "ref:tiny-feedback", str(tmp_path), "--out", str(tmp_path / "o"), "--architecture", "gated"],
     )
-    assert res.exit_code != 0 and "architecture 'gated'" in res.output and not (tmp_path / "o").exists()
+    assert res.exit_code != 0 and "--architecture gated" in res.output and not (tmp_path / "o").exists()
 
 
 def test_sae_swap_figure(setup):

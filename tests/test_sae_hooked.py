@@ -269,7 +269,7 @@ def test_loads_a_folder_in_saelens_layout(tmp_path, arch, rescale):
     "change, message",
     [
         ({"reshape_activations": "hook_z"}, "reshape_activations 'hook_z'"),
-        ({"dtype": "int8"}, "dtype 'int8'"),
+        ({"dtype": "int8"}, "'dtype' 'int8'"),
         ({"architecture": "topk"}, "field 'k' missing"),
         ({"architecture": "standard"}, "architecture 'standard'"),
     ],

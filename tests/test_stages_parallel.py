@@ -83,7 +83,7 @@ def test_a_failure_in_a_worker_is_raised_and_puts_the_old_outputs_back(tmp_path)
     with pytest.raises(FbtError, match="stage b: the input is bad"):
         r.run_all(broken, jobs=2)
     assert (out / "b").read_text() == "ab"  # the old output, not the half-written one
-    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+    assert [p.name for p in out.iterdir() if p.name.endswith((".old", ".tmp"))] == []
     state = json.loads((out / "stages.json").read_text())
     assert state["b"]["status"] == "running" and state["d"]["status"] == "done"  # d never started
     assert "d" not in r.ran
@@ -121,4 +121,4 @@ def test_an_interruption_stops_the_workers_and_puts_back_what_was_running(tmp_pa
         Runner(out, echo=interrupt_after_fast).run_all(second, jobs=2)
     assert not (out / "slow.late").exists()  # the sleeping worker was stopped, not waited for
     assert (out / "slow").read_text() == "old" and (out / "fast").read_text() == "new"
-    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+    assert [p.name for p in out.iterdir() if p.name.endswith((".old", ".tmp"))] == []

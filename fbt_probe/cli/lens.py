@@ -9,9 +9,9 @@ import typer
 
 from fbt_probe.cli.options import DeviceOption, NBootOption
 from fbt_probe.cli.patch import _ints
-from fbt_probe.io import refuse_existing
-from fbt_probe.lens.sweep import LENS_KIND, LensConfig, is_lens_folder, run_lens, write_lens
+from fbt_probe.lens.sweep import COMMAND, LENS_KIND, LensConfig, run_lens, write_lens
 from fbt_probe.loading import open_pairs
+from fbt_probe.marker import refuse_unowned
 from fbt_probe.modes import parse_modes
 
 
@@ -71,7 +71,7 @@ def lens(
         n_boot=n_boot,
         seed=seed,
     )
-    replacing = refuse_existing(out, force, own=is_lens_folder, kind=LENS_KIND)  # before loading anything
+    keep = refuse_unowned(out, COMMAND, force, LENS_KIND)  # before loading anything
     lm, df = open_pairs(
         run,
         dataset,
@@ -94,8 +94,9 @@ def lens(
         typer.echo(
             f"tuned lens: KL {res.training['kl'].iloc[0]:.4f} -> {res.training['kl'].iloc[-1]:.4f} nats over {len(res.training)} steps"
         )
-    if replacing:
-        typer.echo(f"replaced the earlier lens results in {out}")
+    if keep is not None:
+        kept = f" (kept {len(keep)} file(s) it had not written: {', '.join(keep[:3])})" if keep else ""
+        typer.echo(f"replaced the earlier lens results in {out}{kept}")
     typer.echo(f"wrote {out}")
 
 

@@ -15,9 +15,9 @@ from fbt_probe.interventions import run as run_patch
 from fbt_probe.interventions.combined import run_several
 from fbt_probe.interventions.methods_report import report_lines
 from fbt_probe.interventions.registry import EXPERIMENTS, options_for
-from fbt_probe.interventions.runner import RESULTS_KIND, is_results_folder
-from fbt_probe.io import refuse_existing
+from fbt_probe.interventions.runner import COMMAND, RESULTS_KIND
 from fbt_probe.loading import open_pairs
+from fbt_probe.marker import refuse_unowned
 from fbt_probe.modes import parse_modes
 
 
@@ -171,7 +171,7 @@ def patch(
     replacing = [
         out / c.experiment
         for c in cfgs  # before loading anything
-        if refuse_existing(out / c.experiment, force, own=is_results_folder, kind=RESULTS_KIND)
+        if refuse_unowned(out / c.experiment, COMMAND, force, RESULTS_KIND) is not None
     ]
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
 

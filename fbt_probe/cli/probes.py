@@ -15,6 +15,7 @@ from fbt_probe.distributed import world
 from fbt_probe.errors import FbtError
 from fbt_probe.figures import FIGURES, draw, get_figure, save_figure
 from fbt_probe.io import refuse_existing
+from fbt_probe.marker import refuse_named
 from fbt_probe.probes import ProbeConfig, probe_sweep, write_results
 from fbt_probe.probes.sweep import CSV_FILE, PROVENANCE_FILE, SUMMARY_FILE, TABLE_FILE
 from fbt_probe.shards import is_activation_folder
@@ -224,8 +225,9 @@ def figures(
         options[key.strip()] = value
     if baseline is not None:
         options["baseline"] = baseline
+    refuse_named([out / f"{name}.{fmt}" for fmt in ("png", "svg")], force)  # before the table is read
     fig = draw(name, results, **options)
-    paths = save_figure(fig, out, name, force=force)
+    paths = save_figure(fig, out, name, force=force, mark=True)
     typer.echo("wrote " + ", ".join(str(p) for p in paths))
 
 

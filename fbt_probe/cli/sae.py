@@ -10,14 +10,19 @@ import typer
 from fbt_probe.cli.options import DeviceOption, NBootOption
 from fbt_probe.cli.patch import _ints
 from fbt_probe.errors import FbtError
-from fbt_probe.io import refuse_existing
 from fbt_probe.loading import load_data, open_model, open_pairs
+from fbt_probe.marker import refuse_unowned
 from fbt_probe.modes import parse_mode, parse_modes
+from fbt_probe.provenance import provenance
+from fbt_probe.sae.analyze import COMMAND as ANALYZE_COMMAND
+from fbt_probe.sae.analyze import KIND as ANALYZE_KIND
 from fbt_probe.sae.analyze import analyze as run_analysis
-from fbt_probe.sae.analyze import is_analysis_folder, sparsity_sentence
+from fbt_probe.sae.analyze import sparsity_sentence
 from fbt_probe.sae.data import collect, saelens_metadata
 from fbt_probe.sae.metrics import reconstruction
-from fbt_probe.sae.model import CFG_FILE, WEIGHTS_FILE, SparseAutoencoder, is_sae_folder
+from fbt_probe.sae.model import COMMAND as TRAIN_COMMAND
+from fbt_probe.sae.model import KIND as SAE_KIND
+from fbt_probe.sae.model import SparseAutoencoder
 from fbt_probe.sae.train import SAETrainConfig, train_sae
 
 app = typer.Typer(
@@ -80,12 +85,21 @@ def train(
         l0_coeff=l0_coeff,
     )
     cfg.check()
-    refuse_existing(out, force, own=is_sae_folder, kind=f"an SAE folder ({CFG_FILE} + {WEIGHTS_FILE})")
+    keep = refuse_unowned(out, TRAIN_COMMAND, force, SAE_KIND)
     df = load_data(dataset, _tasks(tasks), pairs=False, command="sae train")
     lm = open_model(run, device, seed)
     x, index = collect(lm.model, df, hook, mode, positions)
     typer.echo(f"{len(x)} rows of {hook} ({positions} positions under {mode}), d_in {x.shape[1]}")
-    meta = {"hook_name": hook, "model_name": run, "mode": mode, "positions": positions, "dataset": str(dataset)}
+    meta = {
+        "hook_name": hook,
+        "model_name": run,
+        "checkpoint_sha256": lm.hash,
+        "mode": mode,
+        "positions": positions,
+        "dataset": str(dataset),
+        "dataset_hash": df.attrs.get("dataset_hash"),
+        "provenance": provenance(**lm.provenance(), dataset_hash=df.attrs.get("dataset_hash")),
+    }
     meta |= saelens_metadata(index, str(dataset))
     sae, record = train_sae(x, cfg, meta, log=lambda r: typer.echo("  " + ", ".join(f"{a} {b}" for a, b in r.items())))
     sae.cfg.metadata["training"] = record
@@ -95,7 +109,15 @@ def train(
     typer.echo(
         f"FVU {r['fvu']:.4f}, L0 {r['l0']:.2f}, dead latents {r['dead_latents']} of {r['d_sae']} (training rows)"
     )
-    typer.echo(f"wrote {out}")
+    _wrote(out, keep)
+
+
+def _wrote(out: Path, keep: list[str] | None) -> None:
+    if keep is None:
+        typer.echo(f"wrote {out}")
+    else:
+        kept = f"; kept {len(keep)} file(s) it had not written: {', '.join(keep[:3])}" if keep else ""
+        typer.echo(f"wrote {out} (replaced the earlier output{kept})")
 
 
 @app.command("analyze")
@@ -128,11 +150,24 @@ def analyze(
 
     mode_list = parse_modes(f"{mode},{modes}" if modes else mode)
     k_list = _ints(ks, "ks")
-    refuse_existing(out, force, own=is_analysis_folder, kind="an SAE analysis folder")
+    if not 0 <= seed < 2**63:
+        raise FbtError(f"--seed {seed}: expected an integer 0..2**63-1")
+    if max_pairs is not None and max_pairs < 1:
+        raise FbtError(f"--max-pairs {max_pairs}: expected an integer >= 1")
+    if n_boot < 1:
+        raise FbtError(f"--n-boot {n_boot}: expected an integer >= 1")
+    keep = refuse_unowned(out, ANALYZE_COMMAND, force, ANALYZE_KIND)
     model_sae = SparseAutoencoder.load(sae)
     lm, df = open_pairs(run, dataset, _tasks(tasks), device=device, seed=seed, command="sae analyze")
     if model_sae.cfg.d_in != lm.model.cfg.d_model:
         raise FbtError(f"{sae}: d_in {model_sae.cfg.d_in} does not match the model's d_model {lm.model.cfg.d_model}")
+    recorded = model_sae.cfg.metadata.get("checkpoint_sha256")
+    if recorded is not None and recorded != lm.hash:
+        raise FbtError(
+            f"{sae}/cfg.json: field 'metadata.checkpoint_sha256': the SAE was trained on "
+            f"{model_sae.cfg.metadata.get('model_name')} (sha256 {str(recorded)[:12]}...), not on {run} "
+            f"(sha256 {lm.hash[:12]}...); analyze it with the model it was trained on"
+        )
     res = run_analysis(
         lm.model,
         model_sae,
@@ -156,4 +191,4 @@ def analyze(
         )
     for task in sorted(res["fractions"]["task"].unique()):
         typer.echo(sparsity_sentence(res["fractions"], task))
-    typer.echo(f"wrote {out}")
+    _wrote(out, keep)

@@ -8,6 +8,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
+from fbt_probe.errors import FbtError
 from fbt_probe.io import refuse_existing
 from fbt_probe.tasks import (
     build_tokenizer,
@@ -125,6 +126,10 @@ def show(
     Example: fbt-probe tasks show data/tasks/completion.parquet --n 3 --knob 8
     """
 
+    if n < 1:
+        raise FbtError(f"--n {n}: expected an integer >= 1 (pairs to show)")
+    if max_lines < 1:
+        raise FbtError(f"--max-lines {max_lines}: expected an integer >= 1")
     df = load_dataset(file)
     m = df.attrs["manifest"]
     typer.echo(

@@ -14,7 +14,8 @@ from fbt_probe.errors import FbtError
 from fbt_probe.figures import save_figure
 from fbt_probe.figures.contraction import fig3
 from fbt_probe.formats.checkpoint import checkpoint_hash
-from fbt_probe.io import atomic_path, refuse_existing, write_json
+from fbt_probe.io import atomic_path, write_json
+from fbt_probe.marker import mark_named, refuse_named
 from fbt_probe.provenance import provenance
 from fbt_probe.reference import is_reference
 from fbt_probe.tasks import load_spec, load_tokenizer
@@ -339,6 +340,10 @@ def eval_cmd(
     typer.echo(f"wrote {dest}/accuracy.{{parquet,csv,json}}")
 
 
+MAX_DIAGNOSE_PASSES = 1024  # well past any trained depth (the paper's figure: 32)
+MAX_DIAGNOSE_ROWS = 4096
+
+
 @diagnose_app.command("contraction")
 def contraction_cmd(
     runs: Annotated[
@@ -363,6 +368,12 @@ def contraction_cmd(
     fbt-probe diagnose contraction runs/tiny runs/tiny-1-2 --out runs/schedules
     """
 
+    if not 1 <= passes <= MAX_DIAGNOSE_PASSES:
+        raise FbtError(
+            f"--passes {passes}: expected an integer 1..{MAX_DIAGNOSE_PASSES} (feedback passes, each a forward of every row)"
+        )
+    if not 1 <= rows <= MAX_DIAGNOSE_ROWS:
+        raise FbtError(f"--rows {rows}: expected an integer 1..{MAX_DIAGNOSE_ROWS} (packed validation rows)")
     if len(runs) > 1 and out is None:
         raise FbtError("diagnose contraction: several runs need --out (a folder for the shared table and figure)")
     if is_reference(str(runs[0])) and out is None:
@@ -388,20 +399,21 @@ def contraction_cmd(
     table = pd.concat(tables, ignore_index=True)
     dest = out or runs[0] / "diagnostics"
     cfgs = [c for _, _, c in loaded]
+    refuse_named([dest / f"contraction.{s}" for s in ("parquet", "csv", "json", "png", "svg")], force)
     if len(runs) == 1:
         _write_table(table, dest / "contraction", folders[0], cfgs[0], force)
     else:
         _write_table(table, dest / "contraction", folders, cfgs, force)
     depths = {run.name: c.schedule_obj.max_passes for run, c in zip(runs, cfgs)}  # a dotted line per trained depth
-    save_figure(fig3(table, trained_passes=depths), dest, "contraction", force)
+    save_figure(fig3(table, trained_passes=depths), dest, "contraction", force, mark=True)
     typer.echo(table[["run", "pass", "val_loss", "answer_accuracy", "state_change"]].round(4).to_string(index=False))
     typer.echo(f"wrote {dest}/contraction.{{parquet,csv,json,png,svg}}")
 
 
 def _write_table(df, stem: Path, run: Path, cfg, force: bool, extra: dict | None = None) -> None:
 
-    for suffix in (".parquet", ".csv", ".json"):
-        refuse_existing(stem.with_suffix(suffix), force)
+    paths = [stem.with_suffix(suffix) for suffix in (".parquet", ".csv", ".json")]
+    refuse_named(paths, force)
     with atomic_path(stem.with_suffix(".parquet")) as tmp:
         df.to_parquet(tmp, index=False)
     with atomic_path(stem.with_suffix(".csv")) as tmp:
@@ -421,3 +433,4 @@ def _write_table(df, stem: Path, run: Path, cfg, force: bool, extra: dict | None
             "seed": cfg.seed,
         }
     write_json(stem.with_suffix(".json"), provenance(**fields, **(extra or {})))
+    mark_named(paths)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, refuse_existing
+from fbt_probe.marker import mark_named, refuse_named
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -181,16 +182,29 @@ def draw(name: str, results, **options):
 
 
 def save_figure(
-    fig, out_dir: str | Path, stem: str, force: bool = False, formats: tuple[str, ...] = ("png", "svg"), dpi: int = 200
+    fig,
+    out_dir: str | Path,
+    stem: str,
+    force: bool = False,
+    formats: tuple[str, ...] = ("png", "svg"),
+    dpi: int = 200,
+    mark: bool = False,
 ) -> list[Path]:
-    """Write `stem.png` / `stem.svg` into `out_dir` (atomically; existing files need `force`)."""
+    """Write `stem.png` / `stem.svg` into `out_dir` (atomically; existing files need `force`). `mark`
+    (a command's named output): the files are recorded in the folder's marker, and `force` replaces
+    only files recorded there (`fbt_probe.marker.refuse_named`)."""
     out_dir = Path(out_dir)
     paths = [out_dir / f"{stem}.{fmt}" for fmt in formats]
-    for p in paths:
-        refuse_existing(p, force)
+    if mark:
+        refuse_named(paths, force)
+    else:
+        for p in paths:
+            refuse_existing(p, force)
     for p, fmt in zip(paths, formats):
         with atomic_path(p) as tmp:
             fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
+    if mark:
+        mark_named(paths)
     return paths
 
 

@@ -87,9 +87,31 @@ def load_checkpoint(folder: str | Path, device: str = "cpu", model_cls=FeedbackT
 def build_from_weights(model_cls, cfg, weights: Path):
     """`model_cls(cfg)` with the tensors of `weights`, checked against the config (one-line errors)."""
     state = read_weights(weights)
+    _check_shapes(model_cls, cfg, state, weights)  # before the model is allocated: a config may ask for terabytes
     model = model_cls(cfg)
     _load_state(model, state, weights)
     return model
+
+
+def _check_shapes(model_cls, cfg, state: dict[str, torch.Tensor], weights: Path) -> None:
+    """The config against the tensors, without allocating the model: first the layer count (a
+    model of 10^9 layers takes long to build even empty), then every shape of a model built on
+    torch's meta device (no memory)."""
+    layers = {k.split(".")[1] for k in state if k.startswith("blocks.")}
+    n = getattr(cfg, "n_layers", None)
+    if layers and isinstance(n, int) and n != len(layers):
+        raise FbtError(
+            f"{weights.parent / 'config.json'}: field 'n_layers' is {n}, but {weights.name} holds {len(layers)} "
+            "layers; the config does not describe these weights"
+        )
+    try:
+        with torch.device("meta"):
+            shell = model_cls(cfg)
+    except FbtError:
+        raise
+    except Exception:  # a model family that cannot be built without memory: the shapes are checked after
+        return
+    _compare(shell.state_dict(), state, weights)
 
 
 def read_weights(weights: Path) -> dict[str, torch.Tensor]:
@@ -104,6 +126,11 @@ def read_weights(weights: Path) -> dict[str, torch.Tensor]:
 
 def _load_state(model, state: dict[str, torch.Tensor], source: Path) -> None:
     expected = model.state_dict()
+    _compare(expected, state, source)
+    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
+
+
+def _compare(expected: dict, state: dict[str, torch.Tensor], source: Path) -> None:
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
@@ -115,7 +142,6 @@ def _load_state(model, state: dict[str, torch.Tensor], source: Path) -> None:
             raise FbtError(
                 f"{source}: tensor '{name}' has shape {tuple(t.shape)}, config expects {tuple(expected[name].shape)}"
             )
-    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
 
 
 def checkpoint_hash(folder: str | Path) -> str:

@@ -28,16 +28,16 @@ from fbt_probe.interventions.forwards import Forwards
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.registry import EXPERIMENTS, PatchConfig
 from fbt_probe.interventions.runner import (
+    COMMAND,
     RESULTS_KIND,
     Results,
     assemble,
-    is_results_folder,
     results_of,
     run,
     run_experiment,
     write_results,
 )
-from fbt_probe.io import refuse_existing
+from fbt_probe.marker import refuse_unowned
 from fbt_probe.modes import Mode
 
 SHARED = ("state-replacement", "feedback-swap", "gate-ablation", "probe-direction")  # final position, same batches
@@ -138,7 +138,7 @@ def run_several(
         return None if any(r is None for r in done) else done
     if out is not None:  # before any patching
         for name in names:
-            refuse_existing(Path(out) / name, force, own=is_results_folder, kind=RESULTS_KIND)
+            refuse_unowned(Path(out) / name, COMMAND, force, RESULTS_KIND)
     together = [c for c in cfgs if c.experiment in SHARED and c.prefix_reuse]
     wide = run_shared(model, df, together, label_ids) if len(together) > 1 else {}
     for cfg in cfgs:

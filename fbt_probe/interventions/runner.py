@@ -25,12 +25,14 @@ from fbt_probe.interventions.metrics import METRIC_HELP, summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.probe_edits import erase_methods
 from fbt_probe.interventions.registry import EXPERIMENTS, HOOK_RULES, PatchConfig
-from fbt_probe.io import atomic_dir, read_json, refuse_existing, write_csv, write_json
+from fbt_probe.io import read_json, write_csv, write_json
+from fbt_probe.marker import is_marked, output_dir, refuse_unowned
 from fbt_probe.modes import Mode
 from fbt_probe.provenance import provenance
 
 FORMAT = "fbt-probe.interventions/1"
-RESULTS_KIND = "an interventions results folder (manifest.json of format fbt-probe.interventions/1)"
+COMMAND = "patch"  # the output marker's command
+RESULTS_KIND = "an interventions results folder written by fbt-probe patch"
 PREFIX_REUSE = (
     "positions before the first edited one (T-1; residual: each run's first patched position) "
     "computed once per batch with hooks off, the rest per condition under the same hook rule"
@@ -178,7 +180,9 @@ def _leace_version() -> str:
 
 
 def is_results_folder(path: Path) -> bool:
-    """A folder written by `write_results` (its manifest has our format)."""
+    """A folder written by `write_results` (its marker and its manifest's format say so)."""
+    if not is_marked(path, COMMAND):
+        return False
     try:
         meta = read_json(Path(path) / "manifest.json")
     except FbtError:
@@ -187,7 +191,7 @@ def is_results_folder(path: Path) -> bool:
 
 
 def write_results(res: Results, out_dir: Path, force: bool = False, figures: bool = True) -> Path:
-    with atomic_dir(out_dir, force=force, own=is_results_folder, kind=RESULTS_KIND) as tmp:
+    with output_dir(out_dir, COMMAND, force=force, kind=RESULTS_KIND) as tmp:
         for name, table in (("rows", res.rows), ("summary", res.summary), *res.tables.items()):
             table.to_parquet(tmp / f"{name}.parquet", index=False)
             if name not in PARQUET_ONLY:
@@ -214,7 +218,7 @@ def run(
     writes; the other ranks return None."""
     target = Path(out) / cfg.experiment if out is not None else None
     if target is not None:  # before hours of patching
-        distributed.on_main(lambda: refuse_existing(target, force, own=is_results_folder, kind=RESULTS_KIND))
+        distributed.on_main(lambda: refuse_unowned(target, COMMAND, force, RESULTS_KIND))
     world = distributed.world()
     if world.several and not EXPERIMENTS[cfg.experiment].per_batch and not world.main:
         return None  # its rows depend on every pair: rank 0 computes it whole (Experiment.per_batch)

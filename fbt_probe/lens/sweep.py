@@ -30,13 +30,15 @@ from fbt_probe.interventions.edits import span
 from fbt_probe.interventions.metrics import bootstrap_cis
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.runner import dataset_hash
-from fbt_probe.io import atomic_dir, read_json, write_json
+from fbt_probe.io import read_json, write_json
 from fbt_probe.lens.lenses import TunedLens, fit_tuned_lens, kl_to, logit_lens
+from fbt_probe.marker import is_marked, output_dir
 from fbt_probe.modes import Mode, check_distinct, parse_mode
 from fbt_probe.provenance import provenance
 
 FORMAT = "fbt-probe.lens/1"
-LENS_KIND = "a lens results folder (manifest.json of format fbt-probe.lens/1)"
+COMMAND = "lens"  # the output marker's command
+LENS_KIND = "a lens results folder written by fbt-probe lens"
 
 LENS_METRICS = {
     "p_correct": "softmax probability (whole vocabulary) of the sample's label word at the final position",
@@ -44,6 +46,9 @@ LENS_METRICS = {
     "top1": "the label word is the top-1 token",
     "kl_to_final": "KL(final logits of the same pass || lens logits), nats",
 }
+
+
+MAX_LENS_PASSES = 64  # jacobi:K under the lens: K hooked passes, every pass's residuals at every depth kept
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,14 @@ class LensConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", tuple(parse_mode(m) for m in self.modes))  # parsed once, here
         check_distinct(list(self.modes), list(self.modes))
+        for m in self.modes:
+            if m.kind == "jacobi" and m.k > MAX_LENS_PASSES:
+                raise FbtError(
+                    f"--mode {m}: the lens reads every pass of jacobi:K (K hooked passes over the whole input, each "
+                    f"pass's residuals kept); expected K <= {MAX_LENS_PASSES} (the exact recurrence is --mode full)"
+                )
+        if not 0 <= self.seed < 2**63:
+            raise FbtError(f"--seed {self.seed}: expected an integer 0..2**63-1")
         if not (_number(self.eval_fraction) and 0 < self.eval_fraction < 1):
             raise FbtError(f"--eval-fraction {self.eval_fraction}: expected a number in (0, 1)")
         if not (_number(self.lr) and self.lr > 0):
@@ -92,7 +105,9 @@ def _number(v) -> bool:
 
 
 def is_lens_folder(path) -> bool:
-    """A folder written by `write_lens` (its manifest has our format)."""
+    """A folder written by `write_lens` (its marker and its manifest's format say so)."""
+    if not is_marked(path, COMMAND):
+        return False
     try:
         meta = read_json(Path(path) / "manifest.json")
     except FbtError:
@@ -267,7 +282,7 @@ def write_lens(
     """OUT/: rows.parquet|csv, lens_summary.parquet|csv, training.parquet|csv, translators.safetensors,
     manifest.json (config, metric definitions, provenance) and figures/lens.png; written atomically."""
     files = []
-    with atomic_dir(Path(out_dir), force=force, own=is_lens_folder, kind=LENS_KIND) as tmp:
+    with output_dir(Path(out_dir), COMMAND, force=force, kind=LENS_KIND) as tmp:
         for name, table in (("rows", res.rows), ("lens_summary", res.summary), ("training", res.training)):
             table.to_parquet(tmp / f"{name}.parquet", index=False)
             table.to_csv(tmp / f"{name}.csv", index=False)

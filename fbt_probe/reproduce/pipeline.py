@@ -307,18 +307,23 @@ def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), 
             f"--force {unknown[0]}: unknown stage (stages: {', '.join(s.name for s in stages)}, figures, report)"
         )
     runner = Runner(out, force, echo)
-    runner.run_all(stages, jobs)
-    all_names = [s.name for s in stages]
-    runner.run(Stage("figures", {}, [out / "figures"], lambda: stage_figures(cfg, out, workers=jobs), after=all_names))
-    runner.run(
-        Stage(
-            "report",
-            {"v": 4, "seeds": source_key(cfg, out)},
-            [out / "report.md", out / "report.html", out / "headline.csv"],
-            lambda: stage_report(cfg, out, runner.times),
-            after=all_names + ["figures"],
+    try:
+        runner.run_all(stages, jobs)
+        all_names = [s.name for s in stages]
+        runner.run(
+            Stage("figures", {}, [out / "figures"], lambda: stage_figures(cfg, out, workers=jobs), after=all_names)
         )
-    )
+        runner.run(
+            Stage(
+                "report",
+                {"v": 4, "seeds": source_key(cfg, out)},
+                [out / "report.md", out / "report.html", out / "headline.csv"],
+                lambda: stage_report(cfg, out, runner.times),
+                after=all_names + ["figures"],
+            )
+        )
+    finally:
+        runner.close()
     return {"times": runner.times, "ran": runner.ran, "report": out / "report.html"}
 
 

@@ -85,6 +85,8 @@ def stage_sae(cfg, out: Path) -> None:
             meta = {
                 "hook_name": s["hook"],
                 "model_name": info["model"],
+                "checkpoint_sha256": info["checkpoint_sha256"],
+                "dataset_hash": data.attrs.get("dataset_hash"),
                 "mode": s["train_mode"],
                 "positions": s["positions"],
                 "dataset": "data (every task, every probe length)",
@@ -110,6 +112,7 @@ def stage_sae(cfg, out: Path) -> None:
                 n_boot=s["n_boot"],
                 info=info,
                 figures=False,
+                empty_ok=True,
             )
             recon, lr = quality(model, saes["jumprelu"], df, modes, n_boot=s["n_boot"], seed=cfg.seed)
             (tmp / "jumprelu-quality" / task).mkdir(parents=True)

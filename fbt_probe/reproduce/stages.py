@@ -2,9 +2,15 @@
 stages it reads), its outputs, and a function. A stage whose recorded key matches and whose outputs
 exist is skipped, so a re-run after an interruption continues; `force` redoes named stages.
 
-The runner writes only into a study folder: an absent or empty one, or one with its `stages.json`
-(`check_out`). A stage that is redone moves its old outputs aside and deletes them only once it has
-finished; if it fails, the old outputs are put back.
+The runner writes only into a study folder: an absent or empty one, or one it marked as a study
+(`.fbt-output.json` naming `reproduce`, see `fbt_probe.marker`; `check_out`), and one runner at a time
+(an exclusive lock on `.fbt-study.lock`, released by the system when the process ends, however it
+ends). The marker lists the sha256 of every file the finished stages wrote. A stage that is redone
+moves its old outputs aside and deletes them only once it has finished; if it fails, the old outputs
+are put back. Files in its output folders that the marker does not list (a user's notes, say) are
+carried into the new outputs, and a listed file whose bytes changed is refused rather than replaced.
+The files a stage is to keep are recorded when it starts, so that after a kill the rerun tells them
+from the killed run's partial outputs.
 
 `Runner.run_all(stages, jobs)` runs stages whose inputs are ready side by side in `jobs` worker
 processes (each with `cpus // jobs` BLAS/torch threads); the parent alone decides, records and
@@ -13,6 +19,7 @@ module-level function or a `functools.partial` of one)."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import multiprocessing
@@ -28,9 +35,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from fbt_probe.errors import FbtError
-from fbt_probe.io import is_empty_dir, read_json, write_json
+from fbt_probe.io import is_empty_dir, read_json, sha256_file, write_json
+from fbt_probe.marker import MARKER, carry, files_of, is_marked, list_files, read_marker, write_marker
 
 STATE = "stages.json"
+COMMAND = "reproduce"  # the study folder's marker
+LOCK = ".fbt-study.lock"
 
 
 @dataclass
@@ -53,11 +63,22 @@ class Runner:
     def __init__(self, out: Path, force: set[str] = frozenset(), echo: Callable[[str], None] = print):
         check_out(out)
         self.out, self.force, self.echo = Path(out), set(force), echo
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._lock = lock_study(self.out)
+        if not is_marked(self.out, COMMAND):  # a fresh study (check_out let only an empty folder through)
+            write_marker(self.out, COMMAND, files={})
+        self.files = dict(read_marker(self.out)["files"])
         self.state_path = self.out / STATE
         self.state = read_state(self.state_path) if self.state_path.is_file() else {}
         self.keys: dict[str, str] = {}
         self.times: dict[str, float] = {}
         self.ran: dict[str, bool] = {}  # stage -> run here (True) or skipped as up to date (False)
+
+    def close(self) -> None:
+        """Release the study's lock (also released when the process ends)."""
+        if self._lock is not None:
+            unlock_study(self._lock)
+            self._lock = None
 
     def run(self, stage: Stage) -> None:
         """Run one stage here (or skip it as up to date)."""
@@ -140,14 +161,11 @@ class Runner:
                 f"{self.out}: stage {stage.name}'s inputs changed since {stage.outputs[0]} was made; "
                 f"pass --force {stage.name} to redo it (deletes it) or choose another --out"
             )
-        aside = None
+        aside, keep = None, self._keep(stage, rec)
         if not (stage.resumable and rec.get("key") == key) or stage.name in self.force:
-            if stage.resumable:  # forced (a stale model was refused above): the run starts afresh
-                for p in stage.outputs:
-                    _remove(p)
-            else:  # stale or forced: the outputs are made afresh, the old ones kept aside until then
-                aside = self._move_aside(stage)
-        self.state[stage.name] = {"key": key, "status": "running"}
+            # stale or forced: the outputs are made afresh (a model from its first step), the old ones kept aside until then
+            aside = self._move_aside(stage)
+        self.state[stage.name] = {"key": key, "status": "running", "keep": keep}
         write_json(self.state_path, self.state)
         self.echo(f"[run ] {stage.name:22s} ...")
         return key, aside, time.perf_counter()
@@ -156,9 +174,49 @@ class Runner:
         if aside is not None:
             self._put_back(stage, aside)
 
+    def _keep(self, stage: Stage, rec: dict) -> list[str]:
+        """The files under the stage's outputs that the study did not write (relative to OUT): kept
+        through the redo. A listed file whose bytes changed, or a user's file where the stage writes
+        a file, is refused before anything moves. After a kill (the record says running) only the files
+        kept when that run started count as the user's; the rest are the killed run's partial outputs."""
+        earlier = set(rec.get("keep") or []) if rec.get("status") == "running" else None
+        keep = []
+        for p in stage.outputs:
+            found = [p.name] if p.is_file() else list_files(p) if p.is_dir() else []
+            base = p if p.is_dir() else p.parent
+            for sub in found:
+                rel = (base / sub).relative_to(self.out).as_posix()
+                if rel in self.files:
+                    if sha256_file(base / sub) != self.files[rel]:
+                        raise FbtError(
+                            f"{self.out / rel}: changed since fbt-probe reproduce wrote it (its sha256 differs from "
+                            f"the one in {self.out / MARKER}); refusing to redo stage {stage.name} over it "
+                            "(move it away, then run again)"
+                        )
+                elif earlier is None or rel in earlier:
+                    if p.is_file():
+                        raise FbtError(
+                            f"{p}: not written by fbt-probe reproduce (absent from {self.out / MARKER}); refusing to "
+                            f"replace it with stage {stage.name}'s output (move it away, then run again)"
+                        )
+                    keep.append(rel)
+        return keep
+
     def _finish(self, stage: Stage, key: str, aside: Path | None, t0: float) -> None:
+        keep = self.state.get(stage.name, {}).get("keep") or []
+        clash = [
+            rel for rel in keep if (self.out / rel).exists() and aside is not None and not (self.out / rel).is_dir()
+        ]
+        if clash:
+            self._put_back(stage, aside)
+            raise FbtError(
+                f"{self.out / clash[0]}: not written by fbt-probe reproduce and stage {stage.name} now writes a file "
+                "of that name; its old outputs are back in place (move the file away, then run again)"
+            )
         if aside is not None:
+            self._carry(stage, aside, keep)
             shutil.rmtree(aside)
+        self._record_files(stage, set(keep))
         dt = time.perf_counter() - t0
         self.times[stage.name] = dt
         self.ran[stage.name] = True
@@ -167,6 +225,25 @@ class Runner:
         self.keys[stage.name] = _chain(key, finished)  # a redone stage invalidates the stages that read it
         write_json(self.state_path, self.state)
         self.echo(f"[done] {stage.name:22s} {dt:6.1f} s")
+
+    def _carry(self, stage: Stage, aside: Path, keep: list[str]) -> None:
+        """Move the kept files from the old outputs (aside) into the new ones."""
+        for i, p in enumerate(stage.outputs):
+            subs = [(self.out / rel).relative_to(p) for rel in keep if (self.out / rel).is_relative_to(p)]
+            carry(aside / str(i), p, [sub for sub in subs if (aside / str(i) / sub).exists()])
+
+    def _record_files(self, stage: Stage, keep: set[str]) -> None:
+        """The marker lists the stage's new outputs (their sha256), not the files it kept."""
+        for p in stage.outputs:
+            prefix = p.relative_to(self.out).as_posix()
+            self.files = {r: h for r, h in self.files.items() if r != prefix and not r.startswith(prefix + "/")}
+            if p.is_file():
+                self.files[prefix] = sha256_file(p)
+            elif p.is_dir():
+                for sub, sha in files_of(p).items():
+                    if f"{prefix}/{sub}" not in keep:
+                        self.files[f"{prefix}/{sub}"] = sha
+        write_marker(self.out, COMMAND, files=dict(sorted(self.files.items())))
 
     def _move_aside(self, stage: Stage) -> Path | None:
         present = [(i, p) for i, p in enumerate(stage.outputs) if p.exists() or p.is_symlink()]
@@ -211,12 +288,49 @@ def read_state(path: Path) -> dict:
 
 
 def is_study(folder: Path) -> bool:
-    """`folder` holds a study of `fbt-probe reproduce` (its stage record, stages.json)."""
+    """`folder` holds a study of `fbt-probe reproduce`: its marker names the command (a stage record
+    alone, stages.json, is a file name anyone can make)."""
+    if not is_marked(folder, COMMAND):
+        return False
     try:
-        read_state(Path(folder) / STATE)
+        if (Path(folder) / STATE).is_file():
+            read_state(Path(folder) / STATE)
     except FbtError:
         return False
     return True
+
+
+_HELD: dict[str, list] = {}  # study folder -> [open lock file, runners of this process holding it]
+
+
+def lock_study(out: Path) -> str:
+    """Take OUT's study lock (an exclusive flock on its lock file, which the system releases when the
+    process ends, however it ends): a study of another process on the same OUT is refused at once,
+    not mixed into this one. Runners of one process share the lock."""
+    key = str(Path(out).resolve())
+    if key in _HELD:
+        _HELD[key][1] += 1
+        return key
+    f = open(Path(out) / LOCK, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise FbtError(
+            f"--out {out}: another fbt-probe reproduce is running in this study; wait for it to finish "
+            "(a rerun then continues where it stopped), or choose another --out"
+        ) from None
+    _HELD[key] = [f, 1]
+    return key
+
+
+def unlock_study(key: str) -> None:
+    held = _HELD.get(key)
+    if held is not None:
+        held[1] -= 1
+        if held[1] == 0:
+            held[0].close()
+            del _HELD[key]
 
 
 SEED_ENTRY = re.compile(r"seed-\d+")
@@ -243,7 +357,11 @@ def check_out(out: Path, seeds: bool = False) -> None:
         raise FbtError(f"--out {out}: is a file; expected a study folder (absent, empty, or an earlier study's)")
     if not out.is_dir() or is_empty_dir(out) or is_study(out) or (seeds and is_seeds_study(out)):
         return
-    what = "a study over seeds (seed-S/ and seeds.csv)" if seeds else f"a study folder ({STATE} missing)"
+    what = (
+        "a study over seeds (seed-S/ and seeds.csv)"
+        if seeds
+        else f"a study folder (it has no {MARKER} marker of fbt-probe reproduce)"
+    )
     raise FbtError(
         f"--out {out}: exists and is not {what}; refusing to write into it, the stages would replace "
         "its files (choose another --out, or an empty folder)"

@@ -19,11 +19,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fbt_probe.errors import FbtError
 from fbt_probe.figures import save_figure
 from fbt_probe.figures.sae import sae_swap
 from fbt_probe.interventions.metrics import summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
-from fbt_probe.io import atomic_dir, write_json
+from fbt_probe.io import write_json
+from fbt_probe.marker import is_marked, output_dir
 from fbt_probe.modes import parse_mode
 from fbt_probe.provenance import provenance
 from fbt_probe.sae.data import collect
@@ -34,8 +36,21 @@ TOP = 4  # latents per task in the feature table and the browser
 EXAMPLES = 5  # max-activating positions per latent (distinct texts)
 
 
+COMMAND = "sae analyze"  # the output marker's command
+KIND = "an SAE analysis folder written by fbt-probe sae analyze"
+
+
 def is_analysis_folder(p: Path) -> bool:
-    return (Path(p) / "analysis.json").is_file()
+    return is_marked(p, COMMAND) and (Path(p) / "analysis.json").is_file()
+
+
+def no_pairs_above_gap(wide: pd.DataFrame, mode: str) -> FbtError:
+    pairs = wide["pair_id"].nunique() if "pair_id" in wide else 0
+    return FbtError(
+        f"no pair above the minimum gap: all {pairs} pairs' clean and corrupted logit differences are closer than "
+        f"the minimum gap under {mode}, so no feature can be tested (nothing written; use longer inputs, more "
+        "pairs or a trained model)"
+    )
 
 
 def fractions(wide: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
@@ -163,11 +178,14 @@ def analyze(
     force: bool = False,
     info: dict | None = None,
     figures: bool = True,
+    empty_ok: bool = False,
 ) -> dict:
+    """Every table into `out`. Where no pair's gap reaches the minimum the feature tests are empty:
+    refused (`no_pairs_above_gap`, nothing written) unless `empty_ok` (a study, whose report says so)."""
     hook = sae.hook_name or "fusion.hook_feedback"
     modes = list(dict.fromkeys(parse_mode(m) for m in [mode, *(modes or [])]))  # parsed once, here
     mode = modes[0]
-    with atomic_dir(Path(out), force=force, own=is_analysis_folder, kind="an SAE analysis folder") as tmp:
+    with output_dir(Path(out), COMMAND, force=force, kind=KIND) as tmp:
         recon, lr = quality(model, sae, df, modes, batch_size, n_boot, seed)
         recon.to_parquet(tmp / "reconstruction.parquet", index=False)
         lr.to_parquet(tmp / "loss_recovered.parquet", index=False)
@@ -175,6 +193,8 @@ def analyze(
         wide.to_parquet(tmp / "feature_tests.parquet", index=False)
         summarize(to_long(wide), n_boot=n_boot, seed=seed).to_parquet(tmp / "summary.parquet", index=False)
         fr = fractions(wide, n_boot, seed)
+        if fr.empty and not empty_ok:
+            raise no_pairs_above_gap(wide, mode)
         fr.to_parquet(tmp / "fractions.parquet", index=False)
         if figures and len(fr):
             import matplotlib.pyplot as plt

@@ -39,11 +39,13 @@ from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.engine.hooks import has_hooks, hooked
 from fbt_probe.errors import FbtError
-from fbt_probe.io import atomic_dir
+from fbt_probe.marker import output_dir
 
 ARCHITECTURES = ("topk", "jumprelu")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 CFG_FILE, WEIGHTS_FILE = "cfg.json", "sae_weights.safetensors"
+COMMAND = "sae train"  # the output marker's command
+KIND = "an SAE folder written by fbt-probe sae train"
 SAELENS_FORMAT = "6.0.0"  # the cfg.json layout (SAELens >= 6 reads it without conversion)
 
 
@@ -59,10 +61,20 @@ class SAEConfig:
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
             raise FbtError(f"SAE architecture '{self.architecture}': expected one of {', '.join(ARCHITECTURES)}")
+        if self.dtype not in DTYPES:
+            raise FbtError(f"SAE field 'dtype' {self.dtype!r}: expected one of {', '.join(DTYPES)}")
         if self.d_in < 1 or self.d_sae < 1:
             raise FbtError(f"SAE d_in {self.d_in}, d_sae {self.d_sae}: expected positive widths")
         if self.architecture == "topk" and not 1 <= self.k <= self.d_sae:
             raise FbtError(f"SAE k {self.k}: expected 1 <= k <= d_sae ({self.d_sae})")
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """The tensors an SAE of this config holds, by name."""
+        shapes = {"W_enc": (self.d_in, self.d_sae), "b_enc": (self.d_sae,), "W_dec": (self.d_sae, self.d_in)}
+        shapes["b_dec"] = (self.d_in,)
+        if self.architecture == "jumprelu":
+            shapes["threshold"] = (self.d_sae,)
+        return shapes
 
     def to_saelens(self) -> dict:
         cfg = {
@@ -100,9 +112,15 @@ class SAEConfig:
             raise FbtError(f"{where}: field 'k' missing (a topk SAE's active latents per row)")
         dtype = str(cfg.get("dtype", "float32")).removeprefix("torch.")  # SAELens before 6 wrote "torch.float32"
         if dtype not in DTYPES:
-            raise FbtError(f"{where}: dtype '{dtype}': expected one of {', '.join(DTYPES)}")
+            raise FbtError(f"{where}: SAE field 'dtype' '{dtype}': expected one of {', '.join(DTYPES)}")
         meta = {k: v for k, v in (cfg.get("metadata") or {}).items() if not k.startswith("sae_lens_")}
-        return cls(int(cfg["d_in"]), int(cfg["d_sae"]), cfg["architecture"], int(cfg.get("k", 8)), dtype, meta)
+        for key in ("d_in", "d_sae", "k"):
+            if key in cfg and (not isinstance(cfg[key], int) or isinstance(cfg[key], bool)):
+                raise FbtError(f"{where}: field '{key}': expected an integer, got {cfg[key]!r}")
+        try:
+            return cls(cfg["d_in"], cfg["d_sae"], cfg["architecture"], cfg.get("k", 8), dtype, meta)
+        except FbtError as e:
+            raise FbtError(f"{where}: {e}") from None
 
 
 class SparseAutoencoder(HookedRootModule):
@@ -170,11 +188,16 @@ class SparseAutoencoder(HookedRootModule):
 
     # ----------------------------------------------------------------- disk
     def save(self, folder: str | Path, force: bool = False) -> Path:
-        """Write cfg.json + sae_weights.safetensors into `folder` (built in a temporary sibling)."""
+        """Write cfg.json + sae_weights.safetensors into `folder` (built in a temporary sibling, marked
+        as `sae train`'s output; `force` replaces only such a folder, keeping files it did not write)."""
         folder = Path(folder)
-        with atomic_dir(
-            folder, force=force, own=is_sae_folder, kind=f"an SAE folder ({CFG_FILE} + {WEIGHTS_FILE})"
-        ) as tmp:
+        bad = [n for n, t in self.state_dict().items() if not bool(torch.isfinite(t).all())]
+        if bad:  # refused before the folder is touched: a diverged SAE is no output
+            raise FbtError(
+                f"{folder}: the SAE's tensor '{bad[0]}' holds non-finite values (training diverged); "
+                "nothing written (lower --lr)"
+            )
+        with output_dir(folder, COMMAND, force=force, kind=KIND) as tmp:
             tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
             save_file(tensors, str(tmp / WEIGHTS_FILE))
             (tmp / CFG_FILE).write_text(json.dumps(self.cfg.to_saelens(), indent=2, sort_keys=True) + "\n")
@@ -189,12 +212,26 @@ class SparseAutoencoder(HookedRootModule):
             raw = json.loads((folder / CFG_FILE).read_text())
         except json.JSONDecodeError as e:
             raise FbtError(f"{folder / CFG_FILE}: not JSON ({e.msg} at line {e.lineno})") from None
-        sae = cls(SAEConfig.from_saelens(raw, str(folder / CFG_FILE)))
-        state = load_file(str(folder / WEIGHTS_FILE))
-        want = {k: tuple(v.shape) for k, v in sae.state_dict().items()}
+        if not isinstance(raw, dict):
+            raise FbtError(f"{folder / CFG_FILE}: expected a JSON object (an SAE cfg.json in SAELens's format)")
+        cfg = SAEConfig.from_saelens(raw, str(folder / CFG_FILE))
+        try:
+            state = load_file(str(folder / WEIGHTS_FILE))
+        except Exception as e:  # safetensors' own error types: a truncated file, a pickle, not a header
+            raise FbtError(
+                f"{folder / WEIGHTS_FILE}: not a readable safetensors file ({type(e).__name__}: {str(e)[:120]})"
+            ) from None
+        want = cfg.shapes()  # compared before the SAE is allocated
         got = {k: tuple(v.shape) for k, v in state.items()}
         if want != got:
             raise FbtError(f"{folder / WEIGHTS_FILE}: tensors {got} do not match cfg.json (expected {want})")
+        for name, t in state.items():
+            if not t.is_floating_point() or not bool(torch.isfinite(t).all()):
+                raise FbtError(
+                    f"{folder / WEIGHTS_FILE}: tensor '{name}' holds non-finite values or is not floating point "
+                    f"(dtype {t.dtype}); expected finite weights (retrain the SAE)"
+                )
+        sae = cls(cfg)
         sae.load_state_dict(state)
         if sae.cfg.architecture == "topk" and raw.get("rescale_acts_by_decoder_norm", False):
             sae.fold_decoder_norms()

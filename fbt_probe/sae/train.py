@@ -45,16 +45,29 @@ class SAETrainConfig:
     init_threshold: float = 0.1  # jumprelu: initial threshold (x a coordinate's std)
 
     def check(self) -> None:
+        """Every option in range, named as the command line spells it (a NaN would train to NaN)."""
         if self.architecture not in ARCHITECTURES:
-            raise FbtError(f"SAE architecture '{self.architecture}': expected one of {', '.join(ARCHITECTURES)}")
-        if self.k < 1:
-            raise FbtError(f"SAE k {self.k}: expected >= 1")
-        if self.steps < 1 or self.batch_size < 1 or self.expansion < 1:
-            raise FbtError(
-                f"SAE training: steps {self.steps}, batch size {self.batch_size}, expansion {self.expansion}: expected >= 1"
-            )
-        if self.lr <= 0:
-            raise FbtError(f"SAE training: lr {self.lr}: expected > 0")
+            raise FbtError(f"--architecture {self.architecture}: expected one of {', '.join(ARCHITECTURES)}")
+        for name, value in (("k", self.k), ("steps", self.steps), ("batch-size", self.batch_size)):
+            if value < 1:
+                raise FbtError(f"--{name} {value}: expected an integer >= 1")
+        if not 1 <= self.expansion <= MAX_EXPANSION:
+            raise FbtError(f"--expansion {self.expansion}: expected an integer 1..{MAX_EXPANSION}")
+        if not 0 <= self.seed < 2**63:
+            raise FbtError(f"--seed {self.seed}: expected an integer 0..2**63-1")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise FbtError(f"--lr {self.lr}: expected a finite number > 0")
+        for name, value in (
+            ("l0-coeff", self.l0_coeff),
+            ("aux-coeff", self.aux_coeff),
+            ("bandwidth", self.bandwidth),
+            ("init-threshold", self.init_threshold),
+        ):
+            if not (math.isfinite(value) and value >= 0):
+                raise FbtError(f"--{name} {value}: expected a finite number >= 0")
+
+
+MAX_EXPANSION = 1024  # d_sae = expansion x d_in: wider dictionaries than this are a typo, not a study
 
 
 def _kernel(u: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from fbt_probe import distributed
 from fbt_probe.errors import FbtError
-from fbt_probe.io import read_json, refuse_existing, swap_in, temp_sibling
+from fbt_probe.io import read_json, refuse_existing, temp_sibling
 from fbt_probe.loading import checkpoint_hash
+from fbt_probe.marker import is_marked, list_files, swap_keeping, write_marker
 from fbt_probe.model.loss import weighted_ce
 from fbt_probe.reference import resolve
 from fbt_probe.tasks import build_tokenizer, load_tokenizer, save_tokenizer
@@ -19,7 +20,7 @@ from fbt_probe.training.config import PAPER_SCHEDULE, TRAIN_KNOBS, Schedule, Tra
 from fbt_probe.training.evaluate import answer_accuracy, eval_samples
 from fbt_probe.training.loop import make_optimizer, train
 from fbt_probe.training.objective import multipass_loss
-from fbt_probe.training.resume import recorded, unfinished_run
+from fbt_probe.training.resume import RUN_FILES, recorded, unfinished_run
 
 __all__ = [
     "PAPER_SCHEDULE",
@@ -94,10 +95,12 @@ def run_training(
                 out,
                 force,
                 hint="--resume to continue it or --force",
-                own=lambda p: is_run_folder(p) or unfinished_run(p),
-                kind="a training run folder (config.json with a 'train' field, or a run stopped before its first checkpoint)",
+                own=lambda p: is_marked(p, COMMAND) and (is_run_folder(p) or unfinished_run(p)),
+                kind="a training run folder written by fbt-probe train (its .fbt-output.json marker, and config.json "
+                "with a 'train' field or a run stopped before its first checkpoint)",
             )
         )
+        keep = distributed.on_main(lambda: foreign_run_files(out) if replacing else [])
         tokenizer = build_tokenizer()
         init = init if init is not None else cfg.init
         model = _on_device(
@@ -111,7 +114,7 @@ def run_training(
     if replacing:  # a forced run trains beside the old one and replaces it only when finished
         try:
             result = _train(model, tokenizer, cfg, out, step, opt, progress, eval_pairs, fsdp)
-            distributed.on_main(lambda: swap_in(out, target))
+            distributed.on_main(lambda: swap_keeping(out, target, keep))
         finally:
             if main and out.exists():
                 shutil.rmtree(out)
@@ -138,7 +141,17 @@ def _start_folder(out: Path, replacing: bool, tokenizer) -> Path:
     folder = temp_sibling(out) if replacing else out
     folder.mkdir(parents=True, exist_ok=True)
     save_tokenizer(tokenizer, folder / "tokenizer.json")
+    write_marker(folder, COMMAND)  # the folder is a run of ours from its first file on
     return folder
+
+
+COMMAND = "train"  # the output marker's command
+
+
+def foreign_run_files(folder: Path) -> list[str]:
+    """The files of run folder `folder` that the trainer did not write (a forced run keeps them):
+    the trainer rewrites its own files (RUN_FILES) all through a run, so these are named, not hashed."""
+    return [rel for rel in list_files(folder) if rel not in RUN_FILES]
 
 
 def is_run_folder(folder: Path) -> bool:

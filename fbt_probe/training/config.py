@@ -37,6 +37,17 @@ class Schedule:
         return ",".join(f"{k}:{p:g}" for k, p in self.probs)
 
 
+MAX_PASSES = 64  # K passes make a step K forwards long: the paper trains K <= 3
+
+
+def _check_k(text: str, k: int) -> None:
+    if k > MAX_PASSES:
+        raise FbtError(
+            f"schedule '{text}': K {k} passes: expected K <= {MAX_PASSES} (each pass is a forward of the whole "
+            "sequence per training step; the paper trains K <= 3)"
+        )
+
+
 def parse_schedule(text: str) -> Schedule:
     """'1:.75,2:.22,3:.03' (K:probability, summing to 1), 'constant:K', or 'paper'."""
     text = text.strip()
@@ -46,6 +57,7 @@ def parse_schedule(text: str) -> Schedule:
         k = text.split(":", 1)[1]
         if not k.isdigit() or int(k) < 1:
             raise FbtError(f"schedule '{text}': constant:K needs an integer K >= 1")
+        _check_k(text, int(k))
         return Schedule(((int(k), 1.0),))
     probs = {}
     for item in text.split(","):
@@ -58,6 +70,7 @@ def parse_schedule(text: str) -> Schedule:
             ) from None
         if k < 1 or not (math.isfinite(p) and p >= 0) or k in probs:
             raise FbtError(f"schedule '{text}': each K must be a distinct integer >= 1 with a finite p >= 0")
+        _check_k(text, k)
         probs[k] = p
     if abs(sum(probs.values()) - 1.0) > 1e-6:
         raise FbtError(f"schedule '{text}': probabilities sum to {sum(probs.values()):g}, expected 1")
@@ -199,8 +212,14 @@ class TrainConfig:
             raise FbtError(
                 f"train config: field 'decay_steps' (--decay-steps) must be an integer 0..steps ({self.steps}), got {d!r}"
             )
-        if self.one_pass_steps < 0:
-            raise FbtError("train config: field 'one_pass_steps' must be >= 0")
+        o = self.one_pass_steps
+        if isinstance(o, bool) or not isinstance(o, int) or not 0 <= o <= self.steps:
+            raise FbtError(
+                f"train config: field 'one_pass_steps' (--one-pass-steps) must be an integer 0..steps ({self.steps}), "
+                f"got {o!r}"
+            )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise FbtError(f"train config: field 'seed' (--seed) must be an integer 0..2**63-1, got {self.seed!r}")
         c = self.copy_steps
         if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= self.steps:
             raise FbtError(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fbt_probe.errors import FbtError
 from fbt_probe.io import read_json
+from fbt_probe.marker import MARKER
 from fbt_probe.training.config import TrainConfig
 
 
@@ -82,7 +83,8 @@ def _show(value) -> str:
     return str(value)
 
 
-RUN_ENTRIES = {"tokenizer.json", "metrics.jsonl"}
+RUN_ENTRIES = {"tokenizer.json", "metrics.jsonl", MARKER}
+RUN_FILES = {"tokenizer.json", "metrics.jsonl", "config.json", "model.safetensors", "train_state.pt"}
 
 
 def unfinished_run(folder: Path) -> bool:

@@ -8,6 +8,7 @@ import typer
 
 from fbt_probe.bench import probes as probes_bench
 from fbt_probe.cli.bench.report import ForceOption, OutOption, write_report
+from fbt_probe.errors import FbtError
 from fbt_probe.io import refuse_existing
 
 
@@ -31,6 +32,11 @@ def probes(
     Example: fbt-probe bench probes --torch --out reports/bench/probes.md ; fbt-probe bench probes --depths 3 --d 64 --n 200
     """
 
+    for name, value, low in (("n", n, 4), ("d", d, 1), ("depths", depths, 1), ("folds", folds, 2)):
+        if value < low:
+            raise FbtError(f"--{name} {value}: expected an integer >= {low}")
+    if n < 2 * folds:
+        raise FbtError(f"--n {n}: expected at least 2 x --folds ({2 * folds}) samples (pairs of two per fold)")
     if out is not None:  # before minutes of fitting
         refuse_existing(out, force)
     write_report(
