@@ -393,3 +393,28 @@ def test_nnsight_clean_and_corrupted_invokes_in_one_trace(model):
                 nn_model.output.save()
             with tracer.invoke(corrupt[:, :7]):
                 nn_model.output.save()
+
+
+@pytest.mark.parametrize("mode", ["recurrent:1", "full"])
+def test_attribution_patching_the_transformer_lens_way_equals_ours(model, mode):
+    """TransformerLens-style AtP (a backward hook's gradient of the summed logit difference, under the
+    default rule) equals our attribution's serial gradients at every position."""
+    import dataclasses
+
+    from fbt_probe.interventions import label_token_ids, pair_batches
+    from fbt_probe.interventions.attribution import trace
+    from fbt_probe.interventions.metrics import logit_diff
+    from fbt_probe.modes import parse_mode
+    from fbt_probe.tasks import build_tokenizer, load_spec
+    from fbt_probe.tasks import generate as generate_pairs
+
+    tok = build_tokenizer()
+    df = generate_pairs(dataclasses.replace(load_spec("memory"), length_grid=(2,)), groups=2, seed=0, tokenizer=tok)
+    b = next(pair_batches(df, label_token_ids(df, tok), batch_size=4))
+    name = "blocks.1.hook_resid_pre"
+    ours = trace(model, b, parse_mode(mode), [name], serial=True).grads[(name, 1)]
+    grads = []
+    with model.hooks(bwd_hooks=[(name, lambda g, hook: grads.append(g))]):
+        logit_diff(model(b.tokens, mode=mode)[:, -1], b.target, b.other).sum().backward()
+    torch.testing.assert_close(grads[0], ours, rtol=0, atol=1e-10)
+    assert ours[:, : b.T - 1].abs().max() > 1e-6
