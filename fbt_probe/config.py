@@ -43,7 +43,7 @@ class ModelConfig:
     feedback_source: str = "post_norm"
     """Which top-layer state is carried: "pre_norm" is h^L (the residual stream before the final
     norm, the paper's definition); "post_norm" is RMSNorm_final(h^L), whose scale stays near 1 in
-    training (in the prototype the RMS of h^L grew to 9-40 and the normed state trained faster;
+    training (with h^L carried, its RMS grew to 9-40 in training and the normed state trained faster;
     docs/research/README.md)."""
     feedback_noise: float = 0.02  # U[-σ, σ] added to every carried state, in training mode only
     fast_fusion: bool = True  # use the CUDA kernel for the fusion epilogue when on CUDA and available
@@ -311,7 +311,7 @@ def _checker(source: str):
 
 
 PRESETS: dict[str, ModelConfig] = {
-    # 4 layers, d_model 128: trains on a 2-core CPU in minutes (the prototype's 2 layers never learned completion).
+    # 4 layers, d_model 128: trains on a 2-core CPU in minutes (2 layers never learned completion).
     "tiny": ModelConfig(qk_norm_init=3.0, fusion_norm_init=1.0),
     # The paper's 1B: 24 layers, D=1536, 16/8 heads, FFN 6656, vocab 100,352, ctx 8192, window 2048, every 6th global.
     "paper-1b": ModelConfig(

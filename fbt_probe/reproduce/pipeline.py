@@ -216,7 +216,8 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
                 )
             )
             trained.append(f"train-{name}")
-    # every kind of pair a group holds evaluated (before: its first: r0 only, required = the smaller count), so an earlier study's eval is redone
+    # every kind of pair a group holds is evaluated; "pairs" in the key keeps a study that evaluated only
+    # each group's first pair from being reused
     evaluate = Stage(
         "eval",
         {**ck, "eval_pairs": cfg.eval_pairs, "quick": cfg.quick, "pairs": "every-kind"},
@@ -236,7 +237,7 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
         dep = [f"train-{name}"] if not cfg.model and not cfg.shipped else []
         batch = (
             {} if cfg.extract_batch() == EXTRACT_BATCH else {"batch": cfg.extract_batch()}
-        )  # the full study's key as before
+        )  # the default batch adds nothing to the key, so a study at the default size keeps its stage key
         per["extract"].append(
             Stage(
                 f"extract-{name}",

@@ -89,9 +89,7 @@ class TrainConfig:
     learned at every length on 1 seed of 3, with these shares on 5 of 6 (docs/research/completion-dependable.md)."""
     steps: int = 800
     tokens_per_step: int = 2048  # documents (one per row, whole) are drawn until this many tokens
-    lr: float = (
-        1e-3  # the prototype's 2e-3 learned completion later or not at all (docs/research/qk-norm-gain-and-lr.md)
-    )
+    lr: float = 1e-3  # 2e-3 learned completion later or not at all (docs/research/qk-norm-gain-and-lr.md)
     min_lr_ratio: float = (
         0.1  # cosine decay to 10 %: at a constant lr accuracy oscillates (docs/research/reference-recipe.md)
     )
@@ -122,7 +120,7 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 100
     save_every: int = 100
-    # ---- added after format fbt-probe/2: written to config.json only when set (absent = the default)
+    # ---- fields a format fbt-probe/2 record lacks: written to config.json only when set (absent = the default)
     register_mix: str | None = None
     """Register documents that replace the register tasks' training cells: kinds 'm:wpr:K:S[:weight]'
     (m registers, K writes each, S scratch lines, 0 = none; weight: relative share of the
@@ -377,7 +375,7 @@ def equal_cell_shares(tasks, knobs: dict | None = None) -> dict:
     return {t: n[t] / sum(n.values()) for t in tasks}
 
 
-# fields added after format fbt-probe/2, with the value that means "not used": config.json leaves
+# fields a format fbt-probe/2 record lacks, with the value that means "not used": config.json leaves
 # them out at that value and a run that lacks them used none of them
 ADDED_FIELDS = {
     "register_mix": None,
