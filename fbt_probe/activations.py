@@ -51,7 +51,7 @@ from fbt_probe.io import atomic_path, read_json, temp_sibling, write_json
 from fbt_probe.loading import check_compatible, load_data, open_model
 from fbt_probe.marker import swap_keeping
 from fbt_probe.model.transformer import FeedbackTransformer
-from fbt_probe.modes import Mode, check_distinct, parse_mode
+from fbt_probe.modes import Mode, parse_modes
 from fbt_probe.progress import bar
 from fbt_probe.provenance import provenance
 from fbt_probe.shards import (
@@ -316,7 +316,7 @@ def extract(
     out_dir = Path(out_dir)
     spec = modes
     if modes is not None:
-        modes = _parse_modes(modes)
+        modes = parse_modes(modes, also=(REFERENCE_MODE,))
     check_device(device)
     device = distributed.device_for(device)
     if dtype not in DTYPES:
@@ -328,7 +328,7 @@ def extract(
     if require_arch is not None and arch_of(model) != require_arch:
         raise FbtError(f"{lm.source}: not a {require_arch} model (use fbt_probe.activations.extract)")
     arch = ARCH_TARGETS[arch_of(model)]
-    modes = _parse_modes(arch.default_modes) if modes is None else modes
+    modes = parse_modes(arch.default_modes, also=(REFERENCE_MODE,)) if modes is None else modes
     if arch.only_modes is not None and [m for m in modes if m != REFERENCE_MODE] != list(arch.only_modes):
         raise FbtError(
             f"modes '{spec}': {lm.source} is {arch.label}, which has only mode "
@@ -406,15 +406,6 @@ def extract_streams(model, dataset, out_dir, **kwargs) -> "ActivationStore":
     """`extract` of a Hidden Decoding model: its one mode, `standard`, holds every stream at every
     depth (`stream_targets`). A latent-feedback model is refused."""
     return extract(model, dataset, ("standard",), out_dir, reference=False, require_arch=HIDDEN_ARCH, **kwargs)
-
-
-def _parse_modes(spec) -> list[str]:
-    modes = [str(m).strip() for m in (spec.split(",") if isinstance(spec, str) else spec) if str(m).strip()]
-    modes = [m if m == REFERENCE_MODE else parse_mode(m) for m in modes]  # parsed once, here
-    if not modes:
-        raise FbtError(f"modes '{spec}': expected a comma-separated list of prefill modes")
-    check_distinct(modes, spec)
-    return modes
 
 
 def shard_cost(shard: dict) -> float:

@@ -100,10 +100,11 @@ def require_mode(mode) -> Mode:
     return mode
 
 
-def parse_modes(spec: "str | list") -> list[Mode]:
-    """A comma-separated list (or a list), e.g. 'standard,recurrent:1,full'; each mode at most once."""
+def parse_modes(spec: "str | list", also: tuple[str, ...] = ()) -> list[Mode]:
+    """A comma-separated list (or a list), e.g. 'standard,recurrent:1,full'; each mode at most once.
+    Names in `also` (a caller's own targets, e.g. extraction's reference) pass through as strings."""
     items = spec.split(",") if isinstance(spec, str) else [str(s) for s in spec]
-    modes = [parse_mode(s) for s in items if s.strip()]
+    modes = [s.strip() if s.strip() in also else parse_mode(s) for s in items if s.strip()]
     if not modes:
         raise FbtError(f"modes '{spec}': expected a comma-separated list of {MODE_HELP}")
     check_distinct([str(m) for m in modes], spec)

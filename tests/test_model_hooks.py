@@ -48,6 +48,20 @@ GOLDEN_2_LAYERS = [
     "blocks.1.ln1.hook_scale",
     "blocks.1.ln2.hook_scale",
     "ln_final.hook_scale",
+    # TransformerLens's further hook points (tests/test_tl_idioms.py checks what each holds)
+    *[
+        f"blocks.{l}.{name}"
+        for l in range(2)
+        for name in (
+            "ln1.hook_normalized",
+            "ln2.hook_normalized",
+            "hook_mlp_in",
+            "attn.hook_rot_q",
+            "attn.hook_rot_k",
+            "attn.hook_attn_scores",
+            "attn.hook_result",
+        )
+    ],
 ]
 MODES = ["standard", "recurrent:1", "recurrent:3", "full", "jacobi:2", "jacobi:4"]
 
@@ -85,7 +99,7 @@ def test_every_hook_fires_once_with_full_tensors(mode):
 
     def count(x, hook):
         counts[hook.name] = counts.get(hook.name, 0) + 1
-        assert x.shape[0] == 2 and (x.shape[1] == 10 or hook.name.endswith("hook_pattern"))
+        assert x.shape[0] == 2 and (x.shape[1] == 10 or hook.name.endswith(("hook_pattern", "hook_attn_scores")))
 
     with torch.no_grad():
         model.run_with_hooks(toks, mode=mode, serial=False, fwd_hooks=[(lambda n: True, count)])

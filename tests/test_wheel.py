@@ -103,6 +103,8 @@ def test_the_installed_package_runs_from_another_folder(installed):
     assert tasks.returncode == 0, tasks.stderr
     assert sorted(ln.split()[0] for ln in tasks.stdout.splitlines()) == [
         "completion",
+        "compose",
+        "compose-s3",
         "memory",
         "registers",
         "registers-count",
