@@ -305,3 +305,23 @@ def test_sae_features_and_sae_vs_das_figures():
     plt.close(fig)
     with pytest.raises(FbtError, match="das is not a DAS summary"):
         draw("sae-vs-das", fr, das=das.drop(columns="method"))
+
+
+def test_ratio_interval_is_the_normal_bootstrap_centred_on_its_estimate():
+    """A skewed ratio (one group carries most of the numerator): the interval is θ ± z·sd of the
+    group-resampled ratios, computed here independently, so it contains θ by construction, not by
+    widening (an implementation that clamps a BCa interval to θ would not equal this)."""
+    from fbt_probe.sae.metrics import Z_95, ratio_ci
+    from fbt_probe.stats import group_weights
+
+    groups = np.repeat(np.arange(6), 2)
+    num = np.array([9.0, 8.0, 0.1, 0.2, 0.1, 0.0, 0.2, 0.1, 0.3, 0.1, 0.0, 0.2])
+    den = np.array([1.0, 1.0, 0.5, 0.5, 0.4, 0.6, 0.5, 0.5, 0.6, 0.4, 0.5, 0.5])
+    theta, lo, hi = ratio_ci(num, den, groups, n_boot=400, seed=3)
+    W = group_weights(groups, 400, 3)
+    boots = (W @ num) / (W @ den)
+    half = Z_95 * boots.std(ddof=1)
+    assert theta == pytest.approx(num.sum() / den.sum())
+    assert (lo, hi) == pytest.approx((theta - half, theta + half))
+    assert lo < theta < hi
+    assert np.isnan(ratio_ci(num[:2], den[:2], groups[:2])[1])  # one group: no interval

@@ -20,7 +20,9 @@ import torch
 
 from fbt_probe.interventions.pairs import label_token_ids
 from fbt_probe.sae.data import position_range, token_batches
-from fbt_probe.stats import N_BOOT, bca, group_weights
+from fbt_probe.stats import N_BOOT, group_weights
+
+Z_95 = 1.959963984540054  # the standard normal's 97.5 % quantile
 
 
 @torch.no_grad()
@@ -85,20 +87,22 @@ def loss_recovered_rows(model, sae, df: pd.DataFrame, hook: str, modes, mean_act
 
 
 def ratio_ci(num: np.ndarray, den: np.ndarray, groups, n_boot: int = N_BOOT, seed: int = 0):
-    """(Σnum/Σden, BCa low, high) with groups resampled; leave-one-group-out jackknife for BCa."""
+    """(Σnum/Σden, low, high): the normal bootstrap interval θ ± z·sd of the ratio over group
+    resamples (docs/statistics.md). A ratio of sums is skewed with few groups, and a BCa or percentile
+    interval can then exclude its own estimate; this one is centred on it by construction, so no
+    interval is ever widened to contain its estimate. NaN bounds with fewer than two groups or a
+    resample whose denominator is zero."""
     num, den, groups = np.asarray(num, float), np.asarray(den, float), np.asarray(groups)
     theta = num.sum() / den.sum() if den.sum() != 0 else float("nan")
+    if len(np.unique(groups)) < 2 or theta != theta:
+        return float(theta), float("nan"), float("nan")
     W = group_weights(groups, n_boot, seed)
     with np.errstate(divide="ignore", invalid="ignore"):
         boots = (W @ num) / (W @ den)
-        uniq = np.unique(groups)
-        jack = (
-            np.array([num[groups != g].sum() / den[groups != g].sum() for g in uniq]) if len(uniq) > 1 else np.array([])
-        )
-    lo, hi = bca(theta, boots, jack)
-    if lo == lo:
-        lo, hi = min(lo, theta), max(hi, theta)
-    return float(theta), lo, hi
+    if not np.isfinite(boots).all():
+        return float(theta), float("nan"), float("nan")
+    half = Z_95 * float(np.std(boots, ddof=1))
+    return float(theta), float(theta - half), float(theta + half)
 
 
 def loss_recovered(rows: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
