@@ -51,9 +51,10 @@ def temp_sibling(path: Path) -> Path:
     return tmp
 
 
-def swap_in(tmp: Path, path: Path) -> None:
+def swap_in(tmp: Path, path: Path, before_delete=None) -> None:
     """Put the finished folder `tmp` at `path`; an old `path` is moved aside first and deleted only
-    once the new one is in place, so at every moment one of them is complete."""
+    once the new one is in place, so at every moment one of them is complete. `before_delete(old)`
+    runs on the old folder first (what a caller carries over from it)."""
     path = Path(path)
     old = None
     if path.exists():
@@ -61,6 +62,8 @@ def swap_in(tmp: Path, path: Path) -> None:
         os.replace(path, old / "x")
     os.replace(tmp, path)
     if old is not None:
+        if before_delete is not None:
+            before_delete(old / "x")
         shutil.rmtree(old)
 
 

@@ -14,12 +14,11 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
 from fbt_probe.errors import FbtError
-from fbt_probe.io import atomic_path, disk_full, is_empty_dir, sha256_file, temp_sibling
+from fbt_probe.io import atomic_path, disk_full, is_empty_dir, sha256_file, swap_in, temp_sibling
 
 MARKER = ".fbt-output.json"
 FORMAT = 1
@@ -169,14 +168,7 @@ def swap_keeping(tmp: Path, path: Path, keep: list[str]) -> None:
     """Put the finished folder `tmp` at `path`; an old `path` is moved aside first, the files `keep`
     are moved from it into the new folder, and the rest of it is deleted."""
     path = Path(path)
-    old = None
-    if path.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-        os.replace(path, old / "x")
-    os.replace(tmp, path)
-    if old is not None:
-        carry(old / "x", path, keep)
-        shutil.rmtree(old)
+    swap_in(tmp, path, before_delete=lambda old: carry(old, path, keep))
 
 
 def carry(old: Path, new: Path, keep: list[str]) -> None:

@@ -23,26 +23,28 @@ def edited_checkpoint(workdir, tmp_path, field, value):  # noqa: F811
     return run
 
 
-def test_a_config_of_1e12_vocabulary_is_checked_against_the_tensors_first(workdir, tmp_path):  # noqa: F811
-    run = edited_checkpoint(workdir, tmp_path, "d_vocab", 10**12)
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        (
+            "d_vocab",
+            10**12,
+            "{run}/model.safetensors: tensor 'embed.weight' has shape (128, 32), config expects (1000000000000, 32)",
+        ),
+        (
+            "n_layers",
+            10**9,
+            "{run}/config.json: field 'n_layers' is 1000000000, but model.safetensors holds 3 layers; "
+            "the config does not describe these weights",
+        ),
+    ],
+    ids=["1e12-vocabulary", "1e9-layers"],
+)
+def test_a_config_is_checked_against_the_tensors_before_allocation(workdir, tmp_path, field, value, message):  # noqa: F811
+    run = edited_checkpoint(workdir, tmp_path, field, value)
     out = tmp_path / "acts"
     res = runner.invoke(app, ["extract", str(run), str(workdir / "data"), "--modes", "standard", "--out", str(out)])
-    one_line_error(
-        res,
-        f"error: {run / 'model.safetensors'}: tensor 'embed.weight' has shape (128, 32), config expects (1000000000000, 32)",
-    )
-    assert not out.exists()
-
-
-def test_a_config_of_1e9_layers_over_weights_of_3_is_one_line(workdir, tmp_path):  # noqa: F811
-    run = edited_checkpoint(workdir, tmp_path, "n_layers", 10**9)
-    out = tmp_path / "acts"
-    res = runner.invoke(app, ["extract", str(run), str(workdir / "data"), "--modes", "standard", "--out", str(out)])
-    one_line_error(
-        res,
-        f"error: {run / 'config.json'}: field 'n_layers' is 1000000000, but model.safetensors holds 3 layers; "
-        "the config does not describe these weights",
-    )
+    one_line_error(res, "error: " + message.format(run=run))
     assert not out.exists()
 
 

@@ -72,13 +72,7 @@ def test_a_failed_redo_puts_the_old_outputs_back(tmp_path):
     target = out / "results" / "a"
 
     def write(tag, fail=False):
-        def fn():
-            target.mkdir(parents=True, exist_ok=True)
-            (target / "t.txt").write_text(tag)
-            if fail:
-                raise RuntimeError("stage failed")
-
-        return fn
+        return write_stage(target, tag, fail)
 
     Runner(out, echo=lambda _: None).run(Stage("a", {"v": 1}, [target], write("old")))
     with pytest.raises(RuntimeError):
