@@ -418,3 +418,19 @@ def test_attribution_patching_the_transformer_lens_way_equals_ours(model, mode):
         logit_diff(model(b.tokens, mode=mode)[:, -1], b.target, b.other).sum().backward()
     torch.testing.assert_close(grads[0], ours, rtol=0, atol=1e-10)
     assert ours[:, : b.T - 1].abs().max() > 1e-6
+
+
+def test_the_exact_rule_is_bounded_before_any_work(monkeypatch, model):
+    import fbt_probe.model.transformer as transformer
+
+    monkeypatch.setattr(transformer, "EXACT_PASS_LIMIT", 5)
+    toks = tokens(1, T)
+    hook = [("blocks.0.hook_resid_pre", lambda x, hook: x)]
+    with pytest.raises(
+        FbtError, match=r"'full' on 8 tokens: the exact hook rule would run 8 hooked passes \(at most 5\)"
+    ):
+        model.run_with_hooks(toks, mode="full", fwd_hooks=hook)
+    with torch.no_grad():  # the alternatives it names run
+        serial = model.run_with_hooks(toks, mode="full", serial=True, fwd_hooks=hook)
+        torch.testing.assert_close(serial, model(toks, mode="full"), rtol=0, atol=1e-12)
+        model.run_with_hooks(toks, mode="recurrent:3", fwd_hooks=hook)  # 4 passes: within the bound

@@ -47,6 +47,7 @@ from fbt_probe.surface.serial_cache import run_with_serial_cache
 from fbt_probe.surface.tl_native import FeedbackActivationCache, TransformerLensSurface, is_text, without_wrappers
 from fbt_probe.tokens import check_mask, check_tokens
 
+EXACT_PASS_LIMIT = 256  # passes the exact hook rule runs at most (each a hooked pass over the whole sequence)
 SILENT_CHUNK_TOKENS = 8192  # batch x positions per chunk of a silent pass through the KV cache (memory bound)
 
 
@@ -552,7 +553,15 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         attached = self._editors()
         backward = [hp.name for hp in self.hook_dict.values() if hp._backward_hooks]
         if serial is None:
-            return "exact" if carries and (attached or backward) else "one-pass"
+            if not (carries and (attached or backward)):
+                return "one-pass"
+            if mode.exact_passes(T) > EXACT_PASS_LIMIT:
+                raise FbtError(
+                    f"hooks under '{mode}' on {T} tokens: the exact hook rule would run {mode.exact_passes(T)} "
+                    f"hooked passes (at most {EXACT_PASS_LIMIT}); pass serial=True (the same edits, hooks per "
+                    "serial step with model.hook_context) or serial=False (one pass; edits do not reach the carried state)"
+                )
+            return "exact"
         if carries and backward:
             raise FbtError(
                 f"backward hooks on {backward[0]} under '{mode}' with serial=False: the one pass's gradient "
