@@ -66,12 +66,12 @@ class GradTaps:
     that hook calls the lifted backward hooks with the sum: d metric / d activation, the
     activation being perturbed wherever it is evaluated (in the exact rule, the serial run's)."""
 
-    def __init__(self, hook_points, on_fire=None):
-        """`on_fire(True)` before the lifted hooks of a hook point run, `on_fire(False)` after."""
+    def __init__(self, hook_points, owner=None, context: "HookContext | None" = None):
+        """`owner.hook_context` is `context` while the lifted hooks run (None again after)."""
         self.lifted: dict = {}
         self.placeholders = []
         self.leaves: dict = {}
-        self.on_fire = on_fire
+        self.owner, self.context = owner, context
         for hp in hook_points:
             if hp._backward_hooks:
                 self.lifted[hp] = dict(hp._backward_hooks)
@@ -97,24 +97,21 @@ class GradTaps:
         return hooked(hp, x)
 
     def _fire(self, hp: HookPoint, hooks: dict, grad: torch.Tensor) -> None:
-        if self.on_fire is not None:
-            self.on_fire(True)
+        if self.owner is not None:
+            self.owner.hook_context = self.context
         try:
-            self._call(hp, hooks, grad)
+            for key, fn in hooks.items():
+                if key not in hp._backward_hooks:  # removed since the forward (TransformerLens resets hooks)
+                    continue
+                if fn(hp, (grad,), (grad,)) is not None:
+                    raise FbtError(
+                        f"backward hook on {hp.name}: it returned a gradient; under a feedback mode a hook point "
+                        "is evaluated in every pass of the exact rule, so an edited gradient has no single place "
+                        "to go: read gradients in backward hooks, edit activations in forward hooks"
+                    )
         finally:
-            if self.on_fire is not None:
-                self.on_fire(False)
-
-    def _call(self, hp: HookPoint, hooks: dict, grad: torch.Tensor) -> None:
-        for key, fn in hooks.items():
-            if key not in hp._backward_hooks:  # removed since the forward (TransformerLens resets hooks)
-                continue
-            if fn(hp, (grad,), (grad,)) is not None:
-                raise FbtError(
-                    f"backward hook on {hp.name}: it returned a gradient; under a feedback mode a hook point "
-                    "is evaluated in every pass of the exact rule, so an edited gradient has no single place "
-                    "to go: read gradients in backward hooks, edit activations in forward hooks"
-                )
+            if self.owner is not None:
+                self.owner.hook_context = None
 
 
 def _no_op(module, inputs, output):

@@ -25,8 +25,8 @@ from fbt_probe.interventions.metrics import METRIC_HELP, summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.probe_edits import erase_methods
 from fbt_probe.interventions.registry import EXPERIMENTS, HOOK_RULES, PatchConfig
-from fbt_probe.io import read_json, write_csv, write_json
-from fbt_probe.marker import is_marked, output_dir, refuse_unowned
+from fbt_probe.io import write_csv, write_json
+from fbt_probe.marker import output_dir, refuse_unowned
 from fbt_probe.modes import Mode
 from fbt_probe.provenance import provenance
 
@@ -177,17 +177,6 @@ def manifest_for(cfg: PatchConfig, long: pd.DataFrame, notes: list[str], model_i
 
 def _leace_version() -> str:
     return f"LEACE via EleutherAI concept-erasure {metadata.version('concept-erasure')}"
-
-
-def is_results_folder(path: Path) -> bool:
-    """A folder written by `write_results` (its marker and its manifest's format say so)."""
-    if not is_marked(path, COMMAND):
-        return False
-    try:
-        meta = read_json(Path(path) / "manifest.json")
-    except FbtError:
-        return False
-    return isinstance(meta, dict) and meta.get("format") == FORMAT
 
 
 def write_results(res: Results, out_dir: Path, force: bool = False, figures: bool = True) -> Path:

@@ -30,9 +30,9 @@ from fbt_probe.interventions.edits import span
 from fbt_probe.interventions.metrics import bootstrap_cis
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.runner import dataset_hash
-from fbt_probe.io import read_json, write_json
+from fbt_probe.io import write_json
 from fbt_probe.lens.lenses import TunedLens, fit_tuned_lens, kl_to, logit_lens
-from fbt_probe.marker import is_marked, output_dir
+from fbt_probe.marker import output_dir
 from fbt_probe.modes import Mode, check_distinct, parse_mode
 from fbt_probe.provenance import provenance
 
@@ -102,17 +102,6 @@ class LensConfig:
 
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
-
-
-def is_lens_folder(path) -> bool:
-    """A folder written by `write_lens` (its marker and its manifest's format say so)."""
-    if not is_marked(path, COMMAND):
-        return False
-    try:
-        meta = read_json(Path(path) / "manifest.json")
-    except FbtError:
-        return False
-    return isinstance(meta, dict) and meta.get("format") == FORMAT
 
 
 @dataclass

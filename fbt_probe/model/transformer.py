@@ -516,12 +516,16 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
     def hooks_attached(self) -> bool:
         """Whether any TransformerLens hook (forward or backward) is attached to a hook point, or a
         module is spliced in where a hook point was (an SAE, `fbt_probe.sae.hooked`)."""
-        return bool(self._editors()) or any(hp._backward_hooks for hp in self.hook_dict.values())
+        return bool(self._editors() or self._backward_hooked())
 
     def _editors(self) -> list[str]:
         """Hook points with a forward hook, and modules spliced in at a hook point: what can edit a pass."""
         out = [n for n, hp in self.hook_dict.items() if hp._forward_hooks or hp._forward_pre_hooks]
         return out + [n for n, m in self.mod_dict.items() if "always_hooked" in m.__dict__]
+
+    def _backward_hooked(self) -> list[str]:
+        """Hook points with a backward hook."""
+        return [n for n, hp in self.hook_dict.items() if hp._backward_hooks]
 
     def note_cache_read(self, cache, key) -> None:
         """A `FeedbackActivationCache` was read: the next hooked run checks that its mode is the cache's."""
@@ -547,13 +551,13 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
 
     def hook_rule(self, mode: Mode, T: int, serial: bool | None) -> str:
         """Which hook rule a call runs under: "serial", "one-pass" or "exact" (see `forward`)."""
-        carries = mode.first_fed_position(T) < T
         if serial:
             return "serial"
-        attached = self._editors()
-        backward = [hp.name for hp in self.hook_dict.values() if hp._backward_hooks]
+        if mode.first_fed_position(T) >= T:  # nothing carried: the one pass is the whole computation
+            return "one-pass"
+        backward = self._backward_hooked()
         if serial is None:
-            if not (carries and (attached or backward)):
+            if not (backward or self._editors()):
                 return "one-pass"
             if mode.exact_passes(T) > EXACT_PASS_LIMIT:
                 raise FbtError(
@@ -562,7 +566,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
                     "serial step with model.hook_context) or serial=False (one pass; edits do not reach the carried state)"
                 )
             return "exact"
-        if carries and backward:
+        if backward:
             raise FbtError(
                 f"backward hooks on {backward[0]} under '{mode}' with serial=False: the one pass's gradient "
                 "misses the path through the carried state; leave serial unset (the exact rule)"
@@ -592,10 +596,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         T = tokens.shape[1]
         K = mode.exact_passes(T)
         has = torch.arange(T, device=tokens.device) >= mode.first_fed_position(T)
-        backward_ctx = HookContext("backward", range(T), K, K)
-        with GradTaps(
-            self.hook_dict.values(), on_fire=lambda on: setattr(self, "hook_context", backward_ctx if on else None)
-        ) as taps:
+        with GradTaps(self.hook_dict.values(), self, HookContext("backward", range(T), K, K)) as taps:
             states = None
             for k in range(1, K + 1):
                 ctx = HookContext("exact", range(T), k, K)
@@ -615,8 +616,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             return None
         if tokens.shape[1] < 2:
             raise FbtError("return_type: the next-token loss needs at least 2 positions")
-        flat = logits[:, :-1]
-        flat = upcast(flat)
+        flat = upcast(logits[:, :-1])
         per = F.cross_entropy(flat.flatten(0, 1), tokens[:, 1:].flatten(), reduction="none").view(tokens.shape[0], -1)
         if mask is not None:  # a position counts where it and its target are real tokens
             keep = (mask[:, :-1] & mask[:, 1:]).to(per.dtype)
@@ -649,7 +649,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
 
     def padding_of(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """The attention mask `to_tokens` made with this very tensor (None for any other)."""
-        entry = getattr(self, "_padded_batches", {}).get(id(tokens))
+        entry = self.__dict__.get("_padded_batches", {}).get(id(tokens))
         return entry[1] if entry is not None and entry[0]() is tokens else None
 
     def remember_padding(self, tokens: torch.Tensor, mask: torch.Tensor) -> None:
@@ -661,9 +661,8 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
 
     def _started(self, x, mode, start_at_layer, stop_at_layer, return_type):
         """TransformerLens's start_at_layer: blocks start..stop-1 (then the top) on the stream x."""
-        L = self.cfg.n_layers
-        if isinstance(start_at_layer, bool) or not isinstance(start_at_layer, int) or not -L <= start_at_layer <= L:
-            raise FbtError(f"start_at_layer: expected an integer in [{-L}, {L}], got {start_at_layer!r}")
+        a = self._layer_index("start_at_layer", start_at_layer)
+        stop = self.cfg.n_layers if stop_at_layer is None else self._layer_index("stop_at_layer", stop_at_layer)
         if not torch.is_tensor(x) or x.dim() != 3 or x.shape[-1] != self.cfg.d_model or not x.is_floating_point():
             raise FbtError(f"start_at_layer: expected the residual stream [batch, pos, {self.cfg.d_model}] as input")
         T = x.shape[1]
@@ -674,8 +673,6 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             )
         if return_type in ("loss", "both"):
             raise FbtError("start_at_layer: return_type 'loss' needs the tokens; use 'logits'")
-        a = start_at_layer % L if start_at_layer < 0 else start_at_layer
-        stop = L if stop_at_layer is None else (stop_at_layer % L if stop_at_layer < 0 else stop_at_layer)
         h = x
         for block in self.blocks[a:stop]:
             h = block(h, 0, None, hooked, None)
@@ -683,17 +680,21 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             return h
         return None if return_type is None else self._top(h, hooked)[2]
 
+    def _layer_index(self, name: str, value) -> int:
+        """A TransformerLens layer argument in 0..L (negative counts from the top), or one line."""
+        L = self.cfg.n_layers
+        if isinstance(value, bool) or not isinstance(value, int) or not -L <= value <= L:
+            raise FbtError(f"{name}: expected an integer in [{-L}, {L}], got {value!r}")
+        return value if value >= 0 else L + value
+
     def _stopped(self, tokens: torch.Tensor, mode: Mode, rule: str, stop_at_layer) -> torch.Tensor:
         """The analysed pass through blocks 0..stop-1: the residual stream there."""
-        L = self.cfg.n_layers
-        if isinstance(stop_at_layer, bool) or not isinstance(stop_at_layer, int) or not -L <= stop_at_layer <= L:
-            raise FbtError(f"stop_at_layer: expected an integer in [{-L}, {L}], got {stop_at_layer!r}")
+        stop = self._layer_index("stop_at_layer", stop_at_layer)
         if rule == "serial":
             raise FbtError(
                 "stop_at_layer: not with serial=True (every serial step needs the top layer's state); "
                 "cache the final pass (serial=False), whose layers below the stop are the same"
             )
-        stop = stop_at_layer if stop_at_layer >= 0 else L + stop_at_layer
         T = tokens.shape[1]
         if rule == "exact":
             return self.exact_passes(tokens, mode, stop=stop)[0]

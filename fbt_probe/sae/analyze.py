@@ -25,7 +25,7 @@ from fbt_probe.figures.sae import sae_swap
 from fbt_probe.interventions.metrics import summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.io import write_json
-from fbt_probe.marker import is_marked, output_dir
+from fbt_probe.marker import output_dir
 from fbt_probe.modes import parse_mode
 from fbt_probe.provenance import provenance
 from fbt_probe.sae.data import collect
@@ -38,10 +38,6 @@ EXAMPLES = 5  # max-activating positions per latent (distinct texts)
 
 COMMAND = "sae analyze"  # the output marker's command
 KIND = "an SAE analysis folder written by fbt-probe sae analyze"
-
-
-def is_analysis_folder(p: Path) -> bool:
-    return is_marked(p, COMMAND) and (Path(p) / "analysis.json").is_file()
 
 
 def no_pairs_above_gap(wide: pd.DataFrame, mode: str) -> FbtError:

@@ -19,7 +19,7 @@ import torch
 
 from fbt_probe.errors import FbtError
 from fbt_probe.modes import parse_mode
-from fbt_probe.surface.tl_native import FeedbackActivationCache
+from fbt_probe.surface.tl_native import FeedbackActivationCache, is_text
 
 
 def _keep(names_filter):
@@ -54,6 +54,8 @@ def run_with_serial_cache(
             "run_with_cache(serial=True): incl_bwd and pos_slice are not supported; leave serial unset "
             "(the exact rule: the whole gradient in [batch, pos, ...]), or collect with hooks and model.hook_context"
         )
+    if is_text(tokens):
+        tokens = model.to_tokens(tokens)  # once: the run and the stitching read the same ids
     keep = _keep(names_filter)
     chunks: dict[str, list] = {}
 
@@ -69,7 +71,7 @@ def run_with_serial_cache(
     ):
         out = model(tokens, mode=mode, serial=True, return_type=return_type, **forward_kwargs)
     cache: dict[str, torch.Tensor] = {}
-    T = model.to_tokens(tokens).shape[1] if isinstance(tokens, (str, list)) else tokens.shape[1]
+    T = tokens.shape[1]
     for name, parts in chunks.items():
         cache.update(_assemble(name, parts, T))
     if remove_batch_dim:
