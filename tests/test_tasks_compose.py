@@ -119,6 +119,25 @@ def test_the_solvable_control_spec_is_s3_and_its_labels_agree_with_matrices():
     assert (df["label"].to_numpy() == [label_by_matrices(t, perms, accept) for t in df["text"]]).all()
 
 
+def test_the_fixed_length_spec_has_k_moving_lines_among_32_and_labels_agree_with_matrices():
+    fixed = load_spec("compose-s3-lines")
+    perms = [list(p) for p in fixed.permutations]
+    assert fixed.step_lines == 32 and perms[2] == [0, 1, 2]
+    df = generate(fixed, groups=16, seed=0, tokenizer=build_tokenizer())
+    assert df["n_tokens"].nunique() == 1  # the length does not change with k
+    for text, k in zip(df["text"], df["length_knob"]):
+        _, word = parse(text)
+        assert len(word) == 32 and sum(g != 2 for g in word) == k
+    assert (df["label"].to_numpy() == [label_by_matrices(t, perms, fixed.accept) for t in df["text"]]).all()
+    assert (df.groupby("length_knob")["group_id"].nunique() == 16).all()  # held-out groups at every k
+    with pytest.raises(FbtError, match="33"):
+        fixed.replace(length_grid=[33])
+    raw = fixed.to_dict()
+    raw["permutations"] = perms[:2]  # no identity to fill the other lines with
+    with pytest.raises(FbtError, match="step_lines"):
+        spec_from_dict(raw, source="variant.json")
+
+
 def test_the_checker_refuses_a_wrong_label_and_text_outside_the_language(spec, data):
     text, label = data["text"].iloc[0], int(data["label"].iloc[0])
     check_sample(spec, text, label, spec.label_words[label], "ok")

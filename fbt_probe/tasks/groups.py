@@ -19,7 +19,8 @@ samples, two per minimal pair:
 - compose: a word of k generator indices (the knob k is the number of dependent steps). At each
   length one pair per accepted point b: a start a1 with π(a1) = b (label 1) and a start a0 with
   π(a0) outside the accepted set (label 0), π the word's composed permutation; the pair differs
-  only in the start value. Group = context = `<task>:k<k>:<hex digit per step>`.
+  only in the start value. Group = context = `<task>:k<k>:<hex digit per step>`. With `step_lines`
+  the word has that many lines, k of them dependent steps and the rest the identity generator.
 
 Ids spell their content out (no hashing), so different groups never share an id.
 """
@@ -29,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fbt_probe.tasks.rng import StableRng
-from fbt_probe.tasks.spec import TaskSpec, completion_truth, compose_steps
+from fbt_probe.tasks.spec import TaskSpec, completion_truth, compose_steps, identity_generator
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,13 @@ def _render_registers(spec: TaskSpec, knob: int, group: Group, rng: StableRng, c
 
 # ----------------------------------------------------------------------------- compose
 def _draw_compose(spec: TaskSpec, knob: int, rng: StableRng) -> Group:
-    word = tuple(rng.below(len(spec.permutations)) for _ in range(knob))
+    ident = identity_generator(spec)
+    if ident is None:
+        word = tuple(rng.below(len(spec.permutations)) for _ in range(knob))
+    else:  # k dependent steps at random lines among `step_lines`, the identity on the rest
+        moves = [g for g in range(len(spec.permutations)) if g != ident]
+        at = set(rng.shuffle(list(range(spec.step_lines)))[:knob])
+        word = tuple(rng.choice(moves) if i in at else ident for i in range(spec.step_lines))
     return Group(f"{spec.task}:k{knob}:" + "".join(format(g, "x") for g in word), (word,))
 
 

@@ -60,9 +60,9 @@ _EXTRA = {
     "completion": {"relation", "value_range", "scratch_range"},
     "memory": {"answer", "context_updates"},
     "registers": {"registers", "assignments", "empty_updates", "scratch_range", "pad_to", "suffix_spans"},
-    "compose": {"permutations", "accept"},
+    "compose": {"permutations", "accept", "step_lines"},
 }
-_OPTIONAL = {"description", "registers", "assignments", "pad_to", "suffix_spans"}
+_OPTIONAL = {"description", "registers", "assignments", "pad_to", "suffix_spans", "step_lines"}
 _STATEMENT = re.compile(r"^\s*([A-Za-z_]\w*)\s*(=|\+=|-=|\^=)\s*(-?\d+)\s*$")
 _RELATION = re.compile(r"^\s*([A-Za-z_]\w*)\s*(==|!=)\s*([A-Za-z_]\w*)\s*$")
 _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
@@ -92,6 +92,9 @@ class TaskSpec:
     suffix_spans: dict | None = None  # registers: paper k -> the text span the last k inputs cover ({i}: register)
     permutations: tuple | None = None  # compose: the generators, each a permutation of 0..n-1 (image of each point)
     accept: tuple | None = None  # compose: label 1 iff the final point is one of these
+    step_lines: int | None = None
+    """compose: every sample has this many step lines, k of them (the knob) non-identity generators
+    and the rest the spec's identity generator, so the text length does not change with k (None: k lines)."""
     source: str = field(default="", compare=False)  # file it was read from
 
     @property
@@ -248,7 +251,7 @@ def _range(raw, key, bad, width: int | None = None) -> tuple:
 def check_knob(spec: TaskSpec, knob, where: str = "length_grid") -> int:
     """A length-grid value that the spec's generator can produce, else FbtError."""
     if spec.kind == "compose":
-        lo, hi, what = 1, MAX_STEPS, "number of dependent steps"
+        lo, hi, what = 1, spec.step_lines or MAX_STEPS, "number of dependent steps"
     elif spec.kind != "registers":
         lo, hi, what = 0, MAX_DISTRACTORS, "distractor count"
     elif spec.assignments is None:
@@ -437,7 +440,25 @@ def _compose_extra(raw, tpl, bad) -> dict:
         or not 0 < len(acc) < n
     ):
         raise bad("accept", f"distinct points of 0..{n - 1}, at least one and not all", acc)
-    return {"permutations": tuple(tuple(p) for p in perms), "accept": tuple(sorted(acc))}
+    lines = raw.get("step_lines")
+    if lines is not None:
+        ident = [p for p in perms if p == list(range(n))]
+        if isinstance(lines, bool) or not isinstance(lines, int) or not 1 <= lines <= MAX_STEPS or len(ident) != 1:
+            raise bad(
+                "step_lines",
+                f"an integer 1..{MAX_STEPS} (step lines per sample), with exactly one identity permutation "
+                "among the generators to fill the lines that are not dependent steps",
+                lines,
+            )
+    return {"permutations": tuple(tuple(p) for p in perms), "accept": tuple(sorted(acc)), "step_lines": lines}
+
+
+def identity_generator(spec: TaskSpec) -> int | None:
+    """compose with `step_lines`: the index of the identity generator (the filler line)."""
+    if spec.step_lines is None:
+        return None
+    n = len(spec.permutations[0])
+    return next(i for i, p in enumerate(spec.permutations) if p == tuple(range(n)))
 
 
 def compose_steps(*perms) -> tuple:
