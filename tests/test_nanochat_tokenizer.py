@@ -312,6 +312,7 @@ def test_reproduce_on_a_nanochat_import(imported, tmp_path):
     report = (study / "report.md").read_text()
     sha = tokenizer_sha256(load_tokenizer(out))
     assert f"sha256 {sha[:12]}..." in report and "no baseline was given (`--baseline PATH`)" in report
+    assert "feedback: not trained on these tasks by this toolkit" in report  # an import has no training record
     assert f'"sha256": "{sha}"' in report  # the provenance record's tokenizer
     assert "checkpoint sha256 (feedback)" in report and "checkpoint sha256 (baseline)" not in report
     for man in (study / "data").glob("*.manifest.json"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -171,6 +172,83 @@ def train_config(cfg: ReproConfig, baseline: bool) -> TrainConfig:
         save_every=max(1, min(100, cfg.steps)),
     )
     return TrainConfig(**fields)
+
+
+def trained_as(cfg: ReproConfig, name: str) -> TrainConfig | None:
+    """How study model `name` was trained: the preset's recipe (a shipped or trained-here model), the
+    `train` record of a user checkpoint's config.json (a run of `fbt-probe train`), or None (an
+    imported checkpoint, which has no record: it was not trained on the tasks here)."""
+    if not cfg.model:
+        return train_config(cfg, name == "baseline")
+    path = Path(cfg.baseline if name == "baseline" else cfg.model) / "config.json"
+    try:
+        record = json.loads(path.read_text()).get("train")
+    except (OSError, ValueError, AttributeError):
+        record = None
+    if not isinstance(record, dict):
+        return None
+    return TrainConfig.from_dict(record, source=f"{path}: field 'train'")
+
+
+def study_training(cfg: ReproConfig) -> TrainConfig:
+    """The training the study's held-out contexts, answer-accuracy cells and contraction batch
+    follow: the feedback model's own (its split, tasks, lengths and seed), else the preset's recipe,
+    whose held-out split is then a fixed subset of contexts the model never saw."""
+    return trained_as(cfg, "feedback") or train_config(cfg, False)
+
+
+class HeldOutOfAll:
+    """Contexts held out of the training of every model in `splits` (one `HeldOut` each); a model
+    whose training left a task out restricts nothing on it."""
+
+    def __init__(self, splits):
+        self.splits = list(splits)
+
+    def __contains__(self, context_id) -> bool:
+        if not isinstance(context_id, str):
+            return False
+        task = context_id.split(":", 1)[0]
+        return all(context_id in h for h in self.splits if h.tasks is None or task in h.tasks)
+
+
+def study_contexts(cfg: ReproConfig, heldout):
+    """The contexts the probe datasets and the answer-accuracy samples are drawn from: held out of
+    the training of every study model (`heldout`: `TrainConfig` -> its `HeldOut`)."""
+    splits = {}
+    for name in cfg.models():
+        t = trained_as(cfg, name) if cfg.model else train_config(cfg, False)
+        if t is not None:
+            splits[(tuple(t.tasks), t.heldout_fraction, t.seed)] = heldout(t)
+    if not splits:
+        return heldout(study_training(cfg))
+    if len(splits) == 1:
+        return next(iter(splits.values()))
+    return HeldOutOfAll(splits.values())
+
+
+def schedule_label(cfg: ReproConfig, name: str) -> str:
+    """The pass schedule study model `name` was trained with ("constant:1" for one pass), or
+    "not recorded" for an imported checkpoint."""
+    t = trained_as(cfg, name)
+    if t is None:
+        return "not recorded"
+    return "constant:1" if t.baseline else t.schedule
+
+
+def training_note(cfg: ReproConfig) -> str:
+    """What the study knows of a user checkpoint's training (empty for the preset's models)."""
+    if not cfg.model:
+        return ""
+    said = []
+    for name in cfg.models():
+        t = trained_as(cfg, name)
+        said.append(
+            f"{name}: not trained on these tasks by this toolkit (no `train` record), so every context is unseen"
+            if t is None
+            else f"{name}: trained here on {', '.join(t.tasks)} (seed {t.seed}, {t.steps} steps, schedule "
+            f"{'constant:1' if t.baseline else t.schedule}); its held-out contexts only"
+        )
+    return "; ".join(said)
 
 
 def tokenizer(cfg: ReproConfig):

@@ -12,11 +12,13 @@ import pandas as pd
 
 from fbt_probe.activations import extract
 from fbt_probe.errors import FbtError
+from fbt_probe.formats.nanochat.checkpoint import is_nanochat_folder
+from fbt_probe.hidden.config import ARCH as HIDDEN_ARCH
 from fbt_probe.interventions.combined import run_several
 from fbt_probe.interventions.registry import EXPERIMENTS as REGISTRY
 from fbt_probe.interventions.registry import PatchConfig, options_for
 from fbt_probe.io import atomic_dir, atomic_path, read_json
-from fbt_probe.loading import checkpoint_hash, load_model, load_pairs
+from fbt_probe.loading import checkpoint_hash, checkpoint_kind, load_model, load_pairs
 from fbt_probe.probes.robustness import robustness
 from fbt_probe.probes.sweep import ProbeConfig, probe_sweep, write_results
 from fbt_probe.reference import names, record
@@ -26,7 +28,10 @@ from fbt_probe.reproduce.config import (
     EXTRACT_BATCH,
     ReproConfig,
     model_path,
+    schedule_label,
     shipped_name,
+    study_contexts,
+    study_training,
     train_config,
 )
 from fbt_probe.reproduce.config import tokenizer as _tokenizer
@@ -45,7 +50,7 @@ from fbt_probe.training.evaluate import answer_accuracy, contraction, eval_sampl
 
 def stage_data(cfg: ReproConfig, out: Path) -> None:
     """Probe datasets from contexts held out of training (the same hash split the trainer uses)."""
-    tok, ho = _tokenizer(cfg), heldout(train_config(cfg, False))
+    tok, ho = _tokenizer(cfg), study_contexts(cfg, heldout)
     with atomic_dir(out / "data", force=True) as tmp:
         for task, knobs in cfg.knobs.items():
             spec = dataclasses.replace(load_spec(task), length_grid=tuple(knobs))
@@ -79,8 +84,9 @@ def check_shipped(cfg: ReproConfig) -> None:
 
 def stage_eval(cfg: ReproConfig, out: Path) -> None:
     tok, frames = _tokenizer(cfg), []
-    tcfg = train_config(cfg, False)
-    samples = eval_samples(tcfg, tok, pairs=cfg.eval_pairs, knobs=_train_knobs(cfg))
+    tcfg = study_training(cfg)
+    knobs = _train_knobs(cfg) if not cfg.model else None  # a user run's own training lengths
+    samples = eval_samples(tcfg, tok, pairs=cfg.eval_pairs, knobs=knobs, contexts=study_contexts(cfg, heldout))
     for name in cfg.models():
         acc = answer_accuracy(load_model(str(model_path(cfg, out, name))), samples, tok)
         frames.append(acc.assign(model=name))
@@ -96,11 +102,10 @@ def _train_knobs(cfg: ReproConfig) -> dict:
 
 def stage_contraction(cfg: ReproConfig, out: Path) -> None:
     tok, frames = _tokenizer(cfg), []
-    batch = validation_batch(train_config(cfg, False), tok, rows=8 if cfg.quick else 16)
+    batch = validation_batch(study_training(cfg), tok, rows=8 if cfg.quick else 16)
     for name in cfg.models():
         t = contraction(load_model(str(model_path(cfg, out, name))), *batch, n_passes=cfg.passes)
-        schedule = "constant:1" if name == "baseline" else train_config(cfg, False).schedule
-        frames.append(t.assign(run=name, schedule=schedule))
+        frames.append(t.assign(run=name, schedule=schedule_label(cfg, name)))
     with atomic_path(out / "diagnostics" / "contraction.parquet") as tmp:
         pd.concat(frames, ignore_index=True).to_parquet(tmp, index=False)
 
@@ -287,6 +292,29 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
     return st
 
 
+def check_study_models(cfg: ReproConfig) -> None:
+    """Refuse, before anything is written, a user checkpoint the feedback study does not apply to: a
+    Hidden Decoding model (no carried state; it has its own probe flow) as either model, and a Qwen3
+    folder as --model (its fusion would be fresh weights; as --baseline it is the untrained-fusion
+    baseline by construction)."""
+    for option, path in (("--model", cfg.model), ("--baseline", cfg.baseline)):
+        if path is None:
+            continue
+        kind = checkpoint_kind(path)
+        if kind == HIDDEN_ARCH:
+            raise FbtError(
+                f"{option} {path}: a Hidden Decoding checkpoint carries no state, so the feedback study does not "
+                f"apply; probe its streams with fbt-probe extract {path} DATA --out ACTS, fbt-probe probe ACTS --out "
+                "RESULTS and fbt-probe figures hidden RESULTS --out FIGURES (docs/hidden-decoding.md)"
+            )
+        if option == "--model" and kind is None and not is_nanochat_folder(Path(path)):
+            raise FbtError(
+                f"--model {path}: a Qwen3-format folder has no trained fusion (loading it adds fresh weights); "
+                f"pass it as --baseline beside a feedback checkpoint trained from it (fbt-probe train --init {path} "
+                "..., or fbt-probe model import-hf and train)"
+            )
+
+
 def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), echo=print, jobs: int = 1) -> dict:
     """The study in OUT; `jobs` stages at a time side by side (`Runner.run_all`), figures and report last."""
     out = Path(out)
@@ -295,6 +323,7 @@ def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), 
     if cfg.baseline and not Path(cfg.baseline).is_dir():
         raise FbtError(f"--baseline {cfg.baseline}: checkpoint folder not found")
     if cfg.model:
+        check_study_models(cfg)
         _tokenizer(cfg)  # a checkpoint without its own tokenizer is refused before anything is written
     if cfg.shipped:
         check_shipped(cfg)

@@ -16,7 +16,7 @@ from fbt_probe.io import atomic_dir, atomic_path
 from fbt_probe.loading import checkpoint_hash
 from fbt_probe.probes.robustness import pooled_by_variant
 from fbt_probe.provenance import provenance
-from fbt_probe.reproduce.config import model_path, shipped_name
+from fbt_probe.reproduce.config import model_path, shipped_name, training_note
 from fbt_probe.reproduce.config import tokenizer as study_tokenizer
 from fbt_probe.reproduce.findings import findings, headline, same_kind, shipped_comparison, study_kind
 from fbt_probe.reproduce.methods import MODEL_WORDS, figure_jobs, methods_section
@@ -215,10 +215,15 @@ def _checkpoint_source(cfg) -> str:
         f"the checkpoint `{cfg.model}`, in its own tokenizer (`{tok['file']}`, {tok['vocab_size']:,} tokens, "
         f"sha256 {tok['sha256'][:12]}...)"
     )
+    trained = f" (training: {training_note(cfg)})"
     if cfg.baseline:
-        return text + f", beside its no-feedback baseline `{cfg.baseline}`"
-    return text + (
-        "; no baseline was given (`--baseline PATH`), so no number here is read beside a model without trained feedback"
+        return text + f", beside its no-feedback baseline `{cfg.baseline}`" + trained
+    return (
+        text
+        + trained
+        + (
+            "; no baseline was given (`--baseline PATH`), so no number here is read beside a model without trained feedback"
+        )
     )
 
 
