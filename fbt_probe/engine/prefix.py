@@ -24,7 +24,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from fbt_probe.engine.cache import KVCache
-from fbt_probe.engine.hooks import HookContext, hooked, silent
+from fbt_probe.engine.hooks import hooked, silent
+from fbt_probe.engine.schedule import Schedule, run_chunk
 from fbt_probe.modes import Mode, require_mode
 from fbt_probe.tokens import check_tokens
 
@@ -112,48 +113,38 @@ class Prefix:
             c.rewind(start)
         self._valid = start
 
-    def _ctx(self, ctx: HookContext, fn, *args):
-        return self.model._with_context(ctx, fn, *args)
-
     def _one_pass(self, start: int) -> torch.Tensor:
-        m = self.model
+        m, sched = self.model, Schedule(self.mode, self.T)
+        (chunk,) = sched.cut([sched.final()], start)
         states = None if self.states is None else self.states[:, start:]
         has = None if self.has is None else self.has[start:]
-        ctx = HookContext("final", range(start, self.T), self.mode.passes(self.T))
-        return self._ctx(ctx, m.extend, self.tokens[:, start:], self.caches[0], states, has, hooked)[1]
+        return run_chunk(m, chunk, m.extend, self.tokens[:, start:], self.caches[0], states, has, hooked)[1]
 
     def _recurrent(self, start: int) -> torch.Tensor:
-        m, cache, T = self.model, self.caches[0], self.T
-        P = T - self.mode.n_serial(T)
-        out = []
-        if start < P:
-            top, logits = self._ctx(
-                HookContext("prefix", range(start, P)), m.extend, self.tokens[:, start:P], cache, None, None, hooked
-            )
-            out.append(logits)
-            prev = top[:, -1]
-        else:
-            prev = self.states[:, start]
-        for t in range(max(start, P), T):
-            logits, prev = self._ctx(
-                HookContext("step", range(t, t + 1)), m.step, self.tokens[:, t], cache, prev, hooked
-            )
+        m, cache, sched = self.model, self.caches[0], Schedule(self.mode, self.T)
+        out, prev = [], None if self.states is None else self.states[:, start]
+        for chunk in sched.cut(sched.serial(), start):
+            a, b = chunk.positions.start, chunk.positions.stop
+            if chunk.phase == "prefix":
+                top, logits = run_chunk(m, chunk, m.extend, self.tokens[:, a:b], cache, None, None, hooked)
+                out.append(logits)
+                prev = top[:, -1]
+                continue
+            logits, prev = run_chunk(m, chunk, m.step, self.tokens[:, a], cache, prev, hooked)
             out.append(logits[:, None])
         return torch.cat(out, dim=1)
 
     def _jacobi(self, start: int) -> torch.Tensor:
-        m, T = self.model, self.T
-        has = torch.arange(start, T, device=self.tokens.device) >= 1
+        m, sched = self.model, Schedule(self.mode, self.T)
+        has = sched.has_state(self.tokens.device, start)
         prev = None
-        for k, cache in enumerate(self.caches, start=1):
-            states = None
+        for chunk, cache in zip(sched.cut(sched.serial(), start), self.caches):
+            k, states = chunk.pass_index, None
             if k > 1:  # right-shifted top states of pass k-1; the one into `start` comes from the prefix
                 first = self.tops[k - 2][:, start - 1] if start > 0 else torch.zeros_like(prev[:, 0])
                 states = torch.cat([first[:, None], prev[:, :-1]], dim=1)
-            ctx = HookContext("pass", range(start, T), k)
-            prev, logits = self._ctx(
-                ctx, m.extend, self.tokens[:, start:], cache, states, None if k == 1 else has, hooked
-            )
+            fed = None if k == 1 else has
+            prev, logits = run_chunk(m, chunk, m.extend, self.tokens[:, start:], cache, states, fed, hooked)
         return logits
 
 

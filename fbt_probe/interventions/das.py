@@ -27,7 +27,8 @@ from torch import nn
 from torch.nn.utils.parametrizations import orthogonal
 
 from fbt_probe.engine.cache import KVCache
-from fbt_probe.engine.hooks import HookContext, hooked
+from fbt_probe.engine.hooks import hooked
+from fbt_probe.engine.schedule import answer_step, run_chunk
 from fbt_probe.errors import FbtError
 from fbt_probe.modes import Mode
 
@@ -101,11 +102,8 @@ class FinalStep:
             self.cache.keys, self.cache.values, self.cache.tokens
         )  # the first append grows into new buffers
         with m.hooks(fwd_hooks=list(hooks)):
-            m.hook_context = HookContext("step", range(self.T - 1, self.T))
-            try:
-                return m.step(self.token, cache, self.state, hk=hooked)[0]
-            finally:
-                m.hook_context = None
+            chunk = answer_step(self.T, self.state is not None)
+            return run_chunk(m, chunk, m.step, self.token, cache, self.state, hooked)[0]
 
     def repeat(self, m: int) -> "FinalStep":
         """The same computation for m stacked copies of the batch (block j = rows j·N .. (j+1)·N - 1)."""

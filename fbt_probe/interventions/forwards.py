@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fbt_probe.engine.hooks import HookContext, hooked
+from fbt_probe.engine.hooks import hooked
 from fbt_probe.engine.prefix import Prefix, build_prefix
+from fbt_probe.engine.schedule import answer_step, run_chunk
 from fbt_probe.modes import Mode
 
 RECURRENT_1 = Mode("recurrent", 1)
@@ -58,11 +59,7 @@ def soft_answer_logits(model, tokens: torch.Tensor, hooks=()) -> torch.Tensor:
     T = tokens.shape[1]
     cache, state, _ = model.prefill_cache(tokens[:, :-1])
     with model.hooks(fwd_hooks=list(hooks)):
-        model.hook_context = HookContext("step", range(T - 1, T))
-        try:
-            logits, _ = model.step(tokens[:, -1], cache, state[:, -1], hk=hooked)
-        finally:
-            model.hook_context = None
+        logits, _ = run_chunk(model, answer_step(T, True), model.step, tokens[:, -1], cache, state[:, -1], hooked)
     return logits
 
 

@@ -37,6 +37,7 @@ from fbt_probe.engine import dispatch
 from fbt_probe.engine.cache import KVCache
 from fbt_probe.engine.graph_scan import GraphedScan
 from fbt_probe.engine.hooks import GradTaps, Hk, HookContext, has_hooks, hooked, silent
+from fbt_probe.engine.schedule import Schedule, jacobi_chunks, run_chunk, scan_chunks
 from fbt_probe.engine.step import DecodePlan
 from fbt_probe.errors import FbtError
 from fbt_probe.model.components import Block, HookedRMSNorm
@@ -230,13 +231,6 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             state = state + (torch.rand_like(state) * 2 - 1) * self.cfg.feedback_noise
         return state, normed, logits
 
-    def _with_context(self, ctx: HookContext, fn, *args):
-        self.hook_context = ctx
-        try:
-            return fn(*args)
-        finally:
-            self.hook_context = None
-
     def extend(
         self,
         tokens: torch.Tensor,
@@ -339,11 +333,10 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         T = tokens.shape[1]
         has = torch.arange(T, device=tokens.device) >= 1 if has_state is None else has_state
         states, out = None, []
-        for k in range(1, K + 1):
-            hk = hooked if (k == K or serial_hooks) else silent
-            ctx = HookContext("pass" if serial_hooks else "final", range(T), k) if hk is hooked else None
-            state, logits = self._with_context(
-                ctx, self.feedback_pass, tokens, states, None if states is None else has, hk
+        for chunk, fires in jacobi_chunks(T, K, every=serial_hooks):
+            fed = None if states is None else has
+            state, logits = run_chunk(
+                self, chunk if fires else None, self.feedback_pass, tokens, states, fed, hooked if fires else silent
             )
             out.append(logits)
             states = self.shift_states(state)
@@ -356,12 +349,11 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         holding positions < stop, carried states [batch, T, d_model] (zeros where none or not
         reached), logits [batch, stop, d_vocab], top state of position stop-1 [batch, d_model])."""
         B, T = tokens.shape
-        stop = T if stop is None else stop
-        P = min(T - n_serial, stop)
+        prefix, *steps = scan_chunks(T, n_serial, stop)
+        stop, P = prefix.positions.stop + len(steps), prefix.positions.stop
         hk = hooked if hooks else silent
         cache = KVCache(self.cfg.n_layers, T)
-        ctx = HookContext("prefix", range(P)) if hooks else None
-        state, logits = self._with_context(ctx, self.extend, tokens[:, :P], cache, None, None, hk)
+        state, logits = run_chunk(self, prefix if hooks else None, self.extend, tokens[:, :P], cache, None, None, hk)
         prev = state[:, -1]
         carried = state.new_zeros(B, T, state.shape[-1])
         out = logits.new_empty(B, stop, logits.shape[-1])
@@ -371,13 +363,13 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             scan = GraphedScan(plan, cache, tokens, carried, out, prev, P, fused_epilogue=self.cfg.fast_fusion)
             prev = scan.run(stop - P)
             return cache, carried, out, prev
-        for t in range(P, stop):
+        for chunk in steps:
+            t = chunk.positions.start
             carried[:, t] = prev
             if plan is not None:
                 out[:, t], prev = plan.step(tokens[:, t], cache, prev)
                 continue
-            ctx = HookContext("step", range(t, t + 1)) if hooks else None
-            out[:, t], prev = self._with_context(ctx, self.step, tokens[:, t], cache, prev, hk)
+            out[:, t], prev = run_chunk(self, chunk if hooks else None, self.step, tokens[:, t], cache, prev, hk)
         return cache, carried, out, prev
 
     def serial_states(self, tokens: torch.Tensor, n_serial: int, hooks: bool = False):
@@ -582,8 +574,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         if rule == "exact":
             return self.exact_passes(tokens, mode)[1]
         states, has = self.carried_states(tokens, mode)
-        ctx = HookContext("final", range(T), mode.passes(T))
-        return self._with_context(ctx, self.feedback_pass, tokens, states, has, hooked)[1]
+        return run_chunk(self, Schedule(mode, T).final(), self.feedback_pass, tokens, states, has, hooked)[1]
 
     def exact_passes(self, tokens: torch.Tensor, mode: Mode, stop: int | None = None):
         """The exact hook rule: `mode.exact_passes(T)` hooked parallel passes, each feeding the
@@ -594,18 +585,16 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         (`GradTaps`). Returns (the last pass's carried state or, with `stop`, the residual stream at
         block `stop`'s input; logits or None)."""
         T = tokens.shape[1]
-        K = mode.exact_passes(T)
-        has = torch.arange(T, device=tokens.device) >= mode.first_fed_position(T)
-        with GradTaps(self.hook_dict.values(), self, HookContext("backward", range(T), K, K)) as taps:
+        schedule = Schedule(mode, T)
+        passes, has = schedule.exact(), schedule.has_state(tokens.device)
+        with GradTaps(self.hook_dict.values(), self, schedule.backward().context()) as taps:
             states = None
-            for k in range(1, K + 1):
-                ctx = HookContext("exact", range(T), k, K)
-                if stop is not None and k == K:
-                    x = self._input(tokens, states, None if states is None else has, taps.hk)
-                    return self._with_context(ctx, self._trunk, x, 0, None, taps.hk, tokens, stop), None
-                state, logits = self._with_context(
-                    ctx, self.feedback_pass, tokens, states, None if states is None else has, taps.hk
-                )
+            for chunk in passes:
+                fed = None if states is None else has
+                if stop is not None and chunk is passes[-1]:
+                    x = self._input(tokens, states, fed, taps.hk)
+                    return run_chunk(self, chunk, self._trunk, x, 0, None, taps.hk, tokens, stop), None
+                state, logits = run_chunk(self, chunk, self.feedback_pass, tokens, states, fed, taps.hk)
                 states = self.shift_states(state)
         return state, logits
 
@@ -703,4 +692,4 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         def run():
             return self._trunk(self._input(tokens, states, has, hooked), 0, None, hooked, tokens, stop=stop)
 
-        return self._with_context(HookContext("final", range(T), mode.passes(T)), run)
+        return run_chunk(self, Schedule(mode, T).final(), run)
