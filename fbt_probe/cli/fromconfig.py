@@ -40,18 +40,30 @@ class Text:
     show: Callable[[object], str] = _commas
     """The field's default as text (the option's default)."""
 
+    def parse(self, raw: str | None, flag: str):
+        """The value of option `flag`'s text `raw` (None stays None)."""
+        if raw is None:
+            return None
+        try:
+            return self.read(raw)
+        except ValueError:
+            raise FbtError(f"{flag} '{raw}': expected {self.expects}") from None
 
-def _ints(text: str) -> tuple[int, ...] | None:
-    return None if text.strip().lower() == "all" else tuple(int(s) for s in text.split(",") if s.strip())
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(s) for s in text.split(",") if s.strip())
 
 
 def _names(text: str) -> tuple[str, ...] | None:
     return tuple(s.strip() for s in text.split(",") if s.strip()) or None
 
 
-INTS = Text(_ints, "comma-separated integers or 'all'", "INT,...|all")
-FLOATS = Text(lambda t: tuple(float(s) for s in t.split(",") if s.strip()), "comma-separated numbers", "NUMBER,...")
-NAMES = Text(_names, "comma-separated names", "NAME,...")
+INTS = Text(_ints, "comma-separated integers", "<int,...>")
+INTS_OR_ALL = Text(
+    lambda t: None if t.strip().lower() == "all" else _ints(t), "comma-separated integers or 'all'", "<int,...|all>"
+)
+FLOATS = Text(lambda t: tuple(float(s) for s in t.split(",") if s.strip()), "comma-separated numbers", "<number,...>")
+NAMES = Text(_names, "comma-separated names", "<name,...>")
 
 
 @dataclass(frozen=True)
@@ -99,14 +111,9 @@ class Generated:
 
     def value(self, raw):
         """The field's value from the option's value (text read by the flag's `Text`)."""
-        text = self.flag.text
-        if raw is None or text is None or not isinstance(raw, str):
+        if self.flag.text is None or not isinstance(raw, str):
             return raw
-        try:
-            return text.read(raw)
-        except ValueError:
-            name = (self.flag.decls or (f"--{self.field.replace('_', '-')}",))[0]
-            raise FbtError(f"{name} '{raw}': expected {text.expects}") from None
+        return self.flag.text.parse(raw, (self.flag.decls or (f"--{self.field.replace('_', '-')}",))[0])
 
 
 class ConfigOptions:

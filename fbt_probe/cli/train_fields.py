@@ -28,15 +28,15 @@ def parse_task_shares(text: str) -> dict:
 
 
 SHARES = "'task:share,...' summing to 1 (e.g. completion:.5,memory:.25,registers:.25)"
-RAMP = Text(lambda t: None if t.strip().lower() == "none" else t, "'M:N ...' or 'none'", "'M:N ...'|none", str)
+RAMP = Text(lambda t: None if t.strip().lower() == "none" else t, "'M:N ...' or 'none'", "<'M:N ...'|none>", str)
 # options a recipe sets: not given, the recipe's value applies, else the config's
 UNSET = ("steps", "tokens_per_step", "lr", "warmup", "min_lr_ratio", "decay_steps", "answer_share", "one_pass_steps")
 OPTIONS = ConfigOptions(
     {"": TrainConfig},
     flags={
         **{name: Flag(unset=True) for name in (*UNSET, "register_queries", "copy_steps", "register_steps")},
-        "tasks": Flag(text=Text(parse_tasks, "comma-separated tasks", "TASK,...", ",".join), unset=True),
-        "task_shares": Flag(text=Text(parse_task_shares, SHARES, "TASK:SHARE,...")),
+        "tasks": Flag(text=Text(parse_tasks, "comma-separated tasks", "<task,...>", ",".join), unset=True),
+        "task_shares": Flag(text=Text(parse_task_shares, SHARES, "<task:share,...>")),
         "schedule": Flag(default="paper"),  # the record keeps the name
         "register_ramp": Flag(text=RAMP),
         "streams": Flag(unset="2 under --arch hidden-decoding"),
