@@ -80,6 +80,7 @@ class Flag:
     default: object = None
     """The option's default where it names the field's default in another form (e.g. 'paper')."""
     hidden: bool = False
+    """Left out of the help."""
 
 
 def attribute_docs(cls: type) -> dict[str, str]:
@@ -109,11 +110,14 @@ class Generated:
     help: str
     flag: Flag
 
+    @property
+    def name(self) -> str:
+        """The option's first name."""
+        return (self.flag.decls or (f"--{self.field.replace('_', '-')}",))[0]
+
     def value(self, raw):
         """The field's value from the option's value (text read by the flag's `Text`)."""
-        if self.flag.text is None or not isinstance(raw, str):
-            return raw
-        return self.flag.text.parse(raw, (self.flag.decls or (f"--{self.field.replace('_', '-')}",))[0])
+        return raw if self.flag.text is None or not isinstance(raw, str) else self.flag.text.parse(raw, self.name)
 
 
 class ConfigOptions:
@@ -122,7 +126,7 @@ class ConfigOptions:
     why the command line does not set it), as `flags` say."""
 
     def __init__(self, sources: dict[str, type], flags: dict[str, Flag] | None = None, exclude=None):
-        self.flags, self.exclude = flags or {}, exclude or {}
+        self.sources, self.flags, self.exclude = sources, flags or {}, exclude or {}
         self.options: dict[str, Generated] = {}
         helps: dict[str, list[str]] = {}
         for label, cls in sources.items():
@@ -137,8 +141,14 @@ class ConfigOptions:
                 )
                 known = self.options.get(f.name)
                 if known is not None and (known.annotation, known.default) != (hints[f.name], f.default):
-                    raise TypeError(f"{cls.__name__}.{f.name}: type or default differs from {known.field}'s")
+                    raise TypeError(
+                        f"{cls.__name__}.{f.name}: another dataclass declares it with another type or default"
+                    )
                 self.options[f.name] = Generated(f.name, hints[f.name], f.default, "", self.flags.get(f.name, Flag()))
+        fields = {f.name for cls in sources.values() for f in dataclasses.fields(cls)}
+        stale = (set(self.flags) - set(self.options)) | (set(self.exclude) - fields)
+        if stale:
+            raise TypeError(f"flags or exclusions name no option: {sorted(stale)}")
         for name, g in self.options.items():
             note = g.flag.unset if isinstance(g.flag.unset, str) else _show(g)
             text = " ".join(helps[name]) + (f" (default: {note})" if g.flag.unset else "")
@@ -149,8 +159,8 @@ class ConfigOptions:
         flag = g.flag
         default = None if flag.unset else _show(g) if flag.default is None else flag.default
         kind = g.annotation if flag.text is None else str
-        if default is None:
-            kind = kind | None if kind is not None and type(None) not in typing.get_args(kind) else kind
+        if default is None and type(None) not in typing.get_args(kind):
+            kind = kind | None
         info = typer.Option(*flag.decls, help=g.help, hidden=flag.hidden, metavar=flag.text and flag.text.metavar)
         return inspect.Parameter(
             g.field, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, info]
