@@ -54,7 +54,7 @@ COMMANDS: dict[str, Command | Group] = {
         "Train a latent-feedback model (or its no-feedback baseline, or a Hidden Decoding model) on the four tasks.",
     ),
     "eval": Command(
-        "fbt_probe.cli.train",
+        "fbt_probe.cli.evaluate",
         "Answer accuracy per task × length under Std/Soft, Fused, recurrent:1, jacobi:3 and full, on contexts held out of training, plus validation loss per pass.",
     ),
     "reproduce": Command(
@@ -125,7 +125,7 @@ COMMANDS: dict[str, Command | Group] = {
         "fbt_probe.cli.tasks",
         "Synthetic probe tasks (completion, memory, registers, registers-count): specs, datasets, tokenizer.",
     ),
-    "diagnose": Command("fbt_probe.cli.train", "Diagnostics of a trained run."),
+    "diagnose": Command("fbt_probe.cli.evaluate", "Diagnostics of a trained run."),
     "sae": Command(
         "fbt_probe.cli.sae", "Sparse autoencoders on a hook (default: the carried state, fusion.hook_feedback)."
     ),

@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from fbt_probe.cli.fromconfig import INTS_OR_ALL
 from fbt_probe.cli.options import DeviceOption, NBootOption
-from fbt_probe.cli.patch import _ints
 from fbt_probe.lens.sweep import COMMAND, LENS_KIND, LensConfig, run_lens, write_lens
 from fbt_probe.loading import open_pairs
 from fbt_probe.marker import refuse_unowned
@@ -66,7 +66,7 @@ def lens(
         positions=positions,
         eval_fraction=eval_fraction,
         max_pairs=max_pairs,
-        lengths=_ints(lengths, "lengths"),
+        lengths=INTS_OR_ALL.parse(lengths, "--lengths"),
         batch_size=batch_size,
         n_boot=n_boot,
         seed=seed,

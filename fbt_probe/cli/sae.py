@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from fbt_probe.cli.fromconfig import INTS_OR_ALL
 from fbt_probe.cli.options import DeviceOption, NBootOption
-from fbt_probe.cli.patch import _ints
 from fbt_probe.errors import FbtError
 from fbt_probe.loading import load_data, open_model, open_pairs
 from fbt_probe.marker import refuse_unowned
@@ -149,7 +149,7 @@ def analyze(
     """
 
     mode_list = parse_modes(f"{mode},{modes}" if modes else mode)
-    k_list = _ints(ks, "ks")
+    k_list = INTS_OR_ALL.parse(ks, "--ks")
     if not 0 <= seed < 2**63:
         raise FbtError(f"--seed {seed}: expected an integer 0..2**63-1")
     if max_pairs is not None and max_pairs < 1:

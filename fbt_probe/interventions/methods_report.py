@@ -1,4 +1,5 @@
-"""One-line summaries of the attribution and DAS experiments for the command line."""
+"""One-line summaries of the experiments for the command line: the pooled normalized effects, the
+attribution parity check, DAS, and the pairs left out for a tiny gap."""
 
 from __future__ import annotations
 
@@ -61,3 +62,25 @@ def report_lines(res) -> list[str]:
     if exp == "das":
         return das_lines(res.summary, res.tables.get("das_folds"))
     return []
+
+
+def summary_lines(res) -> list[str]:
+    """What `fbt-probe patch` prints of one experiment's results (before its notes)."""
+    s = res.summary
+    head = s[(s["metric"] == "normalized") & (s["length_knob"] == -1) & ~s["experiment"].isin(["attribution", "das"])]
+    out = []
+    for r in head.itertuples():
+        dec = "" if r.decoding == "prefill" else f" [{r.decoding}]"
+        depth = f" depth {r.depth}" if r.depth >= 0 else ""
+        scale = f" α={r.scale:g}" if r.condition.startswith("steer") else ""
+        out.append(
+            f"{r.mode:<12} {r.task:<11} {r.condition:<13}{depth}{scale}{dec}: normalized {r.mean:+.3f} "
+            f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] over {r.n_pairs} pairs ({r.n_excluded} tiny-gap excluded)"
+        )
+    gap = res.manifest["tiny_gap"]
+    out += report_lines(res)
+    out += [
+        f"{mode}: {e['excluded']} of {e['pairs']} pairs have |clean - corrupt| < {gap['min_gap']}"
+        for mode, e in gap["by_mode"].items()
+    ]
+    return out

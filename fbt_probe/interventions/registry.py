@@ -164,7 +164,10 @@ class PatchConfig:
     experiment: str
     """A key of `registry.EXPERIMENTS`."""
     modes: tuple[Mode, ...] = ("recurrent:1",)
-    """Prefill modes, each run separately (names are parsed into `Mode`s here)."""
+    """Prefill modes, each run separately: standard, recurrent:k, full, jacobi:K (K passes; K >= the
+    input's length T is the exact recurrence, jacobi:T = full, and runs as full).
+
+    Names are parsed into `Mode`s here."""
     options: object = None
     """The experiment's options dataclass (None: its defaults)."""
     batch_size: int = 32
@@ -183,8 +186,10 @@ class PatchConfig:
     """Length knobs to keep (None = all; residual and attribution default to the shortest of each task)."""
     prefix_reuse: bool = True
     """Compute the positions before the first edited one once per batch (hooks off) and run only the
-    rest per condition (`fbt_probe.interventions.forwards`); False re-runs the whole sequence each
-    time (the reference path: same tables up to float rounding)."""
+    rest per condition; off re-runs the whole sequence each time (the reference path: same tables up
+    to float rounding, slower).
+
+    `fbt_probe.interventions.forwards` holds both paths."""
 
     def __post_init__(self) -> None:
         if self.experiment not in EXPERIMENTS:

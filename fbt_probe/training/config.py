@@ -80,76 +80,103 @@ def parse_schedule(text: str) -> Schedule:
 @dataclass(frozen=True)
 class TrainConfig:
     preset: str = "tiny"
+    """Model preset."""
     tasks: tuple[str, ...] = ("completion", "memory", "registers", "registers-count")
+    """Tasks trained and evaluated, each a built-in task or a spec file."""
     knobs: dict | None = None  # task -> training knobs; None = TRAIN_KNOBS (else the spec grid)
     task_shares: dict | None = None
-    """task -> expected share of a step's tokens, split equally over the task's (length) cells.
+    """Share of each step's tokens per task, summing to 1, split equally over the task's (length) cells.
+
     None: DEFAULT_TASK_SHARES over the configured tasks, renormalised (resolved at construction, so
     config.json records the shares used). Half on completion: with equal cell shares completion was
     learned at every length on 1 seed of 3, with these shares on 5 of 6 (docs/research/completion-dependable.md)."""
     steps: int = 800
-    tokens_per_step: int = 2048  # documents (one per row, whole) are drawn until this many tokens
-    lr: float = 1e-3  # 2e-3 learned completion later or not at all (docs/research/qk-norm-gain-and-lr.md)
-    min_lr_ratio: float = (
-        0.1  # cosine decay to 10 %: at a constant lr accuracy oscillates (docs/research/reference-recipe.md)
-    )
+    """Optimizer steps."""
+    tokens_per_step: int = 2048
+    """Tokens of documents drawn per optimizer step (one document per row, whole)."""
+    lr: float = 1e-3
+    """Peak learning rate.
+
+    2e-3 learned completion later or not at all (docs/research/qk-norm-gain-and-lr.md)."""
+    min_lr_ratio: float = 0.1
+    """Cosine decay to this share of `lr`; 1 keeps it constant after warm-up.
+
+    At a constant lr accuracy oscillates (docs/research/reference-recipe.md)."""
     warmup: int = 100
+    """Linear warm-up steps."""
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = 0.01  # on matrices only
     clip: float = 1.0
     schedule: str = PAPER_SCHEDULE
-    lam: float = 1.0  # λ of eq. 12
-    noise: float = 0.02  # σ of the uniform noise on carried states
+    """Passes per batch: 'K:p,...' summing to 1, 'constant:K' or 'paper' (1:.75,2:.22,3:.03)."""
+    lam: float = 1.0
+    """λ of eq. 12 (weight of the passes k >= 2)."""
+    noise: float = 0.02
+    """σ of the uniform noise on carried states."""
     prefix_mix: float = 0.25  # share of rows whose random prompt prefix keeps plain embeddings
     answer_weight: float = (
         20.0  # with answer_share None: the answer weighs this many text tokens (at 5 the mix sat at chance 900 steps)
     )
     answer_share: float | None = 0.5
-    """The answer's share of every document's loss weight, whatever the document's length (None:
-    `answer_weight` instead): a fixed weight makes the answer a smaller share of longer documents
+    """The answers' share of each document's loss weight, in (0, 1]; 1: loss on the answers only.
+
+    The share holds whatever the document's length (None: `answer_weight` instead): a fixed weight makes the answer a smaller share of longer documents
     (12 % of a 144-token completion document at weight 20, and that cell learned last;
-    docs/research/completion-dependable.md). 1: the loss is on the answers only.
-    A document with several answers (`register_queries`) splits the share equally among them."""
-    baseline: bool = False  # no-feedback baseline: 1 pass only, fusion never used
-    one_pass_steps: int = 0  # the first steps train one pass only (K = 1), then K follows the schedule
-    arch: str = "feedback"  # or "hidden-decoding" (fbt_probe.hidden: n streams per token, one pass, eq. 2 loss)
-    streams: int = 1  # hidden-decoding: streams per token (n)
-    cross_stream_layers: tuple[int, ...] | None = None  # hidden-decoding: None = the base's global layers
+    docs/research/completion-dependable.md). A document with several answers (`register_queries`) splits the share equally among them."""
+    baseline: bool = False
+    """No-feedback baseline: same data and steps, 1 pass only, fusion unused."""
+    one_pass_steps: int = 0
+    """The first N steps train one pass only (K = 1), then K follows the schedule."""
+    arch: str = "feedback"
+    """'feedback' (latent feedback) or 'hidden-decoding' (n streams per token, one pass, eq. 2 loss; fbt_probe.hidden)."""
+    streams: int = 1
+    """hidden-decoding: streams per token n."""
+    cross_stream_layers: tuple[int, ...] | None = None
+    """hidden-decoding: the cross-stream layers (None: the base's global layers)."""
     heldout_fraction: float = 0.2  # contexts kept out of training (probe/eval time only)
-    dtype: str = "float32"  # or "bfloat16" (CPU autocast)
+    dtype: str = "float32"
+    """float32 or bfloat16 (autocast on the training device)."""
     seed: int = 0
+    """Seed of the initialisation, data and noise."""
     eval_every: int = 100
     save_every: int = 100
     # ---- fields a format fbt-probe/2 record lacks: written to config.json only when set (absent = the default)
     register_mix: str | None = None
-    """Register documents that replace the register tasks' training cells: kinds 'm:wpr:K:S[:weight]'
-    (m registers, K writes each, S scratch lines, 0 = none; weight: relative share of the
-    documents) or 'm:N:S[:weight]' (N assignments), separated by spaces. Together they take the
-    register tasks' token share (`fbt_probe.training.mix`; stored normalised to m:wpr:K:S:weight)."""
-    register_queries: int = 1  # register-mix documents end in this many supervised queries
+    """Register documents in place of the register tasks' training cells: space-separated kinds
+    m:wpr:K:S[:weight] (m registers, K writes each, S scratch lines, 0 = none) or m:N:S[:weight] (N
+    assignments); weight: share of the documents; a trailing :vN gives values 0..N-1, answered by
+    the number itself.
+
+    Together they take the register tasks' token share (`fbt_probe.training.mix`; stored normalised to m:wpr:K:S:weight)."""
+    register_queries: int = 1
+    """Supervised queries at the end of each register-mix document."""
     init: str | None = None  # the run (or ref:<name>) the weights started from (`run_training` records it)
     init_sha256: str | None = None  # that checkpoint's sha256 (model.safetensors), when it has one
     copy_steps: int = 0
-    """Induction warm-up: the first `copy_steps` steps train on copy documents only (random numbers,
-    a random gap, the same numbers again; `fbt_probe.training.copy`), then the configured tasks. It
-    grows the content-based lookup the register tasks need, which register documents alone never
+    """Induction warm-up: the first N of the steps train on copy documents only (random numbers
+    repeated after a random gap; `fbt_probe.training.copy`), then the tasks.
+
+    It grows the content-based lookup the register tasks need, which register documents alone never
     taught the `tiny` model (docs/research/register-binding.md). The steps count towards `steps`,
     and the lr schedule runs over all of them."""
     register_steps: int = 0
-    """After the warm-up, the next `register_steps` steps draw the register tasks' documents only
-    (every other task's cells left out, the step filled to `tokens_per_step` all the same), then all
-    the tasks at their shares. Register binding forms in the first few hundred steps after the
+    """After the warm-up, the next N steps train the register tasks alone, then all the tasks.
+
+    Every other task's cells are left out, the step filled to `tokens_per_step` all the same. Register binding forms in the first few hundred steps after the
     warm-up when nothing else competes, and not within 1,700 steps when completion and memory share
     them (docs/research/reference-recipe.md)."""
     register_ramp: str | None = None
-    """A curriculum over the register count inside the register phase: 'M:N M:N ...' (e.g. '2:300
-    4:200'): the first N steps of the register phase draw only the mix's kinds with at most M
-    registers, the next window the next bound, then every kind. Needs `register_mix` and must fit
+    """A curriculum over the register count inside the register phase: 'M:N ...' (the first N
+    register-phase steps draw only register-mix kinds with at most M registers, then the next window,
+    then every kind); 'none' for no ramp.
+
+    E.g. '2:300 4:200'. Needs `register_mix` and must fit
     in `register_steps`."""
     decay_steps: int = 0
-    """The lr's cosine decay to `min_lr_ratio` runs over the last `decay_steps` steps, the lr constant
-    from the end of the warm-up until then (a warm-up-stable-decay schedule); 0: over every step
-    after the warm-up. Until the decay starts, the lr (and so the run) is that of the same config
+    """The cosine decay to `min_lr_ratio` runs over the last N steps, the lr constant before them; 0:
+    over every step after the warm-up.
+
+    A warm-up-stable-decay schedule. Until the decay starts, the lr (and so the run) is that of the same config
     with a constant lr; in the reference recipe 300 decay steps removed the misses a constant lr left
     (docs/research/reference-recipe.md)."""
 
