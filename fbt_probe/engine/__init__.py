@@ -9,6 +9,8 @@ it faster, and `dispatch` says in one place which runs for a call and why:
     fused.py        weights fused from parameters (one GEMM for q/k/v, gate/up)
     step.py         the lean serial step (`DecodePlan`) over a KV cache or static buffers
     graph_scan.py   the silent serial scan as one captured CUDA graph replayed per position
+    schedule.py     a mode's chunks under each hook rule (`Schedule`), and `run_chunk`, the one
+                    place the hook context is set
     prefix.py       prefix reuse: positions before an edit computed once, hooks off, then forked
     cache.py        the KV cache (in-place buffers; fork, select, repeat for prefix reuse)
     hooks.py        `hooked` / `silent`: how a pass calls its hook points; `HookContext`
