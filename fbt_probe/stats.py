@@ -1,17 +1,21 @@
-"""The intervals every table, figure and finding reports, in one place.
+"""The intervals every table, figure and finding reports, in one place (docs/statistics.md states
+each resampling unit; this table is its summary).
 
-| quantity | interval | resampling unit |
+| quantity | interval | n / resampling unit |
 |---|---|---|
-| answer accuracy (correct of n held-out samples) | Wilson score | samples (independent contexts) |
-| pooled probe accuracy (length x fold cells) | Wilson at the pooled accuracy with n = distinct groups | groups: every sample of a group, at every length, counts as one draw |
-| a mean over pairs (swap, ablation, patching effects) | percentile group bootstrap | groups (pairs of one group resampled together) |
+| a proportion over samples or pairs (answer accuracy, "choice", IIA, probe accuracy, lens top-1) | Wilson score | n = distinct groups (the samples of a group share a context: one draw) |
+| pooled probe accuracy (length x fold cells) | Wilson at the pooled accuracy | n = distinct groups: every sample of a group, at every length, counts as one draw |
+| a continuous mean over pairs (normalized effect, logit difference, KL, probability) | percentile group bootstrap | groups (pairs of one group resampled together) |
+| a ratio of sums over pairs (SAE recovered fractions and shares) | normal group bootstrap, centred on the estimate | groups |
 | a rank correlation over cells (AtP against exact patching) | BCa group bootstrap | groups |
 
 Resamples: `N_BOOT` (1000) draws from `numpy.random.default_rng(seed)` (seed 0 unless a command
 sets it). A group bootstrap draws the groups with replacement; a pair's weight in a resample is the
 number of times its group was drawn, so a resample's mean is a weighted mean and arrays that share a
 group structure are resampled together in one matrix product. Fold-level spread is reported as a
-spread (min-max over folds), never as an interval over independent draws.
+spread (min-max over folds), never as an interval over independent draws. No interval is widened
+to contain its estimate: a Wilson interval contains its proportion and has positive width for every
+n >= 1, and a normal bootstrap interval is centred on its estimate.
 """
 
 from __future__ import annotations
@@ -39,7 +43,11 @@ def wilson(correct: float, n: float, level: float = LEVEL) -> tuple[float, float
     den = 1 + z * z / n
     mid = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z * z / (4 * n * n)) / den
-    return p, max(0.0, mid - half), min(1.0, mid + half)
+    # at p = 0 (p = 1) the closed form's lower (upper) end is exactly 0 (1); rounding in mid - half
+    # would otherwise leave it a few ulp inside, off its own estimate
+    lo = 0.0 if p <= 0 else max(0.0, mid - half)
+    hi = 1.0 if p >= 1 else min(1.0, mid + half)
+    return p, lo, hi
 
 
 def group_wilson(p: float, n_groups: int, level: float = LEVEL) -> tuple[float, float, float]:
@@ -49,6 +57,23 @@ def group_wilson(p: float, n_groups: int, level: float = LEVEL) -> tuple[float, 
         return float("nan"), float("nan"), float("nan")
     _, lo, hi = wilson(p * n_groups, n_groups, level)
     return p, lo, hi
+
+
+def group_proportion(values, groups=None, level: float = LEVEL) -> tuple[float, float, float, int]:
+    """(p, low, high, n) of a proportion over units: p = the mean of `values` (each in [0, 1]: a
+    sample's 0/1, or a pair's share of its samples), NaN dropped, with the Wilson interval at n = the
+    distinct `groups` of the kept values (`group_wilson`; None: every value its own unit, n = the
+    values). With n >= 1 the interval has positive width and contains p."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    keep = ~np.isnan(v)
+    if groups is None:
+        n = int(keep.sum())
+    else:
+        n = len(np.unique(np.asarray(groups).reshape(-1)[keep]))
+    if n == 0:
+        return float("nan"), float("nan"), float("nan"), 0
+    p, lo, hi = group_wilson(float(v[keep].mean()), n, level)
+    return p, lo, hi, n
 
 
 def group_weights(groups, n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:

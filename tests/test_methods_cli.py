@@ -101,6 +101,10 @@ def test_das_cli(workdir):
         assert (folder / f).is_file(), f
     s = pd.read_parquet(folder / "summary.parquet")
     assert set(s["subspace_dim"]) == {1, 2, 32} and {"iia", "iia_choice"} <= set(s["metric"])
+    iia = s[s["metric"].isin(["iia", "iia_choice"])]  # proportions: Wilson at n = groups, never zero width
+    assert (iia["interval"] == "wilson").all() and (iia["n_groups"] >= 1).all()
+    assert (iia["ci_low"] < iia["ci_high"]).all()
+    assert ((iia["ci_low"] <= iia["mean"]) & (iia["mean"] <= iia["ci_high"])).all()
 
 
 def test_methods_cli_refusals(workdir):

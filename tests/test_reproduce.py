@@ -243,11 +243,13 @@ def test_quick_study_end_to_end(tmp_path):
     # the first finding's numbers are the eval table's, recomputed here
     import pandas as pd
 
-    from fbt_probe.reproduce.findings import wilson
+    from fbt_probe.stats import group_wilson
 
     acc = pd.read_parquet(out / "eval" / "accuracy.parquet")
     g = acc[(acc["model"] == "feedback") & (acc["task"] == "completion") & (acc["mode"] == "standard")]
-    p, lo, hi = wilson(int(g["correct"].sum()), int(g["n"].sum()))
+    # n = the groups of one length cell (one pair per group and cell; a group recurs at every length)
+    assert (g["groups"] == g["n"] // 2).all()
+    p, lo, hi = group_wilson(g["correct"].sum() / g["n"].sum(), int(g["groups"].max()))
     assert f"completion **{p:.2f}** [{lo:.2f}, {hi:.2f}]" in report.split("## Figures")[0]
     # a retrained study says how it compares with the shipped models
     assert "differs from the shipped `ref:tiny-feedback`" in report

@@ -52,7 +52,7 @@ def lens(
     (one affine translator per depth, identity init, KL to the final logits of held-out task text),
     at the final position, under each prefill mode and each Jacobi pass.
 
-    Writes rows.parquet|csv, lens_summary.parquet|csv (mean with bootstrap CI over held-out pairs),
+    Writes rows.parquet|csv, lens_summary.parquet|csv (mean and 95 % CI over held-out pairs, docs/statistics.md),
     training.parquet|csv, translators.safetensors, manifest.json and figures/lens.png.
 
     \b

@@ -6,5 +6,5 @@ from typing import Annotated
 
 import typer
 
-NBootOption = Annotated[int, typer.Option(help="Bootstrap resamples over pairs.")]
+NBootOption = Annotated[int, typer.Option(help="Group-bootstrap resamples (pair groups) of the continuous means.")]
 DeviceOption = Annotated[str, typer.Option(help="Device to run the model on.")]

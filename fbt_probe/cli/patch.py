@@ -54,7 +54,7 @@ def patch(
     """Run causal intervention experiments over the minimal pairs of DATASET.
 
     Writes rows.parquet|csv (one row per sample of a pair x condition x metric), summary.parquet|csv
-    (mean with bootstrap CI over pairs; length_knob -1 = pooled), manifest.json and figures/.
+    (mean and 95 % CI per docs/statistics.md; length_knob -1 = pooled), manifest.json and figures/.
 
     \b
     Example: fbt-probe patch runs/tiny data/tasks --experiment feedback-swap --mode recurrent:1 --out results/ ;

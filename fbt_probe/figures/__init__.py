@@ -69,7 +69,7 @@ FIGURES: dict[str, FigureEntry] = {
         "fbt_probe.figures.interventions",
         "ablation_bars",
         "summary.parquet",
-        "feedback swap / state replacement / gate ablation: means with bootstrap CIs",
+        "feedback swap / state replacement / gate ablation: means with 95 % CIs over groups",
     ),
     "decodable-vs-used": FigureEntry(
         "fbt_probe.figures.interventions",

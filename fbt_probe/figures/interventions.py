@@ -232,7 +232,7 @@ def ablation_bars(
             if metric == "normalized":
                 ax.axhline(1, color="0.4", lw=0.6, ls="--")
             ax.set_title(f"{exp}\n{mode if dec == 'prefill' else dec + ' decoding'}")
-        axes.flat[0].set_ylabel(f"{metric}\n(mean, bootstrap 95 % CI, pairs)")
+        axes.flat[0].set_ylabel(f"{metric}\n(mean, 95 % CI over groups)")
         from matplotlib.patches import Patch
 
         handles = [Patch(facecolor=colors[x], label=x) for x in present]

@@ -66,6 +66,6 @@ def lens_depth(table: pd.DataFrame, metric: str = "p_correct", length: int = -1)
         fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)))
         where = "pooled over lengths" if int(length) == -1 else f"length {length}"
         fig.suptitle(
-            f"what each depth predicts at the final position (held-out pairs, {where}; bootstrap CIs over pairs)"
+            f"what each depth predicts at the final position (held-out pairs, {where}; group-bootstrap 95 % CIs)"
         )
     return fig

@@ -332,5 +332,5 @@ def das_iia(table: pd.DataFrame, metric: str = "iia", length: int = -1, model_la
         order = sorted(handles, key=lambda lab: lab.startswith("chance"))  # the series, then the chance line
         fig.legend([handles[lab] for lab in order], order, loc="outside lower center", ncols=3, frameon=False)
         shown = model_words(t, model_label)
-        fig.suptitle(titled("DAS: interchange intervention accuracy by subspace dimension (bootstrap 95 % CI)", shown))
+        fig.suptitle(titled("DAS: interchange intervention accuracy by subspace dimension (Wilson 95 % CI)", shown))
     return fig

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fbt_probe.stats import group_bootstrap_means
+from fbt_probe.stats import group_bootstrap_means, group_proportion
 
 METRICS = ("logit_diff", "normalized", "kl", "accuracy", "choice", "probe_accuracy", "iia", "iia_choice")
 METRIC_HELP = {
@@ -33,6 +33,10 @@ METRIC_HELP = {
     "iia": "DAS: after the interchange, top-1 over the whole vocabulary is the source sample's label word",
     "iia_choice": "DAS: after the interchange, the source sample's label word beats the other label word",
 }
+# metrics whose value per sample is 0/1: their summaries are proportions with a Wilson interval at
+# n = distinct groups (the pairs of a group share a context, so the group is the independent unit);
+# every other metric is continuous and gets the group bootstrap of its mean (docs/statistics.md)
+PROPORTIONS = frozenset({"accuracy", "choice", "probe_accuracy", "iia", "iia_choice"})
 # columns every row carries (defaults where an experiment has no such axis)
 AXES = {
     "experiment": "",
@@ -168,12 +172,15 @@ def _split_by_keys(per_pair: pd.Series, n_keys: int) -> dict[tuple, np.ndarray]:
 def summarize(
     long: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed: int = 0, pool_lengths: bool = True
 ) -> pd.DataFrame:
-    """Mean and group-bootstrap CI for every condition × metric (per length knob, and pooled over
-    lengths as length_knob = -1 for final-position experiments; `lengths` names what a row pools).
+    """Mean and 95 % CI for every condition × metric (per length knob, and pooled over lengths as
+    length_knob = -1 for final-position experiments; `lengths` names what a row pools).
 
-    A pair's value is the mean over its rows (its two orientations, both samples); the resampling
-    unit is the group (`group_id`: pairs of one group are resampled together; without the column,
-    the pair). Tiny-gap rows are dropped from `normalized` first and counted in `n_excluded`."""
+    A pair's value is the mean over its rows (its two orientations, both samples). The independent
+    unit is the group (`group_id`: the pairs of one group share a context; without the column, the
+    pair). A proportion (`PROPORTIONS`: a 0/1 value per sample) gets the Wilson interval at n =
+    `n_groups` (`fbt_probe.stats.group_proportion`); a continuous metric the percentile group
+    bootstrap of its mean (pairs of one group resampled together). `interval` names which. Tiny-gap
+    rows are dropped from `normalized` first and counted in `n_excluded`."""
     keys = [k for k in SUMMARY_KEYS if k in long.columns]
     frames = [long]
     if pool_lengths:
@@ -197,23 +204,33 @@ def summarize(
     out = []
     order = sorted(set(values) | set(n_excl), key=str)
     empty = np.array([])
-    cis = bootstrap_cis(
-        [values.get(key, empty) for key in order],
+    at = keys.index("metric")
+    proportion = [key[at] in PROPORTIONS for key in order]
+    continuous = [key for key, prop in zip(order, proportion) if not prop]
+    boot = bootstrap_cis(
+        [values.get(key, empty) for key in continuous],
         n_boot,
         ci,
         seed,
-        [groups.get(key) for key in order] if groups else None,
+        [groups.get(key) for key in continuous] if groups else None,
     )
-    for key, (mean, lo, hi) in zip(order, cis):
+    boot = dict(zip(continuous, boot))
+    for key, prop in zip(order, proportion):
         row = dict(zip(keys, key))
         v = values.get(key, empty)
         g = groups.get(key)
+        if prop:
+            mean, lo, hi, n_groups = group_proportion(v, g, ci)
+        else:
+            mean, lo, hi = boot[key]
+            n_groups = int(len(set(np.asarray(g)[~np.isnan(v)]))) if g is not None else int(np.sum(~np.isnan(v)))
         row.update(
             mean=mean,
             ci_low=lo,
             ci_high=hi,
+            interval="wilson" if prop else "group-bootstrap",
             n_pairs=int(np.sum(~np.isnan(v))),
-            n_groups=int(len(set(np.asarray(g)[~np.isnan(v)]))) if g is not None else int(np.sum(~np.isnan(v))),
+            n_groups=n_groups,
             lengths=lengths.get(key, ""),
             n_excluded=n_excl.get(key, 0),
         )

@@ -175,7 +175,7 @@ class PatchConfig:
     min_gap: float = 0.1
     """|clean - corrupt| logit difference below which a pair is left out of `normalized`."""
     n_boot: int = 1000
-    """Bootstrap resamples over pairs."""
+    """Group-bootstrap resamples (pair groups) of the continuous means."""
     ci: float = 0.95
     """Confidence level of the bootstrap intervals."""
     seed: int = 0

@@ -1,7 +1,7 @@
 """Run one experiment over a dataset's minimal pairs and write its tidy tables with provenance.
 
 Output folder `OUT/<experiment>/`: `rows.parquet|csv` (one row per sample of a pair × condition ×
-metric), `summary.parquet|csv` (mean and bootstrap CI over pairs per condition × metric; length_knob
+metric), `summary.parquet|csv` (mean and 95 % CI per condition × metric, `metrics.summarize`; length_knob
 -1 = pooled over lengths), `manifest.json` (config, hook rule per experiment, tiny-gap exclusions,
 provenance) and `figures/`.
 """

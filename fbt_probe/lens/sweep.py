@@ -35,6 +35,7 @@ from fbt_probe.lens.lenses import TunedLens, fit_tuned_lens, kl_to, logit_lens
 from fbt_probe.marker import output_dir
 from fbt_probe.modes import Mode, check_distinct, parse_mode
 from fbt_probe.provenance import provenance
+from fbt_probe.stats import group_proportion
 
 FORMAT = "fbt-probe.lens/1"
 COMMAND = "lens"  # the output marker's command
@@ -237,11 +238,15 @@ def _rows(model, lens, finals) -> pd.DataFrame:
 
 
 SUMMARY_KEYS = ["task", "length_knob", "mode", "pass_index", "lens", "depth", "metric"]
+PROPORTIONS = frozenset({"top1"})  # a 0/1 value per sample: Wilson at n = groups
 
 
 def summarize_lens(rows: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> pd.DataFrame:
-    """Mean and group-bootstrap CI over lens-eval pairs (a pair's value: the mean of its two samples;
-    pairs of one group resampled together), per length knob and pooled over lengths (length_knob = -1)."""
+    """Mean and 95 % CI over lens-eval pairs (a pair's value: the mean of its two samples), per
+    length knob and pooled over lengths (length_knob = -1). The independent unit is the group (the
+    pairs of one group share a context; without `group_id`, the pair): `top1`, a proportion, gets
+    the Wilson interval at n = `n_groups`; the continuous metrics (`p_correct`, `logit_diff`,
+    `kl_to_final`) the percentile group bootstrap of their mean (docs/statistics.md)."""
     ev = rows[rows["eval"].astype(bool)]
     data = pd.concat([ev, ev.assign(length_knob=-1)], ignore_index=True)
     per_pair = data.groupby(SUMMARY_KEYS + ["pair_id"], sort=True)["value"].mean()
@@ -251,13 +256,32 @@ def summarize_lens(rows: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, see
     if "group_id" in data.columns:
         per_group = data.groupby(SUMMARY_KEYS + ["pair_id"], sort=True)["group_id"].first()
         labels = [g.to_numpy() for _, g in per_group.groupby(level=levels, sort=True)]
-    cis = bootstrap_cis([v for _, v in groups], n_boot, ci, seed, labels)
-    return pd.DataFrame(
-        [
-            {**dict(zip(SUMMARY_KEYS, key)), "mean": mean, "ci_low": lo, "ci_high": hi, "n_pairs": len(v)}
-            for (key, v), (mean, lo, hi) in zip(groups, cis)
-        ]
+    at = SUMMARY_KEYS.index("metric")
+    prop = [key[at] in PROPORTIONS for key, _ in groups]
+    cont = [i for i, p in enumerate(prop) if not p]
+    boot = bootstrap_cis(
+        [groups[i][1] for i in cont], n_boot, ci, seed, None if labels is None else [labels[i] for i in cont]
     )
+    boot = dict(zip(cont, boot))
+    out = []
+    for i, (key, v) in enumerate(groups):
+        g = None if labels is None else labels[i]
+        if prop[i]:
+            mean, lo, hi, n_groups = group_proportion(v, g, ci)
+        else:
+            (mean, lo, hi), n_groups = boot[i], len(v) if g is None else len(set(g))
+        out.append(
+            {
+                **dict(zip(SUMMARY_KEYS, key)),
+                "mean": mean,
+                "ci_low": lo,
+                "ci_high": hi,
+                "interval": "wilson" if prop[i] else "group-bootstrap",
+                "n_pairs": len(v),
+                "n_groups": int(n_groups),
+            }
+        )
+    return pd.DataFrame(out)
 
 
 def write_lens(

@@ -15,7 +15,7 @@ from fbt_probe.reproduce.config import model_path, shipped_name
 from fbt_probe.reproduce.seeds import rows as seed_rows
 from fbt_probe.reproduce.seeds import spread
 from fbt_probe.reproduce.tables import PAPER_DEPTH0, SETTING, _summary, per_length, pooled_accuracy, probe_cells
-from fbt_probe.stats import wilson
+from fbt_probe.stats import group_wilson, wilson
 
 CHANCE = 0.5
 
@@ -24,11 +24,25 @@ def fmt(m, lo, hi) -> str:
     return "n/a" if m != m else f"**{m:.2f}** [{lo:.2f}, {hi:.2f}]"
 
 
+def answer_groups(g: pd.DataFrame) -> int:
+    """The n of a pooled answer accuracy: the most distinct groups of one length cell. Samples are
+    not independent (the two of a pair share a context) and a group may recur at every length
+    (completion and memory), so the groups of one cell are the draws the pooling can count on. An
+    eval table without `groups` counts pairs (half its samples)."""
+    if "groups" in g.columns and g["groups"].notna().all():
+        return int(g["groups"].max()) if len(g) else 0
+    return int(g["n"].max()) // 2 if len(g) else 0
+
+
 def answer_accuracy(out: Path, model: str, task: str, mode: str = "standard") -> tuple[float, float, float, int]:
+    """(accuracy over every length's samples, Wilson low, high, samples); the Wilson interval has
+    n = `answer_groups` (docs/statistics.md)."""
     acc = pd.read_parquet(out / "eval" / "accuracy.parquet")
     g = acc[(acc["model"] == model) & (acc["task"] == task) & (acc["mode"] == mode)]
     c, n = int(g["correct"].sum()), int(g["n"].sum())
-    return (*wilson(c, n), n)
+    if n == 0:
+        return (*wilson(c, n), n)
+    return (*group_wilson(c / n, answer_groups(g)), n)
 
 
 def depth0(out: Path, model: str, task: str, mode: str) -> tuple[float, float, float]:
@@ -263,7 +277,7 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
         lines.append(
             f"{what} answers held-out samples under standard prefill with accuracy "
             + ", ".join(parts)
-            + " (chance 0.50; Wilson 95 % CI over samples; table *Answer accuracy*)."
+            + " (chance 0.50; Wilson 95 % CI with n = groups, the pairs of one group sharing a context; table *Answer accuracy*)."
         )
     for task in [t for t in ("completion", "memory") if t in tasks]:
         rec, std = depth0(out, "feedback", task, "recurrent:1"), depth0(out, "feedback", task, "standard")

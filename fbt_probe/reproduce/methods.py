@@ -405,7 +405,7 @@ def methods_section(cfg, out: Path, md_table, figures: list[str]) -> tuple[str, 
         "probe says the label is linearly *present* in the fused input; the exact feedback swap says the answer "
         "follows the carried state; **DAS** asks whether a learned k-dimensional subspace of `fusion.hook_feedback` "
         "carries the label the model uses: interchange intervention accuracy (top-1 is the source sample's label "
-        f"word) on held-out pair groups ({s['das_folds']}-fold grouped CV, bootstrap CI over pairs), against a random "
+        f"word) on held-out pair groups ({s['das_folds']}-fold grouped CV, Wilson 95 % CI with n = groups, docs/statistics.md), against a random "
         "rotation and the full-vector swap; `cos(probe, DAS k=1)` is the cosine between the probe's direction and the "
         "learned subspace (a random direction gives about sqrt(1/D)). Run on the no-feedback baseline, DAS is the "
         "untrained-fusion control. The last two columns give where exact residual patching (last positions only) "

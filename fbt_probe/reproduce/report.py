@@ -135,8 +135,9 @@ def robustness_table(out: Path, models: list[str]) -> pd.DataFrame:
 
 
 def causal_table(out: Path, models: list[str]) -> pd.DataFrame:
-    """One row per model × experiment × condition × decoding × task × length: normalized effect and
-    answer accuracy, each as mean [group-bootstrap 95 % CI], and the pairs and groups counted."""
+    """One row per model × experiment × condition × decoding × task × length: normalized effect (mean
+    [group-bootstrap 95 % CI]) and answer accuracy (share [Wilson 95 % CI, n = groups]), and the
+    pairs and groups counted (docs/statistics.md)."""
     rows = []
     for n in models:
         for exp in ("feedback-swap", "state-replacement", "gate-ablation"):
@@ -352,8 +353,9 @@ def _sections(cfg, out: Path, times: dict) -> list[tuple[str, str, list[str]]]:
             "state, 0 = it ignores it (`gate` is an exact no-op control: both samples end in the same token). **State "
             "replacement / gate ablation** (noising): 1 = no effect, 0 = behaves like the partner; `accuracy` is the answer "
             "accuracy with the replacement (under `soft` decoding for the gate rows). Pairs whose clean–corrupt gap is "
-            "below 0.1 are left out of `normalized` (counted). One row per length; group-bootstrap 95 % CIs (the "
-            "pairs of one group resampled together).\n\n" + _md_table(causal_table(out, models)),
+            "below 0.1 are left out of `normalized` (counted). One row per length; `normalized` has a group-bootstrap "
+            "95 % CI (the pairs of one group resampled together), `accuracy` a Wilson 95 % CI with n = groups "
+            "(docs/statistics.md).\n\n" + _md_table(causal_table(out, models)),
             pick("ablation-bars") + pick("patching") + pick("decodable-vs-used"),
         ),
         methods_section(cfg, out, _md_table, figs),
@@ -368,7 +370,7 @@ def _sae_finding(out: Path) -> list[str]:
         return []
     return [
         "How many features carry what the model uses (a TopK SAE on the carried state, label latents chosen on "
-        "the other half of the groups; share of the full-state swap's effect, BCa group-bootstrap 95 % CI; "
+        "the other half of the groups; share of the full-state swap's effect, normal group-bootstrap 95 % CI; "
         "figure *sae-vs-das-feedback*): " + "; ".join(said) + "."
     ]
 

@@ -189,7 +189,7 @@ def _settings_text(cfg, t: dict) -> str:
         "mean |z_i − z_partner| on the other half of the groups (cross-fitted); the **feature swap** runs the "
         "partner with only the top-k label latents set to the sample's values (the partner's reconstruction "
         "error kept) and is reported as a share of the full-state swap's effect on the same pairs (a ratio of "
-        "pair means, BCa group-bootstrap 95 % CI); `random` swaps k latents drawn from those active in the "
+        "pair means, normal group-bootstrap 95 % CI, docs/statistics.md); `random` swaps k latents drawn from those active in the "
         "pairs, the control at the same k; `all` swaps every latent (the full swap up to the two rows' "
         "reconstruction errors). **Loss recovered**: 1 − (loss with the SAE reconstruction in place of the "
         "carried state − clean) / (loss with the mean state − clean), for the answer's cross-entropy and its "

@@ -2,9 +2,9 @@
 
 Files (parquet unless named): `reconstruction` (FVU, L0, dead latents per mode on the fed positions),
 `loss_recovered` (`fbt_probe.sae.metrics`), `feature_tests` (wide rows) and `summary`
-(group-bootstrap means, `interventions.metrics.summarize`) of `fbt_probe.sae.features`, `fractions`
+(`interventions.metrics.summarize`: Wilson for proportions, group bootstrap for means) of `fbt_probe.sae.features`, `fractions`
 (per task and k: the feature swap's normalized effect over the full-state swap's, a ratio of pair
-means with its BCa group-bootstrap interval), `features` (per task the top label latents: mean
+means with its normal group-bootstrap interval, `sae.metrics.ratio_ci`), `features` (per task the top label latents: mean
 activation by label and length, how often active), `examples` (each top latent's max-activating
 fed positions as text, the token whose top state is carried marked), `activations` (each top latent's
 activation at every sample's final position, with its label and length: the histograms by label),

@@ -8,8 +8,8 @@
   and logit difference LD (own − other label word) are read:
       recovered_ce = (CE_mean − CE_sae) / (CE_mean − CE_clean),
       recovered_ld = (LD_sae − LD_mean) / (LD_clean − LD_mean);
-  1 = the reconstruction loses nothing the model uses. Intervals: BCa group bootstrap of the ratio
-  of means (groups resampled, `fbt_probe.stats`).
+  1 = the reconstruction loses nothing the model uses. Intervals: the normal group bootstrap of the
+  ratio of sums (`ratio_ci`: groups resampled, θ ± 1.96 · sd; docs/statistics.md).
 """
 
 from __future__ import annotations

@@ -73,7 +73,8 @@ def _answer_ids(samples: pd.DataFrame, tokenizer) -> np.ndarray:
 
 
 def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, batch: int = 64) -> pd.DataFrame:
-    """One row per task × length_knob × mode: accuracy of the greedy answer at the final colon."""
+    """One row per task × length_knob × mode: accuracy of the greedy answer at the final colon, and
+    `groups`, the distinct groups the cell's samples come from (with `group_id` in `samples`)."""
     answer = _answer_ids(samples, tokenizer)
     device = next(model.parameters()).device
     rows = []
@@ -96,6 +97,9 @@ def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, b
             )
     df = pd.DataFrame(rows).groupby(["task", "length_knob", "mode", "decoding"], as_index=False)[["correct", "n"]].sum()
     df["accuracy"] = df["correct"] / df["n"]
+    if "group_id" in samples.columns:  # the independent unit of the cell: the two samples of a pair share a context
+        groups = samples.groupby(["task", "length_knob"])["group_id"].nunique().rename("groups").reset_index()
+        df = df.merge(groups, on=["task", "length_knob"], how="left")
     return df
 
 
