@@ -1,7 +1,9 @@
 """Fig. 3-style contraction diagnostic: validation loss (linear) and carried-state change (log)
 against the number of feedback passes. Drawn from the table of `fbt-probe diagnose contraction`;
 several runs (column `run`) are overlaid, e.g. two schedules side by side. A dotted line marks the
-deepest pass a run was trained at; runs trained to different depths each get one, in their colour."""
+deepest pass a run was trained at; runs trained to different depths each get one, in their colour. A
+run trained with one pass only (the no-feedback baseline) has no trained feedback depth and gets no
+marker: every pass it is run for lies outside its training."""
 
 from __future__ import annotations
 
@@ -33,9 +35,10 @@ def fig3(table: pd.DataFrame, trained_passes: int | dict | None = None):
         )
         if not isinstance(trained_passes, dict):
             trained_passes = {None: trained_passes} if trained_passes else {}
-        marks = {}  # depth -> the runs trained to it
+        marks = {}  # depth -> the runs trained to it (more than one pass)
         for run, depth in trained_passes.items():
-            marks.setdefault(depth, []).append(run)
+            if depth is not None and int(depth) > 1:
+                marks.setdefault(int(depth), []).append(run)
         for i, (depth, at) in enumerate(sorted(marks.items())):
             one = len(marks) == 1
             colour = "grey" if one else colours.get(at[0], "grey")

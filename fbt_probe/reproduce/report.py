@@ -28,16 +28,21 @@ from fbt_probe.reproduce.tables import CHECKPOINT_SETTING, PAPER_DEPTH0, SETTING
 from fbt_probe.tasks import tokenizer_sha256
 
 
+def trained_passes(contraction: pd.DataFrame) -> dict:
+    """{run: the deepest pass its schedule trains} from the contraction table's `schedule` column
+    ("constant:1" for the one-pass baseline, "1:0.75,2:0.22,3:0.03" for the paper's schedule)."""
+    from fbt_probe.training.config import parse_schedule
+
+    if "run" not in contraction or "schedule" not in contraction:
+        return {}
+    first = contraction.groupby("run", sort=False)["schedule"].first()
+    return {run: parse_schedule(str(s).split(" ")[0]).max_passes for run, s in first.items()}
+
+
 def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
     probes = {n: pd.read_parquet(out / "results" / "probes" / n / "probes.parquet") for n in cfg.models()}
-    jobs = [
-        (
-            "fig3-contraction",
-            "fig3",
-            pd.read_parquet(out / "diagnostics" / "contraction.parquet"),
-            {"trained_passes": 3},
-        )
-    ]
+    contraction = pd.read_parquet(out / "diagnostics" / "contraction.parquet")
+    jobs = [("fig3-contraction", "fig3", contraction, {"trained_passes": trained_passes(contraction)})]
     base = probes.get("baseline")
     for n, t in probes.items():
         words = {"model_label": MODEL_WORDS.get(n, n)}
@@ -68,7 +73,7 @@ def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
         ):
             s = _summary(out, n, exp)
             if s is not None:
-                jobs.append((f"{stem}-{n}", fig, s, words if fig == "patching-heatmap" else {}))
+                jobs.append((f"{stem}-{n}", fig, s, words))
     return jobs + figure_jobs(cfg, out) + sae_figure_jobs(cfg, out)
 
 
