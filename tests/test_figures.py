@@ -240,7 +240,7 @@ def test_fig3_marks_each_runs_trained_depth_in_its_colour():
     assert curves["paper (p)"] != curves["deep (d)"]
     assert dotted(fig3(table, trained_passes={"paper": 3, "deep": 3})) == [(3, to_hex("grey"))]
     # a one-pass run (the no-feedback baseline) was trained at no feedback depth: no marker for it
-    assert dotted(fig3(table, trained_passes={"paper": 3, "deep": 1})) == [(3, to_hex("grey"))]
+    assert dotted(fig3(table, trained_passes={"paper": 3, "deep": 1})) == [(3, curves["paper (p)"])]
     assert dotted(fig3(table, trained_passes={"paper": 1, "deep": 1})) == []
     assert dotted(fig3(table, trained_passes=1)) == []
     assert dotted(fig3(table, trained_passes=3)) == [(3, to_hex("grey"))]

@@ -195,6 +195,12 @@ def test_patching_colour_scale_covers_every_value_and_says_so():
     assert len([ax for ax in fig.axes if ax.get_label() == "<colorbar>"]) == 1
     plain = next(ax for ax in draw("patching-heatmap", residual_table()).axes if ax.get_images()).get_images()[0]
     assert (plain.norm.vmin, plain.norm.vmax) == (0.0, 1.0)
+    noise = residual_table()  # an exact recovery's float noise widens the scale, nothing more
+    noise.loc[noise.index[0], "mean"] = -0.006
+    fig = draw("patching-heatmap", noise)
+    im = next(ax for ax in fig.axes if ax.get_images()).get_images()[0]
+    assert im.norm.vmin == pytest.approx(-0.006) and im.get_cmap().name == "viridis"
+    assert not [x for ax in fig.axes for x in ax.texts]
 
 
 def test_patching_shows_the_position_where_the_pair_differs():

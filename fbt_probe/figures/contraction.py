@@ -39,8 +39,9 @@ def fig3(table: pd.DataFrame, trained_passes: int | dict | None = None):
         for run, depth in trained_passes.items():
             if depth is not None and int(depth) > 1:
                 marks.setdefault(int(depth), []).append(run)
+        every = None in trained_passes or set(runs) <= {r for at in marks.values() for r in at}
         for i, (depth, at) in enumerate(sorted(marks.items())):
-            one = len(marks) == 1
+            one = len(marks) == 1 and every  # one depth for every run drawn: one grey line says it
             colour = "grey" if one else colours.get(at[0], "grey")
             text = " deepest trained pass" if one else f" {', '.join(map(str, at))}: trained to {depth} passes"
             for ax in (loss_ax, delta_ax):  # labels stacked from the top, so two depths never overprint

@@ -58,10 +58,16 @@ def position_labels(positions, final: int | None = None, offsets: bool = True) -
     return [f"{p}\nfinal" if p == final else (f"{p}\nfinal−{final - p}" if offsets else str(p)) for p in positions]
 
 
+OUTSIDE_TOL = 0.02
+"""How far past [0, 1] a normalized mean may lie and still count as inside (float noise of an exact
+recovery, e.g. −0.006 or 1.006): such a value widens the scale but neither turns the map diverging
+nor is written out."""
+
+
 def patching_scale(values: np.ndarray, metric: str):
     """(norm, colormap) of a patching map covering every value. `normalized`: [0, 1] (0 = corrupt,
-    1 = clean) widened to the data; viridis while nothing is negative, else a diverging map centred at
-    0. Other metrics: a diverging map symmetric about 0."""
+    1 = clean) widened to the data; viridis unless a value lies below −`OUTSIDE_TOL`, then a diverging
+    map centred at 0. Other metrics: a diverging map symmetric about 0."""
     from matplotlib.colors import Normalize, TwoSlopeNorm
 
     finite = values[np.isfinite(values)]
@@ -70,7 +76,7 @@ def patching_scale(values: np.ndarray, metric: str):
         return Normalize(-(lim or 1.0), lim or 1.0), "coolwarm"
     lo = min(0.0, float(finite.min())) if finite.size else 0.0
     hi = max(1.0, float(finite.max())) if finite.size else 1.0
-    if lo < 0:
+    if lo < -OUTSIDE_TOL:
         return TwoSlopeNorm(0.0, lo, hi), "RdBu_r"
     return Normalize(lo, hi), "viridis"
 
@@ -138,8 +144,18 @@ def patching_heatmap(
             )
             if metric == "normalized":  # values the [0, 1] reading does not cover, written out
                 for (i, j), v in np.ndenumerate(values):
-                    if np.isfinite(v) and not -0.005 <= v <= 1.005:
-                        ax.text(j, grid.index[i], f"{v:.2f}", ha="center", va="center", fontsize=5.5, color="black")
+                    if np.isfinite(v) and not -OUTSIDE_TOL <= v <= 1 + OUTSIDE_TOL:
+                        at = float(norm(v))  # white text on the map's dark end(s)
+                        dark = abs(at - 0.5) > 0.3 if cmap == "RdBu_r" else at < 0.4
+                        ax.text(
+                            j,
+                            grid.index[i],
+                            f"{v:.2f}",
+                            ha="center",
+                            va="center",
+                            fontsize=5.5,
+                            color="white" if dark else "black",
+                        )
             for j in range(1, len(cols)):  # a skipped stretch of positions
                 if cols[j] - cols[j - 1] > 1:
                     ax.axvline(j - 0.5, color="white", lw=2.0)

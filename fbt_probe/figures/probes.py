@@ -65,7 +65,7 @@ MAJORITY_STYLE = dict(color="tab:orange", lw=1.4, ls=(0, (1, 1.2)), zorder=1.5)
 coincide at 0.5) and visible as a legend entry."""
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 LINESTYLES = ("-", "--", "-.", (0, (3, 1, 1, 1, 1, 1)), ":", (0, (5, 1)), (0, (1, 1)))
-DODGE = 0.06
+DODGE = 0.08
 """Depth units between neighbouring lines of one panel: lines at the same accuracy (every mode at 1.0)
 sit side by side instead of on top of each other."""
 
