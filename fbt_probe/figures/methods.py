@@ -220,7 +220,7 @@ def parity_words(sub: pd.DataFrame) -> str:
     rho = spearman(sub["mean_exact"], sub["mean_atp"])
     if len(lengths) == 1:
         return f"Spearman {rho:.2f} (length {lengths[0]})"
-    per = " · ".join(
+    per = ", ".join(
         f"{k}: {spearman(g['mean_exact'], g['mean_atp']):.2f}" for k, g in sub.groupby("length_knob", sort=True)
     )
     return f"Spearman pooled over lengths {rho:.2f}\nper length {per}"
@@ -263,7 +263,9 @@ def atp_parity(table: pd.DataFrame, metric: str = "normalized", model_label: str
                 worst = float((sub["mean_exact"] - sub["mean_atp"]).abs().max())
                 units = "" if m == metric else " (LD units)"
                 fallback |= m != metric
-                ax.set_title(f"{task} · {mode}{units}\n{parity_words(sub)} · worst |err| {worst:.2g}", fontsize=7)
+                said = parity_words(sub)
+                sep = "\n" if "\n" in said else " · "  # a pooled panel's title is long: the error on its own line
+                ax.set_title(f"{task} · {mode}{units}\n{said}{sep}worst |err| {worst:.2g}", fontsize=7)
             ax.set_xlabel(f"exact patching ({m})")
             ax.set_ylabel(f"AtP ({m})")
         axes.flat[0].legend()

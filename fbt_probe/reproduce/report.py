@@ -36,7 +36,7 @@ FIGURE_CAPTIONS = {
     "fig7a": (
         "Held-out linear-probe accuracy of the label at each depth (0 = model input), under standard prefill (left) "
         "and recurrent:1 (right), one line per length, bands = min–max over folds. Read the recurrent:1 panels at "
-        "depth 0: high accuracy there means the fed-back state makes the label readable at the input; the red band "
+        "depth 0: high accuracy there means the fed-back state makes the label readable at the input; the wide pale red line "
         "is the probe on the carried state h(T−1) itself, black squares the no-feedback baseline."
     ),
     "fig7b": (
