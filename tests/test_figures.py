@@ -87,19 +87,70 @@ def test_fig7a_panels_colours_and_reference_lines():
 def test_fig7b_one_panel_per_register_count_and_writes_and_a_line_per_mode():
     fig = draw("fig7b", probe_table())
     axes = [ax for ax in fig.axes if ax.get_visible() and ax.get_title()]
-    assert [ax.get_title() for ax in axes] == [
-        "m = 1, 16 writes each",
-        "m = 2, 8 writes each",
-        "m = 4, 4 writes each",
-        "m = 8, 2 writes each",
-        "m = 8, 2 writes each",
-        "m = 8, 4 writes each",
-        "m = 8, 8 writes each",
+    titles = [ax.get_title() for ax in axes]
+    assert titles == [
+        "registers-count\nm = 1, 16 writes each",
+        "registers-count\nm = 2, 8 writes each",
+        "registers-count\nm = 4, 4 writes each",
+        "registers-count\nm = 8, 2 writes each",
+        "registers\nm = 8, 2 writes each",
+        "registers\nm = 8, 4 writes each",
+        "registers\nm = 8, 8 writes each",
     ]  # short: four panels in a row
+    assert len(set(titles)) == len(titles)  # the two sweeps meet at m = 8, 2 writes: the task tells them apart
     assert lines(axes[0])[:5] == ["standard", "recurrent:1", "recurrent:2", "recurrent:4", "full"]
     assert "chance (0.5)" in lines(axes[0]) and any(s.startswith("majority baseline") for s in lines(axes[0]))
     one = draw("fig7b", probe_table(tasks=("registers",)))  # one sweep alone: one row
     assert len([ax for ax in one.axes if ax.get_visible() and ax.get_title()]) == 3
+
+
+def _styles(ax, labels) -> dict:
+    return {
+        ln.get_label(): (ln.get_marker(), str(ln.get_linestyle()), round(float(ln.get_xdata()[0]), 3))
+        for ln in ax.get_lines()
+        if ln.get_label() in labels
+    }
+
+
+def test_coincident_lines_keep_their_own_marker_dash_and_offset():
+    """Lines at the same accuracy (every feedback mode at 1.0) stay visible: each line of a panel has its
+    own marker, dash pattern and depth offset, and fig7a's carried-state reference is drawn under the
+    length lines."""
+    table = probe_table()
+    table.loc[table["metric"] == "accuracy", "value"] = 1.0  # every line on top of every other
+    fig7b = draw("fig7b", table)
+    modes = ["standard", "recurrent:1", "recurrent:2", "recurrent:4", "full"]
+    styles = _styles(fig7b.axes[0], modes)
+    assert len(styles) == 5 and len(set(styles.values())) == 5
+    assert len({m for m, _, _ in styles.values()}) == 5 and len({x for _, _, x in styles.values()}) == 5
+    fig7a = draw("fig7a", table)
+    ax = fig7a.axes[1]  # completion, recurrent:1
+    lengths = _styles(ax, ["0", "8", "32"])
+    assert len({m for m, _, _ in lengths.values()}) == 3 and len({x for _, _, x in lengths.values()}) == 3
+    ref = next(ln for ln in ax.get_lines() if ln.get_label() == "probe on carried state h(T-1)")
+    assert all(ref.get_zorder() < ln.get_zorder() for ln in ax.get_lines() if ln.get_label() in lengths)
+
+
+def test_the_majority_baseline_is_a_visible_legend_entry():
+    """The majority line is drawn over the chance line (a balanced task puts both at 0.5) in a colour of
+    its own, and its legend entry is a line of that colour."""
+    from matplotlib.colors import to_hex
+
+    table = probe_table()
+    table.loc[table["metric"] == "majority_baseline", "value"] = 0.5
+    fig = draw("fig7a", table)
+    ax = fig.axes[0]
+    chance = next(ln for ln in ax.get_lines() if ln.get_label() == "chance (0.5)")
+    majority = next(ln for ln in ax.get_lines() if ln.get_label().startswith("majority"))
+    assert majority.get_zorder() > chance.get_zorder()
+    assert to_hex(majority.get_color()) not in (to_hex(chance.get_color()), to_hex("white"))
+    entry = next(
+        h
+        for leg in fig.legends
+        for h, t in zip(leg.legend_handles, leg.get_texts())
+        if t.get_text().startswith("majority")
+    )
+    assert to_hex(entry.get_color()) == to_hex(majority.get_color()) and entry.get_linewidth() >= 1.2
 
 
 def test_fold_spread_is_the_min_max_over_folds_not_an_interval():
@@ -188,5 +239,9 @@ def test_fig3_marks_each_runs_trained_depth_in_its_colour():
     assert dotted(fig) == [(3, curves["paper (p)"]), (16, curves["deep (d)"])]
     assert curves["paper (p)"] != curves["deep (d)"]
     assert dotted(fig3(table, trained_passes={"paper": 3, "deep": 3})) == [(3, to_hex("grey"))]
+    # a one-pass run (the no-feedback baseline) was trained at no feedback depth: no marker for it
+    assert dotted(fig3(table, trained_passes={"paper": 3, "deep": 1})) == [(3, curves["paper (p)"])]
+    assert dotted(fig3(table, trained_passes={"paper": 1, "deep": 1})) == []
+    assert dotted(fig3(table, trained_passes=1)) == []
     assert dotted(fig3(table, trained_passes=3)) == [(3, to_hex("grey"))]
     assert dotted(fig3(table)) == []

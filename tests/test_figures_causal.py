@@ -171,10 +171,47 @@ def test_patching_heatmap_labels_every_position_and_the_final_one():
         assert len(labels) == 4 and all(labels)
         assert [lab.split("\n")[0] for lab in labels] == ["42", "43", "44", "45"]
         assert labels[-1].endswith("final") and sum("final" == lab.split("\n")[-1] for lab in labels) == 1
-        assert [t.get_position()[0] for t in ax.get_xticklabels()] == [42, 43, 44, 45]  # under their columns
+        assert [t.get_position()[0] for t in ax.get_xticklabels()] == [0, 1, 2, 3]  # under their columns
     many = draw("patching-heatmap", residual_table(range(0, 40)))
     labels = [t.get_text() for t in next(ax for ax in many.axes if ax.get_images()).get_xticklabels()]
     assert 1 < len(labels) <= 8 and labels[-1] == "39\nfinal"
+
+
+def test_patching_colour_scale_covers_every_value_and_says_so():
+    """A normalized mean of 3.61 (a small clean–corrupt gap) and one of −0.4 lie inside the colour
+    scale, which is centred at 0 once a value is negative, shared by the panels, and the cells outside
+    [0, 1] carry their value in text; a table inside [0, 1] keeps the [0, 1] scale."""
+    t = residual_table()
+    t.loc[(t.direction == "denoising") & (t.depth == 2) & (t.position == 44), ["mean", "ci_low", "ci_high"]] = 3.61
+    t.loc[(t.direction == "noising") & (t.depth == 0) & (t.position == 42), ["mean", "ci_low", "ci_high"]] = -0.4
+    fig = draw("patching-heatmap", t)
+    images = [im for ax in fig.axes for im in ax.get_images()]
+    assert len(images) == 2
+    for im in images:
+        lo, hi = im.norm.vmin, im.norm.vmax
+        assert lo <= -0.4 and hi >= 3.61 and float(im.norm(0.0)) == pytest.approx(0.5)  # diverging about 0
+    texts = [x.get_text() for ax in fig.axes for x in ax.texts]
+    assert "3.61" in texts and "-0.40" in texts
+    assert len([ax for ax in fig.axes if ax.get_label() == "<colorbar>"]) == 1
+    plain = next(ax for ax in draw("patching-heatmap", residual_table()).axes if ax.get_images()).get_images()[0]
+    assert (plain.norm.vmin, plain.norm.vmax) == (0.0, 1.0)
+    noise = residual_table()  # an exact recovery's float noise widens the scale, nothing more
+    noise.loc[noise.index[0], "mean"] = -0.006
+    fig = draw("patching-heatmap", noise)
+    im = next(ax for ax in fig.axes if ax.get_images()).get_images()[0]
+    assert im.norm.vmin == pytest.approx(-0.006) and im.get_cmap().name == "viridis"
+    assert not [x for ax in fig.axes for x in ax.texts]
+
+
+def test_patching_shows_the_position_where_the_pair_differs():
+    t = residual_table(positions=[6, 10, 11, 12, 13]).assign(differs=lambda d: d["position"] == 6)
+    fig = draw("patching-heatmap", t)
+    ax = next(a for a in fig.axes if a.get_images())
+    assert ax.get_images()[0].get_array().shape[1] == 5
+    labels = [x.get_text() for x in ax.get_xticklabels()]
+    assert labels[0].startswith("6\n") and labels[0].endswith("differs")
+    assert sum(lab.endswith("differs") for lab in labels) == 1 and labels[-1].endswith("final")
+    assert len([ln for ln in ax.get_lines() if ln.get_color() == "white"]) == 1  # 7-9 skipped
 
 
 def atp_table(n_pos=40, strong=(3, 17)) -> pd.DataFrame:
@@ -236,6 +273,128 @@ def test_atp_heatmap_shows_the_positions_that_carry_the_effect():
     assert whole.axes[0].get_images()[0].get_array().shape == (4, 40)
 
 
+def test_atp_heatmap_panels_share_one_colour_scale_and_one_colorbar():
+    small = atp_table()
+    big = atp_table().assign(task="memory")
+    big["mean"] = big["mean"] * 3  # memory's effects are three times completion's
+    fig = draw("atp-heatmap", pd.concat([small, big], ignore_index=True))
+    images = [im for ax in fig.axes for im in ax.get_images()]
+    assert len(images) == 2
+    limits = {(round(im.norm.vmin, 9), round(im.norm.vmax, 9)) for im in images}
+    assert limits == {(-1.8, 1.8)}  # the largest |value| of either panel
+    assert len([ax for ax in fig.axes if ax.get_label() == "<colorbar>"]) == 1
+    ax = next(a for a in fig.axes if a.get_images())
+    assert min(x.get_fontsize() for x in ax.get_yticklabels() + ax.get_xticklabels()) >= 6.5
+
+
+def parity_table() -> pd.DataFrame:
+    """Checked cells at two lengths: within each length AtP ranks the cells as exact patching does,
+    across lengths it does not (length 32's AtP values sit below length 8's)."""
+    rows = []
+    for knob, exact, atp in (
+        (8, (0.1, 0.2, 0.3, 0.4), (0.5, 0.6, 0.7, 0.8)),
+        (32, (0.5, 0.6, 0.7, 0.8), (0.1, 0.2, 0.3, 0.35)),
+    ):
+        for p, (e, a) in enumerate(zip(exact, atp)):
+            for method, v in (("exact", e), ("atp", a)):
+                rows.append(
+                    _row(
+                        experiment="attribution",
+                        condition="blocks.0.hook_resid_post",
+                        mode="recurrent:1",
+                        direction="denoising",
+                        method=method,
+                        task="completion",
+                        length_knob=knob,
+                        position=p,
+                        pass_index=1,
+                        metric="normalized",
+                        mean=v,
+                        ci_low=v,
+                        ci_high=v,
+                    )
+                )
+    return pd.DataFrame(rows)
+
+
+def test_atp_parity_gives_spearman_per_length_and_says_pooled():
+    fig = draw("atp-parity", parity_table(), model_label="feedback model")
+    title = fig.axes[0].get_title()
+    assert "pooled over lengths" in title and "per length 8: 1.00, 32: 1.00" in title
+    pooled = float(title.split("pooled over lengths ")[1].split()[0])
+    assert pooled < 0.5  # the pooled rank correlation is not any length's
+    one = draw("atp-parity", parity_table().query("length_knob == 8"))
+    assert "(length 8)" in one.axes[0].get_title() and "pooled" not in one.axes[0].get_title()
+    assert fig._suptitle.get_text().startswith("Feedback model:")
+
+
+def test_the_lens_and_parity_titles_name_their_model():
+    from fbt_probe.figures.lens import lens_depth
+
+    lens = pd.DataFrame(
+        [
+            dict(
+                task="completion",
+                length_knob=-1,
+                mode="standard",
+                pass_index=1,
+                lens="logit",
+                depth=d,
+                metric="p_correct",
+                mean=0.5,
+                ci_low=0.4,
+                ci_high=0.6,
+            )
+            for d in range(3)
+        ]
+    )
+    titles = {
+        draw(name, table, model_label=label)._suptitle.get_text()
+        for name, table in (("lens", lens), ("atp-parity", parity_table()))
+        for label in ("feedback model", "no-feedback baseline")
+    }
+    assert len(titles) == 4 and all(t.startswith(("Feedback model:", "No-feedback baseline:")) for t in titles)
+    assert lens_depth(lens)._suptitle.get_text().startswith("what each depth")  # no model known, no name
+
+
+def probe_direction_table(spike: float | None = None) -> pd.DataFrame:
+    rows = []
+    for depth in range(3):
+        for cond, metric, m in (("probe", "probe_accuracy", 0.9), ("erase-orth", "normalized", 0.4)):
+            lo, hi = m - 0.05, m + 0.05
+            if spike is not None and cond == "erase-orth" and depth == 1:
+                lo, hi = m - spike, m + spike  # one band with a huge CI
+            rows.append(
+                _row(
+                    experiment="probe-direction",
+                    condition=cond,
+                    mode="recurrent:1",
+                    direction="noising",
+                    task="completion",
+                    length_knob=-1,
+                    depth=depth,
+                    metric=metric,
+                    mean=m,
+                    ci_low=lo,
+                    ci_high=hi,
+                )
+            )
+    return pd.DataFrame(rows)
+
+
+def test_decodable_vs_used_has_a_title_and_annotates_the_band_it_cuts():
+    fig = draw("decodable-vs-used", probe_direction_table(spike=4.0), model_label="no-feedback baseline")
+    assert fig._suptitle.get_text().startswith("No-feedback baseline: decodable vs used")
+    ax = fig.axes[0]
+    lo, hi = ax.get_ylim()
+    assert -0.2 < lo < 0 and 1 < hi < 1.2  # the axis is set by [0, 1] and the means, not by the one wide band
+    cut = sorted(x.get_text() for x in ax.texts)
+    assert cut == ["-3.4", "4.6"]  # 1 − normalized: 1 − (0.4 ± 4) — both ends written where they are cut
+    assert "cut" in fig.legends[0].get_title().get_text()
+    calm = draw("decodable-vs-used", probe_direction_table())
+    assert not calm.axes[0].texts and not calm.legends[0].get_title().get_text()
+
+
 def das_table(ks=(1, 4), task="completion") -> pd.DataFrame:
     rows = []
     for hook in ("fusion.hook_feedback", "blocks.0.hook_resid_pre"):
@@ -277,26 +436,25 @@ def das_table(ks=(1, 4), task="completion") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_das_points_are_not_joined_across_k_and_chance_is_one_over_the_label_count():
-    from fbt_probe.tasks import load_spec
-
+def test_das_points_are_not_joined_across_k_and_the_null_is_the_random_rotation():
     fig = draw("das-iia", das_table())
     ax = fig.axes[0]
-    chance = 1 / len(load_spec("completion").label_words)
     drawn = [ln for ln in ax.get_lines() if ln.get_linestyle() not in ("None", "none", "", " ")]
-    # the only drawn line is the horizontal chance line; nothing joins points at different k
-    assert len(drawn) == 1 and set(drawn[0].get_ydata()) == {chance} and "chance" in drawn[0].get_label()
+    # the only drawn line is the random-rotation null, read from the table (0.05 here), not 1 / labels
+    assert len(drawn) == 1 and set(drawn[0].get_ydata()) == {0.05} and "random-rotation null" in drawn[0].get_label()
+    assert not [ln for ln in ax.get_lines() if "chance" in ln.get_label()]
     for ln in ax.get_lines():
         if len(set(np.round(np.asarray(ln.get_xdata(), float)))) > 1:
             assert ln.get_linestyle() in ("None", "none", "", " ") or ln is drawn[0]
     assert not [c for c in ax.collections if type(c).__name__ == "PolyCollection"]  # no band spanning k
     assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "4", "full\nvector"]
     assert len([c for c in ax.containers]) == 6  # hooks x (DAS, random, full): points with error bars
-    from fbt_probe.figures.methods import n_classes
-
-    assert n_classes("completion") == 2 and n_classes("x", pd.DataFrame({"task": ["x"], "n_classes": [4]})) == 4
-    four = draw("das-iia", das_table().assign(n_classes=4))
-    assert next(ln for ln in four.axes[0].get_lines() if "chance" in ln.get_label()).get_ydata()[0] == 0.25
+    higher = das_table()
+    higher.loc[higher.method == "random-rotation", ["mean", "ci_low", "ci_high"]] = (0.2, 0.1, 0.3)
+    null = next(ln for ln in draw("das-iia", higher).axes[0].get_lines() if "null" in ln.get_label())
+    assert null.get_ydata()[0] == pytest.approx(0.2)
+    bare = draw("das-iia", das_table().query("method != 'random-rotation'"))
+    assert not [ln for ln in bare.axes[0].get_lines() if "null" in ln.get_label()]  # no null without its data
 
 
 @pytest.mark.parametrize(

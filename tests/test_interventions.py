@@ -227,6 +227,28 @@ def test_residual_patching_top_of_last_position_is_full_recovery(model, batches,
     assert no_hooks_left(model)
 
 
+def test_residual_patching_also_patches_where_the_pair_differs(model, batches):
+    """With last_k, the last position where a pair's samples differ is patched too (the token that
+    decides the label, before the last k) and marked `differs`; there, at depth 0 under standard, the
+    patch swaps in the partner's token: denoising recovers the clean run exactly when that is the
+    only difference."""
+    from fbt_probe.interventions.experiments import differing_positions
+
+    batch = batches[0]
+    T, differs = batch.T, differing_positions(batch)
+    assert differs and differs[-1] < T - 3
+    w = residual_patching(model, [batch], mode=parse_mode("standard"), min_gap=0.0, depths=[0], last_k=3)
+    assert sorted(set(w["position"])) == [differs[-1], T - 3, T - 2, T - 1]
+    assert w.loc[w.position == differs[-1], "differs"].all() and not w.loc[w.position >= T - 3, "differs"].any()
+    if len(differs) == 1:
+        at = w[(w.position == differs[0]) & (w.direction == "denoising")]
+        np.testing.assert_allclose(at["normalized"], 1.0, atol=1e-8)
+    none = residual_patching(
+        model, [batch], mode=parse_mode("standard"), min_gap=0.0, depths=[0], last_k=3, differing=0
+    )
+    assert sorted(set(none["position"])) == [T - 3, T - 2, T - 1]
+
+
 def test_probe_direction_rows(model, batches):
     w = probe_direction(model, batches, min_gap=0.0, depths=[0, 1], scales=(0.0, 1.0), n_folds=2, erase="orth")
     assert {"probe", "erase-orth", "steer", "steer-random"} == set(w["condition"])
@@ -248,6 +270,7 @@ REUSE_CASES = [
     (gate_ablation, "full", {}),
     (residual_patching, "standard", dict(depths=[0, 2], last_k=5, batch_size=24)),
     (residual_patching, "recurrent:1", dict(depths=[0, 2], last_k=5, batch_size=24)),  # serial rule
+    (residual_patching, "recurrent:1", dict(depths=[1], last_k=2, differing=2, batch_size=8)),  # differing ones
     (residual_patching, "recurrent:3", dict(depths=[1], batch_size=16)),  # every position, serial rule
     (residual_patching, "recurrent:3", dict(depths=[1], last_k=4, serial=False)),  # one-pass rule
     (residual_patching, "jacobi:2", dict(depths=[1, 3], last_k=3, batch_size=16)),  # serial: every pass

@@ -62,18 +62,30 @@ class _Cells(HTMLParser):
 @pytest.fixture
 def written(tmp_path, monkeypatch):
     """stage_report on a study whose tables are stubbed out: only the provenance section is real."""
+    return _write(tmp_path, monkeypatch)
+
+
+def _write(tmp_path, monkeypatch, stems=()):
+    """The stubbed study's report, with an empty PNG in figures/ for each of `stems`."""
     empty = pd.DataFrame()
     for name in ("accuracy_table", "contraction_table"):
         monkeypatch.setattr(report, name, lambda out: empty)
     for name in ("depth0_table", "robustness_table", "causal_table"):
         monkeypatch.setattr(report, name, lambda out, models: empty)
-    monkeypatch.setattr(report, "methods_section", lambda cfg, out, md, figs: ("Methods", "_(not run)_\n", []))
+    methods = ("atp-", "das-", "lens-")
+    monkeypatch.setattr(
+        report,
+        "methods_section",
+        lambda cfg, out, md, figs: ("Methods", "_(not run)_\n", [f for f in figs if f.startswith(methods)]),
+    )
     monkeypatch.setattr(report, "headline", lambda cfg, out: empty)
     monkeypatch.setattr(report, "spread_table", lambda cfg, out: None)
     monkeypatch.setattr(report, "findings", lambda cfg, out, seeds: [])
     monkeypatch.setattr(report, "shipped_comparison", lambda cfg, out: [])
     monkeypatch.setattr(report, "_provenance", lambda cfg, out, times: RECORD)
     (tmp_path / "figures").mkdir()
+    for stem in stems:
+        (tmp_path / "figures" / f"{stem}.png").write_bytes(b"")
     report.stage_report(ReproConfig.demo_config(preset="tiny", shipped=True), tmp_path, {"data": 1.5})
     return (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
 
@@ -141,3 +153,46 @@ def test_the_study_records_which_model_each_checkpoint_is(tmp_path):
     assert rows["fbt-probe commit"] == rec["git_commit"] and rows["seed"] == str(cfg.seed)
     trained = report._model_reference(ReproConfig(preset="tiny"), "baseline")
     assert trained == "trained here: models/baseline (preset tiny)"
+
+
+STUDY_FIGURES = [
+    "fig3-contraction",
+    "fig7a-feedback",
+    "fig7b-baseline",
+    "ablation-bars-feedback",
+    "patching-baseline",
+    "decodable-vs-used-baseline",
+    "atp-heatmap-feedback",
+    "atp-parity-baseline",
+    "das-iia-feedback",
+    "lens-baseline",
+]
+
+
+def test_every_figure_is_captioned_by_what_it_shows_not_by_its_file_name(tmp_path, monkeypatch):
+    md, page = _write(tmp_path, monkeypatch, STUDY_FIGURES)
+    captions = {}
+    for stem in STUDY_FIGURES:
+        line = next(ln for ln in md.splitlines() if ln.startswith(f"*{stem}* ("))
+        captions[stem] = line.split("): ", 1)[1]
+        assert f"<i>{stem}</i>" in page and report.figure_caption(stem).split(".")[0] in page
+    for stem, caption in captions.items():
+        assert caption != stem and stem not in caption and len(caption.split()) >= 20, stem
+    assert captions["fig7a-feedback"].startswith("Feedback model.")
+    assert captions["patching-baseline"].startswith("No-feedback baseline.")
+    assert len(set(captions.values())) == len(captions)
+    for stem in ("sae-swap-feedback", "sae-vs-das-feedback", "sae-features-feedback"):
+        assert report.figure_caption(stem).startswith("Feedback model.")
+    with pytest.raises(ValueError, match="no caption"):
+        report.figure_caption("mystery-feedback")
+
+
+def test_the_contraction_figure_marks_a_trained_depth_for_the_feedback_model_only():
+    t = pd.DataFrame(
+        {
+            "run": ["feedback", "feedback", "baseline", "baseline"],
+            "schedule": ["1:0.75,2:0.22,3:0.03"] * 2 + ["constant:1"] * 2,
+            "pass": [1, 2, 1, 2],
+        }
+    )
+    assert report.trained_passes(t) == {"feedback": 3, "baseline": 1}

@@ -302,6 +302,10 @@ def test_sae_features_and_sae_vs_das_figures():
     assert top.get_title() == "memory" and "IIA" in bottom.get_ylabel()
     ys = sorted(float(line.get_ydata()[0]) for line in bottom.lines if len(line.get_ydata()) == 2)
     assert 0.97 in ys and 1.0 in ys and 0.2 not in ys  # the probe and the full swap; the other hook's DAS is not drawn
+    # the IIA null is the random rotation's (0.05 here), read from the table, not a 0.5 "chance"
+    null = [line for line in bottom.lines if "null" in line.get_label()]
+    assert len(null) == 1 and null[0].get_ydata()[0] == pytest.approx(0.05) and 0.5 not in ys
+    assert "random-rotation" in null[0].get_label()
     plt.close(fig)
     with pytest.raises(FbtError, match="das is not a DAS summary"):
         draw("sae-vs-das", fr, das=das.drop(columns="method"))

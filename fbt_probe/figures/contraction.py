@@ -1,7 +1,9 @@
 """Fig. 3-style contraction diagnostic: validation loss (linear) and carried-state change (log)
 against the number of feedback passes. Drawn from the table of `fbt-probe diagnose contraction`;
 several runs (column `run`) are overlaid, e.g. two schedules side by side. A dotted line marks the
-deepest pass a run was trained at; runs trained to different depths each get one, in their colour."""
+deepest pass a run was trained at; runs trained to different depths each get one, in their colour. A
+run trained with one pass only (the no-feedback baseline) has no trained feedback depth and gets no
+marker: every pass it is run for lies outside its training."""
 
 from __future__ import annotations
 
@@ -33,11 +35,13 @@ def fig3(table: pd.DataFrame, trained_passes: int | dict | None = None):
         )
         if not isinstance(trained_passes, dict):
             trained_passes = {None: trained_passes} if trained_passes else {}
-        marks = {}  # depth -> the runs trained to it
+        marks = {}  # depth -> the runs trained to it (more than one pass)
         for run, depth in trained_passes.items():
-            marks.setdefault(depth, []).append(run)
+            if depth is not None and int(depth) > 1:
+                marks.setdefault(int(depth), []).append(run)
+        every = None in trained_passes or set(runs) <= {r for at in marks.values() for r in at}
         for i, (depth, at) in enumerate(sorted(marks.items())):
-            one = len(marks) == 1
+            one = len(marks) == 1 and every  # one depth for every run drawn: one grey line says it
             colour = "grey" if one else colours.get(at[0], "grey")
             text = " deepest trained pass" if one else f" {', '.join(map(str, at))}: trained to {depth} passes"
             for ax in (loss_ax, delta_ax):  # labels stacked from the top, so two depths never overprint

@@ -58,12 +58,41 @@ def position_labels(positions, final: int | None = None, offsets: bool = True) -
     return [f"{p}\nfinal" if p == final else (f"{p}\nfinal−{final - p}" if offsets else str(p)) for p in positions]
 
 
+OUTSIDE_TOL = 0.02
+"""How far past [0, 1] a normalized mean may lie and still count as inside (float noise of an exact
+recovery, e.g. −0.006 or 1.006): such a value widens the scale but neither turns the map diverging
+nor is written out."""
+
+
+def patching_scale(values: np.ndarray, metric: str):
+    """(norm, colormap) of a patching map covering every value. `normalized`: [0, 1] (0 = corrupt,
+    1 = clean) widened to the data; viridis unless a value lies below −`OUTSIDE_TOL`, then a diverging
+    map centred at 0. Other metrics: a diverging map symmetric about 0."""
+    from matplotlib.colors import Normalize, TwoSlopeNorm
+
+    finite = values[np.isfinite(values)]
+    if metric != "normalized":
+        lim = float(np.abs(finite).max()) if finite.size else 1.0
+        return Normalize(-(lim or 1.0), lim or 1.0), "coolwarm"
+    lo = min(0.0, float(finite.min())) if finite.size else 0.0
+    hi = max(1.0, float(finite.max())) if finite.size else 1.0
+    if lo < -OUTSIDE_TOL:
+        return TwoSlopeNorm(0.0, lo, hi), "RdBu_r"
+    return Normalize(lo, hi), "viridis"
+
+
 def patching_heatmap(
     table: pd.DataFrame, metric: str = "normalized", length: int | None = None, model_label: str | None = None
 ):
     """Residual patching: depth (rows) × position (columns) of the mean `metric`; one panel per
     task × mode × direction, at one length knob per task (`length`, default the shortest). Columns
-    are labelled with the position index and its offset from the final position."""
+    are the patched positions (white lines: positions skipped), labelled with the position index,
+    its offset from the final position, and "differs" where a pair's two samples differ (column
+    `differs`: the residual experiment patches the last such position beside the last k).
+
+    One colour scale for every panel (`patching_scale`), covering every value: a normalized map
+    reaching past [0, 1] (a mean of 3.6 where a pair's clean–corrupt gap is small) widens the scale
+    and the cells outside [0, 1] carry their value in text."""
     t = _check(table, ("residual",), "patching-heatmap")
     length = None if length is None else int(length)  # options may arrive as strings from the CLI
     t = t[(t["metric"] == metric) & (t["position"] >= 0)]
@@ -76,16 +105,20 @@ def patching_heatmap(
     ]
     if not panels:
         raise FbtError(f"patching-heatmap: no residual rows for metric '{metric}'")
+    cells = []
+    for task, mode, d in panels:
+        sub = t[(t.task == task) & (t["mode"] == mode) & (t.direction == d)]
+        knob = length if length is not None else int(sub["length_knob"].min())
+        sub = sub[sub["length_knob"] == knob]
+        cells.append((knob, sub, sub.pivot_table(index="depth", columns="position", values="mean")))
+    every = np.concatenate([g.to_numpy(float).ravel() for *_, g in cells] + [np.array([])])
+    norm, cmap = patching_scale(every, metric)
     n_cols = 2 if len(panels) > 1 else 1
     n_rows = -(-len(panels) // n_cols)
-    vmin, vmax, cmap = (0.0, 1.0, "viridis") if metric == "normalized" else (None, None, "coolwarm")
+    im = None
     with paper_style():
         fig, axes = subplots(n_rows, n_cols, panel_height_in=2.0)
-        for ax, (task, mode, d) in zip(axes.flat, panels):
-            sub = t[(t.task == task) & (t["mode"] == mode) & (t.direction == d)]
-            knob = length if length is not None else int(sub["length_knob"].min())
-            sub = sub[sub["length_knob"] == knob]
-            grid = sub.pivot_table(index="depth", columns="position", values="mean")
+        for ax, (task, mode, d), (knob, sub, grid) in zip(axes.flat, panels, cells):
             rule = sub["hook_rule"].iloc[0] if "hook_rule" in sub and len(sub) else ""
             ax.set_title(f"{task} · {mode} · {d}\nlength {knob}" + (f", {rule}" if rule else ""))
             if grid.empty:  # every pair below the min-gap threshold: nothing to normalise
@@ -98,37 +131,53 @@ def patching_heatmap(
                     transform=ax.transAxes,
                 )
                 continue
-            grid = grid.reindex(columns=range(int(grid.columns.min()), int(grid.columns.max()) + 1))
-            if vmin is None:
-                lim = float(np.nanmax(np.abs(grid.to_numpy()))) or 1.0
-                lo, hi = -lim, lim
-            else:
-                lo, hi = vmin, vmax
+            values = grid.to_numpy(float)
+            cols = [int(p) for p in grid.columns]
             im = ax.imshow(
-                grid.to_numpy(),
+                values,
                 aspect="auto",
                 origin="lower",
                 cmap=cmap,
-                vmin=lo,
-                vmax=hi,
-                extent=(
-                    grid.columns.min() - 0.5,
-                    grid.columns.max() + 0.5,
-                    grid.index.min() - 0.5,
-                    grid.index.max() + 0.5,
-                ),
+                norm=norm,
+                interpolation="nearest",
+                extent=(-0.5, len(cols) - 0.5, grid.index.min() - 0.5, grid.index.max() + 0.5),
             )
-            cols = list(grid.columns)
-            step = max(1, -(-len(cols) // 8))  # at most 8 labels; the final position always has one
-            shown = sorted(set(cols[::-1][::step]))
-            ax.set_xticks(shown, position_labels(shown, final=cols[-1]), fontsize=6)
+            if metric == "normalized":  # values the [0, 1] reading does not cover, written out
+                for (i, j), v in np.ndenumerate(values):
+                    if np.isfinite(v) and not -OUTSIDE_TOL <= v <= 1 + OUTSIDE_TOL:
+                        at = float(norm(v))  # white text on the map's dark end(s)
+                        dark = abs(at - 0.5) > 0.3 if cmap == "RdBu_r" else at < 0.4
+                        ax.text(
+                            j,
+                            grid.index[i],
+                            f"{v:.2f}",
+                            ha="center",
+                            va="center",
+                            fontsize=5.5,
+                            color="white" if dark else "black",
+                        )
+            for j in range(1, len(cols)):  # a skipped stretch of positions
+                if cols[j] - cols[j - 1] > 1:
+                    ax.axvline(j - 0.5, color="white", lw=2.0)
+            differ = set()
+            if "differs" in sub.columns:
+                differ = {int(p) for p in sub.loc[sub["differs"].astype(bool), "position"]}
+            step = max(1, -(-len(cols) // 8))  # at most 8 labels; the final and differing positions always have one
+            shown = sorted(set(cols[::-1][::step]) | (differ & set(cols)))
+            labels = [
+                lab + ("\ndiffers" if p in differ else "")
+                for p, lab in zip(shown, position_labels(shown, final=cols[-1]))
+            ]
+            ax.set_xticks([cols.index(p) for p in shown], labels, fontsize=6)
             ax.set_yticks(sorted(grid.index))
             ax.set_xlabel("position")
             ax.set_ylabel("depth")
             ax.grid(False)
-            fig.colorbar(im, ax=ax, shrink=0.85, label=metric)
         for ax in list(axes.flat)[len(panels) :]:
             ax.set_visible(False)
+        if im is not None:
+            extra = " (cells outside [0, 1] carry their value)" if metric == "normalized" else ""
+            fig.colorbar(im, ax=axes, shrink=0.5, label=f"{metric}{extra}")
         shown_model = model_words(t, model_label)
         if shown_model:
             fig.suptitle(titled("Residual patching by depth and position", shown_model))
@@ -291,11 +340,19 @@ def ablation_bars(
 
 
 # ----------------------------------------------------------------------------- decodable vs used
-def decodable_vs_used(table: pd.DataFrame, length: int = POOLED, mode: str | None = None):
+def decodable_vs_used(
+    table: pd.DataFrame, length: int = POOLED, mode: str | None = None, model_label: str | None = None
+):
     """Per task: probe accuracy (held-out, cross-fitted) and the causal effect of erasing its
     direction, 1 - normalized (0 = the answer did not move, 1 = it moved as far as the partner's),
-    against depth; dotted: probe accuracy re-fitted after erasure."""
+    against depth; dotted: probe accuracy re-fitted after erasure. The title names the model
+    (`model_label`, else the table's checkpoint folder).
+
+    The y axis covers [0, 1] and every mean; a bootstrap band reaching beyond that (the normalized
+    effect is a ratio, and a few pairs with a small clean–corrupt gap can stretch its CI to ±4) is cut
+    at the axis, and its far end is written at the edge, so that no value is hidden."""
     t = _check(table, ("probe-direction",), "decodable-vs-used")
+    shown_model = model_words(t, model_label)
     t = t[t["length_knob"] == int(length)]
     modes = _modes(t) if mode is None else [mode]
     panels = [(task, m) for task in _tasks(t) for m in modes if not t[(t.task == task) & (t["mode"] == m)].empty]
@@ -303,43 +360,94 @@ def decodable_vs_used(table: pd.DataFrame, length: int = POOLED, mode: str | Non
         raise FbtError(f"decodable-vs-used: no rows at length {length}" + (f" for mode {mode}" if mode else ""))
     with paper_style():
         fig, axes = subplots(1, len(panels), panel_height_in=2.4, sharey=True)
+        drawn = []  # (ax, x, mean, low, high, colour) of every line
         for ax, (task, m) in zip(axes.flat, panels):
             sub = t[(t.task == task) & (t["mode"] == m)]
-            _line(
-                ax,
-                sub[(sub.condition == "probe") & (sub.metric == "probe_accuracy")],
-                "probe accuracy (decodable)",
-                "C0",
+            drawn.append(
+                (
+                    ax,
+                    *_line(
+                        ax,
+                        sub[(sub.condition == "probe") & (sub.metric == "probe_accuracy")],
+                        "probe accuracy (decodable)",
+                        "C0",
+                    ),
+                )
             )
             for k, cond in enumerate(sorted(c for c in sub.condition.unique() if c.startswith("erase-"))):
                 eff = sub[(sub.condition == cond) & (sub.metric == "normalized")]
-                _line(ax, eff, f"effect of {cond} (used)", f"C{k + 1}", flip=True)
-                _line(
-                    ax,
-                    sub[(sub.condition == cond) & (sub.metric == "probe_accuracy")],
-                    f"probe accuracy after {cond}",
-                    f"C{k + 1}",
-                    ls=":",
+                drawn.append((ax, *_line(ax, eff, f"effect of {cond} (used)", f"C{k + 1}", flip=True)))
+                drawn.append(
+                    (
+                        ax,
+                        *_line(
+                            ax,
+                            sub[(sub.condition == cond) & (sub.metric == "probe_accuracy")],
+                            f"probe accuracy after {cond}",
+                            f"C{k + 1}",
+                            ls=":",
+                        ),
+                    )
                 )
             ax.axhline(0.5, color="black", lw=0.6, ls="--")
             ax.set_xlabel("depth")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # depths are layer indices
             ax.set_title(f"{task}\n{m}")
+        cut = _clip_bands(drawn)
         axes.flat[0].set_ylabel("accuracy / 1 - normalized")
         handles, labels = axes.flat[0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="outside lower center", ncols=3)
+        note = (
+            f"y axis: [0, 1] and every mean; bands beyond it are cut at the edge, their far end written there ({cut} cut)"
+            if cut
+            else None
+        )
+        fig.legend(handles, labels, loc="outside lower center", ncols=3, title=note, title_fontsize=6.5)
+        fig.suptitle(
+            titled(
+                "Decodable vs used: probe accuracy and the effect of erasing the probe direction, by depth", shown_model
+            )
+        )
     return fig
 
 
-def _line(ax, rows: pd.DataFrame, label: str, color: str, flip: bool = False, ls: str = "-", x: str = "depth") -> None:
+def _clip_bands(drawn: list, pad: float = 0.08) -> int:
+    """Set the (shared) y range to [0, 1] and every mean, padded; write the far end of each band
+    that reaches past it at the edge. Returns how many band ends were cut."""
+    means = [v for d in drawn if d[1] is not None for v in d[2]]
+    finite = [float(v) for v in means if np.isfinite(v)]
+    lo, hi = min([0.0] + finite) - pad, max([1.0] + finite) + pad
+    cut = 0
+    for ax, x, mean, low, high, colour in drawn:
+        ax.set_ylim(lo, hi)
+        if x is None:
+            continue
+        for xi, a, b in zip(x, low, high):
+            for v, edge, va in ((b, hi, "top"), (a, lo, "bottom")):
+                if np.isfinite(v) and (v > edge if va == "top" else v < edge):
+                    cut += 1
+                    ax.annotate(
+                        f"{v:.1f}",
+                        (xi, edge),
+                        ha="center",
+                        va=va,
+                        fontsize=5.5,
+                        color=colour,
+                        annotation_clip=False,
+                    )
+    return cut
+
+
+def _line(ax, rows: pd.DataFrame, label: str, color: str, flip: bool = False, ls: str = "-", x: str = "depth"):
+    """Mean with its CI band; returns (x, mean, low, high, colour) as drawn (all None without rows)."""
     if rows.empty:
-        return
+        return None, None, None, None, color
     rows = rows.sort_values(x)
     mean, lo, hi = rows["mean"].to_numpy(), rows["ci_low"].to_numpy(), rows["ci_high"].to_numpy()
     if flip:
         mean, lo, hi = 1 - mean, 1 - hi, 1 - lo
     ax.plot(rows[x], mean, marker="o", color=color, ls=ls, label=label)
     ax.fill_between(rows[x], lo, hi, color=color, alpha=0.15, lw=0)
+    return rows[x].to_numpy(), mean, lo, hi, color
 
 
 def steering_sweep(table: pd.DataFrame, depth: int = 0, length: int = POOLED):

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from fbt_probe.errors import FbtError
-from fbt_probe.figures.style import paper_style, subplots
+from fbt_probe.figures.style import model_words, paper_style, subplots, titled
 
 NEED = {"task", "length_knob", "mode", "pass_index", "lens", "depth", "metric", "mean", "ci_low", "ci_high"}
 LENS_WORDS = {"logit": "logit lens", "tuned": "tuned lens"}
@@ -20,8 +20,9 @@ def _line_key(mode: str) -> tuple:
     return (mode != "standard", mode.startswith("jacobi"), mode)
 
 
-def lens_depth(table: pd.DataFrame, metric: str = "p_correct", length: int = -1):
-    """`metric` (default p_correct) vs depth; colour = mode, Jacobi passes in lighter shades of one colour."""
+def lens_depth(table: pd.DataFrame, metric: str = "p_correct", length: int = -1, model_label: str | None = None):
+    """`metric` (default p_correct) vs depth; colour = mode, Jacobi passes in lighter shades of one colour.
+    The title names the model (`model_label`, else the checkpoint folder of the table's `model`)."""
     missing = NEED - set(table.columns)
     if missing:
         raise FbtError(f"lens: not a lens summary table (missing columns {sorted(missing)})")
@@ -66,6 +67,9 @@ def lens_depth(table: pd.DataFrame, metric: str = "p_correct", length: int = -1)
         fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)))
         where = "pooled over lengths" if int(length) == -1 else f"length {length}"
         fig.suptitle(
-            f"what each depth predicts at the final position (held-out pairs, {where}; group-bootstrap 95 % CIs)"
+            titled(
+                f"what each depth predicts at the final position (held-out pairs, {where}; 95 % CIs with groups as the unit)",
+                model_words(table, model_label),
+            )
         )
     return fig

@@ -4,10 +4,11 @@ atp-heatmap: the AtP map, (pass ×) hook × position of the mean metric; one pan
              direction, cropped to the positions that carry an effect (the final one always);
              cells that the parity check patched exactly are ringed.
 atp-parity:  AtP against exact patching on the checked cells (means over pairs), one panel per task ×
-             mode, with the diagonal; Spearman and the worst error in the title.
+             mode, with the diagonal; Spearman per length (and pooled, said so) and the worst error in
+             the title.
 das-iia:     interchange intervention accuracy per subspace dimension k: points with bootstrap CIs per
              hook × method (DAS, random rotation; the full-vector interchange in its own slot), not
-             joined across k, and the chance line 1 / the task's label count.
+             joined across k, and the random-rotation null drawn from the data.
 """
 
 from __future__ import annotations
@@ -102,15 +103,22 @@ def atp_heatmap(
         for p in panels
     ]
     hidden_checks = 0
+    grids = []  # per panel: (knob, grid, values, base)
+    for task, mode, d in panels:
+        sub = atp[(atp.task == task) & (atp["mode"] == mode) & (atp.direction == d)]
+        knob = int(sub["length_knob"].min()) if length is None else int(length)
+        sub = sub[sub["length_knob"] == knob]
+        grid = sub.pivot_table(index=["pass_index", "condition"], columns="position", values="mean")
+        grid = grid.reindex(sorted(grid.index, key=lambda ix: (ix[0], _hook_rank(ix[1]))))
+        base = 0.0 if (metric != "normalized" or d == "denoising") else 1.0
+        grids.append((knob, grid, grid.to_numpy(float), base))
+    # one colour scale for every panel (panels compare by colour): the largest |value - base| of any
+    lim = max((float(np.nanmax(np.abs(v - b))) for _, _, v, b in grids if not np.all(np.isnan(v))), default=0.0)
+    lim = lim or 1.0
+    by_base: dict = {}  # base -> (image, its axes): one colorbar per base (denoising 0, noising 1)
     with paper_style():
-        fig, axes = subplots(n_rows, n_cols, panel_height_in=max(1.9, 0.16 * max(heights)))
-        for ax, (task, mode, d) in zip(axes.flat, panels):
-            sub = atp[(atp.task == task) & (atp["mode"] == mode) & (atp.direction == d)]
-            knob = int(sub["length_knob"].min()) if length is None else int(length)
-            sub = sub[sub["length_knob"] == knob]
-            grid = sub.pivot_table(index=["pass_index", "condition"], columns="position", values="mean")
-            grid = grid.reindex(sorted(grid.index, key=lambda ix: (ix[0], _hook_rank(ix[1]))))
-            values = grid.to_numpy(float)
+        fig, axes = subplots(n_rows, n_cols, panel_height_in=max(1.9, 0.17 * max(heights)))
+        for ax, (task, mode, d), (knob, grid, values, base) in zip(axes.flat, panels, grids):
             title = f"{task} · {mode}\n{d}, length {knob}"
             if np.all(np.isnan(values)):
                 ax.text(
@@ -125,11 +133,9 @@ def atp_heatmap(
                 ax.set_xticks([])
                 ax.set_yticks([])
                 continue
-            base = 0.0 if (metric != "normalized" or d == "denoising") else 1.0
             kept = signal_columns(values, base, positions, min_share)
             all_positions = [int(p) for p in grid.columns]
             grid, values = grid.iloc[:, kept], values[:, kept]
-            lim = float(np.nanmax(np.abs(values - base))) or 1.0
             im = ax.imshow(
                 values, aspect="auto", cmap="coolwarm", vmin=base - lim, vmax=base + lim, interpolation="nearest"
             )
@@ -158,10 +164,10 @@ def atp_heatmap(
             ax.set_yticks(
                 range(len(grid.index)),
                 [(f"p{k} " if multi else "") + short_hook(h) for k, h in grid.index],
-                fontsize=5.5,
+                fontsize=7,
             )
             ax.set_xticks(
-                range(len(shown)), position_labels(shown, final=max(all_positions), offsets=False), fontsize=5.5
+                range(len(shown)), position_labels(shown, final=max(all_positions), offsets=False), fontsize=7
             )
             ax.set_xlabel(
                 f"position ({len(shown)} of {len(all_positions)} shown)"
@@ -170,9 +176,17 @@ def atp_heatmap(
             )
             ax.grid(False)
             ax.set_title(title)
-            fig.colorbar(im, ax=ax, shrink=0.85, label=f"AtP {metric}")
+            by_base.setdefault(base, (im, []))[1].append(ax)
         for ax in list(axes.flat)[len(panels) :]:
             ax.set_visible(False)
+        for base, (im, on) in sorted(by_base.items()):
+            fig.colorbar(
+                im,
+                ax=on,
+                shrink=0.5 if len(on) > 2 else 0.85,
+                label=f"AtP {metric}" + ("" if len(by_base) == 1 else f" ({'noising' if base else 'denoising'})"),
+                location="right",
+            )
         what = "attribution patching (first-order); ringed: cells patched exactly by the parity check"
         if positions > 0:
             what += (
@@ -194,9 +208,29 @@ def _parity_points(t: pd.DataFrame, metric: str) -> pd.DataFrame:
     return both.dropna(subset=["mean_exact", "mean_atp"])
 
 
-def atp_parity(table: pd.DataFrame, metric: str = "normalized"):
+def spearman(a: pd.Series, b: pd.Series) -> float:
+    return float(a.rank().corr(b.rank())) if len(a) > 1 else float("nan")
+
+
+def parity_words(sub: pd.DataFrame) -> str:
+    """Spearman of AtP against exact patching, said with what it pools: one length ("length 8"), or
+    pooled over the lengths with each length's own value beside it (pooling mixes lengths whose
+    effects sit at different scales, so the pooled value can be far from every per-length one)."""
+    lengths = sorted(int(k) for k in sub["length_knob"].unique())
+    rho = spearman(sub["mean_exact"], sub["mean_atp"])
+    if len(lengths) == 1:
+        return f"Spearman {rho:.2f} (length {lengths[0]})"
+    per = ", ".join(
+        f"{k}: {spearman(g['mean_exact'], g['mean_atp']):.2f}" for k, g in sub.groupby("length_knob", sort=True)
+    )
+    return f"Spearman pooled over lengths {rho:.2f}\nper length {per}"
+
+
+def atp_parity(table: pd.DataFrame, metric: str = "normalized", model_label: str | None = None):
     """AtP vs exact patching on the checked cells (per-cell means over pairs). A panel without any pair
-    above the gap threshold falls back from normalized to logit-difference units."""
+    above the gap threshold falls back from normalized to logit-difference units. Each panel's title
+    gives the Spearman rank correlation per length and, where the panel holds several lengths, pooled
+    (`parity_words`); the figure's title names the model (`model_label`, else the checkpoint folder)."""
     t = _check(table, ("attribution",), "atp-parity")
     t = t.assign(pass_index=t["pass_index"] if "pass_index" in t else 1)
     if not (t["method"] == "exact").any():
@@ -211,7 +245,7 @@ def atp_parity(table: pd.DataFrame, metric: str = "normalized"):
     ]
     n_cols, fallback = min(3, len(panels)), False
     with paper_style():
-        fig, axes = subplots(-(-len(panels) // n_cols), n_cols, panel_height_in=2.3)
+        fig, axes = subplots(-(-len(panels) // n_cols), n_cols, panel_height_in=2.5)
         for ax in list(axes.flat)[len(panels) :]:
             ax.set_visible(False)
         for ax, (task, mode) in zip(axes.flat, panels):
@@ -226,40 +260,42 @@ def atp_parity(table: pd.DataFrame, metric: str = "normalized"):
                 lo = float(min(sub["mean_exact"].min(), sub["mean_atp"].min()))
                 hi = float(max(sub["mean_exact"].max(), sub["mean_atp"].max()))
                 ax.plot([lo, hi], [lo, hi], color="black", lw=0.6, ls="--")
-                rho = sub["mean_exact"].rank().corr(sub["mean_atp"].rank())
                 worst = float((sub["mean_exact"] - sub["mean_atp"]).abs().max())
                 units = "" if m == metric else " (LD units)"
                 fallback |= m != metric
-                ax.set_title(f"{task} · {mode}{units}\nSpearman {rho:.2f} · worst |err| {worst:.2g}")
+                said = parity_words(sub)
+                sep = "\n" if "\n" in said else " · "  # a pooled panel's title is long: the error on its own line
+                ax.set_title(f"{task} · {mode}{units}\n{said}{sep}worst |err| {worst:.2g}", fontsize=7)
             ax.set_xlabel(f"exact patching ({m})")
             ax.set_ylabel(f"AtP ({m})")
         axes.flat[0].legend()
         note = "\nLD units: no pair above the clean–corrupt gap threshold, so no normalized value" if fallback else ""
-        fig.suptitle("attribution patching against exact patching on the checked cells (mean over pairs)" + note)
+        fig.suptitle(
+            titled(
+                "attribution patching against exact patching on the checked cells (mean over pairs)",
+                model_words(t, model_label),
+            )
+            + note
+        )
     return fig
 
 
-CHANCE_METRICS = ("iia", "iia_choice", "accuracy", "choice")
-"""DAS metrics that are a rate of picking one label among the task's labels: they get a chance line."""
-
-
-def n_classes(task: str, table: pd.DataFrame | None = None) -> int:
-    """How many labels `task` has: the table's `n_classes` column where it has one, else 2: every
-    task spec names exactly two label words (spec validation). Figures read tables only, never the
-    task specs (the layer contract), so a table of a task with more labels carries the column."""
-    if table is not None and "n_classes" in table.columns:
-        v = table.loc[table["task"] == task, "n_classes"].dropna()
-        if len(v):
-            return int(v.iloc[0])
-    return 2
+def rotation_null(sub: pd.DataFrame) -> float | None:
+    """The null of an interchange accuracy, read from the data: the mean IIA of the random-rotation
+    interchanges (a random k-dimensional subspace of the same hook) over every k and hook of a panel;
+    None without such rows. A swap in a subspace that carries nothing leaves the answer on the base
+    sample's label, so this null is near 0, not 1 / the label count: IIA counts the answers that
+    follow the source, and an untouched answer never does."""
+    r = sub.loc[sub["method"] == "random-rotation", "mean"].dropna()
+    return float(r.mean()) if len(r) else None
 
 
 def das_iia(table: pd.DataFrame, metric: str = "iia", length: int = -1, model_label: str | None = None):
     """IIA per subspace dimension k and hook: one point (bootstrap CI as error bar) per hook ×
     method side by side at each k, DAS filled circles, random rotation open squares, the
     full-vector interchange (diamonds) at its own slot after the largest k. k is a discrete choice of
-    subspace size, so points are not joined across k. Dashed: chance, 1 / the task's label count
-    (`n_classes`), for a metric that is a rate of picking the source's label."""
+    subspace size, so points are not joined across k. Dashed: the random-rotation null of the panel
+    (`rotation_null`), the level a subspace that carries nothing reaches."""
 
     t = _check(table, ("das",), "das-iia")
     t = t[(t["metric"] == metric) & (t["length_knob"] == int(length))]
@@ -315,9 +351,17 @@ def das_iia(table: pd.DataFrame, metric: str = "iia", length: int = -1, model_la
                         elinewidth=0.8,
                         label=f"{short_hook(hook)} · full-vector interchange",
                     )
-            if metric in CHANCE_METRICS:
-                n = n_classes(task, table)
-                ax.axhline(1.0 / n, color="black", lw=0.8, ls="--", label=f"chance (1/{n} labels)")
+            null = rotation_null(sub)
+            if null is not None:
+                ax.axhline(null, color="0.35", lw=0.8, ls="--", label="random-rotation null (mean over k and hooks)")
+                ax.annotate(
+                    f"null {null:.2f}",
+                    (1.0, null),
+                    xycoords=("axes fraction", "data"),
+                    ha="right",
+                    va="bottom",
+                    fontsize=6,
+                )
             ticks = list(range(len(ks))) + ([len(ks)] if len(full) else [])
             ax.set_xticks(ticks, [str(k) for k in ks] + (["full\nvector"] if len(full) else []))
             ax.set_xlim(-0.6, max(ticks) + 0.6)
@@ -329,7 +373,7 @@ def das_iia(table: pd.DataFrame, metric: str = "iia", length: int = -1, model_la
         for ax in axes.flat:  # every series once, whichever panel has it
             for h, lab in zip(*ax.get_legend_handles_labels()):
                 handles.setdefault(lab, h)
-        order = sorted(handles, key=lambda lab: lab.startswith("chance"))  # the series, then the chance line
+        order = sorted(handles, key=lambda lab: lab.startswith("random-rotation null"))  # the series, then the null
         fig.legend([handles[lab] for lab in order], order, loc="outside lower center", ncols=3, frameon=False)
         shown = model_words(t, model_label)
         fig.suptitle(titled("DAS: interchange intervention accuracy by subspace dimension (Wilson 95 % CI)", shown))

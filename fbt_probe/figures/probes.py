@@ -60,18 +60,33 @@ def _mean(table: pd.DataFrame, metric: str) -> float | None:
     return float(v.mean()) if len(v) else None
 
 
+MAJORITY_STYLE = dict(color="tab:orange", lw=1.4, ls=(0, (1, 1.2)), zorder=1.5)
+"""The majority baseline: dense orange dots, drawn over the chance line (for a balanced task the two
+coincide at 0.5) and visible as a legend entry."""
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+LINESTYLES = ("-", "--", "-.", (0, (3, 1, 1, 1, 1, 1)), ":", (0, (5, 1)), (0, (1, 1)))
+DODGE = 0.08
+"""Depth units between neighbouring lines of one panel: lines at the same accuracy (every mode at 1.0)
+sit side by side instead of on top of each other."""
+
+
+def _dodge(i: int, n: int) -> float:
+    return DODGE * (i - (n - 1) / 2)
+
+
 def _decorate(ax, depths, majority: float | None) -> None:
-    ax.axhline(0.5, color="black", lw=0.8, ls="--", label="chance (0.5)")
+    ax.axhline(0.5, color="black", lw=0.8, ls="--", label="chance (0.5)", zorder=1)
     if majority is not None:
-        ax.axhline(majority, color="0.45", lw=1.0, ls=":", label=f"majority baseline, same splits ({majority:.2f})")
+        ax.axhline(majority, label=f"majority baseline, same splits ({majority:.2f})", **MAJORITY_STYLE)
     ax.set_ylim(-0.02, 1.04)
     ax.set_xticks(sorted(depths))
     ax.set_xlim(min(depths) - 0.3, max(depths) + 0.3)
 
 
-def _band(ax, c: pd.DataFrame, color, label: str, **kw) -> None:
-    ax.plot(c["depth"], c["mean"], marker="o", color=color, label=label, **kw)
-    ax.fill_between(c["depth"], c["min"], c["max"], color=color, alpha=0.15, lw=0)
+def _band(ax, c: pd.DataFrame, color, label: str, offset: float = 0.0, **kw) -> None:
+    x = c["depth"] + offset
+    ax.plot(x, c["mean"], color=color, label=label, zorder=3, **{"marker": "o", **kw})
+    ax.fill_between(x, c["min"], c["max"], color=color, alpha=0.15, lw=0)
 
 
 def _legend(fig, axes, skip=()) -> None:
@@ -90,6 +105,7 @@ def _legend(fig, axes, skip=()) -> None:
         loc="outside lower center",
         ncol=min(len(handles), 3),
         frameon=False,
+        handlelength=3.2,  # long enough to show each line's dash pattern
     )
 
 
@@ -137,11 +153,14 @@ def fig7a(
                 cell = tt[tt["mode"] == mode]
                 curves = _curves(cell)
                 for length, c in curves.groupby("length"):
-                    _band(ax, c, colors[length], f"{int(length)}")
+                    k = lengths.index(length)
+                    _band(ax, c, colors[length], f"{int(length)}", _dodge(k, len(lengths)), **_length_style(k))
                 if mode == "recurrent:1":
                     ref = _mean(tt[tt["mode"] == REFERENCE_MODE], "accuracy")
-                    if ref is not None:
-                        ax.axhline(ref, color="tab:red", lw=1.0, ls="-.", label="probe on carried state h(T-1)")
+                    if ref is not None:  # behind the length lines, which often sit at the same accuracy
+                        ax.axhline(
+                            ref, color="tab:red", lw=2.4, alpha=0.35, zorder=1, label="probe on carried state h(T-1)"
+                        )
                     if baseline is not None:
                         b = _curves(baseline[(baseline["task"] == task) & (baseline["mode"] == mode)])
                         b = b.groupby("depth")["mean"].mean().reset_index()
@@ -169,10 +188,16 @@ def fig7a(
     return fig
 
 
+def _length_style(k: int) -> dict:
+    return {"marker": MARKERS[k % len(MARKERS)], "ls": LINESTYLES[k % len(LINESTYLES)]}
+
+
 def _length_legend(fig, colors: dict, title: str) -> None:
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], color=c, marker="o", label=str(int(k))) for k, c in colors.items()]
+    handles = [
+        Line2D([], [], color=c, label=str(int(k)), **_length_style(i)) for i, (k, c) in enumerate(colors.items())
+    ]
     fig.legend(handles=handles, title=title, loc="outside right center", frameon=False)
 
 
@@ -200,9 +225,11 @@ SWEEPS = {
 
 
 def _sweep_title(task: str, length: int) -> str:
+    """The panel's task and its point of the sweep: the two sweeps meet at m = 8 with 2 writes each,
+    drawn once per task (different data sets), so the task name tells the two panels apart."""
     if task == "registers-count":
-        return f"m = {length}, {16 // length} writes each"
-    return f"m = 8, {length} writes each"
+        return f"{task}\nm = {length}, {16 // length} writes each"
+    return f"{task}\nm = 8, {length} writes each"
 
 
 def fig7b(
@@ -244,11 +271,12 @@ def fig7b(
                     ax.set_visible(False)
                     continue
                 length = rows[task][j]
-                for mode in mode_list:
+                for k, mode in enumerate(mode_list):
                     c = fold_spread(cell[(cell["mode"] == mode) & (cell["length"] == length)])
-                    if not c.empty:
-                        ax.plot(c["depth"], c["mean"], marker="o", color=palette.get(mode), label=mode)
-                        ax.fill_between(c["depth"], c["low"], c["high"], color=palette.get(mode), alpha=0.15, lw=0)
+                    if not c.empty:  # a marker, a dash pattern and a small offset each: coincident modes stay visible
+                        x = c["depth"] + _dodge(k, len(mode_list))
+                        ax.plot(x, c["mean"], color=palette.get(mode), label=mode, zorder=3, ms=3, **_length_style(k))
+                        ax.fill_between(x, c["low"], c["high"], color=palette.get(mode), alpha=0.15, lw=0)
                 _decorate(ax, depths, majority)
                 ax.set_title(_sweep_title(task, int(length)))
                 if i == len(task_list) - 1 or j >= len(rows.get(task_list[-1], [])):

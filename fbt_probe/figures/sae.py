@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from fbt_probe.errors import FbtError
+from fbt_probe.figures.methods import rotation_null
 from fbt_probe.figures.style import paper_style, subplots
 
 NEED = {"task", "condition", "k", "fraction", "ci_low", "ci_high"}
@@ -169,7 +170,9 @@ def sae_vs_das(
                     bottom.axhline(
                         float(p["accuracy"].iloc[0]), color="C4", ls=":", lw=1.2, label="depth-0 probe accuracy"
                     )
-            bottom.axhline(0.5, color="black", lw=0.5, ls="-.", label="chance")
+            null = rotation_null(d) if d is not None and len(d) else None
+            if null is not None:
+                bottom.axhline(null, color="0.35", lw=0.8, ls="--", label="random-rotation null (mean over k)")
             bottom.set_ylim(0, 1.05)
             bottom.set_xscale("log", base=2)
             bottom.set_xlabel("k dimensions", fontsize=7)

@@ -249,13 +249,15 @@ def residual_patching(
     directions=("denoising", "noising"),
     batch_size: int = 64,
     serial: bool | None = None,
+    differing: int = 1,
 ) -> pd.DataFrame:
     """Patch the residual stream at probe depth d (`depth_name(d)`) and one position p, for every
     d × p: denoising runs the partner with the row's activation patched in (1 = full recovery);
     noising runs the row with its partner's activation (0 = fully destroyed). Many positions run in
     one forward (replicas of the batch, each patched at its own position). `last_k`: only the last
-    k positions (every position when k >= T). `serial` defaults to True when the mode carries a state
-    (see module doc)."""
+    k positions (every position when k >= T), and besides them the last `differing` positions where
+    some pair of the batch differs (the label-deciding token; column `differs` marks every position
+    where a pair differs). `serial` defaults to True when the mode carries a state (see module doc)."""
     fw = forwards(fw)
     depths = list(range(fw.model.cfg.n_layers + 1)) if depths is None else list(depths)
     check_depths(depths, fw.model)
@@ -265,19 +267,33 @@ def residual_patching(
     out = []
     for batch in batches:
         batch = batch.to(device_of(fw.model))
-        out += _residual_batch(fw, batch, mode, min_gap, depths, last_k, directions, batch_size, serial)
+        out += _residual_batch(fw, batch, mode, min_gap, depths, last_k, directions, batch_size, serial, differing)
     return pd.concat(out, ignore_index=True)
 
 
-def _residual_batch(fw, batch, mode, min_gap, depths, last_k, directions, batch_size, serial) -> list[pd.DataFrame]:
+def differing_positions(batch: PairBatch) -> list[int]:
+    """Positions where some row's tokens differ from its partner's, in order."""
+    tokens = batch.tokens
+    return torch.nonzero((tokens != tokens[batch.partner.to(tokens.device)]).any(0)).flatten().tolist()
+
+
+def _residual_batch(
+    fw, batch, mode, min_gap, depths, last_k, directions, batch_size, serial, differing=1
+) -> list[pd.DataFrame]:
     T, N = batch.T, batch.n
     use_serial = mode.first_fed_position(T) < T if serial is None else serial
     names = [depth_name(d) for d in depths]
     store: dict = {}  # every position of every depth, from the unpatched run
     ref = fw.final_logits(batch.tokens, mode, [(n, capture(store, n, fw.model)) for n in names], serial=use_serial)
     acts = {n: stitch(store[n]) for n in names}
-    positions = list(range(max(0, T - last_k), T) if last_k else range(T))  # last_k >= T: every position
+    tail = list(range(max(0, T - last_k), T) if last_k else range(T))  # last_k >= T: every position
+    differs = differing_positions(batch)
+    extra = [p for p in differs if p < tail[0]][-differing:] if differing else []
     per = max(1, batch_size // N)  # positions per forward
+    # chunks never join the differing positions to the tail: a chunk runs from its first position on
+    chunks = [extra[s : s + per] for s in range(0, len(extra), per)] + [
+        tail[s : s + per] for s in range(0, len(tail), per)
+    ]
     own = torch.arange(N, device=batch.tokens.device)
     axes = dict(experiment="residual", mode=mode, hook_rule=SERIAL if use_serial else ONE_PASS)
     rows = []
@@ -285,8 +301,7 @@ def _residual_batch(fw, batch, mode, min_gap, depths, last_k, directions, batch_
         # denoising: run each row's partner with the row's activation; noising: the row with its partner's
         run_rows, src_rows = (batch.partner, own) if direction == "denoising" else (None, batch.partner)
         for d, name in zip(depths, names):
-            for s in range(0, len(positions), per):
-                chunk = positions[s : s + per]  # replica j patched at chunk[j]
+            for chunk in chunks:  # replica j patched at chunk[j]
                 pos = torch.tensor(chunk, device=own.device).repeat_interleave(N)
                 hook = patch_rows_at(acts[name], pos, fw.model, src_rows=src_rows.repeat(len(chunk)))
                 logits = fw.final_logits(
@@ -310,6 +325,7 @@ def _residual_batch(fw, batch, mode, min_gap, depths, last_k, directions, batch_
                             direction=direction,
                             depth=d,
                             position=p,
+                            differs=p in differs,
                             **axes,
                         )
                     )

@@ -62,6 +62,7 @@ SUMMARY_KEYS = (
     "length_knob",
     "depth",
     "position",
+    "differs",
     "scale",
     "pass_index",
     "subspace_dim",

@@ -69,10 +69,14 @@ class ResidualOptions:
     """Probe depths to patch (None = 0..L)."""
     last_k: int | None = None
     """Patch only the last k positions (None = all)."""
+    differing: int = 1
+    """With `last_k`, also patch the last this many positions where a pair's two samples differ
+    (the token that decides the label lies there, usually before the last k; 0 = none)."""
 
     def __post_init__(self) -> None:
         _check_depths(self.depths)
         _check_int("last-k", self.last_k, 1, optional=True)
+        _check_int("differing", self.differing, 0)
 
 
 @dataclass(frozen=True)

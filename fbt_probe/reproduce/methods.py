@@ -200,11 +200,11 @@ def figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
                 )
             )
             if (t["atp"]["method"] == "exact").any():
-                jobs.append((f"atp-parity-{n}", "atp-parity", t["atp"], {}))
+                jobs.append((f"atp-parity-{n}", "atp-parity", t["atp"], words))
         if t["das"] is not None and len(t["das"]):
             jobs.append((f"das-iia-{n}", "das-iia", t["das"], words))
         if t["lens"] is not None:
-            jobs.append((f"lens-{n}", "lens", t["lens"], {}))
+            jobs.append((f"lens-{n}", "lens", t["lens"], words))
     return jobs
 
 

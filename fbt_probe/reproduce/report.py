@@ -27,17 +27,108 @@ from fbt_probe.reproduce.seeds import spread_table
 from fbt_probe.reproduce.tables import CHECKPOINT_SETTING, PAPER_DEPTH0, SETTING, _summary, pooled_accuracy
 from fbt_probe.tasks import tokenizer_sha256
 
+FIGURE_CAPTIONS = {
+    "fig3-contraction": (
+        "Validation loss (left) and the mean change of the carried state per feedback pass (right, log scale) "
+        "when each model is run for k passes. A model that contracts has a falling right-hand curve; the dotted line "
+        "marks the deepest pass the feedback model was trained at (the one-pass baseline has none)."
+    ),
+    "fig7a": (
+        "Held-out linear-probe accuracy of the label at each depth (0 = model input), under standard prefill (left) "
+        "and recurrent:1 (right), one line per length, bands = min–max over folds. Read the recurrent:1 panels at "
+        "depth 0: high accuracy there means the fed-back state makes the label readable at the input; the wide pale red line "
+        "is the probe on the carried state h(T−1) itself, black squares the no-feedback baseline."
+    ),
+    "fig7b": (
+        "Register tasks: probe accuracy by depth, one panel per register count m (registers-count) and per writes "
+        "per register at m = 8 (registers), one line per prefill mode, bands = min–max over folds. A line near 0.5 "
+        "(chance) does not track the latest write; a line near 1 does, from that depth on."
+    ),
+    "ablation-bars": (
+        "Mean normalized effect of each intervention on the answer (feedback swap: 1 = the answer follows the "
+        "swapped-in state, 0 = it ignores it; state replacement / gate ablation: 1 = no effect, 0 = behaves like the "
+        "partner), group-bootstrap 95 % CIs, one colour per task. A × replaces a bar whose CI is too wide to read "
+        "(note under the panels)."
+    ),
+    "patching": (
+        "Exact residual patching: each cell is the mean normalized effect of patching one depth (row) at one "
+        "position (column); denoising 1 = the clean answer restored, noising 0 = the answer destroyed. The columns "
+        "are the last positions and the position where the pair's two samples differ ('differs'); cells outside "
+        "[0, 1] carry their value."
+    ),
+    "decodable-vs-used": (
+        "Per task and mode, by depth: probe accuracy (decodable, blue) against how far the answer moves when the "
+        "probe direction is erased (1 − normalized: 0 = not at all, 1 = as far as the partner's answer); dotted: "
+        "probe accuracy after erasure. Decodable but unused shows as high accuracy with an effect near 0; a band "
+        "cut at the axis has its end written there."
+    ),
+    "atp-heatmap": (
+        "Attribution patching (a first-order estimate of patching each hook at each position), denoising: rows are "
+        "hooks in forward order (p1/p2 = Jacobi pass), columns the final position and those with a sizeable effect. "
+        "One colour scale for every panel (red = the clean answer restored); ringed cells were also patched exactly."
+    ),
+    "atp-parity": (
+        "AtP's estimate against exact patching on the checked cells (one point per cell, mean over pairs); points "
+        "on the dashed diagonal agree. Each title gives Spearman's rank correlation per length, and pooled over "
+        "lengths where a panel holds several."
+    ),
+    "das-iia": (
+        "Interchange intervention accuracy (the answer follows the source sample) after swapping a learned "
+        "k-dimensional subspace (DAS, filled), a random k-dimensional subspace (open squares) or the full vector "
+        "(diamonds), bootstrap 95 % CIs. Dashed: the random-rotation null; DAS far above it means a small subspace "
+        "carries the label, and DAS above the full-vector swap is the pattern of a subspace illusion."
+    ),
+    "lens": (
+        "Probability of the correct label word read out at the final position from each depth, by the logit lens "
+        "and the tuned lens, one line per prefill mode (Jacobi passes dashed, lighter), bootstrap CIs over pairs. "
+        "The depth where a line rises is where the answer becomes predictable."
+    ),
+    "sae-swap": (
+        "Share of the full-state swap's effect carried by swapping only the top-k SAE label latents, against k "
+        "random active latents, BCa group-bootstrap 95 % intervals. A curve near 1 at small k with the random "
+        "control near 0 means a few features carry what the model uses."
+    ),
+    "sae-vs-das": (
+        "Top: the SAE feature swap's share of the full-state effect against k latents; bottom: DAS's held-out "
+        "interchange accuracy against k dimensions, with the random subspace, the full-vector swap, the depth-0 "
+        "probe accuracy and the random-rotation null (dashed). Compare where each curve reaches its plateau."
+    ),
+    "sae-features": (
+        "Each task's top label latents: the latent's activation at the final position, by label. A latent that "
+        "tells the labels apart has two clearly separated distributions."
+    ),
+}
+"""What each figure of the study shows and how to read it, by file stem without the model suffix."""
+
+
+def figure_caption(stem: str) -> str:
+    """The report's caption of figure `stem` ("fig7a-feedback" -> the model, then the fig7a caption);
+    a stem without an entry in `FIGURE_CAPTIONS` is refused, so that no figure goes out captioned by
+    its file name."""
+    for key in sorted(FIGURE_CAPTIONS, key=len, reverse=True):
+        if stem == key or stem.startswith(key + "-"):
+            model = stem[len(key) + 1 :]
+            words = MODEL_WORDS.get(model, model)
+            lead = f"{words[0].upper()}{words[1:]}. " if words else ""
+            return lead + FIGURE_CAPTIONS[key]
+    raise ValueError(f"figure {stem}: no caption in FIGURE_CAPTIONS (say what it shows and how to read it)")
+
+
+def trained_passes(contraction: pd.DataFrame) -> dict:
+    """{run: the deepest pass its schedule trains} from the contraction table's `schedule` column
+    ("constant:1" for the one-pass baseline, "1:0.75,2:0.22,3:0.03" for the paper's schedule)."""
+    from fbt_probe.training.config import parse_schedule
+
+    if "run" not in contraction or "schedule" not in contraction:
+        return {}
+    first = contraction.groupby("run", sort=False)["schedule"].first()
+    return {run: parse_schedule(str(s).split(" ")[0]).max_passes for run, s in first.items()}
+
 
 def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
     probes = {n: pd.read_parquet(out / "results" / "probes" / n / "probes.parquet") for n in cfg.models()}
-    jobs = [
-        (
-            "fig3-contraction",
-            "fig3",
-            pd.read_parquet(out / "diagnostics" / "contraction.parquet"),
-            {"trained_passes": 3},
-        )
-    ]
+    contraction = pd.read_parquet(out / "diagnostics" / "contraction.parquet")
+    jobs = [("fig3-contraction", "fig3", contraction, {"trained_passes": trained_passes(contraction)})]
     base = probes.get("baseline")
     for n, t in probes.items():
         words = {"model_label": MODEL_WORDS.get(n, n)}
@@ -68,7 +159,7 @@ def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
         ):
             s = _summary(out, n, exp)
             if s is not None:
-                jobs.append((f"{stem}-{n}", fig, s, words if fig == "patching-heatmap" else {}))
+                jobs.append((f"{stem}-{n}", fig, s, words))
     return jobs + figure_jobs(cfg, out) + sae_figure_jobs(cfg, out)
 
 
@@ -423,11 +514,12 @@ def stage_report(cfg, out: Path, times: dict) -> None:
     ]
     for head, _, figs in tables:
         for f in figs:
-            md.append(f"![{f}](figures/{f}.png)\n\n*{f}* ({head})\n")
+            caption = figure_caption(f)
+            md.append(f"![{f}](figures/{f}.png)\n\n*{f}* ({head}): {caption}\n")
             data = base64.b64encode((out / "figures" / f"{f}.png").read_bytes()).decode()
             body.append(
-                f'<figure><img alt="{f}" src="data:image/png;base64,{data}"><figcaption>{html.escape(f)} '
-                f"({html.escape(head)})</figcaption></figure>"
+                f'<figure><img alt="{f}" src="data:image/png;base64,{data}"><figcaption><i>{html.escape(f)}</i> '
+                f"({html.escape(head)}): {html.escape(caption)}</figcaption></figure>"
             )
     md.append("## Tables\n")
     body.append("<h2>Tables</h2>")

@@ -1,0 +1,270 @@
+"""The findings' rules: each turns a small table into a verdict and its sentence, by a criterion
+stated once here and printed in the report (`CRITERIA`). Nothing here reads files or runs a model;
+`findings.py` feeds the study's tables in. Every rule has a test that feeds it a table where the
+opposite verdict is true (tests/test_rules.py).
+
+| rule          | table it reads                                              | verdicts                                  |
+|---------------|-------------------------------------------------------------|-------------------------------------------|
+| trend         | per pair: group_id, length_knob, value                      | rises / falls / not monotone              |
+| directions    | per pair: group_id, label (the receiving sample's), value   | both / one direction only / neither       |
+| redundancy    | a replacement's pooled answer accuracy (value, low, high)   | redundant / needed                        |
+| recomputable  | each task's standard answer accuracy (value, low, high)     | recomputable / not                        |
+| readout       | depth-0 and carried-state probe accuracy per model          | read-out / not                            |
+| replication   | ours beside the paper's, per figure                         | replicates / does not replicate           |
+| contraction   | state change at pass 2 and the last pass; per-seed ratios    | contracts / does not contract             |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from fbt_probe.stats import group_wilson
+
+TREND_BOOT = 2000
+FOLLOWS, IGNORES = 0.9, 0.1  # a swap direction "flips" at or above FOLLOWS, "does not" at or below IGNORES
+REDUNDANT = 0.8  # zero replacement leaves the answer's Wilson lower bound at or above this: redundant
+RECOMPUTABLE = 0.9  # standard prefill's Wilson lower bound at or above this on every task
+READOUT = 0.02  # depth 0 within this of the carried-state probe: a read-out of h(T-1)
+CONTRACTS_BELOW = 0.1  # last pass's state change below this share of pass 2's: contracts
+FLAT_LOSS = 0.1  # Fig. 3 replicates when the last pass's validation loss is within this (nats) of pass 1's
+CHANCE = 0.5
+
+CRITERIA = {
+    "trend": (
+        "a trend word (rises, falls) is used only when the slope of the per-length means against the "
+        "length's rank has a group-bootstrap 95 % CI that excludes 0 and the means move the same way at "
+        "every step; otherwise the values are listed"
+    ),
+    "directions": (
+        f"a swap flips the answer in one direction only when the answer follows the swapped-in state in at "
+        f"least {FOLLOWS:.0%} of one direction's pairs and at most {IGNORES:.0%} of the other's"
+    ),
+    "redundancy": (
+        f"the carried state is called largely redundant when replacing it with zeros leaves the answer "
+        f"accuracy's Wilson lower bound at or above {REDUNDANT}"
+    ),
+    "recomputable": (
+        f"a model can recompute the answer without the carried state when its standard-prefill answer "
+        f"accuracy has a Wilson lower bound of at least {RECOMPUTABLE} on every task"
+    ),
+    "readout": (
+        f"depth 0 under `recurrent:1` is a read-out of h(T-1) when its probe accuracy is within {READOUT} of "
+        "the probe on the carried state itself"
+    ),
+    "fig7a": (
+        "Fig. 7a replicates when the depth-0 `recurrent:1` accuracy's lower bound is at least 0.90 and "
+        "standard prefill's interval holds chance (paper: 0.996 / 1.0 and chance)"
+    ),
+    "fig7b": (
+        "Fig. 7b replicates when `full` reads at least as well as every other mode (within 0.02) averaged over "
+        "depths 1..L and its answer accuracy is above chance (paper: `full` best at depth)"
+    ),
+    "fig3": (
+        f"Fig. 3 replicates when validation loss at the last pass is within {FLAT_LOSS} nats of pass 1's "
+        "(paper: flat to 30 passes)"
+    ),
+    "contraction": (
+        f"the iteration contracts when the carried state's change at the last pass is below {CONTRACTS_BELOW} "
+        "of its change at pass 2"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    rule: str
+    verdict: str
+    sentence: str
+
+
+def _fmt(p, lo, hi) -> str:
+    return f"**{p:.2f}** [{lo:.2f}, {hi:.2f}]"
+
+
+# ----------------------------------------------------------------------------- trend
+def trend_slope_ci(per_pair: pd.DataFrame, n_boot: int = TREND_BOOT, seed: int = 0) -> tuple[float, float, float]:
+    """(slope, low, high) of the per-length means against the length's rank (0, 1, 2, ...), with the
+    percentile group bootstrap: groups resampled with replacement, each with its pairs at every length."""
+    lengths = sorted(per_pair["length_knob"].unique())
+    rank = {k: i for i, k in enumerate(lengths)}
+    x = per_pair["length_knob"].map(rank).to_numpy()
+    v = per_pair["value"].to_numpy(dtype=float)
+    g_codes, g_index = pd.factorize(per_pair["group_id"])
+    G, L = len(g_index), len(lengths)
+    sums = np.zeros((G, L))
+    counts = np.zeros((G, L))
+    np.add.at(sums, (g_codes, x), v)
+    np.add.at(counts, (g_codes, x), 1)
+
+    def slope(w):
+        s, c = (w[:, None] * sums).sum(0), (w[:, None] * counts).sum(0)
+        keep = c > 0
+        if keep.sum() < 2:
+            return np.nan
+        return np.polyfit(np.arange(L)[keep], s[keep] / c[keep], 1)[0]
+
+    theta = slope(np.ones(G))
+    rng = np.random.default_rng(seed)
+    boots = np.array([slope(np.bincount(rng.integers(0, G, G), minlength=G).astype(float)) for _ in range(n_boot)])
+    boots = boots[~np.isnan(boots)]
+    lo, hi = np.quantile(boots, [0.025, 0.975]) if len(boots) else (np.nan, np.nan)
+    return float(theta), float(lo), float(hi)
+
+
+def trend(per_pair: pd.DataFrame, what: str, n_boot: int = TREND_BOOT, seed: int = 0) -> Verdict:
+    """How `what` (a per-pair value) changes with length: rises / falls / is not monotone."""
+    means = per_pair.groupby("length_knob")["value"].mean().sort_index()
+    listed = ", ".join(f"{m:.2f}" for m in means) + " at lengths " + ", ".join(str(int(k)) for k in means.index)
+    if len(means) < 2:
+        return Verdict("trend", "single-length", f"{what} is measured at one length ({listed})")
+    s, lo, hi = trend_slope_ci(per_pair, n_boot, seed)
+    steps = np.sign(np.diff(means.to_numpy()))
+    slope_ci = f"slope per length step {s:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    if lo > 0 and (steps > 0).all():
+        return Verdict("trend", "rises", f"{what} rises with length: {listed} ({slope_ci})")
+    if hi < 0 and (steps < 0).all():
+        return Verdict("trend", "falls", f"{what} falls with length: {listed} ({slope_ci})")
+    return Verdict("trend", "not-monotone", f"{what} does not vary monotonically with length: {listed} ({slope_ci})")
+
+
+# ----------------------------------------------------------------------------- swap directions
+def directions(per_pair: pd.DataFrame, what: str = "the answer") -> Verdict:
+    """Whether `what` follows the swapped-in state in each swap direction (`label`: the receiving
+    sample's label; `value`: 1 where it follows), Wilson intervals at n = groups."""
+    parts, rates = [], {}
+    for label, g in per_pair.groupby("label"):
+        n_g = g["group_id"].nunique()
+        p, lo, hi = group_wilson(float(g["value"].mean()), n_g)
+        rates[int(label)] = p
+        parts.append(f"{_fmt(p, lo, hi)} into label-{int(label)} samples ({len(g)} pairs, {n_g} groups)")
+    text = f"{what} follows the swapped-in state at " + " and ".join(parts)
+    hi_dir = [k for k, p in rates.items() if p >= FOLLOWS]
+    lo_dir = [k for k, p in rates.items() if p <= IGNORES]
+    if len(rates) == 2 and len(hi_dir) == 1 and len(lo_dir) == 1:
+        return Verdict(
+            "directions", "one-direction", text + f": it flips in one direction only (into label-{hi_dir[0]})"
+        )
+    if rates and all(p >= FOLLOWS for p in rates.values()):
+        return Verdict("directions", "both", text + ": it flips in both directions")
+    if rates and all(p <= IGNORES for p in rates.values()):
+        return Verdict("directions", "neither", text + ": it flips in neither direction")
+    return Verdict("directions", "partial", text)
+
+
+# ----------------------------------------------------------------------------- redundancy
+def redundancy(zero: tuple[float, float, float], swap_norm: float | None, task: str) -> Verdict:
+    """zero: (answer accuracy, Wilson low, high) with the carried state replaced by zeros."""
+    p, lo, hi = zero
+    text = f"with the carried state replaced by zeros, {task} is answered at {_fmt(p, lo, hi)}"
+    if lo >= REDUNDANT:
+        extra = "" if swap_norm is None else f", although a swap moves it by a normalized {swap_norm:.2f}"
+        return Verdict(
+            "redundancy",
+            "redundant",
+            text + f": the state is largely redundant{extra} (the model reads it when it is there, "
+            "but recovers the answer without it)",
+        )
+    return Verdict("redundancy", "needed", text + ": without the state the answer is lost in part")
+
+
+# ----------------------------------------------------------------------------- recomputable
+def recomputable(model_label: str, accs: dict[str, tuple[float, float, float]]) -> Verdict:
+    """accs: task -> (standard answer accuracy, Wilson low, high)."""
+    low = min(lo for _, lo, _ in accs.values()) if accs else float("nan")
+    if accs and low >= RECOMPUTABLE:
+        return Verdict(
+            "recomputable",
+            "recomputable",
+            f"{model_label} answers every task under standard prefill (lowest Wilson bound {low:.2f}): the answer "
+            "can always be recomputed without the carried state, so an effect of the state shows that the model "
+            "reads it when it is there, not that the task needs it",
+        )
+    bad = [t for t, (_, lo, _) in accs.items() if lo < RECOMPUTABLE]
+    return Verdict(
+        "recomputable",
+        "not-recomputable",
+        f"{model_label} does not answer {', '.join(bad)} reliably under standard prefill (Wilson lower bound below "
+        f"{RECOMPUTABLE}): there the carried state may be needed",
+    )
+
+
+# ----------------------------------------------------------------------------- read-out of h(T-1)
+def readout(task: str, pairs: dict[str, tuple[float, float]]) -> Verdict:
+    """pairs: model -> (depth-0 `recurrent:1` probe accuracy, carried-state probe accuracy)."""
+    said = "; ".join(f"{m} {d:.3f} at depth 0 vs {c:.3f} on the carried state" for m, (d, c) in pairs.items())
+    if pairs and all(abs(d - c) <= READOUT for d, c in pairs.values()):
+        return Verdict(
+            "readout",
+            "readout",
+            f"On {task}, depth 0 under `recurrent:1` reads what h(T-1) holds ({said}): the feedback − baseline gap "
+            "there compares the two networks' top states, not a learned fusion",
+        )
+    return Verdict("readout", "transformed", f"On {task}, depth 0 under `recurrent:1` differs from h(T-1) ({said})")
+
+
+# ----------------------------------------------------------------------------- replication
+def fig7a(task: str, rec: tuple[float, float, float], std: tuple[float, float, float], paper: float) -> Verdict:
+    ok = rec[1] >= 0.9 and std[1] <= CHANCE <= std[2]
+    verdict = "replicates" if ok else "does not replicate"
+    return Verdict(
+        "fig7a",
+        verdict,
+        f"Fig. 7a on {task} {verdict}: depth 0 reads {_fmt(*rec)} under `recurrent:1` and {_fmt(*std)} under "
+        f"`standard` (paper: {paper:.3f} and chance)",
+    )
+
+
+def fig7b(task: str, by_mode: dict[str, float], full_answer: tuple[float, float, float] | None) -> Verdict:
+    """by_mode: mode -> probe accuracy averaged over depths 1..L."""
+    listed = ", ".join(f"`{m}` {v:.2f}" for m, v in by_mode.items())
+    if "full" not in by_mode:
+        return Verdict("fig7b", "not-run", f"Fig. 7b on {task}: `full` was not probed ({listed})")
+    best = max(v for m, v in by_mode.items() if m != "full") if len(by_mode) > 1 else -1.0
+    broken = full_answer is not None and full_answer[2] < CHANCE
+    ok = by_mode["full"] >= best - 0.02 and not broken
+    verdict = "replicates" if ok else "does not replicate"
+    text = (
+        f"Fig. 7b on {task} {verdict}: mean probe accuracy over depths 1..L is {listed} (paper: `full` best at depth)"
+    )
+    if full_answer is not None:
+        text += f"; under `full` the model answers at {_fmt(*full_answer)}"
+        if broken:
+            text += ", so its `full` probes describe a regime in which the model does not answer the task"
+    return Verdict("fig7b", verdict, text)
+
+
+def fig3(loss_by_pass: pd.Series) -> Verdict:
+    """loss_by_pass: validation loss indexed by pass (1..N)."""
+    first, last_pass = float(loss_by_pass.loc[1]), int(loss_by_pass.index.max())
+    shown = [p for p in (1, 2, 4, 8, 16, 32) if p in loss_by_pass.index]
+    listed = ", ".join(f"{loss_by_pass.loc[p]:.3g} at pass {p}" for p in shown)
+    ok = float(loss_by_pass.loc[last_pass]) - first <= FLAT_LOSS
+    verdict = "replicates" if ok else "does not replicate"
+    return Verdict("fig3", verdict, f"Fig. 3 {verdict}: validation loss is {listed} (paper: flat to 30 passes)")
+
+
+# ----------------------------------------------------------------------------- contraction
+def contraction(d2: float, dlast: float, last: int, seed_ratios: list[float] | None = None) -> Verdict:
+    ratio = dlast / d2
+    contracts = ratio < CONTRACTS_BELOW
+    verdict = "contracts" if contracts else "does not contract"
+    text = (
+        f"the carried state's change falls from {d2:.3g} at pass 2 to {dlast:.3g} at pass {last} (ratio {ratio:.2g}"
+        f"; below {CONTRACTS_BELOW} counts as contracting): the iteration {verdict}"
+        if dlast < d2
+        else f"the carried state's change grows from {d2:.3g} at pass 2 to {dlast:.3g} at pass {last} (ratio "
+        f"{ratio:.2g}): the iteration {verdict}"
+    )
+    if seed_ratios is not None and len(seed_ratios) >= 2:
+        k = sum(r < CONTRACTS_BELOW for r in seed_ratios)
+        text += (
+            f"; over training seeds it contracts on {k} of {len(seed_ratios)} (ratios "
+            + ", ".join(f"{r:.2g}" for r in seed_ratios)
+            + ")"
+        )
+        if 0 < k < len(seed_ratios):
+            verdict = f"contracts on {k} of {len(seed_ratios)} seeds"
+    return Verdict("contraction", verdict, text)

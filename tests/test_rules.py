@@ -1,0 +1,111 @@
+"""Each findings rule gives its verdict from its table, and the opposite verdict from a table where the
+opposite is true (fbt_probe/reproduce/rules.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fbt_probe.reproduce import rules
+
+
+def per_pair(means: dict[int, float], groups: int = 40, noise: float = 0.05, seed: int = 0) -> pd.DataFrame:
+    """Pairs of `groups` groups at every length (a group recurs at each length, as completion's do)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for g in range(groups):
+        offset = rng.normal(0, noise)
+        for k, m in means.items():
+            rows.append({"group_id": f"g{g}", "length_knob": k, "value": m + offset + rng.normal(0, noise)})
+    return pd.DataFrame(rows)
+
+
+def test_trend_words_only_where_the_slope_excludes_zero_and_the_means_are_monotone():
+    falls = rules.trend(per_pair({0: 0.7, 8: 0.5, 32: 0.3}), "the swap effect")
+    assert falls.verdict == "falls" and "falls with length" in falls.sentence
+    rises = rules.trend(per_pair({0: 0.3, 8: 0.5, 32: 0.7}), "the swap effect")
+    assert rises.verdict == "rises"
+    # the committed study's completion swap: 0.49, 0.33, 0.40 — below at 8, back up at 32
+    table = per_pair({0: 0.49, 8: 0.33, 32: 0.40})
+    dip = rules.trend(table, "the swap effect")
+    assert dip.verdict == "not-monotone" and "does not vary monotonically" in dip.sentence
+    means = table.groupby("length_knob")["value"].mean()
+    assert ", ".join(f"{m:.2f}" for m in means) + " at lengths 0, 8, 32" in dip.sentence
+    # a small fall inside the noise: the slope's interval holds 0
+    flat = rules.trend(per_pair({0: 0.50, 8: 0.49, 32: 0.48}, groups=8, noise=0.2), "x")
+    assert flat.verdict == "not-monotone"
+
+
+def test_trend_slope_is_the_ordinary_least_squares_slope_of_the_means():
+    t = per_pair({0: 0.2, 8: 0.5, 32: 0.65}, noise=0.0)
+    s, lo, hi = rules.trend_slope_ci(t, n_boot=200)
+    assert s == pytest.approx(np.polyfit([0, 1, 2], [0.2, 0.5, 0.65], 1)[0]) and lo - 1e-12 <= s <= hi + 1e-12
+
+
+def directions_table(rate1: float, rate0: float, groups: int = 20) -> pd.DataFrame:
+    rows = []
+    for g in range(groups):
+        rows.append({"group_id": f"g{g}", "label": 1, "value": float(g < rate1 * groups)})
+        rows.append({"group_id": f"g{g}", "label": 0, "value": float(g < rate0 * groups)})
+    return pd.DataFrame(rows)
+
+
+def test_directions_name_a_swap_that_flips_one_way_only():
+    one = rules.directions(directions_table(1.0, 0.0))
+    assert one.verdict == "one-direction" and "into label-1" in one.sentence
+    both = rules.directions(directions_table(1.0, 1.0))
+    assert both.verdict == "both"
+    neither = rules.directions(directions_table(0.0, 0.05))
+    assert neither.verdict == "neither"
+    assert rules.directions(directions_table(0.6, 0.4)).verdict == "partial"
+    # the intervals are Wilson at n = groups: never zero width
+    assert "[0.84, 1.00]" in one.sentence
+
+
+def test_redundancy_and_recomputable_follow_their_bounds():
+    assert rules.redundancy((0.99, 0.93, 1.0), 0.49, "completion").verdict == "redundant"
+    assert rules.redundancy((0.60, 0.45, 0.74), 0.49, "memory").verdict == "needed"
+    ok = rules.recomputable("The feedback model", {"completion": (1.0, 0.94, 1.0), "memory": (1.0, 0.95, 1.0)})
+    assert ok.verdict == "recomputable"
+    no = rules.recomputable("The feedback model", {"completion": (1.0, 0.94, 1.0), "compose": (0.55, 0.43, 0.66)})
+    assert no.verdict == "not-recomputable" and "compose" in no.sentence
+
+
+def test_readout_needs_both_models_to_match_their_carried_state():
+    yes = rules.readout("completion", {"feedback": (0.998, 0.998), "baseline": (0.877, 0.886)})
+    assert yes.verdict == "readout"
+    no = rules.readout("completion", {"feedback": (0.998, 0.80), "baseline": (0.877, 0.886)})
+    assert no.verdict == "transformed"
+
+
+def test_replication_verdicts_against_the_papers_numbers():
+    assert rules.fig7a("completion", (1.0, 0.95, 1.0), (0.5, 0.4, 0.6), 0.996).verdict == "replicates"
+    assert rules.fig7a("completion", (0.7, 0.6, 0.8), (0.5, 0.4, 0.6), 0.996).verdict == "does not replicate"
+    assert rules.fig7a("completion", (1.0, 0.95, 1.0), (0.9, 0.8, 0.95), 0.996).verdict == "does not replicate"
+    best = {"standard": 0.7, "recurrent:1": 0.8, "full": 0.85}
+    assert rules.fig7b("memory", best, (0.9, 0.8, 0.95)).verdict == "replicates"
+    worst = {"standard": 0.7, "recurrent:1": 0.8, "full": 0.5}
+    assert rules.fig7b("memory", worst, (0.9, 0.8, 0.95)).verdict == "does not replicate"
+    broken = rules.fig7b("memory", best, (0.0, 0.0, 0.1))
+    assert broken.verdict == "does not replicate" and "does not answer" in broken.sentence
+    flat = pd.Series([0.30, 0.30, 0.31, 0.32], index=[1, 2, 4, 32])
+    assert rules.fig3(flat).verdict == "replicates"
+    diverging = pd.Series([0.30, 0.0004, 2.83, 6.78], index=[1, 4, 8, 32])
+    assert rules.fig3(diverging).verdict == "does not replicate"
+
+
+def test_contraction_wording_follows_the_curve_and_the_seeds():
+    falls = rules.contraction(1.0, 0.16, 32)
+    assert falls.verdict == "does not contract" and "falls from 1 at pass 2 to 0.16" in falls.sentence
+    assert "below 0.1 counts as contracting" in falls.sentence
+    assert rules.contraction(1.0, 0.03, 32).verdict == "contracts"
+    grows = rules.contraction(1.0, 2.0, 32)
+    assert grows.verdict == "does not contract" and "grows" in grows.sentence
+    mixed = rules.contraction(1.0, 0.16, 32, [0.16, 0.25, 0.03])
+    assert mixed.verdict == "contracts on 1 of 3 seeds" and "contracts on 1 of 3" in mixed.sentence
+
+
+def test_every_rule_states_its_criterion():
+    assert set(rules.CRITERIA) >= {"trend", "directions", "redundancy", "recomputable", "readout", "fig7a", "fig7b"}
+    assert {"fig3", "contraction"} <= set(rules.CRITERIA)
