@@ -77,7 +77,9 @@ def test_register_findings_quote_each_probed_mode_the_baseline_and_the_swap(tmp_
     cfg = ReproConfig(modes={"registers": ["standard", "recurrent:1", "recurrent:2", "jacobi:2"]})
     # the study's order; a mode without a depth-0 accuracy row (carried-state, recurrent:2 here) is left out
     assert depth0_modes(cfg, tmp_path, "feedback", "registers") == ["standard", "recurrent:1", "jacobi:2"]
-    (line, swap) = register_findings(cfg, tmp_path, "registers", None)
+    (line, depth, swap) = register_findings(cfg, tmp_path, "registers", None)
+    # Fig. 7b's verdict over depths 1..L: `full` was not probed here, so no verdict is claimed
+    assert depth.startswith("Fig. 7b on registers: `full` was not probed (`standard` ")
 
     def q(table, mode):
         g = table[(table["mode"] == mode) & (table["depth"] == 0) & (table["metric"] == "accuracy")]
@@ -111,7 +113,7 @@ def test_register_findings_quote_each_probed_mode_the_baseline_and_the_swap(tmp_
             for s, v in enumerate((0.8, 0.9, 1.0))
         ]
     )
-    (line, _) = register_findings(cfg, tmp_path, "registers", seeds)
+    (line, *_) = register_findings(cfg, tmp_path, "registers", seeds)
     assert (
         f"{q(feedback, 'recurrent:1')} under `recurrent:1`{spread(seeds, 'feedback', 'depth0-decodability', 'registers', 'recurrent:1')}"
         in line
@@ -140,7 +142,7 @@ def test_no_probes_no_register_findings(tmp_path):
 def test_contraction_ratio_spread_keeps_small_ratios_and_counts_contracting_seeds():
     """A ratio of 2e-4 is not '0.00': the contraction spread uses significant digits, and the
     count of contracting seeds (ratio below CONTRACTS_BELOW) is computed from the table."""
-    from fbt_probe.reproduce.findings import CONTRACTS_BELOW, contracting_seeds
+    from fbt_probe.reproduce import rules
 
     ratios = (1.85e-4, 0.278, 0.0064)
     seeds = pd.DataFrame(
@@ -158,8 +160,9 @@ def test_contraction_ratio_spread_keeps_small_ratios_and_counts_contracting_seed
     )
     got = spread(seeds, "feedback", "state-change-last/pass-2", "validation", "full", ".2g")
     assert got == f" (seeds 0-2: mean {np.mean(ratios):.2g}, range 0.00018-0.28)"
-    n = sum(r < CONTRACTS_BELOW for r in ratios)
-    assert n == 2 and contracting_seeds(seeds) == "; it contracts on 2 of 3 seeds"
-    assert contracting_seeds(seeds.iloc[:1]) == "" and contracting_seeds(None) == ""
+    n = sum(r < rules.CONTRACTS_BELOW for r in ratios)
+    v = rules.contraction(1.0, ratios[0], 32, list(seeds["value"]))
+    assert n == 2 and v.verdict == "contracts on 2 of 3 seeds" and "contracts on 2 of 3" in v.sentence
+    assert "over training seeds" not in rules.contraction(1.0, ratios[0], 32, list(seeds["value"])[:1]).sentence
     # the default spec is unchanged for accuracies
     assert spread(seeds, "feedback", "state-change-last/pass-2", "validation", "full").endswith("range 0.00-0.28)")

@@ -11,6 +11,7 @@ from fbt_probe.loading import checkpoint_hash
 from fbt_probe.probes.robustness import pooled_by_variant
 from fbt_probe.provenance import git_commit
 from fbt_probe.reference import names, record
+from fbt_probe.reproduce import rules
 from fbt_probe.reproduce.config import model_path, shipped_name
 from fbt_probe.reproduce.seeds import rows as seed_rows
 from fbt_probe.reproduce.seeds import spread
@@ -91,6 +92,86 @@ def swap_by_length(out: Path, model: str, task: str, condition: str = "state") -
     return ", ".join(parts)
 
 
+def _rows(out: Path, model: str, exp: str) -> pd.DataFrame | None:
+    p = out / "results" / "interventions" / model / exp / "rows.parquet"
+    return pd.read_parquet(p) if p.is_file() else None
+
+
+def swap_pairs(out: Path, model: str, task: str, metric: str, by_label: bool = False) -> pd.DataFrame:
+    """The feedback swap's per-pair values of `metric` (condition `state`, every length; with
+    `by_label` one value per pair and receiving sample's label): group_id, length_knob, [label], value."""
+    r = _rows(out, model, "feedback-swap")
+    if r is None:
+        return pd.DataFrame(columns=["group_id", "length_knob", "label", "value"])
+    r = r[(r["task"] == task) & (r["condition"] == "state") & (r["metric"] == metric) & r["value"].notna()]
+    keys = ["group_id", "length_knob", "pair_id"] + (["label"] if by_label else [])
+    return r.groupby(keys, as_index=False)["value"].mean()
+
+
+def replacement_accuracy(out: Path, model: str, task: str, condition: str = "zero"):
+    """(answer accuracy, Wilson low, high) with the carried state replaced (`state-replacement`),
+    pooled over lengths; None where not run."""
+    s = _summary(out, model, "state-replacement")
+    if s is None:
+        return None
+    g = s[(s["task"] == task) & (s["condition"] == condition) & (s["metric"] == "accuracy") & (s["length_knob"] == -1)]
+    if g.empty:
+        return None
+    r = g.iloc[0]
+    return float(r["mean"]), float(r["ci_low"]), float(r["ci_high"])
+
+
+def depth_mean(out: Path, model: str, task: str, mode: str, depths) -> float:
+    """Probe accuracy averaged over `depths` (each depth pooled over lengths and folds)."""
+    vals = []
+    for d in depths:
+        c = probe_cells(out, model, task, mode, depth=d)
+        if len(c):
+            vals.append(float((c["value"] * c["n_test"]).sum() / c["n_test"].sum()))
+    return float(sum(vals) / len(vals)) if vals else float("nan")
+
+
+def carried_state_accuracy(out: Path, model: str, task: str) -> float:
+    """Probe accuracy on the carried state h(T-1) itself (pseudo-mode `carried-state`, its one depth)."""
+    p = Path(out) / "results" / "probes" / model / "probes.parquet"
+    if not p.is_file():
+        return float("nan")
+    t = pd.read_parquet(p)
+    t = t[(t["task"] == task) & (t["mode"] == "carried-state") & (t["metric"] == "accuracy")]
+    return float((t["value"] * t["n_test"]).sum() / t["n_test"].sum()) if len(t) else float("nan")
+
+
+def swap_sentences(out: Path, task: str, seeds) -> list[str]:
+    """The feedback swap on `task`: the normalized effect per length and how it changes with length
+    (rule `trend`), the answer per swap direction (rule `directions`), zero replacement beside it
+    (rule `redundancy`)."""
+    by_length = swap_by_length(out, "feedback", task)
+    if not by_length:
+        return []
+    norm = swap_pairs(out, "feedback", task, "normalized")
+    t = rules.trend(norm, "the effect") if len(norm) else None
+    line = (
+        f"Swapping the carried state at the final position with the partner sample's moves {task}'s answer by a "
+        f"normalized {by_length}{spread(seeds, 'feedback', 'swap-effect', task, 'recurrent:1')} (1 = the answer "
+        "follows the swapped-in state, 0 = ignores it; group-bootstrap 95 % CI, the pairs of one group resampled "
+        "together; Fig. *ablation-bars-feedback*)"
+        + (f"; {t.sentence}" if t is not None and t.verdict != "single-length" else "")
+        + "."
+    )
+    lines = [line]
+    follows = swap_pairs(out, "feedback", task, "accuracy", by_label=True)
+    if len(follows):
+        d = rules.directions(follows, "the answer")
+        lines.append(f"Per swap direction on {task}, {d.sentence} (Wilson 95 % CI with n = groups).")
+    zero = replacement_accuracy(out, "feedback", task)
+    if zero is not None:
+        eff = swap_effect(out, "feedback", task)
+        mean = replacement_accuracy(out, "feedback", task, "mean")
+        v = rules.redundancy(zero, None if eff is None else eff[0], task, mean)
+        lines.append(v.sentence[0].upper() + v.sentence[1:] + " (table *Causal experiments*).")
+    return lines
+
+
 def variant_range(out: Path, model: str, task: str) -> tuple[float, float] | None:
     """(lowest, highest) pooled depth-0 `recurrent:1` accuracy over the robustness panel's probe variants."""
     p = out / "results" / "probes" / model / "robustness.parquet"
@@ -140,14 +221,24 @@ def register_findings(cfg, out: Path, task: str, seeds) -> list[str]:
                 f"{spread(seeds, 'baseline', 'depth0-decodability', task, 'recurrent:1')} under `recurrent:1`."
             )
     lines = [line]
-    by_length = swap_by_length(out, "feedback", task)
-    if by_length:
-        lines.append(
-            f"Swapping the carried state at the final position with the partner sample's moves the {task} answer by "
-            f"a normalized {by_length}{spread(seeds, 'feedback', 'swap-effect', task, 'recurrent:1')} "
-            "(group-bootstrap 95 % CI; Fig. *ablation-bars-feedback*)."
-        )
-    return lines
+    depths = sorted(
+        {int(d) for d in _probe_depths(out, "feedback", task)} - {0}
+    )  # Fig. 7b's claim is about depth: the layers above the input
+    if depths:
+        by_mode = {m: depth_mean(out, "feedback", task, m, depths) for m in modes}
+        has_eval = (out / "eval" / "accuracy.parquet").is_file()
+        full = answer_accuracy(out, "feedback", task, "full") if has_eval else (0, 0, 0, 0)
+        v = rules.fig7b(task, by_mode, None if full[3] == 0 else full[:3])
+        lines.append(v.sentence + ".")
+    return lines + swap_sentences(out, task, seeds)
+
+
+def _probe_depths(out: Path, model: str, task: str) -> list[int]:
+    p = Path(out) / "results" / "probes" / model / "probes.parquet"
+    if not p.is_file():
+        return []
+    t = pd.read_parquet(p, columns=["task", "mode", "depth"])
+    return sorted(set(t[(t["task"] == task) & (t["mode"] != "carried-state")]["depth"]))
 
 
 def feedback_contraction(out: Path) -> pd.DataFrame | None:
@@ -160,26 +251,12 @@ def feedback_contraction(out: Path) -> pd.DataFrame | None:
     return None if t.empty else t
 
 
-CONTRACTS_BELOW = 0.1  # the iteration "contracts" when the last pass's state change is below this share of pass 2's
 CONTRACTION = (
     "feedback",
     "state-change-last/pass-2",
     "validation",
     "full",
 )  # its headline row: model, quantity, task, mode
-
-
-def contracts(ratio: float) -> bool:
-    """Whether a contraction ratio (last pass's state change over pass 2's) counts as contracting."""
-    return ratio < CONTRACTS_BELOW
-
-
-def contracting_seeds(seeds: pd.DataFrame | None) -> str:
-    """'; it contracts on 2 of 3 seeds' from the seeds table's contraction ratios, or '' with fewer than 2 seeds."""
-    g = seed_rows(seeds, *CONTRACTION)
-    if len(g) < 2:
-        return ""
-    return f"; it contracts on {sum(contracts(v) for v in g['value'])} of {len(g)} seeds"
 
 
 def contraction_row(t: pd.DataFrame | None) -> tuple[float, float, int] | None:
@@ -279,6 +356,8 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
             + ", ".join(parts)
             + " (chance 0.50; Wilson 95 % CI with n = groups, the pairs of one group sharing a context; table *Answer accuracy*)."
         )
+        accs = {task: answer_accuracy(out, m, task)[:3] for task in tasks}
+        lines.append(rules.recomputable(what, accs).sentence + ".")
     for task in [t for t in ("completion", "memory") if t in tasks]:
         rec, std = depth0(out, "feedback", task, "recurrent:1"), depth0(out, "feedback", task, "standard")
         if rec[0] == rec[0]:
@@ -289,7 +368,19 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
                 f"against {fmt(*std)} under standard prefill{spread(seeds, 'feedback', 'depth0-decodability', task, 'standard')}"
                 + (f" (paper: {paper:.3f} and chance, on its 1B general language model)" if paper else "")
                 + f"; {depth0_scope(out, 'feedback', task)}; {DEPTH0_CI} (Fig. 7a). {SETTING}"
+                + (
+                    f" By the criterion below, Fig. 7a's pattern {rules.fig7a(task, rec, std, paper).verdict}."
+                    if paper
+                    else ""
+                )
             )
+            pairs = {
+                m: (depth0(out, m, task, "recurrent:1")[0], carried_state_accuracy(out, m, task))
+                for m in models
+                if carried_state_accuracy(out, m, task) == carried_state_accuracy(out, m, task)
+            }
+            if pairs:
+                lines.append(rules.readout(task, pairs).sentence + " (Fig. 7a's carried-state line).")
         if "baseline" in models:
             b = depth0(out, "baseline", task, "recurrent:1")
             if b[0] == b[0]:
@@ -300,14 +391,7 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
                     "decodability alone does not show that the feedback was learned (Fig. 7a, dashed)."
                     + _variants_sentence(out, task)
                 )
-        by_length = swap_by_length(out, "feedback", task)
-        if by_length:
-            lines.append(
-                f"Swapping the carried state at the final position with the partner sample's moves {task}'s "
-                f"answer by a normalized {by_length}{spread(seeds, 'feedback', 'swap-effect', task, 'recurrent:1')} "
-                "(1 = the answer follows the swapped-in state, 0 = ignores it; group-bootstrap 95 % CI, the "
-                "pairs of one group resampled together; Fig. *ablation-bars-feedback*)."
-            )
+        lines += swap_sentences(out, task, seeds)
     regs = [t for t in tasks if t.startswith("registers")]
     if regs:
         dead = [t for t in regs if not learned.get(("feedback", t), False)]
@@ -323,16 +407,24 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
     c = contraction_row(t)
     if c is not None and "feedback" in models:
         d2, dl, last = c
-        verdict = "contracts" if contracts(dl / d2) else "does not contract"
-        full = answer_accuracy(out, "feedback", tasks[0], "full")
+        ratios = list(seed_rows(seeds, *CONTRACTION)["value"]) if seeds is not None else None
+        v = rules.contraction(d2, dl, last, ratios)
+        fulls = [(task, answer_accuracy(out, "feedback", task, "full")) for task in tasks]
+        fulls = [(task, a) for task, a in fulls if a[3] > 0]
         lines.append(
-            f"The feedback iteration {verdict}: the carried state changes by {d2:.3g} at pass 2 and {dl:.3g} at "
-            f"pass {last}, a ratio of {dl / d2:.2g}{spread(seeds, *CONTRACTION, '.2g')}"
-            f"{contracting_seeds(seeds)}, "
-            f"and validation loss goes from {t.loc[1, 'val_loss']:.3f} to {t.loc[last, 'val_loss']:.3f} "
-            f"(Fig. 3); under `full` recurrence {tasks[0]} is answered at {fmt(*full[:3])}"
-            f"{spread(seeds, 'feedback', 'answer-accuracy', tasks[0], 'full')}."
+            f"Over {last} feedback passes on the validation batch, {v.sentence} (Fig. 3). {rules.fig3(t['val_loss']).sentence}."
+            + (
+                " Under `full` recurrence the feedback model answers "
+                + ", ".join(
+                    f"{task} at {fmt(*a[:3])}{spread(seeds, 'feedback', 'answer-accuracy', task, 'full')}"
+                    for task, a in fulls
+                )
+                + " (table *Answer accuracy*)."
+                if fulls
+                else ""
+            )
         )
+    lines.append("How the findings are worded: " + "; ".join(rules.CRITERIA.values()) + ".")
     if seeds is None or seeds["seed"].nunique() < 2:
         lines.append(
             f"Every number is one training seed ({cfg.seed}); the CIs are within the run (samples or groups), "

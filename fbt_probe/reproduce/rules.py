@@ -26,7 +26,7 @@ from fbt_probe.stats import group_wilson
 TREND_BOOT = 2000
 FOLLOWS, IGNORES = 0.9, 0.1  # a swap direction "flips" at or above FOLLOWS, "does not" at or below IGNORES
 REDUNDANT = 0.8  # zero replacement leaves the answer's Wilson lower bound at or above this: redundant
-RECOMPUTABLE = 0.9  # standard prefill's Wilson lower bound at or above this on every task
+RECOMPUTABLE = 0.95  # standard prefill's accuracy at or above this on every task, each interval above chance
 READOUT = 0.02  # depth 0 within this of the carried-state probe: a read-out of h(T-1)
 CONTRACTS_BELOW = 0.1  # last pass's state change below this share of pass 2's: contracts
 FLAT_LOSS = 0.1  # Fig. 3 replicates when the last pass's validation loss is within this (nats) of pass 1's
@@ -48,7 +48,7 @@ CRITERIA = {
     ),
     "recomputable": (
         f"a model can recompute the answer without the carried state when its standard-prefill answer "
-        f"accuracy has a Wilson lower bound of at least {RECOMPUTABLE} on every task"
+        f"accuracy is at least {RECOMPUTABLE} on every task with a Wilson interval above chance"
     ),
     "readout": (
         f"depth 0 under `recurrent:1` is a read-out of h(T-1) when its probe accuracy is within {READOUT} of "
@@ -155,10 +155,15 @@ def directions(per_pair: pd.DataFrame, what: str = "the answer") -> Verdict:
 
 
 # ----------------------------------------------------------------------------- redundancy
-def redundancy(zero: tuple[float, float, float], swap_norm: float | None, task: str) -> Verdict:
-    """zero: (answer accuracy, Wilson low, high) with the carried state replaced by zeros."""
+def redundancy(
+    zero: tuple[float, float, float], swap_norm: float | None, task: str, mean: tuple[float, float, float] | None = None
+) -> Verdict:
+    """zero (and mean): (answer accuracy, Wilson low, high) with the carried state replaced by zeros
+    (by the mean carried state)."""
     p, lo, hi = zero
     text = f"with the carried state replaced by zeros, {task} is answered at {_fmt(p, lo, hi)}"
+    if mean is not None:
+        text += f" (by the mean state: {_fmt(*mean)})"
     if lo >= REDUNDANT:
         extra = "" if swap_norm is None else f", although a swap moves it by a normalized {swap_norm:.2f}"
         return Verdict(
@@ -173,21 +178,21 @@ def redundancy(zero: tuple[float, float, float], swap_norm: float | None, task: 
 # ----------------------------------------------------------------------------- recomputable
 def recomputable(model_label: str, accs: dict[str, tuple[float, float, float]]) -> Verdict:
     """accs: task -> (standard answer accuracy, Wilson low, high)."""
-    low = min(lo for _, lo, _ in accs.values()) if accs else float("nan")
-    if accs and low >= RECOMPUTABLE:
+    bad = [t for t, (p, lo, _) in accs.items() if not (p >= RECOMPUTABLE and lo > CHANCE)]
+    if accs and not bad:
+        low = min(p for p, _, _ in accs.values())
         return Verdict(
             "recomputable",
             "recomputable",
-            f"{model_label} answers every task under standard prefill (lowest Wilson bound {low:.2f}): the answer "
-            "can always be recomputed without the carried state, so an effect of the state shows that the model "
-            "reads it when it is there, not that the task needs it",
+            f"{model_label} answers every task under standard prefill (lowest accuracy {low:.2f}): the answer can "
+            "always be recomputed without the carried state, so an effect of the state shows that the model reads "
+            "it when it is there, not that the task needs it",
         )
-    bad = [t for t, (_, lo, _) in accs.items() if lo < RECOMPUTABLE]
     return Verdict(
         "recomputable",
         "not-recomputable",
-        f"{model_label} does not answer {', '.join(bad)} reliably under standard prefill (Wilson lower bound below "
-        f"{RECOMPUTABLE}): there the carried state may be needed",
+        f"{model_label} does not answer {', '.join(bad)} reliably under standard prefill (accuracy below "
+        f"{RECOMPUTABLE} or an interval that holds chance): there the carried state may be needed",
     )
 
 
