@@ -114,3 +114,10 @@ def test_every_rule_states_its_criterion():
 def test_a_model_near_chance_on_one_task_is_not_called_recomputable():
     # 0.96 on 8 groups has a Wilson interval [0.6x, 1.0] above chance; 0.75 on 8 groups holds chance
     assert rules.recomputable("m", {"a": (0.96, 0.62, 1.0), "b": (0.75, 0.41, 0.93)}).verdict == "not-recomputable"
+
+
+def test_the_contraction_verdict_needs_its_interval_on_one_side_of_the_threshold():
+    assert rules.contraction(1.0, 0.05, 32, ci=(0.03, 0.08), documents=400).verdict == "contracts"
+    v = rules.contraction(1.0, 0.16, 32, ci=(0.12, 0.21), documents=400)
+    assert v.verdict == "does not contract" and "[0.12, 0.21] over 400 documents" in v.sentence
+    assert rules.contraction(1.0, 0.09, 32, ci=(0.06, 0.13)).verdict.startswith("is not resolved")

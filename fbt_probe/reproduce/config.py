@@ -60,6 +60,9 @@ class ReproConfig:
     )
     eval_pairs: int = 16
     passes: int = 32  # contraction diagnostic
+    contraction_docs: int = 100
+    """Held-out validation documents per task in the contraction diagnostic (the ratio's interval
+    resamples them)."""
     patch_pairs: int = 20  # pairs per cell in the causal experiments
     patch_knobs: dict = field(
         default_factory=lambda: {t: list(PROBE_KNOBS[t]) for t in ("completion", "memory", "registers")}
@@ -87,6 +90,7 @@ class ReproConfig:
             knobs=dict(QUICK_KNOBS),
             eval_pairs=8,
             passes=6,
+            contraction_docs=4,
             patch_pairs=5,
             quick=True,
             patch_knobs={"completion": [8], "memory": [8], "registers": [2]},
@@ -111,6 +115,7 @@ class ReproConfig:
             groups={"completion": 40, "memory": 64, "registers": 8, "registers-count": 8},
             eval_pairs=8,
             patch_pairs=10,
+            contraction_docs=4,  # 16 documents within the demo budget; the full study reads 100 a task
             demo=True,
             patch_knobs={"completion": [8], "memory": [8], "registers": [2]},
             modes={

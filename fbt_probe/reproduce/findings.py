@@ -259,6 +259,19 @@ CONTRACTION = (
 )  # its headline row: model, quantity, task, mode
 
 
+def contraction_interval(out: Path) -> tuple[tuple[float, float] | None, int | None]:
+    """The feedback model's contraction ratio interval (documents resampled) and its document count."""
+    p = out / "diagnostics" / "contraction-ratio.parquet"
+    if not p.is_file():
+        return None, None
+    t = pd.read_parquet(p)
+    t = t[t["run"] == "feedback"]
+    if t.empty:
+        return None, None
+    r = t.iloc[0]
+    return (float(r["ci_low"]), float(r["ci_high"])), int(r["documents"])
+
+
 def contraction_row(t: pd.DataFrame | None) -> tuple[float, float, int] | None:
     """(state change at pass 2, at the last pass, the last pass) of `feedback_contraction`'s table."""
     if t is None:
@@ -408,7 +421,8 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
     if c is not None and "feedback" in models:
         d2, dl, last = c
         ratios = list(seed_rows(seeds, *CONTRACTION)["value"]) if seeds is not None else None
-        v = rules.contraction(d2, dl, last, ratios)
+        ci, docs = contraction_interval(out)
+        v = rules.contraction(d2, dl, last, ratios, ci, docs)
         fulls = [(task, answer_accuracy(out, "feedback", task, "full")) for task in tasks]
         fulls = [(task, a) for task, a in fulls if a[3] > 0]
         lines.append(

@@ -45,7 +45,7 @@ from fbt_probe.tasks.generators import suffix_modes
 from fbt_probe.training import run_training
 from fbt_probe.training.config import TRAIN_KNOBS
 from fbt_probe.training.data import heldout, validation_batch
-from fbt_probe.training.evaluate import answer_accuracy, contraction, eval_samples
+from fbt_probe.training.evaluate import answer_accuracy, contraction_by_document, eval_samples, ratio_interval
 
 
 def stage_data(cfg: ReproConfig, out: Path) -> None:
@@ -102,12 +102,18 @@ def _train_knobs(cfg: ReproConfig) -> dict:
 
 def stage_contraction(cfg: ReproConfig, out: Path) -> None:
     tok, frames = _tokenizer(cfg), []
-    batch = validation_batch(study_training(cfg), tok, rows=8 if cfg.quick else 16)
+    batch = validation_batch(study_training(cfg), tok, per_task=cfg.contraction_docs)
+    ratios = []
     for name in cfg.models():
-        t = contraction(load_model(str(model_path(cfg, out, name))), *batch, n_passes=cfg.passes)
-        frames.append(t.assign(run=name, schedule=schedule_label(cfg, name)))
+        t, by_doc = contraction_by_document(load_model(str(model_path(cfg, out, name))), *batch, n_passes=cfg.passes)
+        frames.append(t.assign(run=name, schedule=schedule_label(cfg, name), documents=by_doc.shape[1]))
+        if cfg.passes >= 2:
+            r, lo, hi = ratio_interval(by_doc, seed=cfg.seed)
+            ratios.append({"run": name, "ratio": r, "ci_low": lo, "ci_high": hi, "documents": by_doc.shape[1]})
     with atomic_path(out / "diagnostics" / "contraction.parquet") as tmp:
         pd.concat(frames, ignore_index=True).to_parquet(tmp, index=False)
+    with atomic_path(out / "diagnostics" / "contraction-ratio.parquet") as tmp:
+        pd.DataFrame(ratios, columns=["run", "ratio", "ci_low", "ci_high", "documents"]).to_parquet(tmp, index=False)
 
 
 def task_modes(cfg: ReproConfig, out: Path, task: str) -> list[str]:
@@ -232,7 +238,7 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
     )
     contract = Stage(
         "contraction",
-        {**ck, "passes": cfg.passes},
+        {**ck, "passes": cfg.passes, "documents_per_task": cfg.contraction_docs},
         [out / "diagnostics"],
         partial(stage_contraction, cfg, out),
         after=trained,

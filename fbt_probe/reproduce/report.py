@@ -273,6 +273,18 @@ def accuracy_table(out: Path) -> pd.DataFrame:
     return t[order + [c for c in t.columns if c not in order]].reset_index()
 
 
+def contraction_documents(out: Path) -> str:
+    t = pd.read_parquet(out / "diagnostics" / "contraction.parquet")
+    return str(int(t["documents"].iloc[0])) if "documents" in t.columns and len(t) else "the"
+
+
+def ratio_table_md(out: Path) -> str:
+    p = out / "diagnostics" / "contraction-ratio.parquet"
+    if not p.is_file():
+        return ""
+    return "\n\n" + _md_table(pd.read_parquet(p).round(4))
+
+
 def contraction_table(out: Path) -> pd.DataFrame:
     t = pd.read_parquet(out / "diagnostics" / "contraction.parquet")
     keep = t[t["pass"].isin([1, 2, 3, 4, 8, 16, 32])]
@@ -418,8 +430,12 @@ def _sections(cfg, out: Path, times: dict) -> list[tuple[str, str, list[str]]]:
         ),
         (
             "Contraction diagnostic (Fig. 3)",
-            "Validation loss after k feedback passes and the mean change of the carried "
-            "state per pass (the models were trained with at most 3 passes).\n\n" + _md_table(contraction_table(out)),
+            "Validation loss after k feedback passes and the mean change of the carried state per pass, over "
+            f"{contraction_documents(out)} held-out validation documents (the schedule each model was trained with "
+            "is in the `schedule` column of the table behind it); then the ratio of the last pass's change to "
+            "pass 2's, with its bootstrap 95 % CI over documents.\n\n"
+            + _md_table(contraction_table(out))
+            + ratio_table_md(out),
             pick("fig3"),
         ),
         (

@@ -252,16 +252,32 @@ def fig3(loss_by_pass: pd.Series) -> Verdict:
 
 
 # ----------------------------------------------------------------------------- contraction
-def contraction(d2: float, dlast: float, last: int, seed_ratios: list[float] | None = None) -> Verdict:
+def contraction(
+    d2: float,
+    dlast: float,
+    last: int,
+    seed_ratios: list[float] | None = None,
+    ci: tuple[float, float] | None = None,
+    documents: int | None = None,
+) -> Verdict:
+    """The ratio dlast / d2 against CONTRACTS_BELOW; with `ci` (the ratio's bootstrap interval over
+    `documents`) the verdict needs the whole interval on one side, else it is unresolved."""
     ratio = dlast / d2
-    contracts = ratio < CONTRACTS_BELOW
-    verdict = "contracts" if contracts else "does not contract"
+    shown = f"ratio {ratio:.2g}" + ("" if ci is None else f" [{ci[0]:.2g}, {ci[1]:.2g}]")
+    if documents:
+        shown += f" over {documents} documents"
+    if ci is None:
+        verdict = "contracts" if ratio < CONTRACTS_BELOW else "does not contract"
+    elif ci[1] < CONTRACTS_BELOW:
+        verdict = "contracts"
+    elif ci[0] >= CONTRACTS_BELOW:
+        verdict = "does not contract"
+    else:
+        verdict = f"is not resolved at the {CONTRACTS_BELOW} threshold (its interval holds it)"
+    move = "falls" if dlast < d2 else "grows"
     text = (
-        f"the carried state's change falls from {d2:.3g} at pass 2 to {dlast:.3g} at pass {last} (ratio {ratio:.2g}"
-        f"; below {CONTRACTS_BELOW} counts as contracting): the iteration {verdict}"
-        if dlast < d2
-        else f"the carried state's change grows from {d2:.3g} at pass 2 to {dlast:.3g} at pass {last} (ratio "
-        f"{ratio:.2g}): the iteration {verdict}"
+        f"the carried state's change {move} from {d2:.3g} at pass 2 to {dlast:.3g} at pass {last} ({shown}; "
+        f"below {CONTRACTS_BELOW} counts as contracting): the iteration {verdict}"
     )
     if seed_ratios is not None and len(seed_ratios) >= 2:
         k = sum(r < CONTRACTS_BELOW for r in seed_ratios)

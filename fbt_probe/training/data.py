@@ -214,17 +214,19 @@ def batches_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train
     return out
 
 
-def validation_batch(cfg: TrainConfig, tokenizer, rows: int = 16):
-    """About `rows` held-out documents spread over every training cell, one per row (right-padded)."""
+def validation_batch(cfg: TrainConfig, tokenizer, rows: int = 16, per_task: int | None = None):
+    """About `rows` held-out documents spread over every training cell, one per row (right-padded);
+    with `per_task`, at least that many documents of each task, spread over its cells."""
     cells = _cells(cfg)
     per = max(1, rows // len(cells))
+    n_cells = {t: sum(c[0] == t for c in cells) for t in cfg.tasks}
     docs = []
     for i, (task, knob) in enumerate(cells):
         docs += list(
             training_documents(
                 [_spec(task)],
                 tokenizer,
-                n=per,
+                n=per if per_task is None else -(-per_task // n_cells[task]),
                 seed=step_seed(cfg.seed, i, "val"),
                 knobs={task: [knob]},
                 exclude_groups=_exclusion(cfg, "val"),

@@ -110,6 +110,16 @@ def contraction(
     """Validation loss after k = 1..N Jacobi feedback passes and ‖s^(k) − s^(k−1)‖ (mean over
     positions of the L2 norm of the change of the carried state). A contracting map's loss stays
     flat and its state change decays; a diverging one oscillates."""
+    return contraction_by_document(model, tokens, targets, weights, n_passes)[0]
+
+
+@torch.no_grad()
+def contraction_by_document(
+    model, tokens: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, n_passes: int = 32
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """`contraction`'s table and [passes, documents] each document's mean state change at each pass
+    (NaN at pass 1): the table's `state_change` is the mean over documents of that array (every row
+    has the same padded length)."""
     device = next(model.parameters()).device
     tokens, targets, weights = tokens.to(device), targets.to(device), weights.to(device)
     answer = (weights > 0) & (
@@ -117,9 +127,14 @@ def contraction(
     )  # the up-weighted answer position of each row
     has = torch.arange(tokens.shape[1], device=device) >= 1
     states, prev, rows = None, None, []
+    by_doc = np.full((n_passes, tokens.shape[0]), np.nan)
     for k in range(1, n_passes + 1):
         state, logits = model.feedback_pass(tokens, states, None if states is None else has)
-        delta = float("nan") if prev is None else (state - prev).norm(dim=-1).mean().item()
+        delta = float("nan")
+        if prev is not None:
+            change = (state - prev).norm(dim=-1)
+            delta = change.mean().item()
+            by_doc[k - 1] = change.mean(-1).double().cpu().numpy()
         rows.append(
             {
                 "pass": k,
@@ -131,7 +146,19 @@ def contraction(
             }
         )
         prev, states = state, model.shift_states(state)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows), by_doc
+
+
+def ratio_interval(by_doc: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(last pass's state change over pass 2's, percentile-bootstrap 95 % low, high), the documents
+    resampled (each a held-out context of its own)."""
+    d2, last = by_doc[1], by_doc[-1]
+    ratio = float(last.mean() / d2.mean())
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(d2), (n_boot, len(d2)))
+    boots = last[idx].mean(1) / d2[idx].mean(1)
+    lo, hi = np.quantile(boots, [0.025, 0.975])
+    return ratio, float(lo), float(hi)
 
 
 @torch.no_grad()
