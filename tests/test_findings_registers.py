@@ -118,7 +118,7 @@ def test_register_findings_quote_each_probed_mode_the_baseline_and_the_swap(tmp_
         f"{q(feedback, 'recurrent:1')} under `recurrent:1`{spread(seeds, 'feedback', 'depth0-decodability', 'registers', 'recurrent:1')}"
         in line
     )
-    assert "(seeds 0-2: mean 0.90, range 0.80-1.00)" in line
+    assert "(seeds 0-2: mean 0.90, range 0.80-1.00, between-seed 95 % CI [0.65, 1.00])" in line  # 0.9 ± 4.30·0.1/√3
 
 
 def test_findings_quote_seeds_of_their_own_study_kind_only(tmp_path):
@@ -132,7 +132,7 @@ def test_findings_quote_seeds_of_their_own_study_kind_only(tmp_path):
     )
     assert same_kind(seeds, "demo")["seed"].tolist() == [0, 1]
     assert spread(same_kind(seeds, "full"), "feedback", "q", "t", "m") == ""  # one full seed: no range
-    assert spread(same_kind(seeds, "demo"), "feedback", "q", "t", "m") == " (seeds 0-1: mean 0.40, range 0.30-0.50)"
+    assert spread(same_kind(seeds, "demo"), "feedback", "q", "t", "m") == " (seeds 0-1: mean 0.40, range 0.30-0.50, between-seed 95 % CI [0.00, 1.00])"
 
 
 def test_no_probes_no_register_findings(tmp_path):
@@ -159,10 +159,10 @@ def test_contraction_ratio_spread_keeps_small_ratios_and_counts_contracting_seed
         ]
     )
     got = spread(seeds, "feedback", "state-change-last/pass-2", "validation", "full", ".2g")
-    assert got == f" (seeds 0-2: mean {np.mean(ratios):.2g}, range 0.00018-0.28)"
+    assert got.startswith(f" (seeds 0-2: mean {np.mean(ratios):.2g}, range 0.00018-0.28, between-seed 95 % CI [")
     n = sum(r < rules.CONTRACTS_BELOW for r in ratios)
     v = rules.contraction(1.0, ratios[0], 32, list(seeds["value"]))
     assert n == 2 and v.verdict == "contracts on 2 of 3 seeds" and "contracts on 2 of 3" in v.sentence
     assert "over training seeds" not in rules.contraction(1.0, ratios[0], 32, list(seeds["value"])[:1]).sentence
     # the default spec is unchanged for accuracies
-    assert spread(seeds, "feedback", "state-change-last/pass-2", "validation", "full").endswith("range 0.00-0.28)")
+    assert spread(seeds, "feedback", "state-change-last/pass-2", "validation", "full").split(", between")[0].endswith("range 0.00-0.28")

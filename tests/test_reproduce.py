@@ -183,7 +183,12 @@ def test_spread_over_seeds_is_the_mean_and_range():
         }
     )
     text = spread(t, "feedback", "answer-accuracy", "completion", "standard")
-    assert text == f" (seeds 0-2: mean {np.mean(vals):.2f}, range {min(vals):.2f}-{max(vals):.2f})"
+    half = 4.302652729911275 * np.std(vals, ddof=1) / np.sqrt(3)  # t(0.975, 2 df)
+    lo, hi = max(np.mean(vals) - half, 0), min(np.mean(vals) + half, 1)
+    assert text == (
+        f" (seeds 0-2: mean {np.mean(vals):.2f}, range {min(vals):.2f}-{max(vals):.2f}, "
+        f"between-seed 95 % CI [{lo:.2f}, {hi:.2f}])"
+    )
     assert spread(t, "baseline", "answer-accuracy", "completion", "standard") == ""  # not in the table
     assert spread(t.iloc[:1], "feedback", "answer-accuracy", "completion", "standard") == ""  # one seed is no spread
     assert spread(None, "feedback", "answer-accuracy", "completion", "standard") == ""
@@ -284,7 +289,7 @@ def test_quick_study_end_to_end(tmp_path):
     seeded = (multi / "seed-0" / "report.md").read_text()
     assert (
         f"completion **{p:.2f}** [{lo:.2f}, {hi:.2f}] (seeds 0-1: "
-        f"mean {(p + p * 0.5) / 2:.2f}, range {p * 0.5:.2f}-{p:.2f})"
+        f"mean {(p + p * 0.5) / 2:.2f}, range {p * 0.5:.2f}-{p:.2f}, between-seed 95 % CI ["
     ) in seeded and "quick study of each" in seeded
     assert "### Over training seeds" in seeded
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from fbt_probe.io import sha256_file
@@ -70,7 +71,25 @@ def spread(table: pd.DataFrame | None, model: str, quantity: str, task: str, mod
     seeds = sorted(int(s) for s in g["seed"])
     label = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ",".join(map(str, seeds))
     v = g["value"]
-    return f" (seeds {label}: mean {v.mean():{spec}}, range {v.min():{spec}}-{v.max():{spec}})"
+    lo, hi = between_seeds(v.to_numpy(dtype=float))
+    return (
+        f" (seeds {label}: mean {v.mean():{spec}}, range {v.min():{spec}}-{v.max():{spec}}, "
+        f"between-seed 95 % CI [{lo:{spec}}, {hi:{spec}}])"
+    )
+
+
+def between_seeds(values) -> tuple[float, float]:
+    """The t interval of the mean over training seeds (n - 1 degrees of freedom: three seeds give
+    a wide one), cut to [0, 1] when every value lies there (an accuracy or a proportion)."""
+    from scipy.stats import t as student
+
+    v = np.asarray(values, dtype=float)
+    n, m = len(v), float(v.mean())
+    half = float(student.ppf(0.975, n - 1) * v.std(ddof=1) / np.sqrt(n))
+    lo, hi = m - half, m + half
+    if ((v >= 0) & (v <= 1)).all():
+        lo, hi = max(lo, 0.0), min(hi, 1.0)
+    return lo, hi
 
 
 def combine(out: Path, seeds: list[int]) -> pd.DataFrame:
