@@ -20,21 +20,26 @@ def upcast(x: torch.Tensor) -> torch.Tensor:
     return x.float() if is_half(x.dtype) else x
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Qwen3RMSNorm: normalise the last dim (in float32 for half types), cast to `dtype` (default:
-    x's), then scale by `weight` ([d], or a gain per head [heads, d_head]).
+def rms_normalize(x: torch.Tensor, eps: float, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x * rsqrt(mean(x²) + eps) over the last dim (in float32 for half types), cast to `dtype`
+    (default: x's): Qwen3RMSNorm before its gain.
 
-    For float32 / float64 with a weight of the same dtype `F.rms_norm` computes these very ops
-    (x * rsqrt(mean(x²) + eps), times the weight) in one call: bitwise the same (tested), fewer
-    dispatches. Half types keep the explicit form (its casts differ from F.rms_norm's)."""
+    For float32 / float64 `F.rms_norm` computes these very ops in one call: bitwise the same
+    (tested), fewer dispatches. Half types keep the explicit form (its casts differ from F.rms_norm's)."""
     dtype = x.dtype if dtype is None else dtype
-    if dtype in (torch.float32, torch.float64) and x.dtype == dtype and weight.dtype == dtype:
-        if weight.dim() == 1:
-            return F.rms_norm(x, (x.shape[-1],), weight, eps)
-        return weight * F.rms_norm(x, (x.shape[-1],), None, eps)
+    if dtype in (torch.float32, torch.float64) and x.dtype == dtype:
+        return F.rms_norm(x, (x.shape[-1],), None, eps)
     h = upcast(x)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Qwen3RMSNorm: `rms_normalize`, then times `weight` ([d], or a gain per head [heads, d_head]);
+    a [d] weight of x's float32 / float64 dtype goes into the one `F.rms_norm` call."""
+    dtype = x.dtype if dtype is None else dtype
+    if dtype in (torch.float32, torch.float64) and x.dtype == dtype == weight.dtype and weight.dim() == 1:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return weight * rms_normalize(x, eps, dtype)
 
 
 def fusion_reference(value: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

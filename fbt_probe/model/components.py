@@ -16,7 +16,7 @@ from fbt_probe.config import ModelConfig
 from fbt_probe.engine import fast as fast_path
 from fbt_probe.engine.cache import KVCache
 from fbt_probe.engine.hooks import Hk, has_hooks, hooked, silent
-from fbt_probe.numerics import is_half, rms_norm, upcast
+from fbt_probe.numerics import is_half, rms_norm, rms_normalize, upcast
 
 
 class RMSNorm(nn.Module):
@@ -56,10 +56,7 @@ class ScaledRMSNorm(RMSNorm):
     def normalize(self, x: torch.Tensor, hk: Hk = silent) -> torch.Tensor:
         """x / scale before the gain, in x's dtype (through `hook_scale` when it has a hook)."""
         if hk is silent or not has_hooks(self.hook_scale):
-            if x.dtype in (torch.float32, torch.float64):
-                return F.rms_norm(x, (x.shape[-1],), None, self.eps)
-            h = upcast(x)
-            return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+            return rms_normalize(x, self.eps)
         work = upcast(x)
         scale = (work.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
         return (work / hk(self.hook_scale, scale)).to(x.dtype)
