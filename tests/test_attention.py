@@ -10,7 +10,7 @@ import torch
 from fbt_probe.engine import dispatch
 from fbt_probe.engine.dispatch import use_path
 from fbt_probe.engine.prefix import build_prefix
-from fbt_probe.model.components import MLP, Attention, RotaryTable, apply_rotary, rotary
+from fbt_probe.model.components import MLP, Attention, RotaryTable, rotary
 from fbt_probe.modes import parse_mode
 from tests.helpers import make_model, tokens
 
@@ -125,8 +125,10 @@ def test_rotary_table_equals_the_direct_computation():
             torch.testing.assert_close(sin, ref[1], rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-15)
     x = torch.randn(2, 5, 3, 8, dtype=torch.float64)
     cos, sin = table(7, 5, torch.float64, torch.device("cpu"))
-    # the signs of rotate_half folded into sin: elementwise the same products, so bitwise equal
-    assert torch.equal(table.apply(x, 7), apply_rotary(x, cos, sin))
+    # HF's x·cos + rotate_half(x)·sin; the table folds rotate_half's signs into sin: elementwise the
+    # same products, so bitwise equal
+    rotated = torch.cat((-x[..., 4:], x[..., :4]), dim=-1)
+    assert torch.equal(table.apply(x, 7), x * cos[None, :, None, :] + rotated * sin[None, :, None, :])
     with torch.inference_mode():
         fresh = RotaryTable(8, 10000.0, n_ctx=16)
         cos, _ = fresh(0, 4, torch.float32, torch.device("cpu"))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fbt_probe.engine import dispatch, graph_scan
+from fbt_probe.engine import fast as fast_path
 from fbt_probe.engine.graph_scan import GraphedScan
 from tests.helpers import STEP_CONFIGS, make_model, tokens
 
@@ -75,7 +76,7 @@ def test_width_buckets_cover_every_position_once_and_equal_the_lean_scan(on_cpu,
     for a, b in zip(got[1:], ref[1:]):
         torch.testing.assert_close(a, b, rtol=0, atol=ATOL)
     cache = model.prefill_cache(x[:, :7], capacity=37)[0]
-    scan = GraphedScan(model.decode_plan(), cache, x, None, None, torch.zeros(2, 32), 7)
+    scan = GraphedScan(fast_path.decode_plan(model), cache, x, None, None, torch.zeros(2, 32), 7)
     assert scan.widths(30) == [(8, 1), (16, 8), (32, 16), (37, 5)]
     assert scan.widths(9) == [(8, 1), (16, 8)]
 
@@ -136,7 +137,7 @@ def test_graph_and_eager_body_are_the_same_kernels(monkeypatch):
         cache, state, logits = model.prefill_cache(x[:, :4], capacity=30)
         carried = state.new_zeros(2, 30, model.cfg.d_model)
         out = logits.new_zeros(2, 30, logits.shape[-1])
-        scan = GraphedScan(model.decode_plan(), cache, x, carried, out, state[:, -1], 4)
+        scan = GraphedScan(fast_path.decode_plan(model), cache, x, carried, out, state[:, -1], 4)
         last = scan.run(26, graph=graph)
         outs.append((carried, out, last))
     for a, b in zip(*outs):

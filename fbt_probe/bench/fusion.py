@@ -7,7 +7,8 @@ For D = 1536 and 1..64k rows (batch × positions) it times `RMSNorm(value ⊙ ga
   table      the kernel gathering the gate from the V×D gate table by token id (CUDA only),
 and reports achieved memory bandwidth (the fewest bytes the epilogue must move: value, gate and out
 once each) against the device's peak and a measured device-to-device copy, the speed-ups, the
-kernel's error against a float64 reference, and the fusion's share of a `paper-1b` decode step.
+kernel's error against a float64 reference, and the fusion's share of the real
+`FeedbackTransformer.step` at `paper-1b`.
 
 On CPU only the reference path is timed (the kernel is CUDA-only; interpreted timings mean
 nothing) and the report says so. Every number is a median over repeated calls after warm-up:
@@ -23,10 +24,9 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
-import fbt_probe.kernels as K
-from fbt_probe.config import PRESETS, preset
+import fbt_probe.kernels as kernels
+from fbt_probe.config import PRESETS
 from fbt_probe.engine import dispatch
 from fbt_probe.engine.graph_scan import fusion_epilogue
 from fbt_probe.errors import FbtError
@@ -49,7 +49,6 @@ class FusionBenchConfig:
     eps: float = 1e-6
     vocab: int = 100_352  # gate-table rows (paper-1b vocabulary)
     compile: bool = True  # time torch.compile of the reference (CUDA only)
-    decode: bool | None = None  # decode-step share; None: on CUDA only
     decode_preset: str = "paper-1b"
     decode_batches: tuple[int, ...] = (1, 8, 64)  # sequences decoded together (= fusion rows per step)
     decode_ctx: int = 2048  # tokens already in the KV cache
@@ -124,17 +123,6 @@ def _time_events(fn, budget_ms: float) -> float:
     return statistics.median(times)
 
 
-def _graph_timer(device: torch.device, budget_ms: float):
-    """Timing of CUDA-graph replays (what a serving decoder sees), or None off CUDA."""
-    if device.type != "cuda":
-        return None
-    try:
-        from triton.testing import do_bench_cudagraph
-    except ImportError:
-        return None
-    return lambda fn: do_bench_cudagraph(fn, rep=budget_ms, return_mode="median") / 1e3
-
-
 # --------------------------------------------------------------------------------- device
 
 
@@ -165,8 +153,7 @@ def describe_device(device: torch.device) -> str:
 
 
 def _rel_err(out: torch.Tensor, value, gate, weight, eps) -> float:
-    x = value.double() * gate.double()
-    ref = weight.double() * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    ref = fusion_reference(value.double(), gate.double(), weight.double(), eps)
     err = (out.double() - ref).norm() / ref.norm()
     return float("nan") if not torch.isfinite(out).all() else float(err)
 
@@ -199,129 +186,18 @@ def bench_rows(cfg: FusionBenchConfig, device: torch.device, dtype: torch.dtype,
         rec["dispatch_kernel"] = dispatch.fusion(value) is not None  # the engine's size rule at this row count
         rec["dispatch_s"] = timer(lambda: fusion_epilogue(value, gate, weight, eps))
         if fused:
-            rec["rel_err"] = _rel_err(K.glu_fusion(value, gate, weight, eps), value, gate, weight, eps)
+            rec["rel_err"] = _rel_err(kernels.glu_fusion(value, gate, weight, eps), value, gate, weight, eps)
             rec["table_rel_err"] = _rel_err(
-                K.glu_fusion_table(value, ids, table, weight, eps), value, table[ids], weight, eps
+                kernels.glu_fusion_table(value, ids, table, weight, eps), value, table[ids], weight, eps
             )
-            rec["fused_s"] = timer(lambda: K.glu_fusion(value, gate, weight, eps))
-            rec["table_s"] = timer(lambda: K.glu_fusion_table(value, ids, table, weight, eps))
+            rec["fused_s"] = timer(lambda: kernels.glu_fusion(value, gate, weight, eps))
+            rec["table_s"] = timer(lambda: kernels.glu_fusion_table(value, ids, table, weight, eps))
         records.append(rec)
         del value, gate, ids
     return records
 
 
-# --------------------------------------------------------------------------------- decode share
-
-
-@dataclass(frozen=True)
-class DecodeDims:
-    n_layers: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    d_head: int
-    d_mlp: int
-    d_vocab: int
-    windows: tuple[int | None, ...]  # per layer: the sliding window, None for global attention
-
-    @classmethod
-    def from_preset(cls, name: str) -> "DecodeDims":
-
-        c = preset(name)
-        windows = tuple(c.window if t == "sliding_attention" else None for t in c.resolved_layer_types)
-        return cls(c.n_layers, c.d_model, c.n_heads, c.n_key_value_heads, c.d_head, c.d_mlp, c.d_vocab, windows)
-
-
-class SyntheticDecodeStep:
-    """One decode step of `batch` sequences with `ctx` cached tokens, at the preset's shapes: per
-    layer the QKV, output, gate/up and down GEMMs, SDPA over that layer's KV cache (the window on
-    sliding layers), SiLU-GLU and the residual adds; then the tied LM head. RMSNorms, RoPE and
-    the KV-cache write are left out, so the step is slightly underestimated and the fusion's share
-    slightly overestimated. Every layer has its own weights and cache (no cache reuse across layers).
-    The fusion runs in front: `W_U h` on cuBLAS, then either the fused table kernel or the eager
-    two-product path (`σ(W_G e)` GEMM + reference epilogue)."""
-
-    def __init__(self, dims: DecodeDims, batch: int, ctx: int, device, dtype, eps: float, seed: int = 0):
-
-        gen = torch.Generator(device=device).manual_seed(seed)
-
-        def w(*shape):
-            return (0.02 * torch.randn(*shape, device=device, generator=gen)).to(dtype)
-
-        D, H, KV, dh, Fm = dims.d_model, dims.n_heads, dims.n_kv_heads, dims.d_head, dims.d_mlp
-        self.dims, self.batch, self.eps = dims, batch, eps
-        self.layers = []
-        for window in dims.windows:
-            n_keys = min(ctx, window) if window else ctx
-            self.layers.append(
-                dict(
-                    qkv=w((H + 2 * KV) * dh, D),
-                    o=w(D, H * dh),
-                    gate_up=w(2 * Fm, D),
-                    down=w(D, Fm),
-                    k=torch.randn(batch, KV, n_keys, dh, device=device, generator=gen).to(dtype),
-                    v=torch.randn(batch, KV, n_keys, dh, device=device, generator=gen).to(dtype),
-                )
-            )
-        self.embed = w(dims.d_vocab, D)
-        self.W_U, self.W_G = w(D, D), w(D, D)
-        self.norm_w = (1 + 0.1 * torch.randn(D, device=device, generator=gen)).to(dtype)
-        self.gate_table = K.build_gate_table(self.embed, self.W_G)
-        self.h = torch.randn(batch, D, device=device, generator=gen).to(dtype)  # carried state
-        self.ids = torch.randint(0, dims.d_vocab, (batch,), device=device, generator=gen)
-        self.value = F.linear(self.h, self.W_U)
-        self.gate = torch.sigmoid(F.linear(self.embed[self.ids], self.W_G))
-
-    def backbone(self, x: torch.Tensor) -> torch.Tensor:
-        b, (H, KV, dh) = self.batch, (self.dims.n_heads, self.dims.n_kv_heads, self.dims.d_head)
-        for layer in self.layers:
-            q = F.linear(x, layer["qkv"])[:, : H * dh].view(b, H, 1, dh)  # [batch, heads, 1, d_head]
-            a = F.scaled_dot_product_attention(q, layer["k"], layer["v"], enable_gqa=H != KV)
-            x = x + F.linear(a.reshape(b, H * dh), layer["o"])
-            g, u = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(g) * u, layer["down"])
-        return F.linear(x, self.embed)  # [batch, d_vocab]
-
-    def fusion_fused(self) -> torch.Tensor:
-
-        return K.glu_fusion_table(F.linear(self.h, self.W_U), self.ids, self.gate_table, self.norm_w, self.eps)
-
-    def fusion_eager(self) -> torch.Tensor:
-        gate = torch.sigmoid(F.linear(self.embed[self.ids], self.W_G))
-        return fusion_reference(F.linear(self.h, self.W_U), gate, self.norm_w, self.eps)
-
-    def epilogue_fused(self) -> torch.Tensor:
-
-        return K.glu_fusion_table(self.value, self.ids, self.gate_table, self.norm_w, self.eps)
-
-    def epilogue_eager(self) -> torch.Tensor:
-        return fusion_reference(self.value, self.gate, self.norm_w, self.eps)
-
-
-def bench_decode(cfg: FusionBenchConfig, device, dtype, timer, graph_timer, fused: bool) -> list[dict]:
-    dims = DecodeDims.from_preset(cfg.decode_preset)
-    records = []
-    for batch in cfg.decode_batches:
-        rec: dict = {"batch": batch, "ctx": cfg.decode_ctx}
-        try:
-            s = SyntheticDecodeStep(dims, batch, cfg.decode_ctx, device, dtype, cfg.eps, cfg.seed)
-            rec["step_eager_s"] = timer(lambda: s.backbone(s.fusion_eager()))
-            rec["fusion_eager_s"] = timer(s.fusion_eager)
-            rec["epilogue_eager_s"] = timer(s.epilogue_eager)
-            if fused:
-                rec["step_fused_s"] = timer(lambda: s.backbone(s.fusion_fused()))
-                rec["fusion_fused_s"] = timer(s.fusion_fused)
-                rec["epilogue_fused_s"] = timer(s.epilogue_fused)
-                if graph_timer is not None:
-                    rec["graph_step_fused_s"] = graph_timer(lambda: s.backbone(s.fusion_fused()))
-                    rec["graph_epilogue_fused_s"] = graph_timer(s.epilogue_fused)
-            del s
-        except Exception as exc:  # e.g. out of memory at a large batch: report it, keep going
-            rec["error"] = _one_line(exc)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        records.append(rec)
-    return records
+# --------------------------------------------------------------------------------- the model's step
 
 
 def bench_model_step(cfg: FusionBenchConfig, device, dtype_name: str, timer) -> list[dict]:
@@ -369,7 +245,7 @@ def _model_step_once(model, cfg, batch, device, timer) -> dict:
     value = torch.randn(batch, 1, d, device=device, generator=gen).to(state.dtype)
     gate = torch.rand(batch, 1, d, device=device, generator=gen).to(state.dtype)
     if out["fast_fusion_used"]:
-        epilogue = lambda: K.glu_fusion(value, gate, fusion.norm.weight, fusion.norm.eps)  # noqa: E731
+        epilogue = lambda: kernels.glu_fusion(value, gate, fusion.norm.weight, fusion.norm.eps)  # noqa: E731
     else:
         epilogue = lambda: fusion_reference(value, gate, fusion.norm.weight, fusion.norm.eps)  # noqa: E731
     out["model_epilogue_s"] = timer(epilogue)
@@ -380,11 +256,7 @@ def _model_step_once(model, cfg, batch, device, timer) -> dict:
 
 
 def _model_uses_fast_path(model, device) -> bool:
-    try:
-        import fbt_probe.kernels as K
-    except ImportError:
-        return False
-    return bool(model.cfg.fast_fusion and device.type == "cuda" and K.fast_fusion_available(device))
+    return bool(model.cfg.fast_fusion and device.type == "cuda" and kernels.fast_fusion_available(device))
 
 
 # --------------------------------------------------------------------------------- driver
@@ -411,7 +283,7 @@ def run_fusion_bench(cfg: FusionBenchConfig = FusionBenchConfig()) -> dict:
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)  # do_bench times the current device
     timer = make_timer(device, cfg.budget_ms)
-    fused = K.fast_fusion_available(device) and (device.type == "cuda" or cfg.interpreted_kernel)
+    fused = kernels.fast_fusion_available(device) and (device.type == "cuda" or cfg.interpreted_kernel)
     torch.manual_seed(cfg.seed)
     result: dict = {
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
@@ -425,8 +297,6 @@ def run_fusion_bench(cfg: FusionBenchConfig = FusionBenchConfig()) -> dict:
     result["bandwidth"] = device_bandwidth(device, timer)
     result["rows"] = bench_rows(cfg, device, dtype, timer, fused)
     on_gpu = device.type == "cuda"
-    if cfg.decode if cfg.decode is not None else on_gpu:
-        result["decode"] = bench_decode(cfg, device, dtype, timer, _graph_timer(device, cfg.budget_ms), fused)
     if cfg.model_step if cfg.model_step is not None else on_gpu:
         result["model_step"] = bench_model_step(cfg, device, result["dtype"], timer)
     if fused and cfg.warps_rows:
@@ -551,40 +421,14 @@ def to_markdown(result: dict) -> str:
             )
     errors = sorted({r["compile_error"] for r in result["rows"] if "compile_error" in r})
     lines += [f"\ntorch.compile failed: {e}" for e in errors]
-    lines += _decode_markdown(result)
+    lines += _model_step_markdown(result)
     lines += _warps_markdown(result)
     return "\n".join(lines) + "\n"
 
 
-def _decode_markdown(result: dict) -> list[str]:
+def _model_step_markdown(result: dict) -> list[str]:
     lines: list[str] = []
     cfg = result["config"]
-    if "decode" in result:
-        lines += [
-            "",
-            f"#### Share of a `{cfg['decode_preset']}` decode step (synthetic: per-layer GEMMs + SDPA over a "
-            f"{cfg['decode_ctx']}-token KV cache + LM head; norms and RoPE left out, so the shares are upper bounds)",
-            "",
-            "| batch | fusion path | timing | step µs | epilogue µs | epilogue share | fusion µs (GEMMs + epilogue) | fusion share |",
-            "|---:|---|---|---:|---:|---:|---:|---:|",
-        ]
-        variants = [
-            ("eager two-product", "launches", "step_eager_s", "epilogue_eager_s", "fusion_eager_s"),
-            ("fused table", "launches", "step_fused_s", "epilogue_fused_s", "fusion_fused_s"),
-            ("fused table", "CUDA graph", "graph_step_fused_s", "graph_epilogue_fused_s", None),
-        ]
-        for r in result["decode"]:
-            if "error" in r:
-                lines.append(f"| {r['batch']} | error: {r['error']} | | | | | | |")
-                continue
-            for name, timing, step_k, epi_k, fus_k in variants:
-                if step_k not in r:
-                    continue
-                step, epi, fus = r[step_k], r.get(epi_k), r.get(fus_k) if fus_k else None
-                lines.append(
-                    f"| {r['batch']} | {name} | {timing} | {_us(step)} | {_us(epi)} | {_pct(epi, step)} | "
-                    f"{_us(fus)} | {_pct(fus, step)} |"
-                )
     if "model_step" in result:
         lines += [
             "",

@@ -97,7 +97,7 @@ COMMANDS: dict[str, Command | Group] = {
         {
             "fusion": Command(
                 "fbt_probe.cli.bench.fusion",
-                "Time the fusion epilogue RMSNorm(value ⊙ gate)·w: fused Triton kernel vs eager PyTorch vs torch.compile, bandwidth vs the device peak, and its share of a paper-1b decode step.",
+                "Time the fusion epilogue RMSNorm(value ⊙ gate)·w: fused Triton kernel vs eager PyTorch vs torch.compile, bandwidth vs the device peak, and its share of the model's step at paper-1b.",
             ),
             "model": Command(
                 "fbt_probe.cli.bench.model",

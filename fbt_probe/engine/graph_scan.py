@@ -10,7 +10,7 @@ kernel where it runs (one launch instead of ~6).
 
 It computes the lean step's function (float64 on CPU, the same code run eagerly: equal to 1e-12,
 tests/test_graph_scan.py, tests/test_engine.py; on CUDA: rounding only, the `gpu` tests). Taken by
-`serial_scan` where `dispatch.scan` says so (CUDA tensors, the plan applies, at least
+`fast.scan` (the model's `serial_scan`) where `dispatch.scan` says so (CUDA tensors, the plan applies, at least
 `dispatch.MIN_STEPS` steps); `model.cuda_graphs = False` turns it off.
 """
 

@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torch.nn.modules import module as M
+from torch.nn.modules import module as torch_module
 from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.errors import FbtError
@@ -36,10 +36,10 @@ def has_hooks(hp: nn.Module) -> bool:
         or hp._forward_pre_hooks
         or hp._backward_hooks
         or hp._backward_pre_hooks
-        or M._global_forward_hooks
-        or M._global_forward_pre_hooks
-        or M._global_backward_hooks
-        or M._global_backward_pre_hooks
+        or torch_module._global_forward_hooks
+        or torch_module._global_forward_pre_hooks
+        or torch_module._global_backward_hooks
+        or torch_module._global_backward_pre_hooks
     )
 
 

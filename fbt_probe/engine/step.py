@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fbt_probe.engine import fused
 from fbt_probe.numerics import fusion_reference
 
 
@@ -34,7 +35,7 @@ def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class DecodePlan:
-    """One model's weights arranged for `step`; build it per scan (`model.decode_plan()`), not
+    """One model's weights arranged for `step`; build it per scan (`fast.decode_plan(model)`), not
     once for ever: it holds the weights as they were when it was built."""
 
     def __init__(self, model):
@@ -55,11 +56,9 @@ class DecodePlan:
     @staticmethod
     def _layer(block) -> tuple:
         attn, mlp = block.attn, block.mlp
-        w_qkv = attn.qkv(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
-        gains = attn.qk_gain(attn.q_norm.weight, attn.k_norm.weight)  # [H + KV, d_head]
-        w_o = attn.o_proj.weight if attn.out_scale == 1.0 else attn.o_scaled(attn.o_proj.weight)
-        w_gu = mlp.gate_up(mlp.gate_proj.weight, mlp.up_proj.weight)
-        w_down = mlp.down_proj.weight if mlp.out_scale == 1.0 else mlp.down_scaled(mlp.down_proj.weight)
+        w_qkv, gains, w_gu = fused.qkv(attn), fused.qk_gain(attn), fused.gate_up(mlp)  # gains: [H + KV, d_head]
+        w_o = attn.o_proj.weight if attn.out_scale == 1.0 else fused.out_scaled(attn, attn.o_proj)
+        w_down = mlp.down_proj.weight if mlp.out_scale == 1.0 else fused.out_scaled(mlp, mlp.down_proj)
         # weights as [in, out] views for addmm (no copies)
         return (block.ln1.weight, w_qkv, gains, attn.rope, attn.window, w_o.t(), block.ln2.weight, w_gu, w_down.t())
 

@@ -19,8 +19,8 @@ import pandas as pd
 from fbt_probe import distributed
 from fbt_probe.errors import FbtError
 from fbt_probe.figures.interventions import draw_for
-from fbt_probe.interventions import experiments as E
 from fbt_probe.interventions.atp_parity import PARQUET_ONLY, split_rows
+from fbt_probe.interventions.experiments import check_depths
 from fbt_probe.interventions.metrics import METRIC_HELP, summarize, to_long
 from fbt_probe.interventions.pairs import label_token_ids, pair_batches
 from fbt_probe.interventions.probe_edits import erase_methods
@@ -81,7 +81,7 @@ def run_experiment(model, df: pd.DataFrame, cfg: PatchConfig, label_ids: dict | 
     if df.empty:
         raise FbtError("dataset: no rows; nothing to patch")
     label_ids = label_ids or label_token_ids(df)
-    E.check_depths(cfg.depths, model)
+    check_depths(cfg.depths, model)
     lengths, max_pairs = _cell_filter(df, cfg)
     model.eval()
     out = []

@@ -7,36 +7,16 @@ docs/modes.md).
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import ModelConfig
-from fbt_probe.engine import attention as fast_attention
-from fbt_probe.engine import dispatch
+from fbt_probe.engine import fast as fast_path
 from fbt_probe.engine.cache import KVCache
-from fbt_probe.engine.fused import FusedWeight, expand_cat
 from fbt_probe.engine.hooks import Hk, has_hooks, hooked, silent
-from fbt_probe.numerics import is_half, upcast
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Qwen3RMSNorm: normalise the last dim in float32 for half types, cast back, then scale.
-
-    For float32 / float64 with a weight of the same dtype `F.rms_norm` computes these very ops
-    (x * rsqrt(mean(x²) + eps), times the weight) in one call: bitwise the same (tested), fewer
-    dispatches. Half types keep the explicit form (its casts differ from F.rms_norm's)."""
-    dtype = x.dtype
-    if dtype in (torch.float32, torch.float64) and weight.dtype == dtype:
-        if weight.dim() == 1:
-            return F.rms_norm(x, (x.shape[-1],), weight, eps)
-        return weight * F.rms_norm(x, (x.shape[-1],), None, eps)  # a gain per head: [heads, d_head]
-    h = upcast(x)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+from fbt_probe.numerics import is_half, rms_norm, rms_normalize, upcast
 
 
 class RMSNorm(nn.Module):
@@ -76,10 +56,7 @@ class ScaledRMSNorm(RMSNorm):
     def normalize(self, x: torch.Tensor, hk: Hk = silent) -> torch.Tensor:
         """x / scale before the gain, in x's dtype (through `hook_scale` when it has a hook)."""
         if hk is silent or not has_hooks(self.hook_scale):
-            if x.dtype in (torch.float32, torch.float64):
-                return F.rms_norm(x, (x.shape[-1],), None, self.eps)
-            h = upcast(x)
-            return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+            return rms_normalize(x, self.eps)
         work = upcast(x)
         scale = (work.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
         return (work / hk(self.hook_scale, scale)).to(x.dtype)
@@ -144,33 +121,24 @@ class RotaryTable:
         return cos[start : start + length], sin[start : start + length]
 
     def apply(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """`apply_rotary` for x [batch, pos, heads, d_head] at positions start..: the same products
-        (x·cos + rotate_half(x)·sin, the sign of rotate_half moved onto sin: bitwise the same) in
-        three ops and a roll."""
+        """RoPE of x [batch, pos, heads, d_head] at positions start..: x·cos + rotate_half(x)·sin
+        (HF's), with rotate_half's sign folded into the sin table, so rotate_half(x) is a roll by
+        d_head / 2 (elementwise the same products: bitwise HF's)."""
         P = x.shape[1]
         _, _, cos, signed = self._table(start + P, x.dtype, x.device)
         return x * cos[start : start + P] + x.roll(self.d_head // 2, dims=-1) * signed[start : start + P]
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [batch, pos, heads, d_head]; cos/sin: [pos, d_head]
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[None, :, None, :] + rotated * sin[None, :, None, :]
-
-
 class Attention(nn.Module):
     """Grouped-query attention with per-head QK-norm and RoPE.
 
-    `reference` is the arithmetic, op for op (einsum over repeated KV heads; softmax in float32
-    for half types and in the input's dtype otherwise); `fbt_probe.engine.dispatch.attention`
-    decides per call whether it or one of the engine's paths computes it (`path = "explicit"`:
-    always the reference; training uses it, see `fbt_probe.training.loop.train`). The
-    materialised pattern that `hook_pattern` reads is formed only while a hook is attached to it
-    (TransformerLens-style: the HookPoint's registered hooks decide). Without autograd the q/k/v
-    projections are one GEMM and the query and key heads are normed and rotated together
-    (`dispatch.fused_projection`; module hooks on q_proj, k_proj, v_proj do not fire there; the
-    HookPoints do).
+    Each site (the projections, QK-norm and RoPE, the attention, the output projection) asks
+    `fbt_probe.engine.fast` for a faster computation of the same function and otherwise runs the
+    reference below it: one GEMM per projection, einsum attention over repeated KV heads, softmax
+    in float32 for half types and in the input's dtype otherwise (`path = "explicit"`: always the
+    reference; training uses it, see `fbt_probe.training.loop.train`). The materialised pattern
+    that `hook_pattern` reads is formed only while a hook is attached to it (TransformerLens-style:
+    the HookPoint's registered hooks decide).
     """
 
     def __init__(self, cfg: ModelConfig, layer_type: str, layer: int = -1):
@@ -180,9 +148,6 @@ class Attention(nn.Module):
         self.path = "auto"
         D, H, KV, dh = cfg.d_model, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
         self.out_scale = cfg.residual_scale  # depth scaling of the branch output (hook_attn_out is after it)
-        self.qkv = FusedWeight()
-        self.qk_gain = FusedWeight(partial(expand_cat, rows=(H, KV)))  # [H + KV, d_head]
-        self.o_scaled = FusedWeight(partial(torch.mul, other=self.out_scale))
         self.q_proj = nn.Linear(D, H * dh, bias=False)
         self.k_proj = nn.Linear(D, KV * dh, bias=False)
         self.v_proj = nn.Linear(D, KV * dh, bias=False)
@@ -208,6 +173,12 @@ class Attention(nn.Module):
         if self.window is not None:
             allowed &= (q_pos[:, None] - k_pos[None, :]) < self.window
         return allowed
+
+    @property
+    def plain_mask(self) -> bool:
+        """Whether this layer's mask is the causal (and window) rule above, not a subclass's own
+        (Hidden Decoding's streams)."""
+        return type(self).mask is Attention.mask
 
     # TransformerLens's weight shapes (read-only views; W_O includes the depth scaling, so z @ W_O
     # summed over heads is `hook_attn_out`; the K/V weights are per KV head, `_W_K` / `_W_V` in TL).
@@ -243,20 +214,14 @@ class Attention(nn.Module):
         with a value embedding."""
         B, P, _ = x.shape
         H, KV, dh = self.cfg.n_heads, self.cfg.n_key_value_heads, self.cfg.d_head
-        if dispatch.fused_projection(self):  # one GEMM; q, k, v are views of its output
-            proj = F.linear(x, self.qkv(self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)).view(
-                B, P, H + 2 * KV, dh
-            )
-            qk, v = proj.split((H + KV, KV), dim=2)
-            q0, k0 = qk.split((H, KV), dim=2)
-            q, k, v = hk(self.hook_q, q0), hk(self.hook_k, k0), hk(self.hook_v, v)
-            if q is not q0 or k is not k0:  # a hook replaced one
-                qk = torch.cat((q, k), dim=2)
+        fast = fast_path.projections(self, x, hk)  # (q, k, v, q and k together)
+        if fast is not None:
+            q, k, v, qk = fast
         else:
             q = hk(self.hook_q, self.q_proj(x).view(B, P, H, dh))
             k = hk(self.hook_k, self.k_proj(x).view(B, P, KV, dh))
             v = hk(self.hook_v, self.v_proj(x).view(B, P, KV, dh))
-            qk = None if self.path == "explicit" else torch.cat((q, k), dim=2)
+            qk = None
         v = self.values(v, x, tokens, layer, hk)
         q, k = self.position(q, k, qk, start)
         if hk is not silent:
@@ -271,10 +236,9 @@ class Attention(nn.Module):
         if hk is not silent and has_hooks(self.hook_result):  # per head: z_h @ W_O[h], then the sum
             return hk(self.hook_result, torch.einsum("bphd,hdm->bphm", z, self.W_O)).sum(2)
         z = z.reshape(B, P, H * dh)
-        if self.out_scale == 1.0:
-            return self.o_proj(z)
-        if dispatch.fused_projection(self):  # the depth scale folded into the weight: one op fewer per layer
-            return F.linear(z, self.o_scaled(self.o_proj.weight))
+        fast = fast_path.output(self, z, self.o_proj)
+        if fast is not None:
+            return fast
         return self.o_proj(z) * self.out_scale
 
     def values(self, v: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor | None, layer: int, hk: Hk) -> torch.Tensor:
@@ -284,34 +248,20 @@ class Attention(nn.Module):
 
     def position(self, q: torch.Tensor, k: torch.Tensor, qk: torch.Tensor | None, start: int):
         """QK-norm, then RoPE at positions start.. (q [batch, pos, n_heads, d_head], k [batch, pos,
-        n_kv_heads, d_head]; `qk` their concatenation over heads, or None)."""
-        if qk is None:  # the reference arithmetic, op for op
-            return self.rope.apply(self.q_norm(q), start), self.rope.apply(self.k_norm(k), start)
-        # query and key heads normed and rotated together: the same arithmetic per row, fewer ops
-        gains = (self.q_norm.weight, self.k_norm.weight)
-        w = self.qk_gain.build(*gains) if torch.is_grad_enabled() else self.qk_gain(*gains)
-        H, KV = self.cfg.n_heads, self.cfg.n_key_value_heads
-        return self.rope.apply(rms_norm(qk, w, self.q_norm.eps), start).split((H, KV), dim=2)
+        n_kv_heads, d_head]; `qk` their concatenation over heads where the projections formed it,
+        else None)."""
+        fast = fast_path.position(self, q, k, qk, start)
+        if fast is not None:
+            return fast
+        return self.rope.apply(self.q_norm(q), start), self.rope.apply(self.k_norm(k), start)
 
     def _attend(self, q, k, v, start: int, k_start: int, hk: Hk) -> torch.Tensor:
-        """z [batch, pos, n_heads, d_head] by the path `dispatch.attention` picks: the reference
-        below or one of `fbt_probe.engine.attention`'s (the same function)."""
-        plain = type(self).mask is Attention.mask  # a subclass (Hidden Decoding) brings its own mask
-        if hk is not silent and has_hooks(self.hook_attn_scores):
-            return self.reference(q, k, v, start, k_start, hk)  # the one path that forms the scores
-        hooked_pattern = hk is not silent and has_hooks(self.hook_pattern)
-        route = dispatch.attention(
-            self.path, plain, self.window, q.shape[1], k.shape[2], start, k_start, hooked_pattern
-        )
-        if route == "explicit":
-            return self.reference(q, k, v, start, k_start, hk)
-        if route == "materialized":
-            return fast_attention.materialized(q, k, v, start, k_start, self.mask, partial(hk, self.hook_pattern))
-        if route == "sdpa-decode":
-            return fast_attention.sdpa_decode(q, k, v, self.window)
-        if route == "sdpa-windowed":
-            return fast_attention.sdpa_windowed(q, k, v, start, k_start, self.mask, self.window)
-        return fast_attention.sdpa(q, k, v, start, k_start, self.mask, plain, self.window)
+        """z [batch, pos, n_heads, d_head]: one of `fbt_probe.engine.attention`'s paths where the
+        engine takes the call (the same function), else the reference."""
+        fast = fast_path.attend(self, q, k, v, start, k_start, hk)
+        if fast is not None:
+            return fast
+        return self.reference(q, k, v, start, k_start, hk)
 
     def reference(self, q, k, v, start: int, k_start: int, hk: Hk) -> torch.Tensor:
         """The reference arithmetic (every score materialised); q: [batch, pos, n_heads, d_head],
@@ -329,15 +279,13 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SiLU-GLU; on path "auto" without autograd the gate and up projections are one GEMM."""
+    """SiLU-GLU (`fbt_probe.engine.fast` may compute the gate and up projections in one GEMM)."""
 
     def __init__(self, cfg: ModelConfig, gated: bool = True):
         super().__init__()
         self.path = "auto"
         self.gated = gated  # False: no gate projection (a family's MLP overrides `post`)
         self.out_scale = cfg.residual_scale  # depth scaling of the branch output (hook_mlp_out is after it)
-        self.gate_up = FusedWeight()
-        self.down_scaled = FusedWeight(partial(torch.mul, other=self.out_scale))
         self.gate_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False) if self.gated else None
         self.up_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
         self.down_proj = nn.Linear(cfg.d_mlp, cfg.d_model, bias=False)
@@ -361,10 +309,9 @@ class MLP(nn.Module):
 
     def post(self, x: torch.Tensor, hk: Hk) -> torch.Tensor:
         """[batch, pos, d_mlp] silu(gate x) * (up x): what `hook_post` holds."""
-        if dispatch.fused_projection(self):
-            both = F.linear(x, self.gate_up(self.gate_proj.weight, self.up_proj.weight))
-            pre, lin = both.chunk(2, dim=-1)
-            pre, lin = hk(self.hook_pre, pre), hk(self.hook_pre_linear, lin)
+        fast = fast_path.gate_up(self, x, hk)
+        if fast is not None:
+            pre, lin = fast
         else:
             pre = hk(self.hook_pre, self.gate_proj(x))
             lin = hk(self.hook_pre_linear, self.up_proj(x))
@@ -372,10 +319,9 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, hk: Hk) -> torch.Tensor:
         post = self.post(x, hk)
-        if self.out_scale == 1.0:
-            return self.down_proj(post)
-        if dispatch.fused_projection(self):  # the depth scale folded into the weight
-            return F.linear(post, self.down_scaled(self.down_proj.weight))
+        fast = fast_path.output(self, post, self.down_proj)
+        if fast is not None:
+            return fast
         return self.down_proj(post) * self.out_scale
 
 

@@ -11,9 +11,10 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import ModelConfig
-from fbt_probe.engine import dispatch
+from fbt_probe.engine import fast as fast_path
 from fbt_probe.engine.hooks import Hk
-from fbt_probe.model.components import RMSNorm, rms_norm
+from fbt_probe.model.components import RMSNorm
+from fbt_probe.numerics import fusion_reference
 
 
 class Fusion(nn.Module):
@@ -59,12 +60,11 @@ class Fusion(nn.Module):
         return hk(self.hook_out, torch.where(mask[..., None], fused, plain))
 
     def fuse(self, state: torch.Tensor, embed: torch.Tensor, hk: Hk) -> torch.Tensor:
-        """RMSNorm_f((W_U h) ⊙ σ(W_G e)) [batch, pos, d_model] (the Triton kernel on CUDA where it applies)."""
+        """RMSNorm_f((W_U h) ⊙ σ(W_G e)) [batch, pos, d_model] (`fbt_probe.engine.fast.fusion`: the
+        Triton kernel on CUDA where it applies)."""
         value = hk(self.hook_value, self.W_U(state))
         gate = hk(self.hook_gate, self.gate(embed))
-        fast = dispatch.fusion(value, gate, self.norm.weight) if self.cfg.fast_fusion else None
+        fast = fast_path.fusion(self, value, gate)
         if fast is not None:
-            return fast(value, gate, self.norm.weight, self.norm.eps)
-        return rms_norm(
-            value * gate, self.norm.weight, self.norm.eps
-        )  # = numerics.fusion_reference for same-dtype inputs
+            return fast
+        return fusion_reference(value, gate, self.norm.weight, self.norm.eps)

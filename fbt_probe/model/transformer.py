@@ -33,12 +33,10 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import ModelConfig
-from fbt_probe.engine import dispatch
+from fbt_probe.engine import fast as fast_path
 from fbt_probe.engine.cache import KVCache
-from fbt_probe.engine.graph_scan import GraphedScan
 from fbt_probe.engine.hooks import GradTaps, Hk, HookContext, has_hooks, hooked, silent
 from fbt_probe.engine.schedule import Schedule, jacobi_chunks, run_chunk, scan_chunks
-from fbt_probe.engine.step import DecodePlan
 from fbt_probe.errors import FbtError
 from fbt_probe.model.components import Block, HookedRMSNorm
 from fbt_probe.model.fusion import Fusion
@@ -49,7 +47,6 @@ from fbt_probe.surface.tl_native import FeedbackActivationCache, TransformerLens
 from fbt_probe.tokens import check_mask, check_tokens
 
 EXACT_PASS_LIMIT = 256  # passes the exact hook rule runs at most (each a hooked pass over the whole sequence)
-SILENT_CHUNK_TOKENS = 8192  # batch x positions per chunk of a silent pass through the KV cache (memory bound)
 
 
 class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
@@ -243,22 +240,10 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         place), plain or fused inputs (`has_state` None with states: every position is fused).
         Returns (carried state [batch, pos, d_model], logits [batch, pos, d_vocab]).
 
-        With hooks off a long `tokens` runs in chunks of about SILENT_CHUNK_TOKENS tokens through
-        the cache: the same function (up to float rounding), with activations held for one chunk."""
-        B, P = tokens.shape
-        size = max(1, SILENT_CHUNK_TOKENS // max(B, 1))
-        if hk is silent and P > size:
-            parts = [
-                self.extend(
-                    tokens[:, a : a + size],
-                    cache,
-                    None if states is None else states[:, a : a + size],
-                    None if has_state is None else has_state[..., a : a + size],
-                    hk,
-                )
-                for a in range(0, P, size)
-            ]
-            return torch.cat([s for s, _ in parts], dim=1), torch.cat([lg for _, lg in parts], dim=1)
+        With hooks off a long `tokens` runs in chunks through the cache (`fbt_probe.engine.fast.extend`)."""
+        fast = fast_path.extend(self, tokens, cache, states, has_state, hk)
+        if fast is not None:
+            return fast
         start = cache.length
         x = self._input(tokens, states, has_state, hk, start, cache)
         h = self._trunk(x, start, cache, hk, tokens)
@@ -280,26 +265,19 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         state, logits = self.extend(tokens, cache, states, has_state, hk)
         return cache, state, logits
 
-    def decode_plan(self) -> DecodePlan | None:
-        """The lean serial step for silent steps of this model as its weights are now, or None
-        where the module path must run (`fbt_probe.engine.dispatch.step`)."""
-        return DecodePlan(self) if dispatch.step(self) == "plan" else None
-
     def step(
         self,
         token: torch.Tensor,
         cache: KVCache,
         state: torch.Tensor | None,
         hk: Hk = silent,
-        plan: DecodePlan | None = None,
     ):
         """One position with the KV cache. token: [batch]; state: [batch, d_model] carried from the
         previous position, or None for a plain embedding. Returns (logits [batch, d_vocab], state).
-        With hooks off the step takes `plan` (default: `decode_plan()`) where one applies."""
-        if hk is silent:
-            plan = plan or self.decode_plan()
-            if plan is not None:
-                return plan.step(token, cache, state)
+        With hooks off the engine's lean step runs where it applies (`fbt_probe.engine.fast.step`)."""
+        fast = fast_path.step(self, token, cache, state, hk)
+        if fast is not None:
+            return fast
         fed = None if state is None else state[:, None, :]
         new_state, logits = self.extend(token[:, None], cache, fed, None, hk)
         return logits[:, 0], new_state[:, 0]
@@ -358,17 +336,12 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         carried = state.new_zeros(B, T, state.shape[-1])
         out = logits.new_empty(B, stop, logits.shape[-1])
         out[:, :P] = logits
-        plan = None if hooks else self.decode_plan()  # the weights are fixed for the whole scan
-        if dispatch.scan(plan is not None, self.cuda_graphs, cache, tokens, P, stop - P) == "graphed":
-            scan = GraphedScan(plan, cache, tokens, carried, out, prev, P, fused_epilogue=self.cfg.fast_fusion)
-            prev = scan.run(stop - P)
-            return cache, carried, out, prev
+        fast = None if hooks else fast_path.scan(self, tokens, cache, carried, out, prev, P, stop)
+        if fast is not None:
+            return cache, carried, out, fast
         for chunk in steps:
             t = chunk.positions.start
             carried[:, t] = prev
-            if plan is not None:
-                out[:, t], prev = plan.step(tokens[:, t], cache, prev)
-                continue
             out[:, t], prev = run_chunk(self, chunk if hooks else None, self.step, tokens[:, t], cache, prev, hk)
         return cache, carried, out, prev
 

@@ -22,7 +22,6 @@ from fbt_probe.loading import checkpoint_hash, checkpoint_kind, load_model, load
 from fbt_probe.probes.robustness import robustness
 from fbt_probe.probes.sweep import ProbeConfig, probe_sweep, write_results
 from fbt_probe.reference import names, record
-from fbt_probe.reproduce import methods as M
 from fbt_probe.reproduce.config import (
     EXPERIMENTS,
     EXTRACT_BATCH,
@@ -35,6 +34,7 @@ from fbt_probe.reproduce.config import (
     train_config,
 )
 from fbt_probe.reproduce.config import tokenizer as _tokenizer
+from fbt_probe.reproduce.methods import methods_settings, stage_lens, stage_methods
 from fbt_probe.reproduce.report import stage_figures, stage_report
 from fbt_probe.reproduce.sae import NAME as SAE_MODEL
 from fbt_probe.reproduce.sae import sae_settings, stage_sae
@@ -186,18 +186,16 @@ def stage_patch(cfg: ReproConfig, out: Path, name: str) -> None:
 
 def methods_stages(cfg: ReproConfig, out: Path, name: str, ck: dict, after: list[str]) -> list[Stage]:
     """AtP (with its parity check) and DAS, then the lens (fbt_probe.reproduce.methods)."""
-    key = {**ck, "patch_pairs": cfg.patch_pairs, "patch_knobs": cfg.patch_knobs, **M.methods_settings(cfg)}
+    key = {**ck, "patch_pairs": cfg.patch_pairs, "patch_knobs": cfg.patch_knobs, **methods_settings(cfg)}
     return [
         Stage(
             f"methods-{name}",
             key,
             [out / "results" / "methods" / name],
-            partial(M.stage_methods, cfg, out, name),
+            partial(stage_methods, cfg, out, name),
             after=after,
         ),
-        Stage(
-            f"lens-{name}", key, [out / "results" / "lens" / name], partial(M.stage_lens, cfg, out, name), after=after
-        ),
+        Stage(f"lens-{name}", key, [out / "results" / "lens" / name], partial(stage_lens, cfg, out, name), after=after),
     ]
 
 

@@ -22,10 +22,6 @@ def fusion(
     compile: Annotated[
         bool, typer.Option("--compile/--no-compile", help="Time torch.compile of the reference (CUDA).")
     ] = True,
-    decode: Annotated[
-        bool | None,
-        typer.Option("--decode/--no-decode", help="Share of a paper-1b decode step (default: on CUDA only)."),
-    ] = None,
     model_step: Annotated[
         bool | None,
         typer.Option(
@@ -33,14 +29,14 @@ def fusion(
         ),
     ] = None,
     decode_batches: Annotated[str, typer.Option(help="Decode batch sizes, comma-separated.")] = "1,8,64",
-    decode_ctx: Annotated[int, typer.Option(help="Tokens in the KV cache for the decode step.")] = 2048,
-    decode_preset: Annotated[str, typer.Option(help="Model preset whose shapes the decode step uses.")] = "paper-1b",
+    decode_ctx: Annotated[int, typer.Option(help="Tokens in the KV cache for the model's step.")] = 2048,
+    decode_preset: Annotated[str, typer.Option(help="Model preset whose step is timed.")] = "paper-1b",
     budget_ms: Annotated[float, typer.Option(help="Timing budget per measurement, milliseconds.")] = 100.0,
     out: OutOption = None,
     force: ForceOption = False,
 ) -> None:
     """Time the fusion epilogue RMSNorm(value ⊙ gate)·w: fused Triton kernel vs eager PyTorch vs
-    torch.compile, bandwidth vs the device peak, and its share of a paper-1b decode step. On CPU only
+    torch.compile, bandwidth vs the device peak, and its share of the model's step at paper-1b. On CPU only
     the reference path is timed (labelled as such).
 
     \b
@@ -53,7 +49,6 @@ def fusion(
         device=device,
         dtype=dtype,
         compile=compile,
-        decode=decode,
         model_step=model_step,
         decode_batches=fusion_bench.parse_rows(decode_batches, "--decode-batches"),
         decode_ctx=decode_ctx,
