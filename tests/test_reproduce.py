@@ -400,3 +400,20 @@ def test_report_markdown_is_rendered_not_escaped():
         _inline("completion **1.00** [0.93, 1.00] under `standard`")
         == "completion <strong>1.00</strong> [0.93, 1.00] under <code>standard</code>"
     )
+
+
+def test_each_study_kind_is_one_plan_per_task():
+    """The four task-keyed fields of a study config come from one TaskPlan per task."""
+    from fbt_probe.reproduce.config import DEMO_PLAN, FULL, FULL_PLAN, QUICK_PLAN, ReproConfig, TaskPlan, plan_fields
+
+    for cfg, plan in (
+        (ReproConfig(), FULL_PLAN),
+        (ReproConfig.demo_config(), DEMO_PLAN),
+        (ReproConfig.quick_config(), QUICK_PLAN),
+    ):
+        assert all(isinstance(p, TaskPlan) for p in plan.values())
+        fields = plan_fields(plan)
+        assert {k: getattr(cfg, k) for k in fields} == fields
+        assert list(cfg.modes) == list(cfg.groups) == list(cfg.knobs) == list(plan)
+    assert all(FULL not in p.modes for t, p in DEMO_PLAN.items() if t.startswith("registers"))
+    assert "registers-count" not in ReproConfig().patch_knobs  # a plan without causal lengths leaves the task out

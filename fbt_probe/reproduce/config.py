@@ -15,23 +15,67 @@ from fbt_probe.tasks import build_tokenizer, load_tokenizer, tokenizer_sha256
 from fbt_probe.training.config import TrainConfig
 from fbt_probe.training.recipes import RECIPES, recipe
 
-PROBE_KNOBS = {
-    "completion": [0, 8, 32],
-    "memory": [0, 8, 32],
-    "registers": [2, 4, 8],
-    "registers-count": [1, 2, 4, 8],
-}  # training lengths
-LONG_KNOBS = {
-    "completion": [0, 8, 32, 128, 256],
-    "memory": [0, 8, 32, 128, 256],
-    "registers": [2, 4, 8],
-    "registers-count": [1, 2, 4, 8],
-}  # --long: the paper's whole grid (past the training lengths)
-QUICK_KNOBS = {"completion": [8], "memory": [8], "registers": [2], "registers-count": [2]}
-FEEDBACK_MODES = ["standard", "recurrent:1", "jacobi:2"]
+STANDARD, RECURRENT_1, JACOBI_2, FULL = "standard", "recurrent:1", "jacobi:2", "full"
+FEEDBACK_MODES = [STANDARD, RECURRENT_1, JACOBI_2]
 # the paper's register conditions; recurrent:k names the paper's k-token suffix, mapped to this
 # tokenizer's token count through the dataset manifest (`suffix_modes`; identity for the built-in one)
-REGISTER_MODES = ["standard", "recurrent:1", "recurrent:2", "recurrent:4", "full", "jacobi:2"]
+REGISTER_MODES = [STANDARD, RECURRENT_1, "recurrent:2", "recurrent:4", FULL, JACOBI_2]
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """What the study does with one task: probe-set groups (completion and memory over the grid,
+    register tasks per cell), the lengths it probes, the prefill modes, and the lengths of the causal
+    experiments (None: the task is left out of them)."""
+
+    groups: int
+    knobs: tuple
+    modes: tuple
+    patch_knobs: tuple | None = None
+
+
+def _plan(**tasks: TaskPlan) -> dict:
+    return {t.replace("_", "-"): p for t, p in tasks.items()}
+
+
+# the full study, one line per task: the paper's 80 / 128 groups (register cells: 32 of its 128 keep
+# the extraction short), the training lengths, the paper's modes, causal experiments at every length
+FULL_PLAN = _plan(
+    completion=TaskPlan(80, (0, 8, 32), tuple(FEEDBACK_MODES), (0, 8, 32)),
+    memory=TaskPlan(128, (0, 8, 32), tuple(FEEDBACK_MODES), (0, 8, 32)),
+    registers=TaskPlan(32, (2, 4, 8), tuple(REGISTER_MODES), (2, 4, 8)),
+    registers_count=TaskPlan(32, (1, 2, 4, 8), tuple(REGISTER_MODES)),
+)
+# `make demo`: fewer groups, no `full` recurrence on the register tasks, one causal length per task
+DEMO_PLAN = _plan(
+    completion=TaskPlan(40, (0, 8, 32), tuple(FEEDBACK_MODES), (8,)),
+    memory=TaskPlan(64, (0, 8, 32), tuple(FEEDBACK_MODES), (8,)),
+    registers=TaskPlan(8, (2, 4, 8), tuple(m for m in REGISTER_MODES if m != FULL), (2,)),
+    registers_count=TaskPlan(8, (1, 2, 4, 8), tuple(m for m in REGISTER_MODES if m != FULL)),
+)
+# --quick: every stage in minutes
+QUICK_PLAN = _plan(
+    completion=TaskPlan(12, (8,), (STANDARD, RECURRENT_1), (8,)),
+    memory=TaskPlan(12, (8,), (STANDARD, RECURRENT_1), (8,)),
+    registers=TaskPlan(6, (2,), (STANDARD, RECURRENT_1, FULL), (2,)),
+    registers_count=TaskPlan(6, (2,), (STANDARD, RECURRENT_1)),
+)
+LONG_LENGTHS = {"completion": (0, 8, 32, 128, 256), "memory": (0, 8, 32, 128, 256)}  # --long: the paper's grid
+
+
+def plan_fields(plan: dict) -> dict:
+    """The ReproConfig fields (task -> value dicts) of a per-task plan."""
+    return {
+        "groups": {t: p.groups for t, p in plan.items()},
+        "knobs": {t: list(p.knobs) for t, p in plan.items()},
+        "modes": {t: list(p.modes) for t, p in plan.items()},
+        "patch_knobs": {t: list(p.patch_knobs) for t, p in plan.items() if p.patch_knobs is not None},
+    }
+
+
+PROBE_KNOBS = plan_fields(FULL_PLAN)["knobs"]  # the training lengths
+LONG_KNOBS = {**PROBE_KNOBS, **{t: list(k) for t, k in LONG_LENGTHS.items()}}  # past the training lengths
+QUICK_KNOBS = plan_fields(QUICK_PLAN)["knobs"]
 # the exact causal experiments of the study, in the registry's order, each under its study modes
 EXPERIMENTS = tuple(name for name, e in REGISTRY.items() if e.study_modes)
 
@@ -44,29 +88,18 @@ class ReproConfig:
     recipe: str | None = "reference"
     """The training recipe of --train (`fbt_probe.training.recipes`; the shipped models' own); None:
     `TrainConfig`'s defaults (--quick trains that way, 60 steps)."""
-    groups: dict = field(
-        default_factory=lambda: {"completion": 80, "memory": 128, "registers": 32, "registers-count": 32}
-    )
+    groups: dict = field(default_factory=lambda: plan_fields(FULL_PLAN)["groups"])
     """Probe-set groups per task (held-out contexts only): completion and memory over the grid (the
     paper's 80 and 128), register tasks per cell (the paper's 128; 32 keeps the study's extraction short)."""
-    knobs: dict = field(default_factory=lambda: dict(PROBE_KNOBS))
-    modes: dict = field(
-        default_factory=lambda: {
-            "completion": FEEDBACK_MODES,
-            "memory": FEEDBACK_MODES,
-            "registers": REGISTER_MODES,
-            "registers-count": REGISTER_MODES,
-        }
-    )
+    knobs: dict = field(default_factory=lambda: plan_fields(FULL_PLAN)["knobs"])
+    modes: dict = field(default_factory=lambda: plan_fields(FULL_PLAN)["modes"])
     eval_pairs: int = 16
     passes: int = 32  # contraction diagnostic
     contraction_docs: int = 100
     """Held-out validation documents per task in the contraction diagnostic (the ratio's interval
     resamples them)."""
     patch_pairs: int = 20  # pairs per cell in the causal experiments
-    patch_knobs: dict = field(
-        default_factory=lambda: {t: list(PROBE_KNOBS[t]) for t in ("completion", "memory", "registers")}
-    )
+    patch_knobs: dict = field(default_factory=lambda: plan_fields(FULL_PLAN)["patch_knobs"])
     """Task -> lengths of the causal experiments (a task not named is left out): every probe length
     (effects such as the feedback swap change with length, so each length is reported on its own)."""
     model: str | None = None  # a user checkpoint (paper-1b path): no training
@@ -86,20 +119,12 @@ class ReproConfig:
         base = dict(
             steps=60,
             recipe=None,
-            groups={"completion": 12, "memory": 12, "registers": 6, "registers-count": 6},
-            knobs=dict(QUICK_KNOBS),
+            **plan_fields(QUICK_PLAN),
             eval_pairs=8,
             passes=6,
             contraction_docs=4,
             patch_pairs=5,
             quick=True,
-            patch_knobs={"completion": [8], "memory": [8], "registers": [2]},
-            modes={
-                "completion": ["standard", "recurrent:1"],
-                "memory": ["standard", "recurrent:1"],
-                "registers": ["standard", "recurrent:1", "full"],
-                "registers-count": ["standard", "recurrent:1"],
-            },
         )
         return cls(**{**base, **kw})
 
@@ -112,18 +137,11 @@ class ReproConfig:
         settings (`methods.methods_settings`), and the causal experiments at one length per task
         (completion and memory 8, registers 2). The full study: `fbt-probe reproduce` without --demo."""
         base = dict(
-            groups={"completion": 40, "memory": 64, "registers": 8, "registers-count": 8},
+            **plan_fields(DEMO_PLAN),
             eval_pairs=8,
             patch_pairs=10,
             contraction_docs=4,  # 16 documents within the demo budget; the full study reads 100 a task
             demo=True,
-            patch_knobs={"completion": [8], "memory": [8], "registers": [2]},
-            modes={
-                "completion": FEEDBACK_MODES,
-                "memory": FEEDBACK_MODES,
-                "registers": [m for m in REGISTER_MODES if m != "full"],
-                "registers-count": [m for m in REGISTER_MODES if m != "full"],
-            },
         )
         return cls(**{**base, **kw})
 

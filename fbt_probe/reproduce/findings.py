@@ -12,7 +12,7 @@ from fbt_probe.probes.robustness import pooled_by_variant
 from fbt_probe.provenance import git_commit
 from fbt_probe.reference import names, record
 from fbt_probe.reproduce import rules
-from fbt_probe.reproduce.config import model_path, shipped_name
+from fbt_probe.reproduce.config import RECURRENT_1, STANDARD, model_path, shipped_name
 from fbt_probe.reproduce.seeds import rows as seed_rows
 from fbt_probe.reproduce.seeds import spread
 from fbt_probe.reproduce.tables import PAPER_DEPTH0, SETTING, _summary, per_length, pooled_accuracy, probe_cells
@@ -35,7 +35,7 @@ def answer_groups(g: pd.DataFrame) -> int:
     return int(g["n"].max()) // 2 if len(g) else 0
 
 
-def answer_accuracy(out: Path, model: str, task: str, mode: str = "standard") -> tuple[float, float, float, int]:
+def answer_accuracy(out: Path, model: str, task: str, mode: str = STANDARD) -> tuple[float, float, float, int]:
     """(accuracy over every length's samples, Wilson low, high, samples); the Wilson interval has
     n = `answer_groups` (docs/statistics.md)."""
     acc = pd.read_parquet(out / "eval" / "accuracy.parquet")
@@ -52,7 +52,7 @@ def depth0(out: Path, model: str, task: str, mode: str) -> tuple[float, float, f
     return r["value"], r["ci_low"], r["ci_high"]
 
 
-def depth0_scope(out: Path, model: str, task: str, mode: str = "recurrent:1") -> str:
+def depth0_scope(out: Path, model: str, task: str, mode: str = RECURRENT_1) -> str:
     """'pooled over lengths 0, 8, 32: 1152 held-out predictions of 64 groups'."""
     r = pooled_accuracy(out, probe_cells(out, model, task, mode), task)
     if not r["n"]:
@@ -152,7 +152,7 @@ def swap_sentences(out: Path, task: str, seeds) -> list[str]:
     t = rules.trend(norm, "the effect") if len(norm) else None
     line = (
         f"Swapping the carried state at the final position with the partner sample's moves {task}'s answer by a "
-        f"normalized {by_length}{spread(seeds, 'feedback', 'swap-effect', task, 'recurrent:1')} (1 = the answer "
+        f"normalized {by_length}{spread(seeds, 'feedback', 'swap-effect', task, RECURRENT_1)} (1 = the answer "
         "follows the swapped-in state, 0 = ignores it; group-bootstrap 95 % CI, the pairs of one group resampled "
         "together; Fig. *ablation-bars-feedback*)"
         + (f"; {t.sentence}" if t is not None and t.verdict != "single-length" else "")
@@ -214,11 +214,11 @@ def register_findings(cfg, out: Path, task: str, seeds) -> list[str]:
         + f" ({depth0_scope(out, 'feedback', task, modes[0])}; {DEPTH0_CI}; Fig. 7b)."
     )
     if "baseline" in cfg.models():
-        b = depth0(out, "baseline", task, "recurrent:1")
+        b = depth0(out, "baseline", task, RECURRENT_1)
         if b[0] == b[0]:
             line += (
                 f" The baseline, whose fusion was never trained, reads {fmt(*b)}"
-                f"{spread(seeds, 'baseline', 'depth0-decodability', task, 'recurrent:1')} under `recurrent:1`."
+                f"{spread(seeds, 'baseline', 'depth0-decodability', task, RECURRENT_1)} under `recurrent:1`."
             )
     lines = [line]
     depths = sorted(
@@ -315,24 +315,24 @@ def headline(cfg, out: Path) -> pd.DataFrame:
     tasks = list(cfg.modes)
     for m in cfg.models():
         for task in tasks:
-            rows.append((m, "answer-accuracy", task, "standard", *answer_accuracy(out, m, task)[:3]))
+            rows.append((m, "answer-accuracy", task, STANDARD, *answer_accuracy(out, m, task)[:3]))
         if m == "feedback" and tasks:
             rows.append((m, "answer-accuracy", tasks[0], "full", *answer_accuracy(out, m, tasks[0], "full")[:3]))
         # completion and memory: Fig. 7a's two modes; the register tasks: every mode of Fig. 7b
         for task in [t for t in tasks if t in ("completion", "memory") or t.startswith("registers")]:
-            modes = depth0_modes(cfg, out, m, task) if task.startswith("registers") else ("standard", "recurrent:1")
+            modes = depth0_modes(cfg, out, m, task) if task.startswith("registers") else (STANDARD, RECURRENT_1)
             for mode in modes:
                 rows.append((m, "depth0-decodability", task, mode, *depth0(out, m, task, mode)))
             eff = swap_effect(out, m, task)
             if eff is not None:
-                rows.append((m, "swap-effect", task, "recurrent:1", *eff))
+                rows.append((m, "swap-effect", task, RECURRENT_1, *eff))
                 for r in per_length(_summary(out, m, "feedback-swap"), task, "state").itertuples():
                     rows.append(
                         (
                             m,
                             f"swap-effect-length-{int(r.length_knob)}",
                             task,
-                            "recurrent:1",
+                            RECURRENT_1,
                             r.mean,
                             r.ci_low,
                             r.ci_high,
@@ -362,7 +362,7 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
         for task in tasks:
             p, lo, hi, n = answer_accuracy(out, m, task)
             learned[(m, task)] = lo > CHANCE
-            parts.append(f"{task} {fmt(p, lo, hi)}" + spread(seeds, m, "answer-accuracy", task, "standard"))
+            parts.append(f"{task} {fmt(p, lo, hi)}" + spread(seeds, m, "answer-accuracy", task, STANDARD))
         what = "The feedback model" if m == "feedback" else "The no-feedback baseline"
         lines.append(
             f"{what} answers held-out samples under standard prefill with accuracy "
@@ -372,13 +372,13 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
         accs = {task: answer_accuracy(out, m, task)[:3] for task in tasks}
         lines.append(rules.recomputable(what, accs).sentence + ".")
     for task in [t for t in ("completion", "memory") if t in tasks]:
-        rec, std = depth0(out, "feedback", task, "recurrent:1"), depth0(out, "feedback", task, "standard")
+        rec, std = depth0(out, "feedback", task, RECURRENT_1), depth0(out, "feedback", task, STANDARD)
         if rec[0] == rec[0]:
             paper = PAPER_DEPTH0.get(task)
             lines.append(
                 f"At depth 0, {task}'s label is linearly decodable at {fmt(*rec)} after one recurrent prefill "
-                f"step (`recurrent:1`){spread(seeds, 'feedback', 'depth0-decodability', task, 'recurrent:1')} "
-                f"against {fmt(*std)} under standard prefill{spread(seeds, 'feedback', 'depth0-decodability', task, 'standard')}"
+                f"step (`recurrent:1`){spread(seeds, 'feedback', 'depth0-decodability', task, RECURRENT_1)} "
+                f"against {fmt(*std)} under standard prefill{spread(seeds, 'feedback', 'depth0-decodability', task, STANDARD)}"
                 + (f" (paper: {paper:.3f} and chance, on its 1B general language model)" if paper else "")
                 + f"; {depth0_scope(out, 'feedback', task)}; {DEPTH0_CI} (Fig. 7a). {SETTING}"
                 + (
@@ -388,18 +388,18 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
                 )
             )
             pairs = {
-                m: (depth0(out, m, task, "recurrent:1")[0], carried_state_accuracy(out, m, task))
+                m: (depth0(out, m, task, RECURRENT_1)[0], carried_state_accuracy(out, m, task))
                 for m in models
                 if carried_state_accuracy(out, m, task) == carried_state_accuracy(out, m, task)
             }
             if pairs:
                 lines.append(rules.readout(task, pairs).sentence + " (Fig. 7a's carried-state line).")
         if "baseline" in models:
-            b = depth0(out, "baseline", task, "recurrent:1")
+            b = depth0(out, "baseline", task, RECURRENT_1)
             if b[0] == b[0]:
                 lines.append(
                     f"The baseline, whose fusion weights were never trained, reads {fmt(*b)}"
-                    f"{spread(seeds, 'baseline', 'depth0-decodability', task, 'recurrent:1')} at depth 0 under "
+                    f"{spread(seeds, 'baseline', 'depth0-decodability', task, RECURRENT_1)} at depth 0 under "
                     f"`recurrent:1` on {task}: a random map of a state that already encodes the label, so "
                     "decodability alone does not show that the feedback was learned (Fig. 7a, dashed)."
                     + _variants_sentence(out, task)
@@ -480,7 +480,7 @@ def shipped_comparison(cfg, out: Path) -> list[str]:
             )
             continue
         ship = pd.DataFrame(rec["accuracy"]["rows"])
-        ship = ship[ship["mode"] == "standard"].groupby("task")[["correct", "n"]].sum()
+        ship = ship[ship["mode"] == STANDARD].groupby("task")[["correct", "n"]].sum()
         parts = []
         for task in [t for t in cfg.modes if t in ship.index]:
             p, lo, hi, _ = answer_accuracy(out, m, task)

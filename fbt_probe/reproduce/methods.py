@@ -19,11 +19,11 @@ from fbt_probe.interventions.runner import run
 from fbt_probe.io import atomic_dir, read_json
 from fbt_probe.lens.sweep import LensConfig, run_lens, write_lens
 from fbt_probe.loading import checkpoint_hash, load_model, load_pairs
-from fbt_probe.reproduce.config import model_path
+from fbt_probe.reproduce.config import JACOBI_2, RECURRENT_1, STANDARD, model_path
 from fbt_probe.tasks.generators import suffix_modes
 
-ATP_MODES = ("standard", "recurrent:1", "jacobi:2")
-LENS_MODES = ("standard", "recurrent:1", "full", "jacobi:3")
+ATP_MODES = (STANDARD, RECURRENT_1, JACOBI_2)
+LENS_MODES = (STANDARD, RECURRENT_1, "full", "jacobi:3")
 FEEDBACK = "fusion.hook_feedback"
 MODEL_WORDS = {"feedback": "feedback model", "baseline": "no-feedback baseline"}
 """How figure titles name the study's models (a figure of one model must say which)."""
@@ -54,9 +54,7 @@ def methods_settings(cfg) -> dict:
         "das_steps": pick(20, 40, 60),
         "das_lr": 0.02,
         "das_folds": pick(2, 2, 3),
-        "lens_modes": pick(
-            ["standard", "recurrent:1", "jacobi:2"], ["standard", "recurrent:1", "jacobi:3"], list(LENS_MODES)
-        ),
+        "lens_modes": pick([STANDARD, RECURRENT_1, JACOBI_2], [STANDARD, RECURRENT_1, "jacobi:3"], list(LENS_MODES)),
         "lens_steps": pick(30, 100, 300),
         "knobs": methods_knobs(cfg),
     }
@@ -121,7 +119,7 @@ def stage_methods(cfg, out: Path, name: str) -> None:
                 df,
                 PatchConfig(
                     "das",
-                    modes=_mapped(("recurrent:1",), mapping),
+                    modes=_mapped((RECURRENT_1,), mapping),
                     options=DasOptions(
                         ks=tuple(s["das_ks"]),
                         steps=s["das_steps"],
@@ -284,13 +282,13 @@ def side_by_side(out: Path, models: list[str], knobs: dict) -> pd.DataFrame:
                     (acc["model"] == n)
                     & (acc["task"] == task)
                     & (acc["length_knob"] == knob)
-                    & (acc["mode"] == "recurrent:1")
+                    & (acc["mode"] == RECURRENT_1)
                 ]
                 row["answer acc."] = _fmt(a["accuracy"].mean()) if len(a) else "n/a"
             if probes is not None:
                 p = probes[
                     (probes["task"] == task)
-                    & (probes["mode"] == "recurrent:1")
+                    & (probes["mode"] == RECURRENT_1)
                     & (probes["depth"] == 0)
                     & (probes["length"] == knob)
                     & (probes["metric"] == "accuracy")
@@ -342,7 +340,7 @@ def _largest(s: pd.DataFrame | None, task: str, exp: str, where: str) -> str:
     if s is None:
         return "n/a"
     sel = s[
-        (s["experiment"] == exp) & (s["task"] == task) & (s["mode"] == "recurrent:1") & (s["direction"] == "denoising")
+        (s["experiment"] == exp) & (s["task"] == task) & (s["mode"] == RECURRENT_1) & (s["direction"] == "denoising")
     ]
     if exp == "attribution":
         sel = sel[sel["method"] == "atp"]

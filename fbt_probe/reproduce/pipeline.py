@@ -25,6 +25,7 @@ from fbt_probe.reference import names, record
 from fbt_probe.reproduce.config import (
     EXPERIMENTS,
     EXTRACT_BATCH,
+    RECURRENT_1,
     ReproConfig,
     model_path,
     schedule_label,
@@ -146,7 +147,7 @@ def stage_probe(cfg: ReproConfig, out: Path, name: str) -> None:
     with atomic_path(out / "results" / "probes" / name / "probes.parquet") as tmp:
         pd.concat(tables, ignore_index=True).to_parquet(tmp, index=False)
     panel = [
-        robustness(out / "acts" / name / task, "recurrent:1", 0, ProbeConfig(seed=cfg.seed))
+        robustness(out / "acts" / name / task, RECURRENT_1, 0, ProbeConfig(seed=cfg.seed))
         for task in ROBUSTNESS_TASKS
         if task in cfg.modes
     ]

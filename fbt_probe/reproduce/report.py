@@ -16,7 +16,7 @@ from fbt_probe.io import atomic_dir, atomic_path
 from fbt_probe.loading import checkpoint_hash
 from fbt_probe.probes.robustness import pooled_by_variant
 from fbt_probe.provenance import provenance
-from fbt_probe.reproduce.config import model_path, shipped_name, training_note
+from fbt_probe.reproduce.config import RECURRENT_1, STANDARD, model_path, shipped_name, training_note
 from fbt_probe.reproduce.config import tokenizer as study_tokenizer
 from fbt_probe.reproduce.findings import findings, headline, same_kind, shipped_comparison, study_kind
 from fbt_probe.reproduce.methods import MODEL_WORDS, figure_jobs, methods_section
@@ -191,7 +191,7 @@ def depth0_table(out: Path, models: list[str]) -> pd.DataFrame:
             maj = g[g["metric"] == "majority_baseline"]["value"].to_numpy()
             ctl = g[g["metric"] == "control_accuracy"]["value"].to_numpy()
             r = pooled_accuracy(out, acc, task)
-            paper = PAPER_DEPTH0.get(task) if mode == "recurrent:1" else (0.5 if mode == "standard" else None)
+            paper = PAPER_DEPTH0.get(task) if mode == RECURRENT_1 else (0.5 if mode == STANDARD else None)
             rows.append(
                 {
                     "model": n,
@@ -203,7 +203,7 @@ def depth0_table(out: Path, models: list[str]) -> pd.DataFrame:
                     "cell spread": f"{acc['value'].min():.3f}–{acc['value'].max():.3f}" if len(acc) else "",
                     "majority baseline": f"{maj.mean():.3f}" if len(maj) else "",
                     "control task": f"{ctl.mean():.3f}" if len(ctl) else "",
-                    "paper": "" if paper is None else (f"{paper:.3f}" + (" (chance)" if mode == "standard" else "")),
+                    "paper": "" if paper is None else (f"{paper:.3f}" + (" (chance)" if mode == STANDARD else "")),
                 }
             )
     return pd.DataFrame(rows)
@@ -269,7 +269,7 @@ def causal_table(out: Path, models: list[str]) -> pd.DataFrame:
 def accuracy_table(out: Path) -> pd.DataFrame:
     acc = pd.read_parquet(out / "eval" / "accuracy.parquet")
     t = acc.pivot_table(index=["model", "task", "length_knob"], columns="decoding", values="accuracy").round(3)
-    order = [c for c in ("Std/Soft", "Fused", "recurrent:1", "jacobi:3", "full") if c in t.columns]
+    order = [c for c in ("Std/Soft", "Fused", RECURRENT_1, "jacobi:3", "full") if c in t.columns]
     return t[order + [c for c in t.columns if c not in order]].reset_index()
 
 

@@ -18,6 +18,7 @@ import pandas as pd
 from fbt_probe.io import atomic_dir
 from fbt_probe.loading import load_data
 from fbt_probe.modes import parse_modes
+from fbt_probe.reproduce.config import JACOBI_2, RECURRENT_1
 from fbt_probe.reproduce.methods import FEEDBACK, _fmt, _mapped, _model, _per_task, _task_pairs, methods_knobs, tables
 from fbt_probe.sae.analyze import TOP, analyze, quality, sparsity_sentence
 from fbt_probe.sae.data import collect, saelens_metadata
@@ -36,7 +37,7 @@ def sae_settings(cfg) -> dict | None:
     quick = cfg.quick
     return {
         "hook": FEEDBACK,
-        "train_mode": "jacobi:2",
+        "train_mode": JACOBI_2,
         "positions": "fed",
         "architectures": ["topk", "jumprelu"],
         "expansion": 2 if quick else 4,
@@ -45,8 +46,8 @@ def sae_settings(cfg) -> dict | None:
         "steps": 100 if quick else 2000,
         "batch_size": 256,
         "lr": 2e-3,
-        "mode": "recurrent:1",
-        "modes": ["recurrent:1"] if quick else ["recurrent:1", "jacobi:3"],
+        "mode": RECURRENT_1,
+        "modes": [RECURRENT_1] if quick else [RECURRENT_1, "jacobi:3"],
         "ks": [1, 2] if quick else [1, 2, 4, 8, 16, 32],
         "max_pairs": 3 if quick else cfg.patch_pairs,
         "n_boot": 200 if quick else 1000,
@@ -142,7 +143,7 @@ def probe_depth0(out: Path) -> pd.DataFrame | None:
     if not p.is_file():
         return None
     t = pd.read_parquet(p)
-    t = t[(t["mode"] == "recurrent:1") & (t["depth"] == 0) & (t["metric"] == "accuracy")]
+    t = t[(t["mode"] == RECURRENT_1) & (t["depth"] == 0) & (t["metric"] == "accuracy")]
     return t.groupby("task", as_index=False)["value"].mean().rename(columns={"value": "accuracy"})
 
 
