@@ -121,3 +121,10 @@ def test_the_contraction_verdict_needs_its_interval_on_one_side_of_the_threshold
     v = rules.contraction(1.0, 0.16, 32, ci=(0.12, 0.21), documents=400)
     assert v.verdict == "does not contract" and "[0.12, 0.21] over 400 documents" in v.sentence
     assert rules.contraction(1.0, 0.09, 32, ci=(0.06, 0.13)).verdict.startswith("is not resolved")
+
+
+def test_das_above_the_full_swap_is_named_the_illusion_pattern_with_its_control():
+    ex = rules.das_illusion("memory", (1.0, 0.72, 1.0), 0.5, ((0.8, 0.55, 0.93), 0.1))
+    assert ex.verdict == "exceeds" and "illusion" in ex.sentence and "the control shows the same excess" in ex.sentence
+    within = rules.das_illusion("memory", (0.6, 0.4, 0.77), 0.76, ((0.2, 0.1, 0.4), 0.3))
+    assert within.verdict == "within" and "illusion" not in within.sentence and "same excess" not in within.sentence

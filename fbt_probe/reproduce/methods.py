@@ -19,6 +19,7 @@ from fbt_probe.interventions.runner import run
 from fbt_probe.io import atomic_dir, read_json
 from fbt_probe.lens.sweep import LensConfig, run_lens, write_lens
 from fbt_probe.loading import checkpoint_hash, load_model, load_pairs
+from fbt_probe.reproduce import rules
 from fbt_probe.reproduce.config import JACOBI_2, RECURRENT_1, STANDARD, model_path
 from fbt_probe.tasks.generators import suffix_modes
 
@@ -335,6 +336,30 @@ def side_by_side(out: Path, models: list[str], knobs: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def das_sentences(out: Path, models: list[str], tasks) -> list[str]:
+    """Per task, DAS k = 1 against the full-vector swap on the feedback model, with the untrained-fusion
+    baseline as its control where DAS ran on it (`rules.das_illusion`)."""
+
+    def pair(name, task):
+        das = tables(out, name)["das"]
+        k1 = _summary_value(
+            das, task=task, condition=FEEDBACK, method="das", subspace_dim=1, metric="iia", length_knob=-1
+        )
+        full = _summary_value(
+            das, task=task, condition=FEEDBACK, method="full-interchange", metric="iia", length_knob=-1
+        )
+        return None if k1[0] is None or full[0] is None else (tuple(float(x) for x in k1), float(full[0]))
+
+    lines = []
+    for task in tasks:
+        mine = pair("feedback", task) if "feedback" in models else None
+        if mine is None:
+            continue
+        control = pair("baseline", task) if "baseline" in models else None
+        lines.append(rules.das_illusion(task, mine[0], mine[1], control).sentence + ".")
+    return lines
+
+
 def _largest(s: pd.DataFrame | None, task: str, exp: str, where: str) -> str:
     """The denoising cell with the largest mean normalized effect under recurrent:1 (LD units if none)."""
     if s is None:
@@ -409,6 +434,8 @@ def methods_section(cfg, out: Path, md_table, figures: list[str]) -> tuple[str, 
         "untrained-fusion control. The last two columns give where exact residual patching (last positions only) "
         "and AtP (every cell) put the largest denoising effect.\n\n"
         + md_table(side_by_side(out, models, methods_knobs(cfg)))
+        + "".join(f"\n- {line}" for line in das_sentences(out, models, methods_knobs(cfg)))
+        + ("\n" if das_sentences(out, models, methods_knobs(cfg)) else "")
         + "\n**Lens**: probability of the correct label word at the final position read through the logit lens "
         "(final norm + tied unembedding) and a tuned lens (one affine translator per depth, identity init, KL to "
         "the final logits on half of the pair groups; shown on the other half), per prefill mode (Jacobi: its last "

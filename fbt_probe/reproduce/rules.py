@@ -11,6 +11,7 @@ opposite verdict is true (tests/test_rules.py).
 | recomputable  | each task's standard answer accuracy (value, low, high)     | recomputable / not                        |
 | readout       | depth-0 and carried-state probe accuracy per model          | read-out / not                            |
 | replication   | ours beside the paper's, per figure                         | replicates / does not replicate           |
+| das           | DAS k = 1 and full-swap IIA, on the model and its control   | exceeds (illusion pattern) / within       |
 | contraction   | state change at pass 2 and the last pass; per-seed ratios    | contracts / does not contract             |
 """
 
@@ -65,6 +66,11 @@ CRITERIA = {
     "fig3": (
         f"Fig. 3 replicates when validation loss at the last pass is within {FLAT_LOSS} nats of pass 1's "
         "(paper: flat to 30 passes)"
+    ),
+    "das": (
+        "DAS is said to exceed the full-vector swap when its k = 1 interchange accuracy's Wilson lower bound is "
+        "above the full swap's accuracy; the untrained-fusion baseline, where the fusion carries no learned "
+        "variable, is its control"
     ),
     "contraction": (
         f"the iteration contracts when the carried state's change at the last pass is below {CONTRACTS_BELOW} "
@@ -289,3 +295,32 @@ def contraction(
         if 0 < k < len(seed_ratios):
             verdict = f"contracts on {k} of {len(seed_ratios)} seeds"
     return Verdict("contraction", verdict, text)
+
+
+# ----------------------------------------------------------------------------- DAS illusion control
+def das_illusion(
+    task: str,
+    das: tuple[float, float, float],
+    full_swap: float,
+    control: tuple[tuple[float, float, float], float] | None = None,
+) -> Verdict:
+    """das: (DAS k = 1 IIA, Wilson low, high) on the model; full_swap: the full-vector interchange's IIA;
+    control: the same two on the untrained-fusion baseline."""
+    text = f"On {task}, DAS with k = 1 reaches an IIA of {_fmt(*das)} against the full-vector swap's {full_swap:.2f}"
+    ctrl = ""
+    if control is not None:
+        (c, clo, chi), cfull = control
+        ctrl = (
+            f"; on the untrained-fusion baseline, whose fusion carries no learned variable, DAS reads {_fmt(c, clo, chi)} "
+            f"against its full swap's {cfull:.2f}"
+        )
+        if clo > cfull:
+            ctrl += " (the control shows the same excess, so the subspace need not be what the model uses)"
+    if das[1] > full_swap:
+        return Verdict(
+            "das",
+            "exceeds",
+            text + ": a one-dimensional subspace moves the answer more than the whole vector, the pattern of the "
+            "interpretability illusion (a subspace that activates a pathway the model does not use)" + ctrl,
+        )
+    return Verdict("das", "within", text + ctrl)
