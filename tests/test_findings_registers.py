@@ -132,7 +132,10 @@ def test_findings_quote_seeds_of_their_own_study_kind_only(tmp_path):
     )
     assert same_kind(seeds, "demo")["seed"].tolist() == [0, 1]
     assert spread(same_kind(seeds, "full"), "feedback", "q", "t", "m") == ""  # one full seed: no range
-    assert spread(same_kind(seeds, "demo"), "feedback", "q", "t", "m") == " (seeds 0-1: mean 0.40, range 0.30-0.50, between-seed 95 % CI [0.00, 1.00])"
+    assert (
+        spread(same_kind(seeds, "demo"), "feedback", "q", "t", "m")
+        == " (seeds 0-1: mean 0.40, range 0.30-0.50, between-seed 95 % CI [0.00, 1.00])"
+    )
 
 
 def test_no_probes_no_register_findings(tmp_path):
@@ -165,4 +168,8 @@ def test_contraction_ratio_spread_keeps_small_ratios_and_counts_contracting_seed
     assert n == 2 and v.verdict == "contracts on 2 of 3 seeds" and "contracts on 2 of 3" in v.sentence
     assert "over training seeds" not in rules.contraction(1.0, ratios[0], 32, list(seeds["value"])[:1]).sentence
     # the default spec is unchanged for accuracies
-    assert spread(seeds, "feedback", "state-change-last/pass-2", "validation", "full").split(", between")[0].endswith("range 0.00-0.28")
+    assert (
+        spread(seeds, "feedback", "state-change-last/pass-2", "validation", "full")
+        .split(", between")[0]
+        .endswith("range 0.00-0.28")
+    )

@@ -12,6 +12,7 @@ opposite verdict is true (tests/test_rules.py).
 | readout       | depth-0 and carried-state probe accuracy per model          | read-out / not                            |
 | replication   | ours beside the paper's, per figure                         | replicates / does not replicate           |
 | das           | DAS k = 1 and full-swap IIA, on the model and its control   | exceeds (illusion pattern) / within       |
+| sae           | per k: label-latent and random-active shares of the swap      | sparse at k / not sparse                  |
 | contraction   | state change at pass 2 and the last pass; per-seed ratios    | contracts / does not contract             |
 """
 
@@ -71,6 +72,11 @@ CRITERIA = {
         "DAS is said to exceed the full-vector swap when its k = 1 interchange accuracy's Wilson lower bound is "
         "above the full swap's accuracy; the untrained-fusion baseline, where the fusion carries no learned "
         "variable, is its control"
+    ),
+    "sae": (
+        "an SAE is said to carry the swap's effect in k latents when the top-k label latents carry at least 0.8 "
+        "of the full-state swap's effect and k random latents active in the same pairs carry less (their "
+        "intervals apart); k is quoted against the most latents a pair can have active"
     ),
     "contraction": (
         f"the iteration contracts when the carried state's change at the last pass is below {CONTRACTS_BELOW} "
@@ -324,3 +330,47 @@ def das_illusion(
             "interpretability illusion (a subspace that activates a pathway the model does not use)" + ctrl,
         )
     return Verdict("das", "within", text + ctrl)
+
+
+# ----------------------------------------------------------------------------- SAE sparsity
+SAE_SHARE = 0.8
+
+
+def sae_sparsity(task: str, table: pd.DataFrame, max_active: int | None) -> Verdict:
+    """table: rows of one task with columns condition ("features": the top-k label latents, "random": k
+    random active latents), k, fraction, ci_low, ci_high (shares of the full-state swap's effect)."""
+    feats = table[table["condition"] == "features"].set_index("k").sort_index()
+    rand = table[table["condition"] == "random"].set_index("k")
+    of = "" if max_active is None else f" of at most {max_active} active latents"
+    for k, r in feats.iterrows():
+        if r["fraction"] < SAE_SHARE:
+            continue
+        if k in rand.index and rand.loc[k, "ci_high"] >= r["ci_low"]:
+            continue
+        ctrl = (
+            f", against {_fmt(rand.loc[k, 'fraction'], rand.loc[k, 'ci_low'], rand.loc[k, 'ci_high'])} for {k} random "
+            "active latents"
+            if k in rand.index
+            else " (no random-latent control at this k)"
+        )
+        return Verdict(
+            "sae",
+            f"sparse at {k}",
+            f"{task}: {k} label latent{'s' if k > 1 else ''}{of} carry "
+            f"{_fmt(r['fraction'], r['ci_low'], r['ci_high'])} of the full-state swap's effect{ctrl}",
+        )
+    shown = []
+    for k, r in feats.iterrows():
+        c = f"{r['fraction']:.2f}"
+        if k in rand.index:
+            c += f" vs random {rand.loc[k, 'fraction']:.2f}"
+        shown.append(f"k = {k}: {c}")
+    return Verdict(
+        "sae",
+        "not sparse",
+        f"{task}: not sparse — no k where the label latents carry {SAE_SHARE} of the swap's effect and k random "
+        "active latents carry less ("
+        + "; ".join(shown)
+        + ("" if max_active is None else f"; a pair has at most {max_active} active latents")
+        + ")",
+    )

@@ -18,9 +18,10 @@ import pandas as pd
 from fbt_probe.io import atomic_dir
 from fbt_probe.loading import load_data
 from fbt_probe.modes import parse_modes
+from fbt_probe.reproduce import rules
 from fbt_probe.reproduce.config import JACOBI_2, RECURRENT_1
 from fbt_probe.reproduce.methods import FEEDBACK, _fmt, _mapped, _model, _per_task, _task_pairs, methods_knobs, tables
-from fbt_probe.sae.analyze import TOP, analyze, quality, sparsity_sentence
+from fbt_probe.sae.analyze import TOP, analyze, quality
 from fbt_probe.sae.data import collect, saelens_metadata
 from fbt_probe.sae.metrics import reconstruction
 from fbt_probe.sae.model import SparseAutoencoder
@@ -172,7 +173,9 @@ def sentences(out: Path) -> list[str]:
     fr = t.get("fractions") if t else None
     if not fractions_ready(fr):
         return []
-    return [sparsity_sentence(fr, task) for task in sorted(fr["task"].unique())]
+    topk = t["saes"].get("topk")
+    most = None if topk is None or getattr(topk, "k", None) is None else 2 * int(topk.k)  # a pair: two samples' top-k
+    return [rules.sae_sparsity(task, fr[fr["task"] == task], most).sentence for task in sorted(fr["task"].unique())]
 
 
 def _settings_text(cfg, t: dict) -> str:
