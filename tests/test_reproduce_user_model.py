@@ -116,3 +116,25 @@ def test_checkpoints_the_feedback_study_does_not_apply_to_are_refused_before_any
         assert not out.exists()  # nothing written
     check_study_models(ReproConfig(model=str(ours), baseline=str(qwen)))  # a Qwen3 baseline: the untrained fusion
     check_study_models(ReproConfig(model=str(ours)))
+
+
+def test_the_study_device_is_refused_where_unavailable_and_keys_only_a_non_cpu_study(tmp_path):
+    import torch
+    from typer.testing import CliRunner
+
+    from fbt_probe.cli import app
+    from fbt_probe.reproduce.pipeline import build_stages
+
+    if not torch.cuda.is_available():
+        res = CliRunner().invoke(app, ["reproduce", "--device", "cuda", "--out", str(tmp_path / "s")])
+        assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+        assert "CUDA is not available" in res.output and not (tmp_path / "s").exists()
+    res = CliRunner().invoke(
+        app,
+        ["reproduce", "--device", "cpu", "--jobs", "1", "--model", str(tmp_path / "no"), "--out", str(tmp_path / "o")],
+    )
+    assert res.exit_code == 2 and "checkpoint folder not found" in res.output
+    cpu = {s.name: s.inputs for s in build_stages(ReproConfig(shipped=True), tmp_path)}
+    gpu = {s.name: s.inputs for s in build_stages(ReproConfig(shipped=True, device="cuda:1"), tmp_path)}
+    assert all("device" not in k for k in cpu.values())  # a CPU study keeps its stage keys
+    assert all(k.get("device") == "cuda:1" for k in gpu.values() if "seed" in k)

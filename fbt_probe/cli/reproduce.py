@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from fbt_probe.config import check_device
 from fbt_probe.config import preset as check_preset
 from fbt_probe.errors import FbtError
 from fbt_probe.reproduce import ReproConfig, reproduce
@@ -85,6 +86,12 @@ def reproduce_cmd(
             help="Stages run side by side in worker processes, each with cores/JOBS threads (default: 2 where there are 2 cores or more; 1 runs every stage in this process). The bytes of a stage's outputs can depend on its thread count: compare studies made with the same --jobs on the same machine.",
         ),
     ] = None,
+    device: Annotated[
+        str,
+        typer.Option(
+            help="Device every stage runs its model on (cpu, cuda, cuda:N); with cuda, one stage at a time (--jobs 1 is taken)."
+        ),
+    ] = "cpu",
 ) -> None:
     """Generate the task datasets, take the shipped feedback model and its no-feedback baseline (or
     train them: --train), run the contraction diagnostic, extract activations, fit the probe sweep, run the causal experiments,
@@ -96,7 +103,10 @@ def reproduce_cmd(
              fbt-probe reproduce --model runs/d20 --baseline runs/d20-base --out runs/d20-study
     """
 
-    jobs = default_jobs() if jobs is None else jobs
+    check_device(device)  # one line, before anything is read or written
+    jobs = (1 if device != "cpu" else default_jobs()) if jobs is None else jobs
+    if device != "cpu" and jobs > 1:
+        raise FbtError(f"--device {device} --jobs {jobs}: stages share the one device; run --jobs 1 on a GPU")
     start_workers(jobs)  # the workers' imports run beside this process's
 
     check_out(out, seeds=seeds is not None)  # before anything is made or read: a user's folder is never written into
@@ -112,6 +122,7 @@ def reproduce_cmd(
         "model": str(model) if model else None,
         "shipped": not (train or quick or model is not None),
         "methods": methods,
+        "device": device,
     }
     if steps is not None:
         kw["steps"] = steps

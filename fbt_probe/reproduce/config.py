@@ -102,6 +102,9 @@ class ReproConfig:
     patch_knobs: dict = field(default_factory=lambda: plan_fields(FULL_PLAN)["patch_knobs"])
     """Task -> lengths of the causal experiments (a task not named is left out): every probe length
     (effects such as the feedback swap change with length, so each length is reported on its own)."""
+    device: str = "cpu"
+    """Where every stage runs its model (cpu, cuda, cuda:N): a user checkpoint's study on a GPU. Stage
+    outputs made on another device are other bytes, so a device other than cpu is part of each key."""
     model: str | None = None  # a user checkpoint (paper-1b path): no training
     baseline: str | None = None  # with `model`: its no-feedback baseline checkpoint (none: the study has none)
     quick: bool = False
@@ -308,6 +311,13 @@ def model_path(cfg: ReproConfig, out: Path, name: str) -> Path:
     if cfg.shipped:
         return folder(shipped_name(cfg, name))
     return out / "models" / name
+
+
+def study_model(cfg: ReproConfig, out: Path, name: str):
+    """Study model `name` loaded on the study's device."""
+    from fbt_probe.loading import load_model
+
+    return load_model(str(model_path(cfg, out, name)), device=cfg.device)
 
 
 def shipped_name(cfg: ReproConfig, name: str) -> str:

@@ -32,7 +32,7 @@ MODEL_WORDS = {"feedback": "feedback model", "baseline": "no-feedback baseline"}
 
 def _model(cfg, out: Path, name: str):
     path = model_path(cfg, out, name)
-    return load_model(str(path)), {"model": str(path), "checkpoint_sha256": checkpoint_hash(path)}
+    return load_model(str(path), device=cfg.device), {"model": str(path), "checkpoint_sha256": checkpoint_hash(path)}
 
 
 def methods_knobs(cfg) -> dict:

@@ -18,7 +18,7 @@ from fbt_probe.interventions.combined import run_several
 from fbt_probe.interventions.registry import EXPERIMENTS as REGISTRY
 from fbt_probe.interventions.registry import PatchConfig, options_for
 from fbt_probe.io import atomic_dir, atomic_path, read_json
-from fbt_probe.loading import checkpoint_hash, checkpoint_kind, load_model, load_pairs
+from fbt_probe.loading import checkpoint_hash, checkpoint_kind, load_pairs
 from fbt_probe.probes.robustness import robustness
 from fbt_probe.probes.sweep import ProbeConfig, probe_sweep, write_results
 from fbt_probe.reference import names, record
@@ -31,6 +31,7 @@ from fbt_probe.reproduce.config import (
     schedule_label,
     shipped_name,
     study_contexts,
+    study_model,
     study_training,
     train_config,
 )
@@ -89,7 +90,7 @@ def stage_eval(cfg: ReproConfig, out: Path) -> None:
     knobs = _train_knobs(cfg) if not cfg.model else None  # a user run's own training lengths
     samples = eval_samples(tcfg, tok, pairs=cfg.eval_pairs, knobs=knobs, contexts=study_contexts(cfg, heldout))
     for name in cfg.models():
-        acc = answer_accuracy(load_model(str(model_path(cfg, out, name))), samples, tok)
+        acc = answer_accuracy(study_model(cfg, out, name), samples, tok)
         frames.append(acc.assign(model=name))
     with atomic_path(out / "eval" / "accuracy.parquet") as tmp:
         pd.concat(frames, ignore_index=True).to_parquet(tmp, index=False)
@@ -106,7 +107,7 @@ def stage_contraction(cfg: ReproConfig, out: Path) -> None:
     batch = validation_batch(study_training(cfg), tok, per_task=cfg.contraction_docs)
     ratios = []
     for name in cfg.models():
-        t, by_doc = contraction_by_document(load_model(str(model_path(cfg, out, name))), *batch, n_passes=cfg.passes)
+        t, by_doc = contraction_by_document(study_model(cfg, out, name), *batch, n_passes=cfg.passes)
         frames.append(t.assign(run=name, schedule=schedule_label(cfg, name), documents=by_doc.shape[1]))
         if cfg.passes >= 2:
             r, lo, hi = ratio_interval(by_doc, seed=cfg.seed)
@@ -132,6 +133,7 @@ def stage_extract(cfg: ReproConfig, out: Path, name: str) -> None:
             out / "acts" / name / task,
             force=True,
             batch_size=cfg.extract_batch(),
+            device=cfg.device,
         )
 
 
@@ -158,7 +160,7 @@ def stage_probe(cfg: ReproConfig, out: Path, name: str) -> None:
 
 def stage_patch(cfg: ReproConfig, out: Path, name: str) -> None:
     path = model_path(cfg, out, name)
-    model = load_model(str(path))
+    model = study_model(cfg, out, name)
     df = load_pairs(out / "data", tasks=set(cfg.patch_knobs))
     keep = [int(k) in cfg.patch_knobs[t] for t, k in zip(df["task"], df["length_knob"])]
     df = df[keep].reset_index(drop=True).__finalize__(df)  # each task at its own lengths
@@ -203,6 +205,8 @@ def methods_stages(cfg: ReproConfig, out: Path, name: str, ck: dict, after: list
 def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
     c = cfg.to_dict()
     ck = {k: c[k] for k in ("preset", "seed", "model")}
+    if cfg.device != "cpu":  # another device's outputs are other bytes
+        ck["device"] = cfg.device
     if cfg.shipped:  # a new shipped model (another package version) redoes every stage that reads it
         ck["shipped"] = {n: record(shipped_name(cfg, n))["checkpoint_sha256"] for n in cfg.models()}
     st = [
