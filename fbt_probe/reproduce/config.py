@@ -252,12 +252,15 @@ def study_contexts(cfg: ReproConfig, heldout):
     return HeldOutOfAll(splits.values())
 
 
+NOT_RECORDED = "not recorded"  # the schedule of a checkpoint without a training record
+
+
 def schedule_label(cfg: ReproConfig, name: str) -> str:
     """The pass schedule study model `name` was trained with ("constant:1" for one pass), or
     "not recorded" for an imported checkpoint."""
     t = trained_as(cfg, name)
     if t is None:
-        return "not recorded"
+        return NOT_RECORDED
     return "constant:1" if t.baseline else t.schedule
 
 

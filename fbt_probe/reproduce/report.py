@@ -16,7 +16,7 @@ from fbt_probe.io import atomic_dir, atomic_path
 from fbt_probe.loading import checkpoint_hash
 from fbt_probe.probes.robustness import pooled_by_variant
 from fbt_probe.provenance import provenance
-from fbt_probe.reproduce.config import RECURRENT_1, STANDARD, model_path, shipped_name, training_note
+from fbt_probe.reproduce.config import NOT_RECORDED, RECURRENT_1, STANDARD, model_path, shipped_name, training_note
 from fbt_probe.reproduce.config import tokenizer as study_tokenizer
 from fbt_probe.reproduce.findings import findings, headline, same_kind, shipped_comparison, study_kind
 from fbt_probe.reproduce.methods import MODEL_WORDS, figure_jobs, methods_section
@@ -122,7 +122,8 @@ def trained_passes(contraction: pd.DataFrame) -> dict:
     if "run" not in contraction or "schedule" not in contraction:
         return {}
     first = contraction.groupby("run", sort=False)["schedule"].first()
-    return {run: parse_schedule(str(s).split(" ")[0]).max_passes for run, s in first.items()}
+    # an imported checkpoint's schedule is not recorded: no trained depth to mark
+    return {run: parse_schedule(str(s).split(" ")[0]).max_passes for run, s in first.items() if s != NOT_RECORDED}
 
 
 def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
