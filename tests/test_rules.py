@@ -68,8 +68,10 @@ def test_redundancy_and_recomputable_follow_their_bounds():
     assert rules.redundancy((0.60, 0.45, 0.74), 0.49, "memory").verdict == "needed"
     ok = rules.recomputable("The feedback model", {"completion": (1.0, 0.68, 1.0), "memory": (0.99, 0.9, 1.0)})
     assert ok.verdict == "recomputable"
-    no = rules.recomputable("The feedback model", {"completion": (1.0, 0.68, 1.0), "compose": (0.55, 0.43, 0.66)})
+    no = rules.recomputable("The feedback model", {"completion": (1.0, 0.68, 1.0), "compose": (0.85, 0.6, 0.95)})
     assert no.verdict == "not-recomputable" and "compose" in no.sentence
+    random = rules.recomputable("The feedback model", {"completion": (0.0, 0.0, 0.32), "memory": (0.55, 0.43, 0.66)})
+    assert random.verdict == "not-answered" and "completion, memory" in random.sentence
 
 
 def test_readout_needs_both_models_to_match_their_carried_state():
@@ -113,7 +115,7 @@ def test_every_rule_states_its_criterion():
 
 def test_a_model_near_chance_on_one_task_is_not_called_recomputable():
     # 0.96 on 8 groups has a Wilson interval [0.6x, 1.0] above chance; 0.75 on 8 groups holds chance
-    assert rules.recomputable("m", {"a": (0.96, 0.62, 1.0), "b": (0.75, 0.41, 0.93)}).verdict == "not-recomputable"
+    assert rules.recomputable("m", {"a": (0.96, 0.62, 1.0), "b": (0.75, 0.41, 0.93)}).verdict == "not-answered"
 
 
 def test_the_contraction_verdict_needs_its_interval_on_one_side_of_the_threshold():

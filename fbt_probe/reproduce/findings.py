@@ -15,7 +15,15 @@ from fbt_probe.reproduce import rules
 from fbt_probe.reproduce.config import RECURRENT_1, STANDARD, model_path, shipped_name
 from fbt_probe.reproduce.seeds import rows as seed_rows
 from fbt_probe.reproduce.seeds import spread
-from fbt_probe.reproduce.tables import PAPER_DEPTH0, SETTING, _summary, per_length, pooled_accuracy, probe_cells
+from fbt_probe.reproduce.tables import (
+    CHECKPOINT_SETTING,
+    PAPER_DEPTH0,
+    SETTING,
+    _summary,
+    per_length,
+    pooled_accuracy,
+    probe_cells,
+)
 from fbt_probe.stats import group_wilson, wilson
 
 CHANCE = 0.5
@@ -141,7 +149,7 @@ def carried_state_accuracy(out: Path, model: str, task: str) -> float:
     return float((t["value"] * t["n_test"]).sum() / t["n_test"].sum()) if len(t) else float("nan")
 
 
-def swap_sentences(out: Path, task: str, seeds) -> list[str]:
+def swap_sentences(out: Path, task: str, seeds, learned: bool = True) -> list[str]:
     """The feedback swap on `task`: the normalized effect per length and how it changes with length
     (rule `trend`), the answer per swap direction (rule `directions`), zero replacement beside it
     (rule `redundancy`)."""
@@ -164,7 +172,7 @@ def swap_sentences(out: Path, task: str, seeds) -> list[str]:
         d = rules.directions(follows, "the answer")
         lines.append(f"Per swap direction on {task}, {d.sentence} (Wilson 95 % CI with n = groups).")
     zero = replacement_accuracy(out, "feedback", task)
-    if zero is not None:
+    if zero is not None and learned:  # redundancy means something only where the model answers the task
         eff = swap_effect(out, "feedback", task)
         mean = replacement_accuracy(out, "feedback", task, "mean")
         v = rules.redundancy(zero, None if eff is None else eff[0], task, mean)
@@ -380,7 +388,8 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
                 f"step (`recurrent:1`){spread(seeds, 'feedback', 'depth0-decodability', task, RECURRENT_1)} "
                 f"against {fmt(*std)} under standard prefill{spread(seeds, 'feedback', 'depth0-decodability', task, STANDARD)}"
                 + (f" (paper: {paper:.3f} and chance, on its 1B general language model)" if paper else "")
-                + f"; {depth0_scope(out, 'feedback', task)}; {DEPTH0_CI} (Fig. 7a). {SETTING}"
+                + f"; {depth0_scope(out, 'feedback', task)}; {DEPTH0_CI} (Fig. 7a). "
+                + (CHECKPOINT_SETTING if cfg.model else SETTING)
                 + (
                     f" By the criterion below, Fig. 7a's pattern {rules.fig7a(task, rec, std, paper).verdict}."
                     if paper
@@ -404,7 +413,7 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
                     "decodability alone does not show that the feedback was learned (Fig. 7a, dashed)."
                     + _variants_sentence(out, task)
                 )
-        lines += swap_sentences(out, task, seeds)
+        lines += swap_sentences(out, task, seeds, learned.get(("feedback", task), False))
     regs = [t for t in tasks if t.startswith("registers")]
     if regs:
         dead = [t for t in regs if not learned.get(("feedback", t), False)]

@@ -190,8 +190,9 @@ def redundancy(
 # ----------------------------------------------------------------------------- recomputable
 def recomputable(model_label: str, accs: dict[str, tuple[float, float, float]]) -> Verdict:
     """accs: task -> (standard answer accuracy, Wilson low, high)."""
-    bad = [t for t, (p, lo, _) in accs.items() if not (p >= RECOMPUTABLE and lo > CHANCE)]
-    if accs and not bad:
+    chance = [t for t, (_, lo, _) in accs.items() if lo <= CHANCE]
+    weak = [t for t, (p, lo, _) in accs.items() if lo > CHANCE and p < RECOMPUTABLE]
+    if accs and not chance and not weak:
         low = min(p for p, _, _ in accs.values())
         return Verdict(
             "recomputable",
@@ -200,11 +201,18 @@ def recomputable(model_label: str, accs: dict[str, tuple[float, float, float]]) 
             "always be recomputed without the carried state, so an effect of the state shows that the model reads "
             "it when it is there, not that the task needs it",
         )
+    if chance:
+        return Verdict(
+            "recomputable",
+            "not-answered",
+            f"{model_label} does not answer {', '.join(chance)} above chance under standard prefill: the probes and "
+            "causal tests there read a model that has not learned the task",
+        )
     return Verdict(
         "recomputable",
         "not-recomputable",
-        f"{model_label} does not answer {', '.join(bad)} reliably under standard prefill (accuracy below "
-        f"{RECOMPUTABLE} or an interval that holds chance): there the carried state may be needed",
+        f"{model_label} answers {', '.join(weak)} above chance but below {RECOMPUTABLE} under standard prefill: "
+        "there the carried state may be needed",
     )
 
 
