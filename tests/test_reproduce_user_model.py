@@ -143,3 +143,15 @@ def test_the_study_device_is_refused_where_unavailable_and_keys_only_a_non_cpu_s
     gpu = {s.name: s.inputs for s in build_stages(ReproConfig(shipped=True, device="cuda:1"), tmp_path)}
     assert all("device" not in k for k in cpu.values())  # a CPU study keeps its stage keys
     assert all(k.get("device") == "cuda:1" for k in gpu.values() if "seed" in k)
+
+
+def test_the_study_under_several_processes_is_refused_naming_what_scales(monkeypatch, tmp_path):
+    import fbt_probe.distributed as distributed
+    from fbt_probe.cli.reproduce import check_one_process
+    from fbt_probe.errors import FbtError
+
+    check_one_process()  # one process: nothing to refuse
+    monkeypatch.setattr(distributed, "world", lambda: distributed.World(rank=1, size=4, local_rank=1))
+    with pytest.raises(FbtError, match="4 processes") as err:
+        check_one_process()
+    assert "extract, patch" in str(err.value) and "--device cuda" in str(err.value)

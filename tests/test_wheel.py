@@ -105,6 +105,7 @@ def test_the_installed_package_runs_from_another_folder(installed):
         "completion",
         "compose",
         "compose-s3",
+        "compose-s3-lines",
         "memory",
         "registers",
         "registers-count",

@@ -20,6 +20,19 @@ def register(app: typer.Typer) -> None:
     app.command("reproduce")(reproduce_cmd)
 
 
+def check_one_process() -> None:
+    """The study runs its stages in one process (and its own workers); under torchrun every process
+    would run the whole study into one folder: refused in one line naming what does scale."""
+    from fbt_probe.distributed import world
+
+    if world().several:
+        raise FbtError(
+            f"reproduce under torchrun ({world().size} processes): the study runs its stages from one process; run "
+            "its scaling stages as torchrun commands (extract, patch: docs/distributed.md) or reproduce --device "
+            "cuda on one GPU"
+        )
+
+
 def reproduce_cmd(
     out: Annotated[
         Path, typer.Option(help="Study folder (datasets, models, activations, results, figures, report).")
@@ -104,6 +117,7 @@ def reproduce_cmd(
     """
 
     check_device(device)  # one line, before anything is read or written
+    check_one_process()
     jobs = (1 if device != "cpu" else default_jobs()) if jobs is None else jobs
     if device != "cpu" and jobs > 1:
         raise FbtError(f"--device {device} --jobs {jobs}: stages share the one device; run --jobs 1 on a GPU")

@@ -275,7 +275,10 @@ def accuracy_table(out: Path) -> pd.DataFrame:
 
 
 def contraction_documents(out: Path) -> str:
-    t = pd.read_parquet(out / "diagnostics" / "contraction.parquet")
+    p = out / "diagnostics" / "contraction.parquet"
+    if not p.is_file():
+        return "the"
+    t = pd.read_parquet(p)
     return str(int(t["documents"].iloc[0])) if "documents" in t.columns and len(t) else "the"
 
 
