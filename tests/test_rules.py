@@ -65,7 +65,10 @@ def test_directions_name_a_swap_that_flips_one_way_only():
 
 def test_redundancy_and_recomputable_follow_their_bounds():
     assert rules.redundancy((0.99, 0.93, 1.0), 0.49, "completion").verdict == "redundant"
+    # 10 of 10 groups: Wilson [0.72, 1.00] is above chance: redundant, not "lost in part"
+    assert rules.redundancy((1.0, 0.72, 1.0), 0.34, "completion").verdict == "redundant"
     assert rules.redundancy((0.60, 0.45, 0.74), 0.49, "memory").verdict == "needed"
+    assert rules.redundancy((0.85, 0.55, 0.96), 0.49, "registers").verdict == "unresolved"
     ok = rules.recomputable("The feedback model", {"completion": (1.0, 0.68, 1.0), "memory": (0.99, 0.9, 1.0)})
     assert ok.verdict == "recomputable"
     no = rules.recomputable("The feedback model", {"completion": (1.0, 0.68, 1.0), "compose": (0.85, 0.6, 0.95)})

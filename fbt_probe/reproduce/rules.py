@@ -27,7 +27,7 @@ from fbt_probe.stats import group_wilson
 
 TREND_BOOT = 2000
 FOLLOWS, IGNORES = 0.9, 0.1  # a swap direction "flips" at or above FOLLOWS, "does not" at or below IGNORES
-REDUNDANT = 0.8  # zero replacement leaves the answer's Wilson lower bound at or above this: redundant
+REDUNDANT = 0.9  # zero replacement leaves the answer at or above this (its interval above chance): redundant
 RECOMPUTABLE = 0.95  # standard prefill's accuracy at or above this on every task, each interval above chance
 READOUT = 0.02  # depth 0 within this of the carried-state probe: a read-out of h(T-1)
 CONTRACTS_BELOW = 0.1  # last pass's state change below this share of pass 2's: contracts
@@ -45,8 +45,9 @@ CRITERIA = {
         f"least {FOLLOWS:.0%} of one direction's pairs and at most {IGNORES:.0%} of the other's"
     ),
     "redundancy": (
-        f"the carried state is called largely redundant when replacing it with zeros leaves the answer "
-        f"accuracy's Wilson lower bound at or above {REDUNDANT}"
+        f"the carried state is called largely redundant when replacing it with zeros leaves the answer accuracy "
+        f"at or above {REDUNDANT} with a Wilson interval above chance, and needed when the interval's upper end "
+        f"is below {REDUNDANT}"
     ),
     "recomputable": (
         f"a model can recompute the answer without the carried state when its standard-prefill answer "
@@ -176,7 +177,7 @@ def redundancy(
     text = f"with the carried state replaced by zeros, {task} is answered at {_fmt(p, lo, hi)}"
     if mean is not None:
         text += f" (by the mean state: {_fmt(*mean)})"
-    if lo >= REDUNDANT:
+    if p >= REDUNDANT and lo > CHANCE:
         extra = "" if swap_norm is None else f", although a swap moves it by a normalized {swap_norm:.2f}"
         return Verdict(
             "redundancy",
@@ -184,7 +185,9 @@ def redundancy(
             text + f": the state is largely redundant{extra} (the model reads it when it is there, "
             "but recovers the answer without it)",
         )
-    return Verdict("redundancy", "needed", text + ": without the state the answer is lost in part")
+    if hi < REDUNDANT:
+        return Verdict("redundancy", "needed", text + ": without the state the answer is lost in part")
+    return Verdict("redundancy", "unresolved", text + ": too few groups to say whether the state is needed")
 
 
 # ----------------------------------------------------------------------------- recomputable
