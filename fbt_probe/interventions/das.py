@@ -28,6 +28,7 @@ from torch.nn.utils.parametrizations import orthogonal
 
 from fbt_probe.engine.cache import KVCache
 from fbt_probe.engine.hooks import hooked
+from fbt_probe.engine.prefix import build_prefix
 from fbt_probe.engine.schedule import answer_step, run_chunk
 from fbt_probe.errors import FbtError
 from fbt_probe.modes import Mode
@@ -87,13 +88,16 @@ class FinalStep:
     @classmethod
     @torch.no_grad()
     def build(cls, model, tokens: torch.Tensor, mode: Mode) -> "FinalStep":
-        states, has = model.carried_states(tokens, mode)
-        prefix_states = None if states is None else states[:, :-1]
-        cache, _, _ = model.prefill_cache(tokens[:, :-1], prefix_states, None if has is None else has[:-1])
-        last = None if states is None or not bool(has[-1]) else states[:, -1]
-        valid = lambda bufs: [b.narrow(2, 0, n) for b, n in zip(bufs, cache.lengths)]  # noqa: E731 (buffers may be longer)
+        """The frozen prefix is prefix reuse's (`build_prefix` under the one-pass rule, positions
+        0..T-2); the final step keeps its own copy of the cache, so that gradients of a training
+        step never reach buffers that a later step rewrites."""
+        prefix = build_prefix(model, tokens, mode)
+        cache, T = prefix.caches[0], tokens.shape[1]
+        fed = prefix.states is not None and bool(prefix.has[-1])
+        last = prefix.states[:, -1] if fed else None
+        valid = lambda bufs: [b.narrow(2, 0, n) for b, n in zip(bufs, cache.lengths)]  # noqa: E731 (buffers hold T)
         cache = KVCache.from_tensors(valid(cache.keys), valid(cache.values), cache.tokens)
-        return cls(model, cache, tokens[:, -1], last, tokens.shape[1])
+        return cls(model, cache, tokens[:, -1], last, T)
 
     def __call__(self, hooks=()) -> torch.Tensor:
         """[N, d_vocab] logits of the final position, with `hooks` (fired once, context `step`)."""

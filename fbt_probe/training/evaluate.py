@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fbt_probe.engine.schedule import jacobi_chunks
 from fbt_probe.model.loss import weighted_ce
 from fbt_probe.tasks import generate, load_spec
 from fbt_probe.tasks.tokenizer import answer_ids
@@ -128,7 +129,8 @@ def contraction_by_document(
     has = torch.arange(tokens.shape[1], device=device) >= 1
     states, prev, rows = None, None, []
     by_doc = np.full((n_passes, tokens.shape[0]), np.nan)
-    for k in range(1, n_passes + 1):
+    for chunk, _ in jacobi_chunks(tokens.shape[1], n_passes, every=False):  # the Jacobi iteration, hooks off
+        k = chunk.pass_index
         state, logits = model.feedback_pass(tokens, states, None if states is None else has)
         delta = float("nan")
         if prev is not None:
