@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from fbt_probe import distributed
 from fbt_probe.config import check_device
 from fbt_probe.config import preset as check_preset
 from fbt_probe.errors import FbtError
@@ -23,11 +24,10 @@ def register(app: typer.Typer) -> None:
 def check_one_process() -> None:
     """The study runs its stages in one process (and its own workers); under torchrun every process
     would run the whole study into one folder: refused in one line naming what does scale."""
-    from fbt_probe.distributed import world
-
-    if world().several:
+    w = distributed.world()
+    if w.several:
         raise FbtError(
-            f"reproduce under torchrun ({world().size} processes): the study runs its stages from one process; run "
+            f"reproduce under torchrun ({w.size} processes): the study runs its stages from one process; run "
             "its scaling stages as torchrun commands (extract, patch: docs/distributed.md) or reproduce --device "
             "cuda on one GPU"
         )

@@ -26,17 +26,15 @@ import torch
 from fbt_probe.engine.hooks import HookContext
 from fbt_probe.modes import Mode, require_mode
 
-PHASES = ("final", "prefix", "step", "pass", "exact", "backward")
-FEEDS = ("none", "carried", "previous-step", "previous-pass")
-
 
 @dataclass(frozen=True)
 class Chunk:
     """One call of the model over `positions` (global, 0-based)."""
 
-    phase: str  # one of PHASES
+    phase: str  # "final", "prefix", "step", "pass", "exact" or "backward"
     positions: range
-    feeds: str = "none"  # one of FEEDS: what the layer-0 input of the fed positions is fused with
+    feeds: str = "none"  # what the fed positions' layer-0 input is fused with: "none", "carried",
+    # "previous-step" or "previous-pass"
     pass_index: int = 1  # the pass (1-based) of a parallel pass; 1 elsewhere
     n_passes: int = 1  # passes of the run the chunk belongs to
 
@@ -60,11 +58,6 @@ class Schedule:
     @property
     def carries(self) -> bool:
         return self.fed_from < self.T
-
-    @property
-    def prefix_end(self) -> int:
-        """recurrent / full: P, the first position computed one at a time (T for other modes)."""
-        return self.T - self.mode.n_serial(self.T)
 
     def has_state(self, device=None, start: int = 0) -> torch.Tensor:
         """[T - start] positions start..T-1 that take a carried state."""

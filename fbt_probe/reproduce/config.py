@@ -316,13 +316,6 @@ def model_path(cfg: ReproConfig, out: Path, name: str) -> Path:
     return out / "models" / name
 
 
-def study_model(cfg: ReproConfig, out: Path, name: str):
-    """Study model `name` loaded on the study's device."""
-    from fbt_probe.loading import load_model
-
-    return load_model(str(model_path(cfg, out, name)), device=cfg.device)
-
-
 def shipped_name(cfg: ReproConfig, name: str) -> str:
     """The shipped reference of a study model (`ref:` + this): `tiny-feedback`, `tiny-baseline`."""
     return f"{cfg.preset}-{name}"

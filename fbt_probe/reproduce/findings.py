@@ -20,17 +20,17 @@ from fbt_probe.reproduce.tables import (
     PAPER_DEPTH0,
     SETTING,
     _summary,
+    eval_table,
     per_length,
     pooled_accuracy,
     probe_cells,
+    probe_table,
+    tested_mean,
 )
 from fbt_probe.stats import group_wilson, wilson
 
-CHANCE = 0.5
-
-
-def fmt(m, lo, hi) -> str:
-    return "n/a" if m != m else f"**{m:.2f}** [{lo:.2f}, {hi:.2f}]"
+CHANCE = rules.CHANCE
+fmt = rules.fmt
 
 
 def answer_groups(g: pd.DataFrame) -> int:
@@ -46,7 +46,7 @@ def answer_groups(g: pd.DataFrame) -> int:
 def answer_accuracy(out: Path, model: str, task: str, mode: str = STANDARD) -> tuple[float, float, float, int]:
     """(accuracy over every length's samples, Wilson low, high, samples); the Wilson interval has
     n = `answer_groups` (docs/statistics.md)."""
-    acc = pd.read_parquet(out / "eval" / "accuracy.parquet")
+    acc = eval_table(out)
     g = acc[(acc["model"] == model) & (acc["task"] == task) & (acc["mode"] == mode)]
     c, n = int(g["correct"].sum()), int(g["n"].sum())
     if n == 0:
@@ -100,15 +100,10 @@ def swap_by_length(out: Path, model: str, task: str, condition: str = "state") -
     return ", ".join(parts)
 
 
-def _rows(out: Path, model: str, exp: str) -> pd.DataFrame | None:
-    p = out / "results" / "interventions" / model / exp / "rows.parquet"
-    return pd.read_parquet(p) if p.is_file() else None
-
-
 def swap_pairs(out: Path, model: str, task: str, metric: str, by_label: bool = False) -> pd.DataFrame:
     """The feedback swap's per-pair values of `metric` (condition `state`, every length; with
     `by_label` one value per pair and receiving sample's label): group_id, length_knob, [label], value."""
-    r = _rows(out, model, "feedback-swap")
+    r = _summary(out, model, "feedback-swap", "rows")
     if r is None:
         return pd.DataFrame(columns=["group_id", "length_knob", "label", "value"])
     r = r[(r["task"] == task) & (r["condition"] == "state") & (r["metric"] == metric) & r["value"].notna()]
@@ -131,22 +126,13 @@ def replacement_accuracy(out: Path, model: str, task: str, condition: str = "zer
 
 def depth_mean(out: Path, model: str, task: str, mode: str, depths) -> float:
     """Probe accuracy averaged over `depths` (each depth pooled over lengths and folds)."""
-    vals = []
-    for d in depths:
-        c = probe_cells(out, model, task, mode, depth=d)
-        if len(c):
-            vals.append(float((c["value"] * c["n_test"]).sum() / c["n_test"].sum()))
+    vals = [tested_mean(c) for c in (probe_cells(out, model, task, mode, depth=d) for d in depths) if len(c)]
     return float(sum(vals) / len(vals)) if vals else float("nan")
 
 
 def carried_state_accuracy(out: Path, model: str, task: str) -> float:
     """Probe accuracy on the carried state h(T-1) itself (pseudo-mode `carried-state`, its one depth)."""
-    p = Path(out) / "results" / "probes" / model / "probes.parquet"
-    if not p.is_file():
-        return float("nan")
-    t = pd.read_parquet(p)
-    t = t[(t["task"] == task) & (t["mode"] == "carried-state") & (t["metric"] == "accuracy")]
-    return float((t["value"] * t["n_test"]).sum() / t["n_test"].sum()) if len(t) else float("nan")
+    return tested_mean(probe_cells(out, model, task, "carried-state", depth=None))
 
 
 def swap_sentences(out: Path, task: str, seeds, learned: bool = True) -> list[str]:
@@ -196,10 +182,7 @@ def variant_range(out: Path, model: str, task: str) -> tuple[float, float] | Non
 def depth0_modes(cfg, out: Path, model: str, task: str) -> list[str]:
     """The modes probed at depth 0 on `task`, in the study's order (the register suffixes as mapped;
     `carried-state` has no depth 0)."""
-    p = out / "results" / "probes" / model / "probes.parquet"
-    if not p.is_file():
-        return []
-    t = pd.read_parquet(p, columns=["task", "mode", "depth", "metric"])
+    t = probe_table(out, model)
     have = set(t[(t["task"] == task) & (t["depth"] == 0) & (t["metric"] == "accuracy")]["mode"])
     order = list(cfg.modes.get(task, []))
     return [m for m in order if m in have] + sorted(have - set(order))
@@ -242,10 +225,7 @@ def register_findings(cfg, out: Path, task: str, seeds) -> list[str]:
 
 
 def _probe_depths(out: Path, model: str, task: str) -> list[int]:
-    p = Path(out) / "results" / "probes" / model / "probes.parquet"
-    if not p.is_file():
-        return []
-    t = pd.read_parquet(p, columns=["task", "mode", "depth"])
+    t = probe_table(out, model)
     return sorted(set(t[(t["task"] == task) & (t["mode"] != "carried-state")]["depth"]))
 
 
@@ -396,11 +376,8 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
                     else ""
                 )
             )
-            pairs = {
-                m: (depth0(out, m, task, RECURRENT_1)[0], carried_state_accuracy(out, m, task))
-                for m in models
-                if carried_state_accuracy(out, m, task) == carried_state_accuracy(out, m, task)
-            }
+            carried = {m: carried_state_accuracy(out, m, task) for m in models}
+            pairs = {m: (depth0(out, m, task, RECURRENT_1)[0], c) for m, c in carried.items() if c == c}
             if pairs:
                 lines.append(rules.readout(task, pairs).sentence + " (Fig. 7a's carried-state line).")
         if "baseline" in models:

@@ -30,9 +30,14 @@ MODEL_WORDS = {"feedback": "feedback model", "baseline": "no-feedback baseline"}
 """How figure titles name the study's models (a figure of one model must say which)."""
 
 
+def study_model(cfg, out: Path, name: str):
+    """Study model `name` loaded on the study's device."""
+    return load_model(str(model_path(cfg, out, name)), device=cfg.device)
+
+
 def _model(cfg, out: Path, name: str):
     path = model_path(cfg, out, name)
-    return load_model(str(path), device=cfg.device), {"model": str(path), "checkpoint_sha256": checkpoint_hash(path)}
+    return study_model(cfg, out, name), {"model": str(path), "checkpoint_sha256": checkpoint_hash(path)}
 
 
 def methods_knobs(cfg) -> dict:

@@ -31,12 +31,11 @@ from fbt_probe.reproduce.config import (
     schedule_label,
     shipped_name,
     study_contexts,
-    study_model,
     study_training,
     train_config,
 )
 from fbt_probe.reproduce.config import tokenizer as _tokenizer
-from fbt_probe.reproduce.methods import methods_settings, stage_lens, stage_methods
+from fbt_probe.reproduce.methods import methods_settings, stage_lens, stage_methods, study_model
 from fbt_probe.reproduce.report import stage_figures, stage_report
 from fbt_probe.reproduce.sae import NAME as SAE_MODEL
 from fbt_probe.reproduce.sae import sae_settings, stage_sae

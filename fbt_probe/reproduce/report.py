@@ -26,6 +26,7 @@ from fbt_probe.reproduce.sae import sentences as sae_sentences
 from fbt_probe.reproduce.seeds import spread_table
 from fbt_probe.reproduce.tables import CHECKPOINT_SETTING, PAPER_DEPTH0, SETTING, _summary, pooled_accuracy
 from fbt_probe.tasks import tokenizer_sha256
+from fbt_probe.training.config import parse_schedule
 
 FIGURE_CAPTIONS = {
     "fig3-contraction": (
@@ -117,8 +118,6 @@ def figure_caption(stem: str) -> str:
 def trained_passes(contraction: pd.DataFrame) -> dict:
     """{run: the deepest pass its schedule trains} from the contraction table's `schedule` column
     ("constant:1" for the one-pass baseline, "1:0.75,2:0.22,3:0.03" for the paper's schedule)."""
-    from fbt_probe.training.config import parse_schedule
-
     if "run" not in contraction or "schedule" not in contraction:
         return {}
     first = contraction.groupby("run", sort=False)["schedule"].first()

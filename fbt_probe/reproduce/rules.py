@@ -93,8 +93,9 @@ class Verdict:
     sentence: str
 
 
-def _fmt(p, lo, hi) -> str:
-    return f"**{p:.2f}** [{lo:.2f}, {hi:.2f}]"
+def fmt(p, lo, hi) -> str:
+    """'**0.91** [0.85, 0.95]' ('n/a' for a missing estimate)."""
+    return "n/a" if p != p else f"**{p:.2f}** [{lo:.2f}, {hi:.2f}]"
 
 
 # ----------------------------------------------------------------------------- trend
@@ -152,7 +153,7 @@ def directions(per_pair: pd.DataFrame, what: str = "the answer") -> Verdict:
         n_g = g["group_id"].nunique()
         p, lo, hi = group_wilson(float(g["value"].mean()), n_g)
         rates[int(label)] = p
-        parts.append(f"{_fmt(p, lo, hi)} into label-{int(label)} samples ({len(g)} pairs, {n_g} groups)")
+        parts.append(f"{fmt(p, lo, hi)} into label-{int(label)} samples ({len(g)} pairs, {n_g} groups)")
     text = f"{what} follows the swapped-in state at " + " and ".join(parts)
     hi_dir = [k for k, p in rates.items() if p >= FOLLOWS]
     lo_dir = [k for k, p in rates.items() if p <= IGNORES]
@@ -174,9 +175,9 @@ def redundancy(
     """zero (and mean): (answer accuracy, Wilson low, high) with the carried state replaced by zeros
     (by the mean carried state)."""
     p, lo, hi = zero
-    text = f"with the carried state replaced by zeros, {task} is answered at {_fmt(p, lo, hi)}"
+    text = f"with the carried state replaced by zeros, {task} is answered at {fmt(p, lo, hi)}"
     if mean is not None:
-        text += f" (by the mean state: {_fmt(*mean)})"
+        text += f" (by the mean state: {fmt(*mean)})"
     if p >= REDUNDANT and lo > CHANCE:
         extra = "" if swap_norm is None else f", although a swap moves it by a normalized {swap_norm:.2f}"
         return Verdict(
@@ -240,7 +241,7 @@ def fig7a(task: str, rec: tuple[float, float, float], std: tuple[float, float, f
     return Verdict(
         "fig7a",
         verdict,
-        f"Fig. 7a on {task} {verdict}: depth 0 reads {_fmt(*rec)} under `recurrent:1` and {_fmt(*std)} under "
+        f"Fig. 7a on {task} {verdict}: depth 0 reads {fmt(*rec)} under `recurrent:1` and {fmt(*std)} under "
         f"`standard` (paper: {paper:.3f} and chance)",
     )
 
@@ -258,7 +259,7 @@ def fig7b(task: str, by_mode: dict[str, float], full_answer: tuple[float, float,
         f"Fig. 7b on {task} {verdict}: mean probe accuracy over depths 1..L is {listed} (paper: `full` best at depth)"
     )
     if full_answer is not None:
-        text += f"; under `full` the model answers at {_fmt(*full_answer)}"
+        text += f"; under `full` the model answers at {fmt(*full_answer)}"
         if broken:
             text += ", so its `full` probes describe a regime in which the model does not answer the task"
     return Verdict("fig7b", verdict, text)
@@ -323,12 +324,12 @@ def das_illusion(
 ) -> Verdict:
     """das: (DAS k = 1 IIA, Wilson low, high) on the model; full_swap: the full-vector interchange's IIA;
     control: the same two on the untrained-fusion baseline."""
-    text = f"On {task}, DAS with k = 1 reaches an IIA of {_fmt(*das)} against the full-vector swap's {full_swap:.2f}"
+    text = f"On {task}, DAS with k = 1 reaches an IIA of {fmt(*das)} against the full-vector swap's {full_swap:.2f}"
     ctrl = ""
     if control is not None:
         (c, clo, chi), cfull = control
         ctrl = (
-            f"; on the untrained-fusion baseline, whose fusion carries no learned variable, DAS reads {_fmt(c, clo, chi)} "
+            f"; on the untrained-fusion baseline, whose fusion carries no learned variable, DAS reads {fmt(c, clo, chi)} "
             f"against its full swap's {cfull:.2f}"
         )
         if clo > cfull:
@@ -359,7 +360,7 @@ def sae_sparsity(task: str, table: pd.DataFrame, max_active: int | None) -> Verd
         if k in rand.index and rand.loc[k, "ci_high"] >= r["ci_low"]:
             continue
         ctrl = (
-            f", against {_fmt(rand.loc[k, 'fraction'], rand.loc[k, 'ci_low'], rand.loc[k, 'ci_high'])} for {k} random "
+            f", against {fmt(rand.loc[k, 'fraction'], rand.loc[k, 'ci_low'], rand.loc[k, 'ci_high'])} for {k} random "
             "active latents"
             if k in rand.index
             else " (no random-latent control at this k)"
@@ -368,7 +369,7 @@ def sae_sparsity(task: str, table: pd.DataFrame, max_active: int | None) -> Verd
             "sae",
             f"sparse at {k}",
             f"{task}: {k} label latent{'s' if k > 1 else ''}{of} carry "
-            f"{_fmt(r['fraction'], r['ci_low'], r['ci_high'])} of the full-state swap's effect{ctrl}",
+            f"{fmt(r['fraction'], r['ci_low'], r['ci_high'])} of the full-state swap's effect{ctrl}",
         )
     shown = []
     for k, r in feats.iterrows():

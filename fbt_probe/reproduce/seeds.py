@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.stats import t as student
 
 from fbt_probe.io import sha256_file
 
@@ -81,8 +82,6 @@ def spread(table: pd.DataFrame | None, model: str, quantity: str, task: str, mod
 def between_seeds(values) -> tuple[float, float]:
     """The t interval of the mean over training seeds (n - 1 degrees of freedom: three seeds give
     a wide one), cut to [0, 1] when every value lies there (an accuracy or a proportion)."""
-    from scipy.stats import t as student
-
     v = np.asarray(values, dtype=float)
     n, m = len(v), float(v.mean())
     half = float(student.ppf(0.975, n - 1) * v.std(ddof=1) / np.sqrt(n))

@@ -23,8 +23,9 @@ CHECKPOINT_SETTING = (
 )
 
 
-def _summary(out: Path, name: str, exp: str) -> pd.DataFrame | None:
-    p = out / "results" / "interventions" / name / exp / "summary.parquet"
+def _summary(out: Path, name: str, exp: str, table: str = "summary") -> pd.DataFrame | None:
+    """An intervention experiment's `summary` (or `rows`) table of model `name`, None where not run."""
+    p = out / "results" / "interventions" / name / exp / f"{table}.parquet"
     return pd.read_parquet(p) if p.is_file() else None
 
 
@@ -61,19 +62,45 @@ def pooled_accuracy(out: Path, cells: pd.DataFrame, task: str) -> dict:
             "lengths": [],
         }
     n = float(cells["n_test"].sum())
-    p = float((cells["value"] * cells["n_test"]).sum() / n)
+    p = tested_mean(cells)
     lengths = sorted(int(x) for x in cells["length"].unique())
     g = n_groups(out, task, lengths)
     _, lo, hi = group_wilson(p, g) if g else (p, float("nan"), float("nan"))
     return {"value": p, "ci_low": lo, "ci_high": hi, "n": int(n), "groups": g, "lengths": lengths}
 
 
-def probe_cells(out: Path, model: str, task: str, mode: str, depth: int = 0, metric: str = "accuracy") -> pd.DataFrame:
+@lru_cache(maxsize=8)
+def _eval_table(path: Path, mtime: float) -> pd.DataFrame:
+    return pd.read_parquet(path)
+
+
+def eval_table(out: Path) -> pd.DataFrame:
+    """The study's answer-accuracy table (read once per version; the findings ask it per number)."""
+    p = Path(out) / "eval" / "accuracy.parquet"
+    return _eval_table(p, p.stat().st_mtime)
+
+
+def tested_mean(cells: pd.DataFrame) -> float:
+    """Probe accuracy pooled over cells: correct over tested samples (NaN without cells)."""
+    n = float(cells["n_test"].sum()) if len(cells) else 0.0
+    return float((cells["value"] * cells["n_test"]).sum() / n) if n else float("nan")
+
+
+def probe_table(out: Path, model: str) -> pd.DataFrame:
+    """Model `model`'s probes.parquet of the study (read once per version), empty without one."""
     p = Path(out) / "results" / "probes" / model / "probes.parquet"
     if not p.is_file():
-        return pd.DataFrame(columns=["value", "n_test", "length"])
-    t = _probe_table(p, p.stat().st_mtime)
-    return t[(t["task"] == task) & (t["mode"] == mode) & (t["depth"] == depth) & (t["metric"] == metric)]
+        return pd.DataFrame(columns=["task", "mode", "depth", "metric", "value", "n_test", "length"])
+    return _probe_table(p, p.stat().st_mtime)
+
+
+def probe_cells(
+    out: Path, model: str, task: str, mode: str, depth: int | None = 0, metric: str = "accuracy"
+) -> pd.DataFrame:
+    """The probe table's cells of one task × mode × metric at `depth` (None: every depth)."""
+    t = probe_table(out, model)
+    keep = (t["task"] == task) & (t["mode"] == mode) & (t["metric"] == metric)
+    return t[keep if depth is None else keep & (t["depth"] == depth)]
 
 
 def per_length(summary: pd.DataFrame | None, task: str, condition: str, metric: str = "normalized") -> pd.DataFrame:
