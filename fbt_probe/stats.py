@@ -8,6 +8,7 @@ each resampling unit; this table is its summary).
 | a continuous mean over pairs (normalized effect, logit difference, KL, probability) | percentile group bootstrap | groups (pairs of one group resampled together) |
 | a ratio of sums over pairs (SAE recovered fractions and shares) | normal group bootstrap, centred on the estimate | groups |
 | a rank correlation over cells (AtP against exact patching) | BCa group bootstrap | groups |
+| a paired difference of two models' means (feedback - baseline) | percentile paired group bootstrap | the groups both models share, one draw applied to both |
 
 Resamples: `N_BOOT` (1000) draws from `numpy.random.default_rng(seed)` (seed 0 unless a command
 sets it). A group bootstrap draws the groups with replacement; a pair's weight in a resample is the
@@ -121,6 +122,51 @@ def group_bootstrap_means(
             for j, (i, v) in enumerate(chunk):
                 out[i] = (float(v.mean()), float(lo[j]), float(hi[j]))
     return out
+
+
+def paired_difference(
+    a, a_groups, b, b_groups, n_boot: int = N_BOOT, level: float = LEVEL, seed: int = 0
+) -> tuple[float, float, float, int]:
+    """(mean(a) - mean(b), low, high, n_groups): the difference of two models' means over the groups
+    both have values in (NaN dropped; a group the other model lacks is left out of both), with the
+    percentile paired group bootstrap. Each resample draws the shared groups with replacement (as
+    many draws as groups, `rng.integers(0, G, (n_boot, G))` over the sorted shared labels, as
+    `group_weights`) and applies the same draw to both models: a value's weight is the number of
+    times its group was drawn, each model's resampled mean a weighted mean. Drawing the groups once
+    for both is what makes it paired: what a group shifts in both models cancels in the difference.
+
+    Identical inputs give exactly 0 with the zero-width interval [0, 0]; otherwise the interval has
+    zero width only when every resample gives the same difference (e.g. b = a + c) or with one group."""
+    a, ga = _kept(a, a_groups)
+    b, gb = _kept(b, b_groups)
+    shared = np.intersect1d(ga, gb)
+    G = len(shared)
+    if G == 0:
+        return float("nan"), float("nan"), float("nan"), 0
+    ia, ib = np.isin(ga, shared), np.isin(gb, shared)
+    codes_a, codes_b = np.searchsorted(shared, ga[ia]), np.searchsorted(shared, gb[ib])
+    sum_a, n_a = np.bincount(codes_a, a[ia], G), np.bincount(codes_a, minlength=G).astype(np.float64)
+    sum_b, n_b = np.bincount(codes_b, b[ib], G), np.bincount(codes_b, minlength=G).astype(np.float64)
+
+    def diff(counts):  # [..., G] draws of each group -> the difference of the weighted means
+        return counts @ sum_a / (counts @ n_a) - counts @ sum_b / (counts @ n_b)
+
+    theta = float(diff(np.ones(G)))
+    if G == 1:  # one group: nothing to resample
+        return theta, theta, theta, 1
+    draws = np.random.default_rng(seed).integers(0, G, size=(n_boot, G))
+    counts = np.zeros((n_boot, G))
+    np.add.at(counts, (np.repeat(np.arange(n_boot), G), draws.reshape(-1)), 1.0)
+    lo, hi = np.quantile(diff(counts), [(1 - level) / 2, (1 + level) / 2])
+    return theta, float(lo), float(hi), G
+
+
+def _kept(values, groups) -> tuple[np.ndarray, np.ndarray]:
+    """Values as float64 and their group labels as strings, NaN values dropped."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    g = np.asarray(groups).astype(str).reshape(-1)
+    keep = ~np.isnan(v)
+    return v[keep], g[keep]
 
 
 def bca(theta: float, boots: np.ndarray, jack: np.ndarray, level: float = LEVEL) -> tuple[float, float]:

@@ -48,6 +48,11 @@ def test_extract_probe_figures_end_to_end(study, tmp_path):
     assert set(table["mode"]) == {"standard", "recurrent:1", "carried-state"}
     assert set(table["task"]) == {"completion"} and set(table["length"]) == {0, 8}
     assert len(pd.read_csv(results / "probes.csv")) == len(table)
+    # each sample's held-out prediction, from the fold that tests it: the fold accuracies recompute from it
+    samples = pd.read_parquet(results / "probes_samples.parquet")
+    keys = ["mode", "length", "depth", "fold"]
+    acc = table[table["metric"] == "accuracy"].set_index(keys)["value"]
+    assert (samples.groupby(keys)["correct"].mean().reindex(acc.index) == acc).all()
     prov = json.loads((results / "probes.provenance.json").read_text())
     assert prov["model_hash"] == checkpoint_hash(study / "ckpt") and prov["dataset_hash"]
     assert prov["config"]["n_splits"] == 4 and prov["seed"] == 0 and prov["git_commit"]

@@ -223,6 +223,8 @@ def test_quick_study_end_to_end(tmp_path):
         and "atp-parity-feedback" in html
         and "lens-baseline" in html
     )
+    import pandas as pd
+
     nums = _depth0_numbers(report)
     assert len(nums) >= 8 and all(0.0 <= x <= 1.0 for x in nums)
     # the SAE stage: two SAEs in SAELens's format, the per-task analyses, the section, the browser, the figures
@@ -240,13 +242,17 @@ def test_quick_study_end_to_end(tmp_path):
     assert (
         all(f"sae-{f}-feedback" in html for f in ("swap", "vs-das", "features")) and "How many features carry" in report
     )
+    # feedback − baseline over the samples and pairs both models share: the stage's table, quoted in the findings
+    paired = pd.read_parquet(out / "results" / "paired" / "paired.parquet")
+    assert {"depth0-recurrent:1", "carried-state", "swap-normalized"} <= set(paired["what"])
+    assert ((paired["ci_low"] <= paired["difference"]) & (paired["difference"] <= paired["ci_high"])).all()
+    assert "(paired, n = " in report.split("## Figures")[0] and "### Feedback − baseline, paired" in report
     # findings first, then figures, then the tables (collapsed in the HTML)
     assert report.index("## Findings") < report.index("## Figures") < report.index("## Tables")
     assert html.count("<details>") >= 4 and html.index("<h2>Findings</h2>") < html.index("<h2>Figures</h2>")
     text = re.sub(r"<pre>.*?</pre>|<code>.*?</code>|src=\"data:[^\"]*\"", "", html, flags=re.S)
     assert "**" not in text and "`" not in text  # the Markdown is rendered, not shown
     # the first finding's numbers are the eval table's, recomputed here
-    import pandas as pd
 
     from fbt_probe.stats import group_wilson
 

@@ -17,7 +17,7 @@ from fbt_probe.figures import FIGURES, draw, get_figure, save_figure
 from fbt_probe.io import refuse_existing
 from fbt_probe.marker import refuse_named
 from fbt_probe.probes import ProbeConfig, probe_sweep, write_results
-from fbt_probe.probes.sweep import CSV_FILE, PROVENANCE_FILE, SUMMARY_FILE, TABLE_FILE
+from fbt_probe.probes.sweep import CSV_FILE, PROVENANCE_FILE, SAMPLES_FILE, SUMMARY_FILE, TABLE_FILE
 from fbt_probe.shards import is_activation_folder
 
 
@@ -147,7 +147,9 @@ def probe(
     out: Annotated[
         Path,
         typer.Option(
-            "--out", help="Results folder: probes.parquet, probes.csv, probes_summary.csv, probes.provenance.json."
+            "--out",
+            help="Results folder: probes.parquet, probes.csv, probes_summary.csv, probes.provenance.json, "
+            "probes_samples.parquet.",
         ),
     ],
     folds: Annotated[int, typer.Option(help="Folds of grouped K-fold CV (4: the paper's appendix F).")] = 4,
@@ -180,7 +182,7 @@ def probe(
         seed=seed,
         skip_small_cells=not strict,
     )
-    for name in (TABLE_FILE, CSV_FILE, SUMMARY_FILE, PROVENANCE_FILE):  # refuse before hours of fitting
+    for name in (TABLE_FILE, CSV_FILE, SUMMARY_FILE, PROVENANCE_FILE, SAMPLES_FILE):  # refuse before hours of fitting
         refuse_existing(out / name, force)
 
     def progress(done: int, total: int, cell: tuple) -> None:
@@ -192,7 +194,7 @@ def probe(
         typer.echo(f"warning: {flag['task']} {flag['mode']} length {flag['length']}: {flag['message']}", err=True)
     typer.echo(
         f"wrote {len(result.table)} rows to {paths['table']} (+ {paths['csv'].name}, "
-        f"{paths['summary'].name}, {paths['provenance'].name})"
+        f"{paths['summary'].name}, {paths['provenance'].name}, {paths['samples'].name})"
     )
 
 

@@ -29,15 +29,16 @@ def resolve_jobs(n_jobs: int) -> int:
     return n_cores() if n_jobs is None or n_jobs <= 0 else int(n_jobs)
 
 
-def _fit_cell(X, p: int, y, train, test, C: float, max_iter: int, tol: float) -> tuple[float, float, int, bool]:
+def _fit_cell(X, p: int, y, train, test, C: float, max_iter: int, tol: float) -> tuple:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
         Xp = np.asarray(X[p])
         probe = LinearProbe(C=C, max_iter=max_iter, tol=tol).fit(Xp[train], y[train])
-        test_acc = float(np.mean(probe.predict(Xp[test]) == y[test]))
+        hit = probe.predict(Xp[test]) == y[test]
+        test_acc = float(np.mean(hit))
         train_acc = float(np.mean(probe.predict(Xp[train]) == y[train]))
     converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
-    return test_acc, train_acc, probe.n_iter_, converged
+    return test_acc, train_acc, probe.n_iter_, converged, hit
 
 
 def _fit_chunk(X, cells, labels, splits, C, max_iter, tol) -> list:
@@ -62,7 +63,9 @@ def fit_cells_sklearn(
 ) -> dict[str, np.ndarray]:
     """Fit every cell of X [P, N, D] x labels [S, N] x splits (F folds).
 
-    Returns arrays of shape [P, S, F]: `accuracy` (held-out), `train_accuracy`, `n_iter`, `converged`.
+    Returns arrays of shape [P, S, F]: `accuracy` (held-out), `train_accuracy`, `n_iter`, `converged`;
+    and `correct` [P, S, N]: each sample's held-out prediction right (1) or wrong (0), from the fold
+    that tests it (NaN for a sample no fold tests).
     """
     X = np.asarray(X)
     labels = np.atleast_2d(np.asarray(labels))
@@ -87,7 +90,9 @@ def fit_cells_sklearn(
         k: np.zeros((P, S, F), dtype=dt)
         for k, dt in (("accuracy", float), ("train_accuracy", float), ("n_iter", int), ("converged", bool))
     }
-    for (p, s, f), (acc, tr_acc, n_iter, conv) in zip(cells, results):
+    out["correct"] = np.full((P, S, X.shape[1]), np.nan)
+    for (p, s, f), (acc, tr_acc, n_iter, conv, hit) in zip(cells, results):
         out["accuracy"][p, s, f], out["train_accuracy"][p, s, f] = acc, tr_acc
         out["n_iter"][p, s, f], out["converged"][p, s, f] = n_iter, conv
+        out["correct"][p, s, splits[f][1]] = hit
     return out

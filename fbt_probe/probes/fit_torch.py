@@ -154,7 +154,7 @@ def fit_cells_torch(
     dtype: torch.dtype = torch.float32,
     return_params: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Same cells and outputs as `fit_cells_sklearn` (arrays [P, S, F]), fitted in one batch.
+    """Same cells and outputs as `fit_cells_sklearn` (arrays [P, S, F]; `correct` [P, S, N]), fitted in one batch.
 
     X [P, N, D] is held on `device` in `dtype` (float32 halves memory; statistics, losses and the
     optimizer state are float64). With `return_params`, also the standardized-space weights
@@ -180,12 +180,16 @@ def fit_cells_torch(
         hit = (pred == Y.bool()[None, :, None, :]).to(torch.float64)
         acc = (hit * test[None, None]).sum(-1) / test.sum(1)
         tr_acc = (hit * train[None, None]).sum(-1) / train.sum(1)
+        # each sample's held-out hit from the one fold that tests it (folds partition the tested rows)
+        tested = test.any(0)
+        correct = (hit * test[None, None]).sum(2).masked_fill(~tested, float("nan"))  # [P, S, N]
     shape = problem.shape
     out = {
         "accuracy": acc.cpu().numpy(),
         "train_accuracy": tr_acc.cpu().numpy(),
         "n_iter": n_iter.view(shape).cpu().numpy(),
         "converged": converged.view(shape).cpu().numpy(),
+        "correct": correct.cpu().numpy(),
     }
     if return_params:
         th = theta.view(*shape, -1).cpu().numpy()

@@ -24,12 +24,14 @@ from fbt_probe.provenance import provenance
 BACKENDS = ("auto", "sklearn", "torch")
 METRICS = ("accuracy", "train_accuracy", "majority_baseline", "control_accuracy", "selectivity")
 KEY_COLUMNS = ("model", "task", "mode", "length", "depth", "hook", "fold")
-TABLE_FILE, CSV_FILE, SUMMARY_FILE, PROVENANCE_FILE = (
+TABLE_FILE, CSV_FILE, SUMMARY_FILE, PROVENANCE_FILE, SAMPLES_FILE = (
     "probes.parquet",
     "probes.csv",
     "probes_summary.csv",
     "probes.provenance.json",
+    "probes_samples.parquet",
 )
+SAMPLE_COLUMNS = ("task", "mode", "length", "depth", "fold", "row", "pair_id", "group_id", "label", "correct")
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,10 @@ class SweepResult:
     """Problems a reader must see (dicts with task, mode, length, depth, message)."""
     config: ProbeConfig = field(default_factory=ProbeConfig)
     provenance: dict = field(default_factory=dict)
+    samples: pd.DataFrame | None = None
+    """Per sample, depth and cell: the held-out prediction right (1) or wrong (0) in the fold that tests
+    it (`SAMPLE_COLUMNS`; `row` and `pair_id` are the dataset's). What a paired comparison of two
+    models on the same samples resamples (docs/statistics.md)."""
 
     def summary(self) -> pd.DataFrame:
         return summarize(self.table)
@@ -98,12 +104,21 @@ def fit_cells(X, labels, splits, cfg: ProbeConfig) -> dict[str, np.ndarray]:
 
 
 def probe_condition(
-    X, y, groups, cfg: ProbeConfig = ProbeConfig(), *, depths=None, hooks=None, key: dict | None = None
+    X,
+    y,
+    groups,
+    cfg: ProbeConfig = ProbeConfig(),
+    *,
+    depths=None,
+    hooks=None,
+    key: dict | None = None,
+    samples: list | None = None,
 ) -> tuple[pd.DataFrame, list[dict]]:
     """Probe one cell's activations X [P, N, D] (P depths) against labels y [N] with group ids.
 
-    Returns (tidy rows, flags). `key` fills the model/task/mode/length columns.
-    """
+    Returns (tidy rows, flags). `key` fills the model/task/mode/length columns. With `samples` (a
+    list), appends the cell's per-sample held-out correctness: one row per depth and sample (`sample`:
+    its index in the cell) with its fold, group, label and `correct` (the main task's probe)."""
     key = {"model": "", "task": "", "mode": "", "length": -1, **(key or {})}
     where = f"{key['task']} {key['mode']} length {key['length']}".strip()
     X = np.asarray(X)
@@ -147,6 +162,8 @@ def probe_condition(
                     }
                 )
     table = pd.DataFrame(rows, columns=[*KEY_COLUMNS, "metric", "value", "n_train", "n_test"])
+    if samples is not None:
+        samples.append(_sample_rows(fits["correct"][:, 0], splits, y, groups, depths, key))
     flags = _depth0_flags(X, depths, fits["accuracy"][:, 0].mean(-1), majority.mean(), key, cfg)
     if not fits["converged"].all():
         flags.append(
@@ -158,6 +175,28 @@ def probe_condition(
             }
         )
     return table, flags
+
+
+def _sample_rows(correct: np.ndarray, splits, y, groups, depths, key: dict) -> pd.DataFrame:
+    """correct [P, N] -> one row per depth x tested sample (depth-major, samples in cell order)."""
+    fold = np.full(len(y), -1)
+    for f, (_, test) in enumerate(splits):
+        fold[test] = f
+    tested = np.flatnonzero(fold >= 0)
+    P, n = correct.shape[0], len(tested)
+    return pd.DataFrame(
+        {
+            "task": key["task"],
+            "mode": key["mode"],
+            "length": int(key["length"]),
+            "depth": np.repeat(np.asarray(depths, dtype=np.int64), n),
+            "fold": np.tile(fold[tested], P),
+            "sample": np.tile(tested, P),
+            "group_id": np.tile(groups[tested], P),
+            "label": np.tile(np.asarray(y)[tested], P),
+            "correct": correct[:, tested].reshape(-1).astype(np.int8),
+        }
+    )
 
 
 def _flag_key(key: dict) -> dict:
@@ -198,7 +237,7 @@ def probe_sweep(store, cfg: ProbeConfig = ProbeConfig(), *, modes=None, progress
     store.verify()  # every shard, before any fit
     model = store.manifest["model"]["source"]
     cells = [c for c in store.conditions() if modes is None or c[0] in modes]
-    tables, flags = [], []
+    tables, flags, samples = [], [], []
     for n, (mode, task, length) in enumerate(cells):
         X, rows, targets = store.load(mode, task, length)
         key = {"model": model, "task": task, "mode": mode, "length": length}
@@ -212,6 +251,7 @@ def probe_sweep(store, cfg: ProbeConfig = ProbeConfig(), *, modes=None, progress
                 depths=depths,
                 hooks=[t.hook for t in targets],
                 key=key,
+                samples=samples,
             )
         except TooFewGroupsError as exc:
             if not cfg.skip_small_cells:
@@ -222,6 +262,9 @@ def probe_sweep(store, cfg: ProbeConfig = ProbeConfig(), *, modes=None, progress
             continue
         tables.append(table)
         flags.extend(cell_flags)
+        cell = samples[-1]
+        ids = rows.iloc[cell["sample"].to_numpy()]
+        samples[-1] = cell.assign(row=ids["row"].to_numpy(), pair_id=ids["pair_id"].to_numpy())[list(SAMPLE_COLUMNS)]
         if progress is not None:
             progress(n + 1, len(cells), (mode, task, length))
     if not tables:
@@ -235,7 +278,9 @@ def probe_sweep(store, cfg: ProbeConfig = ProbeConfig(), *, modes=None, progress
         dataset_hash=store.manifest["dataset"]["hash"],
         flags=flags,
     )
-    return SweepResult(pd.concat(tables, ignore_index=True), tuple(flags), cfg, prov)
+    return SweepResult(
+        pd.concat(tables, ignore_index=True), tuple(flags), cfg, prov, pd.concat(samples, ignore_index=True)
+    )
 
 
 def fit_direction(store, mode: str, task: str, length: int, depth: int, C: float = 1.0):
@@ -271,8 +316,9 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_results(result: SweepResult, out_dir: str | Path, force: bool = False) -> dict[str, Path]:
-    """probes.parquet, probes.csv, probes_summary.csv and probes.provenance.json in `out_dir`
-    (which other stages may share); existing files are refused without `force`."""
+    """probes.parquet, probes.csv, probes_summary.csv, probes.provenance.json and (with per-sample
+    results) probes_samples.parquet in `out_dir` (which other stages may share); existing files are
+    refused without `force`."""
     out_dir = Path(out_dir)
     paths = {
         "table": out_dir / TABLE_FILE,
@@ -280,6 +326,8 @@ def write_results(result: SweepResult, out_dir: str | Path, force: bool = False)
         "summary": out_dir / SUMMARY_FILE,
         "provenance": out_dir / PROVENANCE_FILE,
     }
+    if result.samples is not None:
+        paths["samples"] = out_dir / SAMPLES_FILE
     for p in paths.values():
         refuse_existing(p, force)
     with atomic_path(paths["table"]) as tmp:
@@ -288,5 +336,8 @@ def write_results(result: SweepResult, out_dir: str | Path, force: bool = False)
         result.table.to_csv(tmp, index=False)
     with atomic_path(paths["summary"]) as tmp:
         result.summary().to_csv(tmp, index=False)
+    if result.samples is not None:
+        with atomic_path(paths["samples"]) as tmp:
+            result.samples.to_parquet(tmp, index=False)
     write_json(paths["provenance"], {**result.provenance, "files": {k: v.name for k, v in paths.items()}})
     return paths

@@ -21,6 +21,7 @@ from fbt_probe.reproduce.tables import (
     SETTING,
     _summary,
     eval_table,
+    paired_diff,
     per_length,
     pooled_accuracy,
     probe_cells,
@@ -135,6 +136,16 @@ def carried_state_accuracy(out: Path, model: str, task: str) -> float:
     return tested_mean(probe_cells(out, model, task, "carried-state", depth=None))
 
 
+PAIRED_TABLE = "table *Feedback − baseline, paired*"
+
+
+def paired_clause(out: Path, task: str, quantities) -> str:
+    """'at depth 0: feedback − baseline **+0.12** [0.08, 0.16] (paired, n = 64 groups); ...' for each
+    (what, words) the `paired` table has on `task` (rule `paired`), '' where it has none."""
+    said = [rules.paired(words, paired_diff(out, what, task)) for what, words in quantities]
+    return "; ".join(v.sentence for v in said if v.verdict != "not-paired")
+
+
 def swap_sentences(out: Path, task: str, seeds, learned: bool = True) -> list[str]:
     """The feedback swap on `task`: the normalized effect per length and how it changes with length
     (rule `trend`), the answer per swap direction (rule `directions`), zero replacement beside it
@@ -153,6 +164,15 @@ def swap_sentences(out: Path, task: str, seeds, learned: bool = True) -> list[st
         + "."
     )
     lines = [line]
+    contrast = paired_clause(
+        out, task, (("swap-normalized", "the normalized effect"), ("swap-accuracy", "the swap accuracy"))
+    )
+    if contrast:
+        lines.append(
+            f"Against the same swap on the no-feedback baseline, over the pairs both models share on {task}, "
+            + contrast
+            + f" ({PAIRED_TABLE})."
+        )
     follows = swap_pairs(out, "feedback", task, "accuracy", by_label=True)
     if len(follows):
         d = rules.directions(follows, "the answer")
@@ -211,6 +231,8 @@ def register_findings(cfg, out: Path, task: str, seeds) -> list[str]:
                 f" The baseline, whose fusion was never trained, reads {fmt(*b)}"
                 f"{spread(seeds, 'baseline', 'depth0-decodability', task, RECURRENT_1)} under `recurrent:1`."
             )
+            gap = paired_clause(out, task, (("depth0-recurrent:1", "The gap to the feedback model"),))
+            line += f" {gap} ({PAIRED_TABLE})." if gap else ""
     lines = [line]
     depths = sorted(
         {int(d) for d in _probe_depths(out, "feedback", task)} - {0}
@@ -379,15 +401,24 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
             carried = {m: carried_state_accuracy(out, m, task) for m in models}
             pairs = {m: (depth0(out, m, task, RECURRENT_1)[0], c) for m, c in carried.items() if c == c}
             if pairs:
-                lines.append(rules.readout(task, pairs).sentence + " (Fig. 7a's carried-state line).")
+                gaps = paired_clause(
+                    out, task, (("depth0-recurrent:1", "at depth 0"), ("carried-state", "on h(T-1) itself"))
+                )
+                lines.append(
+                    rules.readout(task, pairs).sentence
+                    + " (Fig. 7a's carried-state line)."
+                    + (f" Over the samples both models share, {gaps} ({PAIRED_TABLE})." if gaps else "")
+                )
         if "baseline" in models:
             b = depth0(out, "baseline", task, RECURRENT_1)
+            gap = paired_clause(out, task, (("depth0-recurrent:1", "The gap to the feedback model"),))
             if b[0] == b[0]:
                 lines.append(
                     f"The baseline, whose fusion weights were never trained, reads {fmt(*b)}"
                     f"{spread(seeds, 'baseline', 'depth0-decodability', task, RECURRENT_1)} at depth 0 under "
                     f"`recurrent:1` on {task}: a random map of a state that already encodes the label, so "
                     "decodability alone does not show that the feedback was learned (Fig. 7a, dashed)."
+                    + (f" {gap} ({PAIRED_TABLE})." if gap else "")
                     + _variants_sentence(out, task)
                 )
         lines += swap_sentences(out, task, seeds, learned.get(("feedback", task), False))

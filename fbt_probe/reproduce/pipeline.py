@@ -36,6 +36,7 @@ from fbt_probe.reproduce.config import (
 )
 from fbt_probe.reproduce.config import tokenizer as _tokenizer
 from fbt_probe.reproduce.methods import methods_settings, stage_lens, stage_methods, study_model
+from fbt_probe.reproduce.paired import paired_settings, stage_paired
 from fbt_probe.reproduce.report import stage_figures, stage_report
 from fbt_probe.reproduce.sae import NAME as SAE_MODEL
 from fbt_probe.reproduce.sae import sae_settings, stage_sae
@@ -140,6 +141,8 @@ ROBUSTNESS_TASKS = ("completion", "memory")  # Fig. 7a's tasks: depth 0 under re
 
 
 def stage_probe(cfg: ReproConfig, out: Path, name: str) -> None:
+    """Each task's sweep (with its per-sample held-out correctness, `probes_samples.parquet`, what
+    the `paired` stage pairs across models) and every task's table in one `probes.parquet`."""
     tables = []
     for task in cfg.modes:
         res = probe_sweep(out / "acts" / name / task, ProbeConfig(seed=cfg.seed))
@@ -263,7 +266,7 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
         per["probe"].append(
             Stage(
                 f"probe-{name}",
-                ck,
+                {**ck, "outputs": "per-sample"},  # a study whose probes wrote no per-sample table redoes them
                 [out / "results" / "probes" / name],
                 partial(stage_probe, cfg, out, name),
                 after=[f"extract-{name}"],
@@ -294,9 +297,30 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
                 after=["data"] + dep,
             )
         )
+    paired = []
+    if "baseline" in cfg.models():  # feedback - baseline over the samples and pairs both models share
+        paired.append(
+            Stage(
+                "paired",
+                {**ck, **paired_settings(cfg)},
+                [out / "results" / "paired"],
+                partial(stage_paired, cfg, out),
+                after=[s.name for s in per["probe"] + per["patch"]],
+            )
+        )
     # the order is the one stages start in when they can run side by side (`--jobs`): the longest chains
     # first (extract -> probe; AtP/DAS; the SAEs), the short stages last, so that no long stage is left to run alone
-    st += per["extract"] + per["methods"] + sae + [evaluate] + per["lens"] + per["probe"] + [contract] + per["patch"]
+    st += (
+        per["extract"]
+        + per["methods"]
+        + sae
+        + [evaluate]
+        + per["lens"]
+        + per["probe"]
+        + [contract]
+        + per["patch"]
+        + paired
+    )
     return st
 
 

@@ -20,6 +20,10 @@ from fbt_probe.reproduce.config import NOT_RECORDED, RECURRENT_1, STANDARD, mode
 from fbt_probe.reproduce.config import tokenizer as study_tokenizer
 from fbt_probe.reproduce.findings import findings, headline, same_kind, shipped_comparison, study_kind
 from fbt_probe.reproduce.methods import MODEL_WORDS, figure_jobs, methods_section
+from fbt_probe.reproduce.paired import DESCRIPTION as PAIRED_WORDS
+from fbt_probe.reproduce.paired import FOLDER as PAIRED_FOLDER
+from fbt_probe.reproduce.paired import TABLE as PAIRED_FILE
+from fbt_probe.reproduce.rules import bound, signed
 from fbt_probe.reproduce.sae import figure_jobs as sae_figure_jobs
 from fbt_probe.reproduce.sae import sae_section
 from fbt_probe.reproduce.sae import sentences as sae_sentences
@@ -266,6 +270,45 @@ def causal_table(out: Path, models: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows).reindex(columns=cols).fillna("")
 
 
+def paired_table(out: Path) -> pd.DataFrame | None:
+    """The `paired` stage's table as the report shows it (None without one): per quantity x task x
+    length, feedback − baseline with its paired group-bootstrap 95 % CI, each model's mean over the
+    shared groups, the groups and the values counted."""
+    p = out.joinpath(*PAIRED_FOLDER, PAIRED_FILE)
+    if not p.is_file():
+        return None
+    rows = []
+    for r in pd.read_parquet(p).itertuples():
+        diff = (
+            f"{signed(r.difference, 3)} (every group)"
+            if r.ci_low == r.ci_high
+            else f"{signed(r.difference, 3)} [{bound(r.ci_low, 3)}, {bound(r.ci_high, 3)}]"
+        )
+        rows.append(
+            {
+                "quantity": PAIRED_WORDS.get(r.what, r.what),
+                "task": r.task,
+                "length": "pooled" if r.length_knob == -1 else int(r.length_knob),
+                "feedback − baseline [95% CI]": diff,
+                "feedback": f"{r.feedback:.3f}",
+                "baseline": f"{r.baseline:.3f}",
+                "groups": int(r.n_groups),
+                "values (feedback / baseline)": f"{int(r.n_feedback)} / {int(r.n_baseline)} {r.unit}",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+PAIRED_NOTE = (
+    "Each row is the feedback model's mean minus the baseline's over the groups both models share "
+    "(held-out probe predictions per sample; the swap and the zero replacement per pair), with a "
+    "percentile group-bootstrap 95 % CI that draws the shared groups once and applies the draw to both "
+    "models, so what a group shifts in both cancels (docs/statistics.md). `pooled` takes a group's values "
+    "at every length together; `(every group)`: every resample gave the same difference, so there is no "
+    "interval to show."
+)
+
+
 def accuracy_table(out: Path) -> pd.DataFrame:
     acc = pd.read_parquet(out / "eval" / "accuracy.parquet")
     t = acc.pivot_table(index=["model", "task", "length_knob"], columns="decoding", values="accuracy").round(3)
@@ -468,10 +511,19 @@ def _sections(cfg, out: Path, times: dict) -> list[tuple[str, str, list[str]]]:
             "(docs/statistics.md).\n\n" + _md_table(causal_table(out, models)),
             pick("ablation-bars") + pick("patching") + pick("decodable-vs-used"),
         ),
+        *paired_section(out),
         methods_section(cfg, out, _md_table, figs),
         *sae_section(cfg, out, _md_table, figs),
         ("What was run", provenance_markdown(_provenance(cfg, out, times)), []),
     ]
+
+
+def paired_section(out: Path) -> list[tuple[str, str, list[str]]]:
+    """The section *Feedback − baseline, paired* where the study has the `paired` table."""
+    t = paired_table(out)
+    if t is None:
+        return []
+    return [("Feedback − baseline, paired", PAIRED_NOTE + "\n\n" + _md_table(t), [])]
 
 
 def _sae_finding(out: Path) -> list[str]:

@@ -14,6 +14,7 @@ opposite verdict is true (tests/test_rules.py).
 | das           | DAS k = 1 and full-swap IIA, on the model and its control   | exceeds (illusion pattern) / within       |
 | sae           | per k: label-latent and random-active shares of the swap      | sparse at k / not sparse                  |
 | contraction   | state change at pass 2 and the last pass; per-seed ratios    | contracts / does not contract             |
+| paired        | feedback - baseline over shared groups (difference, CI, n)   | higher / lower / not resolved / same      |
 """
 
 from __future__ import annotations
@@ -82,6 +83,11 @@ CRITERIA = {
     "contraction": (
         f"the iteration contracts when the carried state's change at the last pass is below {CONTRACTS_BELOW} "
         "of its change at pass 2"
+    ),
+    "paired": (
+        "a contrast between the two models is the paired difference feedback − baseline over the groups both "
+        "share, with a percentile group bootstrap that draws those groups once for both models; the feedback "
+        "model is said to read higher (lower) only when that interval lies above (below) 0"
     ),
 }
 
@@ -386,3 +392,46 @@ def sae_sparsity(task: str, table: pd.DataFrame, max_active: int | None) -> Verd
         + ("" if max_active is None else f"; a pair has at most {max_active} active latents")
         + ")",
     )
+
+
+# ----------------------------------------------------------------------------- feedback - baseline
+def bound(x: float, digits: int = 2) -> str:
+    """An interval end as quoted: '-0.00' (a bound just below 0) written '0.00'."""
+    s = f"{x:.{digits}f}"
+    return s[1:] if s.startswith("-") and float(s) == 0 else s
+
+
+def signed(x: float, digits: int = 2) -> str:
+    """A difference as quoted: '+0.12', '-0.05', and '0.00' where it rounds to 0 (no '-0.00')."""
+    s = f"{x:+.{digits}f}"
+    return s[1:] if float(s) == 0 else s
+
+
+def paired(what: str, diff: tuple[float, float, float, int] | None) -> Verdict:
+    """diff: (feedback − baseline, low, high, shared groups) from the `paired` table (`stats.paired_difference`).
+    A zero-width interval means every resample gave the same difference (the models differ by the same
+    amount in every shared group); it is said in words, not printed as an interval."""
+    if diff is None or diff[3] == 0 or diff[0] != diff[0]:
+        return Verdict("paired", "not-paired", f"{what}: no group was measured on both models")
+    d, lo, hi, n = diff
+    groups = f"{n} group{'s' if n != 1 else ''}"
+    if lo == hi:
+        if d == 0:
+            return Verdict(
+                "paired",
+                "same",
+                f"{what}: feedback − baseline **0.00** in every one of the {groups} both models share (paired: the "
+                "two models read the same in each, so this contrast has no power)",
+            )
+        return Verdict(
+            "paired",
+            "constant",
+            f"{what}: feedback − baseline **{signed(d)}** in every one of the {groups} both models share (paired: no "
+            "spread between groups to resample)",
+        )
+    shown = f"{what}: feedback − baseline **{signed(d)}** [{bound(lo)}, {bound(hi)}] (paired, n = {groups})"
+    if lo > 0:
+        return Verdict("paired", "higher", shown)
+    if hi < 0:
+        return Verdict("paired", "lower", shown)
+    return Verdict("paired", "not-resolved", shown + ", an interval that holds 0")

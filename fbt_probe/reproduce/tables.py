@@ -114,3 +114,26 @@ def per_length(summary: pd.DataFrame | None, task: str, condition: str, metric: 
         & (summary["length_knob"] != -1)
     ]
     return g.sort_values("length_knob")
+
+
+@lru_cache(maxsize=8)
+def _paired_table(path: Path, mtime: float) -> pd.DataFrame:
+    return pd.read_parquet(path)
+
+
+def paired_diff(out: Path, what: str, task: str, length_knob: int = -1) -> tuple[float, float, float, int] | None:
+    """(feedback − baseline, low, high, shared groups) of the `paired` stage's table (results/paired):
+    pooled over lengths (-1) or at one length; None where the study has no such row. A quantity
+    measured at one length has no pooled row: that length's row stands for it."""
+    p = Path(out) / "results" / "paired" / "paired.parquet"
+    if not p.is_file():
+        return None
+    t = _paired_table(p, p.stat().st_mtime)
+    t = t[(t["what"] == what) & (t["task"] == task)]
+    rows = t[t["length_knob"] == length_knob]
+    if rows.empty and length_knob == -1 and t["length_knob"].nunique() == 1:
+        rows = t
+    if rows.empty:
+        return None
+    r = rows.iloc[0]
+    return float(r["difference"]), float(r["ci_low"]), float(r["ci_high"]), int(r["n_groups"])

@@ -1,0 +1,207 @@
+"""Feedback - baseline as paired differences (stage `paired`, `results/paired/paired.parquet`).
+
+Both models are probed on the same samples and intervened on with the same pairs, so a contrast
+between them is a paired difference: each model's mean over the groups both share, and the
+percentile group bootstrap that draws those groups once and applies the draw to both models
+(`fbt_probe.stats.paired_difference`; docs/statistics.md). What shifts a group in both models (an
+easy context, a long one) cancels in the difference, so the interval is narrower than the one that
+two models' separate intervals suggest.
+
+| what                        | per-unit values it pairs                                                      |
+|-----------------------------|-------------------------------------------------------------------------------|
+| `depth0-recurrent:1`        | held-out probe correctness per sample, depth 0 under `recurrent:1`            |
+| `carried-state`             | held-out probe correctness per sample, the probe on h(T-1) itself             |
+| `swap-normalized`           | the feedback swap's normalized effect per pair (tiny-gap rows left out)       |
+| `swap-accuracy`             | the feedback swap's answer accuracy per pair (the answer follows the swap)    |
+| `zero-replacement-accuracy` | answer accuracy per pair with the carried state replaced by zeros             |
+
+One row per quantity x task x length (`length_knob`), and pooled over the lengths (`length_knob`
+= -1, a group's values at every length together)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fbt_probe.io import atomic_dir, write_json
+from fbt_probe.loading import checkpoint_hash
+from fbt_probe.probes.sweep import SAMPLES_FILE
+from fbt_probe.provenance import git_commit, provenance
+from fbt_probe.reproduce.config import RECURRENT_1, ReproConfig, model_path
+from fbt_probe.reproduce.findings import study_kind
+from fbt_probe.stats import LEVEL, N_BOOT, paired_difference
+
+MODELS = ("feedback", "baseline")
+PROBES = {  # what -> (probe mode, depth; None: the mode's one depth)
+    "depth0-recurrent:1": (RECURRENT_1, 0),
+    "carried-state": ("carried-state", None),
+}
+CAUSAL = {  # what -> (experiment, condition, metric)
+    "swap-normalized": ("feedback-swap", "state", "normalized"),
+    "swap-accuracy": ("feedback-swap", "state", "accuracy"),
+    "zero-replacement-accuracy": ("state-replacement", "zero", "accuracy"),
+}
+DESCRIPTION = {
+    "depth0-recurrent:1": "probe accuracy at depth 0 under `recurrent:1`",
+    "carried-state": "probe accuracy on the carried state h(T-1)",
+    "swap-normalized": "the feedback swap's normalized effect",
+    "swap-accuracy": "the feedback swap's accuracy (the answer follows the swapped-in state)",
+    "zero-replacement-accuracy": "answer accuracy with the carried state replaced by zeros",
+}
+COLUMNS = [
+    "what",
+    "task",
+    "length_knob",
+    "difference",
+    "ci_low",
+    "ci_high",
+    "n_groups",
+    "feedback",
+    "baseline",
+    "n_feedback",
+    "n_baseline",
+    "unit",
+    "interval",
+]
+FOLDER, TABLE = ("results", "paired"), "paired.parquet"
+
+
+def probe_values(out: Path, model: str, mode: str, depth: int | None) -> pd.DataFrame:
+    """Per-sample held-out correctness of `model`'s probes in one mode (at `depth`): task,
+    length_knob, group_id, value. Empty without the per-sample table."""
+    frames = []
+    root = Path(out) / "results" / "probes" / model
+    for p in sorted(root.glob(f"*/{SAMPLES_FILE}")):
+        s = pd.read_parquet(p, columns=["task", "mode", "length", "depth", "group_id", "correct"])
+        s = s[s["mode"] == mode]
+        if depth is not None:
+            s = s[s["depth"] == depth]
+        frames.append(s)
+    if not frames:
+        return pd.DataFrame(columns=["task", "length_knob", "group_id", "value"])
+    s = pd.concat(frames, ignore_index=True)
+    return pd.DataFrame(
+        {
+            "task": s["task"],
+            "length_knob": s["length"].astype(np.int64),
+            "group_id": s["group_id"].astype(str),
+            "value": s["correct"].astype(np.float64),
+        }
+    )
+
+
+def pair_values(out: Path, model: str, exp: str, condition: str, metric: str) -> pd.DataFrame:
+    """Per-pair values of one intervention condition and metric (a pair's value: the mean of its
+    rows, as the experiment's summary): task, length_knob, group_id, value. Empty where not run."""
+    p = Path(out) / "results" / "interventions" / model / exp / "rows.parquet"
+    empty = pd.DataFrame(columns=["task", "length_knob", "group_id", "value"])
+    if not p.is_file():
+        return empty
+    r = pd.read_parquet(p)
+    r = r[(r["condition"] == condition) & (r["metric"] == metric) & (r["position"] == -1)]
+    if "decoding" in r.columns:  # the prefill rows (gate ablation adds soft-decoding ones)
+        r = r[r["decoding"] == "prefill"]
+    if metric == "normalized" and "tiny_gap" in r.columns:  # as the summary: tiny-gap pairs left out
+        r = r[~r["tiny_gap"].astype(bool)]
+    r = r[r["value"].notna()]
+    if r.empty:
+        return empty
+    per = r.groupby(["task", "length_knob", "pair_id"], sort=True).agg(
+        group_id=("group_id", "first"), value=("value", "mean")
+    )
+    per = per.reset_index()
+    return per.assign(group_id=per["group_id"].astype(str), length_knob=per["length_knob"].astype(np.int64))[
+        ["task", "length_knob", "group_id", "value"]
+    ]
+
+
+def paired_rows(what: str, unit: str, f: pd.DataFrame, b: pd.DataFrame, n_boot: int, seed: int) -> list[dict]:
+    """One row per task x length and per task pooled over lengths (length_knob = -1)."""
+    rows = []
+    for task in sorted(set(f["task"]) & set(b["task"])):
+        ft, bt = f[f["task"] == task], b[b["task"] == task]
+        knobs = sorted(set(ft["length_knob"]) & set(bt["length_knob"]))
+        for knob in knobs + ([-1] if len(knobs) > 1 else []):
+            fk = ft if knob == -1 else ft[ft["length_knob"] == knob]
+            bk = bt if knob == -1 else bt[bt["length_knob"] == knob]
+            if knob == -1:  # pooled over the lengths both have
+                fk, bk = fk[fk["length_knob"].isin(knobs)], bk[bk["length_knob"].isin(knobs)]
+            d, lo, hi, g = paired_difference(
+                fk["value"], fk["group_id"], bk["value"], bk["group_id"], n_boot=n_boot, seed=seed
+            )
+            if g == 0:
+                continue
+            shared = set(fk["group_id"]) & set(bk["group_id"])
+            fs, bs = fk[fk["group_id"].isin(shared)], bk[bk["group_id"].isin(shared)]
+            rows.append(
+                {
+                    "what": what,
+                    "task": task,
+                    "length_knob": int(knob),
+                    "difference": d,
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "n_groups": g,
+                    "feedback": float(fs["value"].mean()),
+                    "baseline": float(bs["value"].mean()),
+                    "n_feedback": len(fs),
+                    "n_baseline": len(bs),
+                    "unit": unit,
+                    "interval": "paired-group-bootstrap",
+                }
+            )
+    return rows
+
+
+def paired_table(out: Path, n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
+    """Every quantity of `PROBES` and `CAUSAL` as feedback - baseline (COLUMNS), where both models have it."""
+    out = Path(out)
+    rows = []
+    for what, (mode, depth) in PROBES.items():
+        f, b = (probe_values(out, m, mode, depth) for m in MODELS)
+        rows += paired_rows(what, "samples", f, b, n_boot, seed)
+    for what, (exp, condition, metric) in CAUSAL.items():
+        f, b = (pair_values(out, m, exp, condition, metric) for m in MODELS)
+        rows += paired_rows(what, "pairs", f, b, n_boot, seed)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def paired_settings(cfg: ReproConfig) -> dict:
+    return {"n_boot": 300 if cfg.quick else N_BOOT, "seed": cfg.seed, "level": LEVEL}
+
+
+def stage_paired(cfg: ReproConfig, out: Path) -> None:
+    """results/paired/: paired.parquet and paired.csv (the table, with the study's seed and kind, the
+    commit and both models' checkpoint hashes), paired.provenance.json."""
+    out = Path(out)
+    s = paired_settings(cfg)
+    t = paired_table(out, s["n_boot"], s["seed"])
+    sha = {m: checkpoint_hash(model_path(cfg, out, m)) for m in MODELS}
+    t = t.assign(
+        seed=cfg.seed,
+        study=study_kind(cfg),
+        feedback_sha256=sha["feedback"],
+        baseline_sha256=sha["baseline"],
+        commit=git_commit(),
+    )
+    with atomic_dir(out.joinpath(*FOLDER), force=True) as tmp:
+        t.to_parquet(tmp / TABLE, index=False)
+        t.to_csv(tmp / "paired.csv", index=False, float_format="%.6g")
+        write_json(
+            tmp / "paired.provenance.json",
+            provenance(
+                **s,
+                interval="percentile paired group bootstrap: the groups both models share, one draw for both",
+                sources={
+                    **{w: f"results/probes/<model>/*/{SAMPLES_FILE} ({m}, depth {d})" for w, (m, d) in PROBES.items()},
+                    **{
+                        w: f"results/interventions/<model>/{e}/rows.parquet ({c}, {k})"
+                        for w, (e, c, k) in CAUSAL.items()
+                    },
+                },
+                checkpoint_sha256=sha,
+                files=[TABLE, "paired.csv"],
+            ),
+        )
