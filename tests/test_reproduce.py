@@ -240,6 +240,10 @@ def test_quick_study_end_to_end(tmp_path):
     assert (
         all(f"sae-{f}-feedback" in html for f in ("swap", "vs-das", "features")) and "How many features carry" in report
     )
+    # the serial-depth part: its models trained here (the quick study's steps), measured, drawn and stated
+    assert {"train-depth-feedback", "train-depth-baseline", "depth"} <= set(state)
+    assert "### Serial depth" in report and "<i>depth</i>" in html
+    assert "Serial depth (compose-s3" in report.split("## Figures")[0]
     # findings first, then figures, then the tables (collapsed in the HTML)
     assert report.index("## Findings") < report.index("## Figures") < report.index("## Tables")
     assert html.count("<details>") >= 4 and html.index("<h2>Findings</h2>") < html.index("<h2>Figures</h2>")
