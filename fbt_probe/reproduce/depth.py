@@ -27,6 +27,7 @@ from fbt_probe.reproduce import rules
 from fbt_probe.reproduce.config import (
     DEPTH_MODES,
     DEPTH_TASK,
+    FULL_DEPTH,
     RECURRENT_1,
     ReproConfig,
     depth_name,
@@ -284,11 +285,20 @@ def depth_section(cfg: ReproConfig, out: Path, md_table, figures: list[str]) -> 
         else "`models/depth-feedback` and `models/depth-baseline`, trained here"
     )
     train = depth_train_config(cfg, False)
+    reduced = list(cfg.depth_knobs) != list(FULL_DEPTH.knobs) or cfg.depth_pairs != FULL_DEPTH.pairs
+    kind = "demo" if cfg.demo else "quick study" if cfg.quick else "study"
     scope = (
-        f"**The demo runs a reduced range**: k = {', '.join(map(str, cfg.depth_knobs))} at {cfg.depth_pairs} pairs "
-        "per k; the full study runs k = 2, 4, 8, 16, 32 at 64.\n\n"
-        if cfg.demo
+        f"**The {kind} runs a reduced range**: k = {', '.join(map(str, cfg.depth_knobs))} at {cfg.depth_pairs} "
+        f"pairs per k; the full study runs k = {', '.join(map(str, FULL_DEPTH.knobs))} at {FULL_DEPTH.pairs}.\n\n"
+        if reduced
         else ""
+    )
+    few = [k for k in cfg.depth_knobs if int(k) in (2, 4)]
+    few_note = (
+        f" (the `groups` column: k = {' and '.join(map(str, few))} ha{'s' if len(few) == 1 else 've'} only 1–4 "
+        "held-out words, so those rows say little)"
+        if few
+        else " (the `groups` column)"
     )
     v = rules.depth_separation(acc)
     text = (
@@ -298,8 +308,9 @@ def depth_section(cfg: ReproConfig, out: Path, md_table, figures: list[str]) -> 
         "feedback modes should answer k that standard prefill cannot. Models: "
         f"{models} (`fbt-probe train --tasks {DEPTH_TASK} --steps {train.steps} --seed {cfg.seed}`, `--baseline` for "
         "the no-feedback one). Answer accuracy (the label word is the top-1 token) on contexts held out of their "
-        f"training, one pair per held-out group, at most {cfg.depth_pairs} per k; Wilson 95 % CI with n = groups "
-        "(the `groups` column: k = 2 and 4 have only 1–4 held-out words, so their rows say little). Chance is 0.50.\n\n"
+        f"training, one pair per held-out group, at most {cfg.depth_pairs} per k; Wilson 95 % CI with n = groups"
+        + few_note
+        + ". Chance is 0.50.\n\n"
         + scope
         + f"- {v.sentence}.\n- Criterion: {rules.CRITERIA['depth']}.\n\n"
         + md_table(accuracy_wide(acc))

@@ -109,7 +109,7 @@ FIGURE_CAPTIONS = {
         "Serial depth (compose-s3): held-out answer accuracy against the number of dependent steps k the answer "
         "needs (log scale), one line per prefill mode with Wilson 95 % bars (n = groups, written under each k; modes "
         "are offset a little so that equal values stay visible), the feedback model (left) and the no-feedback "
-        "baseline (middle); dashed = chance. A separation shows as `standard` falling to chance at some k while a "
+        "baseline (middle); dashed = chance. A separation shows as standard prefill falling to chance at some k while a "
         "feedback mode stays near 1 on the feedback model and every mode stays near chance or below on the "
         "baseline. Right: the carried-state swap's normalized effect against k (1 = the answer follows the "
         "swapped-in state, 0 = ignores it), group-bootstrap 95 % CIs."
