@@ -247,6 +247,10 @@ def test_quick_study_end_to_end(tmp_path):
     assert {"depth0-recurrent:1", "carried-state", "swap-normalized"} <= set(paired["what"])
     assert ((paired["ci_low"] <= paired["difference"]) & (paired["difference"] <= paired["ci_high"])).all()
     assert "(paired, n = " in report.split("## Figures")[0] and "### Feedback − baseline, paired" in report
+    # the serial-depth part: its models trained here (the quick study's steps), measured, drawn and stated
+    assert {"train-depth-feedback", "train-depth-baseline", "depth"} <= set(state)
+    assert "### Serial depth" in report and "<i>depth</i>" in html
+    assert "Serial depth (compose-s3" in report.split("## Figures")[0]
     # findings first, then figures, then the tables (collapsed in the HTML)
     assert report.index("## Findings") < report.index("## Figures") < report.index("## Tables")
     assert html.count("<details>") >= 4 and html.index("<h2>Findings</h2>") < html.index("<h2>Figures</h2>")

@@ -119,6 +119,12 @@ FIGURES: dict[str, FigureEntry] = {
         "fractions.parquet",
         "feature swap vs k beside DAS IIA vs k and the depth-0 probe (options das=DAS summary, probe=task,accuracy)",
     ),
+    "depth": FigureEntry(
+        "fbt_probe.figures.depth",
+        "depth",
+        "accuracy.parquet",
+        "serial depth: answer accuracy vs dependent steps k per mode, one panel per model, the carried-state swap vs k beside (option swap=swap.parquet)",
+    ),
     "lens": FigureEntry(
         "fbt_probe.figures.lens",
         "lens_depth",

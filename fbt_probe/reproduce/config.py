@@ -60,6 +60,26 @@ QUICK_PLAN = _plan(
     registers=TaskPlan(6, (2,), (STANDARD, RECURRENT_1, FULL), (2,)),
     registers_count=TaskPlan(6, (2,), (STANDARD, RECURRENT_1)),
 )
+# the serial-depth part (docs/research/serial-depth.md): the compose-s3 models, answer accuracy per k x mode
+# and the carried-state swap per k; k = the dependent steps the answer needs
+DEPTH_TASK = "compose-s3"
+DEPTH_MODES = (STANDARD, RECURRENT_1, JACOBI_2, "jacobi:3", FULL)
+DEPTH_STEPS = 800  # `fbt-probe train --tasks compose-s3 --steps 800 --seed S [--baseline]`, the shipped depth models'
+DEPTH_MODELS = ("feedback", "baseline")
+
+
+@dataclass(frozen=True)
+class DepthPlan:
+    """What the depth part measures: the knob values k and the held-out pairs per k (one per group,
+    as `fbt-probe eval` draws them; the swap runs on the same pairs)."""
+
+    knobs: tuple
+    pairs: int
+
+
+FULL_DEPTH = DepthPlan((2, 4, 8, 16, 32), 64)  # the task's grid, `fbt-probe eval`'s pairs
+DEMO_DEPTH = DepthPlan((8, 16), 16)  # a reduced range: the first k with its 47+ held-out groups, and twice it
+QUICK_DEPTH = DepthPlan((8,), 4)
 LONG_LENGTHS = {"completion": (0, 8, 32, 128, 256), "memory": (0, 8, 32, 128, 256)}  # --long: the paper's grid
 
 
@@ -113,6 +133,10 @@ class ReproConfig:
     methods: bool = True
     """Run attribution patching, DAS, the lens and the SAEs (stages methods-*, lens-*, sae-feedback; the
     demo runs no SAE); --no-methods skips them."""
+    depth_knobs: list = field(default_factory=lambda: list(FULL_DEPTH.knobs))
+    """The serial-depth part's knob values k (compose-s3; the demo runs a reduced range)."""
+    depth_pairs: int = FULL_DEPTH.pairs
+    """Held-out pairs per k of the depth part (one per group; k = 2 and 4 have fewer held-out words)."""
     shipped: bool = False
     """Study the reference models shipped with the package (ref:<preset>-feedback, ref:<preset>-baseline)
     instead of training them; `fbt-probe reproduce` does unless --train."""
@@ -127,6 +151,8 @@ class ReproConfig:
             passes=6,
             contraction_docs=4,
             patch_pairs=5,
+            depth_knobs=list(QUICK_DEPTH.knobs),
+            depth_pairs=QUICK_DEPTH.pairs,
             quick=True,
         )
         return cls(**{**base, **kw})
@@ -144,6 +170,8 @@ class ReproConfig:
             eval_pairs=8,
             patch_pairs=10,
             contraction_docs=4,  # 16 documents within the demo budget; the full study reads 100 a task
+            depth_knobs=list(DEMO_DEPTH.knobs),
+            depth_pairs=DEMO_DEPTH.pairs,
             demo=True,
         )
         return cls(**{**base, **kw})
@@ -161,6 +189,16 @@ class ReproConfig:
         """The models AtP, DAS and the lens run on: every model, or under --demo the feedback model
         only (the baseline's are the full study's untrained-fusion control)."""
         return ["feedback"] if self.demo else self.models()
+
+    def depth_models(self) -> list[str]:
+        """The serial-depth part's models (`depth_path`): both, except in a user checkpoint's study,
+        which has no compose-s3 models and skips the part."""
+        return [] if self.model else list(DEPTH_MODELS)
+
+    def depth_steps(self) -> int:
+        """Training steps of the depth models under --train: the shipped ones' 800, or under --quick
+        the quick study's own steps (a pipeline check)."""
+        return self.steps if self.quick else DEPTH_STEPS
 
     def extract_batch(self) -> int:
         """Rows a forward of the activation extraction: 64 under --demo (a fifth less time than 16 on
@@ -198,6 +236,33 @@ def train_config(cfg: ReproConfig, baseline: bool) -> TrainConfig:
         save_every=max(1, min(100, cfg.steps)),
     )
     return TrainConfig(**fields)
+
+
+def depth_train_config(cfg: ReproConfig, baseline: bool) -> TrainConfig:
+    """How a depth model is trained: `fbt-probe train --tasks compose-s3 --steps 800 --seed S`
+    (`--baseline`), the paper's schedule on the task's whole grid; the shipped depth models' record."""
+    steps = cfg.depth_steps()
+    return TrainConfig(
+        preset=cfg.preset,
+        tasks=(DEPTH_TASK,),
+        steps=steps,
+        seed=cfg.seed,
+        baseline=baseline,
+        schedule="paper",
+        eval_every=max(1, min(100, steps)),
+        save_every=max(1, min(100, steps)),
+    )
+
+
+def depth_name(cfg: ReproConfig, name: str) -> str:
+    """The shipped reference of a depth model (`ref:` + this): `tiny-depth-feedback`, `tiny-depth-baseline`."""
+    return f"{cfg.preset}-depth-{name}"
+
+
+def depth_path(cfg: ReproConfig, out: Path, name: str) -> Path:
+    """The checkpoint folder of depth model `name`: the shipped one's verified folder, or the one
+    trained under OUT/models/depth-NAME."""
+    return folder(depth_name(cfg, name)) if cfg.shipped else out / "models" / f"depth-{name}"
 
 
 def trained_as(cfg: ReproConfig, name: str) -> TrainConfig | None:

@@ -13,6 +13,7 @@ from fbt_probe.provenance import git_commit
 from fbt_probe.reference import names, record
 from fbt_probe.reproduce import rules
 from fbt_probe.reproduce.config import RECURRENT_1, STANDARD, model_path, shipped_name
+from fbt_probe.reproduce.depth import sentences as depth_sentences
 from fbt_probe.reproduce.seeds import rows as seed_rows
 from fbt_probe.reproduce.seeds import spread
 from fbt_probe.reproduce.tables import (
@@ -455,6 +456,7 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
                 else ""
             )
         )
+    lines += depth_sentences(cfg, out)
     lines.append("How the findings are worded: " + "; ".join(rules.CRITERIA.values()) + ".")
     if seeds is None or seeds["seed"].nunique() < 2:
         lines.append(

@@ -23,10 +23,13 @@ from fbt_probe.probes.robustness import robustness
 from fbt_probe.probes.sweep import ProbeConfig, probe_sweep, write_results
 from fbt_probe.reference import names, record
 from fbt_probe.reproduce.config import (
+    DEPTH_TASK,
     EXPERIMENTS,
     EXTRACT_BATCH,
     RECURRENT_1,
     ReproConfig,
+    depth_name,
+    depth_train_config,
     model_path,
     schedule_label,
     shipped_name,
@@ -35,6 +38,7 @@ from fbt_probe.reproduce.config import (
     train_config,
 )
 from fbt_probe.reproduce.config import tokenizer as _tokenizer
+from fbt_probe.reproduce.depth import depth_settings, stage_depth
 from fbt_probe.reproduce.methods import methods_settings, stage_lens, stage_methods, study_model
 from fbt_probe.reproduce.paired import paired_settings, stage_paired
 from fbt_probe.reproduce.report import stage_figures, stage_report
@@ -66,8 +70,16 @@ def stage_train(cfg: ReproConfig, out: Path, name: str) -> None:
     run_training(train_config(cfg, name == "baseline"), folder, resume=resume, force=not resume, progress=True)
 
 
+def stage_train_depth(cfg: ReproConfig, out: Path, name: str) -> None:
+    """A depth model as `fbt-probe train --tasks compose-s3 --steps 800 --seed S [--baseline]` trains it."""
+    folder = out / "models" / f"depth-{name}"
+    resume = (folder / "train_state.pt").is_file()
+    run_training(depth_train_config(cfg, name == "baseline"), folder, resume=resume, force=not resume, progress=True)
+
+
 def check_shipped(cfg: ReproConfig) -> None:
-    """A shipped study needs shipped models of this preset trained with this seed and step count."""
+    """A shipped study needs shipped models of this preset trained with this seed and step count, and
+    shipped depth models trained with this seed."""
     shipped = names()
     for name in cfg.models():
         ref = shipped_name(cfg, name)
@@ -81,6 +93,18 @@ def check_shipped(cfg: ReproConfig) -> None:
             raise FbtError(
                 f"--seed {cfg.seed} --steps {cfg.steps}: the shipped ref:{ref} was trained with seed "
                 f"{rec['seed']} and {rec['steps']} steps; pass --train to train these"
+            )
+    for name in cfg.depth_models():
+        ref = depth_name(cfg, name)
+        if ref not in shipped:
+            raise FbtError(
+                f"--preset {cfg.preset}: no shipped serial-depth model ref:{ref} (shipped: "
+                f"{', '.join('ref:' + n for n in shipped) or 'none'}); pass --train to train one"
+            )
+        if record(ref)["seed"] != cfg.seed:
+            raise FbtError(
+                f"--seed {cfg.seed}: the shipped serial-depth model ref:{ref} was trained with seed "
+                f"{record(ref)['seed']}; pass --train to train these"
             )
 
 
@@ -248,6 +272,25 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
         partial(stage_contraction, cfg, out),
         after=trained,
     )
+    depth = []
+    if cfg.depth_models():  # a user checkpoint's study has no compose-s3 models: the report says the part is skipped
+        dep = []
+        if not cfg.shipped:
+            for name in cfg.depth_models():
+                st.append(
+                    Stage(
+                        f"train-depth-{name}",
+                        {**ck, "task": DEPTH_TASK, "steps": cfg.depth_steps()},
+                        [out / "models" / f"depth-{name}"],
+                        partial(stage_train_depth, cfg, out, name),
+                        resumable=True,
+                    )
+                )
+                dep.append(f"train-depth-{name}")
+        key = {**ck, **depth_settings(cfg)}
+        if cfg.shipped:
+            key["shipped_depth"] = {n: record(depth_name(cfg, n))["checkpoint_sha256"] for n in cfg.depth_models()}
+        depth.append(Stage("depth", key, [out / "results" / "depth"], partial(stage_depth, cfg, out), after=dep))
     per = {kind: [] for kind in ("extract", "methods", "lens", "probe", "patch")}
     for name in cfg.models():
         dep = [f"train-{name}"] if not cfg.model and not cfg.shipped else []
@@ -316,6 +359,7 @@ def build_stages(cfg: ReproConfig, out: Path) -> list[Stage]:
         + sae
         + [evaluate]
         + per["lens"]
+        + depth
         + per["probe"]
         + [contract]
         + per["patch"]

@@ -16,8 +16,19 @@ from fbt_probe.io import atomic_dir, atomic_path
 from fbt_probe.loading import checkpoint_hash
 from fbt_probe.probes.robustness import pooled_by_variant
 from fbt_probe.provenance import provenance
-from fbt_probe.reproduce.config import NOT_RECORDED, RECURRENT_1, STANDARD, model_path, shipped_name, training_note
+from fbt_probe.reproduce.config import (
+    NOT_RECORDED,
+    RECURRENT_1,
+    STANDARD,
+    depth_name,
+    depth_path,
+    model_path,
+    shipped_name,
+    training_note,
+)
 from fbt_probe.reproduce.config import tokenizer as study_tokenizer
+from fbt_probe.reproduce.depth import depth_section
+from fbt_probe.reproduce.depth import figure_jobs as depth_figure_jobs
 from fbt_probe.reproduce.findings import findings, headline, same_kind, shipped_comparison, study_kind
 from fbt_probe.reproduce.methods import MODEL_WORDS, figure_jobs, methods_section
 from fbt_probe.reproduce.paired import DESCRIPTION as PAIRED_WORDS
@@ -98,6 +109,15 @@ FIGURE_CAPTIONS = {
         "interchange accuracy against k dimensions, with the random subspace, the full-vector swap, the depth-0 "
         "probe accuracy and the random-rotation null (dashed). Compare where each curve reaches its plateau."
     ),
+    "depth": (
+        "Serial depth (compose-s3): held-out answer accuracy against the number of dependent steps k the answer "
+        "needs (log scale), one line per prefill mode with Wilson 95 % bars (n = groups, written under each k; modes "
+        "are offset a little so that equal values stay visible), the feedback model (left) and the no-feedback "
+        "baseline (middle); dashed = chance. A separation shows as standard prefill falling to chance at some k while a "
+        "feedback mode stays near 1 on the feedback model and every mode stays near chance or below on the "
+        "baseline. Right: the carried-state swap's normalized effect against k (1 = the answer follows the "
+        "swapped-in state, 0 = ignores it), group-bootstrap 95 % CIs."
+    ),
     "sae-features": (
         "Each task's top label latents: the latent's activation at the final position, by label. A latent that "
         "tells the labels apart has two clearly separated distributions."
@@ -164,7 +184,7 @@ def _figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
             s = _summary(out, n, exp)
             if s is not None:
                 jobs.append((f"{stem}-{n}", fig, s, words))
-    return jobs + figure_jobs(cfg, out) + sae_figure_jobs(cfg, out)
+    return jobs + figure_jobs(cfg, out) + sae_figure_jobs(cfg, out) + depth_figure_jobs(cfg, out)
 
 
 def stage_figures(cfg, out: Path, workers: int = 1) -> None:
@@ -348,11 +368,19 @@ def _model_reference(cfg, name: str) -> str:
 
 
 def _provenance(cfg, out: Path, times: dict) -> dict:
+    ran = (Path(out) / "results" / "depth").is_dir()  # the serial-depth part's models, where it ran
+    depth = {f"depth-{n}": depth_path(cfg, out, n) for n in cfg.depth_models()} if ran else {}
     return provenance(
         config=cfg.to_dict(),
         seed=cfg.seed,
-        models={n: _model_reference(cfg, n) for n in cfg.models()},
-        checkpoints={n: checkpoint_hash(model_path(cfg, out, n)) for n in cfg.models()},
+        models={
+            **{n: _model_reference(cfg, n) for n in cfg.models()},
+            **{n: f"ref:{p.name}" if cfg.shipped else f"trained here: models/{n}" for n, p in depth.items()},
+        },
+        checkpoints={
+            **{n: checkpoint_hash(model_path(cfg, out, n)) for n in cfg.models()},
+            **{n: checkpoint_hash(p) for n, p in depth.items()},
+        },
         stage_seconds={k: round(v, 1) for k, v in times.items()},
         **({"tokenizer": _tokenizer_record(cfg)} if cfg.model else {}),
     )
@@ -514,6 +542,7 @@ def _sections(cfg, out: Path, times: dict) -> list[tuple[str, str, list[str]]]:
         *paired_section(out),
         methods_section(cfg, out, _md_table, figs),
         *sae_section(cfg, out, _md_table, figs),
+        depth_section(cfg, out, _md_table, figs),
         ("What was run", provenance_markdown(_provenance(cfg, out, times)), []),
     ]
 
@@ -551,6 +580,8 @@ def stage_report(cfg, out: Path, times: dict) -> None:
         (
             "the reference models shipped with the package ("
             + ", ".join(f"`ref:{shipped_name(cfg, n)}`" for n in cfg.models())
+            + ", and for the serial-depth part "
+            + ", ".join(f"`ref:{depth_name(cfg, n)}`" for n in cfg.depth_models())
             + "); `fbt-probe reproduce --train` retrains them"
         )
         if cfg.shipped
@@ -560,7 +591,9 @@ def stage_report(cfg, out: Path, times: dict) -> None:
         " The demo study: fewer probe groups, no `full` recurrence on the register tasks, the causal experiments at "
         "one length per task ("
         + ", ".join(f"{t} {','.join(map(str, k))}" for t, k in cfg.patch_knobs.items())
-        + "), lighter AtP/DAS/lens;"
+        + "), lighter AtP/DAS/lens, the serial-depth part on a reduced range (k = "
+        + ", ".join(map(str, cfg.depth_knobs))
+        + f", {cfg.depth_pairs} pairs per k);"
         " `fbt-probe reproduce` without --demo runs the full one."
         if cfg.demo
         else ""

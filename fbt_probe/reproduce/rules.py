@@ -15,6 +15,7 @@ opposite verdict is true (tests/test_rules.py).
 | sae           | per k: label-latent and random-active shares of the swap      | sparse at k / not sparse                  |
 | contraction   | state change at pass 2 and the last pass; per-seed ratios    | contracts / does not contract             |
 | paired        | feedback - baseline over shared groups (difference, CI, n)   | higher / lower / not resolved / same      |
+| depth         | answer accuracy per model × k × mode (value, low, high)     | separates at k / does not separate        |
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ READOUT = 0.02  # depth 0 within this of the carried-state probe: a read-out of 
 CONTRACTS_BELOW = 0.1  # last pass's state change below this share of pass 2's: contracts
 FLAT_LOSS = 0.1  # Fig. 3 replicates when the last pass's validation loss is within this (nats) of pass 1's
 CHANCE = 0.5
+DEPTH_CHANCE = 0.65  # serial depth: `standard` (and the baseline, every mode) at or below this is "at chance"
+DEPTH_SOLVED = 0.9  # a feedback mode at or above this (its Wilson interval above chance) "answers" k
 
 CRITERIA = {
     "trend": (
@@ -79,6 +82,13 @@ CRITERIA = {
         "an SAE is said to carry the swap's effect in k latents when the top-k label latents carry at least 0.8 "
         "of the full-state swap's effect and k random latents active in the same pairs carry less (their "
         "intervals apart); k is quoted against the most latents a pair can have active"
+    ),
+    "depth": (
+        f"the serial-depth task separates the modes at k when the feedback model's `standard` answer accuracy is at "
+        f"most {DEPTH_CHANCE} there, a feedback mode's is at least {DEPTH_SOLVED} with its Wilson lower bound (n = "
+        f"groups) above chance, and the no-feedback baseline's is at most {DEPTH_CHANCE} under every mode; `standard` "
+        f"is at chance from k = N on when it is at most {DEPTH_CHANCE} at N and every larger k, a feedback mode "
+        f"answers up to k = M when M is the largest k where it reaches {DEPTH_SOLVED} with its lower bound above chance"
     ),
     "contraction": (
         f"the iteration contracts when the carried state's change at the last pass is below {CONTRACTS_BELOW} "
@@ -435,3 +445,87 @@ def paired(what: str, diff: tuple[float, float, float, int] | None) -> Verdict:
     if hi < 0:
         return Verdict("paired", "lower", shown)
     return Verdict("paired", "not-resolved", shown + ", an interval that holds 0")
+
+
+# ----------------------------------------------------------------------------- serial depth
+def _solves(r) -> bool:
+    return r["value"] >= DEPTH_SOLVED and r["ci_low"] > CHANCE
+
+
+def depth_separation(table: pd.DataFrame, task: str = "compose-s3") -> Verdict:
+    """table: answer accuracy per model ("feedback", "baseline") × k × mode, columns model, k, mode and
+    the value with its Wilson interval (`accuracy` or `value`, ci_low, ci_high). Separates at k when
+    the feedback model's `standard` is at most DEPTH_CHANCE, one of its feedback modes at least
+    DEPTH_SOLVED with its lower bound above chance, and the baseline at most DEPTH_CHANCE under every
+    mode (`CRITERIA["depth"]`)."""
+    t = table.rename(columns={"accuracy": "value"}) if "value" not in table.columns else table
+    fb = t[t["model"] == "feedback"]
+    base = t[t["model"] == "baseline"]
+    ks = sorted(int(k) for k in fb["k"].unique())
+    feeding = [m for m in dict.fromkeys(fb["mode"]) if m != "standard"]
+
+    def cell(model_rows, k, mode):
+        r = model_rows[(model_rows["k"] == k) & (model_rows["mode"] == mode)]
+        return None if r.empty else r.iloc[0]
+
+    def said(r) -> str:
+        return fmt(r["value"], r["ci_low"], r["ci_high"])
+
+    std = {k: cell(fb, k, "standard") for k in ks}
+    separated = []
+    for k in ks:
+        s = std[k]
+        solved = [m for m in feeding if (c := cell(fb, k, m)) is not None and _solves(c)]
+        b = base[base["k"] == k]
+        base_ok = not b.empty and bool((b["value"] <= DEPTH_CHANCE).all())
+        if s is not None and s["value"] <= DEPTH_CHANCE and solved and base_ok:
+            separated.append((k, solved))
+    if not separated:
+        per_k = []
+        for k in ks:
+            rows = fb[(fb["k"] == k) & (fb["mode"] != "standard")]
+            text = f"k = {k}:"
+            if len(rows):
+                best = rows.loc[rows["value"].idxmax()]
+                text += f" best feedback mode `{best['mode']}` {said(best)}"
+            if std[k] is not None:
+                text += f", `standard` {said(std[k])}"
+            b = base[base["k"] == k]
+            if len(b):
+                top = b.loc[b["value"].idxmax()]
+                text += f", the baseline's best {said(top)} (`{top['mode']}`)"
+            per_k.append(text)
+        return Verdict(
+            "depth",
+            "does not separate",
+            f"no knob value separates the modes on {task}: at no k is the feedback model's `standard` at or below "
+            f"{DEPTH_CHANCE} while a feedback mode reaches {DEPTH_SOLVED} (its interval above chance) and the baseline "
+            f"stays at or below {DEPTH_CHANCE} under every mode (best cells: " + "; ".join(per_k) + ")",
+        )
+    chance_from = None
+    for k in reversed(ks):
+        if std[k] is None or std[k]["value"] > DEPTH_CHANCE:
+            break
+        chance_from = k
+    lead = (
+        f"standard prefill answers at chance (at or below {DEPTH_CHANCE}) from k = {chance_from} on"
+        if chance_from is not None
+        else f"standard prefill is above {DEPTH_CHANCE} at the largest k"
+    )
+    answers = []
+    for m in feeding:
+        up = [k for k in ks if (c := cell(fb, k, m)) is not None and _solves(c)]
+        answers.append(f"`{m}` up to k = {max(up)}" if up else f"`{m}` at no k")
+    shown = []
+    for k, solved in separated:
+        best = max((cell(fb, k, m) for m in solved), key=lambda r: r["value"])
+        shown.append(f"at k = {k}, `standard` {said(std[k])} against `{best['mode']}` {said(best)}")
+    where = ", ".join(str(k) for k, _ in separated)
+    return Verdict(
+        "depth",
+        f"separates at k = {where}",
+        f"on {task} the feedback model's {lead}, while it answers (at {DEPTH_SOLVED} or above) with "
+        + ", ".join(answers)
+        + f", and the no-feedback baseline stays at or below {DEPTH_CHANCE} under every mode there: the modes "
+        f"separate at k = {where} (" + "; ".join(shown) + ")",
+    )

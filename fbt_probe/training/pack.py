@@ -72,6 +72,7 @@ def pack(
     force: bool = False,
     command: str | None = None,
     timing: str | None = None,
+    note: str | None = None,
 ) -> Path:
     prior = None
     if is_reference(str(run)):  # re-evaluate a shipped model (after an evaluation change): its training record stays
@@ -112,6 +113,9 @@ def pack(
         timing is not None
     ):  # how long the recipe takes alone, as measured (the summed step times are not, beside other runs)
         rec["timing"] = timing
+    note = note if note is not None else (prior or {}).get("note")
+    if note:  # what the card must say before its numbers (a model shipped as a negative result, say)
+        rec["note"] = note
     dest = Path(out_root) / name
     with atomic_dir(dest, force=force, own=lambda p: (p / RECORD).is_file(), kind="a reference model folder") as tmp:
         for f in ("config.json", "model.safetensors", "tokenizer.json", "metrics.jsonl"):
@@ -135,6 +139,7 @@ def card(rec: dict, acc: pd.DataFrame) -> str:
         f"{rec['train_seconds'] / 60:.1f} min of optimizer steps on {rec['cpu']}, summed from its metrics).",
         "",
         *([f"Training time alone: {rec['timing']}", ""] if rec.get("timing") else []),
+        *([f"**{rec['note']}**", ""] if rec.get("note") else []),
         f"- checkpoint sha256: `{rec['checkpoint_sha256']}`",
         f"- tasks and training lengths: {json.dumps(rec['knobs'])}; token shares {json.dumps(t['task_shares'])}",
         f"- schedule {t['schedule']!r}, lr {t['lr']} ({_lr_schedule(t)}), tokens/step {t['tokens_per_step']}, seed {rec['seed']}",

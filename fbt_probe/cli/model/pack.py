@@ -36,6 +36,12 @@ def pack(
             help="How long the retrain command takes alone, as measured, for the card (the optimizer steps' summed times are an upper bound when RUN trained beside other jobs); kept when re-packing a ref:<name>."
         ),
     ] = None,
+    note: Annotated[
+        str | None,
+        typer.Option(
+            help="A statement the card gives in bold before its numbers (what the model does not do, say); kept when re-packing a ref:<name>."
+        ),
+    ] = None,
 ) -> None:
     """Make RUN a reference model: copy its checkpoint, evaluate it on held-out contexts, write its
     model card (card.md) and the sha256 record every load verifies (reference.json).
@@ -49,7 +55,9 @@ def pack(
         raise FbtError(f"--name {name!r}: expected lower-case letters, digits and '-'")
     if eval_pairs < 1:
         raise FbtError(f"--eval-pairs {eval_pairs}: expected an integer >= 1")
-    dest = do_pack(run, name, out or reference.ROOT, eval_pairs=eval_pairs, force=force, command=command, timing=timing)
+    dest = do_pack(
+        run, name, out or reference.ROOT, eval_pairs=eval_pairs, force=force, command=command, timing=timing, note=note
+    )
     typer.echo(f"wrote {dest} (ref:{name}; card: {dest / 'card.md'})")
 
 

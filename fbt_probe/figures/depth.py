@@ -1,0 +1,120 @@
+"""Serial depth: answer accuracy against the number of dependent steps k the answer needs, one panel
+per model (the feedback model, the no-feedback baseline), one line per prefill mode with Wilson
+error bars (n = groups) and a chance line; beside them the carried-state swap's normalized effect
+against k for both models, with its group-bootstrap interval. Drawn from the study's
+results/depth/accuracy.parquet (`swap`: results/depth/swap.parquet)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fbt_probe.figures.style import paper_style, subplots
+
+MODES = ("standard", "recurrent:1", "jacobi:2", "jacobi:3", "full")
+STYLE = {  # colour, marker, line style: distinguishable in grey print too
+    "standard": ("#222222", "o", "-"),
+    "recurrent:1": ("#1f77b4", "s", "-"),
+    "jacobi:2": ("#2ca02c", "^", "--"),
+    "jacobi:3": ("#9467bd", "v", "--"),
+    "full": ("#d62728", "D", ":"),
+}
+MODEL_WORDS = {"feedback": "feedback model", "baseline": "no-feedback baseline"}
+MODEL_COLOURS = {"feedback": "#1f77b4", "baseline": "#7f7f7f"}
+
+
+def _dodge(i: int, n: int, width: float = 0.28) -> float:
+    """A mode's offset on the log2 axis, so that equal values and their bars do not hide each other."""
+    return (i - (n - 1) / 2) * width / max(n - 1, 1)
+
+
+def depth(table: pd.DataFrame, swap: pd.DataFrame | None = None, task: str = "compose-s3", chance: float = 0.5):
+    """`table`: model, k, mode, accuracy, ci_low, ci_high (groups optional: written above each k);
+    `swap`: model, k, normalized, ci_low, ci_high (the feedback swap per k). One legend under the
+    panels names the modes, the chance line and the swap's models."""
+    import matplotlib.lines as mlines
+
+    models = [m for m in ("feedback", "baseline") if m in set(table["model"])] + sorted(
+        set(table["model"]) - {"feedback", "baseline"}
+    )
+    has_swap = swap is not None and len(swap) > 0
+    ks = sorted(int(k) for k in table["k"].unique())
+    with paper_style():
+        fig, axes = subplots(1, len(models) + has_swap, panel_height_in=2.9)
+        modes = [m for m in MODES if m in set(table["mode"])] + sorted(set(table["mode"]) - set(MODES))
+        handles, labels = [], []
+        for ax, model in zip(axes[0], models):
+            t = table[table["model"] == model]
+            for i, mode in enumerate(modes):
+                g = t[t["mode"] == mode].sort_values("k")
+                if g.empty:
+                    continue
+                colour, marker, ls = STYLE.get(mode, (None, "o", "-"))
+                x = np.log2(g["k"].to_numpy(dtype=float)) + _dodge(i, len(modes))
+                y = g["accuracy"].to_numpy(dtype=float)
+                err = np.vstack([y - g["ci_low"].to_numpy(dtype=float), g["ci_high"].to_numpy(dtype=float) - y])
+                h = ax.errorbar(
+                    x, y, yerr=np.clip(err, 0, None), color=colour, marker=marker, ls=ls, capsize=2, lw=1.1, ms=3.5
+                )
+                if mode not in labels:
+                    handles.append(h)
+                    labels.append(mode)
+            ax.axhline(chance, color="grey", ls=(0, (4, 3)), lw=0.9, zorder=0)
+            ax.set(
+                title=f"{task}, {MODEL_WORDS.get(model, model)}\nanswer accuracy per prefill mode",
+                xlabel="serial steps needed k",
+                ylabel="answer accuracy (held-out)",
+                ylim=(-0.04, 1.12),
+                yticks=[0, 0.25, 0.5, 0.75, 1.0],
+            )
+            _k_axis(ax, ks)
+            if "groups" in t.columns:  # how many held-out groups each k rests on, above the data
+                n = t.groupby("k")["groups"].max()
+                for k in ks:
+                    if k in n.index:
+                        ax.text(
+                            np.log2(k), 1.065, f"n = {int(n[k])}", ha="center", va="center", fontsize=6, color="dimgrey"
+                        )
+        handles.append(mlines.Line2D([], [], color="grey", ls=(0, (4, 3)), lw=0.9))
+        labels.append(f"chance ({chance:g})")
+        if has_swap:
+            ax = axes[0][len(models)]
+            for j, (model, g) in enumerate(swap.groupby("model", sort=False)):
+                g = g.sort_values("k")
+                x = np.log2(g["k"].to_numpy(dtype=float)) + _dodge(j, swap["model"].nunique(), 0.1)
+                y = g["normalized"].to_numpy(dtype=float)
+                err = np.vstack([y - g["ci_low"].to_numpy(dtype=float), g["ci_high"].to_numpy(dtype=float) - y])
+                h = ax.errorbar(
+                    x,
+                    y,
+                    yerr=np.clip(np.nan_to_num(err), 0, None),
+                    color=MODEL_COLOURS.get(model),
+                    marker="o" if model == "feedback" else "s",
+                    capsize=2,
+                    lw=1.1,
+                )
+                handles.append(h)
+                labels.append(f"swap, {MODEL_WORDS.get(model, model)}")
+            for level in (0, 1):
+                ax.axhline(level, color="grey", ls=":", lw=0.8, zorder=0)
+            ax.set(
+                title=f"{task}, both models\ncarried-state swap under recurrent:1",
+                xlabel="serial steps needed k",
+                ylabel="normalized swap effect",
+            )
+            _k_axis(ax, sorted(int(k) for k in swap["k"].unique()))
+        fig.legend(
+            handles,
+            labels,
+            loc="outside lower center",
+            ncol=4,
+            frameon=False,
+            title="bars: Wilson 95 % CI with n = groups (above each k); swap: group-bootstrap 95 % CI",
+        )
+        return fig
+
+
+def _k_axis(ax, ks) -> None:
+    xs = [np.log2(k) for k in ks]
+    ax.set_xticks(xs, [str(k) for k in ks])
+    ax.set_xlim(min(xs) - 0.5, max(xs) + 0.5)

@@ -1,0 +1,324 @@
+"""The serial-depth part of the study (stage `depth`, after `train-depth-*` under --train): the
+compose-s3 models (docs/research/serial-depth.md) on contexts held out of their training, answer
+accuracy per k × mode and the carried-state swap per k, on the feedback model and its no-feedback
+baseline; its figure, findings sentences (`rules.depth_separation`) and report section.
+
+k is the number of dependent steps the answer needs (the task's length knob). The pairs are those
+`fbt-probe eval RUN --pairs N` draws (one per held-out group and k, `eval_samples`), so the full
+study's accuracy table is that command's on each model; the swap (`feedback-swap` of the
+interventions registry under `recurrent:1`, as the study's exact stage runs it) runs on the same
+pairs. A user checkpoint's study has no compose-s3 models: the part is skipped and the report says
+so."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from fbt_probe.interventions.combined import run_several
+from fbt_probe.interventions.pairs import label_token_ids
+from fbt_probe.interventions.registry import PatchConfig
+from fbt_probe.io import atomic_dir, write_json
+from fbt_probe.loading import checkpoint_hash, load_model
+from fbt_probe.provenance import provenance
+from fbt_probe.reproduce import rules
+from fbt_probe.reproduce.config import (
+    DEPTH_MODES,
+    DEPTH_TASK,
+    FULL_DEPTH,
+    RECURRENT_1,
+    ReproConfig,
+    depth_name,
+    depth_path,
+    depth_train_config,
+)
+from fbt_probe.stats import group_wilson
+from fbt_probe.tasks import build_tokenizer
+from fbt_probe.training.evaluate import answer_accuracy, eval_samples
+
+TITLE = "Serial depth: answer accuracy against the steps the answer needs"
+SWAP_MODE = RECURRENT_1  # the study's feedback-swap mode (registry `study_modes`)
+MODEL_WORDS = {"feedback": "feedback model", "baseline": "no-feedback baseline"}
+
+
+def folder(out: Path) -> Path:
+    return Path(out) / "results" / "depth"
+
+
+def depth_settings(cfg: ReproConfig) -> dict:
+    """What the stage measures (part of its key)."""
+    return {
+        "task": DEPTH_TASK,
+        "knobs": [int(k) for k in cfg.depth_knobs],
+        "pairs": cfg.depth_pairs,
+        "modes": list(DEPTH_MODES),
+        "swap_mode": SWAP_MODE,
+        "n_boot": 300 if cfg.quick else 1000,
+        "steps": cfg.depth_steps(),
+    }
+
+
+def depth_samples(cfg: ReproConfig, tok) -> pd.DataFrame:
+    """The held-out pairs: `depth_pairs` per k, one per group, from contexts held out of the depth
+    models' training (both models share it: same task, seed and split)."""
+    with warnings.catch_warnings():  # k = 2 and 4 have few held-out words: the tables' groups column says so
+        warnings.filterwarnings("ignore", message=r".*distinct group\(s\)")
+        return eval_samples(
+            depth_train_config(cfg, False), tok, pairs=cfg.depth_pairs, knobs={DEPTH_TASK: list(cfg.depth_knobs)}
+        )
+
+
+def with_intervals(acc: pd.DataFrame) -> pd.DataFrame:
+    """`answer_accuracy` rows with the Wilson 95 % interval at n = the cell's groups."""
+    ci = [group_wilson(r.accuracy, int(r.groups)) for r in acc.itertuples()]
+    return acc.assign(ci_low=[c[1] for c in ci], ci_high=[c[2] for c in ci])
+
+
+def swap_rows(summary: pd.DataFrame, model: str) -> pd.DataFrame:
+    """The swap's summary (condition `state`) as one row per k: the normalized effect with its
+    group-bootstrap interval, the pairs kept and left out (tiny gap), the groups, and the swap
+    accuracy (the answer is the swapped-in state's label) with its Wilson interval at n = groups."""
+    s = summary[(summary["condition"] == "state") & (summary["length_knob"] != -1)]
+    rows = []
+    for k, g in s.groupby("length_knob", sort=True):
+        m = g.set_index("metric")
+        norm, acc = m.loc["normalized"], m.loc["accuracy"]
+        rows.append(
+            {
+                "model": model,
+                "task": DEPTH_TASK,
+                "k": int(k),
+                "mode": SWAP_MODE,
+                "normalized": float(norm["mean"]),
+                "ci_low": float(norm["ci_low"]),
+                "ci_high": float(norm["ci_high"]),
+                "pairs": int(norm["n_pairs"]),
+                "excluded": int(norm["n_excluded"]),
+                "groups": int(acc.get("n_groups", acc["n_pairs"])),
+                "swap_accuracy": float(acc["mean"]),
+                "swap_accuracy_low": float(acc["ci_low"]),
+                "swap_accuracy_high": float(acc["ci_high"]),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def stage_depth(cfg: ReproConfig, out: Path) -> None:
+    """OUT/results/depth/: accuracy.parquet (model × k × mode), swap.parquet (model × k),
+    interventions/MODEL/feedback-swap/ (the experiment's own tables) and manifest.json (provenance)."""
+    s = depth_settings(cfg)
+    tok = build_tokenizer()
+    samples = depth_samples(cfg, tok)
+    labels = label_token_ids(samples, tok)
+    acc, swaps, info = [], [], {}
+    with atomic_dir(folder(out), force=True) as tmp:
+        for name in cfg.depth_models():
+            path = depth_path(cfg, out, name)
+            sha = checkpoint_hash(path)
+            info[name] = {"model": str(path), "checkpoint_sha256": sha}
+            model = load_model(str(path), device=cfg.device)
+            a = answer_accuracy(model, samples, tok, modes=DEPTH_MODES)
+            acc.append(with_intervals(a).rename(columns={"length_knob": "k"}).assign(model=name, checkpoint_sha256=sha))
+            pc = PatchConfig(
+                "feedback-swap", modes=(SWAP_MODE,), max_pairs=cfg.depth_pairs, seed=cfg.seed, n_boot=s["n_boot"]
+            )
+            (res,) = run_several(
+                model,
+                samples,
+                [pc],
+                out=tmp / "interventions" / name,
+                model_info=info[name],
+                label_ids=labels,
+                figures=False,
+            )
+            swaps.append(swap_rows(res.summary, name).assign(checkpoint_sha256=sha))
+        cols = ["model", "task", "k", "mode", "decoding", "correct", "n", "groups", "accuracy", "ci_low", "ci_high"]
+        accuracy = pd.concat(acc, ignore_index=True)
+        accuracy[cols + ["checkpoint_sha256"]].to_parquet(tmp / "accuracy.parquet", index=False)
+        pd.concat(swaps, ignore_index=True).to_parquet(tmp / "swap.parquet", index=False)
+        write_json(
+            tmp / "manifest.json",
+            {
+                "files": ["accuracy.parquet", "swap.parquet"],
+                "accuracy": "answer accuracy (the label word is the top-1 token at the final colon) per model x k x "
+                "mode; Wilson 95 % interval with n = the cell's groups (one pair per held-out group)",
+                "swap": f"feedback swap under {SWAP_MODE} (condition state): normalized effect with its group-bootstrap "
+                "95 % interval, and the swap accuracy (the answer is the swapped-in state's label) with its Wilson "
+                "interval at n = groups",
+                "provenance": provenance(
+                    config=s,
+                    seed=cfg.seed,
+                    models={n: (f"ref:{depth_name(cfg, n)}" if cfg.shipped else f"models/depth-{n}") for n in info},
+                    checkpoints={n: i["checkpoint_sha256"] for n, i in info.items()},
+                    training={n: depth_train_config(cfg, n == "baseline").to_dict() for n in info},
+                    samples=len(samples),
+                ),
+            },
+        )
+
+
+# ----------------------------------------------------------------------------- what the report reads
+def accuracy_table(out: Path) -> pd.DataFrame | None:
+    p = folder(out) / "accuracy.parquet"
+    return pd.read_parquet(p) if p.is_file() else None
+
+
+def swap_table(out: Path) -> pd.DataFrame | None:
+    p = folder(out) / "swap.parquet"
+    return pd.read_parquet(p) if p.is_file() else None
+
+
+def verdict(out: Path) -> rules.Verdict | None:
+    acc = accuracy_table(out)
+    return None if acc is None else rules.depth_separation(acc)
+
+
+def swap_sentence(out: Path, ks=None) -> str:
+    """The swap's normalized effect per k on both models (at `ks` only when given)."""
+    sw = swap_table(out)
+    if sw is None or sw.empty:
+        return ""
+    parts = []
+    for model, g in sw.groupby("model", sort=False):
+        g = g if ks is None else g[g["k"].isin(list(ks))]
+        cells = [
+            f"{rules.fmt(r.normalized, r.ci_low, r.ci_high)} at k = {r.k}"
+            + f" ({r.pairs} pair{'s' if r.pairs != 1 else ''}"
+            + (f", {r.excluded} more with a tiny gap)" if r.excluded else ")")
+            for r in g.itertuples()
+            if r.normalized == r.normalized
+        ]
+        if cells:
+            parts.append(f"the {MODEL_WORDS.get(model, model)}'s by {', '.join(cells)}")
+        else:
+            parts.append(f"the {MODEL_WORDS.get(model, model)}'s not at all (every pair has a tiny clean–corrupt gap)")
+    return (
+        f"Swapping the carried state at the final position with the partner sample's (`{SWAP_MODE}`) moves the "
+        f"{DEPTH_TASK} answer: " + "; ".join(parts) + " (normalized: 1 = the answer follows the swapped-in state, "
+        "0 = ignores it; group-bootstrap 95 % CI; figure *depth*, right; the swap accuracy, how often the answer "
+        "becomes the swapped-in state's label, is in table *Serial depth*)"
+    )
+
+
+def sentences(cfg: ReproConfig, out: Path) -> list[str]:
+    """The findings' depth sentences: the rule's verdict, then the swap per k."""
+    if cfg.model:
+        return []
+    v = verdict(out)
+    if v is None:
+        return []
+    scope = (
+        f" (the demo runs a reduced range, k = {', '.join(map(str, cfg.depth_knobs))}, at {cfg.depth_pairs} pairs "
+        "per k; the full study runs k = 2, 4, 8, 16, 32)"
+        if cfg.demo
+        else ""
+    )
+    lines = [
+        f"Serial depth ({DEPTH_TASK}, k dependent steps; held-out contexts, Wilson 95 % CI with n = groups; "
+        f"figure *depth*){scope}: {v.sentence}."
+    ]
+    swap = swap_sentence(out)
+    if swap:
+        lines.append(swap + ".")
+    return lines
+
+
+def figure_jobs(cfg: ReproConfig, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
+    acc = accuracy_table(out)
+    if cfg.model or acc is None:
+        return []
+    return [("depth", "depth", acc, {"swap": swap_table(out), "task": DEPTH_TASK})]
+
+
+def _cell(p, lo, hi) -> str:
+    return "n/a" if p != p else f"{p:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def accuracy_wide(acc: pd.DataFrame) -> pd.DataFrame:
+    """One row per model × k: groups, then each mode's accuracy [Wilson 95 % CI]."""
+    rows = []
+    for (model, k), g in acc.groupby(["model", "k"], sort=False):
+        row = {"model": model, "k": int(k), "groups": int(g["groups"].max())}
+        for r in g.itertuples():
+            row[f"`{r.mode}`"] = _cell(r.accuracy, r.ci_low, r.ci_high)
+        rows.append(row)
+    t = pd.DataFrame(rows)
+    order = {m: i for i, m in enumerate(("feedback", "baseline"))}
+    t = t.sort_values(["model", "k"], key=lambda c: c.map(order) if c.name == "model" else c, kind="stable")
+    mode_cols = [f"`{m}`" for m in DEPTH_MODES if f"`{m}`" in t.columns]
+    return t[["model", "k", "groups", *mode_cols]].reset_index(drop=True)
+
+
+def swap_wide(sw: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "model": sw["model"],
+            "k": sw["k"],
+            "normalized [95% CI]": [_cell(r.normalized, r.ci_low, r.ci_high) for r in sw.itertuples()],
+            "swap accuracy [95% CI]": [
+                _cell(r.swap_accuracy, r.swap_accuracy_low, r.swap_accuracy_high) for r in sw.itertuples()
+            ],
+            "pairs (tiny gap)": [f"{r.pairs} ({r.excluded})" for r in sw.itertuples()],
+            "groups": sw["groups"],
+        }
+    )
+
+
+def depth_section(cfg: ReproConfig, out: Path, md_table, figures: list[str]) -> tuple[str, str, list[str]]:
+    """(title, markdown, figure stems) of the report section."""
+    if cfg.model:
+        return (
+            TITLE,
+            "_(not run: a user checkpoint's study skips the serial-depth part, which measures the compose-s3 models "
+            "— the shipped `ref:tiny-depth-feedback` and `ref:tiny-depth-baseline`, or with `--train` the two trained "
+            "here; `fbt-probe reproduce` without --model runs it)_\n",
+            [],
+        )
+    acc, sw = accuracy_table(out), swap_table(out)
+    if acc is None:
+        return (TITLE, "_(not run)_\n", [])
+    models = (
+        "the shipped `ref:tiny-depth-feedback` and `ref:tiny-depth-baseline`"
+        if cfg.shipped
+        else "`models/depth-feedback` and `models/depth-baseline`, trained here"
+    )
+    train = depth_train_config(cfg, False)
+    reduced = list(cfg.depth_knobs) != list(FULL_DEPTH.knobs) or cfg.depth_pairs != FULL_DEPTH.pairs
+    kind = "demo" if cfg.demo else "quick study" if cfg.quick else "study"
+    scope = (
+        f"**The {kind} runs a reduced range**: k = {', '.join(map(str, cfg.depth_knobs))} at {cfg.depth_pairs} "
+        f"pairs per k; the full study runs k = {', '.join(map(str, FULL_DEPTH.knobs))} at {FULL_DEPTH.pairs}.\n\n"
+        if reduced
+        else ""
+    )
+    few = [k for k in cfg.depth_knobs if int(k) in (2, 4)]
+    few_note = (
+        f" (the `groups` column: k = {' and '.join(map(str, few))} ha{'s' if len(few) == 1 else 've'} only 1–4 "
+        "held-out words, so those rows say little)"
+        if few
+        else " (the `groups` column)"
+    )
+    v = rules.depth_separation(acc)
+    text = (
+        f"A task whose answer needs k dependent steps ({DEPTH_TASK}: a point moved by k generators of the "
+        "symmetric group S3; docs/research/serial-depth.md): without feedback a position's layer ℓ reads earlier "
+        "positions only below ℓ, so one pass gives the final position a bounded number of serial steps, and the "
+        "feedback modes should answer k that standard prefill cannot. Models: "
+        f"{models} (`fbt-probe train --tasks {DEPTH_TASK} --steps {train.steps} --seed {cfg.seed}`, `--baseline` for "
+        "the no-feedback one). Answer accuracy (the label word is the top-1 token) on contexts held out of their "
+        f"training, one pair per held-out group, at most {cfg.depth_pairs} per k; Wilson 95 % CI with n = groups"
+        + few_note
+        + ". Chance is 0.50.\n\n"
+        + scope
+        + f"- {v.sentence}.\n- Criterion: {rules.CRITERIA['depth']}.\n\n"
+        + md_table(accuracy_wide(acc))
+        + "\n**Carried-state swap per k** (`feedback-swap`, condition `state`, under `recurrent:1`, on the same pairs): "
+        "normalized = `(patched − corrupt)/(clean − corrupt)` of the logit difference between the two label words, "
+        "1 = the answer follows the swapped-in state, 0 = ignores it (group-bootstrap 95 % CI; pairs whose "
+        "clean–corrupt gap is below 0.1 are left out and counted); swap accuracy = the answer is the swapped-in "
+        "state's label (Wilson 95 % CI, n = groups).\n\n"
+        + (md_table(swap_wide(sw)) if sw is not None else "_(no swap table)_\n")
+    )
+    return (TITLE, text, [f for f in figures if f == "depth"])
