@@ -151,3 +151,64 @@ def test_sae_sparsity_needs_the_random_active_control_below_the_label_latents():
     # memory: top-16 0.97 against random-16 1.01 — the label latents are no better than any active ones
     no = rules.sae_sparsity("memory", sae_table({4: 0.6, 16: 0.97}, {4: 0.55, 16: 1.01}), 16)
     assert no.verdict == "not sparse" and "k = 16: 0.97 vs random 1.01" in no.sentence
+
+
+def grid_table(per_sae: dict[str, tuple[dict, dict]], max_active: int = 16, width: float = 0.05) -> pd.DataFrame:
+    """The sparsity table of a grid of SAEs: sae -> (label-latent shares by k, random-active shares by k)."""
+    return pd.concat(
+        [sae_table(f, r, width).assign(sae=s, max_active=max_active) for s, (f, r) in per_sae.items()],
+        ignore_index=True,
+    )
+
+
+SPARSE = ({1: 0.5, 4: 0.97, 16: 1.0}, {1: 0.1, 4: 0.22, 16: 0.95})  # completion's shape: 4 latents
+DENSE = ({4: 0.6, 16: 0.97}, {4: 0.55, 16: 1.01})  # memory's: the random active latents catch up
+LATE = ({1: 0.3, 4: 0.6, 16: 0.97}, {1: 0.1, 4: 0.2, 16: 0.5})  # sparse only at 16
+
+
+def test_sae_grid_says_on_how_many_sparse_autoencoders_the_claim_holds():
+    ids = ["topk-x4-s0", "topk-x4-s1", "topk-x8-s0", "topk-x8-s1", "topk-x4-s0-demo"]
+    every = rules.sae_sparsity_grid("completion", grid_table({s: SPARSE for s in ids}))
+    assert every.verdict == "sparse at 4 on all SAEs"
+    assert every.sentence.startswith(
+        "completion: on all 5 SAEs, 4 label latents of at most 16 active carry most of the full-state swap's effect "
+        "(topk-x4-s0: **0.97** [0.92, 1.02], 4 random active latents **0.22** [0.17, 0.27]; over the 5 SAEs 0.97 "
+        "against 0.22)"
+    )
+    assert "not on" not in every.sentence and "fewer" not in every.sentence
+    # the opposite on one SAE: the demo-data SAE needs 16 latents
+    some = rules.sae_sparsity_grid("completion", grid_table({**{s: SPARSE for s in ids[:4]}, ids[4]: LATE}))
+    assert some.verdict == "sparse at 4 on 4 of 5 SAEs"
+    assert some.sentence.startswith("completion: on 4 of 5 SAEs, 4 label latents of at most 16 active")
+    assert "over the 5 SAEs 0.60–0.97 against 0.20–0.22" in some.sentence
+    assert some.sentence.endswith("; not on topk-x4-s0-demo (there first at k = 16)")
+    # the k quoted is where it holds on the most SAEs, and the first SAE that holds there is quoted
+    late = rules.sae_sparsity_grid("completion", grid_table({ids[0]: SPARSE, ids[1]: LATE, ids[2]: LATE}))
+    assert late.verdict == "sparse at 16 on 2 of 3 SAEs" and "16 label latents" in late.sentence
+    assert "(topk-x4-s1: **0.97**" in late.sentence and "with fewer latents at k = 4 on 1 of 3" in late.sentence
+    assert "not on topk-x4-s0 (there first at k = 4)" in late.sentence
+    # the opposite of all: on none (memory's: top-16 0.97 against random-16 1.01 on every SAE)
+    none = rules.sae_sparsity_grid("memory", grid_table({s: DENSE for s in ids}))
+    assert none.verdict == "not sparse" and none.sentence.startswith("memory: not sparse on any of the 5 SAEs")
+    assert "topk-x4-s0: top-16 0.97 vs random-16 1.01; over the 5 SAEs top-16 0.97, random-16 1.01" in none.sentence
+    assert "a pair has at most 16 active latents" in none.sentence
+
+
+def test_sae_grid_counts_an_sae_only_with_its_random_control_below():
+    # label latents at 0.97 on both SAEs, but on the second its random control's interval reaches them
+    near = ({4: 0.97}, {4: 0.9})
+    t = grid_table({"a": SPARSE, "b": near})
+    v = rules.sae_sparsity_grid("completion", t)
+    assert v.verdict == "sparse at 4 on 1 of 2 SAEs" and "not on b (at no k)" in v.sentence
+    assert "over the 2 SAEs 0.97 against 0.22–0.90" in v.sentence
+    # one SAE (the quick study): no count of SAEs beside the quoted one
+    one = rules.sae_sparsity_grid("completion", grid_table({"topk-x2-s0": SPARSE}, max_active=8))
+    assert (
+        one.verdict == "sparse at 4 on all SAEs"
+        and "of at most 8 active" in one.sentence
+        and "SAEs" not in one.sentence
+    )
+    assert rules.sae_sparsity_grid("memory", grid_table({"topk-x2-s0": DENSE})).sentence.startswith(
+        "memory: not sparse on the one SAE"
+    )
+    assert "sae-grid" in rules.CRITERIA

@@ -105,7 +105,8 @@ FIGURES: dict[str, FigureEntry] = {
         "fbt_probe.figures.sae",
         "sae_swap",
         "fractions.parquet",
-        "SAE feature swap: share of the full-state swap carried by the top-k label latents vs k, random control",
+        "SAE feature swap: share of the full-state swap carried by the top-k label latents vs k, random control "
+        "(one line per SAE where sparsity.parquet holds the grid)",
     ),
     "sae-features": FigureEntry(
         "fbt_probe.figures.sae",

@@ -1,6 +1,8 @@
 """The feature-swap curve, drawn from `fractions.parquet` (`fbt-probe sae analyze`): the share of the
 full-state swap's effect that the top-k label latents carry, against k, with the random-latent
-control at the same k; one panel per task; bars are BCa group-bootstrap 95 % intervals."""
+control at the same k; one panel per task; bars are normal group-bootstrap 95 % intervals. From a
+grid's `sparsity.parquet` (a `sae` column: one SAE per id) it draws one line per SAE, the label
+latents solid and each SAE's random control dashed in its colour."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ def sae_swap(table: pd.DataFrame, model_label: str = ""):
     tasks = sorted(table["task"].unique())
     if not tasks:
         raise FbtError("sae-swap: the table has no rows")
+    if "sae" in table.columns:
+        return sae_swap_grid(table, tasks, model_label)
     with paper_style():
         fig, axes = subplots(1, len(tasks), panel_height_in=2.2, sharey=True)
         for j, task in enumerate(tasks):
@@ -46,6 +50,74 @@ def sae_swap(table: pd.DataFrame, model_label: str = ""):
         handles, labels = axes[0, 0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncol=3)
         fig.suptitle(f"Feature swap on the carried state{' — ' + model_label if model_label else ''}")
+    return fig
+
+
+def sae_swap_grid(table: pd.DataFrame, tasks: list, model_label: str = ""):
+    """One panel per task, one colour per SAE (the first drawn thickest): the top-k label latents'
+    share (solid, filled) and k random active latents' (dashed, open), with their intervals, each SAE
+    nudged along k so that the bars do not cover one another; a dotted line at the most latents a pair
+    can have active."""
+    table = table[table["condition"].isin(["features", "random"])]  # not `all` (every latent, k = d_sae)
+    saes = list(dict.fromkeys(table["sae"]))
+    bounds: set = set()
+    nudge = {s: 2 ** (0.06 * (i - (len(saes) - 1) / 2)) for i, s in enumerate(saes)}
+    with paper_style():
+        fig, axes = subplots(1, len(tasks), panel_height_in=2.4, sharey=True)
+        for j, task in enumerate(tasks):
+            ax = axes[0, j]
+            t = table[table["task"] == task]
+            for i, sae in enumerate(saes):
+                colour = f"C{i % 10}"
+                for cond, ls, face in (("features", "-", colour), ("random", "--", "white")):
+                    s = t[(t["sae"] == sae) & (t["condition"] == cond)].sort_values("k")
+                    if s.empty:
+                        continue
+                    err = [(s["fraction"] - s["ci_low"]).clip(lower=0), (s["ci_high"] - s["fraction"]).clip(lower=0)]
+                    ax.errorbar(
+                        s["k"] * nudge[sae],
+                        s["fraction"],
+                        yerr=err,
+                        color=colour,
+                        ls=ls,
+                        lw=1.6 if i == 0 else 0.9,
+                        marker="o" if cond == "features" else "s",
+                        ms=3.5 if i == 0 else 2.5,
+                        mfc=face,
+                        capsize=1.5,
+                        elinewidth=0.6,
+                        label=sae if cond == "features" else None,
+                    )
+            bound = sorted(set(t["max_active"].dropna().astype(int))) if "max_active" in t else []
+            bounds.update(bound)
+            for m in bound:
+                ax.axvline(m, color="0.4", ls=":", lw=0.8)
+            ax.axhline(1.0, color="black", lw=0.6)
+            ax.axhline(0.8, color="0.6", lw=0.5, ls="-.")
+            ax.set_xscale("log", base=2)
+            ks = sorted(t["k"].unique())
+            ax.set_xticks(ks, [str(int(k)) for k in ks])
+            ax.set_title(task)
+            ax.set_xlabel("k latents swapped")
+            if j == 0:
+                ax.set_ylabel("share of the full-state swap")
+        from matplotlib.lines import Line2D
+
+        handles, labels = axes[0, 0].get_legend_handles_labels()
+        handles += [
+            Line2D([], [], color="0.2", ls="-", marker="o", ms=3, label="top-k label latents"),
+            Line2D([], [], color="0.2", ls="--", marker="s", mfc="white", ms=3, label="k random active latents"),
+            Line2D([], [], color="0.6", ls="-.", lw=0.5, label="0.8: the claim's threshold"),
+        ]
+        if bounds:
+            most = ", ".join(str(m) for m in sorted(bounds))
+            handles.append(
+                Line2D([], [], color="0.4", ls=":", lw=0.8, label=f"at most {most} latents active in a pair")
+            )
+        fig.legend(handles, [h.get_label() for h in handles], loc="outside lower center", ncol=4)
+        fig.suptitle(
+            f"Feature swap on the carried state over {len(saes)} SAEs{' — ' + model_label if model_label else ''}"
+        )
     return fig
 
 

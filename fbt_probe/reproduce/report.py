@@ -100,9 +100,11 @@ FIGURE_CAPTIONS = {
         "The depth where a line rises is where the answer becomes predictable."
     ),
     "sae-swap": (
-        "Share of the full-state swap's effect carried by swapping only the top-k SAE label latents, against k "
-        "random active latents, BCa group-bootstrap 95 % intervals. A curve near 1 at small k with the random "
-        "control near 0 means a few features carry what the model uses."
+        "Share of the full-state swap's effect carried by swapping only the top-k SAE label latents (solid), "
+        "against k random active latents (dashed), one colour per SAE of the grid (SAE seeds × widths and the "
+        "demo-data SAE), normal group-bootstrap 95 % intervals. A solid curve near 1 at small k with its dashed "
+        "control well below, on every SAE, means a few features carry what the model uses; the dotted line is "
+        "the most latents a pair can have active."
     ),
     "sae-vs-das": (
         "Top: the SAE feature swap's share of the full-state effect against k latents; bottom: DAS's held-out "
@@ -560,7 +562,7 @@ def _sae_finding(out: Path) -> list[str]:
     if not said:
         return []
     return [
-        "How many features carry what the model uses (a TopK SAE on the carried state, label latents chosen on "
+        "How many features carry what the model uses (TopK SAEs on the carried state, label latents chosen on "
         "the other half of the groups; share of the full-state swap's effect, normal group-bootstrap 95 % CI; "
         "figure *sae-vs-das-feedback*): " + "; ".join(said) + "."
     ]

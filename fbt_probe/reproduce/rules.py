@@ -13,6 +13,7 @@ opposite verdict is true (tests/test_rules.py).
 | replication   | ours beside the paper's, per figure                         | replicates / does not replicate           |
 | das           | DAS k = 1 and full-swap IIA, on the model and its control   | exceeds (illusion pattern) / within       |
 | sae           | per k: label-latent and random-active shares of the swap      | sparse at k / not sparse                  |
+| sae-grid      | the same per SAE of a grid (seeds × widths, demo-sized data) | sparse at k on all / n of N / none        |
 | contraction   | state change at pass 2 and the last pass; per-seed ratios    | contracts / does not contract             |
 | paired        | feedback - baseline over shared groups (difference, CI, n)   | higher / lower / not resolved / same      |
 | depth         | answer accuracy per model × k × mode (value, low, high)     | separates at k / does not separate        |
@@ -89,6 +90,11 @@ CRITERIA = {
         f"groups) above chance, and the no-feedback baseline's is at most {DEPTH_CHANCE} under every mode; `standard` "
         f"is at chance from k = N on when it is at most {DEPTH_CHANCE} at N and every larger k, a feedback mode "
         f"answers up to k = M when M is the largest k where it reaches {DEPTH_SOLVED} with its lower bound above chance"
+    ),
+    "sae-grid": (
+        "the SAE claim is counted over a grid of TopK SAEs (SAE seeds × widths, and one trained on demo-sized "
+        "data), each judged by the criterion above with its own label latents and random control; the sentence "
+        "quotes the k at which it holds on the most SAEs (the smallest such k) and says on how many"
     ),
     "contraction": (
         f"the iteration contracts when the carried state's change at the last pass is below {CONTRACTS_BELOW} "
@@ -364,16 +370,28 @@ def das_illusion(
 SAE_SHARE = 0.8
 
 
+def _sae_holds(feats: pd.DataFrame, rand: pd.DataFrame, k) -> bool:
+    """The `sae` criterion at k: the top-k label latents carry at least SAE_SHARE and the k random active
+    latents' interval lies below theirs (a k without the control is judged on the label latents alone)."""
+    r = feats.loc[k]
+    if r["fraction"] < SAE_SHARE:
+        return False
+    return not (k in rand.index and rand.loc[k, "ci_high"] >= r["ci_low"])
+
+
+def _sae_split(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    feats = table[table["condition"] == "features"].set_index("k").sort_index()
+    rand = table[table["condition"] == "random"].set_index("k")
+    return feats, rand
+
+
 def sae_sparsity(task: str, table: pd.DataFrame, max_active: int | None) -> Verdict:
     """table: rows of one task with columns condition ("features": the top-k label latents, "random": k
     random active latents), k, fraction, ci_low, ci_high (shares of the full-state swap's effect)."""
-    feats = table[table["condition"] == "features"].set_index("k").sort_index()
-    rand = table[table["condition"] == "random"].set_index("k")
+    feats, rand = _sae_split(table)
     of = "" if max_active is None else f" of at most {max_active} active latents"
     for k, r in feats.iterrows():
-        if r["fraction"] < SAE_SHARE:
-            continue
-        if k in rand.index and rand.loc[k, "ci_high"] >= r["ci_low"]:
+        if not _sae_holds(feats, rand, k):
             continue
         ctrl = (
             f", against {fmt(rand.loc[k, 'fraction'], rand.loc[k, 'ci_low'], rand.loc[k, 'ci_high'])} for {k} random "
@@ -529,3 +547,83 @@ def depth_separation(table: pd.DataFrame, task: str = "compose-s3") -> Verdict:
         + f", and the no-feedback baseline stays at or below {DEPTH_CHANCE} under every mode there: the modes "
         f"separate at k = {where} (" + "; ".join(shown) + ")",
     )
+
+
+def _span(values, digits: int = 2) -> str:
+    """'0.80–0.97' (one value if both ends print alike)."""
+    lo, hi = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def _count(n: int, of: int) -> str:
+    if of == 1:
+        return "on the one SAE"
+    return f"on all {of} SAEs" if n == of else f"on {n} of {of} SAEs"
+
+
+def sae_sparsity_grid(task: str, table: pd.DataFrame) -> Verdict:
+    """table: one task's rows over a grid of SAEs, columns sae (the first listed is quoted), condition
+    ("features", "random"; others ignored), k, fraction, ci_low, ci_high, max_active. Each SAE is judged
+    by `sae_sparsity`'s criterion at each k; the sentence names the k at which the claim holds on the
+    most SAEs (the smallest such k), quotes the first SAE for which it holds there, and gives the range
+    of both shares at that k over every SAE; with no such k, 'not sparse on any SAE'."""
+    table = table[table["condition"].isin(["features", "random"])]
+    saes = list(dict.fromkeys(table["sae"]))
+    n = len(saes)
+    split = {s: _sae_split(table[table["sae"] == s]) for s in saes}
+    most = {s: int(table.loc[table["sae"] == s, "max_active"].iloc[0]) for s in saes}
+    ks = sorted({int(k) for f, _ in split.values() for k in f.index})
+    holds = {k: [s for s in saes if k in split[s][0].index and _sae_holds(*split[s], k)] for k in ks}
+    best = max(ks, key=lambda k: (len(holds[k]), -k)) if ks else None
+    smallest = {s: next((k for k in ks if s in holds[k]), None) for s in saes}
+
+    def at(k, cond: int) -> list[float]:
+        """The share at k over every SAE that has it (cond 0: label latents, 1: random active)."""
+        return [float(split[s][cond].loc[k, "fraction"]) for s in saes if k in split[s][cond].index]
+
+    if best is None or not holds[best]:
+        f0, r0 = split[saes[0]]
+        shown = next((k for k in f0.index if f0.loc[k, "fraction"] >= SAE_SHARE), f0.index.max() if len(f0) else None)
+        if shown is None:
+            return Verdict("sae-grid", "not sparse", f"{task}: no feature swap on any SAE")
+        rnd = f" vs random-{shown} {r0.loc[shown, 'fraction']:.2f}" if shown in r0.index else ""
+        over = f"; over the {n} SAEs top-{shown} {_span(at(shown, 0))}"
+        if at(shown, 1):
+            over += f", random-{shown} {_span(at(shown, 1))}"
+        return Verdict(
+            "sae-grid",
+            "not sparse",
+            f"{task}: not sparse {'on any of the ' + str(n) + ' SAEs' if n > 1 else 'on the one SAE'} — no k where the "
+            f"label latents carry {SAE_SHARE} of the full-state swap's effect and as many random active latents "
+            f"carry less ({saes[0]}: top-{shown} {f0.loc[shown, 'fraction']:.2f}{rnd}{over if n > 1 else ''}; a "
+            f"pair has at most {_span(most.values(), 0)} active latents)",
+        )
+    k = best
+    quoted = holds[k][0]
+    f, r = split[quoted]
+    ctrl = (
+        f", {k} random active latent{'s' if k > 1 else ''} "
+        f"{fmt(r.loc[k, 'fraction'], r.loc[k, 'ci_low'], r.loc[k, 'ci_high'])}"
+        if k in r.index
+        else ", no random-latent control at this k"
+    )
+    quote = f"{quoted}: {fmt(f.loc[k, 'fraction'], f.loc[k, 'ci_low'], f.loc[k, 'ci_high'])}{ctrl}"
+    if n > 1:
+        quote += f"; over the {n} SAEs {_span(at(k, 0))}"
+        if at(k, 1):
+            quote += f" against {_span(at(k, 1))}"
+    text = (
+        f"{task}: {_count(len(holds[k]), n)}, {k} label latent{'s' if k > 1 else ''} of at most {most[quoted]} "
+        f"active carry most of the full-state swap's effect ({quote})"
+    )
+    verdict = f"sparse at {k} on all SAEs" if len(holds[k]) == n else f"sparse at {k} on {len(holds[k])} of {n} SAEs"
+    if n > 1:
+        fewer = [f"at k = {j} on {len(holds[j])} of {n}" for j in ks if j < k and holds[j]]
+        if fewer:
+            text += "; with fewer latents " + ", ".join(fewer)
+        missed = [s for s in saes if s not in holds[k]]
+        if missed:
+            text += "; not on " + ", ".join(
+                s + (" (at no k)" if smallest[s] is None else f" (there first at k = {smallest[s]})") for s in missed
+            )
+    return Verdict("sae-grid", verdict, text)

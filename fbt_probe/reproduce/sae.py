@@ -5,24 +5,33 @@ The stage trains a TopK and a JumpReLU SAE on the feedback model's carried state
 carries the standard pass's top state into every position: what `recurrent:1` carries into the
 last), then, per task at the methods' lengths (the pairs DAS reads), runs `sae analyze` with the
 TopK SAE (reconstruction, loss recovered, the feature swap and ablations, the feature table and
-browser) and the reconstruction and loss recovered of the JumpReLU SAE beside it. The demo skips
-the stage and its report says so; the quick study runs a small SAE (a pipeline check)."""
+browser) and the reconstruction and loss recovered of the JumpReLU SAE beside it.
+
+The sparsity claim rests on a grid of TopK SAEs, not on one: SAE seeds × widths (the first of them
+is the TopK SAE above) and one trained on the study's data cut to the demo's groups per task, each
+with its own label latents and its own random-active control on the same pairs, in one table
+(`sparsity.parquet`) that `rules.sae_sparsity_grid` reads. The demo skips the stage and its report
+says so; the quick study runs one small SAE (a pipeline check)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import torch
 
-from fbt_probe.io import atomic_dir
+from fbt_probe.io import atomic_dir, write_json
 from fbt_probe.loading import load_data
 from fbt_probe.modes import parse_modes
+from fbt_probe.provenance import git_commit, provenance
 from fbt_probe.reproduce import rules
-from fbt_probe.reproduce.config import JACOBI_2, RECURRENT_1
+from fbt_probe.reproduce.config import DEMO_PLAN, JACOBI_2, RECURRENT_1
 from fbt_probe.reproduce.methods import FEEDBACK, _fmt, _mapped, _model, _per_task, _task_pairs, methods_knobs, tables
-from fbt_probe.sae.analyze import TOP, analyze, quality
+from fbt_probe.sae.analyze import TOP, analyze, fractions, quality
 from fbt_probe.sae.data import collect, saelens_metadata
+from fbt_probe.sae.features import feature_tests
 from fbt_probe.sae.metrics import reconstruction
 from fbt_probe.sae.model import SparseAutoencoder
 from fbt_probe.sae.train import SAETrainConfig, train_sae
@@ -32,16 +41,19 @@ TITLE = "Sparse autoencoders on the carried state"
 
 
 def sae_settings(cfg) -> dict | None:
-    """What the stage runs (its key); None: not run (the demo)."""
+    """What the stage runs (its key); None: not run (the demo). `grid_expansions` × `grid_seeds`: the
+    TopK SAEs of the sparsity table (the first pair is the analysed TopK SAE's own); `demo_groups`:
+    task -> groups per length of the demo-data SAE's training rows (None: no such SAE)."""
     if cfg.demo:
         return None
     quick = cfg.quick
+    expansion = 2 if quick else 4
     return {
         "hook": FEEDBACK,
         "train_mode": JACOBI_2,
         "positions": "fed",
         "architectures": ["topk", "jumprelu"],
-        "expansion": 2 if quick else 4,
+        "expansion": expansion,
         "k": 4 if quick else 8,
         "l0_coeff": 0.03,
         "steps": 100 if quick else 2000,
@@ -53,6 +65,9 @@ def sae_settings(cfg) -> dict | None:
         "max_pairs": 3 if quick else cfg.patch_pairs,
         "n_boot": 200 if quick else 1000,
         "knobs": methods_knobs(cfg),
+        "grid_expansions": [expansion] if quick else [expansion, 2 * expansion],
+        "grid_seeds": [cfg.seed] if quick else [cfg.seed, cfg.seed + 1],
+        "demo_groups": None if quick else {t: DEMO_PLAN[t].groups for t in cfg.groups if t in DEMO_PLAN},
     }
 
 
@@ -64,44 +79,110 @@ def folder(out: Path) -> Path:
     return Path(out) / "results" / "sae" / NAME
 
 
-def stage_sae(cfg, out: Path) -> None:
+def sae_id(expansion: int, seed: int, demo: bool = False) -> str:
+    """The grid's name of a TopK SAE: topk-x4-s0 (expansion 4, SAE seed 0), topk-x4-s0-demo (trained on
+    the demo-sized data)."""
+    return f"topk-x{expansion}-s{seed}" + ("-demo" if demo else "")
+
+
+def demo_rows(data: pd.DataFrame, groups: dict) -> np.ndarray:
+    """Boolean mask of `data`'s rows in the demo-sized subset: per task and length, the first
+    `groups[task]` group ids (in sorted order; completion's and memory's groups span the lengths, so
+    the same groups at every length; a register task's are per cell). A task not in `groups` is kept
+    whole."""
+    keep = np.ones(len(data), dtype=bool)
+    for (task, _), g in data.groupby(["task", "length_knob"], sort=False):
+        if task not in groups:
+            continue
+        first = set(sorted(g["group_id"].unique())[: groups[task]])
+        keep[data.index.get_indexer(g.index)] = g["group_id"].isin(first).to_numpy()
+    return keep
+
+
+def grid_plan(s: dict, seed: int) -> list[dict]:
+    """The sparsity table's TopK SAEs in order (the first is the analysed TopK SAE): id, expansion,
+    sae_seed, data ("study" or "demo-sized"), folder (relative to the stage's)."""
+    plan = []
+    for e in s["grid_expansions"]:
+        for sd in s["grid_seeds"]:
+            first = not plan
+            plan.append(
+                {
+                    "sae": sae_id(e, sd),
+                    "expansion": e,
+                    "sae_seed": sd,
+                    "data": "study",
+                    "folder": "topk" if first else f"grid/{sae_id(e, sd)}",
+                }
+            )
+    if not plan or (plan[0]["expansion"], plan[0]["sae_seed"]) != (s["expansion"], seed):
+        raise ValueError("sae settings: the grid's first SAE must be the analysed TopK SAE")
+    if s.get("demo_groups"):
+        i = sae_id(s["expansion"], seed, demo=True)
+        plan.append(
+            {"sae": i, "expansion": s["expansion"], "sae_seed": seed, "data": "demo-sized", "folder": f"grid/{i}"}
+        )
+    return plan
+
+
+def _train(x, index, s: dict, arch: str, expansion: int, seed: int, meta: dict, dataset_path: str):
+    tc = SAETrainConfig(
+        architecture=arch,
+        expansion=expansion,
+        k=s["k"],
+        steps=s["steps"],
+        batch_size=s["batch_size"],
+        lr=s["lr"],
+        seed=seed,
+        l0_coeff=s["l0_coeff"],
+    )
+    sae, record = train_sae(x, tc, {**meta, **saelens_metadata(index, dataset_path)})
+    sae.cfg.metadata["training"] = record
+    sae.cfg.metadata["reconstruction"] = reconstruction(sae, x)
+    return sae
+
+
+def stage_sae(cfg, out: Path, settings: dict | None = None) -> None:
     """OUT/results/sae/feedback/: topk/ and jumprelu/ (SAELens's format), analysis/TASK/ (`sae analyze`
-    of the TopK SAE), jumprelu-quality/TASK/ (reconstruction and loss recovered of the JumpReLU SAE)."""
-    s = sae_settings(cfg)
+    of the TopK SAE), jumprelu-quality/TASK/ (reconstruction and loss recovered of the JumpReLU SAE),
+    grid/ID/ (the grid's other TopK SAEs), sparsity.parquet (every grid SAE's feature swap and random
+    control per task and k) and sparsity.provenance.json. `settings`: `sae_settings(cfg)` unless given."""
+    s = settings or sae_settings(cfg)
     model, info = _model(cfg, out, NAME)
     data = load_data(out / "data", pairs=False, command="reproduce")
     x, index = collect(model, data, s["hook"], s["train_mode"], s["positions"])
+    meta = {
+        "hook_name": s["hook"],
+        "model_name": info["model"],
+        "checkpoint_sha256": info["checkpoint_sha256"],
+        "dataset_hash": data.attrs.get("dataset_hash"),
+        "mode": s["train_mode"],
+        "positions": s["positions"],
+        "dataset": "data (every task, every probe length)",
+    }
+    path = str(out / "data")
+    plan = grid_plan(s, cfg.seed)
     with atomic_dir(folder(out), force=True) as tmp:
-        saes = {}
-        for arch in s["architectures"]:
-            tc = SAETrainConfig(
-                architecture=arch,
-                expansion=s["expansion"],
-                k=s["k"],
-                steps=s["steps"],
-                batch_size=s["batch_size"],
-                lr=s["lr"],
-                seed=cfg.seed,
-                l0_coeff=s["l0_coeff"],
-            )
-            meta = {
-                "hook_name": s["hook"],
-                "model_name": info["model"],
-                "checkpoint_sha256": info["checkpoint_sha256"],
-                "dataset_hash": data.attrs.get("dataset_hash"),
-                "mode": s["train_mode"],
-                "positions": s["positions"],
-                "dataset": "data (every task, every probe length)",
-                **saelens_metadata(index, str(out / "data")),
-            }
-            sae, record = train_sae(x, tc, meta)
-            sae.cfg.metadata["training"] = record
-            sae.cfg.metadata["reconstruction"] = reconstruction(sae, x)
+        saes = {arch: _train(x, index, s, arch, s["expansion"], cfg.seed, meta, path) for arch in s["architectures"]}
+        for arch, sae in saes.items():
             sae.save(tmp / arch)
-            saes[arch] = sae
+        grid = {plan[0]["sae"]: saes["topk"]}
+        for g in plan[1:]:
+            if g["data"] == "study":
+                grid[g["sae"]] = _train(x, index, s, "topk", g["expansion"], g["sae_seed"], meta, path)
+            else:
+                keep = demo_rows(data.reset_index(drop=True), s["demo_groups"])[index["row"].to_numpy()]
+                cut = ", ".join(f"{t} {n}" for t, n in s["demo_groups"].items())
+                sub = {**meta, "dataset": f"data cut to the demo's groups per task and length ({cut})"}
+                grid[g["sae"]] = _train(
+                    x[torch.as_tensor(keep)], index[keep], s, "topk", g["expansion"], g["sae_seed"], sub, path
+                )
+            grid[g["sae"]].cfg.metadata["grid_id"] = g["sae"]
+            grid[g["sae"]].save(tmp / g["folder"])
+        rows = []
         for task, df, mapping in _task_pairs(cfg, out):
             modes = parse_modes(list(_mapped(s["modes"], mapping)))  # the stage settings name them
-            analyze(
+            res = analyze(
                 model,
                 saes["topk"],
                 df,
@@ -120,6 +201,79 @@ def stage_sae(cfg, out: Path) -> None:
             (tmp / "jumprelu-quality" / task).mkdir(parents=True)
             recon.assign(task=task).to_parquet(tmp / "jumprelu-quality" / task / "reconstruction.parquet", index=False)
             lr.to_parquet(tmp / "jumprelu-quality" / task / "loss_recovered.parquet", index=False)
+            for g in plan:
+                if g["sae"] == plan[0]["sae"]:
+                    fr = res["fractions"]  # the analysed SAE's own feature swap: the same pairs, seed and ks
+                else:
+                    wide = feature_tests(
+                        model,
+                        grid[g["sae"]],
+                        df,
+                        s["hook"],
+                        modes[0],
+                        tuple(s["ks"]),
+                        s["max_pairs"],
+                        seed=cfg.seed,
+                        ablations=False,
+                    )
+                    fr = fractions(wide, s["n_boot"], cfg.seed)
+                rows.append(fr.assign(task=task, **_grid_columns(g, grid[g["sae"]])))
+        table = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=SPARSITY_COLUMNS)
+        table = table.assign(
+            study_seed=cfg.seed,
+            checkpoint_sha256=info["checkpoint_sha256"],
+            dataset_hash=data.attrs.get("dataset_hash"),
+            commit=git_commit(),
+        )
+        table[[c for c in SPARSITY_COLUMNS if c in table] + [c for c in table if c not in SPARSITY_COLUMNS]].to_parquet(
+            tmp / "sparsity.parquet", index=False
+        )
+        write_json(
+            tmp / "sparsity.provenance.json",
+            {"settings": s, "saes": plan, **info, "provenance": provenance()},
+        )
+
+
+SPARSITY_COLUMNS = [
+    "sae",
+    "expansion",
+    "sae_seed",
+    "data",
+    "task",
+    "k",
+    "condition",
+    "fraction",
+    "ci_low",
+    "ci_high",
+    "pairs",
+    "groups",
+    "max_active",
+    "d_sae",
+    "k_topk",
+    "training_rows",
+    "fvu",
+    "dead_latents",
+    "folder",
+]
+
+
+def _grid_columns(g: dict, sae) -> dict:
+    """One grid SAE's columns of the sparsity table: its id, width, seed, data, the most latents a pair
+    can have active (2·k: two samples' top-k), its size and reconstruction on its training rows."""
+    rec = sae.cfg.metadata.get("reconstruction", {})
+    return {
+        "sae": g["sae"],
+        "expansion": g["expansion"],
+        "sae_seed": g["sae_seed"],
+        "data": g["data"],
+        "max_active": 2 * int(sae.cfg.k),
+        "d_sae": int(sae.cfg.d_sae),
+        "k_topk": int(sae.cfg.k),
+        "training_rows": int(sae.cfg.metadata["training"]["rows"]),
+        "fvu": float(rec.get("fvu", float("nan"))),
+        "dead_latents": int(rec.get("dead_latents", -1)),
+        "folder": g["folder"],
+    }
 
 
 # ----------------------------------------------------------------------------- figures and report
@@ -135,7 +289,12 @@ def sae_tables(out: Path) -> dict:
     t["jumprelu_reconstruction"] = _per_task(f / "jumprelu-quality", "reconstruction.parquet", out)
     t["jumprelu_loss_recovered"] = _per_task(f / "jumprelu-quality", "loss_recovered.parquet", out)
     t["saes"] = {a: SparseAutoencoder.load(f / a).cfg for a in ("topk", "jumprelu") if (f / a).is_dir()}
+    t["sparsity"] = pd.read_parquet(f / "sparsity.parquet") if (f / "sparsity.parquet").is_file() else None
     return t
+
+
+def grid_ready(sp: pd.DataFrame | None) -> bool:
+    return sp is not None and "sae" in sp and bool((sp["condition"] == "features").any())
 
 
 def probe_depth0(out: Path) -> pd.DataFrame | None:
@@ -153,7 +312,8 @@ def figure_jobs(cfg, out: Path) -> list[tuple[str, str, pd.DataFrame, dict]]:
     if not t or not fractions_ready(t["fractions"]):
         return []
     words = {"model_label": "feedback model"}
-    jobs = [(f"sae-swap-{NAME}", "sae-swap", t["fractions"], words)]
+    swap = t["sparsity"] if grid_ready(t.get("sparsity")) else t["fractions"]  # every SAE of the grid
+    jobs = [(f"sae-swap-{NAME}", "sae-swap", swap, words)]
     das = tables(out, NAME)["das"]
     jobs.append((f"sae-vs-das-{NAME}", "sae-vs-das", t["fractions"], {"das": das, "probe": probe_depth0(out), **words}))
     if t["activations"] is not None and len(t["activations"]):
@@ -167,9 +327,35 @@ def _md_text(text: str) -> str:
     return re.sub(r"\\\[\\\[(.*?)\\\]\\\]", lambda m: f"**{m.group(1) or ' '}**", esc)
 
 
+def _grid_words(sp: pd.DataFrame) -> str:
+    """'5 TopK SAEs (SAE seeds 0 and 1 × expansion 4 and 8 on the study's data; topk-x4-s0-demo on the
+    study's data cut to the demo's groups), each with its own label latents and random control'."""
+    saes = sp.drop_duplicates("sae")
+    if len(saes) == 1:
+        r = saes.iloc[0]
+        return (
+            f"one TopK SAE ({r['sae']}: expansion {int(r['expansion'])}, SAE seed {int(r['sae_seed'])}, on the "
+            f"{r['data']} data) with its label latents and random control"
+        )
+    study, demo = saes[saes["data"] == "study"], saes[saes["data"] != "study"]
+    seeds = " and ".join(str(int(x)) for x in sorted(study["sae_seed"].unique()))
+    widths = " and ".join(str(int(x)) for x in sorted(study["expansion"].unique()))
+    parts = [
+        f"SAE seed{'s' if study['sae_seed'].nunique() > 1 else ''} {seeds} × expansion {widths} on the study's data"
+    ]
+    if len(demo):
+        parts.append(", ".join(demo["sae"]) + " on the study's data cut to the demo's groups")
+    return f"{len(saes)} TopK SAEs ({'; '.join(parts)}), each with its own label latents and random control"
+
+
 def sentences(out: Path) -> list[str]:
-    """Per task: how many label latents carry most of the full-state swap's effect (or that it is not sparse)."""
+    """Per task: on how many of the grid's SAEs a few label latents carry most of the full-state swap's
+    effect (`rules.sae_sparsity_grid`), after a line naming the grid; a stage run before the grid: the
+    TopK SAE's own sentence (`rules.sae_sparsity`)."""
     t = sae_tables(out)
+    sp = t.get("sparsity") if t else None
+    if grid_ready(sp):
+        return [_grid_words(sp)] + sentences_from(sp)
     fr = t.get("fractions") if t else None
     if not fractions_ready(fr):
         return []
@@ -265,6 +451,65 @@ def _fraction_rows(fr: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _grid_rows(sp: pd.DataFrame) -> pd.DataFrame:
+    """Per task and k: each SAE's label-latent share / random-active share, with their intervals."""
+    saes = list(dict.fromkeys(sp["sae"]))
+    rows = []
+    for (task, k), g in sp[sp["condition"].isin(["features", "random"])].groupby(["task", "k"], sort=True):
+        row = {"task": task, "k": int(k)}
+        for sae in saes:
+            cell = []
+            for cond in ("features", "random"):
+                r = g[(g["sae"] == sae) & (g["condition"] == cond)]
+                cell.append(_fmt(r["fraction"].iloc[0], r["ci_low"].iloc[0], r["ci_high"].iloc[0]) if len(r) else "n/a")
+            row[sae] = " / ".join(cell)
+        row["pairs (groups)"] = f"{int(g['pairs'].iloc[0])} ({int(g['groups'].iloc[0])})"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _grid_saes(sp: pd.DataFrame) -> pd.DataFrame:
+    """One row per SAE of the grid: width, seed, training rows, reconstruction on them, active bound."""
+    rows = []
+    for r in sp.drop_duplicates("sae").itertuples():
+        rows.append(
+            {
+                "SAE": r.sae,
+                "expansion (latents)": f"{int(r.expansion)} ({int(r.d_sae)})",
+                "SAE seed": int(r.sae_seed),
+                "training data (rows)": f"{r.data} ({int(r.training_rows):,})",
+                "FVU": f"{r.fvu:.4f}",
+                "dead latents": f"{int(r.dead_latents)} / {int(r.d_sae)}",
+                "most active in a pair": int(r.max_active),
+                "folder": f"`{r.folder}`",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def grid_text(t: dict, md_table) -> str:
+    """The section's grid part: what the grid is, the sentence per task, the SAEs and their shares."""
+    sp = t.get("sparsity")
+    if not grid_ready(sp):
+        return ""
+    said = sentences_from(sp)
+    return (
+        f"**Over SAEs**: the feature swap on {_grid_words(sp)}, on the same pairs (the first is the TopK SAE "
+        "above; the demo-sized data keeps, per task and length, as many groups as the demo's plan has, the "
+        "first by group id). A pair has at most 2·k active latents (two samples' top-k). "
+        f"Criterion: {rules.CRITERIA['sae']}; {rules.CRITERIA['sae-grid']}.\n\n"
+        + "".join(f"- {x}\n" for x in said)
+        + "\n"
+        + md_table(_grid_saes(sp))
+        + "\nShare of the full-state swap's effect, top-k label latents / k random active latents (normal "
+        "group-bootstrap 95 % CI):\n\n" + md_table(_grid_rows(sp))
+    )
+
+
+def sentences_from(sp: pd.DataFrame) -> list[str]:
+    return [rules.sae_sparsity_grid(task, sp[sp["task"] == task]).sentence for task in sorted(sp["task"].unique())]
+
+
 def browser_text(t: dict, md_table) -> str:
     """Per task, each top label latent: how often it is active, its mean at the final position by label,
     and its max-activating fed positions as text (the token whose top state is carried in bold)."""
@@ -306,11 +551,13 @@ def sae_section(cfg, out: Path, md_table, figures: list[str]) -> list[tuple[str,
     t = sae_tables(out)
     if not t:
         return [(TITLE, "_(not run)_\n", [])]
-    said = sentences(out)
+    grid = grid_text(t, md_table)
+    said = [] if grid else sentences(out)
     text = (
         _settings_text(cfg, t)
         + "\n\n"
         + ("".join(f"- {x}\n" for x in said) + "\n" if said else "")
+        + (grid + "\n" if grid else "")
         + "**Reconstruction** (fed positions of each task's pairs; FVU = unexplained share of the variance):\n\n"
         + md_table(_recon_rows(t))
         + "\n**Loss recovered** (the SAE reconstruction in place of the carried state; the answer position):\n\n"

@@ -105,9 +105,11 @@ def feature_tests(
     min_gap: float = 0.1,
     seed: int = 0,
     lengths=None,
+    ablations: bool = True,
 ) -> pd.DataFrame:
     """Wide rows (`metrics.score`) of the feature swap, its random control, the full-state swap and
-    the zero / mean feature ablations, per task, length, k (`subspace_dim`; −1 for `state`)."""
+    the zero / mean feature ablations, per task, length, k (`subspace_dim`; −1 for `state`);
+    `ablations=False`: the swaps only (what `analyze.fractions` reads)."""
     device = next(model.parameters()).device
     label_ids = label_token_ids(df)
     batches = [b.to(device) for b in pair_batches(df, label_ids, batch_size, max_pairs, lengths)]
@@ -164,6 +166,8 @@ def feature_tests(
                         **base,
                     )
                 )
+            if not ablations:
+                continue
             M = _mask(orders, k, d_sae)
             abl = dict(experiment="sae-feature-ablation", mode=mode, hook_rule="one-pass", direction="noising")
             zero = torch.zeros_like(z)

@@ -26,18 +26,27 @@ Z_95 = 1.959963984540054  # the standard normal's 97.5 % quantile
 
 
 @torch.no_grad()
-def reconstruction(sae, x: torch.Tensor) -> dict:
+def reconstruction(sae, x: torch.Tensor, chunk: int = 65_536) -> dict:
+    """FVU, L0 and dead latents of `sae` on rows `x`, `chunk` rows at a time (the codes of every row
+    at once would be rows × d_sae floats)."""
     x = x.to(sae.W_enc.dtype)
-    f = sae.encode(x)
-    err = (x - sae.decode(f)).double().pow(2).sum()
+    err = torch.zeros((), dtype=torch.float64)
+    l0 = torch.zeros((), dtype=torch.float64)
+    active = torch.zeros(sae.cfg.d_sae, dtype=torch.int64)
+    for s in range(0, x.shape[0], chunk):
+        xs = x[s : s + chunk]
+        f = sae.encode(xs)
+        err += (xs - sae.decode(f)).double().pow(2).sum()
+        on = f > 0
+        l0 += on.sum(1).double().sum()
+        active += on.sum(0)
     var = (x - x.mean(0)).double().pow(2).sum().clamp_min(1e-30)
-    active = (f > 0).sum(0)
     return {
         "rows": int(x.shape[0]),
         "fvu": float(err / var),
-        "l0": float((f > 0).sum(1).double().mean()),
+        "l0": float(l0 / max(x.shape[0], 1)),
         "dead_latents": int((active == 0).sum()),
-        "d_sae": int(f.shape[1]),
+        "d_sae": int(sae.cfg.d_sae),
     }
 
 
