@@ -136,6 +136,48 @@ def test_depth_rule_needs_the_feedback_modes_interval_above_chance():
     assert "depth" in rules.CRITERIA and "Wilson lower bound" in rules.CRITERIA["depth"]
 
 
+def _seeds_table(per_seed: dict) -> pd.DataFrame:
+    """A stacked headline table (seeds.csv) holding each seed's depth grid, as `findings.headline` writes it."""
+    from fbt_probe.reproduce.depth import ACCURACY_Q
+
+    frames = []
+    for seed, (fb, base, groups) in per_seed.items():
+        t = _grid(fb, base, groups)
+        frames.append(
+            t.assign(quantity=[f"{ACCURACY_Q}{k}" for k in t["k"]], task="compose-s3", seed=seed)
+            .drop(columns="k")
+            .rename(columns={"accuracy": "value"})
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_depth_over_seeds_applies_the_rule_to_each_seeds_table():
+    from fbt_probe.reproduce.depth import seed_tables, seeds_verdict
+
+    sep_fb = {16: {"standard": 0.5, "recurrent:1": 0.97, "jacobi:2": 0.98, "jacobi:3": 0.6, "full": 0.5}}
+    sep_base = {16: _all(0.5)}
+    none_fb = {16: _all(0.5)}
+    # every seed separates
+    t = _seeds_table({0: (sep_fb, sep_base, 64), 1: (sep_fb, sep_base, 64), 2: (sep_fb, sep_base, 64)})
+    assert set(seed_tables(t)) == {0, 1, 2}
+    back = seed_tables(t)[1].set_index(["model", "k", "mode"])["value"]
+    assert back[("feedback", 16, "jacobi:2")] == 0.98 and back[("baseline", 16, "standard")] == 0.5
+    v = seeds_verdict(t)
+    assert v.verdict == "on every seed" and v.sentence.startswith("the modes separate on all 3 training seeds")
+    # one seed of three: said as a separation that does not hold on every seed
+    t = _seeds_table({0: (sep_fb, sep_base, 64), 1: (none_fb, sep_base, 64), 2: (none_fb, sep_base, 64)})
+    v = seeds_verdict(t)
+    assert v.verdict == "on 1 of 3 seeds"
+    assert "seed 0: separates at k = 16" in v.sentence and "not on seeds 1, 2" in v.sentence
+    # none: the negative result over seeds
+    t = _seeds_table({0: (none_fb, sep_base, 64), 1: (none_fb, sep_base, 64), 2: (none_fb, sep_base, 64)})
+    v = seeds_verdict(t)
+    assert v.verdict == "on no seed" and "on any of the 3 training seeds (0, 1, 2)" in v.sentence
+    # a single seed (or none) gives no seed-level sentence
+    assert seeds_verdict(_seeds_table({0: (sep_fb, sep_base, 64)})) is None and seeds_verdict(None) is None
+    assert "depth-seeds" in rules.CRITERIA
+
+
 # ----------------------------------------------------------------------------- the stage, its section and figure
 @pytest.fixture(scope="module")
 def small_study(tmp_path_factory):

@@ -286,6 +286,10 @@ def test_quick_study_end_to_end(tmp_path):
     assert {(m, mode) for m, mode in zip(regs["model"], regs["mode"])} == {
         (m, mode) for m in ("feedback", "baseline") for mode in ("standard", "recurrent:1", "full")
     }
+    # the serial-depth tables too, each row with its depth model's hash (not the study model's)
+    dep = head[head["quantity"].str.startswith("depth-accuracy-k")]
+    assert set(dep["model"]) == {"feedback", "baseline"} and set(dep["task"]) == {"compose-s3"}
+    assert not set(dep["checkpoint_sha256"]) & set(head[head["quantity"] == "answer-accuracy"]["checkpoint_sha256"])
     import shutil
 
     multi = tmp_path / "multi"
@@ -302,6 +306,8 @@ def test_quick_study_end_to_end(tmp_path):
         f"mean {(p + p * 0.5) / 2:.2f}, range {p * 0.5:.2f}-{p:.2f}, between-seed 95 % CI ["
     ) in seeded and "quick study of each" in seeded
     assert "### Over training seeds" in seeded
+    # the depth criterion applied to each seed's own table
+    assert "Serial depth over training seeds" in seeded and "training seeds (0, 1)" in seeded
 
 
 @pytest.mark.slow

@@ -170,6 +170,45 @@ def swap_table(out: Path) -> pd.DataFrame | None:
     return pd.read_parquet(p) if p.is_file() else None
 
 
+ACCURACY_Q, SWAP_Q = "depth-accuracy-k", "depth-swap-k"  # headline quantities (k appended)
+
+
+def headline_rows(out: Path) -> pd.DataFrame:
+    """The depth tables as headline rows (model, quantity, task, mode, value, ci_low, ci_high,
+    checkpoint_sha256): what `seeds.csv` stacks, so that the rule can be applied seed by seed."""
+    cols = ["model", "quantity", "task", "mode", "value", "ci_low", "ci_high", "checkpoint_sha256"]
+    frames = []
+    acc, sw = accuracy_table(out), swap_table(out)
+    if acc is not None:
+        frames.append(
+            acc.assign(quantity=[f"{ACCURACY_Q}{int(k)}" for k in acc["k"]]).rename(columns={"accuracy": "value"})
+        )
+    if sw is not None and len(sw):
+        frames.append(
+            sw.assign(quantity=[f"{SWAP_Q}{int(k)}" for k in sw["k"]]).rename(columns={"normalized": "value"})
+        )
+    return pd.concat([f[cols] for f in frames], ignore_index=True) if frames else pd.DataFrame(columns=cols)
+
+
+def seed_tables(seeds: pd.DataFrame | None) -> dict[int, pd.DataFrame]:
+    """Each training seed's depth accuracy table (model, k, mode, value, ci_low, ci_high), read back
+    from a stacked headline table; seeds without depth rows are left out."""
+    if seeds is None or not len(seeds):
+        return {}
+    t = seeds[seeds["quantity"].astype(str).str.startswith(ACCURACY_Q)]
+    t = t.assign(k=[int(q[len(ACCURACY_Q) :]) for q in t["quantity"]])
+    cols = ["model", "k", "mode", "value", "ci_low", "ci_high"]
+    return {int(s): g[cols].reset_index(drop=True) for s, g in t.groupby("seed", sort=True)}
+
+
+def seeds_verdict(seeds: pd.DataFrame | None) -> rules.Verdict | None:
+    """`rules.depth_over_seeds` over the seeds table's seeds (None with fewer than two)."""
+    tables = seed_tables(seeds)
+    if len(tables) < 2:
+        return None
+    return rules.depth_over_seeds({s: rules.depth_separation(t) for s, t in tables.items()})
+
+
 def verdict(out: Path) -> rules.Verdict | None:
     acc = accuracy_table(out)
     return None if acc is None else rules.depth_separation(acc)
@@ -185,7 +224,8 @@ def swap_sentence(out: Path, ks=None) -> str:
         g = g if ks is None else g[g["k"].isin(list(ks))]
         cells = [
             f"{rules.fmt(r.normalized, r.ci_low, r.ci_high)} at k = {r.k}"
-            + f" ({r.pairs} pair{'s' if r.pairs != 1 else ''}"
+            + f" (swap accuracy {rules.fmt(r.swap_accuracy, r.swap_accuracy_low, r.swap_accuracy_high)}; "
+            + f"{r.pairs} pair{'s' if r.pairs != 1 else ''}"
             + (f", {r.excluded} more with a tiny gap)" if r.excluded else ")")
             for r in g.itertuples()
             if r.normalized == r.normalized
@@ -196,14 +236,16 @@ def swap_sentence(out: Path, ks=None) -> str:
             parts.append(f"the {MODEL_WORDS.get(model, model)}'s not at all (every pair has a tiny clean–corrupt gap)")
     return (
         f"Swapping the carried state at the final position with the partner sample's (`{SWAP_MODE}`) moves the "
-        f"{DEPTH_TASK} answer: " + "; ".join(parts) + " (normalized: 1 = the answer follows the swapped-in state, "
-        "0 = ignores it; group-bootstrap 95 % CI; figure *depth*, right; the swap accuracy, how often the answer "
-        "becomes the swapped-in state's label, is in table *Serial depth*)"
+        f"{DEPTH_TASK} logit difference between the two label words: " + "; ".join(parts) + " (normalized: 1 = the "
+        "logit difference follows the swapped-in state, 0 = ignores it; group-bootstrap 95 % CI; figure *depth*, "
+        "right; the swap accuracy beside it is how often the answer becomes the swapped-in state's label, Wilson "
+        "95 % CI with n = groups: an effect without a swap accuracy above chance moves the logits but not the answer)"
     )
 
 
-def sentences(cfg: ReproConfig, out: Path) -> list[str]:
-    """The findings' depth sentences: the rule's verdict, then the swap per k."""
+def sentences(cfg: ReproConfig, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
+    """The findings' depth sentences: the rule's verdict (and, with a seeds table of two or more
+    seeds, the rule applied to each seed's table), then the swap per k."""
     if cfg.model:
         return []
     v = verdict(out)
@@ -219,6 +261,9 @@ def sentences(cfg: ReproConfig, out: Path) -> list[str]:
         f"Serial depth ({DEPTH_TASK}, k dependent steps; held-out contexts, Wilson 95 % CI with n = groups; "
         f"figure *depth*){scope}: {v.sentence}."
     ]
+    over = seeds_verdict(seeds)
+    if over is not None:
+        lines.append(f"Serial depth over training seeds (the same criterion on each seed's table): {over.sentence}.")
     swap = swap_sentence(out)
     if swap:
         lines.append(swap + ".")
@@ -316,7 +361,7 @@ def depth_section(cfg: ReproConfig, out: Path, md_table, figures: list[str]) -> 
         + md_table(accuracy_wide(acc))
         + "\n**Carried-state swap per k** (`feedback-swap`, condition `state`, under `recurrent:1`, on the same pairs): "
         "normalized = `(patched − corrupt)/(clean − corrupt)` of the logit difference between the two label words, "
-        "1 = the answer follows the swapped-in state, 0 = ignores it (group-bootstrap 95 % CI; pairs whose "
+        "1 = the logit difference follows the swapped-in state, 0 = ignores it (group-bootstrap 95 % CI; pairs whose "
         "clean–corrupt gap is below 0.1 are left out and counted); swap accuracy = the answer is the swapped-in "
         "state's label (Wilson 95 % CI, n = groups).\n\n"
         + (md_table(swap_wide(sw)) if sw is not None else "_(no swap table)_\n")

@@ -13,6 +13,7 @@ from fbt_probe.provenance import git_commit
 from fbt_probe.reference import names, record
 from fbt_probe.reproduce import rules
 from fbt_probe.reproduce.config import RECURRENT_1, STANDARD, model_path, shipped_name
+from fbt_probe.reproduce.depth import headline_rows as depth_headline
 from fbt_probe.reproduce.depth import sentences as depth_sentences
 from fbt_probe.reproduce.seeds import rows as seed_rows
 from fbt_probe.reproduce.seeds import spread
@@ -354,7 +355,10 @@ def headline(cfg, out: Path) -> pd.DataFrame:
         rows.append((*CONTRACTION, c[1] / c[0], float("nan"), float("nan")))
     t = pd.DataFrame(rows, columns=["model", "quantity", "task", "mode", "value", "ci_low", "ci_high"])
     sha = {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.models()}
-    return t.assign(seed=cfg.seed, study=study_kind(cfg), checkpoint_sha256=t["model"].map(sha), commit=git_commit())
+    t = t.assign(checkpoint_sha256=t["model"].map(sha))
+    if not cfg.model:  # the serial-depth part, with its own models' hashes
+        t = pd.concat([t, depth_headline(out)], ignore_index=True)
+    return t.assign(seed=cfg.seed, study=study_kind(cfg), commit=git_commit())
 
 
 def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
@@ -456,7 +460,7 @@ def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
                 else ""
             )
         )
-    lines += depth_sentences(cfg, out)
+    lines += depth_sentences(cfg, out, seeds)
     lines.append("How the findings are worded: " + "; ".join(rules.CRITERIA.values()) + ".")
     if seeds is None or seeds["seed"].nunique() < 2:
         lines.append(

@@ -17,6 +17,7 @@ opposite verdict is true (tests/test_rules.py).
 | contraction   | state change at pass 2 and the last pass; per-seed ratios    | contracts / does not contract             |
 | paired        | feedback - baseline over shared groups (difference, CI, n)   | higher / lower / not resolved / same      |
 | depth         | answer accuracy per model × k × mode (value, low, high)     | separates at k / does not separate        |
+| depth-seeds   | the depth verdict of each training seed's table               | on every seed / on m of n / on no seed    |
 """
 
 from __future__ import annotations
@@ -90,6 +91,10 @@ CRITERIA = {
         f"groups) above chance, and the no-feedback baseline's is at most {DEPTH_CHANCE} under every mode; `standard` "
         f"is at chance from k = N on when it is at most {DEPTH_CHANCE} at N and every larger k, a feedback mode "
         f"answers up to k = M when M is the largest k where it reaches {DEPTH_SOLVED} with its lower bound above chance"
+    ),
+    "depth-seeds": (
+        "over training seeds, the serial-depth criterion is applied to each seed's own table, and the modes are "
+        "said to separate only where they do on every seed"
     ),
     "sae-grid": (
         "the SAE claim is counted over a grid of TopK SAEs (SAE seeds × widths, and one trained on demo-sized "
@@ -627,3 +632,26 @@ def sae_sparsity_grid(task: str, table: pd.DataFrame) -> Verdict:
                 s + (" (at no k)" if smallest[s] is None else f" (there first at k = {smallest[s]})") for s in missed
             )
     return Verdict("sae-grid", verdict, text)
+
+
+def depth_over_seeds(verdicts: dict[int, Verdict]) -> Verdict:
+    """`depth_separation`'s verdict on each training seed's table (seed -> verdict): the prediction of
+    a positive control holds only where the modes separate on every seed (`CRITERIA["depth-seeds"]`)."""
+    seeds = sorted(verdicts)
+    sep = [s for s in seeds if verdicts[s].verdict.startswith("separates")]
+    n = len(seeds)
+    named = ", ".join(map(str, seeds))
+    if not sep:
+        return Verdict(
+            "depth-seeds", "on no seed", f"no knob value separates the modes on any of the {n} training seeds ({named})"
+        )
+    where = "; ".join(f"seed {s}: {verdicts[s].verdict}" for s in sep)
+    if len(sep) == n:
+        return Verdict("depth-seeds", "on every seed", f"the modes separate on all {n} training seeds ({where})")
+    rest = ", ".join(str(s) for s in seeds if s not in sep)
+    return Verdict(
+        "depth-seeds",
+        f"on {len(sep)} of {n} seeds",
+        f"the modes separate on {len(sep)} of the {n} training seeds ({where}), not on seed{'s' if n - len(sep) > 1 else ''} "
+        f"{rest}: not a separation that holds on every seed",
+    )
