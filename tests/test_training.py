@@ -149,6 +149,20 @@ def test_resume_is_bit_for_bit(tmp_path):
     assert [r["step"] for r in log] == [1, 2, 3, 4]
 
 
+def test_resuming_a_finished_run_trains_nothing_and_says_so(tmp_path, capsys):
+    """A finished run folder resumed (what a study's train stage does with a run trained beside it)
+    keeps its checkpoint byte for byte and says there is nothing to train, with no empty progress bar."""
+    cfg = TrainConfig(steps=2, **SMALL)
+    run_training(cfg, tmp_path / "r", progress=False, eval_pairs=2)
+    before = (tmp_path / "r" / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    run_training(cfg, tmp_path / "r", resume=True, progress=True, eval_pairs=2)
+    said = capsys.readouterr()
+    assert "already at step 2 of 2" in said.out and "nothing to train" in said.out
+    assert "loss nan" not in said.out + said.err
+    assert (tmp_path / "r" / "model.safetensors").read_bytes() == before
+
+
 def test_checkpoint_round_trip_is_exact(tmp_path):
     from fbt_probe.formats.checkpoint import save_checkpoint
 

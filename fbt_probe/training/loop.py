@@ -95,7 +95,9 @@ def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optim
     device = next(model.parameters()).device  # the batches are drawn on the CPU and moved there
     log_path = out / "metrics.jsonl"
     model.train()
-    bar = _progress(cfg.steps, start_step) if progress and world.main else None
+    if progress and world.main and start_step >= cfg.steps:
+        print(f"train: already at step {start_step} of {cfg.steps} in {out}: nothing to train", flush=True)
+    bar = _progress(cfg.steps, start_step) if progress and world.main and start_step < cfg.steps else None
     t0, tokens_seen = time.perf_counter(), 0
     try:
         for step in range(start_step, cfg.steps):
