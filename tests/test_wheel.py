@@ -78,9 +78,16 @@ def run(installed, *args):
 def test_the_wheel_holds_the_package_data(installed):
     wheel = installed[0]
     names = zipfile.ZipFile(wheel).namelist()
-    for spec in ("completion", "memory", "registers", "registers-count"):
+    from fbt_probe.reference import names as shipped
+    from fbt_probe.tasks.spec import builtin_spec_paths
+
+    specs = sorted(builtin_spec_paths())
+    assert {"completion", "memory", "registers", "registers-count", "compose-s3"} <= set(specs)
+    for spec in specs:  # every built-in spec of the checkout, the serial-depth ones included
         assert f"fbt_probe/tasks/specs/{spec}.json" in names
-    for ref in ("tiny-feedback", "tiny-baseline"):
+    refs = shipped()
+    assert {"tiny-feedback", "tiny-baseline", "tiny-depth-feedback", "tiny-depth-baseline"} <= set(refs)
+    for ref in refs:  # every shipped reference model of the checkout
         for f in ("config.json", "model.safetensors", "tokenizer.json", "reference.json"):
             assert f"fbt_probe/reference/models/{ref}/{f}" in names
     assert "fbt_probe/reference/seeds-tiny.csv" in names
