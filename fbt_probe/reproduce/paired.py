@@ -31,6 +31,7 @@ from fbt_probe.probes.sweep import SAMPLES_FILE
 from fbt_probe.provenance import git_commit, provenance
 from fbt_probe.reproduce.config import RECURRENT_1, ReproConfig, model_path
 from fbt_probe.reproduce.findings import study_kind
+from fbt_probe.reproduce.tables import _summary
 from fbt_probe.stats import LEVEL, N_BOOT, paired_difference
 
 MODELS = ("feedback", "baseline")
@@ -95,11 +96,10 @@ def probe_values(out: Path, model: str, mode: str, depth: int | None) -> pd.Data
 def pair_values(out: Path, model: str, exp: str, condition: str, metric: str) -> pd.DataFrame:
     """Per-pair values of one intervention condition and metric (a pair's value: the mean of its
     rows, as the experiment's summary): task, length_knob, group_id, value. Empty where not run."""
-    p = Path(out) / "results" / "interventions" / model / exp / "rows.parquet"
     empty = pd.DataFrame(columns=["task", "length_knob", "group_id", "value"])
-    if not p.is_file():
+    r = _summary(Path(out), model, exp, "rows")
+    if r is None:
         return empty
-    r = pd.read_parquet(p)
     r = r[(r["condition"] == condition) & (r["metric"] == metric) & (r["position"] == -1)]
     if "decoding" in r.columns:  # the prefill rows (gate ablation adds soft-decoding ones)
         r = r[r["decoding"] == "prefill"]

@@ -64,17 +64,35 @@ def stage_data(cfg: ReproConfig, out: Path) -> None:
             write_dataset(df, tmp, tok, force=True)
 
 
-def stage_train(cfg: ReproConfig, out: Path, name: str) -> None:
-    folder = out / "models" / name
+def _train(tcfg, folder: Path) -> None:
+    """Train a study model in `folder`, resuming the run there when it has a training state."""
     resume = (folder / "train_state.pt").is_file()
-    run_training(train_config(cfg, name == "baseline"), folder, resume=resume, force=not resume, progress=True)
+    run_training(tcfg, folder, resume=resume, force=not resume, progress=True)
+
+
+def stage_train(cfg: ReproConfig, out: Path, name: str) -> None:
+    _train(train_config(cfg, name == "baseline"), out / "models" / name)
 
 
 def stage_train_depth(cfg: ReproConfig, out: Path, name: str) -> None:
     """A depth model as `fbt-probe train --tasks compose-s3 --steps 800 --seed S [--baseline]` trains it."""
-    folder = out / "models" / f"depth-{name}"
-    resume = (folder / "train_state.pt").is_file()
-    run_training(depth_train_config(cfg, name == "baseline"), folder, resume=resume, force=not resume, progress=True)
+    _train(depth_train_config(cfg, name == "baseline"), out / "models" / f"depth-{name}")
+
+
+def _check_ref(cfg: ReproConfig, shipped: list[str], ref: str, what: str, steps: bool) -> None:
+    """One shipped model of the study: present, and trained with the study's seed (and steps)."""
+    if ref not in shipped:
+        raise FbtError(
+            f"--preset {cfg.preset}: no shipped {what} ref:{ref} (shipped: "
+            f"{', '.join('ref:' + n for n in shipped) or 'none'}); pass --train to train one"
+        )
+    rec = record(ref)
+    asked, trained = f"--seed {cfg.seed}", f"seed {rec['seed']}"
+    if steps:
+        asked, trained = f"{asked} --steps {cfg.steps}", f"{trained} and {rec['steps']} steps"
+    if rec["seed"] != cfg.seed or (steps and rec["steps"] != cfg.steps):
+        named = "" if what == "reference model" else f"{what} "
+        raise FbtError(f"{asked}: the shipped {named}ref:{ref} was trained with {trained}; pass --train to train these")
 
 
 def check_shipped(cfg: ReproConfig) -> None:
@@ -82,30 +100,9 @@ def check_shipped(cfg: ReproConfig) -> None:
     shipped depth models trained with this seed."""
     shipped = names()
     for name in cfg.models():
-        ref = shipped_name(cfg, name)
-        if ref not in shipped:
-            raise FbtError(
-                f"--preset {cfg.preset}: no shipped reference model ref:{ref} (shipped: "
-                f"{', '.join('ref:' + n for n in shipped) or 'none'}); pass --train to train one"
-            )
-        rec = record(ref)
-        if (rec["seed"], rec["steps"]) != (cfg.seed, cfg.steps):
-            raise FbtError(
-                f"--seed {cfg.seed} --steps {cfg.steps}: the shipped ref:{ref} was trained with seed "
-                f"{rec['seed']} and {rec['steps']} steps; pass --train to train these"
-            )
+        _check_ref(cfg, shipped, shipped_name(cfg, name), "reference model", steps=True)
     for name in cfg.depth_models():
-        ref = depth_name(cfg, name)
-        if ref not in shipped:
-            raise FbtError(
-                f"--preset {cfg.preset}: no shipped serial-depth model ref:{ref} (shipped: "
-                f"{', '.join('ref:' + n for n in shipped) or 'none'}); pass --train to train one"
-            )
-        if record(ref)["seed"] != cfg.seed:
-            raise FbtError(
-                f"--seed {cfg.seed}: the shipped serial-depth model ref:{ref} was trained with seed "
-                f"{record(ref)['seed']}; pass --train to train these"
-            )
+        _check_ref(cfg, shipped, depth_name(cfg, name), "serial-depth model", steps=False)
 
 
 def stage_eval(cfg: ReproConfig, out: Path) -> None:
