@@ -126,6 +126,12 @@ FIGURES: dict[str, FigureEntry] = {
         "accuracy.parquet",
         "serial depth: answer accuracy vs dependent steps k per mode, one panel per model, the carried-state swap vs k beside (option swap=swap.parquet)",
     ),
+    "depth-grid": FigureEntry(
+        "fbt_probe.figures.depth",
+        "depth_grid",
+        "depth-grid.csv",
+        "serial-depth research grid: answer accuracy vs k per mode, a row per design x schedule x model, a column per seed (option min_groups=N)",
+    ),
     "lens": FigureEntry(
         "fbt_probe.figures.lens",
         "lens_depth",
@@ -185,7 +191,21 @@ def draw(name: str, results, **options):
     for key, value in list(options.items()):  # table-valued options may be given as paths
         if "DataFrame" in str(params[key].annotation) and isinstance(value, (str, Path)):
             options[key] = load_table(value, FIGURES[name].table)
+        elif isinstance(value, str):  # a number given on the command line as text
+            options[key] = _number(name, key, value, str(params[key].annotation))
     return fn(table, **options)
+
+
+def _number(figure: str, key: str, value: str, annotation: str):
+    """`value` converted to the option's annotated type (int or float; other options stay text)."""
+    kinds = {part.strip() for part in annotation.split("|")}
+    for kind, convert, words in (("int", int, "an integer"), ("float", float, "a number")):
+        if kind in kinds:
+            try:
+                return convert(value)
+            except ValueError:
+                raise FbtError(f"figure '{figure}': option {key}={value!r}: expected {words}") from None
+    return value
 
 
 def save_figure(

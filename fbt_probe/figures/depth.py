@@ -45,20 +45,7 @@ def depth(table: pd.DataFrame, swap: pd.DataFrame | None = None, task: str = "co
         handles, labels = [], []
         for ax, model in zip(axes[0], models):
             t = table[table["model"] == model]
-            for i, mode in enumerate(modes):
-                g = t[t["mode"] == mode].sort_values("k")
-                if g.empty:
-                    continue
-                colour, marker, ls = STYLE.get(mode, (None, "o", "-"))
-                x = np.log2(g["k"].to_numpy(dtype=float)) + _dodge(i, len(modes))
-                y = g["accuracy"].to_numpy(dtype=float)
-                err = np.vstack([y - g["ci_low"].to_numpy(dtype=float), g["ci_high"].to_numpy(dtype=float) - y])
-                h = ax.errorbar(
-                    x, y, yerr=np.clip(err, 0, None), color=colour, marker=marker, ls=ls, capsize=2, lw=1.1, ms=3.5
-                )
-                if mode not in labels:
-                    handles.append(h)
-                    labels.append(mode)
+            _mode_lines(ax, t, modes, handles, labels)
             ax.axhline(chance, color="grey", ls=(0, (4, 3)), lw=0.9, zorder=0)
             ax.set(
                 title=f"{task}, {MODEL_WORDS.get(model, model)}\nanswer accuracy per prefill mode",
@@ -110,6 +97,88 @@ def depth(table: pd.DataFrame, swap: pd.DataFrame | None = None, task: str = "co
             ncol=4,
             frameon=False,
             title="bars: Wilson 95 % CI with n = groups (above each k); swap: group-bootstrap 95 % CI",
+        )
+        return fig
+
+
+def _mode_lines(ax, t: pd.DataFrame, modes, handles: list, labels: list, capsize: float = 2, ms: float = 3.5) -> None:
+    """One line per prefill mode (accuracy against log2 k, Wilson bars), dodged so that equal values
+    stay visible; a mode's first handle goes into the legend lists."""
+    for i, mode in enumerate(modes):
+        g = t[t["mode"] == mode].sort_values("k")
+        if g.empty:
+            continue
+        colour, marker, ls = STYLE.get(mode, (None, "o", "-"))
+        x = np.log2(g["k"].to_numpy(dtype=float)) + _dodge(i, len(modes))
+        y = g["accuracy"].to_numpy(dtype=float)
+        err = np.vstack([y - g["ci_low"].to_numpy(dtype=float), g["ci_high"].to_numpy(dtype=float) - y])
+        h = ax.errorbar(
+            x, y, yerr=np.clip(err, 0, None), color=colour, marker=marker, ls=ls, capsize=capsize, lw=1.1, ms=ms
+        )
+        h.lines[0].set_gid(f"mode:{mode}")
+        if mode not in labels:
+            handles.append(h)
+            labels.append(mode)
+
+
+GRID_KEYS = ("design", "schedule", "model")
+
+
+def depth_grid(table: pd.DataFrame, chance: float = 0.5, min_groups: int = 0):
+    """A grid of training runs: one row of panels per design × pass schedule × model, one column per
+    seed, one line per prefill mode (answer accuracy against k, Wilson bars with n = groups). `table`:
+    design, schedule, model, seed, k, mode, accuracy, ci_low, ci_high, groups (the research grid of
+    docs/research/serial-depth.md). `min_groups`: leave out the k whose held-out groups are fewer (a
+    cell of 1-4 words says nothing); the figure's legend title says how many were left out."""
+    import matplotlib.lines as mlines
+
+    missing = sorted({*GRID_KEYS, "seed", "k", "mode", "accuracy", "ci_low", "ci_high", "groups"} - set(table.columns))
+    if missing:
+        from fbt_probe.errors import FbtError
+
+        raise FbtError(f"figure 'depth-grid': the table has no column {missing}")
+    kept = table[table["groups"] >= min_groups]
+    dropped = table.loc[table["groups"] < min_groups, [*GRID_KEYS, "seed", "k"]].drop_duplicates()
+    settings = list(kept[list(GRID_KEYS)].drop_duplicates().itertuples(index=False, name=None))
+    seeds = sorted(int(s) for s in kept["seed"].unique())
+    ks = sorted(int(k) for k in kept["k"].unique())
+    modes = [m for m in MODES if m in set(kept["mode"])] + sorted(set(kept["mode"]) - set(MODES))
+    with paper_style():
+        fig, axes = subplots(len(settings), len(seeds), panel_height_in=1.55, sharey=True)
+        handles, labels = [], []
+        for r, (design, schedule, model) in enumerate(settings):
+            run = kept[(kept["design"] == design) & (kept["schedule"] == schedule) & (kept["model"] == model)]
+            for c, seed in enumerate(seeds):
+                ax = axes[r][c]
+                t = run[run["seed"] == seed]
+                if t.empty:
+                    ax.set_axis_off()
+                    ax.text(0.5, 0.5, f"seed {seed}: not trained", ha="center", va="center", fontsize=7,
+                            color="dimgrey", transform=ax.transAxes)  # fmt: skip
+                    continue
+                _mode_lines(ax, t, modes, handles, labels, capsize=1.5, ms=2.5)
+                ax.axhline(chance, color="grey", ls=(0, (4, 3)), lw=0.9, zorder=0)
+                ax.set(ylim=(-0.04, 1.06), yticks=[0, 0.5, 1.0])
+                _k_axis(ax, ks)
+                ax.set_title(f"{design}, {MODEL_WORDS.get(model, model)}, seed {seed}\n{schedule}", fontsize=7)
+                if r == len(settings) - 1:
+                    ax.set_xlabel("serial steps needed k")
+                if c == 0:
+                    ax.set_ylabel("answer accuracy")
+        handles.append(mlines.Line2D([], [], color="grey", ls=(0, (4, 3)), lw=0.9))
+        labels.append(f"chance ({chance:g})")
+        note = (
+            f"; {len(dropped)} run × k cells with fewer than {min_groups} held-out groups left out"
+            if len(dropped)
+            else ""
+        )
+        fig.legend(
+            handles,
+            labels,
+            loc="outside lower center",
+            ncol=6,
+            frameon=False,
+            title=f"held-out answer accuracy; bars: Wilson 95 % CI with n = groups{note}",
         )
         return fig
 
