@@ -449,3 +449,26 @@ def test_held_out_accuracy_asks_every_kind_of_pair_a_group_holds():
     assert below > 0 and above > 0 and abs(below - above) <= 3, (below, above)
     mem = df[df["task"] == "memory"]
     assert (mem.groupby(["length_knob", "group_id"])["pair_id"].nunique() == 1).all()
+
+
+def test_a_study_stage_resumes_only_a_run_of_its_own_training_config(tmp_path, capsys):
+    """The study's train stages adopt a finished run in their folder (a run trained beside the study,
+    or one its killed stage left) only when config.json records the stage's own training config; a run
+    of another seed is refused in one line naming the field and `--force STAGE`, and left as it was."""
+    import dataclasses
+
+    from fbt_probe.errors import FbtError
+    from fbt_probe.reproduce.pipeline import _train
+
+    cfg = TrainConfig(steps=2, **SMALL)
+    run_training(cfg, tmp_path / "r", progress=False, eval_pairs=2)
+    before = (tmp_path / "r" / "model.safetensors").read_bytes()
+    with pytest.raises(FbtError) as err:
+        _train(dataclasses.replace(cfg, seed=cfg.seed + 1), tmp_path / "r", "train-feedback")
+    msg = str(err.value)
+    assert "config.json: field 'train.seed'" in msg and "--force train-feedback" in msg and "\n" not in msg
+    assert (tmp_path / "r" / "model.safetensors").read_bytes() == before
+    capsys.readouterr()
+    _train(cfg, tmp_path / "r", "train-feedback")
+    assert "nothing to train" in capsys.readouterr().out
+    assert (tmp_path / "r" / "model.safetensors").read_bytes() == before

@@ -52,6 +52,7 @@ from fbt_probe.training import run_training
 from fbt_probe.training.config import TRAIN_KNOBS
 from fbt_probe.training.data import heldout, validation_batch
 from fbt_probe.training.evaluate import answer_accuracy, contraction_by_document, eval_samples, ratio_interval
+from fbt_probe.training.resume import recorded
 
 
 def stage_data(cfg: ReproConfig, out: Path) -> None:
@@ -64,19 +65,30 @@ def stage_data(cfg: ReproConfig, out: Path) -> None:
             write_dataset(df, tmp, tok, force=True)
 
 
-def _train(tcfg, folder: Path) -> None:
-    """Train a study model in `folder`, resuming the run there when it has a training state."""
+def _train(tcfg, folder: Path, stage: str) -> None:
+    """Train a study model in `folder`, resuming the run there when it has a training state: only a
+    run of this stage's own training config (a run of another recipe, seed or task mix is refused in
+    one line, naming the first field that differs)."""
     resume = (folder / "train_state.pt").is_file()
+    if resume:
+        saved, want = recorded(folder)[0].to_dict(), tcfg.to_dict()
+        diff = [k for k in want if saved.get(k) != want[k]] + sorted(set(saved) - set(want))
+        if diff:
+            k = diff[0]
+            raise FbtError(
+                f"{folder / 'config.json'}: field 'train.{k}' is {saved.get(k)!r}, the stage {stage} trains with "
+                f"{want.get(k)!r}: not this study's run; pass --force {stage} to train it afresh (replaces it)"
+            )
     run_training(tcfg, folder, resume=resume, force=not resume, progress=True)
 
 
 def stage_train(cfg: ReproConfig, out: Path, name: str) -> None:
-    _train(train_config(cfg, name == "baseline"), out / "models" / name)
+    _train(train_config(cfg, name == "baseline"), out / "models" / name, f"train-{name}")
 
 
 def stage_train_depth(cfg: ReproConfig, out: Path, name: str) -> None:
     """A depth model as `fbt-probe train --tasks compose-s3 --steps 800 --seed S [--baseline]` trains it."""
-    _train(depth_train_config(cfg, name == "baseline"), out / "models" / f"depth-{name}")
+    _train(depth_train_config(cfg, name == "baseline"), out / "models" / f"depth-{name}", f"train-depth-{name}")
 
 
 def _check_ref(cfg: ReproConfig, shipped: list[str], ref: str, what: str, steps: bool) -> None:
