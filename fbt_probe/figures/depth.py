@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fbt_probe.errors import FbtError
 from fbt_probe.figures.style import paper_style, subplots
 
 MODES = ("standard", "recurrent:1", "jacobi:2", "jacobi:3", "full")
@@ -134,8 +135,6 @@ def depth_grid(table: pd.DataFrame, chance: float = 0.5, min_groups: int = 0):
 
     missing = sorted({*GRID_KEYS, "seed", "k", "mode", "accuracy", "ci_low", "ci_high", "groups"} - set(table.columns))
     if missing:
-        from fbt_probe.errors import FbtError
-
         raise FbtError(f"figure 'depth-grid': the table has no column {missing}")
     kept = table[table["groups"] >= min_groups]
     dropped = table.loc[table["groups"] < min_groups, [*GRID_KEYS, "seed", "k"]].drop_duplicates()

@@ -52,7 +52,7 @@ from fbt_probe.training import run_training
 from fbt_probe.training.config import TRAIN_KNOBS
 from fbt_probe.training.data import heldout, validation_batch
 from fbt_probe.training.evaluate import answer_accuracy, contraction_by_document, eval_samples, ratio_interval
-from fbt_probe.training.resume import recorded
+from fbt_probe.training.resume import differing, normal, recorded
 
 
 def stage_data(cfg: ReproConfig, out: Path) -> None:
@@ -71,13 +71,13 @@ def _train(tcfg, folder: Path, stage: str) -> None:
     one line, naming the first field that differs)."""
     resume = (folder / "train_state.pt").is_file()
     if resume:
-        saved, want = recorded(folder)[0].to_dict(), tcfg.to_dict()
-        diff = [k for k in want if saved.get(k) != want[k]] + sorted(set(saved) - set(want))
+        saved = recorded(folder)[0]
+        diff = differing(saved, {f.name: getattr(tcfg, f.name) for f in dataclasses.fields(tcfg)})
         if diff:
             k = diff[0]
             raise FbtError(
-                f"{folder / 'config.json'}: field 'train.{k}' is {saved.get(k)!r}, the stage {stage} trains with "
-                f"{want.get(k)!r}: not this study's run; pass --force {stage} to train it afresh (replaces it)"
+                f"{folder / 'config.json'}: field 'train.{k}' is {normal(saved, k)!r}, the stage {stage} trains with "
+                f"{normal(tcfg, k)!r}: not this study's run; pass --force {stage} to train it afresh (replaces it)"
             )
     run_training(tcfg, folder, resume=resume, force=not resume, progress=True)
 

@@ -39,10 +39,10 @@ def resume_config(out: Path, given: dict, steps: int | None) -> TrainConfig:
     run has trained every step it would train to."""
     saved, step = recorded(out)
     where = f"--resume {out}"
-    differ = _differing(saved, given)
+    differ = differing(saved, given)
     if differ:
         shown = ", ".join(
-            f"--{f.replace('_', '-')} {_show(given[f])} (recorded: {_show(_normal(saved, f))})" for f in differ
+            f"--{f.replace('_', '-')} {_show(given[f])} (recorded: {_show(normal(saved, f))})" for f in differ
         )
         raise FbtError(
             f"{where}: {shown}: a resume continues the recorded run; leave the option out, "
@@ -61,17 +61,19 @@ def resume_config(out: Path, given: dict, steps: int | None) -> TrainConfig:
     return saved if total == saved.steps else dataclasses.replace(saved, steps=total)
 
 
-def _differing(saved: TrainConfig, given: dict) -> list[str]:
+def differing(saved: TrainConfig, given: dict) -> list[str]:
+    """The fields of `given` whose value differs from the record's, compared as the run's own values
+    are (a schedule by its K:p list, so 'paper' equals the list it names)."""
     unknown = sorted(set(given) - {f.name for f in dataclasses.fields(TrainConfig)})
     assert not unknown, unknown
     try:  # the record with the named values, normalised as the run's own were ('paper' = its K:p list)
         probe = dataclasses.replace(saved, **given)
     except FbtError:  # the named values do not make a valid config with the record's: compare them as given
         return [f for f in given if given[f] != getattr(saved, f)]
-    return [f for f in given if _normal(probe, f) != _normal(saved, f)]
+    return [f for f in given if normal(probe, f) != normal(saved, f)]
 
 
-def _normal(cfg: TrainConfig, field: str):
+def normal(cfg: TrainConfig, field: str):
     return str(cfg.schedule_obj) if field == "schedule" else getattr(cfg, field)
 
 
