@@ -128,12 +128,6 @@ def test_the_report_check_reads_proportion_columns_only():
     assert report_proportion_cells(text) == [("accuracy", 1.0, 1.0, 1.0)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reports/tiny/report.md is the study as last generated, with bootstrap intervals on pair "
-    "accuracies ([0.50, 0.50], [1.00, 1.00]); regenerating reports/tiny with the Wilson intervals "
-    "(issue 60) makes this pass, and strict xfail then fails until the mark is removed",
-)
 def test_no_proportion_in_the_committed_report_has_a_zero_width_interval():
     cells = report_proportion_cells(REPORT.read_text())
     assert len(cells) > 50
