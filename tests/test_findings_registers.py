@@ -127,14 +127,22 @@ def test_findings_quote_seeds_of_their_own_study_kind_only(tmp_path):
 
     seeds = pd.DataFrame(
         [
-            {"model": "feedback", "quantity": "q", "task": "t", "mode": "m", "value": v, "seed": s, "study": k}
+            {
+                "model": "feedback",
+                "quantity": "answer-accuracy",
+                "task": "t",
+                "mode": "m",
+                "value": v,
+                "seed": s,
+                "study": k,
+            }
             for s, (v, k) in enumerate(((0.3, "demo"), (0.5, "demo"), (0.9, "full")))
         ]
     )
     assert same_kind(seeds, "demo")["seed"].tolist() == [0, 1]
-    assert spread(same_kind(seeds, "full"), "feedback", "q", "t", "m") == ""  # one full seed: no range
+    assert spread(same_kind(seeds, "full"), "feedback", "answer-accuracy", "t", "m") == ""  # one full seed: no range
     assert (
-        spread(same_kind(seeds, "demo"), "feedback", "q", "t", "m")
+        spread(same_kind(seeds, "demo"), "feedback", "answer-accuracy", "t", "m")
         == " (seeds 0-1: mean 0.40, range 0.30-0.50, between-seed 95 % CI [0.00, 1.00])"
     )
 

@@ -189,6 +189,25 @@ def test_spread_over_seeds_is_the_mean_and_range():
         f" (seeds 0-2: mean {np.mean(vals):.2f}, range {min(vals):.2f}-{max(vals):.2f}, "
         f"between-seed 95 % CI [{lo:.2f}, {hi:.2f}])"
     )
+    # seeds that agree to the quoted digits get no zero-width interval, and one digit apart they do
+    same = t.assign(value=[1.0, 0.999, 1.0])
+    assert spread(same, "feedback", "answer-accuracy", "completion", "standard") == " (seeds 0-2: 1.00 on every seed)"
+    apart = t.assign(value=[1.0, 0.99, 1.0])
+    assert "between-seed 95 % CI [0.98, 1.00]" in spread(apart, "feedback", "answer-accuracy", "completion", "standard")
+    from fbt_probe.reproduce.report import seeds_table_text
+
+    table = seeds_table_text(pd.concat([t, t.assign(task="memory", value=1.0)]))
+    row = {line.split(" | ")[2]: line for line in table.splitlines() if line.startswith("| feedback")}
+    assert row["completion"].endswith(f" | [{lo:.3g}, {hi:.3g}] |") and row["memory"].endswith(" |  |")
+    # an accuracy's interval is cut to [0, 1]; a normalized effect's is not (it can leave [0, 1])
+    effect = t.assign(quantity="swap-effect", value=[0.41, 0.49, 0.03])
+    m, half = np.mean(effect["value"]), 4.302652729911275 * np.std(effect["value"], ddof=1) / np.sqrt(3)
+    assert (
+        spread(effect, "feedback", "swap-effect", "completion", "standard").endswith(
+            f"between-seed 95 % CI [{m - half:.2f}, {m + half:.2f}])"
+        )
+        and m - half < 0
+    )
     assert spread(t, "baseline", "answer-accuracy", "completion", "standard") == ""  # not in the table
     assert spread(t.iloc[:1], "feedback", "answer-accuracy", "completion", "standard") == ""  # one seed is no spread
     assert spread(None, "feedback", "answer-accuracy", "completion", "standard") == ""

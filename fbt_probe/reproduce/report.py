@@ -38,7 +38,7 @@ from fbt_probe.reproduce.rules import bound, signed
 from fbt_probe.reproduce.sae import figure_jobs as sae_figure_jobs
 from fbt_probe.reproduce.sae import sae_section
 from fbt_probe.reproduce.sae import sentences as sae_sentences
-from fbt_probe.reproduce.seeds import spread_table
+from fbt_probe.reproduce.seeds import between_seeds_text, is_proportion, spread_table
 from fbt_probe.reproduce.tables import CHECKPOINT_SETTING, PAPER_DEPTH0, SETTING, _summary, pooled_accuracy
 from fbt_probe.tasks import tokenizer_sha256
 from fbt_probe.training.config import parse_schedule
@@ -479,11 +479,14 @@ def seeds_table_text(seeds: pd.DataFrame) -> str:
     wide = seeds.pivot_table(index=["model", "quantity", "task", "mode", "study"], columns="seed", values="value")
     wide.columns = [f"seed {c}" for c in wide.columns]
     mean, rng = wide.mean(axis=1), wide.max(axis=1) - wide.min(axis=1)  # over the seeds that have the number
-    wide = wide.round(3).assign(mean=mean.round(3), range=rng.round(3))
+    ci = wide.apply(lambda r: between_seeds_text(r.to_numpy(dtype=float), is_proportion(r.name[1])), axis=1)
+    wide = wide.round(3).assign(mean=mean.round(3), range=rng.round(3), **{"between-seed 95 % CI": ci})
     return (
         "Each headline number of the findings in the study of each training seed (the same recipe and study, "
-        "seed of data, initialisation and probes changed): how much of a number is the seed.\n\n"
-        + _md_table(wide.reset_index())
+        "seed of data, initialisation and probes changed): how much of a number is the seed. The between-seed "
+        "CI is the t interval of the mean over the seeds (n - 1 degrees of freedom; cut to [0, 1] for an accuracy, "
+        "not for a normalized effect or a ratio, which can leave it), left empty where the seeds agree (no "
+        "zero-width interval).\n\n" + _md_table(wide.reset_index())
     )
 
 

@@ -64,29 +64,51 @@ def rows(table: pd.DataFrame | None, model: str, quantity: str, task: str, mode:
 
 
 def spread(table: pd.DataFrame | None, model: str, quantity: str, task: str, mode: str, spec: str = ".2f") -> str:
-    """' (seeds 0-2: mean 0.91, range 0.88-0.95)' or '' when the table lacks the number or has one seed.
-    `spec` formats the numbers (".2g" for a ratio that spans orders of magnitude)."""
+    """' (seeds 0-2: mean 0.91, range 0.88-0.95, between-seed 95 % CI [..])', ' (seeds 0-2: 1.00 on every
+    seed)' where the seeds agree to the quoted digits (no zero-width interval), or '' when the table
+    lacks the number or has one seed. `spec` formats the numbers (".2g" for a ratio that spans orders
+    of magnitude)."""
     g = rows(table, model, quantity, task, mode)
     if len(g) < 2:
         return ""
     seeds = sorted(int(s) for s in g["seed"])
     label = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ",".join(map(str, seeds))
     v = g["value"]
-    lo, hi = between_seeds(v.to_numpy(dtype=float))
+    if f"{v.min():{spec}}" == f"{v.max():{spec}}":  # no spread to quote: a t interval would have zero width
+        return f" (seeds {label}: {v.max():{spec}} on every seed)"
+    lo, hi = between_seeds(v.to_numpy(dtype=float), is_proportion(quantity))
     return (
         f" (seeds {label}: mean {v.mean():{spec}}, range {v.min():{spec}}-{v.max():{spec}}, "
         f"between-seed 95 % CI [{lo:{spec}}, {hi:{spec}}])"
     )
 
 
-def between_seeds(values) -> tuple[float, float]:
+PROPORTIONS = ("answer-accuracy", "depth0-decodability", "depth-accuracy")
+
+
+def is_proportion(quantity: str) -> bool:
+    """A headline quantity that is an accuracy (bounded by [0, 1]); a normalized effect or a ratio is not."""
+    return quantity.startswith(PROPORTIONS)
+
+
+def between_seeds_text(values, proportion: bool) -> str:
+    """'[lo, hi]' of `between_seeds` for the seeds table, '' with fewer than two seeds or none apart."""
+    v = np.asarray([x for x in values if not np.isnan(x)], dtype=float)
+    if len(v) < 2:
+        return ""
+    lo, hi = (f"{x:.3g}" for x in between_seeds(v, proportion))
+    return "" if lo == hi else f"[{lo}, {hi}]"
+
+
+def between_seeds(values, proportion: bool) -> tuple[float, float]:
     """The t interval of the mean over training seeds (n - 1 degrees of freedom: three seeds give
-    a wide one), cut to [0, 1] when every value lies there (an accuracy or a proportion)."""
+    a wide one), cut to [0, 1] for an accuracy (`proportion`); a normalized effect or a ratio can
+    leave [0, 1], so its interval is not cut."""
     v = np.asarray(values, dtype=float)
     n, m = len(v), float(v.mean())
     half = float(student.ppf(0.975, n - 1) * v.std(ddof=1) / np.sqrt(n))
     lo, hi = m - half, m + half
-    if ((v >= 0) & (v <= 1)).all():
+    if proportion:
         lo, hi = max(lo, 0.0), min(hi, 1.0)
     return lo, hi
 
