@@ -313,16 +313,17 @@ def test_quick_study_end_to_end(tmp_path):
 
     multi = tmp_path / "multi"
     shutil.copytree(out, multi / "seed-0")
-    other = head.assign(
-        seed=1, value=head["value"] * 0.5
-    )  # a stand-in second seed: the spread's arithmetic is the test
+    # a stand-in second seed that differs from the first whatever the first reads (the quick model can
+    # read 0.00, and seeds that agree are said to agree): the spread's arithmetic is the test
+    other = head.assign(seed=1, value=head["value"] * 0.5 + 0.25)
     pd.concat([head, other]).to_csv(multi / "seeds.csv", index=False)
     res = runner.invoke(app, [*QUICK, "--out", str(multi / "seed-0")])
     assert res.exit_code == 0 and res.output.count("[run ]") == 1 and "[run ] report" in res.output, res.output
     seeded = (multi / "seed-0" / "report.md").read_text()
     assert (
         f"completion **{p:.2f}** [{lo:.2f}, {hi:.2f}] (seeds 0-1: "
-        f"mean {(p + p * 0.5) / 2:.2f}, range {p * 0.5:.2f}-{p:.2f}, between-seed 95 % CI ["
+        f"mean {(p + p * 0.5 + 0.25) / 2:.2f}, range {min(p, p * 0.5 + 0.25):.2f}-{max(p, p * 0.5 + 0.25):.2f}, "
+        "between-seed 95 % CI ["
     ) in seeded and "quick study of each" in seeded
     assert "### Over training seeds" in seeded
     # the depth criterion applied to each seed's own table
