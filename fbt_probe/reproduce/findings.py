@@ -158,8 +158,8 @@ def swap_sentences(out: Path, task: str, seeds, learned: bool = True) -> list[st
     norm = swap_pairs(out, "feedback", task, "normalized")
     t = rules.trend(norm, "the effect") if len(norm) else None
     # the seeds table holds the pooled effect, so its spread follows the pooled number, named as such
-    pooled = swap_effect(out, "feedback", task)
-    pooled = "" if pooled is None else f"; pooled over lengths {fmt(*pooled)}"
+    eff = swap_effect(out, "feedback", task)
+    pooled = "" if eff is None else f"; pooled over lengths {fmt(*eff)}"
     line = (
         f"Swapping the carried state at the final position with the partner sample's moves {task}'s answer by a "
         f"normalized {by_length}{pooled}{spread(seeds, 'feedback', 'swap-effect', task, RECURRENT_1)} (1 = the answer "

@@ -93,7 +93,8 @@ def is_proportion(quantity: str) -> bool:
 
 def between_seeds_text(values, proportion: bool) -> str:
     """'[lo, hi]' of `between_seeds` for the seeds table, '' with fewer than two seeds or none apart."""
-    v = np.asarray([x for x in values if not np.isnan(x)], dtype=float)
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]  # a seed whose study lacks the number
     if len(v) < 2:
         return ""
     lo, hi = (f"{x:.3g}" for x in between_seeds(v, proportion))
