@@ -184,7 +184,6 @@ def swap_sentences(out: Path, task: str, seeds, learned: bool = True) -> list[st
         lines.append(f"Per swap direction on {task}, {d.sentence} (Wilson 95 % CI with n = groups).")
     zero = replacement_accuracy(out, "feedback", task)
     if zero is not None and learned:  # redundancy means something only where the model answers the task
-        eff = swap_effect(out, "feedback", task)
         mean = replacement_accuracy(out, "feedback", task, "mean")
         v = rules.redundancy(zero, None if eff is None else eff[0], task, mean)
         lines.append(v.sentence[0].upper() + v.sentence[1:] + " (table *Causal experiments*).")
