@@ -313,6 +313,10 @@ def _checker(source: str):
 PRESETS: dict[str, ModelConfig] = {
     # 4 layers, d_model 128: trains on a 2-core CPU in minutes (2 layers never learned completion).
     "tiny": ModelConfig(qk_norm_init=3.0, fusion_norm_init=1.0),
+    # The general language model (fbt-probe train --corpus): the tiny shape over the corpus tokenizer's
+    # vocabulary (d_vocab is set from the tokenizer when a run starts); why this size:
+    # docs/research/general-lm-size.md.
+    "small-lm": ModelConfig(qk_norm_init=3.0, fusion_norm_init=1.0),
     # The paper's 1B: 24 layers, D=1536, 16/8 heads, FFN 6656, vocab 100,352, ctx 8192, window 2048, every 6th global.
     "paper-1b": ModelConfig(
         d_vocab=100_352,

@@ -111,6 +111,10 @@ COMMANDS: dict[str, Command | Group] = {
                 "fbt_probe.cli.bench.nnsight",
                 "nnsight's trace against run_with_cache reading one hook on the same forward: `recurrent:1`, and `full` with serial=True through nnsight's iteration support (each value checked first).",
             ),
+            "train": Command(
+                "fbt_probe.cli.bench.train",
+                "Training tokens per second of `fbt-probe train --corpus` against a plain PyTorch loop over the same model, windows and objective (hooks off), per pass count K.",
+            ),
             "probes": Command(
                 "fbt_probe.cli.bench.probes",
                 "A depth x fold probe sweep on synthetic activations: the project's CPU path (lbfgs, one BLAS thread per fit, fits over cores) against scikit-learn defaults in one loop, and with --torch the batched torch path, with the largest held-out accuracy difference between them.",
@@ -124,6 +128,10 @@ COMMANDS: dict[str, Command | Group] = {
     "tasks": Command(
         "fbt_probe.cli.tasks",
         "Synthetic probe tasks (completion, memory, registers, registers-count): specs, datasets, tokenizer.",
+    ),
+    "corpus": Command(
+        "fbt_probe.cli.corpus",
+        "The general-LM corpus: fetch the pinned archives, check every file, train the tokenizer, store the tokens.",
     ),
     "diagnose": Command("fbt_probe.cli.evaluate", "Diagnostics of a trained run."),
     "sae": Command(

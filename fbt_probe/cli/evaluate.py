@@ -11,16 +11,19 @@ import typer
 from fbt_probe.errors import FbtError
 from fbt_probe.figures import save_figure
 from fbt_probe.figures.contraction import fig3
+from fbt_probe.figures.passes import fig3_lm, fig4_lm
 from fbt_probe.formats.checkpoint import checkpoint_hash
 from fbt_probe.io import atomic_path, write_json
-from fbt_probe.marker import mark_named, refuse_named
+from fbt_probe.marker import mark_named, output_dir, refuse_named, refuse_unowned
 from fbt_probe.provenance import provenance
 from fbt_probe.reference import is_reference
+from fbt_probe.reproduce.passes_rules import passes_verdicts
 from fbt_probe.tasks import load_tokenizer
 from fbt_probe.training.arch import ARCHS
 from fbt_probe.training.checkpoint import load_trained
 from fbt_probe.training.data import validation_batch
 from fbt_probe.training.evaluate import answer_accuracy, contraction, eval_samples
+from fbt_probe.training.passes import BASELINE_PASSES, pass_table, summarize
 
 diagnose_app = typer.Typer(help="Diagnostics of a trained run.", no_args_is_help=True)
 
@@ -154,3 +157,67 @@ def _write_table(df, stem: Path, run: Path, cfg, force: bool, extra: dict | None
         }
     write_json(stem.with_suffix(".json"), provenance(**fields, **(extra or {})))
     mark_named(paths)
+
+
+PASSES_COMMAND, PASSES_KIND = "diagnose passes", "a folder written by fbt-probe diagnose passes"
+
+
+@diagnose_app.command("passes")
+def passes_cmd(
+    runs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Corpus runs (fbt-probe train --corpus) or shipped ref:<name>: the seeds and schedules to compare."
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option(help="Output folder: passes.parquet (per held-out file), passes_summary.csv, figures.")
+    ],
+    passes: Annotated[
+        int, typer.Option(help="Feedback passes N of each feedback run (a baseline runs 5: Fig. 4's range).")
+    ] = 100,
+    force: Annotated[bool, typer.Option(help="Replace OUT if it is a folder of this command.")] = False,
+) -> None:
+    """Fig. 3 and Fig. 4 of a general language model: held-out loss and carried-state change per pass, per file.
+
+    Every run is read on the same held-out files (one window of its seq_len per file); the verdicts
+    are the rules of fbt_probe/reproduce/passes_rules.py.
+
+    \b
+    Example: fbt-probe diagnose passes runs/lm-s0 runs/lm-7525-s0 runs/lm-base-s0 --out runs/lm-passes
+    """
+
+    if not 5 <= passes <= MAX_DIAGNOSE_PASSES:
+        raise FbtError(f"--passes {passes}: expected an integer 5..{MAX_DIAGNOSE_PASSES}")
+    if len({str(r) for r in runs}) < len(runs):
+        raise FbtError("diagnose passes: a run is named twice")
+    trained = [load_trained(run) for run in runs]
+    shas = {cfg.corpus_sha256 for _, cfg, _ in trained}
+    if None in shas or len(shas) > 1:
+        raise FbtError("diagnose passes: every run must be a corpus run of the same corpus build (train --corpus)")
+    refuse_unowned(out, PASSES_COMMAND, force, PASSES_KIND)  # before the minutes of passes
+    tables = []
+    for run, (model, cfg, _) in zip(runs, trained):
+        typer.echo(f"{run}: {min(passes, BASELINE_PASSES) if cfg.baseline else passes} passes over the held-out files")
+        tables.append(pass_table(str(run), model, cfg, passes))
+    table = pd.concat(tables, ignore_index=True)
+    summary = summarize(table)
+    verdicts = passes_verdicts(table)
+    with output_dir(out, PASSES_COMMAND, force=force, kind=PASSES_KIND) as tmp:
+        table.to_parquet(tmp / "passes.parquet", index=False)
+        summary.to_csv(tmp / "passes_summary.csv", index=False)
+        summary.to_parquet(tmp / "passes_summary.parquet", index=False)
+        write_json(
+            tmp / "passes.json",
+            provenance(
+                runs=[str(r) for r in runs],
+                checkpoint_sha256=[checkpoint_hash(f) for _, _, f in trained],
+                train_config=[c.to_dict() for _, c, _ in trained],
+                verdicts=[v.__dict__ for v in verdicts],
+            ),
+        )
+        save_figure(fig3_lm(summary), tmp, "fig3-lm", False)
+        save_figure(fig4_lm(summary), tmp, "fig4-lm", False)
+    for v in verdicts:
+        typer.echo(f"[{v.rule}] {v.sentence}")
+    typer.echo(f"wrote {out}/passes.parquet, passes_summary.csv, fig3-lm.png, fig4-lm.png")

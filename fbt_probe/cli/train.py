@@ -10,6 +10,7 @@ import typer
 from fbt_probe.cli.train_fields import OPTIONS, hidden_options
 from fbt_probe.config import preset as check_preset
 from fbt_probe.distributed import world
+from fbt_probe.errors import FbtError
 from fbt_probe.training import TrainConfig, parse_schedule, run_training
 from fbt_probe.training.parallel import process_device
 from fbt_probe.training.recipes import recipe as recipe_fields
@@ -55,6 +56,18 @@ def train_cmd(
             help="Under torchrun: shard parameters, gradients and optimizer state with FSDP2 (for paper-1b-sized models; default DDP). No evaluation during training: run fbt-probe eval afterwards.",
         ),
     ] = False,
+    stop_at: Annotated[
+        int | None,
+        typer.Option(
+            help="Train only to step N of the run (a checkpoint there), e.g. the baseline's one-pass steps that feedback runs --fork; --resume continues it."
+        ),
+    ] = None,
+    fork: Annotated[
+        Path | None,
+        typer.Option(
+            help="Start from this run's checkpoint and optimizer state at its step N: a run of the same config but for its schedule, N <= --one-pass-steps (those steps are then this run's, bit for bit)."
+        ),
+    ] = None,
     given: dict | None = None,
     defaults: dict | None = None,
 ) -> None:
@@ -90,7 +103,13 @@ def train_cmd(
         cfg = TrainConfig(**fields)
     replacing = force and not resume and out.is_dir() and any(out.iterdir())
     try:
-        res = run_training(cfg, out, init=init, resume=resume, force=force, fsdp=fsdp, device=dev)
+        if fork is not None and (resume or init is not None):
+            raise FbtError("--fork starts a new run from another run's checkpoint: not with --resume or --init")
+        if stop_at is not None and stop_at < 1:
+            raise FbtError(f"--stop-at {stop_at}: expected a step >= 1")
+        res = run_training(
+            cfg, out, init=init, resume=resume, force=force, fsdp=fsdp, device=dev, stop_at=stop_at, fork=fork
+        )
     except KeyboardInterrupt:
         msg = "the earlier run is unchanged" if replacing else "continue from the last checkpoint with --resume"
         typer.echo(f"interrupted: {out}: {msg}", err=True)
@@ -101,5 +120,8 @@ def train_cmd(
     if res.get("replaced"):
         typer.echo(f"replaced the earlier run in {out}")
     typer.echo(
-        f"trained {res['step']} steps in {res['seconds']:.0f} s ({res['tokens'] / max(res['seconds'], 1e-9):,.0f} tokens/s); run folder: {out}"
+        f"trained to step {res['step']} of {cfg.steps}"
+        f" in {res['seconds']:.0f} s ({res['tokens'] / max(res['seconds'], 1e-9):,.0f} tokens/s); run folder: {out}"
+        if res["step"] < cfg.steps
+        else f"trained {res['step']} steps in {res['seconds']:.0f} s ({res['tokens'] / max(res['seconds'], 1e-9):,.0f} tokens/s); run folder: {out}"
     )

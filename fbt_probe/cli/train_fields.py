@@ -46,8 +46,9 @@ OPTIONS = ConfigOptions(
         ("knobs", "betas", "weight_decay", "clip", "prefix_mix", "answer_weight", "heldout_fraction"),
         "set in a config, not on the command line",
     )
-    | dict.fromkeys(("eval_every", "save_every", "init_sha256"), "set by the training loop")
-    | {"init": "--init is the path the weights start from; run_training records it"},
+    | dict.fromkeys(("eval_every", "save_every", "init_sha256", "corpus_sha256"), "set by the training loop")
+    | {"init": "--init is the path the weights start from; run_training records it"}
+    | dict.fromkeys(("fork", "fork_sha256"), "--fork is the run this one continues; run_training records it"),
 )
 
 

@@ -17,7 +17,9 @@ from fbt_probe.tasks import build_tokenizer, load_tokenizer, save_tokenizer
 from fbt_probe.training.arch import ARCHS
 from fbt_probe.training.checkpoint import load_run, truncate_metrics
 from fbt_probe.training.config import PAPER_SCHEDULE, TRAIN_KNOBS, Schedule, TrainConfig, parse_schedule
-from fbt_probe.training.evaluate import answer_accuracy, eval_samples
+from fbt_probe.training.evaluate import answer_accuracy, corpus_loss_per_pass, eval_samples
+from fbt_probe.training.fork import copy_log, load_fork
+from fbt_probe.training.lm import corpus_of
 from fbt_probe.training.loop import make_optimizer, train
 from fbt_probe.training.objective import multipass_loss
 from fbt_probe.training.resume import RUN_FILES, recorded, unfinished_run
@@ -61,6 +63,8 @@ def run_training(
     eval_pairs: int = 16,
     fsdp: bool = False,
     device: str = "cpu",
+    stop_at: int | None = None,
+    fork: str | Path | None = None,
 ) -> dict:
     """Train (or resume) a run folder. Returns {'seconds', 'tokens', 'step'} (+ 'replaced': the folder
     path when `force` replaced an earlier run). `force` replaces only a run folder (or an empty
@@ -70,7 +74,11 @@ def run_training(
     `init` (default `cfg.init`): a run folder, checkpoint or ref:<name> whose weights the run starts
     from, with a fresh optimizer; recorded in the run's config as `init` and `init_sha256`.
     `device`: where this process trains (`parallel.process_device` resolves the CLI's --device);
-    the checkpoint is written from the CPU whatever it is, so any run resumes on any device."""
+    the checkpoint is written from the CPU whatever it is, so any run resumes on any device.
+    `stop_at`: train only to that step (a checkpoint there; `resume` continues the run).
+    `fork`: start from that run's checkpoint and optimizer state at step N, a run of this config but
+    for its schedule (e.g. the baseline stopped at N), where N <= `one_pass_steps`: its steps are
+    then this run's, bit for bit (`fbt_probe.training.fork`); recorded as `fork` and `fork_sha256`."""
     out, replacing = Path(out), False
     main = distributed.world().main  # under torchrun, rank 0 alone writes into the run folder
     if resume:
@@ -101,25 +109,39 @@ def run_training(
             )
         )
         keep = distributed.on_main(lambda: foreign_run_files(out) if replacing else [])
-        tokenizer = build_tokenizer()
+        if cfg.corpus is not None:  # the corpus's own tokenizer; the run records which build it read
+            corpus = corpus_of(dataclasses.replace(cfg, corpus_sha256=None))
+            cfg = dataclasses.replace(cfg, corpus_sha256=corpus.sha256)
+            tokenizer = corpus.tokenizer()
+        else:
+            tokenizer = build_tokenizer()
         init = init if init is not None else cfg.init
         model = _on_device(
             _initial_model(cfg, tokenizer, init), device
         )  # every input is read before anything is written
         if init is not None:  # the run records where its weights came from
             cfg = dataclasses.replace(cfg, init=str(init), init_sha256=_init_sha256(init))
+        opt, step = make_optimizer(model, cfg), 0
+        if fork is not None:  # the forked run's weights, optimizer state and log up to its step (checked first)
+            forked = load_fork(fork, cfg, tokenizer)
+            model = _on_device(forked.model, device)
+            cfg = dataclasses.replace(cfg, fork=str(fork), fork_sha256=forked.sha256)
+            opt = make_optimizer(model, cfg)
+            opt.load_state_dict(forked.optimizer)
+            step = forked.step
         target = out
         out = distributed.on_main(lambda: _start_folder(out, replacing, tokenizer))
-        opt, step = make_optimizer(model, cfg), 0
+        if fork is not None:
+            distributed.on_main(lambda: copy_log(Path(fork), out, step))
     if replacing:  # a forced run trains beside the old one and replaces it only when finished
         try:
-            result = _train(model, tokenizer, cfg, out, step, opt, progress, eval_pairs, fsdp)
+            result = _train(model, tokenizer, cfg, out, step, opt, progress, eval_pairs, fsdp, stop_at)
             distributed.on_main(lambda: swap_keeping(out, target, keep))
         finally:
             if main and out.exists():
                 shutil.rmtree(out)
         return {**result, "replaced": str(target)}
-    return _train(model, tokenizer, cfg, out, step, opt, progress, eval_pairs, fsdp)
+    return _train(model, tokenizer, cfg, out, step, opt, progress, eval_pairs, fsdp, stop_at)
 
 
 def _init_sha256(init) -> str | None:
@@ -166,8 +188,25 @@ def is_run_folder(folder: Path) -> bool:
 
 
 def _train(
-    model, tokenizer, cfg: TrainConfig, out: Path, step: int, opt, progress: bool, eval_pairs: int, fsdp: bool
+    model,
+    tokenizer,
+    cfg: TrainConfig,
+    out: Path,
+    step: int,
+    opt,
+    progress: bool,
+    eval_pairs: int,
+    fsdp: bool,
+    stop_at: int | None = None,
 ) -> dict:
+    if cfg.corpus is not None:
+        corpus_of(cfg)  # a resumed run's corpus is checked against its record before the first step
+
+        def on_eval(m) -> dict:
+            return corpus_loss_per_pass(m, cfg, tokenizer, max_passes=cfg.schedule_obj.max_passes + 1)
+
+        result = train(model, tokenizer, cfg, out, step, opt, progress, on_eval, fsdp, stop_at)
+        return {**result, "step": _end(cfg, stop_at)}
     samples = eval_samples(cfg, tokenizer, pairs=eval_pairs)
 
     def on_eval(m) -> dict:
@@ -177,6 +216,19 @@ def _train(
         return rec
 
     result = train(
-        model, tokenizer, cfg, out, start_step=step, optimizer=opt, progress=progress, on_eval=on_eval, fsdp=fsdp
+        model,
+        tokenizer,
+        cfg,
+        out,
+        start_step=step,
+        optimizer=opt,
+        progress=progress,
+        on_eval=on_eval,
+        fsdp=fsdp,
+        stop_at=stop_at,
     )
-    return {**result, "step": cfg.steps}
+    return {**result, "step": _end(cfg, stop_at)}
+
+
+def _end(cfg: TrainConfig, stop_at: int | None) -> int:
+    return cfg.steps if stop_at is None else min(stop_at, cfg.steps)

@@ -81,7 +81,7 @@ def parse_schedule(text: str) -> Schedule:
 class TrainConfig:
     preset: str = "tiny"
     """Model preset."""
-    tasks: tuple[str, ...] = ("completion", "memory", "registers", "registers-count")
+    tasks: tuple[str, ...] = ("completion", "memory", "registers", "registers-count")  # = DEFAULT_TASKS
     """Tasks trained and evaluated, each a built-in task or a spec file."""
     knobs: dict | None = None  # task -> training knobs; None = TRAIN_KNOBS (else the spec grid)
     task_shares: dict | None = None
@@ -172,6 +172,17 @@ class TrainConfig:
 
     E.g. '2:300 4:200'. Needs `register_mix` and must fit
     in `register_steps`."""
+    corpus: str | None = None
+    """A corpus folder (`fbt-probe corpus build`): train by next-token prediction on windows of its
+    stored tokens, in its tokenizer, instead of on the tasks (`tasks` is then empty).
+
+    Every window is `seq_len` tokens at a random offset of the training split, a function of (seed,
+    step); validation reads the held-out files (docs/training.md, "A general language model")."""
+    corpus_sha256: str | None = None  # the corpus's identity (its record's hashes), set when the run starts
+    seq_len: int = 256
+    """Corpus runs: tokens per training window (a row of a step)."""
+    fork: str | None = None  # the run whose step-N checkpoint this run started from (`run_training(fork=...)`)
+    fork_sha256: str | None = None  # that checkpoint's sha256 (model.safetensors)
     decay_steps: int = 0
     """The cosine decay to `min_lr_ratio` runs over the last N steps, the lr constant before them; 0:
     over every step after the warm-up.
@@ -195,29 +206,10 @@ class TrainConfig:
         for name in ("steps", "tokens_per_step"):
             if getattr(self, name) < 1:
                 raise FbtError(f"train config: field '{name}' must be >= 1")
-        if self.knobs is None and any(t not in TRAIN_KNOBS for t in self.tasks):
-            # a task without training lengths of its own (the serial-depth task) trains on its spec's grid
-            knobs = {t: list(TRAIN_KNOBS.get(t) or load_spec(t).length_grid) for t in self.tasks}
-            object.__setattr__(self, "knobs", knobs)
-        if self.task_shares is None:
-            default = {t: DEFAULT_TASK_SHARES.get(t, 0.0) for t in self.tasks}
-            if not any(default.values()):  # no task with a default share (e.g. the serial-depth task alone): equal
-                default = {t: 1.0 for t in self.tasks}
-            total = sum(default.values())
-            if total <= 0:
-                raise FbtError(f"train config: no default task shares for {list(self.tasks)}; set field 'task_shares'")
-            object.__setattr__(self, "task_shares", {t: v / total for t, v in default.items()})
+        if self.corpus is None:
+            self._check_tasks()
         else:
-            object.__setattr__(self, "task_shares", dict(self.task_shares))
-        shares = self.task_shares
-        if sorted(shares) != sorted(self.tasks) or any(
-            not _number(v) or not math.isfinite(v) or v <= 0 for v in shares.values()
-        ):
-            raise FbtError(
-                f"train config: field 'task_shares' needs a positive share for each of {list(self.tasks)}, got {shares}"
-            )
-        if abs(sum(shares.values()) - 1.0) > 1e-6:
-            raise FbtError(f"train config: field 'task_shares' sums to {sum(shares.values()):g}, expected 1")
+            self._check_corpus()
         if self.answer_share is not None and not 0 < self.answer_share <= 1:
             raise FbtError(
                 f"train config: field 'answer_share' (--answer-share) must be in (0, 1] (1: answers only), got {self.answer_share}"
@@ -262,6 +254,53 @@ class TrainConfig:
                 f"tasks {list(self.tasks)} have none"
             )
         self._check_register_ramp()
+
+    def _check_tasks(self) -> None:
+        """The tasks trained: their lengths (knobs) and token shares, resolved and checked."""
+        if self.knobs is None and any(t not in TRAIN_KNOBS for t in self.tasks):
+            # a task without training lengths of its own (the serial-depth task) trains on its spec's grid
+            knobs = {t: list(TRAIN_KNOBS.get(t) or load_spec(t).length_grid) for t in self.tasks}
+            object.__setattr__(self, "knobs", knobs)
+        if self.task_shares is None:
+            default = {t: DEFAULT_TASK_SHARES.get(t, 0.0) for t in self.tasks}
+            if not any(default.values()):  # no task with a default share (e.g. the serial-depth task alone): equal
+                default = {t: 1.0 for t in self.tasks}
+            total = sum(default.values())
+            if total <= 0:
+                raise FbtError(f"train config: no default task shares for {list(self.tasks)}; set field 'task_shares'")
+            object.__setattr__(self, "task_shares", {t: v / total for t, v in default.items()})
+        else:
+            object.__setattr__(self, "task_shares", dict(self.task_shares))
+        shares = self.task_shares
+        if sorted(shares) != sorted(self.tasks) or any(
+            not _number(v) or not math.isfinite(v) or v <= 0 for v in shares.values()
+        ):
+            raise FbtError(
+                f"train config: field 'task_shares' needs a positive share for each of {list(self.tasks)}, got {shares}"
+            )
+        if abs(sum(shares.values()) - 1.0) > 1e-6:
+            raise FbtError(f"train config: field 'task_shares' sums to {sum(shares.values()):g}, expected 1")
+
+    def _check_corpus(self) -> None:
+        """A corpus run: no tasks (the corpus is the data), the task-only fields at their defaults."""
+        if not isinstance(self.corpus, str) or not self.corpus:
+            raise FbtError(f"train config: field 'corpus' (--corpus) must be a corpus folder, got {self.corpus!r}")
+        if tuple(self.tasks) not in ((), DEFAULT_TASKS):
+            raise FbtError("train config: field 'corpus' (--corpus) trains on the corpus alone; leave --tasks out")
+        if self.arch != "feedback":
+            raise FbtError("train config: field 'corpus' (--corpus) trains arch 'feedback' (and --baseline) only")
+        for name in TASK_ONLY:
+            if getattr(self, name) != ADDED_FIELDS.get(name, None):
+                raise FbtError(f"train config: field '{name}' applies to task training, not to a --corpus run")
+        object.__setattr__(self, "tasks", ())
+        object.__setattr__(self, "knobs", None)
+        object.__setattr__(self, "task_shares", {})
+        q = self.seq_len
+        if isinstance(q, bool) or not isinstance(q, int) or not 2 <= q <= self.tokens_per_step:
+            raise FbtError(
+                f"train config: field 'seq_len' (--seq-len) must be an integer 2..tokens_per_step "
+                f"({self.tokens_per_step}), got {q!r}"
+            )
 
     def _check_floats(self) -> None:
         """Every float field finite and in its range (NaN passes no comparison, so each is explicit)."""
@@ -413,7 +452,15 @@ ADDED_FIELDS = {
     "register_steps": 0,
     "register_ramp": None,
     "decay_steps": 0,
+    "corpus": None,
+    "corpus_sha256": None,
+    "seq_len": 256,
+    "fork": None,
+    "fork_sha256": None,
 }
+# fields of task training that a corpus run leaves at their "not used" value
+TASK_ONLY = ("register_mix", "copy_steps", "register_steps", "register_ramp")
+DEFAULT_TASKS = ("completion", "memory", "registers", "registers-count")
 
 
 def parse_ramp(text, where: str) -> list[tuple[int, int]]:

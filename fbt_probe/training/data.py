@@ -11,6 +11,7 @@ from fbt_probe.tasks import heldout_groups, load_spec, training_documents
 from fbt_probe.tasks.streams import HeldOut
 from fbt_probe.training.config import TRAIN_KNOBS, TrainConfig
 from fbt_probe.training.copy import copy_batch, copy_rows
+from fbt_probe.training.lm import corpus_batch
 from fbt_probe.training.mix import MIX, held_names, mix_documents
 
 
@@ -177,7 +178,11 @@ def batches_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train
     documents come many to a step. Split 'train' excludes the held-out contexts; 'val' draws only
     from them. The first `copy_steps` training steps are one micro-batch of copy documents instead
     (`fbt_probe.training.copy`); the `register_steps` after them draw the register tasks' cells only (under
-    `register_ramp`, at first only the mix's kinds with few registers)."""
+    `register_ramp`, at first only the mix's kinds with few registers). A corpus run
+    (`TrainConfig.corpus`) draws one micro-batch of windows of its stored tokens instead."""
+    if cfg.corpus is not None:  # next-token prediction on the corpus: one micro-batch of windows
+        part = "train" if split == "train" else "heldout"
+        return [corpus_batch(cfg, step_seed(cfg.seed, step, "corpus-" + split), part)]
     if split == "train" and step < cfg.copy_steps:
         return [copy_batch(tokenizer, copy_rows(cfg.tokens_per_step), step_seed(cfg.seed, step, "copy"))]
     cells, lengths, p = cell_probabilities(cfg, tokenizer)

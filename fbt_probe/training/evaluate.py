@@ -21,6 +21,7 @@ from fbt_probe.tasks import generate, load_spec
 from fbt_probe.tasks.tokenizer import answer_ids
 from fbt_probe.training.config import TRAIN_KNOBS, TrainConfig
 from fbt_probe.training.data import heldout, validation_batch
+from fbt_probe.training.lm import heldout_windows
 
 EVAL_MODES = ("standard", "jacobi:2", "recurrent:1", "jacobi:3", "full")
 DECODING_OF_MODE = {
@@ -167,3 +168,40 @@ def ratio_interval(by_doc: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tup
 def loss_per_pass(model, cfg: TrainConfig, tokenizer, max_passes: int = 3) -> dict:
     table = contraction(model, *validation_batch(cfg, tokenizer), n_passes=max_passes)
     return {f"val_loss_pass{int(r['pass'])}": r["val_loss"] for _, r in table.iterrows()}
+
+
+VAL_ROWS = 64  # held-out files a corpus run's validation reads during training (the diagnostics read every one)
+
+
+@torch.no_grad()
+def corpus_loss_per_pass(model, cfg: TrainConfig, tokenizer=None, max_passes: int = 3) -> dict:
+    """A corpus run's held-out loss after each of 1..`max_passes` feedback passes (`val_loss_pass{k}`)."""
+    table = contraction(model, *heldout_windows(cfg, limit=VAL_ROWS), n_passes=max_passes)
+    return {f"val_loss_pass{int(r['pass'])}": r["val_loss"] for _, r in table.iterrows()}
+
+
+@torch.no_grad()
+def pass_curves(model, tokens: torch.Tensor, targets: torch.Tensor, n_passes: int, batch: int = 16) -> dict:
+    """Per held-out window d and Jacobi pass k = 1..N: `loss` [N, D] (the window's mean next-token
+    loss after k passes: k − 1 feedback passes at prefill), `change` [N, D] (mean over positions of
+    ‖s^(k) − s^(k−1)‖, NaN at k = 1) and `norm` [N, D] (mean ‖s^(k)‖). Windows run `batch` at a time;
+    each window's iteration is its own, so the batching changes no number beyond float rounding."""
+    import torch.nn.functional as F
+
+    device = next(model.parameters()).device
+    D = tokens.shape[0]
+    out = {name: np.full((n_passes, D), np.nan) for name in ("loss", "change", "norm")}
+    for lo in range(0, D, batch):
+        tok, tgt = tokens[lo : lo + batch].to(device), targets[lo : lo + batch].to(device)
+        has = torch.arange(tok.shape[1], device=device) >= 1
+        states, prev = None, None
+        for chunk, _ in jacobi_chunks(tok.shape[1], n_passes, every=False):  # the Jacobi iteration, hooks off
+            k = chunk.pass_index
+            state, logits = model.feedback_pass(tok, states, None if states is None else has)
+            ce = F.cross_entropy(logits.float().transpose(1, 2), tgt, reduction="none").double().mean(-1)
+            out["loss"][k - 1, lo : lo + batch] = ce.cpu().numpy()
+            out["norm"][k - 1, lo : lo + batch] = state.norm(dim=-1).mean(-1).double().cpu().numpy()
+            if prev is not None:
+                out["change"][k - 1, lo : lo + batch] = (state - prev).norm(dim=-1).mean(-1).double().cpu().numpy()
+            prev, states = state, model.shift_states(state)
+    return out

@@ -62,22 +62,29 @@ def train(
     progress=True,
     on_eval=None,
     fsdp: bool = False,
+    stop_at: int | None = None,
 ) -> dict:
-    """Train `model` in place from `start_step` to `cfg.steps`, checkpointing into `out`.
+    """Train `model` in place from `start_step` to `cfg.steps` (or only to `stop_at`, with a
+    checkpoint there: the run resumes from it), checkpointing into `out`.
 
     Attention takes the explicit path throughout (steps and evaluations): the arithmetic the
     recorded runs were trained with, so a seed still gives the checkpoint docs/research/ and the
     reference report describe, byte for byte (the SDPA path would differ in the last float bits,
-    and training amplifies that into a different model).
+    and training amplifies that into a different model). A corpus run (`TrainConfig.corpus`, no
+    recorded runs of the explicit arithmetic to keep) takes the engine's routes (SDPA attention),
+    whose speed is the plain PyTorch loop's (BENCHMARKS.md); a seed still gives the same bytes at
+    the same thread count.
 
     Under torchrun each rank takes its rows of every step (`fbt_probe.training.parallel`): DDP, or
     with `fsdp` the parameters, gradients and optimizer state sharded by FSDP2; rank 0 writes the
     log and the (consolidated) checkpoint."""
-    with use_path(model, "explicit"):
-        return _train(model, tokenizer, cfg, out, start_step, optimizer, progress, on_eval, fsdp)
+    with use_path(model, "explicit" if cfg.corpus is None else "auto"):
+        return _train(model, tokenizer, cfg, out, start_step, optimizer, progress, on_eval, fsdp, stop_at)
 
 
-def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optimizer, progress, on_eval, fsdp) -> dict:
+def _train(
+    model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optimizer, progress, on_eval, fsdp, stop_at=None
+) -> dict:
     world = distributed.world()
     if fsdp and not torch.distributed.is_initialized():
         raise FbtError(
@@ -100,7 +107,8 @@ def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optim
     bar = _progress(cfg.steps, start_step) if progress and world.main and start_step < cfg.steps else None
     t0, tokens_seen = time.perf_counter(), 0
     try:
-        for step in range(start_step, cfg.steps):
+        end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
+        for step in range(start_step, end):
             # every random draw of a step derives from (seed, step[, rank]): a resumed run continues bit for bit
             torch.manual_seed(step_seed(cfg.seed, step, "noise" if world.main else f"noise:{world.rank}"))
             gen = torch.Generator().manual_seed(step_seed(cfg.seed, step, "draws"))
@@ -161,7 +169,7 @@ def _train(model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optim
                 model.train()
             if world.main:  # one log and one checkpoint, written by rank 0
                 _append(log_path, rec)
-            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            if (step + 1) % cfg.save_every == 0 or step + 1 in (cfg.steps, end):
                 _save(engine, model, opt, cfg, out, step + 1, fsdp)
             if bar:
                 bar[0].update(
