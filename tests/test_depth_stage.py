@@ -138,7 +138,7 @@ def test_depth_rule_needs_the_feedback_modes_interval_above_chance():
 
 def _seeds_table(per_seed: dict) -> pd.DataFrame:
     """A stacked headline table (seeds.csv) holding each seed's depth grid, as `findings.headline` writes it."""
-    from fbt_probe.reproduce.depth import ACCURACY_Q
+    from fbt_probe.reproduce.parts.depth import ACCURACY_Q
 
     frames = []
     for seed, (fb, base, groups) in per_seed.items():
@@ -152,7 +152,7 @@ def _seeds_table(per_seed: dict) -> pd.DataFrame:
 
 
 def test_depth_over_seeds_applies_the_rule_to_each_seeds_table():
-    from fbt_probe.reproduce.depth import seed_tables, seeds_verdict
+    from fbt_probe.reproduce.parts.depth import seed_tables, seeds_verdict
 
     sep_fb = {16: {"standard": 0.5, "recurrent:1": 0.97, "jacobi:2": 0.98, "jacobi:3": 0.6, "full": 0.5}}
     sep_base = {16: _all(0.5)}
@@ -182,7 +182,7 @@ def test_depth_over_seeds_applies_the_rule_to_each_seeds_table():
 @pytest.fixture(scope="module")
 def small_study(tmp_path_factory):
     """The depth stage on the shipped models, a small slice (one k, a few pairs), its figure and section."""
-    from fbt_probe.reproduce.depth import stage_depth
+    from fbt_probe.reproduce.parts.depth import stage_depth
 
     out = tmp_path_factory.mktemp("depth-study")
     cfg = ReproConfig.demo_config(shipped=True, depth_knobs=[8, 16], depth_pairs=6)
@@ -220,7 +220,7 @@ def test_the_depth_stage_counts_the_answers_a_plain_forward_gives(small_study):
     position against the label word's token); the stage's correct counts must agree."""
     import fbt_probe as fp
     from fbt_probe.interventions.pairs import label_token_ids
-    from fbt_probe.reproduce.depth import depth_samples
+    from fbt_probe.reproduce.parts.depth import depth_samples
     from fbt_probe.tasks import build_tokenizer
 
     cfg, out = small_study
@@ -244,8 +244,9 @@ def test_the_depth_stage_counts_the_answers_a_plain_forward_gives(small_study):
 @pytest.mark.slow
 def test_the_depth_figure_and_section_read_the_tables(small_study, tmp_path):
     from fbt_probe.figures import draw
-    from fbt_probe.reproduce.depth import depth_section, figure_jobs, sentences
-    from fbt_probe.reproduce.report import _md_table, figure_caption
+    from fbt_probe.reproduce.parts.depth import figure_jobs, sentences
+    from fbt_probe.reproduce.parts.depth import sections as depth_section
+    from fbt_probe.reproduce.report import figure_caption
 
     cfg, out = small_study
     ((stem, name, table, opts),) = figure_jobs(cfg, out)
@@ -257,7 +258,7 @@ def test_the_depth_figure_and_section_read_the_tables(small_study, tmp_path):
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert legend == [*DEPTH_MODES, "chance (0.5)", "swap, feedback model", "swap, no-feedback baseline"]
     assert "Serial depth" in figure_caption(stem)
-    title, text, figs = depth_section(cfg, out, _md_table, ["depth", "fig3-contraction"])
+    ((title, text, figs),) = depth_section(cfg, out, ["depth", "fig3-contraction"])
     assert figs == ["depth"] and "The demo runs a reduced range" in text and "Criterion:" in text
     assert rules.depth_separation(pd.read_parquet(out / "results" / "depth" / "accuracy.parquet")).sentence in text
     said = sentences(cfg, out)
@@ -267,7 +268,7 @@ def test_the_depth_figure_and_section_read_the_tables(small_study, tmp_path):
 
 # ----------------------------------------------------------------------------- the stages of each study
 def test_each_study_kind_runs_the_depth_part_it_should(tmp_path):
-    from fbt_probe.reproduce.depth import depth_section
+    from fbt_probe.reproduce.parts.depth import sections as depth_section
     from fbt_probe.reproduce.pipeline import build_stages
 
     def stages(cfg):
@@ -285,7 +286,7 @@ def test_each_study_kind_runs_the_depth_part_it_should(tmp_path):
     assert quick["train-depth-feedback"].inputs["steps"] == 8 and quick["depth"].inputs["knobs"] == [8]
     user = ReproConfig(model=str(tmp_path / "ckpt"))
     assert not any("depth" in n for n in stages(user))
-    title, text, figs = depth_section(user, tmp_path, None, ["depth"])
+    ((title, text, figs),) = depth_section(user, tmp_path, ["depth"])
     assert "not run" in text and "user checkpoint" in text and not figs
 
 

@@ -6,8 +6,10 @@ import numpy as np
 import pandas as pd
 
 from fbt_probe.reproduce.config import ReproConfig
-from fbt_probe.reproduce.findings import depth0_modes, register_findings
+from fbt_probe.reproduce.parts.interventions import swap_sentences
+from fbt_probe.reproduce.parts.probes import register_findings
 from fbt_probe.reproduce.seeds import spread
+from fbt_probe.reproduce.tables import depth0_modes
 
 
 def _probes(folder, model, rows):
@@ -77,7 +79,8 @@ def test_register_findings_quote_each_probed_mode_the_baseline_and_the_swap(tmp_
     cfg = ReproConfig(modes={"registers": ["standard", "recurrent:1", "recurrent:2", "jacobi:2"]})
     # the study's order; a mode without a depth-0 accuracy row (carried-state, recurrent:2 here) is left out
     assert depth0_modes(cfg, tmp_path, "feedback", "registers") == ["standard", "recurrent:1", "jacobi:2"]
-    (line, depth, swap) = register_findings(cfg, tmp_path, "registers", None)
+    (line, depth) = register_findings(cfg, tmp_path, "registers", None)
+    (swap,) = swap_sentences(tmp_path, "registers", None)  # the interventions part's sentence on the same task
     # Fig. 7b's verdict over depths 1..L: `full` was not probed here, so no verdict is claimed
     assert depth.startswith("Fig. 7b on registers: `full` was not probed (`standard` ")
 
@@ -123,7 +126,7 @@ def test_register_findings_quote_each_probed_mode_the_baseline_and_the_swap(tmp_
 
 
 def test_findings_quote_seeds_of_their_own_study_kind_only(tmp_path):
-    from fbt_probe.reproduce.findings import same_kind
+    from fbt_probe.reproduce.tables import same_kind
 
     seeds = pd.DataFrame(
         [

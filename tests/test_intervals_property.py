@@ -261,7 +261,7 @@ def test_lens_summary_gives_top1_a_wilson_interval_over_groups():
 
 
 def test_answer_accuracy_counts_groups_not_samples(tmp_path):
-    from fbt_probe.reproduce.findings import answer_accuracy
+    from fbt_probe.reproduce.tables import answer_accuracy
 
     (tmp_path / "eval").mkdir()
     pd.DataFrame(

@@ -205,7 +205,7 @@ def write_study(root, diff: float = 0.2, seed: int = 0):
 
 
 def test_the_paired_table_recomputes_from_the_per_unit_tables(tmp_path):
-    from fbt_probe.reproduce.paired import COLUMNS, paired_table
+    from fbt_probe.reproduce.parts.paired import COLUMNS, paired_table
 
     write_study(tmp_path)
     t = paired_table(tmp_path, n_boot=300, seed=0)
@@ -240,7 +240,7 @@ def test_a_study_with_the_same_model_twice_reads_the_same_everywhere(tmp_path):
     import shutil
 
     from fbt_probe.reproduce import rules
-    from fbt_probe.reproduce.paired import paired_table
+    from fbt_probe.reproduce.parts.paired import paired_table
 
     write_study(tmp_path)
     for sub in ("probes", "interventions"):
@@ -254,9 +254,9 @@ def test_a_study_with_the_same_model_twice_reads_the_same_everywhere(tmp_path):
 
 
 def test_the_report_table_and_the_findings_quote_the_paired_rows(tmp_path):
-    from fbt_probe.reproduce.findings import paired_clause
-    from fbt_probe.reproduce.paired import FOLDER, TABLE, paired_table
-    from fbt_probe.reproduce.report import paired_section
+    from fbt_probe.reproduce.parts.paired import FOLDER, TABLE, paired_table
+    from fbt_probe.reproduce.parts.paired import sections as paired_sections
+    from fbt_probe.reproduce.tables import paired_clause
 
     write_study(tmp_path)
     folder = tmp_path.joinpath(*FOLDER)
@@ -270,7 +270,7 @@ def test_the_report_table_and_the_findings_quote_the_paired_rows(tmp_path):
         "(paired, n = 16 groups)"
     )
     assert paired_clause(tmp_path, "memory", (("depth0-recurrent:1", "at depth 0"),)) == ""
-    ((head, text, _),) = paired_section(tmp_path)
+    ((head, text, _),) = paired_sections(None, tmp_path, [])
     assert head == "Feedback − baseline, paired" and f"{r['difference']:+.3f} [{r['ci_low']:.3f}" in text
 
 

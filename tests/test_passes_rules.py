@@ -33,9 +33,9 @@ def diverging(seed=0):
 
 
 def test_fig3_run_names_a_contraction_a_plateau_and_its_opposite():
-    assert R.fig3_run("a", *contracting()).verdict == "contracts to a plateau"
-    assert R.fig3_run("a", *decaying()).verdict == "contracts, still decaying"
-    v = R.fig3_run("a", *diverging())
+    assert R.fig3_run("a", R.fig3_numbers(*contracting())).verdict == "contracts to a plateau"
+    assert R.fig3_run("a", R.fig3_numbers(*decaying())).verdict == "contracts, still decaying"
+    v = R.fig3_run("a", R.fig3_numbers(*diverging()))
     assert v.verdict == "diverges" and "nats" in v.sentence and f"{D} held-out documents" in v.sentence
 
 
@@ -45,21 +45,21 @@ def test_fig3_run_cannot_say_on_noise_at_its_threshold_or_on_few_documents():
     change = np.abs(0.5 + 0.4 * rng.standard_normal((P, D)))  # no decay: the ratio's interval holds DECAYED..1
     change[0] = np.nan
     change[R.TAIL[0] - 1 : R.TAIL[1]] *= 0.75
-    assert R.fig3_run("noise", loss, change).verdict == "cannot say"
-    few = R.fig3_run("few", *curves(lambda k: 2.5 + 0 * k, lambda k: 0.5**k, docs=3))
+    assert R.fig3_run("noise", R.fig3_numbers(loss, change)).verdict == "cannot say"
+    few = R.fig3_run("few", R.fig3_numbers(*curves(lambda k: 2.5 + 0 * k, lambda k: 0.5**k, docs=3)))
     assert few.verdict == "cannot say" and "too few" in few.sentence
 
 
 def test_a_mutated_threshold_flips_fig3_run(monkeypatch):
     """The loss rise of a run that rises by 0.15 nats: diverging at FLAT_LOSS 0.1, stable at 0.3."""
     loss, change = curves(lambda k: 2.5 + 0.15 * (k > 1), lambda k: 0.5**k + 0.001, noise=0.005)
-    assert R.fig3_run("r", loss, change).verdict == "diverges"
+    assert R.fig3_run("r", R.fig3_numbers(loss, change)).verdict == "diverges"
     monkeypatch.setattr(R, "FLAT_LOSS", 0.3)
-    assert R.fig3_run("r", loss, change).verdict == "contracts to a plateau"
+    assert R.fig3_run("r", R.fig3_numbers(loss, change)).verdict == "contracts to a plateau"
 
 
 def _pair(a, b, seed):
-    return R.fig3_run("75/22/3", *a(seed)), R.fig3_run("75/25", *b(seed))
+    return R.fig3_run("75/22/3", R.fig3_numbers(*a(seed))), R.fig3_run("75/25", R.fig3_numbers(*b(seed)))
 
 
 def test_three_pass_holds_only_on_every_seed():

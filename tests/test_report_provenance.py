@@ -11,6 +11,8 @@ import pytest
 
 from fbt_probe.reproduce import report
 from fbt_probe.reproduce.config import ReproConfig
+from fbt_probe.reproduce.part import Part, Section
+from fbt_probe.reproduce.parts.contraction import trained_passes
 
 RECORD = {
     "git_commit": "0123abcd" * 5 + "-dirty",
@@ -68,20 +70,15 @@ def written(tmp_path, monkeypatch):
 def _write(tmp_path, monkeypatch, stems=()):
     """The stubbed study's report, with an empty PNG in figures/ for each of `stems`."""
     empty = pd.DataFrame()
-    for name in ("accuracy_table", "contraction_table"):
-        monkeypatch.setattr(report, name, lambda out: empty)
-    for name in ("depth0_table", "robustness_table", "causal_table"):
-        monkeypatch.setattr(report, name, lambda out, models: empty)
-    methods = ("atp-", "das-", "lens-")
-    monkeypatch.setattr(
-        report,
-        "methods_section",
-        lambda cfg, out, md, figs: ("Methods", "_(not run)_\n", [f for f in figs if f.startswith(methods)]),
+    stub = Part(  # one part, whose section shows every figure; every part's captions kept
+        "stub",
+        sections=lambda cfg, out, figs: [Section("Figures", "_(not run)_\n", list(figs))],
+        captions=report.captions(),
     )
+    monkeypatch.setattr(report, "PARTS", [stub])
     monkeypatch.setattr(report, "headline", lambda cfg, out: empty)
     monkeypatch.setattr(report, "spread_table", lambda cfg, out: None)
     monkeypatch.setattr(report, "findings", lambda cfg, out, seeds: [])
-    monkeypatch.setattr(report, "shipped_comparison", lambda cfg, out: [])
     monkeypatch.setattr(report, "_provenance", lambda cfg, out, times: RECORD)
     (tmp_path / "figures").mkdir()
     for stem in stems:
@@ -195,4 +192,4 @@ def test_the_contraction_figure_marks_a_trained_depth_for_the_feedback_model_onl
             "pass": [1, 2, 1, 2],
         }
     )
-    assert report.trained_passes(t) == {"feedback": 3, "baseline": 1}
+    assert trained_passes(t) == {"feedback": 3, "baseline": 1}

@@ -116,7 +116,7 @@ def test_cli_errors(tmp_path):
 def test_wilson_interval_is_scipys():
     from scipy.stats import binomtest
 
-    from fbt_probe.reproduce.findings import wilson
+    from fbt_probe.stats import wilson
 
     for k, n in ((0, 10), (3, 10), (10, 10), (187, 200), (1, 1)):
         p, lo, hi = wilson(k, n)
@@ -138,7 +138,7 @@ def test_demo_config_is_the_full_study_lighter():
     """--demo keeps every task, length, stage and the shipped models' seed/steps; it drops only `full`
     on the register tasks, halves (or quarters) the probe groups and lightens the methods."""
     from fbt_probe.reproduce.config import ReproConfig
-    from fbt_probe.reproduce.methods import methods_settings
+    from fbt_probe.reproduce.parts.methods import methods_settings
 
     full, demo = ReproConfig(shipped=True), ReproConfig.demo_config(shipped=True)
     assert (
@@ -154,13 +154,13 @@ def test_demo_config_is_the_full_study_lighter():
     # every stage but the SAEs, which the demo skips (its report says so)
     from pathlib import Path
 
+    from fbt_probe.reproduce.parts.sae import sections as sae_section
     from fbt_probe.reproduce.pipeline import build_stages
-    from fbt_probe.reproduce.sae import sae_section
 
     names = lambda cfg: {s.name for s in build_stages(cfg, Path("unused"))}  # noqa: E731
     assert "sae-feedback" in names(full) and not any(n.startswith("sae") for n in names(demo))
     assert names(demo) < names(full)
-    ((title, text, figs),) = sae_section(demo, Path("unused"), None, [])
+    ((title, text, figs),) = sae_section(demo, Path("unused"), [])
     assert "not run in the demo" in text and "fbt-probe sae train" in text and not figs
 
 
@@ -358,7 +358,7 @@ def test_methods_run_every_task_and_report_the_papers_suffix_modes(tmp_path):
 
     from fbt_probe.io import write_json
     from fbt_probe.reproduce.config import ReproConfig
-    from fbt_probe.reproduce.methods import methods_knobs, tables
+    from fbt_probe.reproduce.parts.methods import methods_knobs, tables
 
     cfg = ReproConfig()
     # the full study runs the causal experiments at every probe length; the demo at one per task
@@ -399,7 +399,7 @@ def test_methods_pairs_are_spread_over_groups():
     that DAS's grouped folds have several groups (the first pair ids would all be one group)."""
     import pandas as pd
 
-    from fbt_probe.reproduce.methods import pairs_over_groups
+    from fbt_probe.reproduce.parts.methods import pairs_over_groups
 
     pair = [p for p in range(12) for _ in range(2)]
     df = pd.DataFrame({"pair_id": pair, "group_id": [f"g{p // 4}" for p in pair], "length_knob": 2})

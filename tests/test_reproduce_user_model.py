@@ -78,7 +78,7 @@ def test_an_import_without_a_record_is_said_to_be_untrained_on_the_tasks(runs):
     assert trained_as(cfg, "feedback") is None
     assert study_training(cfg) == train_config(cfg, False)  # the preset's split: a fixed subset of unseen contexts
     assert schedule_label(cfg, "feedback") == "not recorded"
-    from fbt_probe.reproduce.report import trained_passes
+    from fbt_probe.reproduce.parts.contraction import trained_passes
 
     table = pd.DataFrame({"run": ["feedback", "baseline"], "schedule": ["not recorded", "constant:1"]})
     assert trained_passes(table) == {"baseline": 1}  # no trained depth to mark for an import

@@ -246,7 +246,7 @@ def test_feature_table_reads_the_final_carried_state_and_lists_distinct_examples
 
 
 def test_report_text_escapes_markup_and_bolds_the_carried_token():
-    from fbt_probe.reproduce.sae import _md_text
+    from fbt_probe.reproduce.parts.sae import _md_text
 
     assert _md_text("a | b *c* [[x_1]] :") == r"a \| b \*c\* **x\_1** :"
     assert _md_text("<b> [[⏎]]") == r"\<b\> **⏎**"

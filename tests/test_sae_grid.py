@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fbt_probe.reproduce.config import ReproConfig
-from fbt_probe.reproduce.sae import demo_rows, grid_plan, sae_settings
+from fbt_probe.reproduce.parts.sae import demo_rows, grid_plan, sae_settings
 
 TASKS = ["completion", "memory", "registers", "registers-count"]
 
@@ -51,8 +51,8 @@ def test_demo_rows_keep_the_first_groups_per_task_and_length():
 def grid_study(tmp_path_factory, one_thread):
     """The quick study's data and the SAE stage with a grid (2 seeds × 2 widths, demo-sized data cut
     below the quick plan's groups), on the shipped feedback model."""
-    from fbt_probe.reproduce.pipeline import stage_data
-    from fbt_probe.reproduce.sae import stage_sae
+    from fbt_probe.reproduce.parts.data import stage_data
+    from fbt_probe.reproduce.parts.sae import stage_sae
 
     out = tmp_path_factory.mktemp("sae-grid")
     cfg = ReproConfig.quick_config(shipped=True)
@@ -71,7 +71,8 @@ def grid_study(tmp_path_factory, one_thread):
 @pytest.mark.slow
 def test_the_stage_writes_one_row_group_per_sae_from_different_saes(grid_study):
     from fbt_probe.modes import parse_mode
-    from fbt_probe.reproduce.methods import _task_pairs, study_model
+    from fbt_probe.reproduce.part import study_model
+    from fbt_probe.reproduce.parts.methods import _task_pairs
     from fbt_probe.sae.analyze import fractions
     from fbt_probe.sae.features import feature_tests
     from fbt_probe.sae.model import SparseAutoencoder
@@ -121,15 +122,15 @@ def test_the_stage_writes_one_row_group_per_sae_from_different_saes(grid_study):
 
 @pytest.mark.slow
 def test_the_report_section_shows_the_grid_and_its_sentence(grid_study):
-    from fbt_probe.reproduce.report import _md_table
-    from fbt_probe.reproduce.sae import figure_jobs, sae_section, sentences
+    from fbt_probe.reproduce.parts.sae import figure_jobs, sentences
+    from fbt_probe.reproduce.parts.sae import sections as sae_section
 
     cfg, out, _ = grid_study
     said = sentences(out)
     assert said[0].startswith("5 TopK SAEs (SAE seeds 0 and 1 × expansion 2 and 4 on the study's data")
     assert len(said) == 1 + len(TASKS) and all(x.split(":")[0] in TASKS for x in said[1:])
     assert all("SAEs" in x for x in said[1:])  # each task's sentence counts SAEs
-    (title, text, _), _browser = sae_section(cfg, out, _md_table, [])
+    (title, text, _), _browser = sae_section(cfg, out, [])
     assert "**Over SAEs**" in text and "| topk-x2-s0-demo |" in text and "topk-x4-s1 |" in text
     for x in said[1:]:
         assert x in text

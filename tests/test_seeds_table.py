@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from fbt_probe.reference import record
-from fbt_probe.reproduce.depth import ACCURACY_Q, SWAP_Q
+from fbt_probe.reproduce.parts.depth import ACCURACY_Q, SWAP_Q
 from fbt_probe.reproduce.seeds import KEY, packaged
 
 

@@ -458,7 +458,7 @@ def test_a_study_stage_resumes_only_a_run_of_its_own_training_config(tmp_path, c
     import dataclasses
 
     from fbt_probe.errors import FbtError
-    from fbt_probe.reproduce.pipeline import _train
+    from fbt_probe.reproduce.parts.training import train_run as _train
 
     cfg = TrainConfig(steps=2, **SMALL)
     run_training(cfg, tmp_path / "r", progress=False, eval_pairs=2)

@@ -13,6 +13,7 @@ from fbt_probe.config import check_device
 from fbt_probe.config import preset as check_preset
 from fbt_probe.errors import FbtError
 from fbt_probe.reproduce import ReproConfig, reproduce
+from fbt_probe.reproduce.config import LM_PRESETS
 from fbt_probe.reproduce.pipeline import build_stages, reproduce_seeds
 from fbt_probe.reproduce.stages import check_out, default_jobs, start_workers, time_table
 
@@ -125,8 +126,13 @@ def reproduce_cmd(
 
     check_out(out, seeds=seeds is not None)  # before anything is made or read: a user's folder is never written into
     check_preset(preset)
-    if preset != "tiny" and model is None:
+    if preset not in ("tiny", *LM_PRESETS) and model is None:
         raise FbtError(f"--preset {preset}: training it here is not supported; pass --model PATH (a checkpoint folder)")
+    if preset in LM_PRESETS and (quick or steps is not None):
+        raise FbtError(
+            f"--preset {preset}: the general language model's study has no --quick and no --steps (its recipe: "
+            "docs/training.md, 'A general language model')"
+        )
     if baseline is not None and model is None:
         raise FbtError("--baseline: needs --model (the checkpoint it is the baseline of)")
     kw = {

@@ -41,6 +41,18 @@ FIGURES: dict[str, FigureEntry] = {
         "contraction.parquet",
         "contraction diagnostic: validation loss and carried-state change vs feedback passes",
     ),
+    "fig3-lm": FigureEntry(
+        "fbt_probe.figures.passes",
+        "fig3_lm",
+        "summary.parquet",
+        "general LM, Fig. 3: held-out loss and carried-state change vs passes, per schedule and seed (fbt-probe diagnose passes)",
+    ),
+    "fig4-lm": FigureEntry(
+        "fbt_probe.figures.passes",
+        "fig4_lm",
+        "summary.parquet",
+        "general LM, Fig. 4: held-out loss vs feedback passes at prefill, beside the no-feedback baseline",
+    ),
     "fig7a": FigureEntry(
         "fbt_probe.figures.probes",
         "fig7a",

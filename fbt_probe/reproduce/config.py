@@ -66,6 +66,13 @@ DEPTH_TASK = "compose-s3"
 DEPTH_MODES = (STANDARD, RECURRENT_1, JACOBI_2, "jacobi:3", FULL)
 DEPTH_STEPS = 800  # `fbt-probe train --tasks compose-s3 --steps 800 --seed S [--baseline]`, the shipped depth models'
 DEPTH_MODELS = ("feedback", "baseline")
+# the general language models (docs/training.md, "A general language model"): trained on the corpus by
+# next-token prediction, never on the tasks, which they are probed on in context
+LM_PRESETS = ("small-lm",)
+LM_MODELS = ("feedback", "feedback-75-25", "baseline")  # the paper's schedule, its 75/25 comparison, no feedback
+LM_SCHEDULES = {"feedback": "paper", "feedback-75-25": "1:.75,2:.25", "baseline": "constant:1"}
+# docs/research/general-lm-size.md; one_pass_steps: every model's first steps, one pass, trained once and forked
+LM_RECIPE = dict(tokens_per_step=8192, seq_len=256, steps=1600, lr=3e-3, one_pass_steps=600)
 
 
 @dataclass(frozen=True)
@@ -137,9 +144,21 @@ class ReproConfig:
     """The serial-depth part's knob values k (compose-s3; the demo runs a reduced range)."""
     depth_pairs: int = FULL_DEPTH.pairs
     """Held-out pairs per k of the depth part (one per group; k = 2 and 4 have fewer held-out words)."""
+    corpus: str = "data/corpus"
+    """An LM preset's corpus folder (`fbt-probe corpus build`): what --train trains on and the held-out
+    files the general-LM part reads (a shipped model's study reads them too, checked against the
+    corpus sha256 the model recorded)."""
+    lm_passes: int = 100
+    """An LM preset's feedback passes in the general-LM part (Fig. 3 reads 1..32 and this many)."""
+    lm_recipe: dict = field(default_factory=lambda: dict(LM_RECIPE))
+    """An LM preset's training under --train (`LM_RECIPE`; a test trains a small one)."""
     shipped: bool = False
     """Study the reference models shipped with the package (ref:<preset>-feedback, ref:<preset>-baseline)
     instead of training them; `fbt-probe reproduce` does unless --train."""
+
+    def __post_init__(self) -> None:
+        if self.preset in LM_PRESETS and not self.model and self.steps != self.lm_recipe["steps"]:
+            object.__setattr__(self, "steps", self.lm_recipe["steps"])  # an LM's steps are its recipe's
 
     @classmethod
     def quick_config(cls, **kw) -> "ReproConfig":
@@ -192,8 +211,8 @@ class ReproConfig:
 
     def depth_models(self) -> list[str]:
         """The serial-depth part's models (`depth_path`): both, except in a user checkpoint's study,
-        which has no compose-s3 models and skips the part."""
-        return [] if self.model else list(DEPTH_MODELS)
+        which has no compose-s3 models, and a general LM's, which has none either: both skip the part."""
+        return [] if self.model or self.preset in LM_PRESETS else list(DEPTH_MODELS)
 
     def depth_steps(self) -> int:
         """Training steps of the depth models under --train: the shipped ones' 800, or under --quick
@@ -211,6 +230,31 @@ class ReproConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def is_lm(cfg: ReproConfig) -> bool:
+    """The study of a general language model (an LM preset; a user checkpoint's study is not)."""
+    return cfg.preset in LM_PRESETS and not cfg.model
+
+
+def lm_train_config(cfg: ReproConfig, name: str) -> TrainConfig:
+    """How LM `name` (LM_MODELS) is trained: `fbt-probe train --preset small-lm --corpus CORPUS
+    --tokens-per-step 8192 --steps 1600 --lr 3e-3 --seed S` with its schedule, the feedback models
+    `--one-pass-steps 600` (forked from the baseline's step 600)."""
+    r = dict(cfg.lm_recipe)
+    one_pass = r.pop("one_pass_steps")
+    baseline = name == "baseline"
+    return TrainConfig(
+        preset=cfg.preset,
+        corpus=cfg.corpus,
+        seed=cfg.seed,
+        baseline=baseline,
+        schedule=LM_SCHEDULES[name],
+        one_pass_steps=0 if baseline else one_pass,
+        eval_every=max(1, min(100, r["steps"])),
+        save_every=max(1, min(100, r["steps"])),
+        **r,
+    )
 
 
 def train_config(cfg: ReproConfig, baseline: bool) -> TrainConfig:
@@ -266,6 +310,12 @@ def depth_path(cfg: ReproConfig, out: Path, name: str) -> Path:
 
 
 def trained_as(cfg: ReproConfig, name: str) -> TrainConfig | None:
+    if is_lm(cfg):
+        return lm_train_config(cfg, name)
+    return _trained_as(cfg, name)
+
+
+def _trained_as(cfg: ReproConfig, name: str) -> TrainConfig | None:
     """How study model `name` was trained: the preset's recipe (a shipped or trained-here model), the
     `train` record of a user checkpoint's config.json (a run of `fbt-probe train`), or None (an
     imported checkpoint, which has no record: it was not trained on the tasks here)."""
@@ -284,7 +334,10 @@ def trained_as(cfg: ReproConfig, name: str) -> TrainConfig | None:
 def study_training(cfg: ReproConfig) -> TrainConfig:
     """The training the study's held-out contexts, answer-accuracy cells and contraction batch
     follow: the feedback model's own (its split, tasks, lengths and seed), else the preset's recipe,
-    whose held-out split is then a fixed subset of contexts the model never saw."""
+    whose held-out split is then a fixed subset of contexts the model never saw. A general language
+    model never saw a task: the tasks' default training config draws its samples."""
+    if is_lm(cfg):
+        return TrainConfig(preset=cfg.preset, tasks=tuple(cfg.knobs), seed=cfg.seed)
     return trained_as(cfg, "feedback") or train_config(cfg, False)
 
 
@@ -305,6 +358,8 @@ class HeldOutOfAll:
 def study_contexts(cfg: ReproConfig, heldout):
     """The contexts the probe datasets and the answer-accuracy samples are drawn from: held out of
     the training of every study model (`heldout`: `TrainConfig` -> its `HeldOut`)."""
+    if is_lm(cfg):
+        return heldout(study_training(cfg))  # a fixed subset: the LM was trained on no task context
     splits = {}
     for name in cfg.models():
         t = trained_as(cfg, name) if cfg.model else train_config(cfg, False)
@@ -349,6 +404,8 @@ def tokenizer(cfg: ReproConfig):
     """The study's tokenizer: a user checkpoint's own tokenizer.json (refused without one: its
     embedding rows mean its own tokens, never the task tokenizer's; a --baseline must have the same
     one), else the built-in one."""
+    if is_lm(cfg):  # the corpus tokenizer the models were trained in
+        return load_tokenizer(folder(shipped_name(cfg, "feedback")) if cfg.shipped else Path(cfg.corpus))
     if not cfg.model:
         return build_tokenizer()
     tok = _own_tokenizer("--model", cfg.model)

@@ -7,7 +7,7 @@ where it holds on every seed. Nothing here reads files or runs a model (tests/te
 
 | rule          | arrays it reads (passes x documents)                    | verdicts                                           |
 |---------------|---------------------------------------------------------|----------------------------------------------------|
-| fig3-run      | loss and state change per pass, one run                  | contracts (plateau / still decaying) / diverges / cannot say |
+| fig3-run      | loss rise and state-change ratios (intervals), one run   | contracts (plateau / still decaying) / diverges / cannot say |
 | three-pass    | fig3-run's verdict per seed for 75/22/3 and for 75/25    | the 3 % turns divergence into contraction on every seed / on m of n / ... |
 | fig4          | loss per pass (feedback model), pass 1 (baseline)        | falls with passes (front-loaded or not) / does not fall / cannot say |
 """
@@ -87,19 +87,30 @@ def fmt(t: tuple[float, float, float], digits: int = 2) -> str:
     return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
-def fig3_run(label: str, loss: np.ndarray, change: np.ndarray) -> Verdict:
-    """One run's Fig. 3 verdict from `loss` and `change` [passes, documents] (pass 1 first; at least
-    TAIL[1] passes; NaN change at pass 1)."""
+def fig3_numbers(loss: np.ndarray, change: np.ndarray) -> dict:
+    """A run's Fig. 3 numbers from `loss` and `change` [passes, documents] (pass 1 first; at least
+    TAIL[1] passes; NaN change at pass 1), each (value, low, high) over documents: `rise`, the loss
+    after TAIL[1] passes minus after one; `decay`, the tail's mean state change over the early
+    passes'; `level`, the tail's over the middle passes'."""
     n_pass, n_doc = loss.shape
     if n_pass < TAIL[1]:
-        raise ValueError(f"fig3_run needs at least {TAIL[1]} passes, got {n_pass}")
+        raise ValueError(f"fig3 needs at least {TAIL[1]} passes, got {n_pass}")
+    return {
+        "rise": _boot(loss[TAIL[1] - 1] - loss[0]),
+        "decay": _ratio(_window(change, TAIL), _window(change, EARLY)),
+        "level": _ratio(_window(change, TAIL), _window(change, MIDDLE)),
+        "documents": n_doc,
+    }
+
+
+def fig3_run(label: str, numbers: dict) -> Verdict:
+    """One run's Fig. 3 verdict from its `fig3_numbers` (intervals only: a seeds table's rows suffice)."""
+    n_doc = numbers["documents"]
     if n_doc < MIN_DOCUMENTS:
         return Verdict(
             "fig3-run", "cannot say", f"{label}: {n_doc} held-out documents (too few; at least {MIN_DOCUMENTS})"
         )
-    rise = _boot(loss[TAIL[1] - 1] - loss[0])
-    decay = _ratio(_window(change, TAIL), _window(change, EARLY))
-    level = _ratio(_window(change, TAIL), _window(change, MIDDLE))
+    rise, decay, level = numbers["rise"], numbers["decay"], numbers["level"]
     if rise[1] > FLAT_LOSS or decay[1] > 1:
         verdict = "diverges"
     elif rise[2] < FLAT_LOSS and decay[2] < DECAYED:
@@ -179,7 +190,7 @@ PAPER, TWO_PASS = "1:0.75,2:0.22,3:0.03", "1:0.75,2:0.25"
 NAMES = {PAPER: "75/22/3", TWO_PASS: "75/25"}
 
 
-def _arrays(table, run: str, column: str) -> np.ndarray:
+def arrays(table, run: str, column: str) -> np.ndarray:
     """[passes, documents] of one run's `column` (documents in name order, the same for every run)."""
     t = table[table["run"] == run]
     return t.pivot(index="pass", columns="document", values=column).sort_index().to_numpy()
@@ -195,7 +206,7 @@ def passes_verdicts(table) -> list[Verdict]:
         if r.baseline or table.loc[table["run"] == r.run, "pass"].max() < TAIL[1]:
             continue
         label = f"{NAMES.get(r.schedule, r.schedule)}, seed {r.seed}"
-        v = fig3_run(label, _arrays(table, r.run, "loss"), _arrays(table, r.run, "change"))
+        v = fig3_run(label, fig3_numbers(arrays(table, r.run, "loss"), arrays(table, r.run, "change")))
         out.append(v)
         fig3_by[(r.schedule, r.seed)] = v
     both = {
@@ -208,8 +219,8 @@ def passes_verdicts(table) -> list[Verdict]:
     seeds4 = {}
     for r in runs[(runs["schedule"] == PAPER) & ~runs["baseline"]].itertuples():
         base = runs[runs["baseline"] & (runs["seed"] == r.seed)]
-        base_loss = _arrays(table, base["run"].iloc[0], "loss")[0] if len(base) else None
-        seeds4[int(r.seed)] = fig4_seed(_arrays(table, r.run, "loss"), base_loss)
+        base_loss = arrays(table, base["run"].iloc[0], "loss")[0] if len(base) else None
+        seeds4[int(r.seed)] = fig4_seed(arrays(table, r.run, "loss"), base_loss)
     if seeds4:
         out.append(fig4(seeds4))
     return out

@@ -51,6 +51,10 @@ class Stage:
     fn: Callable[[], None]
     after: list[str] = field(default_factory=list)  # stages whose keys feed this one
     resumable: bool = False  # outputs may be partially written and continued (training)
+    rank: int = 50
+    """Start order among the stages ready to run (lower first; not part of the key): the longest
+    chains first (extract -> probe, AtP/DAS, the SAEs), the short stages last, so that under `--jobs`
+    no long stage is left to run alone."""
 
     def key(self, keys: dict[str, str]) -> str:
         blob = json.dumps(

@@ -1,5 +1,6 @@
-"""What the report and the findings both read: the study's result tables and their intervals
-(`fbt_probe.stats`: the resampling unit of every number is named there)."""
+"""What the parts' findings, sections and headlines read: the study's result tables and the numbers
+drawn from them with their intervals (`fbt_probe.stats`: the resampling unit of every number is
+named there). Nothing here runs a model."""
 
 from __future__ import annotations
 
@@ -8,13 +9,23 @@ from pathlib import Path
 
 import pandas as pd
 
-from fbt_probe.stats import group_wilson
+from fbt_probe.probes.robustness import pooled_by_variant
+from fbt_probe.reproduce.config import LM_PRESETS, RECURRENT_1, STANDARD
+from fbt_probe.reproduce.rules import fmt
+from fbt_probe.reproduce.rules import paired as paired_rule
+from fbt_probe.stats import group_wilson, wilson
 
 PAPER_DEPTH0 = {"completion": 0.996, "memory": 1.0}  # one-step recurrent prefill, depth 0 (Fig. 7a)
 SETTING = (
     "The models here are small transformers trained on these tasks and probed on held-out contexts; the "
     "paper probed its 1B general language model, so its numbers are a reference point, not a replication "
     "target."
+)
+LM_SETTING = (
+    "The models here are general language models trained on a corpus of Python source and English prose by "
+    "next-token prediction, never on these tasks, which they read in context (as the paper probed its 1B model); "
+    "at 1.35 M parameters they may answer the tasks at chance, and the paper's numbers are a reference point, not "
+    "a target."
 )
 CHECKPOINT_SETTING = (
     "The tasks are probed on held-out contexts, in the checkpoint's tokenizer; a model not trained on these "
@@ -137,3 +148,160 @@ def paired_diff(out: Path, what: str, task: str, length_knob: int = -1) -> tuple
         return None
     r = rows.iloc[0]
     return float(r["difference"]), float(r["ci_low"]), float(r["ci_high"]), int(r["n_groups"])
+
+
+DEPTH0_CI = "Wilson 95 % CI with n = groups (a group's samples counted as one draw)"
+
+
+PAIRED_TABLE = "table *Feedback − baseline, paired*"
+
+
+def answer_groups(g: pd.DataFrame) -> int:
+    """The n of a pooled answer accuracy: the most distinct groups of one length cell. Samples are
+    not independent (the two of a pair share a context) and a group may recur at every length
+    (completion and memory), so the groups of one cell are the draws the pooling can count on. An
+    eval table without `groups` counts pairs (half its samples)."""
+    if "groups" in g.columns and g["groups"].notna().all():
+        return int(g["groups"].max()) if len(g) else 0
+    return int(g["n"].max()) // 2 if len(g) else 0
+
+
+def answer_accuracy(out: Path, model: str, task: str, mode: str = STANDARD) -> tuple[float, float, float, int]:
+    """(accuracy over every length's samples, Wilson low, high, samples); the Wilson interval has
+    n = `answer_groups` (docs/statistics.md)."""
+    acc = eval_table(out)
+    g = acc[(acc["model"] == model) & (acc["task"] == task) & (acc["mode"] == mode)]
+    c, n = int(g["correct"].sum()), int(g["n"].sum())
+    if n == 0:
+        return (*wilson(c, n), n)
+    return (*group_wilson(c / n, answer_groups(g)), n)
+
+
+def depth0(out: Path, model: str, task: str, mode: str) -> tuple[float, float, float]:
+    """Depth-0 probe accuracy pooled over the length x fold cells, Wilson interval at n = groups."""
+    r = pooled_accuracy(out, probe_cells(out, model, task, mode), task)
+    return r["value"], r["ci_low"], r["ci_high"]
+
+
+def depth0_scope(out: Path, model: str, task: str, mode: str = RECURRENT_1) -> str:
+    """'pooled over lengths 0, 8, 32: 1152 held-out predictions of 64 groups'."""
+    r = pooled_accuracy(out, probe_cells(out, model, task, mode), task)
+    if not r["n"]:
+        return ""
+    return (
+        f"pooled over length{'s' if len(r['lengths']) > 1 else ''} {', '.join(map(str, r['lengths']))}: "
+        f"{r['n']} held-out predictions of {r['groups']} groups"
+    )
+
+
+def swap_effect(out: Path, model: str, task: str, condition: str = "state") -> tuple[float, float, float] | None:
+    """The pooled (length_knob = -1) normalized swap effect; `swap_by_length` gives each length."""
+    s = _summary(out, model, "feedback-swap")
+    if s is None:
+        return None
+    g = s[
+        (s["length_knob"] == -1) & (s["metric"] == "normalized") & (s["task"] == task) & (s["condition"] == condition)
+    ]
+    if g.empty or g["mean"].isna().all():
+        return None
+    r = g.iloc[0]
+    return float(r["mean"]), float(r["ci_low"]), float(r["ci_high"])
+
+
+def swap_by_length(out: Path, model: str, task: str, condition: str = "state") -> str:
+    """'**0.56** [0.55, 0.57] at length 8 (10 pairs, 10 groups)', one entry per length run."""
+    g = per_length(_summary(out, model, "feedback-swap"), task, condition)
+    parts = [
+        f"{fmt(r.mean, r.ci_low, r.ci_high)} at length {int(r.length_knob)} ({int(r.n_pairs)} pairs, "
+        f"{int(getattr(r, 'n_groups', r.n_pairs))} groups)"
+        for r in g.itertuples()
+        if r.mean == r.mean
+    ]
+    return ", ".join(parts)
+
+
+def swap_pairs(out: Path, model: str, task: str, metric: str, by_label: bool = False) -> pd.DataFrame:
+    """The feedback swap's per-pair values of `metric` (condition `state`, every length; with
+    `by_label` one value per pair and receiving sample's label): group_id, length_knob, [label], value."""
+    r = _summary(out, model, "feedback-swap", "rows")
+    if r is None:
+        return pd.DataFrame(columns=["group_id", "length_knob", "label", "value"])
+    r = r[(r["task"] == task) & (r["condition"] == "state") & (r["metric"] == metric) & r["value"].notna()]
+    keys = ["group_id", "length_knob", "pair_id"] + (["label"] if by_label else [])
+    return r.groupby(keys, as_index=False)["value"].mean()
+
+
+def replacement_accuracy(out: Path, model: str, task: str, condition: str = "zero"):
+    """(answer accuracy, Wilson low, high) with the carried state replaced (`state-replacement`),
+    pooled over lengths; None where not run."""
+    s = _summary(out, model, "state-replacement")
+    if s is None:
+        return None
+    g = s[(s["task"] == task) & (s["condition"] == condition) & (s["metric"] == "accuracy") & (s["length_knob"] == -1)]
+    if g.empty:
+        return None
+    r = g.iloc[0]
+    return float(r["mean"]), float(r["ci_low"]), float(r["ci_high"])
+
+
+def depth_mean(out: Path, model: str, task: str, mode: str, depths) -> float:
+    """Probe accuracy averaged over `depths` (each depth pooled over lengths and folds)."""
+    vals = [tested_mean(c) for c in (probe_cells(out, model, task, mode, depth=d) for d in depths) if len(c)]
+    return float(sum(vals) / len(vals)) if vals else float("nan")
+
+
+def carried_state_accuracy(out: Path, model: str, task: str) -> float:
+    """Probe accuracy on the carried state h(T-1) itself (pseudo-mode `carried-state`, its one depth)."""
+    return tested_mean(probe_cells(out, model, task, "carried-state", depth=None))
+
+
+def paired_clause(out: Path, task: str, quantities) -> str:
+    """'at depth 0: feedback − baseline **+0.12** [0.08, 0.16] (paired, n = 64 groups); ...' for each
+    (what, words) the `paired` table has on `task` (rule `paired`), '' where it has none."""
+    said = [paired_rule(words, paired_diff(out, what, task)) for what, words in quantities]
+    return "; ".join(v.sentence for v in said if v.verdict != "not-paired")
+
+
+def variant_range(out: Path, model: str, task: str) -> tuple[float, float] | None:
+    """(lowest, highest) pooled depth-0 `recurrent:1` accuracy over the robustness panel's probe variants."""
+    p = out / "results" / "probes" / model / "robustness.parquet"
+    if not p.is_file():
+        return None
+    t = pd.read_parquet(p)
+    t = t[t["task"] == task]
+    if t.empty:
+        return None
+    acc = pooled_by_variant(t)["accuracy"]
+    return float(acc.min()), float(acc.max())
+
+
+def depth0_modes(cfg, out: Path, model: str, task: str) -> list[str]:
+    """The modes probed at depth 0 on `task`, in the study's order (the register suffixes as mapped;
+    `carried-state` has no depth 0)."""
+    t = probe_table(out, model)
+    have = set(t[(t["task"] == task) & (t["depth"] == 0) & (t["metric"] == "accuracy")]["mode"])
+    order = list(cfg.modes.get(task, []))
+    return [m for m in order if m in have] + sorted(have - set(order))
+
+
+def probe_depths(out: Path, model: str, task: str) -> list[int]:
+    t = probe_table(out, model)
+    return sorted(set(t[(t["task"] == task) & (t["mode"] != "carried-state")]["depth"]))
+
+
+def study_kind(cfg) -> str:
+    return "quick" if cfg.quick else "demo" if cfg.demo else "full"
+
+
+def same_kind(seeds: pd.DataFrame | None, kind: str) -> pd.DataFrame | None:
+    """The seeds table's rows from studies of this kind (a demo's numbers are not a full study's)."""
+    if seeds is None or "study" not in seeds.columns:
+        return seeds
+    return seeds[seeds["study"] == kind]
+
+
+def setting(cfg) -> str:
+    """The sentence saying what the study's models are and how far the paper's numbers apply."""
+    if cfg.model:
+        return CHECKPOINT_SETTING
+    return LM_SETTING if cfg.preset in LM_PRESETS else SETTING

@@ -13,6 +13,7 @@ so."""
 from __future__ import annotations
 
 import warnings
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -23,24 +24,28 @@ from fbt_probe.interventions.registry import PatchConfig
 from fbt_probe.io import atomic_dir, write_json
 from fbt_probe.loading import checkpoint_hash, load_model
 from fbt_probe.provenance import provenance
+from fbt_probe.reference import record
 from fbt_probe.reproduce import rules
 from fbt_probe.reproduce.config import (
     DEPTH_MODES,
     DEPTH_TASK,
     FULL_DEPTH,
+    LM_PRESETS,
     RECURRENT_1,
     ReproConfig,
     depth_name,
     depth_path,
     depth_train_config,
 )
+from fbt_probe.reproduce.part import HEADLINE, MODEL_WORDS, Part, Section, md_table
+from fbt_probe.reproduce.parts.training import train_run
+from fbt_probe.reproduce.stages import Stage
 from fbt_probe.stats import group_wilson
 from fbt_probe.tasks import build_tokenizer
 from fbt_probe.training.evaluate import answer_accuracy, eval_samples
 
 TITLE = "Serial depth: answer accuracy against the steps the answer needs"
 SWAP_MODE = RECURRENT_1  # the study's feedback-swap mode (registry `study_modes`)
-MODEL_WORDS = {"feedback": "feedback model", "baseline": "no-feedback baseline"}
 
 
 def folder(out: Path) -> Path:
@@ -176,7 +181,7 @@ ACCURACY_Q, SWAP_Q = "depth-accuracy-k", "depth-swap-k"  # headline quantities (
 def headline_rows(out: Path) -> pd.DataFrame:
     """The depth tables as headline rows (model, quantity, task, mode, value, ci_low, ci_high,
     checkpoint_sha256): what `seeds.csv` stacks, so that the rule can be applied seed by seed."""
-    cols = ["model", "quantity", "task", "mode", "value", "ci_low", "ci_high", "checkpoint_sha256"]
+    cols = HEADLINE
     frames = []
     acc, sw = accuracy_table(out), swap_table(out)
     if acc is not None:
@@ -311,19 +316,22 @@ def swap_wide(sw: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def depth_section(cfg: ReproConfig, out: Path, md_table, figures: list[str]) -> tuple[str, str, list[str]]:
-    """(title, markdown, figure stems) of the report section."""
+def sections(cfg: ReproConfig, out: Path, figures: list[str]) -> list[Section]:
+    """The report section (it says why where the part did not run; a general LM's study has no such part)."""
+    if cfg.preset in LM_PRESETS and not cfg.model:
+        return []
     if cfg.model:
-        return (
-            TITLE,
-            "_(not run: a user checkpoint's study skips the serial-depth part, which measures the compose-s3 models "
-            "— the shipped `ref:tiny-depth-feedback` and `ref:tiny-depth-baseline`, or with `--train` the two trained "
-            "here; `fbt-probe reproduce` without --model runs it)_\n",
-            [],
-        )
+        return [
+            Section(
+                TITLE,
+                "_(not run: a user checkpoint's study skips the serial-depth part, which measures the compose-s3 models "
+                "— the shipped `ref:tiny-depth-feedback` and `ref:tiny-depth-baseline`, or with `--train` the two trained "
+                "here; `fbt-probe reproduce` without --model runs it)_\n",
+            )
+        ]
     acc, sw = accuracy_table(out), swap_table(out)
     if acc is None:
-        return (TITLE, "_(not run)_\n", [])
+        return [Section(TITLE, "_(not run)_\n")]
     models = (
         "the shipped `ref:tiny-depth-feedback` and `ref:tiny-depth-baseline`"
         if cfg.shipped
@@ -366,4 +374,66 @@ def depth_section(cfg: ReproConfig, out: Path, md_table, figures: list[str]) -> 
         "state's label (Wilson 95 % CI, n = groups).\n\n"
         + (md_table(swap_wide(sw)) if sw is not None else "_(no swap table)_\n")
     )
-    return (TITLE, text, [f for f in figures if f == "depth"])
+    return [Section(TITLE, text, [f for f in figures if f == "depth"])]
+
+
+def stage_train_depth(cfg: ReproConfig, out: Path, name: str) -> None:
+    """A depth model as `fbt-probe train --tasks compose-s3 --steps 800 --seed S [--baseline]` trains it."""
+    train_run(depth_train_config(cfg, name == "baseline"), out / "models" / f"depth-{name}", f"train-depth-{name}")
+
+
+def stages(cfg: ReproConfig, out: Path, ck: dict) -> list[Stage]:
+    if (
+        not cfg.depth_models()
+    ):  # a user checkpoint's study has no compose-s3 models: the report says the part is skipped
+        return []
+    st, trained = [], []
+    if not cfg.shipped:
+        for name in cfg.depth_models():
+            st.append(
+                Stage(
+                    f"train-depth-{name}",
+                    {**ck, "task": DEPTH_TASK, "steps": cfg.depth_steps()},
+                    [out / "models" / f"depth-{name}"],
+                    partial(stage_train_depth, cfg, out, name),
+                    resumable=True,
+                    rank=2,
+                )
+            )
+            trained.append(f"train-depth-{name}")
+    key = {**ck, **depth_settings(cfg)}
+    if cfg.shipped:
+        key["shipped_depth"] = {n: record(depth_name(cfg, n))["checkpoint_sha256"] for n in cfg.depth_models()}
+    return st + [Stage("depth", key, [folder(out)], partial(stage_depth, cfg, out), after=trained, rank=15)]
+
+
+def headline(cfg: ReproConfig, out: Path) -> pd.DataFrame:
+    return headline_rows(out) if not cfg.model else pd.DataFrame(columns=HEADLINE)
+
+
+def findings(cfg: ReproConfig, out: Path, seeds) -> list[str]:
+    return sentences(cfg, out, seeds)
+
+
+CAPTIONS = {
+    "depth": (
+        "Serial depth (compose-s3): held-out answer accuracy against the number of dependent steps k the answer "
+        "needs (log scale), one line per prefill mode with Wilson 95 % bars (n = groups, written under each k; modes "
+        "are offset a little so that equal values stay visible), the feedback model (left) and the no-feedback "
+        "baseline (middle); dashed = chance. A separation shows as standard prefill falling to chance at some k while a "
+        "feedback mode stays near 1 on the feedback model and every mode stays near chance or below on the "
+        "baseline. Right: the carried-state swap's normalized effect against k (1 = the answer follows the "
+        "swapped-in state, 0 = ignores it), group-bootstrap 95 % CIs."
+    ),
+}
+
+PART = Part(
+    "depth",
+    stages=stages,
+    figures=figure_jobs,
+    findings=findings,
+    sections=sections,
+    headline=headline,
+    captions=CAPTIONS,
+    criteria=("depth", "depth-seeds"),
+)

@@ -20,6 +20,7 @@ One row per quantity x task x length (`length_knob`), and pooled over the length
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +31,10 @@ from fbt_probe.loading import checkpoint_hash
 from fbt_probe.probes.sweep import SAMPLES_FILE
 from fbt_probe.provenance import git_commit, provenance
 from fbt_probe.reproduce.config import RECURRENT_1, ReproConfig, model_path
-from fbt_probe.reproduce.findings import study_kind
-from fbt_probe.reproduce.tables import _summary
+from fbt_probe.reproduce.part import Part, Section, md_table
+from fbt_probe.reproduce.rules import bound, signed
+from fbt_probe.reproduce.stages import Stage
+from fbt_probe.reproduce.tables import _summary, study_kind
 from fbt_probe.stats import LEVEL, N_BOOT, paired_difference
 
 MODELS = ("feedback", "baseline")
@@ -205,3 +208,67 @@ def stage_paired(cfg: ReproConfig, out: Path) -> None:
                 files=[TABLE, "paired.csv"],
             ),
         )
+
+
+def stages(cfg: ReproConfig, out: Path, ck: dict) -> list[Stage]:
+    if "baseline" not in cfg.models():  # feedback - baseline over the samples and pairs both models share
+        return []
+    after = [f"{kind}-{m}" for kind in ("probe", "patch") for m in cfg.models()]
+    return [
+        Stage(
+            "paired",
+            {**ck, **paired_settings(cfg)},
+            [out.joinpath(*FOLDER)],
+            partial(stage_paired, cfg, out),
+            after=after,
+            rank=19,
+        )
+    ]
+
+
+def report_table(out: Path) -> pd.DataFrame | None:
+    """The stage's table as the report shows it (None without one): per quantity x task x length,
+    feedback − baseline with its paired group-bootstrap 95 % CI, each model's mean over the shared
+    groups, the groups and the values counted."""
+    p = out.joinpath(*FOLDER, TABLE)
+    if not p.is_file():
+        return None
+    rows = []
+    for r in pd.read_parquet(p).itertuples():
+        diff = (
+            f"{signed(r.difference, 3)} (every group)"
+            if r.ci_low == r.ci_high
+            else f"{signed(r.difference, 3)} [{bound(r.ci_low, 3)}, {bound(r.ci_high, 3)}]"
+        )
+        rows.append(
+            {
+                "quantity": DESCRIPTION.get(r.what, r.what),
+                "task": r.task,
+                "length": "pooled" if r.length_knob == -1 else int(r.length_knob),
+                "feedback − baseline [95% CI]": diff,
+                "feedback": f"{r.feedback:.3f}",
+                "baseline": f"{r.baseline:.3f}",
+                "groups": int(r.n_groups),
+                "values (feedback / baseline)": f"{int(r.n_feedback)} / {int(r.n_baseline)} {r.unit}",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+NOTE = (
+    "Each row is the feedback model's mean minus the baseline's over the groups both models share "
+    "(held-out probe predictions per sample; the swap and the zero replacement per pair), with a "
+    "percentile group-bootstrap 95 % CI that draws the shared groups once and applies the draw to both "
+    "models, so what a group shifts in both cancels (docs/statistics.md). `pooled` takes a group's values "
+    "at every length together; `(every group)`: every resample gave the same difference, so there is no "
+    "interval to show."
+)
+
+
+def sections(cfg: ReproConfig, out: Path, figs: list[str]) -> list[Section]:
+    """The section *Feedback − baseline, paired* where the study has the `paired` table."""
+    t = report_table(out)
+    return [] if t is None else [Section("Feedback − baseline, paired", NOTE + "\n\n" + md_table(t))]
+
+
+PART = Part("paired", stages=stages, sections=sections, criteria=("paired",))

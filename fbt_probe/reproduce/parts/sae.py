@@ -16,6 +16,7 @@ says so; the quick study runs one small SAE (a pipeline check)."""
 from __future__ import annotations
 
 import re
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,18 @@ from fbt_probe.modes import parse_modes
 from fbt_probe.provenance import git_commit, provenance
 from fbt_probe.reproduce import rules
 from fbt_probe.reproduce.config import DEMO_PLAN, JACOBI_2, RECURRENT_1
-from fbt_probe.reproduce.methods import FEEDBACK, _fmt, _mapped, _model, _per_task, _task_pairs, methods_knobs, tables
+from fbt_probe.reproduce.part import Part, Section, md_table, trained_stages
+from fbt_probe.reproduce.parts.methods import (
+    FEEDBACK,
+    _fmt,
+    _mapped,
+    _model,
+    _per_task,
+    _task_pairs,
+    methods_knobs,
+    tables,
+)
+from fbt_probe.reproduce.stages import Stage
 from fbt_probe.sae.analyze import TOP, analyze, fractions, quality
 from fbt_probe.sae.data import collect, saelens_metadata
 from fbt_probe.sae.features import feature_tests
@@ -487,7 +499,7 @@ def _grid_saes(sp: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def grid_text(t: dict, md_table) -> str:
+def grid_text(t: dict) -> str:
     """The section's grid part: what the grid is, the sentence per task, the SAEs and their shares."""
     sp = t.get("sparsity")
     if not grid_ready(sp):
@@ -510,7 +522,7 @@ def sentences_from(sp: pd.DataFrame) -> list[str]:
     return [rules.sae_sparsity_grid(task, sp[sp["task"] == task]).sentence for task in sorted(sp["task"].unique())]
 
 
-def browser_text(t: dict, md_table) -> str:
+def browser_text(t: dict) -> str:
     """Per task, each top label latent: how often it is active, its mean at the final position by label,
     and its max-activating fed positions as text (the token whose top state is carried in bold)."""
     feats, ex = t.get("features"), t.get("examples")
@@ -537,21 +549,20 @@ def browser_text(t: dict, md_table) -> str:
     return "\n".join(parts)
 
 
-def sae_section(cfg, out: Path, md_table, figures: list[str]) -> list[tuple[str, str, list[str]]]:
-    """The report's SAE sections: (title, markdown, figure stems)."""
+def sections(cfg, out: Path, figures: list[str]) -> list[Section]:
+    """The report's SAE sections."""
     if sae_settings(cfg) is None:
         return [
-            (
+            Section(
                 TITLE,
                 "_(not run in the demo: `fbt-probe reproduce` without --demo runs the `sae-feedback` stage; "
                 "`fbt-probe sae train` and `fbt-probe sae analyze` run it by hand on this study's data, docs/sae.md)_\n",
-                [],
             )
         ]
     t = sae_tables(out)
     if not t:
-        return [(TITLE, "_(not run)_\n", [])]
-    grid = grid_text(t, md_table)
+        return [Section(TITLE, "_(not run)_\n")]
+    grid = grid_text(t)
     said = [] if grid else sentences(out)
     text = (
         _settings_text(cfg, t)
@@ -571,9 +582,65 @@ def sae_section(cfg, out: Path, md_table, figures: list[str]) -> list[tuple[str,
         f"The top {TOP} label latents of each task (ranked on every pair), their activation histograms by "
         "label (figure *sae-features-feedback*) and their max-activating fed positions under "
         f"`{sae_settings(cfg)['train_mode']}`, the text up to the token whose top-layer state is carried into "
-        "the position.\n\n" + browser_text(t, md_table)
+        "the position.\n\n" + browser_text(t)
     )
     return [
-        (TITLE, text, stems),
-        ("Feature browser", browser, [f for f in figures if f.startswith("sae-features")]),
+        Section(TITLE, text, stems),
+        Section("Feature browser", browser, [f for f in figures if f.startswith("sae-features")]),
     ]
+
+
+def stages(cfg, out: Path, ck: dict) -> list[Stage]:
+    if not cfg.methods or sae_settings(cfg) is None or NAME not in cfg.methods_models():
+        return []
+    return [
+        Stage(
+            f"sae-{NAME}",
+            {**ck, "sae": sae_settings(cfg)},
+            [folder(out)],
+            partial(stage_sae, cfg, out),
+            after=["data"] + trained_stages(cfg, NAME),
+            rank=12,
+        )
+    ]
+
+
+def findings(cfg, out: Path, seeds) -> list[str]:
+    said = sentences(out)
+    if not said:
+        return []
+    return [
+        "How many features carry what the model uses (TopK SAEs on the carried state, label latents chosen on "
+        "the other half of the groups; share of the full-state swap's effect, normal group-bootstrap 95 % CI; "
+        "figure *sae-vs-das-feedback*): " + "; ".join(said) + "."
+    ]
+
+
+CAPTIONS = {
+    "sae-swap": (
+        "Share of the full-state swap's effect carried by swapping only the top-k SAE label latents (solid), "
+        "against k random active latents (dashed), one colour per SAE of the grid (SAE seeds × widths and the "
+        "demo-data SAE), normal group-bootstrap 95 % intervals. A solid curve near 1 at small k with its dashed "
+        "control well below, on every SAE, means a few features carry what the model uses; the dotted line is "
+        "the most latents a pair can have active."
+    ),
+    "sae-vs-das": (
+        "Top: the SAE feature swap's share of the full-state effect against k latents; bottom: DAS's held-out "
+        "interchange accuracy against k dimensions, with the random subspace, the full-vector swap, the depth-0 "
+        "probe accuracy and the random-rotation null (dashed). Compare where each curve reaches its plateau."
+    ),
+    "sae-features": (
+        "Each task's top label latents: the latent's activation at the final position, by label. A latent that "
+        "tells the labels apart has two clearly separated distributions."
+    ),
+}
+
+PART = Part(
+    "sae",
+    stages=stages,
+    figures=figure_jobs,
+    findings=findings,
+    sections=sections,
+    captions=CAPTIONS,
+    criteria=("sae", "sae-grid"),
+)

@@ -8,6 +8,7 @@ logit-difference units, and cells without data read "n/a".
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -18,21 +19,16 @@ from fbt_probe.interventions.registry import AttributionOptions, DasOptions, Pat
 from fbt_probe.interventions.runner import run
 from fbt_probe.io import atomic_dir, read_json
 from fbt_probe.lens.sweep import LensConfig, run_lens, write_lens
-from fbt_probe.loading import checkpoint_hash, load_model, load_pairs
+from fbt_probe.loading import checkpoint_hash, load_pairs
 from fbt_probe.reproduce import rules
 from fbt_probe.reproduce.config import JACOBI_2, RECURRENT_1, STANDARD, model_path
+from fbt_probe.reproduce.part import MODEL_WORDS, Part, Section, md_table, study_model, trained_stages
+from fbt_probe.reproduce.stages import Stage
 from fbt_probe.tasks.generators import suffix_modes
 
 ATP_MODES = (STANDARD, RECURRENT_1, JACOBI_2)
 LENS_MODES = (STANDARD, RECURRENT_1, "full", "jacobi:3")
 FEEDBACK = "fusion.hook_feedback"
-MODEL_WORDS = {"feedback": "feedback model", "baseline": "no-feedback baseline"}
-"""How figure titles name the study's models (a figure of one model must say which)."""
-
-
-def study_model(cfg, out: Path, name: str):
-    """Study model `name` loaded on the study's device."""
-    return load_model(str(model_path(cfg, out, name)), device=cfg.device)
 
 
 def _model(cfg, out: Path, name: str):
@@ -404,11 +400,11 @@ def lens_rows(out: Path, models: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def methods_section(cfg, out: Path, md_table, figures: list[str]) -> tuple[str, str, list[str]]:
-    """(title, markdown, figure stems) of the report section."""
+def sections(cfg, out: Path, figures: list[str]) -> list[Section]:
+    """The report section (its title says when the stages did not run)."""
     models = cfg.methods_models()
     if not any(tables(out, n)["atp"] is not None for n in models):
-        return ("Attribution patching, DAS and the lens", "_(not run)_\n", [])
+        return [Section("Attribution patching, DAS and the lens", "_(not run)_\n")]
     s = methods_settings(cfg)
     text = (
         "**Attribution patching** (AtP) estimates residual patching for every hook × position (× Jacobi pass) "
@@ -447,4 +443,69 @@ def methods_section(cfg, out: Path, md_table, figures: list[str]) -> tuple[str, 
         "pass; the figures show every pass).\n\n" + md_table(lens_rows(out, models))
     )
     stems = [f for f in figures if f.startswith(("atp-parity", "atp-heatmap", "das-iia", "lens-"))]
-    return ("Attribution patching, DAS and the lens beside exact patching and the probes", text, stems)
+    return [Section("Attribution patching, DAS and the lens beside exact patching and the probes", text, stems)]
+
+
+def stages(cfg, out: Path, ck: dict) -> list[Stage]:
+    """AtP (with its parity check) and DAS, then the lens, on each model they run on."""
+    if not cfg.methods:
+        return []
+    key = {**ck, "patch_pairs": cfg.patch_pairs, "patch_knobs": cfg.patch_knobs, **methods_settings(cfg)}
+    st = []
+    for name in cfg.methods_models():
+        after = ["data"] + trained_stages(cfg, name)
+        st.append(
+            Stage(
+                f"methods-{name}",
+                key,
+                [out / "results" / "methods" / name],
+                partial(stage_methods, cfg, out, name),
+                after=after,
+                rank=11,
+            )
+        )
+        st.append(
+            Stage(
+                f"lens-{name}",
+                key,
+                [out / "results" / "lens" / name],
+                partial(stage_lens, cfg, out, name),
+                after=after,
+                rank=14,
+            )
+        )
+    return st
+
+
+CAPTIONS = {
+    "atp-heatmap": (
+        "Attribution patching (a first-order estimate of patching each hook at each position), denoising: rows are "
+        "hooks in forward order (p1/p2 = Jacobi pass), columns the final position and those with a sizeable effect. "
+        "One colour scale for every panel (red = the clean answer restored); ringed cells were also patched exactly."
+    ),
+    "atp-parity": (
+        "AtP's estimate against exact patching on the checked cells (one point per cell, mean over pairs); points "
+        "on the dashed diagonal agree. Each title gives Spearman's rank correlation per length, and pooled over "
+        "lengths where a panel holds several."
+    ),
+    "das-iia": (
+        "Interchange intervention accuracy (the answer follows the source sample) after swapping a learned "
+        "k-dimensional subspace (DAS, filled), a random k-dimensional subspace (open squares) or the full vector "
+        "(diamonds), bootstrap 95 % CIs. Dashed: the random-rotation null; DAS far above it means a small subspace "
+        "carries the label, and DAS above the full-vector swap is the pattern of a subspace illusion."
+    ),
+    "lens": (
+        "Probability of the correct label word read out at the final position from each depth, by the logit lens "
+        "and the tuned lens, one line per prefill mode (Jacobi passes dashed, lighter), bootstrap CIs over pairs. "
+        "The depth where a line rises is where the answer becomes predictable."
+    ),
+}
+
+PART = Part(
+    "methods",
+    stages=stages,
+    figures=figure_jobs,
+    sections=sections,
+    captions=CAPTIONS,
+    criteria=("das",),
+)

@@ -1,0 +1,114 @@
+"""Answer accuracy on held-out contexts (stage `eval`): the greedy answer at the final colon per
+task x length x prefill mode, both models; the first findings (does each model answer, and can it
+without the carried state) and the table *Answer accuracy*."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+
+from fbt_probe.io import atomic_path
+from fbt_probe.loading import checkpoint_hash
+from fbt_probe.reproduce import rules
+from fbt_probe.reproduce.config import RECURRENT_1, STANDARD, ReproConfig, model_path, study_contexts, study_training
+from fbt_probe.reproduce.config import tokenizer as study_tokenizer
+from fbt_probe.reproduce.part import Part, Section, headline_frame, md_table, study_model, trained_stages
+from fbt_probe.reproduce.seeds import spread
+from fbt_probe.reproduce.stages import Stage
+from fbt_probe.reproduce.tables import answer_accuracy
+from fbt_probe.training.config import TRAIN_KNOBS
+from fbt_probe.training.data import heldout
+from fbt_probe.training.evaluate import answer_accuracy as measure_accuracy
+from fbt_probe.training.evaluate import eval_samples
+
+
+def _train_knobs(cfg: ReproConfig) -> dict:
+    return {
+        t: [k for k in TRAIN_KNOBS[t] if not cfg.quick or k in cfg.knobs[t]] or TRAIN_KNOBS[t][:1] for t in cfg.knobs
+    }
+
+
+def stage_eval(cfg: ReproConfig, out: Path) -> None:
+    tok, frames = study_tokenizer(cfg), []
+    tcfg = study_training(cfg)
+    knobs = _train_knobs(cfg) if not cfg.model else None  # a user run's own training lengths
+    samples = eval_samples(tcfg, tok, pairs=cfg.eval_pairs, knobs=knobs, contexts=study_contexts(cfg, heldout))
+    for name in cfg.models():
+        acc = measure_accuracy(study_model(cfg, out, name), samples, tok)
+        frames.append(acc.assign(model=name))
+    with atomic_path(out / "eval" / "accuracy.parquet") as tmp:
+        pd.concat(frames, ignore_index=True).to_parquet(tmp, index=False)
+
+
+def stages(cfg: ReproConfig, out: Path, ck: dict) -> list[Stage]:
+    # every kind of pair a group holds is evaluated; "pairs" in the key keeps a study that evaluated only
+    # each group's first pair from being reused
+    key = {**ck, "eval_pairs": cfg.eval_pairs, "quick": cfg.quick, "pairs": "every-kind"}
+    after = [s for n in cfg.models() for s in trained_stages(cfg, n)]
+    return [Stage("eval", key, [out / "eval"], partial(stage_eval, cfg, out), after=after, rank=13)]
+
+
+def learned(out: Path, model: str, task: str) -> bool:
+    """The model answers `task` under standard prefill above chance (its Wilson interval's lower end)."""
+    return answer_accuracy(out, model, task)[1] > rules.CHANCE
+
+
+def findings(cfg: ReproConfig, out: Path, seeds) -> list[str]:
+    lines = []
+    for m in cfg.models():
+        parts = []
+        for task in cfg.modes:
+            p, lo, hi, n = answer_accuracy(out, m, task)
+            parts.append(f"{task} {rules.fmt(p, lo, hi)}" + spread(seeds, m, "answer-accuracy", task, STANDARD))
+        what = "The feedback model" if m == "feedback" else "The no-feedback baseline"
+        lines.append(
+            f"{what} answers held-out samples under standard prefill with accuracy "
+            + ", ".join(parts)
+            + " (chance 0.50; Wilson 95 % CI with n = groups, the pairs of one group sharing a context; table *Answer accuracy*)."
+        )
+        accs = {task: answer_accuracy(out, m, task)[:3] for task in cfg.modes}
+        lines.append(rules.recomputable(what, accs).sentence + ".")
+    return lines
+
+
+def accuracy_table(out: Path) -> pd.DataFrame:
+    acc = pd.read_parquet(out / "eval" / "accuracy.parquet")
+    t = acc.pivot_table(index=["model", "task", "length_knob"], columns="decoding", values="accuracy").round(3)
+    order = [c for c in ("Std/Soft", "Fused", RECURRENT_1, "jacobi:3", "full") if c in t.columns]
+    return t[order + [c for c in t.columns if c not in order]].reset_index()
+
+
+def sections(cfg: ReproConfig, out: Path, figs: list[str]) -> list[Section]:
+    return [
+        Section(
+            "Answer accuracy (held-out contexts)",
+            "Greedy answer at the final colon. `Std/Soft` are identical for the first "
+            "generated token; `Fused` is `jacobi:2` prefill.\n\n" + md_table(accuracy_table(out)),
+        )
+    ]
+
+
+def headline(cfg: ReproConfig, out: Path) -> pd.DataFrame:
+    tasks = list(cfg.modes)
+    rows = [
+        (m, "answer-accuracy", task, STANDARD, *answer_accuracy(out, m, task)[:3])
+        for m in cfg.models()
+        for task in tasks
+    ]
+    if "feedback" in cfg.models() and tasks:
+        rows.append(
+            ("feedback", "answer-accuracy", tasks[0], "full", *answer_accuracy(out, "feedback", tasks[0], "full")[:3])
+        )
+    return headline_frame(rows, {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.models()})
+
+
+PART = Part(
+    "evaluation",
+    stages=stages,
+    findings=findings,
+    sections=sections,
+    headline=headline,
+    criteria=("recomputable",),
+)
