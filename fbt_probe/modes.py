@@ -41,6 +41,17 @@ class Mode(str):
     def __reduce__(self):
         return (Mode, (self.kind, self.k))
 
+    @property
+    def scans(self) -> bool:
+        """recurrent:k and full: the serial computation is a scan (a standard prefix, then one step
+        per position through the KV cache)."""
+        return self.kind in ("recurrent", "full")
+
+    @property
+    def parallel(self) -> bool:
+        """jacobi:K: the serial computation is parallel passes over the whole sequence."""
+        return self.kind == "jacobi"
+
     def n_serial(self, T: int) -> int:
         """How many trailing positions are computed one at a time (recurrent/full)."""
         if self.kind == "full":

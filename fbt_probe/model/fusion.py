@@ -12,7 +12,7 @@ from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import ModelConfig
 from fbt_probe.engine import fast as fast_path
-from fbt_probe.engine.hooks import Hk
+from fbt_probe.engine.fast import Hk
 from fbt_probe.model.components import RMSNorm
 from fbt_probe.numerics import fusion_reference
 
