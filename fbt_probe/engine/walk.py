@@ -52,7 +52,7 @@ class Primitives(Protocol):
     paper_backbone: bool  # False: a family's extras, which the lean step does not compute
     cuda_graphs: bool
     embed: torch.nn.Embedding
-    fusion: torch.nn.Module  # W_U, W_G and `norm`
+    fusion: torch.nn.Module  # W_U, `gate(e)` (σ(W_G e), the gate written once) and `norm`
     blocks: torch.nn.ModuleList
     ln_final: torch.nn.Module
     head_weight: torch.Tensor
