@@ -16,7 +16,7 @@ from fbt_probe.reference import resolve
 from fbt_probe.tasks import build_tokenizer, load_tokenizer, save_tokenizer
 from fbt_probe.training.arch import ARCHS
 from fbt_probe.training.checkpoint import load_run, truncate_metrics
-from fbt_probe.training.config import PAPER_SCHEDULE, TRAIN_KNOBS, Schedule, TrainConfig, parse_schedule
+from fbt_probe.training.config import PAPER_SCHEDULE, TRAIN_KNOBS, PassMix, TrainConfig, parse_schedule
 from fbt_probe.training.evaluate import answer_accuracy, corpus_loss_per_pass, eval_samples
 from fbt_probe.training.fork import copy_log, load_fork
 from fbt_probe.training.lm import corpus_of
@@ -27,7 +27,7 @@ from fbt_probe.training.resume import RUN_FILES, recorded, unfinished_run
 __all__ = [
     "PAPER_SCHEDULE",
     "TRAIN_KNOBS",
-    "Schedule",
+    "PassMix",
     "TrainConfig",
     "multipass_loss",
     "parse_schedule",
@@ -203,7 +203,7 @@ def _train(
         corpus_of(cfg)  # a resumed run's corpus is checked against its record before the first step
 
         def on_eval(m) -> dict:
-            return corpus_loss_per_pass(m, cfg, tokenizer, max_passes=cfg.schedule_obj.max_passes + 1)
+            return corpus_loss_per_pass(m, cfg, tokenizer, max_passes=cfg.pass_mix.max_passes + 1)
 
         result = train(model, tokenizer, cfg, out, step, opt, progress, on_eval, fsdp, stop_at)
         return {**result, "step": _end(cfg, stop_at)}
@@ -212,7 +212,7 @@ def _train(
     def on_eval(m) -> dict:
         acc = answer_accuracy(m, samples, tokenizer, modes=("standard",))
         rec = {f"acc_{r.task}_{r.length_knob}": r.accuracy for r in acc.itertuples()}
-        rec.update(ARCHS[cfg.arch].val_losses(m, cfg, tokenizer, max_passes=min(3, cfg.schedule_obj.max_passes + 1)))
+        rec.update(ARCHS[cfg.arch].val_losses(m, cfg, tokenizer, max_passes=min(3, cfg.pass_mix.max_passes + 1)))
         return rec
 
     result = train(

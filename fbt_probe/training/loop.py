@@ -98,7 +98,7 @@ def _train(
         state, opt = (opt.state_dict() if optimizer is not None else None), make_optimizer(model, cfg)
         if state is not None:
             parallel.load_optimizer_state(engine, model, opt, state)
-    sched = cfg.schedule_obj
+    mix = cfg.pass_mix
     device = next(model.parameters()).device  # the batches are drawn on the CPU and moved there
     log_path = out / "metrics.jsonl"
     model.train()
@@ -112,7 +112,7 @@ def _train(
             # every random draw of a step derives from (seed, step[, rank]): a resumed run continues bit for bit
             torch.manual_seed(step_seed(cfg.seed, step, "noise" if world.main else f"noise:{world.rank}"))
             gen = torch.Generator().manual_seed(step_seed(cfg.seed, step, "draws"))
-            K = sched.draw(float(torch.rand(1, generator=gen)))  # drawn every step, so the stream of draws never shifts
+            K = mix.draw(float(torch.rand(1, generator=gen)))  # drawn every step, so the stream of draws never shifts
             if cfg.baseline or step < cfg.one_pass_steps:
                 K = 1
             micro = batches_for_step(cfg, tokenizer, step)
