@@ -43,13 +43,12 @@ class Mode(str):
 
     @property
     def scans(self) -> bool:
-        """recurrent:k and full: the serial computation is a scan (a standard prefix, then one step
-        per position through the KV cache)."""
+        """recurrent:k, full: its serial computation is a standard prefix, then one step per position."""
         return self.kind in ("recurrent", "full")
 
     @property
     def parallel(self) -> bool:
-        """jacobi:K: the serial computation is parallel passes over the whole sequence."""
+        """jacobi:K: its serial computation is parallel passes over the whole sequence."""
         return self.kind == "jacobi"
 
     def n_serial(self, T: int) -> int:

@@ -104,6 +104,6 @@ def patch_workdir(root):
 
 def serial_scan(model, x: torch.Tensor, n_serial: int, hooks: bool = False, stop: int | None = None):
     """The serial scan of `x` whose last `n_serial` positions are steps, up to `stop`, walked
-    (`fbt_probe.engine.walk`): (cache, the state fed into each position, logits, the last top state)."""
+    (`fbt_probe.engine.walk`): (cache, the top state of each position, logits, the last top state)."""
     w = Walk(model, x, hooked if hooks else silent).run(scan_chunks(x.shape[1], n_serial, stop))
-    return w.caches[0], w.fed, w.logits, w.last
+    return w.caches[0], w.top_states(1), w.logits, w.top[:, -1]

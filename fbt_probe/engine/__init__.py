@@ -7,14 +7,10 @@ module of the engine, the seam `fast`: at each site it calls `fast.<site>(self, 
 returns the fast result or None, and on None runs its own arithmetic; `fast` also re-exports what
 else the model uses (the walk, the schedule, the hook calls, the KV cache).
 
-    fast.py         the seam: one function per site of the model (projections, QK-norm and RoPE,
-                    attention, output projection, gate/up, fusion), the fast result or None
-    walk.py         the executable schedule: `Walk` runs any list of chunks (feeds each, runs it
-                    with the hook context set, carries its top state on), calling the model only
-                    through `Primitives`; passes through the KV cache (long silent ones in
-                    chunks), the lean step and the scan
-    schedule.py     a mode's chunks under each hook rule (`Schedule`), and `run_chunk`, the one
-                    place the hook context is set
+    fast.py         the seam: one function per site of the model, the fast result or None
+    walk.py         the executable schedule: `Walk` runs any list of chunks (feeds each, runs it,
+                    carries its top state on), calling the model only through `Primitives`
+    schedule.py     a mode's chunks under each hook rule (`Schedule`); `run_chunk` sets the hook context
     dispatch.py     the rules: attention path, fused projections, lean step, CUDA-graph scan,
                     fusion kernel; `use_path` pins a model to the reference or to one path
     attention.py    SDPA (general mask, decode step, sliding window) and the materialised pattern
@@ -27,6 +23,5 @@ else the model uses (the walk, the schedule, the hook calls, the KV cache).
     (fbt_probe.kernels: the Triton fusion kernel, reached through `fast.fusion` and `dispatch.fusion`)
 
 tests/test_engine.py runs every path against the reference over one grid of configs. Nothing here
-imports the model: the walk calls the primitives `walk.Primitives` declares, and the paths read the
-module attributes it lists (tests/test_walk.py runs them on a model that exposes nothing else).
+imports the model or uses more of it than `walk.Primitives` declares (tests/test_walk.py).
 """

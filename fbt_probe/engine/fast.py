@@ -36,29 +36,11 @@ import torch
 import torch.nn.functional as F
 
 from fbt_probe.engine import attention as fast_attention
-from fbt_probe.engine import dispatch, fused, walk
-from fbt_probe.engine.cache import KVCache
-from fbt_probe.engine.hooks import GradTaps, Hk, HookContext, has_hooks, hooked, silent
-from fbt_probe.engine.schedule import Schedule
+from fbt_probe.engine import dispatch, fused, walk  # noqa: F401 (walk: re-exported for the model)
+from fbt_probe.engine.cache import KVCache  # noqa: F401 (re-exported for the model)
+from fbt_probe.engine.hooks import GradTaps, Hk, HookContext, has_hooks, hooked, silent  # noqa: F401 (ditto)
+from fbt_probe.engine.schedule import Schedule  # noqa: F401 (re-exported for the model)
 from fbt_probe.numerics import rms_norm
-
-__all__ = [  # the sites, then what the model uses of the rest of the engine
-    "projections",
-    "position",
-    "attend",
-    "output",
-    "gate_up",
-    "fusion",
-    "walk",
-    "Schedule",
-    "GradTaps",
-    "Hk",
-    "HookContext",
-    "has_hooks",
-    "hooked",
-    "silent",
-    "KVCache",
-]
 
 
 # ----------------------------------------------------------------- attention

@@ -1,25 +1,21 @@
 """Prefix reuse: compute the positions before `start` of a mode's run once (hooks off, into KV
 caches), then run only positions >= start with hooks on, as often as an experiment needs.
 
-Why this equals the full re-run for every intervention that edits only positions >= start:
-- one-pass rule (`model(tokens, mode=...)`): the carried states are computed before the hooked
-  pass with hooks off, and in that pass a position attends only to itself and earlier positions,
-  so its keys and values below `start` are those of a silent run with the same inputs. For
-  recurrent / full that silent run is the serial recurrence itself (the hooked pass is exact:
-  docs/modes.md), so its KV cache serves directly; for jacobi:K it is pass K over the prefix.
-- serial rule (`serial=True`): chunks run in position order, so everything before `start` is
-  finished before any edit; from `start` on the hooks fire in the full run's chunks, cut at
-  `start` (the standard chunk of recurrent / full becomes range(start, T - k); each Jacobi pass
-  covers range(start, T)), with the same `hook_context` phases and pass indices.
+Both halves are walks (`fbt_probe.engine.walk`) of the rule's chunks: the build walks those below
+`upto` silently into the caches (`Schedule.cut(chunks, 0, upto)`), a run those from `start` on
+(`Schedule.cut(chunks, start)`), fed at `start` the one-pass rule's carried states or each pass's
+top state at start - 1. Why a run equals the full re-run for every edit of positions >= start:
+- one-pass rule: the carried states are computed before the hooked pass with hooks off, and in that
+  pass a position attends only to itself and earlier ones, so its keys and values below `start` are
+  those of a silent run with the same inputs: the serial scan itself where one computed the states
+  (the hooked pass is exact, docs/modes.md), so its KV cache serves directly; else pass K.
+- serial rule: chunks run in position order, so everything before `start` is finished before any
+  edit; from `start` on the hooks fire in the full run's chunks cut at `start`, with the same
+  `hook_context` phases and pass indices.
 `hook_context.positions` names global positions, so the position-aware hooks of
 `fbt_probe.interventions.edits` act as in the full run; a hook that indexes from the end (x[:, -1])
 sees the same final positions. Logits at positions >= start equal the full run's up to float
 rounding (different shapes): tests/test_prefix.py checks every mode and rule in float64.
-
-Both halves are walks (`fbt_probe.engine.walk`) of the rule's chunks: the build walks the chunks
-below `upto` silently into the caches (`Schedule.before`), a run walks the chunks from `start` on
-from them (`Schedule.cut`), fed at `start` what the build left: the carried states (one-pass rule,
-and the state into each step of a scan) or each pass's top state at start - 1 (Jacobi passes).
 """
 
 from __future__ import annotations
@@ -141,7 +137,7 @@ def build_prefix(model, tokens: torch.Tensor, mode: Mode, upto: int | None = Non
         passes = sorted({c.pass_index for c in prefix.chunks()})
         prefix.caches, prefix.has = [KVCache(model.cfg.n_layers, T) for _ in passes], sched.has_state(tokens.device)
         w = Walk(model, tokens, silent, has=prefix.has, caches=prefix.caches).run(
-            Schedule.before(prefix.chunks(), upto)
+            Schedule.cut(prefix.chunks(), 0, upto)
         )
         prefix.tops = [w.top_states(k) for k in passes] if upto > 0 else []
         return prefix
@@ -151,5 +147,5 @@ def build_prefix(model, tokens: torch.Tensor, mode: Mode, upto: int | None = Non
         return prefix
     prefix.caches = [KVCache(model.cfg.n_layers, T)]
     w = Walk(model, tokens, silent, has=prefix.has, states=prefix.states, caches=prefix.caches)
-    w.run(Schedule.before(prefix.chunks(), upto))
+    w.run(Schedule.cut(prefix.chunks(), 0, upto))
     return prefix

@@ -13,8 +13,8 @@ is part of the chunk (`feeds`):
 
 `standard` (and `jacobi:1`) is one `final` chunk under every rule. The one-pass rule's `final`
 chunk is fed the states the silent chunks of `Schedule.carry` compute. Prefix reuse
-(`fbt_probe.engine.prefix`) runs the chunks below its start position once, silently
-(`Schedule.before`), and the rest per run (`Schedule.cut`). `fbt_probe.engine.walk` runs any list
+(`fbt_probe.engine.prefix`) runs the chunks below its start position once, silently, and the
+rest per run (`Schedule.cut`). `fbt_probe.engine.walk` runs any list
 of chunks; `run_chunk` is the one place `model.hook_context` is set: hooks read it to know which
 chunk, pass and global positions the tensors they see cover.
 """
@@ -62,9 +62,9 @@ class Schedule:
     def carries(self) -> bool:
         return self.fed_from < self.T
 
-    def has_state(self, device=None, start: int = 0) -> torch.Tensor:
-        """[T - start] positions start..T-1 that take a carried state."""
-        return torch.arange(start, self.T, device=device) >= self.fed_from
+    def has_state(self, device=None) -> torch.Tensor:
+        """[T] the positions that take a carried state."""
+        return torch.arange(self.T, device=device) >= self.fed_from
 
     def final(self) -> Chunk:
         """The one hooked pass of the one-pass rule."""
@@ -102,24 +102,15 @@ class Schedule:
         return Chunk("backward", range(self.T), "none", K, K)
 
     @staticmethod
-    def cut(chunks: list[Chunk], start: int) -> list[Chunk]:
-        """`chunks` restricted to positions >= start (what prefix reuse runs per run): a chunk wholly
-        before `start` is dropped, one that straddles it keeps its positions from `start` on."""
-        return _clip(chunks, start, None)
-
-    @staticmethod
-    def before(chunks: list[Chunk], stop: int) -> list[Chunk]:
-        """`chunks` restricted to positions < stop (the silent prefix prefix reuse computes once)."""
-        return _clip(chunks, 0, stop)
-
-
-def _clip(chunks: list[Chunk], lo: int, hi: int | None) -> list[Chunk]:
-    out = []
-    for c in chunks:
-        a, b = max(c.positions.start, lo), c.positions.stop if hi is None else min(c.positions.stop, hi)
-        if a < b:
-            out.append(c if range(a, b) == c.positions else replace(c, positions=range(a, b)))
-    return out
+    def cut(chunks: list[Chunk], start: int, stop: int | None = None) -> list[Chunk]:
+        """`chunks` restricted to positions start..stop-1 (prefix reuse walks those below `upto` once,
+        those from `start` on per run): a chunk outside is dropped, one across a bound keeps its part."""
+        out = []
+        for c in chunks:
+            a, b = max(c.positions.start, start), c.positions.stop if stop is None else min(c.positions.stop, stop)
+            if a < b:
+                out.append(c if range(a, b) == c.positions else replace(c, positions=range(a, b)))
+        return out
 
 
 def jacobi_chunks(T: int, K: int, every: bool) -> list[Chunk]:

@@ -1,24 +1,20 @@
-"""The executable schedule: one walk runs any list of a mode's chunks (`schedule.Chunk`) on a model.
+"""The executable schedule: `Walk` runs any list of a mode's chunks (`schedule.Chunk`) on a model.
 
-`Schedule` says which chunks a rule runs; `Walk` runs them, and it is the one place that decides
-what feeds a chunk's layer-0 input, runs the chunk with the hook context set (`run_chunk`) and
-carries its top state on: shifted one position right into the next pass, or the last position's
-into the next step. It calls the model only through `Primitives`; nothing in the engine imports
-the model or calls another of its methods.
+`Schedule` says which chunks a rule runs; the walk runs them. It is the one place that feeds a
+chunk's layer-0 input, runs the chunk with the hook context set (`run_chunk`) and carries its top
+state on (shifted one position right into the next pass; the last position's into the next step),
+and it calls the model only through `Primitives`.
 
-    consumer                          chunks walked                                   callback
-    model(tokens, mode), one-pass     Schedule.carry() silent, then Schedule.final()  -
-                         serial       Schedule.serial()                               -
-                         exact        Schedule.exact(), hooks through GradTaps        -
-    prefix reuse (engine.prefix)      Schedule.before(.., upto) silent into caches,   each pass's top
-                                      then Schedule.cut(.., start) on the caches      (Jacobi)
-    training (eq. 12), jacobi_passes  jacobi_chunks(T, K)                             each pass's logits
-    contraction, pass curves          jacobi_chunks(T, N), silent                     each pass's state
+    consumer                               chunks walked                                 callback
+    model(tokens, mode): one-pass rule     Schedule.carry() silent, then .final()        -
+                         serial, exact     Schedule.serial(); .exact() under GradTaps    -
+    prefix reuse (engine.prefix)           Schedule.cut(.., 0, upto) silent, then (.., start)   -
+    training (eq. 12), contraction, Fig. 4 jacobi_chunks(T, K)                           each pass
 
-A chunk over a range of positions is one pass: through a KV cache that holds the positions before
-it, or over the whole sequence without one. A `step` chunk is one position through the cache, on
-the lean step (`step.DecodePlan`) where nothing can observe it (`dispatch.step`); a silent run of
-steps is one scan, replayed from a captured CUDA graph where `dispatch.scan` says so.
+A chunk over a range of positions is one pass (through a KV cache holding the positions before it,
+or over the whole sequence without one); a `step` chunk is one position through the cache, on the
+lean step (`step.DecodePlan`) where nothing can observe it (`dispatch.step`), and a silent run of
+steps is one scan, CUDA-graphed where `dispatch.scan` says so.
 """
 
 from __future__ import annotations
@@ -39,12 +35,10 @@ SILENT_CHUNK_TOKENS = 8192  # batch x positions per chunk of a silent pass throu
 
 
 class Primitives(Protocol):
-    """What the engine may use of a model; `FeedbackTransformer` implements it.
-
-    The walk calls the three primitives a chunk is made of. The fast paths read the attributes
-    below (the lean step its weights, `dispatch` the flags), `run_chunk` sets `hook_context`,
-    prefix reuse attaches hooks with TransformerLens's `hooks` and `dispatch.use_path` walks
-    `modules()`."""
+    """All the engine may use of a model (`FeedbackTransformer` implements it): the walk calls the
+    three primitives a chunk is made of; the lean step reads the weights below, `dispatch` the
+    flags, `run_chunk` sets `hook_context`, prefix reuse attaches hooks (TransformerLens's `hooks`)
+    and `dispatch.use_path` walks `modules()`."""
 
     cfg: Any
     hook_context: HookContext | None
@@ -57,20 +51,11 @@ class Primitives(Protocol):
     ln_final: torch.nn.Module
     head_weight: torch.Tensor
 
-    def embed_fuse(self, tokens, states, has_state, hk: Hk, start: int = 0, cache=None) -> torch.Tensor:
-        """The layer-0 input of tokens [batch, n] at positions start..: plain, or fused with `states`."""
-
-    def trunk(self, x, start: int, cache, hk: Hk, tokens=None, stop: int | None = None) -> torch.Tensor:
-        """Blocks 0..stop-1 (default all) on the layer-0 input x of positions start.. ."""
-
-    def top(self, h, hk: Hk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h^L -> (carried state, final-normed, logits)."""
-
-    def hooks(self, fwd_hooks=(), **kwargs):
-        """TransformerLens's: hooks attached for a block."""
-
-    def modules(self):
-        """torch's."""
+    def embed_fuse(self, tokens, states, has_state, hk: Hk, start: int = 0, cache=None) -> torch.Tensor: ...
+    def trunk(self, x, start: int, cache, hk: Hk, tokens=None, stop: int | None = None) -> torch.Tensor: ...
+    def top(self, h, hk: Hk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...  # (state, normed, logits)
+    def hooks(self, fwd_hooks=(), **kwargs): ...
+    def modules(self): ...
 
 
 # ----------------------------------------------------------------- one chunk
@@ -93,23 +78,13 @@ def extend(m: Primitives, tokens, cache: KVCache, states=None, has=None, hk: Hk 
     size = max(1, SILENT_CHUNK_TOKENS // max(B, 1))
     if hk is not silent or P <= size:
         return run_pass(m, tokens, states, has, hk, cache.length, cache)
-    parts = [
-        extend(
-            m,
-            tokens[:, a : a + size],
-            cache,
-            None if states is None else states[:, a : a + size],
-            None if has is None else has[..., a : a + size],
-            hk,
-        )
-        for a in range(0, P, size)
-    ]
+    cut = lambda t, a: None if t is None else t[..., a : a + size, :] if t.dim() == 3 else t[..., a : a + size]  # noqa: E731
+    parts = [extend(m, tokens[:, a : a + size], cache, cut(states, a), cut(has, a), hk) for a in range(0, P, size)]
     return torch.cat([s for s, _ in parts], dim=1), torch.cat([lg for _, lg in parts], dim=1)
 
 
 def decode_plan(m: Primitives) -> DecodePlan | None:
-    """The lean serial step for silent steps of `m` as its weights are now, or None where the
-    module path must run (`dispatch.step`)."""
+    """The lean step of `m` as its weights are now, or None where the module path runs (`dispatch.step`)."""
     return DecodePlan(m) if dispatch.step(m) == "plan" else None
 
 
@@ -134,40 +109,27 @@ def shift(top: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
 class Walk:
     """Chunks of `tokens` [batch, T] run in order, hooks calling `hk` in the chunks that fire.
 
-    has: [T] or [batch, T], the positions a fed pass fuses; states: [batch, T, d_model] what a
-    `carried` chunk is fed; caches: one KV cache per pass (pass k's at k - 1) or one for every chunk
-    (a scan without one makes it); entry: pass -> [batch, d_model] that pass's top state at the
-    position before the first chunk (prefix reuse); each(chunk, state, logits, previous) is called
-    after every chunk (previous: the top states of the chunk before, None for the first).
-
-    After `run`: `logits` (the last pass's, from the first chunk's position on), `top` (the last
-    chunk's top states), `last` (the last position's), `top_states(k)` (pass k's, every position
-    run) and `fed` (the state each step was fed)."""
+    has: [T] or [batch, T], the positions a fed pass fuses; states: [batch, T, d_model], what a
+    `carried` chunk is fed; caches: one KV cache per pass (pass k's at k - 1) or one for all (a
+    scan without one makes it); entry: pass -> [batch, d_model], its top state at the position
+    before the first chunk (prefix reuse); each(chunk, state, logits, previous) after every chunk
+    (previous: the chunk before's top states). After `run`: `logits` (the last pass's, from the
+    first chunk's position on), `top` (the last chunk's top states) and `top_states(k)`."""
 
     def __init__(
         self, m: Primitives, tokens, hk: Hk = hooked, *, has=None, states=None, caches=(), entry=None, each=None
     ):
-        self.m, self.tokens, self.hk = m, tokens, hk
-        self.has, self.states, self.caches = has, states, list(caches)
-        self.entry, self.each = entry or {}, each
-        self.start = 0
-        self.top: torch.Tensor | None = None
-        self.fed: torch.Tensor | None = None
-        self._logits: list[torch.Tensor] = []
-        self._tops: dict[int, list[torch.Tensor]] = {}
+        self.m, self.tokens, self.hk, self.has, self.states = m, tokens, hk, has, states
+        self.caches, self.entry, self.each = list(caches), entry or {}, each
+        self.start, self.top, self._logits, self._tops = 0, None, [], {}
 
     @property
     def logits(self) -> torch.Tensor:
         return self._logits[0] if len(self._logits) == 1 else torch.cat(self._logits, dim=1)
 
-    @property
-    def last(self) -> torch.Tensor:
-        return self.top[:, -1]
-
     def top_states(self, k: int) -> torch.Tensor:
-        """[batch, n, d_model] pass k's top states at every position it ran (a scan: pass 1)."""
-        tops = self._tops[k]
-        return tops[0] if len(tops) == 1 else torch.cat(tops, dim=1)
+        """[batch, n, d_model] pass k's top states at every position it ran (a scan is pass 1)."""
+        return torch.cat(self._tops[k], dim=1) if len(self._tops[k]) > 1 else self._tops[k][0]
 
     def run(self, chunks: list[Chunk], stop: int | None = None) -> "Walk":
         """Each chunk in turn; with `stop`, the last one through blocks 0..stop-1 only (`top` is then
@@ -191,17 +153,6 @@ class Walk:
             return (self.entry[chunk.pass_index] if self.top is None else self.top[:, -1]), None
         return None, None
 
-    def fed_into(self, t: int) -> torch.Tensor:
-        """`fed` [batch, T, d_model] (zeros where no step ran) with the last top state as the state
-        into position t (a scan stopped before t)."""
-        self._fed_buffer(self.top)[:, t] = self.last
-        return self.fed
-
-    def _fed_buffer(self, like: torch.Tensor) -> torch.Tensor:
-        if self.fed is None:
-            self.fed = like.new_zeros(self.tokens.shape[0], self.tokens.shape[1], like.shape[-1])
-        return self.fed
-
     def _cache(self, chunk: Chunk) -> KVCache | None:
         if not self.caches:
             if chunk.phase not in ("prefix", "step"):
@@ -210,14 +161,10 @@ class Walk:
         return self.caches[0] if len(self.caches) == 1 else self.caches[chunk.pass_index - 1]
 
     def _chunk(self, chunk: Chunk, stop: int | None) -> None:
-        a, b = chunk.positions.start, chunk.positions.stop
-        fires = chunk.hooked and self.hk is not silent
-        hk, ctx = (self.hk, chunk) if fires else (silent, None)
+        (a, b), cache = (chunk.positions.start, chunk.positions.stop), self._cache(chunk)
+        hk, ctx = (self.hk, chunk) if chunk.hooked and self.hk is not silent else (silent, None)
         states, has = self.feed(chunk)
-        cache = self._cache(chunk)
         if chunk.phase == "step":
-            if states is not None:
-                self._fed_buffer(states)[:, a] = states
             logits, state = run_chunk(self.m, ctx, step, self.m, self.tokens[:, a], cache, states, hk)
             state, logits = state[:, None], logits[:, None]
         elif cache is None or stop is not None:
@@ -228,36 +175,34 @@ class Walk:
             state, logits = run_chunk(self.m, ctx, extend, self.m, self.tokens[:, a:b], cache, states, has, hk)
         if self.each is not None:
             self.each(chunk, state, logits, self.top)
-        self._keep(chunk, a, state, logits)
+        self._keep(chunk, state, logits)
 
-    def _keep(self, chunk: Chunk, a: int, state: torch.Tensor, logits: torch.Tensor) -> None:
-        if a == self.start:  # a new pass
+    def _keep(self, chunk: Chunk, state: torch.Tensor, logits: torch.Tensor) -> None:
+        if chunk.positions.start == self.start:  # a new pass
             self._logits = []
         self._logits.append(logits)
         self._tops.setdefault(chunk.pass_index, []).append(state)
         self.top = state
 
     def _scan(self, chunks: list[Chunk]) -> bool:
-        """The silent steps `chunks` in one scan on the lean step (one plan: the weights are fixed),
+        """The silent steps `chunks` as one scan on the lean step (one plan: the weights are fixed),
         CUDA-graphed where `dispatch.scan` says so; False where each step runs by itself (hooks on,
         a callback, or no plan applies)."""
-        if self.hk is not silent or self.each is not None or self.top is None:
-            return False
-        plan = decode_plan(self.m)
+        plan = None if self.hk is not silent or self.each is not None or self.top is None else decode_plan(self.m)
         if plan is None:
             return False
-        a, b, prev = chunks[0].positions.start, chunks[-1].positions.stop, self.feed(chunks[0])[0]
-        cache, fed = self._cache(chunks[0]), self._fed_buffer(prev)
+        a, b, prev = chunks[0].positions.start, chunks[-1].positions.stop, self.top[:, -1]
+        cache, fed = self._cache(chunks[0]), prev.new_zeros(prev.shape[0], b, prev.shape[-1])  # fed[:, t]: into t
         out = self._logits[-1].new_empty(self.tokens.shape[0], b, self._logits[-1].shape[-1])
         if dispatch.scan(True, self.m.cuda_graphs, cache, self.tokens, a, b - a) == "graphed":
-            graphed = GraphedScan(plan, cache, self.tokens, fed, out, prev, a, fused_epilogue=self.m.cfg.fast_fusion)
-            prev = graphed.run(b - a)
+            prev = GraphedScan(plan, cache, self.tokens, fed, out, prev, a, fused_epilogue=self.m.cfg.fast_fusion).run(
+                b - a
+            )
         else:
             for t in range(a, b):
                 fed[:, t] = prev
                 out[:, t], prev = plan.step(self.tokens[:, t], cache, prev)
-        # the top state of position t is the state into t + 1
-        self._keep(chunks[0], a, torch.cat([fed[:, a + 1 : b], prev[:, None]], dim=1), out[:, a:b])
+        self._keep(chunks[0], torch.cat([fed[:, a + 1 :], prev[:, None]], dim=1), out[:, a:])  # top of t: into t + 1
         return True
 
 
@@ -272,14 +217,14 @@ def passes(m: Primitives, tokens, K: int, hk: Hk = hooked, every: bool = False, 
 
 def carried_states(m: Primitives, tokens, mode: Mode):
     """(states [batch, T, d_model], has_state [T], cache) that `mode`'s one-pass `final` chunk is
-    fed, computed silently (`Schedule.carry`): the last of passes 1..K-1 shifted, or the state into
-    each position of the serial scan. `cache`, where a scan ran, holds its positions 0..T-2, which
-    the exact final pass repeats; (None, None, None) where nothing is carried."""
+    fed, walked silently (`Schedule.carry`): each fed position gets the previous position's top
+    state in the last pass (K - 1 of jacobi:K) or in the serial scan, whose `cache` holds positions
+    0..T-2, which the exact final pass repeats; (None, None, None) where nothing is carried."""
     sched = Schedule(mode, tokens.shape[1])
     if not sched.carries:
         return None, None, None
-    has = sched.has_state(tokens.device)
-    w = Walk(m, tokens, silent, has=has).run(sched.carry())
-    if not w.caches:  # Jacobi passes
-        return shift(w.top), has, None
-    return w.fed_into(tokens.shape[1] - 1), has, w.caches[0]
+    chunks, has = sched.carry(), sched.has_state(tokens.device)
+    w = Walk(m, tokens, silent, has=has).run(chunks)
+    tops = w.top_states(chunks[-1].pass_index)[:, : tokens.shape[1] - 1]  # positions 0..T-2
+    states = torch.where(has[:, None], torch.cat([torch.zeros_like(tops[:, :1]), tops], dim=1), 0.0)
+    return states, has, w.caches[0] if w.caches else None
