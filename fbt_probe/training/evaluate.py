@@ -162,19 +162,15 @@ def ratio_interval(by_doc: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tup
     return ratio, float(lo), float(hi)
 
 
-@torch.no_grad()
-def loss_per_pass(model, cfg: TrainConfig, tokenizer, max_passes: int = 3) -> dict:
-    table = contraction(model, *validation_batch(cfg, tokenizer), n_passes=max_passes)
-    return {f"val_loss_pass{int(r['pass'])}": r["val_loss"] for _, r in table.iterrows()}
-
-
 VAL_ROWS = 64  # held-out files a corpus run's validation reads during training (the diagnostics read every one)
 
 
 @torch.no_grad()
-def corpus_loss_per_pass(model, cfg: TrainConfig, tokenizer=None, max_passes: int = 3) -> dict:
-    """A corpus run's held-out loss after each of 1..`max_passes` feedback passes (`val_loss_pass{k}`)."""
-    table = contraction(model, *heldout_windows(cfg, limit=VAL_ROWS), n_passes=max_passes)
+def loss_per_pass(model, cfg: TrainConfig, tokenizer, max_passes: int = 3, corpus: bool = False) -> dict:
+    """Validation loss after each of 1..`max_passes` feedback passes (`val_loss_pass{k}`): on held-out
+    task documents, or (`corpus`) a corpus run's first VAL_ROWS held-out windows."""
+    rows = heldout_windows(cfg, limit=VAL_ROWS) if corpus else validation_batch(cfg, tokenizer)
+    table = contraction(model, *rows, n_passes=max_passes)
     return {f"val_loss_pass{int(r['pass'])}": r["val_loss"] for _, r in table.iterrows()}
 
 
