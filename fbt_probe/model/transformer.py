@@ -1,23 +1,14 @@
 """The latent-feedback transformer as a TransformerLens `HookedRootModule` (wiring only).
 
-Hook rule (all modes): `model(tokens, mode=...)` computes the carried states first with hooks off,
-then runs ONE hooked pass over the whole sequence whose inputs are exactly the mode's inputs (plain
-e_t, or u_t = fusion(h_{t-1}, e_t) where a state is carried). Every hook therefore fires once with a
-full [batch, pos, ...] tensor, `run_with_cache` / `run_with_hooks` behave as in TransformerLens, and
-the activations at position t are those of the computation that produced position t's output: the
-pass is exact, its top states at fed-back positions equal the carried states it was given. The
-`fusion.*` hooks fire whenever the mode carries any state (not under `standard` or `jacobi:1`);
-`fusion.hook_feedback` is zero at positions that take a plain embedding.
-
-Calls that pass no mode (`model(tokens)`, `run_with_hooks`, `run_with_cache`, and TransformerLens
-helpers such as `transformer_lens.patching`, which cannot pass one) run under `model.default_mode`
-("standard" unless set): `with model.mode("recurrent:1"): ...` sets it for a block.
-
-An intervention in that pass cannot reach carried states computed before it. For experiments whose
-change must ripple forward through the feedback, call with `serial=True` (recurrent/full/jacobi):
-hooks then fire in every chunk of the real computation — the standard prefix, then each serial step
-([batch, 1, ...] tensors), or each Jacobi pass — and `model.hook_context` names the chunk
-(`phase`, `positions`, `pass_index`) while its hooks run.
+`model(tokens, mode=...)` is one walk (`fbt_probe.engine.walk`) of the mode's chunks under the call's
+hook rule (`hook_rule`, docs/modes.md): the exact rule (the default with hooks attached: every hook
+fires once per pass of the mode's exact iteration, so an edit reaches the carried states), the
+one-pass rule (carried states computed with hooks off, then one hooked pass whose top states at
+fed-back positions equal them) or the serial rule (`serial=True`: hooks in every chunk of the
+serial computation, `hook_context` naming it). Every rule gives the same logits, and the `fusion.*`
+hooks fire wherever the mode carries a state (`fusion.hook_feedback` is zero at plain positions).
+Calls that pass no mode (`run_with_hooks`, `run_with_cache`, `transformer_lens.patching`) run
+under `model.default_mode` ("standard" unless set; `with model.mode("recurrent:1"): ...`).
 """
 
 from __future__ import annotations
@@ -225,14 +216,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             state = state + (torch.rand_like(state) * 2 - 1) * self.cfg.feedback_noise
         return state, normed, logits
 
-    def extend(
-        self,
-        tokens: torch.Tensor,
-        cache: KVCache,
-        states: torch.Tensor | None = None,
-        has_state: torch.Tensor | None = None,
-        hk: Hk = silent,
-    ):
+    def extend(self, tokens: torch.Tensor, cache: KVCache, states=None, has_state=None, hk: Hk = silent):
         """Run `tokens` [batch, pos] at positions cache.length.. through the KV cache (written in
         place), plain or fused inputs (`has_state` None with states: every position is fused).
         Returns (carried state [batch, pos, d_model], logits [batch, pos, d_vocab]).
@@ -240,14 +224,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         With hooks off a long `tokens` runs in chunks through the cache (`fbt_probe.engine.walk.extend`)."""
         return walk.extend(self, tokens, cache, states, has_state, hk)
 
-    def prefill_cache(
-        self,
-        tokens: torch.Tensor,
-        states: torch.Tensor | None = None,
-        has_state: torch.Tensor | None = None,
-        hk: Hk = silent,
-        capacity: int | None = None,
-    ):
+    def prefill_cache(self, tokens: torch.Tensor, states=None, has_state=None, hk: Hk = silent, capacity=None):
         """One pass over `tokens` (plain or fused inputs) that fills a new KV cache of `capacity`
         positions (default: the prompt; it grows if a step passes it).
         Returns (cache, carried state [batch, pos, d_model], logits [batch, pos, d_vocab])."""
@@ -255,13 +232,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         state, logits = self.extend(tokens, cache, states, has_state, hk)
         return cache, state, logits
 
-    def step(
-        self,
-        token: torch.Tensor,
-        cache: KVCache,
-        state: torch.Tensor | None,
-        hk: Hk = silent,
-    ):
+    def step(self, token: torch.Tensor, cache: KVCache, state: torch.Tensor | None, hk: Hk = silent):
         """One position with the KV cache. token: [batch]; state: [batch, d_model] carried from the
         previous position, or None for a plain embedding. Returns (logits [batch, d_vocab], state).
         With hooks off the engine's lean step runs where it applies (`fbt_probe.engine.walk.step`)."""
@@ -270,13 +241,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
     shift_states = staticmethod(walk.shift)  # right-shift carried states by one position (zeros into position 0)
 
     # ----------------------------------------------------------------- modes (each a walk, fbt_probe.engine.walk)
-    def feedback_pass(
-        self,
-        tokens: torch.Tensor,
-        states: torch.Tensor | None = None,
-        has_state: torch.Tensor | None = None,
-        hk: Hk = silent,
-    ):
+    def feedback_pass(self, tokens: torch.Tensor, states=None, has_state=None, hk: Hk = silent):
         """One parallel pass over the whole sequence with the given carried states (None: standard).
         Returns (this pass's carried state [batch, pos, d_model] before shifting, logits)."""
         return walk.run_pass(self, tokens, states, has_state, hk)
@@ -324,13 +289,11 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             ``jacobi:K`` runs min(K, T) passes; for K >= T the answer is the exact recurrence
             (``jacobi:T`` = ``full``), computed by the serial scan of ``full`` when hooks fire once.
         serial : bool or None, default None
-            The hook rule (docs/modes.md, "Hooks under feedback"). None: the exact rule where the mode
-            carries a state and a hook is attached (each hook fires once per pass of the mode's exact
-            iteration, on full [batch, pos, ...] tensors, so an edit reaches the carried state as in
-            the serial run and backward hooks get the whole gradient), else the one pass. False: the
-            one-pass rule (hooks fire once in a final pass whose carried states were computed with
-            hooks off; an edit does not reach later inputs). True: hooks fire in every chunk of the
-            serial computation, `self.hook_context` naming the positions. The logits are the same.
+            The hook rule (docs/modes.md, "The hook rule"); the logits are the same under each. None:
+            the exact rule where the mode carries a state and a hook is attached (hooks fire once per
+            pass of the mode's exact iteration: an edit reaches the carried states, backward hooks get
+            the whole gradient), else the one pass. False: one final pass, its carried states computed
+            with hooks off. True: hooks fire in every chunk of the serial computation (`hook_context`).
         stop_at_layer : int, optional
             TransformerLens's: run the analysed pass through blocks 0..stop_at_layer-1 only and
             return the residual stream there ([batch, pos, d_model]; negative counts from the top).
@@ -375,6 +338,10 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             raise FbtError(f"return_type: expected 'logits', 'loss', 'both' or None, got {return_type!r}")
         if start_at_layer is not None:
             return self._started(tokens, mode, start_at_layer, stop_at_layer, return_type)
+        return self._forward_ids(tokens, mode, serial, stop_at_layer, return_type, loss_per_token, attention_mask)
+
+    def _forward_ids(self, tokens, mode: Mode, serial, stop_at_layer, return_type, loss_per_token, attention_mask):
+        """`forward` on token ids: a padded batch row by row, else the mode's computation under its hook rule."""
         tokens = check_tokens(tokens, self.cfg)
         T = tokens.shape[1]
         mode.check_length(T)
@@ -387,13 +354,11 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         self.check_cache_mode(mode)
         self._running_mode = mode
         try:
-            if stop_at_layer is not None:
-                return self._stopped(tokens, mode, rule, stop_at_layer)
-            logits = self._run(tokens, mode, rule)
+            out = self._run(tokens, mode, rule, stop_at_layer)
         finally:
             self._running_mode = None
             self.__dict__.pop("_cache_read", None)
-        return self._returned(logits, tokens, return_type, loss_per_token, None)
+        return out if stop_at_layer is not None else self._returned(out, tokens, return_type, loss_per_token, None)
 
     def hooks_attached(self) -> bool:
         """Whether any TransformerLens hook (forward or backward) is attached to a hook point, or a
@@ -455,14 +420,20 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             )
         return "one-pass"
 
-    def _run(self, tokens: torch.Tensor, mode: Mode, rule: str, stop: int | None = None) -> torch.Tensor:
+    def _run(self, tokens: torch.Tensor, mode: Mode, rule: str, stop_at_layer=None) -> torch.Tensor:
         """The mode's computation under the hook `rule`, one walk of its chunks: the logits, or with
-        `stop` the residual stream at block `stop`'s input of the analysed (last) pass.
+        `stop_at_layer` the residual stream at that block's input in the analysed (last) pass.
 
         The exact rule runs `mode.exact_passes(T)` hooked parallel passes, each fed the previous
         pass's top states at the mode's fed positions: pass k makes the k-th fed position exact, so
         the last pass is the mode's computation, and a position-wise edit made by a hook in every
         pass is the serial run's edit. Backward hooks fire once with the summed gradient (`GradTaps`)."""
+        stop = None if stop_at_layer is None else self._layer_index("stop_at_layer", stop_at_layer)
+        if stop is not None and rule == "serial":
+            raise FbtError(
+                "stop_at_layer: not with serial=True (every serial step needs the top layer's state); "
+                "cache the final pass (serial=False), whose layers below the stop are the same"
+            )
         sched = Schedule(mode, tokens.shape[1])
         has = sched.has_state(tokens.device)
         if rule == "serial":
@@ -552,13 +523,3 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         if isinstance(value, bool) or not isinstance(value, int) or not -L <= value <= L:
             raise FbtError(f"{name}: expected an integer in [{-L}, {L}], got {value!r}")
         return value if value >= 0 else L + value
-
-    def _stopped(self, tokens: torch.Tensor, mode: Mode, rule: str, stop_at_layer) -> torch.Tensor:
-        """The analysed pass through blocks 0..stop-1: the residual stream there."""
-        stop = self._layer_index("stop_at_layer", stop_at_layer)
-        if rule == "serial":
-            raise FbtError(
-                "stop_at_layer: not with serial=True (every serial step needs the top layer's state); "
-                "cache the final pass (serial=False), whose layers below the stop are the same"
-            )
-        return self._run(tokens, mode, rule, stop)
