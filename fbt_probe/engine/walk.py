@@ -63,7 +63,8 @@ def run_pass(m: Primitives, tokens, states, has, hk: Hk, start: int = 0, cache=N
     """One pass over tokens [batch, n] at positions start.. (through `cache`, which holds the
     positions before start, or over the whole sequence without one): (top states, logits), or with
     `stop` (the residual stream at block stop's input, None)."""
-    h = m.trunk(m.embed_fuse(tokens, states, has, hk, start, cache), start, cache, hk, tokens, stop)
+    x = m.embed_fuse(tokens, states, has, hk, start, cache)
+    h = m.trunk(x, start, cache, hk, tokens, stop)
     if stop is not None:
         return h, None
     state, _, logits = m.top(h, hk)
