@@ -41,6 +41,16 @@ class Mode(str):
     def __reduce__(self):
         return (Mode, (self.kind, self.k))
 
+    @property
+    def scans(self) -> bool:
+        """recurrent:k, full: its serial computation is a standard prefix, then one step per position."""
+        return self.kind in ("recurrent", "full")
+
+    @property
+    def parallel(self) -> bool:
+        """jacobi:K: its serial computation is parallel passes over the whole sequence."""
+        return self.kind == "jacobi"
+
     def n_serial(self, T: int) -> int:
         """How many trailing positions are computed one at a time (recurrent/full)."""
         if self.kind == "full":

@@ -5,6 +5,9 @@ from __future__ import annotations
 import torch
 
 from fbt_probe.config import ModelConfig
+from fbt_probe.engine.hooks import hooked, silent
+from fbt_probe.engine.schedule import scan_chunks
+from fbt_probe.engine.walk import Walk
 from fbt_probe.model.transformer import FeedbackTransformer
 
 
@@ -97,3 +100,10 @@ def patch_workdir(root):
     save_tokenizer(tok, root / "tokenizer.json")
     save_checkpoint(make_model(dtype=torch.float32), root / "run", tokenizer_path=root / "tokenizer.json")
     return root
+
+
+def serial_scan(model, x: torch.Tensor, n_serial: int, hooks: bool = False, stop: int | None = None):
+    """The serial scan of `x` whose last `n_serial` positions are steps, up to `stop`, walked
+    (`fbt_probe.engine.walk`): (cache, the top state of each position, logits, the last top state)."""
+    w = Walk(model, x, hooked if hooks else silent).run(scan_chunks(x.shape[1], n_serial, stop))
+    return w.caches[0], w.top_states(1), w.logits, w.top[:, -1]

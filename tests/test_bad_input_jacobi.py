@@ -28,8 +28,13 @@ def test_jacobi_past_the_length_runs_one_parallel_pass(monkeypatch):
     model = make_model(seed=1)
     toks = tokens(1, 40)
     calls = []
-    real = model.feedback_pass
-    monkeypatch.setattr(model, "feedback_pass", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    real = model.trunk
+
+    def trunk(x, start, cache, *args, **kwargs):  # a parallel pass over the whole sequence: no KV cache
+        calls.extend([1] if cache is None else [])
+        return real(x, start, cache, *args, **kwargs)
+
+    monkeypatch.setattr(model, "trunk", trunk)
     with torch.no_grad():
         model(toks, mode="jacobi:99999")
     assert len(calls) == 1  # the hooked final pass; before: 40 passes

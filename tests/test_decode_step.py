@@ -9,12 +9,11 @@ a wrong rotation row, KV head, window edge, gain or residual moves logits at ord
 import pytest
 import torch
 
-from fbt_probe.engine import dispatch
-from fbt_probe.engine import fast as fast_path
+from fbt_probe.engine import dispatch, walk
 from fbt_probe.engine.cache import KVCache
 from fbt_probe.engine.dispatch import use_path
 from fbt_probe.engine.hooks import hooked
-from tests.helpers import STEP_CONFIGS, make_model, make_nanochat, tokens
+from tests.helpers import STEP_CONFIGS, make_model, make_nanochat, serial_scan, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ATOL = 1e-12
@@ -22,8 +21,8 @@ CONFIGS = STEP_CONFIGS
 
 
 def _scan(model, x, n_serial, lean: bool):
-    """serial_scan's outputs with the lean step (hooks off) or through the modules (hooks on, none attached)."""
-    cache, carried, logits, last = model.serial_scan(x, n_serial, hooks=not lean)
+    """The serial scan's outputs with the lean step (hooks off) or through the modules (hooks on, none attached)."""
+    cache, carried, logits, last = serial_scan(model, x, n_serial, hooks=not lean)
     return cache, carried, logits, last
 
 
@@ -31,7 +30,7 @@ def _scan(model, x, n_serial, lean: bool):
 @torch.no_grad()
 def test_serial_scan_lean_equals_module_path(name):
     model = make_model(**CONFIGS[name])
-    assert fast_path.decode_plan(model) is not None
+    assert walk.decode_plan(model) is not None
     x = tokens(3, 17)
     for n_serial in (1, 5, 16):  # recurrent:1, recurrent:5, full
         lean, ref = _scan(model, x, n_serial, True), _scan(model, x, n_serial, False)
@@ -87,10 +86,10 @@ def test_the_plan_reads_the_weights_of_its_build_time_and_a_new_plan_sees_edits(
 def test_module_path_wherever_the_plan_does_not_apply():
     model = make_model()
     with torch.enable_grad():
-        assert fast_path.decode_plan(model) is None  # autograd through the steps (attribution patching)
+        assert walk.decode_plan(model) is None  # autograd through the steps (attribution patching)
     with torch.no_grad():
         with use_path(model, "explicit"):
-            assert fast_path.decode_plan(model) is None  # the reference arithmetic was asked for
+            assert walk.decode_plan(model) is None  # the reference arithmetic was asked for
         assert dispatch.step(make_nanochat(smear=True)) == "module"  # a family with backbone extras
         assert dispatch.step(make_nanochat()) == "module"  # even at identity values: the plan is the paper's model
         assert dispatch.step(make_model().to(torch.bfloat16)) == "module"  # half types keep the module's casts

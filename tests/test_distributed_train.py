@@ -99,7 +99,7 @@ def _state(folder: Path) -> dict:
 @pytest.mark.slow  # the runs: 4 steps alone, 14 on 2 spawned processes (~35 s on 2 cores)
 def test_ddp_and_fsdp2_on_two_ranks_train_the_single_process_model(runs):
     tmp_path, cfg, tok = runs, TrainConfig(**CFG), build_tokenizer()
-    passes = {TrainConfig(**CFG).schedule_obj.draw(0.25), TrainConfig(**CFG).schedule_obj.draw(0.75)}
+    passes = {TrainConfig(**CFG).pass_mix.draw(0.25), TrainConfig(**CFG).pass_mix.draw(0.75)}
     assert passes == {1, 2}
     assert {len(batches_for_step(cfg, tok, s)) for s in range(cfg.steps)} and min(
         b[0].shape[0] for s in range(cfg.steps) for b in batches_for_step(cfg, tok, s)

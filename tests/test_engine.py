@@ -18,8 +18,7 @@ import pytest
 import torch
 
 from fbt_probe.engine import attention as fast
-from fbt_probe.engine import dispatch, step
-from fbt_probe.engine import fast as fast_path
+from fbt_probe.engine import dispatch, step, walk
 from fbt_probe.engine.dispatch import use_path
 from fbt_probe.engine.prefix import build_prefix
 from fbt_probe.model.components import Attention
@@ -143,7 +142,7 @@ def check_step(name: str, monkeypatch=None) -> None:
     """The lean step (`model.step` with hooks off) against the module step, position by position."""
     model, x = model_for(name), tokens(2, T)
     with torch.no_grad():
-        assert fast_path.decode_plan(model) is not None
+        assert walk.decode_plan(model) is not None
         for P in (1, 6):
             caches, outs = [], []
             for use_plan in (True, False):

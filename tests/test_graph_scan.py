@@ -1,7 +1,7 @@
 """The serial scan over static buffers at a device-side position (`fbt_probe.engine.graph_scan`,
 what a CUDA graph captures) computes the lean step's scan.
 
-Oracle: `serial_scan` through the lean step (`DecodePlan` over a `KVCache`), itself tested equal to
+Oracle: the serial scan (walked) through the lean step (`DecodePlan` over a `KVCache`), itself tested equal to
 the module path (test_decode_step.py). On CPU the same body runs eagerly; float64: the two differ in
 summation order only (the masked attention sums over the whole capacity, masked weights exactly 0),
 ~1e-15, while a wrong window edge, rotation row or cache slot moves logits at order 1e-2.
@@ -11,10 +11,9 @@ The `gpu` tests check the captured graph against the same body run eagerly on CU
 import pytest
 import torch
 
-from fbt_probe.engine import dispatch, graph_scan
-from fbt_probe.engine import fast as fast_path
+from fbt_probe.engine import dispatch, graph_scan, walk
 from fbt_probe.engine.graph_scan import GraphedScan
-from tests.helpers import STEP_CONFIGS, make_model, tokens
+from tests.helpers import STEP_CONFIGS, make_model, serial_scan, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ATOL = 1e-12
@@ -23,7 +22,7 @@ CONFIGS = STEP_CONFIGS
 
 @pytest.fixture
 def on_cpu(monkeypatch):
-    """serial_scan takes the static-buffer path on CPU too (run eagerly); records each use."""
+    """The serial scan takes the static-buffer path on CPU too (run eagerly); records each use."""
     used = []
 
     def scan(has_plan, cuda_graphs, cache, tokens, start, n):
@@ -45,10 +44,10 @@ def test_static_buffer_scan_equals_the_lean_scan(name, on_cpu, monkeypatch):
     # full, full up to T-1 (carried_states), recurrent:10, recurrent:9 stopped early (8 steps)
     for n_serial, stop in ((18, None), (18, 18), (10, None), (9, 18)):
         model.cuda_graphs = False
-        ref = model.serial_scan(x, n_serial, stop=stop)
+        ref = serial_scan(model, x, n_serial, stop=stop)
         model.cuda_graphs = True
         on_cpu.clear()
-        got = model.serial_scan(x, n_serial, stop=stop)
+        got = serial_scan(model, x, n_serial, stop=stop)
         assert on_cpu == [True]  # the static-buffer path ran
         for a, b in zip(got[1:], ref[1:]):
             torch.testing.assert_close(a, b, rtol=0, atol=ATOL)
@@ -69,14 +68,14 @@ def test_width_buckets_cover_every_position_once_and_equal_the_lean_scan(on_cpu,
     model = make_model()
     x = tokens(2, 37)
     model.cuda_graphs = False
-    ref = model.serial_scan(x, 30)
+    ref = serial_scan(model, x, 30)
     model.cuda_graphs = True
-    got = model.serial_scan(x, 30)  # positions 7..36
+    got = serial_scan(model, x, 30)  # positions 7..36
     assert on_cpu == [True]
     for a, b in zip(got[1:], ref[1:]):
         torch.testing.assert_close(a, b, rtol=0, atol=ATOL)
     cache = model.prefill_cache(x[:, :7], capacity=37)[0]
-    scan = GraphedScan(fast_path.decode_plan(model), cache, x, None, None, torch.zeros(2, 32), 7)
+    scan = GraphedScan(walk.decode_plan(model), cache, x, None, None, torch.zeros(2, 32), 7)
     assert scan.widths(30) == [(8, 1), (16, 8), (32, 16), (37, 5)]
     assert scan.widths(9) == [(8, 1), (16, 8)]
 
@@ -114,13 +113,13 @@ def test_cuda_graph_replays_equal_the_eager_scan_on_the_gpu(name):
     model = _cuda_model(**CONFIGS[name])
     x = tokens(3, 40).cuda()
     model.cuda_graphs = False
-    ref = model.serial_scan(x, 39)  # the lean loop over the KVCache on the GPU
+    ref = serial_scan(model, x, 39)  # the lean loop over the KVCache on the GPU
     model.cuda_graphs = True
-    got = model.serial_scan(x, 39)  # captured graph (with the Triton epilogue where it runs)
+    got = serial_scan(model, x, 39)  # captured graph (with the Triton epilogue where it runs)
     for a, b in zip(got[1:], ref[1:]):  # float32, 39 serial steps: rounding only
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     cpu = make_model(**CONFIGS[name])  # the float64 CPU model with the same weights (same seed)
-    want = cpu.serial_scan(x.cpu(), 39)
+    want = serial_scan(cpu, x.cpu(), 39)
     torch.testing.assert_close(got[2].double().cpu(), want[2], rtol=1e-3, atol=1e-3)
 
 
@@ -137,7 +136,7 @@ def test_graph_and_eager_body_are_the_same_kernels(monkeypatch):
         cache, state, logits = model.prefill_cache(x[:, :4], capacity=30)
         carried = state.new_zeros(2, 30, model.cfg.d_model)
         out = logits.new_zeros(2, 30, logits.shape[-1])
-        scan = GraphedScan(fast_path.decode_plan(model), cache, x, carried, out, state[:, -1], 4)
+        scan = GraphedScan(walk.decode_plan(model), cache, x, carried, out, state[:, -1], 4)
         last = scan.run(26, graph=graph)
         outs.append((carried, out, last))
     for a, b in zip(*outs):

@@ -18,6 +18,7 @@ from fbt_probe.hidden import (
     stream_slice,
 )
 from fbt_probe.hooks import act_name, depth_names
+from fbt_probe.training.evaluate import contraction
 from tests.helpers import make_cfg, make_model, tokens
 
 
@@ -200,6 +201,9 @@ def test_no_feedback_modes(base):
         hd(tokens(1, 4), mode="recurrent:1")
     with pytest.raises(FbtError, match="no feedback passes"):
         hd.jacobi_passes(tokens(1, 4), 2)
+    x = tokens(2, 6)
+    with pytest.raises(FbtError, match="no feedback passes"):  # every walk of passes (the contraction diagnostic)
+        contraction(hd, x, x, torch.ones(2, 6), n_passes=3)
 
 
 def test_checkpoint_round_trip(base, tmp_path):

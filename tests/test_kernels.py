@@ -276,6 +276,26 @@ def test_gate_table_chunking_is_exact():
         K.build_gate_table(embed, w_gate[:, :8])
 
 
+def test_gate_table_is_the_models_gate():
+    """The gate is written once, in the reference (`Fusion.gate`, which the lean step calls too); the
+    kernels' table is its own product over the vocabulary and must give every token's row of it
+    (float64; a transposed W_G or a row for the wrong token is off by > 1e-2)."""
+    from fbt_probe.engine.walk import decode_plan
+    from tests.helpers import make_model
+
+    model = make_model()
+    with torch.no_grad():  # gates spread over (0, 1), not all near 1/2 as at initialisation
+        model.embed.weight.normal_(generator=torch.Generator().manual_seed(0))
+        model.fusion.W_G.weight.normal_(std=model.cfg.d_model**-0.5, generator=torch.Generator().manual_seed(1))
+    table = K.build_gate_table(model.embed.weight, model.fusion.W_G.weight, chunk_rows=7)
+    with torch.no_grad():
+        gate = model.fusion.gate(model.embed.weight)
+        torch.testing.assert_close(table, gate, rtol=0, atol=1e-12)
+        wrong = K.build_gate_table(model.embed.weight, model.fusion.W_G.weight.T)
+        assert (wrong - gate).abs().max() > 1e-2 and (table[1:] - gate[:-1]).abs().max() > 1e-2
+        assert decode_plan(model).gate == model.fusion.gate  # the lean step's gate is the reference's
+
+
 class TestGateTable:
     __test__ = INTERPRETED  # collected only where Triton interprets (the child process)
 

@@ -4,6 +4,7 @@ equals the full run, under every mode and both hook rules, with and without edit
 import pytest
 import torch
 
+from fbt_probe.engine import walk
 from fbt_probe.engine.prefix import build_prefix
 from fbt_probe.interventions.edits import capture, set_at
 from fbt_probe.modes import parse_mode
@@ -120,11 +121,9 @@ def test_select_repeat_and_views(model, toks):
 def test_silent_passes_through_the_cache_run_in_chunks_with_the_same_result(model, toks, monkeypatch):
     """Long silent prefills are cut into chunks (memory); a chunk attends to the cache before it,
     across the sliding window (5) and the global layer."""
-    import fbt_probe.engine.fast as fast_path
-
     ref = {m: model(toks, mode=m) for m in ("standard", "recurrent:1", "recurrent:3", "full")}
     pre = build_prefix(model, toks, parse_mode("recurrent:1"))
-    monkeypatch.setattr(fast_path, "SILENT_CHUNK_TOKENS", 3 * 4)  # 4 positions per chunk at batch 3
+    monkeypatch.setattr(walk, "SILENT_CHUNK_TOKENS", 3 * 4)  # 4 positions per chunk at batch 3
     cache, _, logits = model.prefill_cache(toks)
     torch.testing.assert_close(logits, ref["standard"], **TOL)
     for mode, want in ref.items():

@@ -116,7 +116,7 @@ def contraction_cmd(
     tables = []
     for run, model, cfg in loaded:
         t = contraction(model, *batch, n_passes=passes)
-        t.insert(0, "schedule", "constant:1 (baseline)" if cfg.baseline else str(cfg.schedule_obj))
+        t.insert(0, "schedule", "constant:1 (baseline)" if cfg.baseline else str(cfg.pass_mix))
         t.insert(0, "run", run.name)
         tables.append(t)
     table = pd.concat(tables, ignore_index=True)
@@ -127,7 +127,7 @@ def contraction_cmd(
         _write_table(table, dest / "contraction", folders[0], cfgs[0], force)
     else:
         _write_table(table, dest / "contraction", folders, cfgs, force)
-    depths = {run.name: c.schedule_obj.max_passes for run, c in zip(runs, cfgs)}  # a dotted line per trained depth
+    depths = {run.name: c.pass_mix.max_passes for run, c in zip(runs, cfgs)}  # a dotted line per trained depth
     save_figure(fig3(table, trained_passes=depths), dest, "contraction", force, mark=True)
     typer.echo(table[["run", "pass", "val_loss", "answer_accuracy", "state_change"]].round(4).to_string(index=False))
     typer.echo(f"wrote {dest}/contraction.{{parquet,csv,json,png,svg}}")

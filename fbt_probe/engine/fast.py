@@ -9,9 +9,9 @@ reference, on the next lines. So every site of the model reads
         return fast
     ... the paper's arithmetic ...
 
-and the route choices, the weights fused and cached from parameters, the chunking of long silent
-passes and the lean serial step all live here and in the modules these functions call. The
-functions read the module attributes they need (the engine does not import the model).
+and the route choices and the weights fused and cached from parameters live here and in the
+modules these functions call. The functions read the module attributes they need (the engine does
+not import the model).
 
     site                 fast result                                      rule
     projections          q, k, v (and their q/k concatenation), one GEMM  dispatch.fused_projection
@@ -20,9 +20,12 @@ functions read the module attributes they need (the engine does not import the m
     output               the output GEMM with the depth scale folded in   dispatch.fused_projection
     gate_up              the MLP's gate and up projections, one GEMM      dispatch.fused_projection
     fusion               the Triton fusion kernel                         dispatch.fusion
-    extend               a long silent pass in chunks through the cache   SILENT_CHUNK_TOKENS
-    step                 the lean serial step (`step.DecodePlan`)         dispatch.step
-    scan                 the serial scan on the lean step, CUDA-graphed   dispatch.step, dispatch.scan
+
+The model imports nothing else of the engine: the rest of what it uses is re-exported here, each
+piece in the module that owns it: `walk` (a mode's chunks run, with the passes through the KV cache,
+the lean serial step and the CUDA-graphed scan), `schedule` (the chunks), `hooks` (how a pass calls
+its hook points) and `cache` (the KV cache). The `one-seam` import-linter contract holds the model
+to this module.
 """
 
 from __future__ import annotations
@@ -33,13 +36,11 @@ import torch
 import torch.nn.functional as F
 
 from fbt_probe.engine import attention as fast_attention
-from fbt_probe.engine import dispatch, fused
-from fbt_probe.engine.graph_scan import GraphedScan
-from fbt_probe.engine.hooks import Hk, has_hooks, silent
-from fbt_probe.engine.step import DecodePlan
+from fbt_probe.engine import dispatch, fused, walk  # noqa: F401 (walk: re-exported for the model)
+from fbt_probe.engine.cache import KVCache  # noqa: F401 (re-exported for the model)
+from fbt_probe.engine.hooks import GradTaps, Hk, HookContext, has_hooks, hooked, silent  # noqa: F401 (ditto)
+from fbt_probe.engine.schedule import Schedule  # noqa: F401 (re-exported for the model)
 from fbt_probe.numerics import rms_norm
-
-SILENT_CHUNK_TOKENS = 8192  # batch x positions per chunk of a silent pass through the KV cache (memory bound)
 
 
 # ----------------------------------------------------------------- attention
@@ -120,57 +121,3 @@ def fusion(module, value: torch.Tensor, gate: torch.Tensor):
         return None
     kernel = dispatch.fusion(value, gate, module.norm.weight)
     return None if kernel is None else kernel(value, gate, module.norm.weight, module.norm.eps)
-
-
-# ----------------------------------------------------------------- passes through the cache, serial steps
-def extend(model, tokens: torch.Tensor, cache, states, has_state, hk: Hk):
-    """`model.extend` of a long silent `tokens` [batch, pos] in chunks of about SILENT_CHUNK_TOKENS
-    tokens through the cache: the same function (up to float rounding), with activations held for
-    one chunk. None where one call runs (hooks on, or short enough)."""
-    B, P = tokens.shape
-    size = max(1, SILENT_CHUNK_TOKENS // max(B, 1))
-    if hk is not silent or P <= size:
-        return None
-    parts = [
-        model.extend(
-            tokens[:, a : a + size],
-            cache,
-            None if states is None else states[:, a : a + size],
-            None if has_state is None else has_state[..., a : a + size],
-            hk,
-        )
-        for a in range(0, P, size)
-    ]
-    return torch.cat([s for s, _ in parts], dim=1), torch.cat([lg for _, lg in parts], dim=1)
-
-
-def decode_plan(model) -> DecodePlan | None:
-    """The lean serial step for silent steps of `model` as its weights are now, or None where the
-    module path must run (`dispatch.step`)."""
-    return DecodePlan(model) if dispatch.step(model) == "plan" else None
-
-
-def step(model, token: torch.Tensor, cache, state, hk: Hk):
-    """`model.step` on the lean step: (logits, state), or None where the module's step runs (hooks
-    on, or no plan applies)."""
-    if hk is not silent:
-        return None
-    plan = decode_plan(model)
-    return None if plan is None else plan.step(token, cache, state)
-
-
-def scan(model, tokens: torch.Tensor, cache, carried, out, prev, start: int, stop: int):
-    """Silent serial steps start..stop-1 of `model.serial_scan` on the lean step (one plan for the
-    whole scan: the weights are fixed), replayed from a captured CUDA graph where `dispatch.scan`
-    says so; writes `carried` and `out` like the module's steps and returns the state out of
-    position stop-1. None where the module's steps run (no plan applies)."""
-    plan = decode_plan(model)
-    if plan is None:
-        return None
-    if dispatch.scan(True, model.cuda_graphs, cache, tokens, start, stop - start) == "graphed":
-        graphed = GraphedScan(plan, cache, tokens, carried, out, prev, start, fused_epilogue=model.cfg.fast_fusion)
-        return graphed.run(stop - start)
-    for t in range(start, stop):
-        carried[:, t] = prev
-        out[:, t], prev = plan.step(tokens[:, t], cache, prev)
-    return prev

@@ -10,7 +10,7 @@ kernel where it runs (one launch instead of ~6).
 
 It computes the lean step's function (float64 on CPU, the same code run eagerly: equal to 1e-12,
 tests/test_graph_scan.py, tests/test_engine.py; on CUDA: rounding only, the `gpu` tests). Taken by
-`fast.scan` (the model's `serial_scan`) where `dispatch.scan` says so (CUDA tensors, the plan applies, at least
+the walk's silent scan (`walk.Walk`) where `dispatch.scan` says so (CUDA tensors, the plan applies, at least
 `dispatch.MIN_STEPS` steps); `model.cuda_graphs = False` turns it off.
 """
 
@@ -27,9 +27,9 @@ MIN_WIDTH = 64
 
 
 class GraphedScan:
-    """Positions start..start+n-1 of `serial_scan` over static buffers (all written in place):
+    """Positions start..start+n-1 of a silent serial scan over static buffers (all written in place):
     cache: the `KVCache` holding positions < start in buffers of capacity >= start + n;
-    tokens [batch, T]; carried [batch, T, d_model] (gets the state entering each position);
+    tokens [batch, T]; carried [batch, >= start + n, d_model] (gets the state entering each position);
     out [batch, >= start + n, d_vocab] (gets each position's logits); prev [batch, d_model] the state
     carried into position `start` (copied; `run` returns the state out of the last position).
 

@@ -11,10 +11,12 @@ is part of the chunk (`feeds`):
 | serial                   | `prefix` 0..P-1 plain, then `step` t for t = P..T-1, each fed the previous step's top state | `pass` k = 1..K over 0..T-1, pass k >= 2 fed pass k-1's right-shifted top states |
 | exact                    | `exact` k = 1..recurrent: k+1, full: T, each fed pass k-1's shifted top states at the fed positions | the same, K passes |
 
-`standard` (and `jacobi:1`) is one `final` chunk under every rule. Prefix reuse
-(`fbt_probe.engine.prefix`) runs the same chunks cut at its start position (`Schedule.cut`).
-`run_chunk` is the one place `model.hook_context` is set: hooks read it to know which chunk, pass
-and global positions the tensors they see cover.
+`standard` (and `jacobi:1`) is one `final` chunk under every rule. The one-pass rule's `final`
+chunk is fed the states the silent chunks of `Schedule.carry` compute. Prefix reuse
+(`fbt_probe.engine.prefix`) runs the chunks below its start position once, silently, and the
+rest per run (`Schedule.cut`). `fbt_probe.engine.walk` runs any list
+of chunks; `run_chunk` is the one place `model.hook_context` is set: hooks read it to know which
+chunk, pass and global positions the tensors they see cover.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Chunk:
     # "previous-step" or "previous-pass"
     pass_index: int = 1  # the pass (1-based) of a parallel pass; 1 elsewhere
     n_passes: int = 1  # passes of the run the chunk belongs to
+    hooked: bool = True  # its hooks fire (when the walk runs with hooks on)
 
     def context(self) -> HookContext:
         return HookContext(self.phase, self.positions, self.pass_index, self.n_passes)
@@ -59,9 +62,9 @@ class Schedule:
     def carries(self) -> bool:
         return self.fed_from < self.T
 
-    def has_state(self, device=None, start: int = 0) -> torch.Tensor:
-        """[T - start] positions start..T-1 that take a carried state."""
-        return torch.arange(start, self.T, device=device) >= self.fed_from
+    def has_state(self, device=None) -> torch.Tensor:
+        """[T] the positions that take a carried state."""
+        return torch.arange(self.T, device=device) >= self.fed_from
 
     def final(self) -> Chunk:
         """The one hooked pass of the one-pass rule."""
@@ -70,12 +73,23 @@ class Schedule:
 
     def serial(self) -> list[Chunk]:
         """The chunks of the serial computation (the serial rule, `serial=True`)."""
-        T, kind = self.T, self.mode.kind
-        if kind == "jacobi":
-            return [c for c, _ in jacobi_chunks(T, self.mode.passes(T), every=True)]
-        if kind in ("recurrent", "full"):
+        T = self.T
+        if self.mode.parallel:
+            return jacobi_chunks(T, self.mode.passes(T), every=True)
+        if self.mode.scans:
             return scan_chunks(T, self.mode.n_serial(T))
         return [self.final()]
+
+    def carry(self) -> list[Chunk]:
+        """The silent chunks that compute the states the one-pass rule's `final` chunk is fed: passes
+        1..K-1 of jacobi:K (K < T), else the serial scan of positions 0..T-2 (jacobi:K with K >= T is
+        `full`: its scan, in `full`'s time); none where nothing is carried."""
+        T = self.T
+        if not self.carries:
+            return []
+        if self.mode.parallel and self.mode.k < T:
+            return jacobi_chunks(T, self.mode.k, every=False)[:-1]
+        return scan_chunks(T, T - self.fed_from, stop=T - 1)
 
     def exact(self) -> list[Chunk]:
         """The passes of the exact hook rule: pass k fixes the k-th fed position."""
@@ -87,22 +101,23 @@ class Schedule:
         K = self.mode.exact_passes(self.T)
         return Chunk("backward", range(self.T), "none", K, K)
 
-    def cut(self, chunks: list[Chunk], start: int) -> list[Chunk]:
-        """`chunks` restricted to positions >= start (prefix reuse): a chunk wholly before `start`
-        is dropped, one that straddles it keeps its positions from `start` on."""
+    @staticmethod
+    def cut(chunks: list[Chunk], start: int, stop: int | None = None) -> list[Chunk]:
+        """`chunks` restricted to positions start..stop-1 (prefix reuse walks those below `upto` once,
+        those from `start` on per run): a chunk outside is dropped, one across a bound keeps its part."""
         out = []
         for c in chunks:
-            if c.positions.stop <= start:
-                continue
-            out.append(c if c.positions.start >= start else replace(c, positions=range(start, c.positions.stop)))
+            a, b = max(c.positions.start, start), c.positions.stop if stop is None else min(c.positions.stop, stop)
+            if a < b:
+                out.append(c if range(a, b) == c.positions else replace(c, positions=range(a, b)))
         return out
 
 
-def jacobi_chunks(T: int, K: int, every: bool) -> list[tuple[Chunk, bool]]:
-    """K parallel passes of the Jacobi iteration over T positions, each with whether its hooks fire:
-    in every pass (`every`, context `pass`) or in pass K only (context `final`)."""
+def jacobi_chunks(T: int, K: int, every: bool) -> list[Chunk]:
+    """K parallel passes of the Jacobi iteration over T positions, hooks firing in every pass
+    (`every`, context `pass`) or in pass K only (context `final`)."""
     return [
-        (Chunk("pass" if every else "final", range(T), "none" if k == 1 else "previous-pass", k, K), every or k == K)
+        Chunk("pass" if every else "final", range(T), "none" if k == 1 else "previous-pass", k, K, every or k == K)
         for k in range(1, K + 1)
     ]
 

@@ -47,7 +47,7 @@ class DecodePlan:
         with torch.no_grad():
             fusion = model.fusion
             self.E = model.embed.weight
-            self.W_U, self.W_G = fusion.W_U.weight, fusion.W_G.weight
+            self.W_U, self.gate = fusion.W_U.weight, fusion.gate  # the gate: the reference's own
             self.fusion_w, self.fusion_eps = fusion.norm.weight, fusion.norm.eps
             self.layers = [self._layer(block) for block in model.blocks]
             self.final_w = model.ln_final.weight
@@ -76,9 +76,7 @@ class DecodePlan:
         if state is None:
             x = e
         else:  # u = RMSNorm_f((W_U h) ⊙ σ(W_G e))
-            x = at.epilogue(
-                F.linear(state, self.W_U), torch.sigmoid(F.linear(e, self.W_G)), self.fusion_w, self.fusion_eps
-            )
+            x = at.epilogue(F.linear(state, self.W_U), self.gate(e), self.fusion_w, self.fusion_eps)
         for layer, (w1, w_qkv, gains, rope, window, w_o, w2, w_gu, w_down) in enumerate(self.layers):
             proj = F.linear(_rms(x, eps) * w1, w_qkv)  # [batch, (H + 2 KV) d_head]
             qk = at.rotate(_rms(proj[:, : (H + KV) * dh].view(B, H + KV, dh), eps) * gains, rope)

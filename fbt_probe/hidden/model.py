@@ -135,7 +135,7 @@ class HiddenDecodingTransformer(HookedRootModule):
     def feedback_pass(self, *args, **kwargs):
         raise FbtError("a hidden-decoding model has no feedback passes (it is trained and run in one pass)")
 
-    jacobi_passes = feedback_pass
+    jacobi_passes = embed_fuse = feedback_pass  # every walk of feedback passes (fbt_probe.engine.walk) refuses
 
 
 def attended_pairs(model, n_tokens: int) -> list[int]:

@@ -1,9 +1,10 @@
 """The gate table G = σ(E W_Gᵀ): the fusion gate depends only on the token, so for inference it is
 computed once per model (V×D) and a decode step gathers a row instead of running the W_G product.
 
-Each row is computed with the same ops and dtype as the model's two-product path
-(`torch.sigmoid(F.linear(e, W_G))`), so a gathered row equals the gate the model would compute for
-that token up to GEMM blocking (bit-equal in practice for float32 on one device).
+Each row is computed with the same ops and dtype as the model's gate (`Fusion.gate`, the one place
+the gate is written outside this kernel), so a gathered row equals the gate the model would compute
+for that token up to GEMM blocking (bit-equal in practice for float32 on one device;
+tests/test_kernels.py holds the table to `Fusion.gate` in float64).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ class LensConfig:
         object.__setattr__(self, "modes", tuple(parse_mode(m) for m in self.modes))  # parsed once, here
         check_distinct(list(self.modes), list(self.modes))
         for m in self.modes:
-            if m.kind == "jacobi" and m.k > MAX_LENS_PASSES:
+            if m.parallel and m.k > MAX_LENS_PASSES:
                 raise FbtError(
                     f"--mode {m}: the lens reads every pass of jacobi:K (K hooked passes over the whole input, each "
                     f"pass's residuals kept); expected K <= {MAX_LENS_PASSES} (the exact recurrence is --mode full)"
@@ -117,7 +117,7 @@ class LensResult:
 @torch.no_grad()
 def pass_activations(model, tokens: torch.Tensor, mode: Mode) -> dict[int, dict]:
     """{pass_index: {"resid": {depth: [B, T, D]}, "logits": [B, T, V]}} under `mode` (see module doc)."""
-    serial = mode.kind == "jacobi" and mode.k > 1
+    serial = mode.parallel and mode.k > 1
     names = [depth_name(d) for d in range(model.cfg.n_layers + 1)] + [act_name("ln_final")]
     store: dict = {}
 

@@ -14,8 +14,7 @@ from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import ModelConfig
 from fbt_probe.engine import fast as fast_path
-from fbt_probe.engine.cache import KVCache
-from fbt_probe.engine.hooks import Hk, has_hooks, hooked, silent
+from fbt_probe.engine.fast import Hk, KVCache, has_hooks, hooked, silent
 from fbt_probe.numerics import is_half, rms_norm, rms_normalize, upcast
 
 

@@ -7,12 +7,13 @@ the whole input (a symmetric e + W h could learn W -> 0 and ignore the feedback)
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import ModelConfig
 from fbt_probe.engine import fast as fast_path
-from fbt_probe.engine.hooks import Hk
+from fbt_probe.engine.fast import Hk
 from fbt_probe.model.components import RMSNorm
 from fbt_probe.numerics import fusion_reference
 
@@ -38,8 +39,9 @@ class Fusion(nn.Module):
         self.hook_out = HookPoint()  # [batch, pos, d_model]  u_t (the plain input where no state is carried)
 
     def gate(self, embed: torch.Tensor) -> torch.Tensor:
-        """σ(W_G e) of token embeddings e [..., d_model] (what `hook_gate` holds)."""
-        return torch.sigmoid(self.W_G(embed))
+        """σ(W_G e) of token embeddings e [..., d_model] (what `hook_gate` holds): the gate, written
+        once. The engine's lean step calls this; the kernels' gate table is tested equal to it."""
+        return torch.sigmoid(F.linear(embed, self.W_G.weight))
 
     def forward(
         self,

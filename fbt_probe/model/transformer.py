@@ -1,23 +1,14 @@
 """The latent-feedback transformer as a TransformerLens `HookedRootModule` (wiring only).
 
-Hook rule (all modes): `model(tokens, mode=...)` computes the carried states first with hooks off,
-then runs ONE hooked pass over the whole sequence whose inputs are exactly the mode's inputs (plain
-e_t, or u_t = fusion(h_{t-1}, e_t) where a state is carried). Every hook therefore fires once with a
-full [batch, pos, ...] tensor, `run_with_cache` / `run_with_hooks` behave as in TransformerLens, and
-the activations at position t are those of the computation that produced position t's output: the
-pass is exact, its top states at fed-back positions equal the carried states it was given. The
-`fusion.*` hooks fire whenever the mode carries any state (not under `standard` or `jacobi:1`);
-`fusion.hook_feedback` is zero at positions that take a plain embedding.
-
-Calls that pass no mode (`model(tokens)`, `run_with_hooks`, `run_with_cache`, and TransformerLens
-helpers such as `transformer_lens.patching`, which cannot pass one) run under `model.default_mode`
-("standard" unless set): `with model.mode("recurrent:1"): ...` sets it for a block.
-
-An intervention in that pass cannot reach carried states computed before it. For experiments whose
-change must ripple forward through the feedback, call with `serial=True` (recurrent/full/jacobi):
-hooks then fire in every chunk of the real computation — the standard prefix, then each serial step
-([batch, 1, ...] tensors), or each Jacobi pass — and `model.hook_context` names the chunk
-(`phase`, `positions`, `pass_index`) while its hooks run.
+`model(tokens, mode=...)` is one walk (`fbt_probe.engine.walk`) of the mode's chunks under the call's
+hook rule (`hook_rule`, docs/modes.md): the exact rule (the default with hooks attached: every hook
+fires once per pass of the mode's exact iteration, so an edit reaches the carried states), the
+one-pass rule (carried states computed with hooks off, then one hooked pass whose top states at
+fed-back positions equal them) or the serial rule (`serial=True`: hooks in every chunk of the
+serial computation, `hook_context` naming it). Every rule gives the same logits, and the `fusion.*`
+hooks fire wherever the mode carries a state (`fusion.hook_feedback` is zero at plain positions).
+Calls that pass no mode (`run_with_hooks`, `run_with_cache`, `transformer_lens.patching`) run
+under `model.default_mode` ("standard" unless set; `with model.mode("recurrent:1"): ...`).
 """
 
 from __future__ import annotations
@@ -33,10 +24,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import ModelConfig
-from fbt_probe.engine import fast as fast_path
-from fbt_probe.engine.cache import KVCache
-from fbt_probe.engine.hooks import GradTaps, Hk, HookContext, has_hooks, hooked, silent
-from fbt_probe.engine.schedule import Schedule, jacobi_chunks, run_chunk, scan_chunks
+from fbt_probe.engine.fast import GradTaps, Hk, HookContext, KVCache, Schedule, has_hooks, hooked, silent, walk
 from fbt_probe.errors import FbtError
 from fbt_probe.model.components import Block, HookedRMSNorm
 from fbt_probe.model.fusion import Fusion
@@ -167,8 +155,8 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         mode = self._default_mode if mode is None else parse_mode(mode)
         return out, FeedbackActivationCache(cache, self, has_batch_dim=not remove_batch_dim, mode=mode)
 
-    # ----------------------------------------------------------------- primitives
-    def _input(
+    # ----------------------------------------------------------------- primitives (engine.walk.Primitives)
+    def embed_fuse(
         self,
         tokens: torch.Tensor,
         states: torch.Tensor | None,
@@ -194,9 +182,9 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
 
     def plain_inputs(self, tokens: torch.Tensor) -> torch.Tensor:
         """[batch, pos, d_model] the layer-0 input of every position without feedback (hooks off)."""
-        return self._input(tokens, None, None, silent)
+        return self.embed_fuse(tokens, None, None, silent)
 
-    def _trunk(
+    def trunk(
         self,
         x: torch.Tensor,
         start: int,
@@ -219,7 +207,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         """Logits of final-normed states [..., d_model] -> [..., d_vocab] (a family may override)."""
         return F.linear(normed, self.head_weight)
 
-    def _top(self, h: torch.Tensor, hk: Hk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def top(self, h: torch.Tensor, hk: Hk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """h^L -> (carried state, normed, logits)."""
         normed = self.ln_final(h, hk)
         logits = self.head(normed)
@@ -228,36 +216,15 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             state = state + (torch.rand_like(state) * 2 - 1) * self.cfg.feedback_noise
         return state, normed, logits
 
-    def extend(
-        self,
-        tokens: torch.Tensor,
-        cache: KVCache,
-        states: torch.Tensor | None = None,
-        has_state: torch.Tensor | None = None,
-        hk: Hk = silent,
-    ):
+    def extend(self, tokens: torch.Tensor, cache: KVCache, states=None, has_state=None, hk: Hk = silent):
         """Run `tokens` [batch, pos] at positions cache.length.. through the KV cache (written in
         place), plain or fused inputs (`has_state` None with states: every position is fused).
         Returns (carried state [batch, pos, d_model], logits [batch, pos, d_vocab]).
 
-        With hooks off a long `tokens` runs in chunks through the cache (`fbt_probe.engine.fast.extend`)."""
-        fast = fast_path.extend(self, tokens, cache, states, has_state, hk)
-        if fast is not None:
-            return fast
-        start = cache.length
-        x = self._input(tokens, states, has_state, hk, start, cache)
-        h = self._trunk(x, start, cache, hk, tokens)
-        state, _, logits = self._top(h, hk)
-        return state, logits
+        With hooks off a long `tokens` runs in chunks through the cache (`fbt_probe.engine.walk.extend`)."""
+        return walk.extend(self, tokens, cache, states, has_state, hk)
 
-    def prefill_cache(
-        self,
-        tokens: torch.Tensor,
-        states: torch.Tensor | None = None,
-        has_state: torch.Tensor | None = None,
-        hk: Hk = silent,
-        capacity: int | None = None,
-    ):
+    def prefill_cache(self, tokens: torch.Tensor, states=None, has_state=None, hk: Hk = silent, capacity=None):
         """One pass over `tokens` (plain or fused inputs) that fills a new KV cache of `capacity`
         positions (default: the prompt; it grows if a step passes it).
         Returns (cache, carried state [batch, pos, d_model], logits [batch, pos, d_vocab])."""
@@ -265,41 +232,19 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         state, logits = self.extend(tokens, cache, states, has_state, hk)
         return cache, state, logits
 
-    def step(
-        self,
-        token: torch.Tensor,
-        cache: KVCache,
-        state: torch.Tensor | None,
-        hk: Hk = silent,
-    ):
+    def step(self, token: torch.Tensor, cache: KVCache, state: torch.Tensor | None, hk: Hk = silent):
         """One position with the KV cache. token: [batch]; state: [batch, d_model] carried from the
         previous position, or None for a plain embedding. Returns (logits [batch, d_vocab], state).
-        With hooks off the engine's lean step runs where it applies (`fbt_probe.engine.fast.step`)."""
-        fast = fast_path.step(self, token, cache, state, hk)
-        if fast is not None:
-            return fast
-        fed = None if state is None else state[:, None, :]
-        new_state, logits = self.extend(token[:, None], cache, fed, None, hk)
-        return logits[:, 0], new_state[:, 0]
+        With hooks off the engine's lean step runs where it applies (`fbt_probe.engine.walk.step`)."""
+        return walk.step(self, token, cache, state, hk)
 
-    @staticmethod
-    def shift_states(state: torch.Tensor) -> torch.Tensor:
-        """Right-shift carried states by one position (position 0 gets zeros: no state)."""
-        return torch.cat([torch.zeros_like(state[:, :1]), state[:, :-1]], dim=1)
+    shift_states = staticmethod(walk.shift)  # right-shift carried states by one position (zeros into position 0)
 
-    # ----------------------------------------------------------------- modes
-    def feedback_pass(
-        self,
-        tokens: torch.Tensor,
-        states: torch.Tensor | None = None,
-        has_state: torch.Tensor | None = None,
-        hk: Hk = silent,
-    ):
+    # ----------------------------------------------------------------- modes (each a walk, fbt_probe.engine.walk)
+    def feedback_pass(self, tokens: torch.Tensor, states=None, has_state=None, hk: Hk = silent):
         """One parallel pass over the whole sequence with the given carried states (None: standard).
         Returns (this pass's carried state [batch, pos, d_model] before shifting, logits)."""
-        h = self._trunk(self._input(tokens, states, has_state, hk), 0, None, hk, tokens)
-        state, _, logits = self._top(h, hk)
-        return state, logits
+        return walk.run_pass(self, tokens, states, has_state, hk)
 
     def jacobi_passes(
         self, tokens: torch.Tensor, K: int, serial_hooks: bool = False, has_state: torch.Tensor | None = None
@@ -308,78 +253,15 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         Hooks fire only in pass K unless `serial_hooks` (then in every pass, with `hook_context`).
         `has_state` ([pos] or [batch, pos]) limits which positions take the carried state (default
         every position >= 1; training's prefix mixin keeps a prompt prefix plain)."""
-        T = tokens.shape[1]
-        has = torch.arange(T, device=tokens.device) >= 1 if has_state is None else has_state
-        states, out = None, []
-        for chunk, fires in jacobi_chunks(T, K, every=serial_hooks):
-            fed = None if states is None else has
-            state, logits = run_chunk(
-                self, chunk if fires else None, self.feedback_pass, tokens, states, fed, hooked if fires else silent
-            )
-            out.append(logits)
-            states = self.shift_states(state)
+        out = []
+        walk.passes(self, tokens, K, every=serial_hooks, has=has_state, each=lambda c, s, logits, p: out.append(logits))
         return out
-
-    def serial_scan(self, tokens: torch.Tensor, n_serial: int, hooks: bool = False, stop: int | None = None):
-        """Positions 0..stop-1 (default all) of the exact recurrence over the last `n_serial`
-        positions: a standard prefill of positions < P = T - n_serial, then one KV-cache step per
-        position, each fused with the previous position's top state. Returns (cache of capacity T
-        holding positions < stop, carried states [batch, T, d_model] (zeros where none or not
-        reached), logits [batch, stop, d_vocab], top state of position stop-1 [batch, d_model])."""
-        B, T = tokens.shape
-        prefix, *steps = scan_chunks(T, n_serial, stop)
-        stop, P = prefix.positions.stop + len(steps), prefix.positions.stop
-        hk = hooked if hooks else silent
-        cache = KVCache(self.cfg.n_layers, T)
-        state, logits = run_chunk(self, prefix if hooks else None, self.extend, tokens[:, :P], cache, None, None, hk)
-        prev = state[:, -1]
-        carried = state.new_zeros(B, T, state.shape[-1])
-        out = logits.new_empty(B, stop, logits.shape[-1])
-        out[:, :P] = logits
-        fast = None if hooks else fast_path.scan(self, tokens, cache, carried, out, prev, P, stop)
-        if fast is not None:
-            return cache, carried, out, fast
-        for chunk in steps:
-            t = chunk.positions.start
-            carried[:, t] = prev
-            out[:, t], prev = run_chunk(self, chunk if hooks else None, self.step, tokens[:, t], cache, prev, hk)
-        return cache, carried, out, prev
-
-    def serial_states(self, tokens: torch.Tensor, n_serial: int, hooks: bool = False):
-        """The exact recurrence over the last `n_serial` positions (standard prefix before them).
-        Returns (carried states [batch, pos, d_model] with zeros where none, has_state [pos], logits)."""
-        T = tokens.shape[1]
-        _, states, logits, _ = self.serial_scan(tokens, n_serial, hooks)
-        return states, torch.arange(T, device=tokens.device) >= T - n_serial, logits
 
     def carried_states(self, tokens: torch.Tensor, mode: Mode):
         """(states, has_state) that `mode` feeds into its final pass; (None, None) for no feedback.
         Module-level `forward` wrappers (nnsight's) are lifted meanwhile: they see the final pass only."""
         with without_wrappers(self):
-            return self._carried_states(tokens, mode)
-
-    def _carried_states(self, tokens: torch.Tensor, mode: Mode):
-        require_mode(mode)
-        T = tokens.shape[1]
-        mode.check_length(T)
-        if mode.first_fed_position(T) >= T:
-            return None, None
-        if mode.kind == "jacobi" and mode.k < T:
-            return self._jacobi_states(tokens, mode.passes(T)), torch.arange(T, device=tokens.device) >= 1
-        if (
-            mode.kind == "jacobi"
-        ):  # K >= T: jacobi:T = full, whose serial scan is T steps, not T passes over T positions
-            mode = Mode("full")
-        # the final position's own step would only produce the state carried out of the sequence
-        _, states, _, last = self.serial_scan(tokens, mode.n_serial(T), stop=T - 1)
-        states[:, T - 1] = last
-        return states, torch.arange(T, device=tokens.device) >= mode.first_fed_position(T)
-
-    def _jacobi_states(self, tokens: torch.Tensor, K: int) -> torch.Tensor:
-        has, states = torch.arange(tokens.shape[1], device=tokens.device) >= 1, None
-        for _ in range(K - 1):
-            states = self.shift_states(self.feedback_pass(tokens, states, None if states is None else has)[0])
-        return states
+            return walk.carried_states(self, tokens, require_mode(mode))[:2]
 
     def forward(
         self,
@@ -407,13 +289,11 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             ``jacobi:K`` runs min(K, T) passes; for K >= T the answer is the exact recurrence
             (``jacobi:T`` = ``full``), computed by the serial scan of ``full`` when hooks fire once.
         serial : bool or None, default None
-            The hook rule (docs/modes.md, "Hooks under feedback"). None: the exact rule where the mode
-            carries a state and a hook is attached (each hook fires once per pass of the mode's exact
-            iteration, on full [batch, pos, ...] tensors, so an edit reaches the carried state as in
-            the serial run and backward hooks get the whole gradient), else the one pass. False: the
-            one-pass rule (hooks fire once in a final pass whose carried states were computed with
-            hooks off; an edit does not reach later inputs). True: hooks fire in every chunk of the
-            serial computation, `self.hook_context` naming the positions. The logits are the same.
+            The hook rule (docs/modes.md, "The hook rule"); the logits are the same under each. None:
+            the exact rule where the mode carries a state and a hook is attached (hooks fire once per
+            pass of the mode's exact iteration: an edit reaches the carried states, backward hooks get
+            the whole gradient), else the one pass. False: one final pass, its carried states computed
+            with hooks off. True: hooks fire in every chunk of the serial computation (`hook_context`).
         stop_at_layer : int, optional
             TransformerLens's: run the analysed pass through blocks 0..stop_at_layer-1 only and
             return the residual stream there ([batch, pos, d_model]; negative counts from the top).
@@ -458,6 +338,10 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             raise FbtError(f"return_type: expected 'logits', 'loss', 'both' or None, got {return_type!r}")
         if start_at_layer is not None:
             return self._started(tokens, mode, start_at_layer, stop_at_layer, return_type)
+        return self._forward_ids(tokens, mode, serial, stop_at_layer, return_type, loss_per_token, attention_mask)
+
+    def _forward_ids(self, tokens, mode: Mode, serial, stop_at_layer, return_type, loss_per_token, attention_mask):
+        """`forward` on token ids: a padded batch row by row, else the mode's computation under its hook rule."""
         tokens = check_tokens(tokens, self.cfg)
         T = tokens.shape[1]
         mode.check_length(T)
@@ -470,13 +354,11 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         self.check_cache_mode(mode)
         self._running_mode = mode
         try:
-            if stop_at_layer is not None:
-                return self._stopped(tokens, mode, rule, stop_at_layer)
-            logits = self._logits(tokens, mode, rule)
+            out = self._run(tokens, mode, rule, stop_at_layer)
         finally:
             self._running_mode = None
             self.__dict__.pop("_cache_read", None)
-        return self._returned(logits, tokens, return_type, loss_per_token, None)
+        return out if stop_at_layer is not None else self._returned(out, tokens, return_type, loss_per_token, None)
 
     def hooks_attached(self) -> bool:
         """Whether any TransformerLens hook (forward or backward) is attached to a hook point, or a
@@ -538,38 +420,31 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             )
         return "one-pass"
 
-    def _logits(self, tokens: torch.Tensor, mode: Mode, rule: str) -> torch.Tensor:
-        T = tokens.shape[1]
-        if rule == "serial" and mode.kind == "jacobi":
-            return self.jacobi_passes(tokens, mode.passes(T), serial_hooks=True)[-1]
-        if rule == "serial" and mode.kind in ("recurrent", "full"):
-            return self.serial_states(tokens, mode.n_serial(T), hooks=True)[2]
-        if rule == "exact":
-            return self.exact_passes(tokens, mode)[1]
-        states, has = self.carried_states(tokens, mode)
-        return run_chunk(self, Schedule(mode, T).final(), self.feedback_pass, tokens, states, has, hooked)[1]
+    def _run(self, tokens: torch.Tensor, mode: Mode, rule: str, stop_at_layer=None) -> torch.Tensor:
+        """The mode's computation under the hook `rule`, one walk of its chunks: the logits, or with
+        `stop_at_layer` the residual stream at that block's input in the analysed (last) pass.
 
-    def exact_passes(self, tokens: torch.Tensor, mode: Mode, stop: int | None = None):
-        """The exact hook rule: `mode.exact_passes(T)` hooked parallel passes, each feeding the
-        previous pass's top states at the mode's fed positions (the first pass feeds none). Pass k
-        makes the k-th fed position exact, so the last pass is the mode's computation, and a
-        position-wise edit made by a hook in every pass is the serial run's edit: its effect reaches
-        the carried states of later positions. Backward hooks fire once with the summed gradient
-        (`GradTaps`). Returns (the last pass's carried state or, with `stop`, the residual stream at
-        block `stop`'s input; logits or None)."""
-        T = tokens.shape[1]
-        schedule = Schedule(mode, T)
-        passes, has = schedule.exact(), schedule.has_state(tokens.device)
-        with GradTaps(self.hook_dict.values(), self, schedule.backward().context()) as taps:
-            states = None
-            for chunk in passes:
-                fed = None if states is None else has
-                if stop is not None and chunk is passes[-1]:
-                    x = self._input(tokens, states, fed, taps.hk)
-                    return run_chunk(self, chunk, self._trunk, x, 0, None, taps.hk, tokens, stop), None
-                state, logits = run_chunk(self, chunk, self.feedback_pass, tokens, states, fed, taps.hk)
-                states = self.shift_states(state)
-        return state, logits
+        The exact rule runs `mode.exact_passes(T)` hooked parallel passes, each fed the previous
+        pass's top states at the mode's fed positions: pass k makes the k-th fed position exact, so
+        the last pass is the mode's computation, and a position-wise edit made by a hook in every
+        pass is the serial run's edit. Backward hooks fire once with the summed gradient (`GradTaps`)."""
+        stop = None if stop_at_layer is None else self._layer_index("stop_at_layer", stop_at_layer)
+        if stop is not None and rule == "serial":
+            raise FbtError(
+                "stop_at_layer: not with serial=True (every serial step needs the top layer's state); "
+                "cache the final pass (serial=False), whose layers below the stop are the same"
+            )
+        sched = Schedule(mode, tokens.shape[1])
+        has = sched.has_state(tokens.device)
+        if rule == "serial":
+            w = walk.Walk(self, tokens, has=has).run(sched.serial())
+        elif rule == "exact":
+            with GradTaps(self.hook_dict.values(), self, sched.backward().context()) as taps:
+                w = walk.Walk(self, tokens, taps.hk, has=has).run(sched.exact(), stop)
+        else:
+            states = self.carried_states(tokens, mode)[0]
+            w = walk.Walk(self, tokens, has=has, states=states).run([sched.final()], stop)
+        return w.logits if stop is None else w.top
 
     def _returned(self, logits, tokens, return_type, loss_per_token, mask):
         if return_type == "logits":
@@ -640,7 +515,7 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
             h = block(h, 0, None, hooked, None)
         if stop_at_layer is not None:
             return h
-        return None if return_type is None else self._top(h, hooked)[2]
+        return None if return_type is None else self.top(h, hooked)[2]
 
     def _layer_index(self, name: str, value) -> int:
         """A TransformerLens layer argument in 0..L (negative counts from the top), or one line."""
@@ -648,21 +523,3 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         if isinstance(value, bool) or not isinstance(value, int) or not -L <= value <= L:
             raise FbtError(f"{name}: expected an integer in [{-L}, {L}], got {value!r}")
         return value if value >= 0 else L + value
-
-    def _stopped(self, tokens: torch.Tensor, mode: Mode, rule: str, stop_at_layer) -> torch.Tensor:
-        """The analysed pass through blocks 0..stop-1: the residual stream there."""
-        stop = self._layer_index("stop_at_layer", stop_at_layer)
-        if rule == "serial":
-            raise FbtError(
-                "stop_at_layer: not with serial=True (every serial step needs the top layer's state); "
-                "cache the final pass (serial=False), whose layers below the stop are the same"
-            )
-        T = tokens.shape[1]
-        if rule == "exact":
-            return self.exact_passes(tokens, mode, stop=stop)[0]
-        states, has = self.carried_states(tokens, mode)
-
-        def run():
-            return self._trunk(self._input(tokens, states, has, hooked), 0, None, hooked, tokens, stop=stop)
-
-        return run_chunk(self, Schedule(mode, T).final(), run)

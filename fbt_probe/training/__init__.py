@@ -16,8 +16,8 @@ from fbt_probe.reference import resolve
 from fbt_probe.tasks import build_tokenizer, load_tokenizer, save_tokenizer
 from fbt_probe.training.arch import ARCHS
 from fbt_probe.training.checkpoint import load_run, truncate_metrics
-from fbt_probe.training.config import PAPER_SCHEDULE, TRAIN_KNOBS, Schedule, TrainConfig, parse_schedule
-from fbt_probe.training.evaluate import answer_accuracy, corpus_loss_per_pass, eval_samples
+from fbt_probe.training.config import PAPER_SCHEDULE, TRAIN_KNOBS, PassMix, TrainConfig, parse_schedule
+from fbt_probe.training.evaluate import answer_accuracy, eval_samples, loss_per_pass
 from fbt_probe.training.fork import copy_log, load_fork
 from fbt_probe.training.lm import corpus_of
 from fbt_probe.training.loop import make_optimizer, train
@@ -27,7 +27,7 @@ from fbt_probe.training.resume import RUN_FILES, recorded, unfinished_run
 __all__ = [
     "PAPER_SCHEDULE",
     "TRAIN_KNOBS",
-    "Schedule",
+    "PassMix",
     "TrainConfig",
     "multipass_loss",
     "parse_schedule",
@@ -80,23 +80,8 @@ def run_training(
     for its schedule (e.g. the baseline stopped at N), where N <= `one_pass_steps`: its steps are
     then this run's, bit for bit (`fbt_probe.training.fork`); recorded as `fork` and `fork_sha256`."""
     out, replacing = Path(out), False
-    main = distributed.world().main  # under torchrun, rank 0 alone writes into the run folder
     if resume:
-        recorded(out)  # a folder without a run (or one stopped before its first checkpoint) is refused by name
-        model, saved, opt_state, step = load_run(out)
-        model = _on_device(model, device)  # before the optimizer: its loaded state follows the parameters
-        if cfg.steps > saved.steps:
-            saved = TrainConfig.from_dict({**saved.to_dict(), "steps": cfg.steps})
-        cfg, tokenizer = saved, load_tokenizer(out / "tokenizer.json")
-        opt = make_optimizer(model, cfg)
-        try:
-            opt.load_state_dict(opt_state)
-        except (ValueError, KeyError, TypeError, RuntimeError, IndexError) as exc:
-            raise FbtError(
-                f"{out / 'train_state.pt'}: optimizer state does not fit the model "
-                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); cannot resume"
-            ) from None
-        distributed.on_main(lambda: truncate_metrics(out, step))
+        model, cfg, tokenizer, opt, step = _resumed(out, cfg, device)
     else:
         replacing = distributed.on_main(
             lambda: refuse_existing(
@@ -109,26 +94,8 @@ def run_training(
             )
         )
         keep = distributed.on_main(lambda: foreign_run_files(out) if replacing else [])
-        if cfg.corpus is not None:  # the corpus's own tokenizer; the run records which build it read
-            corpus = corpus_of(dataclasses.replace(cfg, corpus_sha256=None))
-            cfg = dataclasses.replace(cfg, corpus_sha256=corpus.sha256)
-            tokenizer = corpus.tokenizer()
-        else:
-            tokenizer = build_tokenizer()
-        init = init if init is not None else cfg.init
-        model = _on_device(
-            _initial_model(cfg, tokenizer, init), device
-        )  # every input is read before anything is written
-        if init is not None:  # the run records where its weights came from
-            cfg = dataclasses.replace(cfg, init=str(init), init_sha256=_init_sha256(init))
-        opt, step = make_optimizer(model, cfg), 0
-        if fork is not None:  # the forked run's weights, optimizer state and log up to its step (checked first)
-            forked = load_fork(fork, cfg, tokenizer)
-            model = _on_device(forked.model, device)
-            cfg = dataclasses.replace(cfg, fork=str(fork), fork_sha256=forked.sha256)
-            opt = make_optimizer(model, cfg)
-            opt.load_state_dict(forked.optimizer)
-            step = forked.step
+        # every input is read before anything is written
+        model, cfg, tokenizer, opt, step = _fresh(cfg, init, fork, device)
         target = out
         out = distributed.on_main(lambda: _start_folder(out, replacing, tokenizer))
         if fork is not None:
@@ -138,10 +105,52 @@ def run_training(
             result = _train(model, tokenizer, cfg, out, step, opt, progress, eval_pairs, fsdp, stop_at)
             distributed.on_main(lambda: swap_keeping(out, target, keep))
         finally:
-            if main and out.exists():
+            if distributed.world().main and out.exists():  # under torchrun, rank 0 alone writes the folder
                 shutil.rmtree(out)
         return {**result, "replaced": str(target)}
     return _train(model, tokenizer, cfg, out, step, opt, progress, eval_pairs, fsdp, stop_at)
+
+
+def _resumed(out: Path, cfg: TrainConfig, device: str):
+    """(model, config, tokenizer, optimizer, step) of the run in `out`, to continue it to `cfg.steps`."""
+    recorded(out)  # a folder without a run (or one stopped before its first checkpoint) is refused by name
+    model, saved, opt_state, step = load_run(out)
+    model = _on_device(model, device)  # before the optimizer: its loaded state follows the parameters
+    if cfg.steps > saved.steps:
+        saved = TrainConfig.from_dict({**saved.to_dict(), "steps": cfg.steps})
+    tokenizer, opt = load_tokenizer(out / "tokenizer.json"), make_optimizer(model, saved)
+    try:
+        opt.load_state_dict(opt_state)
+    except (ValueError, KeyError, TypeError, RuntimeError, IndexError) as exc:
+        raise FbtError(
+            f"{out / 'train_state.pt'}: optimizer state does not fit the model "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); cannot resume"
+        ) from None
+    distributed.on_main(lambda: truncate_metrics(out, step))
+    return model, saved, tokenizer, opt, step
+
+
+def _fresh(cfg: TrainConfig, init, fork, device: str):
+    """(model, config, tokenizer, optimizer, step) of a new run: initial weights (from `init`), or a
+    forked run's weights, optimizer state and step; the config records where they came from."""
+    if cfg.corpus is not None:  # the corpus's own tokenizer; the run records which build it read
+        corpus = corpus_of(dataclasses.replace(cfg, corpus_sha256=None))
+        cfg = dataclasses.replace(cfg, corpus_sha256=corpus.sha256)
+        tokenizer = corpus.tokenizer()
+    else:
+        tokenizer = build_tokenizer()
+    init = init if init is not None else cfg.init
+    model = _on_device(_initial_model(cfg, tokenizer, init), device)
+    if init is not None:
+        cfg = dataclasses.replace(cfg, init=str(init), init_sha256=_init_sha256(init))
+    if fork is None:
+        return model, cfg, tokenizer, make_optimizer(model, cfg), 0
+    forked = load_fork(fork, cfg, tokenizer)  # the forked run's weights, optimizer state and log up to its step
+    model = _on_device(forked.model, device)
+    cfg = dataclasses.replace(cfg, fork=str(fork), fork_sha256=forked.sha256)
+    opt = make_optimizer(model, cfg)
+    opt.load_state_dict(forked.optimizer)
+    return model, cfg, tokenizer, opt, forked.step
 
 
 def _init_sha256(init) -> str | None:
@@ -203,32 +212,16 @@ def _train(
         corpus_of(cfg)  # a resumed run's corpus is checked against its record before the first step
 
         def on_eval(m) -> dict:
-            return corpus_loss_per_pass(m, cfg, tokenizer, max_passes=cfg.schedule_obj.max_passes + 1)
+            return loss_per_pass(m, cfg, tokenizer, max_passes=cfg.pass_mix.max_passes + 1, corpus=True)
 
-        result = train(model, tokenizer, cfg, out, step, opt, progress, on_eval, fsdp, stop_at)
-        return {**result, "step": _end(cfg, stop_at)}
-    samples = eval_samples(cfg, tokenizer, pairs=eval_pairs)
+    else:
+        samples = eval_samples(cfg, tokenizer, pairs=eval_pairs)
 
-    def on_eval(m) -> dict:
-        acc = answer_accuracy(m, samples, tokenizer, modes=("standard",))
-        rec = {f"acc_{r.task}_{r.length_knob}": r.accuracy for r in acc.itertuples()}
-        rec.update(ARCHS[cfg.arch].val_losses(m, cfg, tokenizer, max_passes=min(3, cfg.schedule_obj.max_passes + 1)))
-        return rec
+        def on_eval(m) -> dict:
+            acc = answer_accuracy(m, samples, tokenizer, modes=("standard",))
+            rec = {f"acc_{r.task}_{r.length_knob}": r.accuracy for r in acc.itertuples()}
+            rec.update(ARCHS[cfg.arch].val_losses(m, cfg, tokenizer, max_passes=min(3, cfg.pass_mix.max_passes + 1)))
+            return rec
 
-    result = train(
-        model,
-        tokenizer,
-        cfg,
-        out,
-        start_step=step,
-        optimizer=opt,
-        progress=progress,
-        on_eval=on_eval,
-        fsdp=fsdp,
-        stop_at=stop_at,
-    )
-    return {**result, "step": _end(cfg, stop_at)}
-
-
-def _end(cfg: TrainConfig, stop_at: int | None) -> int:
-    return cfg.steps if stop_at is None else min(stop_at, cfg.steps)
+    result = train(model, tokenizer, cfg, out, step, opt, progress, on_eval, fsdp, stop_at)
+    return {**result, "step": cfg.steps if stop_at is None else min(stop_at, cfg.steps)}

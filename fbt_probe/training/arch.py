@@ -76,11 +76,6 @@ def hidden_val_loss(model, cfg: TrainConfig, tokenizer, max_passes: int = 1, row
     return {"val_loss": hidden_loss(model, tokens, targets, (weights > 0).float()).item()}
 
 
-def feedback_val_loss(model, cfg: TrainConfig, tokenizer, max_passes: int = 3) -> dict:
-    """Validation loss after each of 1..`max_passes` feedback passes."""
-    return loss_per_pass(model, cfg, tokenizer, max_passes=max_passes)
-
-
 @dataclass(frozen=True)
 class Arch:
     initial_model: Callable[[TrainConfig, int, str | Path | None], torch.nn.Module]  # (cfg, vocab, init)
@@ -92,7 +87,7 @@ class Arch:
 
 
 ARCHS: dict[str, Arch] = {
-    "feedback": Arch(feedback_initial_model, feedback_val_loss, None, "validation loss per pass: "),
+    "feedback": Arch(feedback_initial_model, loss_per_pass, None, "validation loss per pass: "),
     HIDDEN_ARCH: Arch(
         hidden_initial_model,
         hidden_val_loss,

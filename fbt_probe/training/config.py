@@ -1,4 +1,5 @@
-"""Training configuration and the pass-count schedule (docs/training.md)."""
+"""Training configuration and its pass mix, the distribution of feedback passes per batch that the
+`schedule` field (`--schedule`) names (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ PAPER_SCHEDULE = "1:0.75,2:0.22,3:0.03"
 
 
 @dataclass(frozen=True)
-class Schedule:
-    """K (number of feedback passes of a batch) -> probability."""
+class PassMix:
+    """The pass mix: K (number of feedback passes of a batch) -> probability (`parse_schedule` reads
+    it from the `schedule` field). Not `fbt_probe.engine.schedule.Schedule`, a mode's chunks."""
 
     probs: tuple[tuple[int, float], ...]
 
@@ -48,8 +50,9 @@ def _check_k(text: str, k: int) -> None:
         )
 
 
-def parse_schedule(text: str) -> Schedule:
-    """'1:.75,2:.22,3:.03' (K:probability, summing to 1), 'constant:K', or 'paper'."""
+def parse_schedule(text: str) -> PassMix:
+    """The pass mix a `schedule` field names: '1:.75,2:.22,3:.03' (K:probability, summing to 1),
+    'constant:K', or 'paper'."""
     text = text.strip()
     if text == "paper":
         text = PAPER_SCHEDULE
@@ -58,7 +61,7 @@ def parse_schedule(text: str) -> Schedule:
         if not k.isdigit() or int(k) < 1:
             raise FbtError(f"schedule '{text}': constant:K needs an integer K >= 1")
         _check_k(text, int(k))
-        return Schedule(((int(k), 1.0),))
+        return PassMix(((int(k), 1.0),))
     probs = {}
     for item in text.split(","):
         try:
@@ -74,7 +77,7 @@ def parse_schedule(text: str) -> Schedule:
         probs[k] = p
     if abs(sum(probs.values()) - 1.0) > 1e-6:
         raise FbtError(f"schedule '{text}': probabilities sum to {sum(probs.values()):g}, expected 1")
-    return Schedule(tuple(sorted(probs.items())))
+    return PassMix(tuple(sorted(probs.items())))
 
 
 @dataclass(frozen=True)
@@ -192,14 +195,14 @@ class TrainConfig:
     (docs/research/reference-recipe.md)."""
 
     def __post_init__(self) -> None:
-        sched = self.schedule_obj  # validates
+        mix = self.pass_mix  # validates
         if self.arch not in ARCH_NAMES:
             raise FbtError(f"train config: field 'arch' must be one of {ARCH_NAMES}, got {self.arch!r}")
         if self.arch == "feedback" and self.streams != 1:
             raise FbtError("train config: field 'streams' applies to arch 'hidden-decoding' only")
         if self.cross_stream_layers is not None:
             object.__setattr__(self, "cross_stream_layers", tuple(self.cross_stream_layers))
-        if (self.baseline or self.arch in ONE_PASS_ARCHS) and str(sched) != "constant:1":
+        if (self.baseline or self.arch in ONE_PASS_ARCHS) and str(mix) != "constant:1":
             object.__setattr__(self, "schedule", "constant:1")  # no feedback passes to draw
         if self.dtype not in ("float32", "bfloat16"):
             raise FbtError(f"train config: field 'dtype' must be float32 or bfloat16, got {self.dtype!r}")
@@ -383,7 +386,7 @@ class TrainConfig:
         return any(load_spec(t).kind == "registers" for t in self.tasks)
 
     @property
-    def schedule_obj(self) -> Schedule:
+    def pass_mix(self) -> PassMix:
         return parse_schedule(self.schedule)
 
     @property

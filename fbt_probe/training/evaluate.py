@@ -14,8 +14,10 @@ import dataclasses
 import numpy as np
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
-from fbt_probe.engine.schedule import jacobi_chunks
+from fbt_probe.engine.hooks import silent
+from fbt_probe.engine.walk import passes
 from fbt_probe.model.loss import weighted_ce
 from fbt_probe.tasks import generate, load_spec
 from fbt_probe.tasks.tokenizer import answer_ids
@@ -127,28 +129,24 @@ def contraction_by_document(
     answer = (weights > 0) & (
         weights == weights.max(-1, keepdim=True).values
     )  # the up-weighted answer position of each row
-    has = torch.arange(tokens.shape[1], device=device) >= 1
-    states, prev, rows = None, None, []
-    by_doc = np.full((n_passes, tokens.shape[0]), np.nan)
-    for chunk, _ in jacobi_chunks(tokens.shape[1], n_passes, every=False):  # the Jacobi iteration, hooks off
-        k = chunk.pass_index
-        state, logits = model.feedback_pass(tokens, states, None if states is None else has)
-        delta = float("nan")
-        if prev is not None:
-            change = (state - prev).norm(dim=-1)
-            delta = change.mean().item()
-            by_doc[k - 1] = change.mean(-1).double().cpu().numpy()
+    rows, by_doc = [], np.full((n_passes, tokens.shape[0]), np.nan)
+
+    def record(chunk, state, logits, prev):
+        change = None if prev is None else (state - prev).norm(dim=-1)
+        if change is not None:
+            by_doc[chunk.pass_index - 1] = change.mean(-1).double().cpu().numpy()
         rows.append(
             {
-                "pass": k,
+                "pass": chunk.pass_index,
                 "val_loss": weighted_ce(logits, targets, (weights > 0).float()).item(),
                 "answer_loss": weighted_ce(logits, targets, answer.float()).item(),
                 "answer_accuracy": (logits.argmax(-1) == targets)[answer].float().mean().item(),
-                "state_change": delta,
+                "state_change": float("nan") if change is None else change.mean().item(),
                 "state_norm": state.norm(dim=-1).mean().item(),
             }
         )
-        prev, states = state, model.shift_states(state)
+
+    passes(model, tokens, n_passes, silent, each=record)  # the Jacobi iteration, hooks off
     return pd.DataFrame(rows), by_doc
 
 
@@ -164,19 +162,15 @@ def ratio_interval(by_doc: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tup
     return ratio, float(lo), float(hi)
 
 
-@torch.no_grad()
-def loss_per_pass(model, cfg: TrainConfig, tokenizer, max_passes: int = 3) -> dict:
-    table = contraction(model, *validation_batch(cfg, tokenizer), n_passes=max_passes)
-    return {f"val_loss_pass{int(r['pass'])}": r["val_loss"] for _, r in table.iterrows()}
-
-
 VAL_ROWS = 64  # held-out files a corpus run's validation reads during training (the diagnostics read every one)
 
 
 @torch.no_grad()
-def corpus_loss_per_pass(model, cfg: TrainConfig, tokenizer=None, max_passes: int = 3) -> dict:
-    """A corpus run's held-out loss after each of 1..`max_passes` feedback passes (`val_loss_pass{k}`)."""
-    table = contraction(model, *heldout_windows(cfg, limit=VAL_ROWS), n_passes=max_passes)
+def loss_per_pass(model, cfg: TrainConfig, tokenizer, max_passes: int = 3, corpus: bool = False) -> dict:
+    """Validation loss after each of 1..`max_passes` feedback passes (`val_loss_pass{k}`): on held-out
+    task documents, or (`corpus`) a corpus run's first VAL_ROWS held-out windows."""
+    rows = heldout_windows(cfg, limit=VAL_ROWS) if corpus else validation_batch(cfg, tokenizer)
+    table = contraction(model, *rows, n_passes=max_passes)
     return {f"val_loss_pass{int(r['pass'])}": r["val_loss"] for _, r in table.iterrows()}
 
 
@@ -186,22 +180,19 @@ def pass_curves(model, tokens: torch.Tensor, targets: torch.Tensor, n_passes: in
     loss after k passes: k − 1 feedback passes at prefill), `change` [N, D] (mean over positions of
     ‖s^(k) − s^(k−1)‖, NaN at k = 1) and `norm` [N, D] (mean ‖s^(k)‖). Windows run `batch` at a time;
     each window's iteration is its own, so the batching changes no number beyond float rounding."""
-    import torch.nn.functional as F
-
     device = next(model.parameters()).device
     D = tokens.shape[0]
     out = {name: np.full((n_passes, D), np.nan) for name in ("loss", "change", "norm")}
     for lo in range(0, D, batch):
-        tok, tgt = tokens[lo : lo + batch].to(device), targets[lo : lo + batch].to(device)
-        has = torch.arange(tok.shape[1], device=device) >= 1
-        states, prev = None, None
-        for chunk, _ in jacobi_chunks(tok.shape[1], n_passes, every=False):  # the Jacobi iteration, hooks off
-            k = chunk.pass_index
-            state, logits = model.feedback_pass(tok, states, None if states is None else has)
+        tgt = targets[lo : lo + batch].to(device)
+
+        def record(chunk, state, logits, prev):
+            k, rows = chunk.pass_index - 1, slice(lo, lo + batch)
             ce = F.cross_entropy(logits.float().transpose(1, 2), tgt, reduction="none").double().mean(-1)
-            out["loss"][k - 1, lo : lo + batch] = ce.cpu().numpy()
-            out["norm"][k - 1, lo : lo + batch] = state.norm(dim=-1).mean(-1).double().cpu().numpy()
+            out["loss"][k, rows] = ce.cpu().numpy()
+            out["norm"][k, rows] = state.norm(dim=-1).mean(-1).double().cpu().numpy()
             if prev is not None:
-                out["change"][k - 1, lo : lo + batch] = (state - prev).norm(dim=-1).mean(-1).double().cpu().numpy()
-            prev, states = state, model.shift_states(state)
+                out["change"][k, rows] = (state - prev).norm(dim=-1).mean(-1).double().cpu().numpy()
+
+        passes(model, tokens[lo : lo + batch].to(device), n_passes, silent, each=record)  # hooks off
     return out

@@ -98,8 +98,6 @@ def _train(
         state, opt = (opt.state_dict() if optimizer is not None else None), make_optimizer(model, cfg)
         if state is not None:
             parallel.load_optimizer_state(engine, model, opt, state)
-    sched = cfg.schedule_obj
-    device = next(model.parameters()).device  # the batches are drawn on the CPU and moved there
     log_path = out / "metrics.jsonl"
     model.train()
     if progress and world.main and start_step >= cfg.steps:
@@ -109,54 +107,8 @@ def _train(
     try:
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
         for step in range(start_step, end):
-            # every random draw of a step derives from (seed, step[, rank]): a resumed run continues bit for bit
-            torch.manual_seed(step_seed(cfg.seed, step, "noise" if world.main else f"noise:{world.rank}"))
-            gen = torch.Generator().manual_seed(step_seed(cfg.seed, step, "draws"))
-            K = sched.draw(float(torch.rand(1, generator=gen)))  # drawn every step, so the stream of draws never shifts
-            if cfg.baseline or step < cfg.one_pass_steps:
-                K = 1
-            micro = batches_for_step(cfg, tokenizer, step)
-            total_w = sum(float(w.sum()) for _, _, w in micro)
-            for group in opt.param_groups:
-                group["lr"] = lr_at(cfg, step)
-            ts = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            loss, parts = 0.0, [0.0] * K
-            for m, (tokens, targets, weights) in enumerate(micro):  # gradient accumulation over the step's cells
-                has = prefix_mask(*tokens.shape, cfg.prefix_mix, gen)  # drawn for the whole micro-batch on every rank
-                if engine is None:
-                    share, run = float(weights.sum()) / total_w, lambda *a: multipass_loss(model, *a)
-                else:  # this rank's rows; scaled so the ranks' averaged gradient is the whole step's
-                    rows, real = parallel.local_rows(tokens.shape[0])
-                    share, run = parallel.rank_share(weights, rows, real, total_w), engine
-                    tokens, targets, weights, has = tokens[rows], targets[rows], weights[rows], has[rows]
-                tokens, targets, weights, has = (t.to(device) for t in (tokens, targets, weights, has))
-                with parallel.no_sync(engine, m == len(micro) - 1) if engine is not None else contextlib.nullcontext():
-                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
-                        l, ps = run(tokens, targets, weights, K, cfg.lam, has)
-                    if not torch.isfinite(l):
-                        raise FbtError(f"training diverged at step {step}: loss is {l.item()}")
-                    (l * share * world.size).backward()
-                loss += l.item() * share
-                parts = [a + b.item() * share for a, b in zip(parts, ps)]
-            if world.several:  # the logged loss is the whole step's, as one process logs it
-                loss, *parts = (float(x) for x in _sum_ranks([loss, *parts]))
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-            opt.step()
-            n_tok = (
-                sum(t.shape[0] * (t.shape[1] - 1) for t, _, _ in micro) * K
-            )  # positions that predict a token (a cell's rows are unpadded)
+            rec, n_tok = _step(model, engine, opt, tokenizer, cfg, step)
             tokens_seen += n_tok
-            rec = {
-                "step": step + 1,
-                "loss": loss,
-                "passes": K,
-                "pass_losses": parts,
-                "lr": lr_at(cfg, step),
-                "grad_norm": float(gnorm),
-                "step_s": time.perf_counter() - ts,
-                "tokens_per_s": n_tok / max(time.perf_counter() - ts, 1e-9),
-            }
             # under FSDP2 no rank holds the whole model between steps: evaluate the run afterwards (fbt-probe eval)
             if (
                 on_eval is not None
@@ -180,6 +132,51 @@ def _train(
         if bar:
             bar[0].stop()
     return {"seconds": time.perf_counter() - t0, "tokens": tokens_seen}
+
+
+def _step(model, engine, opt, tokenizer, cfg: TrainConfig, step: int) -> tuple[dict, int]:
+    """One optimizer step: K drawn from the pass mix, eq. 12 summed over the step's micro-batches
+    (each rank its rows), clipped; returns (its log record, the positions that predicted a token)."""
+    world = distributed.world()
+    # every random draw of a step derives from (seed, step[, rank]): a resumed run continues bit for bit
+    torch.manual_seed(step_seed(cfg.seed, step, "noise" if world.main else f"noise:{world.rank}"))
+    gen = torch.Generator().manual_seed(step_seed(cfg.seed, step, "draws"))
+    K = cfg.pass_mix.draw(float(torch.rand(1, generator=gen)))  # drawn every step, so the stream of draws never shifts
+    if cfg.baseline or step < cfg.one_pass_steps:
+        K = 1
+    micro = batches_for_step(cfg, tokenizer, step)
+    total_w = sum(float(w.sum()) for _, _, w in micro)
+    device = next(model.parameters()).device  # the batches are drawn on the CPU and moved there
+    for group in opt.param_groups:
+        group["lr"] = lr_at(cfg, step)
+    ts = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    loss, parts = 0.0, [0.0] * K
+    for m, (tokens, targets, weights) in enumerate(micro):  # gradient accumulation over the step's cells
+        has = prefix_mask(*tokens.shape, cfg.prefix_mix, gen)  # drawn for the whole micro-batch on every rank
+        if engine is None:
+            share, run = float(weights.sum()) / total_w, lambda *a: multipass_loss(model, *a)
+        else:  # this rank's rows; scaled so the ranks' averaged gradient is the whole step's
+            rows, real = parallel.local_rows(tokens.shape[0])
+            share, run = parallel.rank_share(weights, rows, real, total_w), engine
+            tokens, targets, weights, has = tokens[rows], targets[rows], weights[rows], has[rows]
+        tokens, targets, weights, has = (t.to(device) for t in (tokens, targets, weights, has))
+        with parallel.no_sync(engine, m == len(micro) - 1) if engine is not None else contextlib.nullcontext():
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
+                l, ps = run(tokens, targets, weights, K, cfg.lam, has)
+            if not torch.isfinite(l):
+                raise FbtError(f"training diverged at step {step}: loss is {l.item()}")
+            (l * share * world.size).backward()
+        loss += l.item() * share
+        parts = [a + b.item() * share for a, b in zip(parts, ps)]
+    if world.several:  # the logged loss is the whole step's, as one process logs it
+        loss, *parts = (float(x) for x in _sum_ranks([loss, *parts]))
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+    opt.step()
+    n_tok = sum(t.shape[0] * (t.shape[1] - 1) for t, _, _ in micro) * K  # positions that predict a token (unpadded)
+    seconds = time.perf_counter() - ts
+    rec = {"step": step + 1, "loss": loss, "passes": K, "pass_losses": parts, "lr": lr_at(cfg, step)}
+    return {**rec, "grad_norm": float(gnorm), "step_s": seconds, "tokens_per_s": n_tok / max(seconds, 1e-9)}, n_tok
 
 
 def _save(engine, model, opt, cfg: TrainConfig, out: Path, step: int, fsdp: bool) -> None:

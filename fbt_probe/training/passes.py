@@ -29,7 +29,7 @@ def pass_table(run: str, model, cfg: TrainConfig, n_passes: int, batch: int = 16
     return pd.DataFrame(
         {
             "run": run,
-            "schedule": "constant:1" if cfg.baseline else str(cfg.schedule_obj),
+            "schedule": "constant:1" if cfg.baseline else str(cfg.pass_mix),
             "seed": cfg.seed,
             "baseline": bool(cfg.baseline),
             "pass": k,

@@ -63,4 +63,4 @@ def recipe_of(cfg) -> str | None:
 
 def _normal(cfg) -> dict:
     """`to_dict` with the schedule in one spelling ('paper' and its K:p list are the same schedule)."""
-    return {**cfg.to_dict(), "schedule": str(cfg.schedule_obj)}
+    return {**cfg.to_dict(), "schedule": str(cfg.pass_mix)}

@@ -74,7 +74,7 @@ def differing(saved: TrainConfig, given: dict) -> list[str]:
 
 
 def normal(cfg: TrainConfig, field: str):
-    return str(cfg.schedule_obj) if field == "schedule" else getattr(cfg, field)
+    return str(cfg.pass_mix) if field == "schedule" else getattr(cfg, field)
 
 
 def _show(value) -> str:

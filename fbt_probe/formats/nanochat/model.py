@@ -245,12 +245,12 @@ class NanochatTransformer(FeedbackTransformer):
         """[batch, pos, 1] λ·σ(W_s x[..., :c])."""
         return self.smear_lambda * torch.sigmoid(self.smear_gate(x[..., : self.cfg.smear_channels]))
 
-    def _trunk(self, x, start, cache, hk, tokens=None, stop: int | None = None) -> torch.Tensor:
+    def trunk(self, x, start, cache, hk, tokens=None, stop: int | None = None) -> torch.Tensor:
         """Blocks 0..stop-1 (default all) with x0 mixing and / or backout; the backout applies once
         every block has run."""
         cfg = self.cfg
         if not cfg.x0_mixing and cfg.backout_layer is None:
-            return super()._trunk(x, start, cache, hk, tokens, stop)
+            return super().trunk(x, start, cache, hk, tokens, stop)
         x0, kept = None, None
         stop = cfg.n_layers if stop is None else stop
         for l, block in enumerate(self.blocks[:stop]):
