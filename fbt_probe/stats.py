@@ -5,8 +5,8 @@ each resampling unit; this table is its summary).
 |---|---|---|
 | a proportion over samples or pairs (answer accuracy, "choice", IIA, probe accuracy, lens top-1) | Wilson score | n = distinct groups (the samples of a group share a context: one draw) |
 | pooled probe accuracy (length x fold cells) | Wilson at the pooled accuracy | n = distinct groups: every sample of a group, at every length, counts as one draw |
-| a continuous mean over pairs (normalized effect, logit difference, KL, probability) | percentile group bootstrap | groups (pairs of one group resampled together) |
-| a ratio of sums over pairs (SAE recovered fractions and shares) | normal group bootstrap, centred on the estimate | groups |
+| a continuous mean over pairs (logit difference, KL, probability) | percentile group bootstrap | groups (pairs of one group resampled together) |
+| a ratio of means over pairs (normalized effect, SAE recovered fractions and shares) | normal group bootstrap, centred on the estimate; none where the denominator's interval does not clear its gap | groups |
 | a rank correlation over cells (AtP against exact patching) | BCa group bootstrap | groups |
 | a paired difference of two models' means (feedback - baseline) | percentile paired group bootstrap | the groups both models share, one draw applied to both |
 
@@ -28,6 +28,7 @@ import numpy as np
 
 N_BOOT = 1000
 LEVEL = 0.95
+MIN_GROUPS = 8  # no verdict, figure line or finding rests on a cell with fewer groups (docs/statistics.md)
 _BOOT_CELLS = 4_000_000  # values x resamples held at once (32 MB of float64)
 
 
@@ -124,8 +125,72 @@ def group_bootstrap_means(
     return out
 
 
+def group_bootstrap_ratios(
+    nums, dens, groups=None, n_boot: int = N_BOOT, level: float = LEVEL, seed: int = 0, min_den: float | None = None
+) -> list[tuple[float, float, float, float, float, float]]:
+    """(Σnum/Σden, low, high, mean den, den low, den high) of each (num, den) array pair: a ratio of
+    means over units (never a mean of ratios, so no unit's near-zero denominator drives it), with the
+    normal group bootstrap θ ± z·sd of the ratio (centred on the estimate, as `ratio_ci`) and the
+    percentile interval of the mean denominator, NaN pairs dropped.
+
+    `min_den`: the ratio is reported only where the denominator's interval lies above it (the pairs'
+    mean clean-corrupt gap clears the stated gap); elsewhere the ratio and its bounds are NaN (the
+    denominator columns say why). With one group there is nothing to resample: the bounds are NaN,
+    and with `min_den` so is the ratio. Arrays with one group structure share their resamples."""
+    out: list = [None] * len(nums)
+    by_structure: dict[tuple, list] = {}
+    nan = float("nan")
+    for i, (num, den) in enumerate(zip(nums, dens)):
+        n = np.asarray(num, dtype=np.float64).reshape(-1)
+        d = np.asarray(den, dtype=np.float64).reshape(-1)
+        keep = ~(np.isnan(n) | np.isnan(d))
+        g = np.arange(n.size) if groups is None or groups[i] is None else np.asarray(groups[i]).reshape(-1)
+        n, d, g = n[keep], d[keep], g[keep]
+        if n.size == 0:
+            out[i] = (nan,) * 6
+            continue
+        theta = float(n.sum() / d.sum()) if d.sum() != 0 else nan
+        codes = np.unique(g, return_inverse=True)[1].reshape(-1)
+        if codes.max() == 0:  # one group: nothing to resample
+            out[i] = (nan if min_den is not None else theta, nan, nan, float(d.mean()), nan, nan)
+            continue
+        by_structure.setdefault(tuple(codes), []).append((i, n, d, theta))
+    a, z = (1 - level) / 2, z_of(level)
+    for codes, items in by_structure.items():
+        W = group_weights(np.array(codes), n_boot, seed)  # [n_boot, n]
+        total = W.sum(1)
+        step = max(1, _BOOT_CELLS // (2 * n_boot * len(codes)))
+        for c in range(0, len(items), step):
+            chunk = items[c : c + step]
+            num_w = np.stack([n for _, n, _, _ in chunk]) @ W.T  # [arrays, n_boot]
+            den_w = np.stack([d for _, _, d, _ in chunk]) @ W.T
+            den_lo, den_hi = np.quantile(den_w / total, [a, 1 - a], axis=1)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                boots = num_w / den_w
+            for j, (i, n, d, theta) in enumerate(chunk):
+                gap = (float(d.mean()), float(den_lo[j]), float(den_hi[j]))
+                if (min_den is not None and not den_lo[j] > min_den) or theta != theta:
+                    out[i] = (nan, nan, nan, *gap)
+                    continue
+                b = boots[j]
+                if not np.isfinite(b).all():
+                    out[i] = (theta, nan, nan, *gap)
+                    continue
+                half = z * float(np.std(b, ddof=1))
+                out[i] = (theta, theta - half, theta + half, *gap)
+    return out
+
+
 def paired_difference(
-    a, a_groups, b, b_groups, n_boot: int = N_BOOT, level: float = LEVEL, seed: int = 0
+    a,
+    a_groups,
+    b,
+    b_groups,
+    n_boot: int = N_BOOT,
+    level: float = LEVEL,
+    seed: int = 0,
+    a_den=None,
+    b_den=None,
 ) -> tuple[float, float, float, int]:
     """(mean(a) - mean(b), low, high, n_groups): the difference of two models' means over the groups
     both have values in (NaN dropped; a group the other model lacks is left out of both), with the
@@ -136,9 +201,17 @@ def paired_difference(
     for both is what makes it paired: what a group shifts in both models cancels in the difference.
 
     Identical inputs give exactly 0 with the zero-width interval [0, 0]; otherwise the interval has
-    zero width only when every resample gives the same difference (e.g. b = a + c) or with one group."""
-    a, ga = _kept(a, a_groups)
-    b, gb = _kept(b, b_groups)
+    zero width only when every resample gives the same difference (e.g. b = a + c) or with one group.
+
+    `a_den`, `b_den` (one per value): each model's number is then a ratio of means, Σa / Σa_den over
+    its values (a normalized effect: Σ(patched − corrupt) / Σ(clean − corrupt)), resampled with the
+    same draws; a value whose denominator is NaN is dropped."""
+    a, ga = _kept(a, a_groups, a_den)
+    b, gb = _kept(b, b_groups, b_den)
+    if a_den is not None:
+        a, a_den = a
+    if b_den is not None:
+        b, b_den = b
     shared = np.intersect1d(ga, gb)
     G = len(shared)
     if G == 0:
@@ -147,6 +220,10 @@ def paired_difference(
     codes_a, codes_b = np.searchsorted(shared, ga[ia]), np.searchsorted(shared, gb[ib])
     sum_a, n_a = np.bincount(codes_a, a[ia], G), np.bincount(codes_a, minlength=G).astype(np.float64)
     sum_b, n_b = np.bincount(codes_b, b[ib], G), np.bincount(codes_b, minlength=G).astype(np.float64)
+    if a_den is not None:  # a ratio of means: the weights' denominators are the summed gaps
+        n_a = np.bincount(codes_a, a_den[ia], G)
+    if b_den is not None:
+        n_b = np.bincount(codes_b, b_den[ib], G)
 
     def diff(counts):  # [..., G] draws of each group -> the difference of the weighted means
         return counts @ sum_a / (counts @ n_a) - counts @ sum_b / (counts @ n_b)
@@ -161,12 +238,17 @@ def paired_difference(
     return theta, float(lo), float(hi), G
 
 
-def _kept(values, groups) -> tuple[np.ndarray, np.ndarray]:
-    """Values as float64 and their group labels as strings, NaN values dropped."""
+def _kept(values, groups, den=None):
+    """Values as float64 and their group labels as strings, NaN values dropped; with `den` (one per
+    value), ((values, den), groups) with the units where either is NaN dropped."""
     v = np.asarray(values, dtype=np.float64).reshape(-1)
     g = np.asarray(groups).astype(str).reshape(-1)
     keep = ~np.isnan(v)
-    return v[keep], g[keep]
+    if den is None:
+        return v[keep], g[keep]
+    d = np.asarray(den, dtype=np.float64).reshape(-1)
+    keep &= ~np.isnan(d)
+    return (v[keep], d[keep]), g[keep]
 
 
 def bca(theta: float, boots: np.ndarray, jack: np.ndarray, level: float = LEVEL) -> tuple[float, float]:

@@ -181,6 +181,9 @@ def check_rows(s: pd.DataFrame, long: pd.DataFrame, keys: list[str]) -> int:
     Wilson interval written out here at n = its distinct groups. Returns the proportion rows seen."""
     seen = 0
     for _, r in s.iterrows():
+        if r["metric"] == "normalized" and r["mean"] != r["mean"]:  # not reported: no estimate, no interval
+            assert r["ci_low"] != r["ci_low"] and r["ci_high"] != r["ci_high"], r.to_dict()
+            continue
         assert r["ci_low"] - TOL <= r["mean"] <= r["ci_high"] + TOL, r.to_dict()
         if r["metric"] not in PROPORTION_METRICS | {"top1"}:
             continue
@@ -215,7 +218,10 @@ def test_summarize_gives_every_proportion_a_wilson_interval_over_groups():
     ld = s[(s.metric == "logit_diff") & (s.condition == "many")]
     assert (ld["interval"] == "group-bootstrap").all() and (ld["ci_low"] == ld["ci_high"]).all()
     norm = s[(s.metric == "normalized") & (s.condition == "many")]
-    assert (norm["ci_low"] < norm["ci_high"]).all()
+    assert (norm["ci_low"] < norm["ci_high"]).all() and (norm["interval"] == "group-bootstrap-ratio").all()
+    # a ratio of means has no interval over one group, and with a stated gap no estimate either
+    single = s[(s.metric == "normalized") & s.condition.isin(["one-group", "one-pair"])]
+    assert single["mean"].isna().all() and single["ci_low"].isna().all()
     assert table_violations(s) == []
 
 

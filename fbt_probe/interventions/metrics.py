@@ -12,6 +12,14 @@ swap, residual denoising) the patched run is the partner's tokens with the clean
 patched in: 1 = full recovery. For ablations and noising the patched run is the clean sample's own
 tokens: 1 = no effect, 0 = as if it were its partner. Rows whose |clean - corrupt| < min_gap are
 flagged `tiny_gap` and left out of every `normalized` summary (the count is reported).
+
+A row's `normalized` is that ratio for one sample; a summary's is a **ratio of means over pairs**,
+mean(patched - corrupt) / mean(clean - corrupt) over the kept pairs (`summarize`), so that no pair
+whose gap barely clears min_gap can blow the mean up (a mean of per-pair ratios of 8.75 [1.35,
+20.14] where the ratio of means reads about 1). It is reported only where the pairs' mean gap has
+its group-bootstrap interval above min_gap (columns `gap`, `gap_low`, `gap_high`); elsewhere the
+summary's `normalized` is NaN: the model does not separate the pair's answers, so there is nothing
+to normalize by.
 """
 
 from __future__ import annotations
@@ -20,12 +28,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fbt_probe.stats import group_bootstrap_means, group_proportion
+from fbt_probe.stats import group_bootstrap_means, group_bootstrap_ratios, group_proportion
 
 METRICS = ("logit_diff", "normalized", "kl", "accuracy", "choice", "probe_accuracy", "iia", "iia_choice")
 METRIC_HELP = {
     "logit_diff": "logit[own label word] - logit[other label word] at the final position",
-    "normalized": "(patched - corrupt) / (clean - corrupt) of logit_diff; tiny-gap pairs excluded",
+    "normalized": (
+        "(patched - corrupt) / (clean - corrupt) of logit_diff; tiny-gap pairs excluded; a summary's is the ratio "
+        "of the means over pairs, reported where the mean gap's interval is above min_gap"
+    ),
     "kl": "KL(clean || patched) of the next-token distribution at the final position (nats)",
     "accuracy": "top-1 over the whole vocabulary is the clean sample's label word",
     "choice": "the clean sample's label word beats the other label word (logit_diff > 0)",
@@ -171,7 +182,12 @@ def _split_by_keys(per_pair: pd.Series, n_keys: int) -> dict[tuple, np.ndarray]:
 
 
 def summarize(
-    long: pd.DataFrame, n_boot: int = 1000, ci: float = 0.95, seed: int = 0, pool_lengths: bool = True
+    long: pd.DataFrame,
+    n_boot: int = 1000,
+    ci: float = 0.95,
+    seed: int = 0,
+    pool_lengths: bool = True,
+    min_gap: float = 0.1,
 ) -> pd.DataFrame:
     """Mean and 95 % CI for every condition × metric (per length knob, and pooled over lengths as
     length_knob = -1 for final-position experiments; `lengths` names what a row pools).
@@ -181,7 +197,11 @@ def summarize(
     pair). A proportion (`PROPORTIONS`: a 0/1 value per sample) gets the Wilson interval at n =
     `n_groups` (`fbt_probe.stats.group_proportion`); a continuous metric the percentile group
     bootstrap of its mean (pairs of one group resampled together). `interval` names which. Tiny-gap
-    rows are dropped from `normalized` first and counted in `n_excluded`."""
+    rows are dropped from `normalized` first and counted in `n_excluded`; `normalized` is then the
+    ratio of means over the kept pairs, mean(patched - corrupt) / mean(clean - corrupt), with the
+    normal group bootstrap (`fbt_probe.stats.group_bootstrap_ratios`), NaN where the mean gap's
+    interval does not lie above `min_gap` (its `gap`, `gap_low`, `gap_high` say so). A table
+    without the logit-difference columns takes every gap as 1 (the mean of the values)."""
     keys = [k for k in SUMMARY_KEYS if k in long.columns]
     frames = [long]
     if pool_lengths:
@@ -195,8 +215,18 @@ def summarize(
         (k if isinstance(k, tuple) else (k,)): int(v) for k, v in n_excl.items()
     }  # Series.get per key: most of the time
     kept = data[~excluded]
+    if {"clean_logit_diff", "corrupt_logit_diff"} <= set(kept.columns):
+        gap = (kept["clean_logit_diff"] - kept["corrupt_logit_diff"]).astype(np.float64)
+    else:
+        gap = pd.Series(1.0, index=kept.index)
+    is_norm = (kept["metric"] == "normalized").to_numpy()
+    kept = kept.assign(_num=np.where(is_norm, kept["value"] * gap, np.nan), _den=np.where(is_norm, gap, np.nan))
     per_pair = kept.groupby(keys + ["pair_id"], sort=True)["value"].mean()
     values = _split_by_keys(per_pair, len(keys))
+    norm_rows = kept[is_norm & kept["value"].notna().to_numpy()]
+    per_norm = norm_rows.groupby(keys + ["pair_id"], sort=True)[["_num", "_den"]].mean()
+    nums = _split_by_keys(per_norm["_num"], len(keys))
+    dens = _split_by_keys(per_norm["_den"], len(keys))
     if "group_id" in kept.columns:  # pairs of one group share a context: the group is the resampling unit
         groups = _split_by_keys(kept.groupby(keys + ["pair_id"], sort=True)["group_id"].first(), len(keys))
     else:
@@ -207,7 +237,8 @@ def summarize(
     empty = np.array([])
     at = keys.index("metric")
     proportion = [key[at] in PROPORTIONS for key in order]
-    continuous = [key for key, prop in zip(order, proportion) if not prop]
+    ratio = [key for key, prop in zip(order, proportion) if not prop and key[at] == "normalized"]
+    continuous = [key for key, prop in zip(order, proportion) if not prop and key[at] != "normalized"]
     boot = bootstrap_cis(
         [values.get(key, empty) for key in continuous],
         n_boot,
@@ -216,12 +247,31 @@ def summarize(
         [groups.get(key) for key in continuous] if groups else None,
     )
     boot = dict(zip(continuous, boot))
+    norm_groups = (
+        _split_by_keys(norm_rows.groupby(keys + ["pair_id"], sort=True)["group_id"].first(), len(keys))
+        if ("group_id" in norm_rows.columns)
+        else {}
+    )
+    ratios = group_bootstrap_ratios(
+        [nums.get(key, empty) for key in ratio],
+        [dens.get(key, empty) for key in ratio],
+        [norm_groups.get(key) for key in ratio] if norm_groups else None,
+        n_boot,
+        ci,
+        seed,
+        min_den=min_gap,
+    )
+    ratios = dict(zip(ratio, ratios))
     for key, prop in zip(order, proportion):
         row = dict(zip(keys, key))
         v = values.get(key, empty)
         g = groups.get(key)
+        gaps = (float("nan"),) * 3
         if prop:
             mean, lo, hi, n_groups = group_proportion(v, g, ci)
+        elif key in ratios:
+            mean, lo, hi, *gaps = ratios[key]
+            n_groups = int(len(set(np.asarray(g)[~np.isnan(v)]))) if g is not None else int(np.sum(~np.isnan(v)))
         else:
             mean, lo, hi = boot[key]
             n_groups = int(len(set(np.asarray(g)[~np.isnan(v)]))) if g is not None else int(np.sum(~np.isnan(v)))
@@ -229,7 +279,10 @@ def summarize(
             mean=mean,
             ci_low=lo,
             ci_high=hi,
-            interval="wilson" if prop else "group-bootstrap",
+            interval="wilson" if prop else "group-bootstrap-ratio" if key in ratios else "group-bootstrap",
+            gap=gaps[0],
+            gap_low=gaps[1],
+            gap_high=gaps[2],
             n_pairs=int(np.sum(~np.isnan(v))),
             n_groups=n_groups,
             lengths=lengths.get(key, ""),

@@ -125,7 +125,7 @@ def analyse(wide: pd.DataFrame, cfg: PatchConfig) -> tuple[pd.DataFrame, pd.Data
         wide = wide.copy(deep=False)
         wide.attrs = {k: v for k, v in wide.attrs.items() if k != "tables"}
     long = to_long(wide)
-    return long, summarize(long, cfg.n_boot, cfg.ci, cfg.seed)
+    return long, summarize(long, cfg.n_boot, cfg.ci, cfg.seed, min_gap=cfg.min_gap)
 
 
 def exclusions(long: pd.DataFrame) -> dict:

@@ -9,7 +9,12 @@
       recovered_ce = (CE_mean − CE_sae) / (CE_mean − CE_clean),
       recovered_ld = (LD_sae − LD_mean) / (LD_clean − LD_mean);
   1 = the reconstruction loses nothing the model uses. Intervals: the normal group bootstrap of the
-  ratio of sums (`ratio_ci`: groups resampled, θ ± 1.96 · sd; docs/statistics.md).
+  ratio of sums (`ratio_ci`: groups resampled, θ ± 1.96 · sd; docs/statistics.md). A fraction is
+  reported only where its denominator, the mean cost of the mean ablation (CE_mean − CE_clean, in
+  nats; LD_clean − LD_mean, in logits), has its group-bootstrap interval above `RECOVERED_GAP`:
+  where the mean ablation costs the answer nothing there is nothing to recover, and a ratio over
+  that near-zero cost is noise (0.041 [−8.1, 8.2]). Such a row's fraction is NaN and its `ce_gap` /
+  `ld_gap` columns (with their interval) say why.
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ import torch
 
 from fbt_probe.interventions.pairs import label_token_ids
 from fbt_probe.sae.data import position_range, token_batches
-from fbt_probe.stats import N_BOOT, group_weights
+from fbt_probe.stats import N_BOOT, group_bootstrap_ratios
 
 Z_95 = 1.959963984540054  # the standard normal's 97.5 % quantile
+RECOVERED_GAP = 0.1  # nats (CE) or logits (LD): the mean ablation's cost must clear this for a recovered fraction
 
 
 @torch.no_grad()
@@ -97,21 +103,11 @@ def loss_recovered_rows(model, sae, df: pd.DataFrame, hook: str, modes, mean_act
 
 def ratio_ci(num: np.ndarray, den: np.ndarray, groups, n_boot: int = N_BOOT, seed: int = 0):
     """(Σnum/Σden, low, high): the normal bootstrap interval θ ± z·sd of the ratio over group
-    resamples (docs/statistics.md). A ratio of sums is skewed with few groups, and a BCa or percentile
-    interval can then exclude its own estimate; this one is centred on it by construction, so no
-    interval is ever widened to contain its estimate. NaN bounds with fewer than two groups or a
-    resample whose denominator is zero."""
-    num, den, groups = np.asarray(num, float), np.asarray(den, float), np.asarray(groups)
-    theta = num.sum() / den.sum() if den.sum() != 0 else float("nan")
-    if len(np.unique(groups)) < 2 or theta != theta:
-        return float(theta), float("nan"), float("nan")
-    W = group_weights(groups, n_boot, seed)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        boots = (W @ num) / (W @ den)
-    if not np.isfinite(boots).all():
-        return float(theta), float("nan"), float("nan")
-    half = Z_95 * float(np.std(boots, ddof=1))
-    return float(theta), float(theta - half), float(theta + half)
+    resamples (docs/statistics.md; `stats.group_bootstrap_ratios`). A ratio of sums is skewed with few
+    groups, and a BCa or percentile interval can then exclude its own estimate; this one is centred
+    on it by construction, so no interval is ever widened to contain its estimate. NaN bounds with
+    fewer than two groups or a resample whose denominator is zero."""
+    return group_bootstrap_ratios([num], [den], [np.asarray(groups)], n_boot, seed=seed)[0][:3]
 
 
 def loss_recovered(rows: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
@@ -126,7 +122,10 @@ def loss_recovered(rows: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0) -> p
             ("ce", g["ce_mean"] - g["ce_sae"], g["ce_mean"] - g["ce_clean"]),
             ("ld", g["ld_sae"] - g["ld_mean"], g["ld_clean"] - g["ld_mean"]),
         ):
-            v, lo, hi = ratio_ci(num.to_numpy(), den.to_numpy(), g["group_id"].to_numpy(), n_boot, seed)
+            ((v, lo, hi, gap, gap_lo, gap_hi),) = group_bootstrap_ratios(
+                [num.to_numpy()], [den.to_numpy()], [g["group_id"].to_numpy()], n_boot, seed=seed, min_den=RECOVERED_GAP
+            )
             r.update({f"recovered_{what}": v, f"recovered_{what}_low": lo, f"recovered_{what}_high": hi})
+            r.update({f"{what}_gap": gap, f"{what}_gap_low": gap_lo, f"{what}_gap_high": gap_hi})
         out.append(r)
     return pd.DataFrame(out)
