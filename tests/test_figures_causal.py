@@ -137,6 +137,38 @@ def test_ablation_bars_leave_out_a_bar_whose_ci_is_wider_than_the_whole_scale():
     assert max(p.get_height() for p in ax.patches if isinstance(p, Rectangle)) == pytest.approx(3.6)
 
 
+def test_ablation_bars_name_interventions_for_what_they_do_and_draw_one_intervention_once():
+    """The zero gate and the zero state both set the fused input to zero (the token erased as well): under
+    the same mode they are one intervention, drawn once, and its label says what it does."""
+    gate = [
+        _row(
+            experiment="gate-ablation",
+            condition=c,
+            mode="recurrent:1",
+            direction="noising",
+            task=t,
+            length_knob=-1,
+            metric="normalized",
+            mean=0.4,
+            ci_low=0.3,
+            ci_high=0.5,
+        )
+        for c in ("none", "zero", "ones", "bypass")
+        for t in ("completion", "memory")
+    ]
+    table = pd.concat([ablation_table(("completion", "memory")), pd.DataFrame(gate)], ignore_index=True)
+    fig = draw("ablation-bars", table)
+    ticks = {ax.get_title().split("\n")[0]: [t.get_text() for t in ax.get_xticklabels()] for ax in fig.axes}
+    assert ticks["gate-ablation"] == ["none", "gate 1\n(token erased)", "bypass\n(plain input)"]
+    assert (
+        "fused input 0\n(token erased too)" in ticks["state-replacement"] and "mean state" in ticks["state-replacement"]
+    )
+    # without a state replacement under the same mode, the zero gate is drawn, named as the zero input
+    alone = draw("ablation-bars", pd.DataFrame(gate))
+    labels = [t.get_text() for t in alone.axes[0].get_xticklabels()]
+    assert "gate 0 = fused\ninput 0" in labels
+
+
 def residual_table(positions=range(42, 46)) -> pd.DataFrame:
     rows = []
     for d in ("denoising", "noising"):

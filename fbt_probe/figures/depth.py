@@ -2,7 +2,9 @@
 per model (the feedback model, the no-feedback baseline), one line per prefill mode with Wilson
 error bars (n = groups) and a chance line; beside them the carried-state swap's normalized effect
 against k for both models, with its group-bootstrap interval. Drawn from the study's
-results/depth/accuracy.parquet (`swap`: results/depth/swap.parquet)."""
+results/depth/accuracy.parquet (`swap`: results/depth/swap.parquet). A cell with fewer held-out
+groups than `min_groups` is no evidence: it is drawn as a hollow marker with its n, joined to no
+line and without an interval."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pandas as pd
 
 from fbt_probe.errors import FbtError
 from fbt_probe.figures.style import paper_style, subplots
+from fbt_probe.stats import MIN_GROUPS
 
 MODES = ("standard", "recurrent:1", "jacobi:2", "jacobi:3", "full")
 STYLE = {  # colour, marker, line style: distinguishable in grey print too
@@ -29,10 +32,17 @@ def _dodge(i: int, n: int, width: float = 0.28) -> float:
     return (i - (n - 1) / 2) * width / max(n - 1, 1)
 
 
-def depth(table: pd.DataFrame, swap: pd.DataFrame | None = None, task: str = "compose-s3", chance: float = 0.5):
+def depth(
+    table: pd.DataFrame,
+    swap: pd.DataFrame | None = None,
+    task: str = "compose-s3",
+    chance: float = 0.5,
+    min_groups: int = MIN_GROUPS,
+):
     """`table`: model, k, mode, accuracy, ci_low, ci_high (groups optional: written above each k);
-    `swap`: model, k, normalized, ci_low, ci_high (the feedback swap per k). One legend under the
-    panels names the modes, the chance line and the swap's models."""
+    `swap`: model, k, normalized, ci_low, ci_high (groups optional; the feedback swap per k). One legend
+    under the panels names the modes, the chance line and the swap's models. A cell with fewer than
+    `min_groups` groups is a hollow, unconnected marker without error bars (too few groups)."""
     import matplotlib.lines as mlines
 
     models = [m for m in ("feedback", "baseline") if m in set(table["model"])] + sorted(
@@ -46,7 +56,7 @@ def depth(table: pd.DataFrame, swap: pd.DataFrame | None = None, task: str = "co
         handles, labels = [], []
         for ax, model in zip(axes[0], models):
             t = table[table["model"] == model]
-            _mode_lines(ax, t, modes, handles, labels)
+            _mode_lines(ax, t, modes, handles, labels, min_groups=int(min_groups))
             ax.axhline(chance, color="grey", ls=(0, (4, 3)), lw=0.9, zorder=0)
             ax.set(
                 title=f"{task}, {MODEL_WORDS.get(model, model)}\nanswer accuracy per prefill mode",
@@ -69,18 +79,21 @@ def depth(table: pd.DataFrame, swap: pd.DataFrame | None = None, task: str = "co
             ax = axes[0][len(models)]
             for j, (model, g) in enumerate(swap.groupby("model", sort=False)):
                 g = g.sort_values("k")
+                few = _few(g, int(min_groups))
                 x = np.log2(g["k"].to_numpy(dtype=float)) + _dodge(j, swap["model"].nunique(), 0.1)
                 y = g["normalized"].to_numpy(dtype=float)
                 err = np.vstack([y - g["ci_low"].to_numpy(dtype=float), g["ci_high"].to_numpy(dtype=float) - y])
+                colour, marker = MODEL_COLOURS.get(model), "o" if model == "feedback" else "s"
                 h = ax.errorbar(
-                    x,
-                    y,
-                    yerr=np.clip(np.nan_to_num(err), 0, None),
-                    color=MODEL_COLOURS.get(model),
-                    marker="o" if model == "feedback" else "s",
+                    x[~few],
+                    y[~few],
+                    yerr=np.clip(np.nan_to_num(err[:, ~few]), 0, None),
+                    color=colour,
+                    marker=marker,
                     capsize=2,
                     lw=1.1,
                 )
+                _hollow(ax, x[few], y[few], g["groups"].to_numpy()[few] if few.any() else [], colour, marker)
                 handles.append(h)
                 labels.append(f"swap, {MODEL_WORDS.get(model, model)}")
             for level in (0, 1):
@@ -91,6 +104,12 @@ def depth(table: pd.DataFrame, swap: pd.DataFrame | None = None, task: str = "co
                 ylabel="normalized swap effect",
             )
             _k_axis(ax, sorted(int(k) for k in swap["k"].unique()))
+        hollow = bool((table["groups"] < int(min_groups)).any()) if "groups" in table.columns else False
+        if has_swap and "groups" in swap.columns:
+            hollow |= bool((swap["groups"] < int(min_groups)).any())
+        if hollow:
+            handles.append(mlines.Line2D([], [], ls="none", marker="o", mfc="none", color="grey"))
+            labels.append(f"too few groups (n < {int(min_groups)}): no interval, no line")
         fig.legend(
             handles,
             labels,
@@ -102,17 +121,39 @@ def depth(table: pd.DataFrame, swap: pd.DataFrame | None = None, task: str = "co
         return fig
 
 
-def _mode_lines(ax, t: pd.DataFrame, modes, handles: list, labels: list, capsize: float = 2, ms: float = 3.5) -> None:
+def _few(g: pd.DataFrame, min_groups: int) -> np.ndarray:
+    """Which rows of `g` rest on fewer than `min_groups` groups (none without a `groups` column)."""
+    if "groups" not in g.columns:
+        return np.zeros(len(g), dtype=bool)
+    return g["groups"].to_numpy(dtype=float) < min_groups
+
+
+def _hollow(ax, x, y, n, colour, marker, ms: float = 4.0) -> None:
+    """Cells with too few groups: hollow markers, joined to nothing, each with its n beside it."""
+    for xi, yi, ni in zip(x, y, n):
+        if yi != yi:
+            continue
+        ax.plot([xi], [yi], ls="none", marker=marker, mfc="none", mec=colour, ms=ms, zorder=3)
+        ax.annotate(f"n={int(ni)}", (xi, yi), xytext=(3, 3), textcoords="offset points", fontsize=5.5, color=colour)
+
+
+def _mode_lines(
+    ax, t: pd.DataFrame, modes, handles: list, labels: list, capsize: float = 2, ms: float = 3.5, min_groups: int = 0
+) -> None:
     """One line per prefill mode (accuracy against log2 k, Wilson bars), dodged so that equal values
-    stay visible; a mode's first handle goes into the legend lists."""
+    stay visible; a mode's first handle goes into the legend lists. Cells with fewer than `min_groups`
+    groups are hollow markers outside the line (`_hollow`)."""
     for i, mode in enumerate(modes):
         g = t[t["mode"] == mode].sort_values("k")
         if g.empty:
             continue
         colour, marker, ls = STYLE.get(mode, (None, "o", "-"))
+        few = _few(g, min_groups)
         x = np.log2(g["k"].to_numpy(dtype=float)) + _dodge(i, len(modes))
         y = g["accuracy"].to_numpy(dtype=float)
         err = np.vstack([y - g["ci_low"].to_numpy(dtype=float), g["ci_high"].to_numpy(dtype=float) - y])
+        _hollow(ax, x[few], y[few], g["groups"].to_numpy()[few] if few.any() else [], colour, marker, ms + 0.5)
+        x, y, err = x[~few], y[~few], err[:, ~few]
         h = ax.errorbar(
             x, y, yerr=np.clip(err, 0, None), color=colour, marker=marker, ls=ls, capsize=capsize, lw=1.1, ms=ms
         )

@@ -26,6 +26,30 @@ from fbt_probe.figures.style import model_words, paper_style, subplots, titled
 NEED = {"experiment", "condition", "mode", "task", "length_knob", "metric", "mean", "ci_low", "ci_high"}
 POOLED = -1  # length_knob of rows pooled over lengths
 CONDITION_ORDER = ("none", "state", "value", "gate", "zero", "mean", "random", "nonpartner", "ones", "bypass")
+# what an intervention does, as the ablation bars name it: the fused input RMSNorm((W_U h) ⊙ σ(W_G e))
+# replaces the token embedding, so a zero state or a zero gate sets it to zero and erases the token too
+CONDITION_WORDS = {
+    ("state-replacement", "zero"): "fused input 0\n(token erased too)",
+    ("state-replacement", "mean"): "mean state",
+    ("gate-ablation", "zero"): "gate 0 = fused\ninput 0",
+    ("gate-ablation", "ones"): "gate 1\n(token erased)",
+    ("gate-ablation", "bypass"): "bypass\n(plain input)",
+    ("gate-ablation", "mean"): "mean gate",
+}
+
+
+def same_as_zero_input(t: pd.DataFrame) -> pd.Series:
+    """Rows of the gate ablation's `zero` that a state replacement's `zero` already draws: a zero gate and a
+    zero state both set the fused input to zero, so under the same mode and decoding they are one
+    intervention, drawn once."""
+    zero = t[(t["experiment"] == "state-replacement") & (t["condition"] == "zero")]
+    have = set(zip(zero["mode"].astype(str), zero["decoding"] if "decoding" in zero else ["prefill"] * len(zero)))
+    dec = t["decoding"] if "decoding" in t else pd.Series("prefill", index=t.index)
+    return (
+        (t["experiment"] == "gate-ablation")
+        & (t["condition"] == "zero")
+        & pd.Series([(str(m), d) in have for m, d in zip(t["mode"], dec)], index=t.index)
+    )
 
 
 def _check(table: pd.DataFrame, experiments: tuple[str, ...], what: str) -> pd.DataFrame:
@@ -205,6 +229,10 @@ def ablation_bars(
     experiments were not run on reads as such instead of silently missing. `model_label` names
     the model in the title.
 
+    Interventions are named for what they do (`CONDITION_WORDS`): the fused input replaces the token
+    embedding, so a state replaced by zeros sets it to zero and erases the token as well, and the
+    gate ablation's `zero` is that same intervention; it is drawn once (`same_as_zero_input`).
+
     Bars left out: the normalized effect is a ratio, (patched − corrupt)/(clean − corrupt), whose
     denominator is each pair's clean–corrupt logit-difference gap. A gap can pass the min-gap rule
     (0.1) and still be small next to the change the intervention makes, and a few such pairs blow
@@ -218,6 +246,7 @@ def ablation_bars(
     length = int(length)
     shown_model = model_words(t, model_label)
     t = t[(t["metric"] == metric) & (t["length_knob"] == length)]
+    t = t[~same_as_zero_input(t)]  # one intervention, one bar: the zero gate is the zero fused input
     if t.empty:
         raise FbtError(f"ablation-bars: no rows for metric '{metric}' at length {length}")
     decoding = t["decoding"] if "decoding" in t else pd.Series("prefill", index=t.index)
@@ -276,7 +305,9 @@ def ablation_bars(
                     )
                     for c in np.array(conds)[wide]:
                         left_out.setdefault(task, {}).setdefault(exp, {}).setdefault(str(c), []).append(where)
-            ax.set_xticks(np.arange(len(conds)), conds, rotation=30, ha="right")
+            ax.set_xticks(
+                np.arange(len(conds)), [CONDITION_WORDS.get((exp, c), c) for c in conds], rotation=30, ha="right"
+            )
             ax.axhline(0, color="black", lw=0.6)
             if metric == "normalized":
                 ax.axhline(1, color="0.4", lw=0.6, ls="--")
