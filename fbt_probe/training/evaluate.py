@@ -124,21 +124,39 @@ def contraction_by_document(
     """`contraction`'s table and [passes, documents] each document's mean state change at each pass
     (NaN at pass 1): the table's `state_change` is the mean over documents of that array (every row
     has the same padded length)."""
+    table, change, _, _ = contraction_documents(model, tokens, targets, weights, n_passes)
+    return table, change
+
+
+@torch.no_grad()
+def contraction_documents(
+    model, tokens: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, n_passes: int = 32
+) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
+    """`contraction_by_document`'s table and state change [passes, documents], with each document's
+    validation loss at each pass [passes, documents] and its loss weight [documents] (the positions
+    the loss counts): the table's `val_loss` at a pass is Σ weight · loss / Σ weight over documents."""
     device = next(model.parameters()).device
     tokens, targets, weights = tokens.to(device), targets.to(device), weights.to(device)
     answer = (weights > 0) & (
         weights == weights.max(-1, keepdim=True).values
     )  # the up-weighted answer position of each row
     rows, by_doc = [], np.full((n_passes, tokens.shape[0]), np.nan)
+    loss_doc = np.full((n_passes, tokens.shape[0]), np.nan)
+    counted = (weights > 0).float()
+    doc_weight = counted.sum(-1).double().cpu().numpy()
 
     def record(chunk, state, logits, prev):
         change = None if prev is None else (state - prev).norm(dim=-1)
         if change is not None:
             by_doc[chunk.pass_index - 1] = change.mean(-1).double().cpu().numpy()
+        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none").view(
+            targets.shape
+        )
+        loss_doc[chunk.pass_index - 1] = ((ce * counted).sum(-1) / counted.sum(-1).clamp_min(1)).cpu().numpy()
         rows.append(
             {
                 "pass": chunk.pass_index,
-                "val_loss": weighted_ce(logits, targets, (weights > 0).float()).item(),
+                "val_loss": weighted_ce(logits, targets, counted).item(),
                 "answer_loss": weighted_ce(logits, targets, answer.float()).item(),
                 "answer_accuracy": (logits.argmax(-1) == targets)[answer].float().mean().item(),
                 "state_change": float("nan") if change is None else change.mean().item(),
@@ -147,7 +165,7 @@ def contraction_by_document(
         )
 
     passes(model, tokens, n_passes, silent, each=record)  # the Jacobi iteration, hooks off
-    return pd.DataFrame(rows), by_doc
+    return pd.DataFrame(rows), by_doc, loss_doc, doc_weight
 
 
 def ratio_interval(by_doc: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
