@@ -159,14 +159,48 @@ def test_ablation_bars_name_interventions_for_what_they_do_and_draw_one_interven
     table = pd.concat([ablation_table(("completion", "memory")), pd.DataFrame(gate)], ignore_index=True)
     fig = draw("ablation-bars", table)
     ticks = {ax.get_title().split("\n")[0]: [t.get_text() for t in ax.get_xticklabels()] for ax in fig.axes}
-    assert ticks["gate-ablation"] == ["none", "gate 1\n(token erased)", "bypass\n(plain input)"]
-    assert (
-        "fused input 0\n(token erased too)" in ticks["state-replacement"] and "mean state" in ticks["state-replacement"]
-    )
+    assert ticks["gate-ablation"] == ["none", "gate 1 (token erased)", "bypass (plain input)"]
+    assert "zero input (token erased)" in ticks["state-replacement"] and "mean state" in ticks["state-replacement"]
     # without a state replacement under the same mode, the zero gate is drawn, named as the zero input
     alone = draw("ablation-bars", pd.DataFrame(gate))
     labels = [t.get_text() for t in alone.axes[0].get_xticklabels()]
-    assert "gate 0 = fused\ninput 0" in labels
+    assert "gate 0 = zero input" in labels
+
+
+def test_depth_cells_below_the_floor_are_hollow_unconnected_markers_with_their_n():
+    """A k of 3 held-out groups beside two of 40: its cells are hollow markers with "n=3", on no line and
+    without an interval; the lines join the k with enough groups only. A swap with no normalized effect
+    at any k (no pair set cleared the gap) says so on its panel."""
+    modes = ("standard", "recurrent:1")
+    rows = [
+        {"model": m, "k": k, "mode": mode, "accuracy": 0.5, "ci_low": 0.4, "ci_high": 0.6, "groups": g}
+        for m in ("feedback", "baseline")
+        for k, g in ((4, 3), (8, 40), (16, 40))
+        for mode in modes
+    ]
+    nan = float("nan")
+    swap = pd.DataFrame(
+        [
+            {"model": m, "k": k, "normalized": nan, "ci_low": nan, "ci_high": nan, "groups": g}
+            for m in ("feedback", "baseline")
+            for k, g in ((4, 3), (8, 40), (16, 40))
+        ]
+    )
+    fig = draw("depth", pd.DataFrame(rows), swap=swap)
+    panels = fig.axes[:2]
+    lines = [ln for ax in panels for ln in ax.get_lines() if str(ln.get_gid()).startswith("mode:")]
+    assert len(lines) == 2 * len(modes) and all(len(ln.get_xdata()) == 2 for ln in lines)  # k = 8 and 16 only
+    hollow = [ln for ax in panels for ln in ax.get_lines() if ln.get_markerfacecolor() == "none"]
+    assert len(hollow) == 2 * len(modes) and all(len(ln.get_xdata()) == 1 for ln in hollow)
+    x = sorted({round(float(ln.get_xdata()[0]), 9) for ln in hollow})
+    assert x == pytest.approx([2 - 0.14, 2 + 0.14])  # log2(4), each mode dodged by its offset
+    assert sum(t.get_text() == "n=3" for ax in panels for t in ax.texts) == 2 * len(modes)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[-1] == "too few groups (n < 8): no interval, no line"
+    assert any(t.get_text().startswith("no normalized effect at any k") for t in fig.axes[2].texts)
+    # with the swap's effect at some k, no such note
+    fine = draw("depth", pd.DataFrame(rows), swap=swap.assign(normalized=0.5, ci_low=0.4, ci_high=0.6))
+    assert not any(t.get_text().startswith("no normalized effect") for t in fine.axes[2].texts)
 
 
 def residual_table(positions=range(42, 46)) -> pd.DataFrame:

@@ -96,6 +96,17 @@ def depth(
                 _hollow(ax, x[few], y[few], g["groups"].to_numpy()[few] if few.any() else [], colour, marker)
                 handles.append(h)
                 labels.append(f"swap, {MODEL_WORDS.get(model, model)}")
+            if swap["normalized"].isna().all():  # a ratio of means needs the pairs' mean gap: none cleared it
+                ax.text(
+                    0.5,
+                    0.5,
+                    "no normalized effect at any k:\nthe pairs' mean clean–corrupt gap\ndoes not clear the minimum",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="dimgrey",
+                    transform=ax.transAxes,
+                )
             for level in (0, 1):
                 ax.axhline(level, color="grey", ls=":", lw=0.8, zorder=0)
             ax.set(

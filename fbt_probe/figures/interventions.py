@@ -29,11 +29,11 @@ CONDITION_ORDER = ("none", "state", "value", "gate", "zero", "mean", "random", "
 # what an intervention does, as the ablation bars name it: the fused input RMSNorm((W_U h) ⊙ σ(W_G e))
 # replaces the token embedding, so a zero state or a zero gate sets it to zero and erases the token too
 CONDITION_WORDS = {
-    ("state-replacement", "zero"): "fused input 0\n(token erased too)",
+    ("state-replacement", "zero"): "zero input (token erased)",
     ("state-replacement", "mean"): "mean state",
-    ("gate-ablation", "zero"): "gate 0 = fused\ninput 0",
-    ("gate-ablation", "ones"): "gate 1\n(token erased)",
-    ("gate-ablation", "bypass"): "bypass\n(plain input)",
+    ("gate-ablation", "zero"): "gate 0 = zero input",
+    ("gate-ablation", "ones"): "gate 1 (token erased)",
+    ("gate-ablation", "bypass"): "bypass (plain input)",
     ("gate-ablation", "mean"): "mean gate",
 }
 
