@@ -4,6 +4,7 @@ ratio's bootstrap interval holds the ratio of those means."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import fbt_probe as fp
@@ -39,3 +40,50 @@ def test_per_document_losses_weigh_up_to_the_tables_validation_loss():
     assert loss.shape == (4, 8) and np.array_equal(weight, weights.sum(1).numpy())
     assert np.allclose((loss * weight).sum(1) / weight.sum(), table["val_loss"].to_numpy(), rtol=1e-6)
     assert np.array_equal(np.isnan(change), np.isnan(contraction_by_document(model, tokens, targets, weights, 4)[1]))
+
+
+def curves(change_of_pass, documents: int = 40, passes: int = 32, seed: int = 0):
+    """A per-document table (run, pass, document, change, loss, weight) whose state change follows
+    `change_of_pass` times a document's own scale, and whose loss rises by 0.5 nats over the passes."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    scale = rng.uniform(0.5, 1.5, documents)
+    rows = []
+    for p in range(1, passes + 1):
+        for d in range(documents):
+            c = float("nan") if p == 1 else change_of_pass(p) * scale[d] * (1 + 0.05 * rng.standard_normal())
+            rows.append(
+                {
+                    "run": "feedback",
+                    "pass": p,
+                    "document": d,
+                    "change": c,
+                    "loss": 1.0 + 0.5 * (p - 1) / (passes - 1),
+                    "weight": 3.0,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def test_the_tail_is_judged_against_the_early_and_the_middle_passes():
+    """The committed study's shape (11.6 at pass 2 falling to about 1.7 by pass 15 and staying there) is a
+    plateau; a geometric decay is still decaying; the rise is the loss's, weighted; the numbers are ratios
+    of window means over documents, recomputed here."""
+    from fbt_probe.reproduce import rules
+    from fbt_probe.reproduce.parts.contraction import tail_numbers
+
+    plateau = curves(lambda p: max(11.6 * 0.85 ** (p - 2), 1.7))
+    t = tail_numbers(plateau)
+    w = rules.contraction_windows(32)
+    assert w == {"early": (2, 4), "middle": (9, 16), "tail": (25, 32)}
+    ch = plateau.pivot(index="pass", columns="document", values="change").to_numpy()
+    tail, early = ch[24:32].mean(0), ch[1:4].mean(0)
+    assert t["decay"][0] == pytest.approx(tail.mean() / early.mean()) and t["decay"][1] < t["decay"][0] < t["decay"][2]
+    assert t["rise"][0] == pytest.approx(0.5) and t["documents"] == 40 and t["passes"] == 32
+    v = rules.contraction(t["decay"], t["level"], t["documents"], w)
+    assert v.verdict == "falls to a plateau"
+    decaying = tail_numbers(curves(lambda p: 11.6 * 0.8 ** (p - 2)))
+    assert rules.contraction(decaying["decay"], decaying["level"], 40, w).verdict == "contracts, still decaying"
+    growing = tail_numbers(curves(lambda p: 1.0 + 0.1 * p))
+    assert rules.contraction(growing["decay"], growing["level"], 40, w).verdict == "does not contract"

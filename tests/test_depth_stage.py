@@ -56,11 +56,12 @@ def test_the_card_claim_is_the_rule_on_the_recorded_numbers():
         ci = [group_wilson(r.accuracy, r.n // 2) for r in rows.itertuples()]  # one pair per group
         frames.append(
             rows.rename(columns={"length_knob": "k"}).assign(
-                model=model, ci_low=[c[1] for c in ci], ci_high=[c[2] for c in ci]
+                model=model, ci_low=[c[1] for c in ci], ci_high=[c[2] for c in ci], groups=rows["n"] // 2
             )
         )
     v = rules.depth_separation(pd.concat(frames, ignore_index=True))
     assert v.verdict == "does not separate", v.sentence
+    assert "k = 2, 4: too few groups" in v.sentence  # 1 and 3 held-out groups: read for nothing
 
 
 # ----------------------------------------------------------------------------- the rule
@@ -126,13 +127,19 @@ def test_depth_rule_states_the_negative_result_with_the_best_cells():
     assert "the baseline's best **0.67**" in s and "(`standard`)" in s
 
 
-def test_depth_rule_needs_the_feedback_modes_interval_above_chance():
-    """A feedback mode at 1.00 on one held-out group (Wilson [0.21, 1.00]) does not count: k = 2 of
-    compose-s3 has one or two held-out words."""
+def test_depth_rule_reads_nothing_from_a_cell_below_the_floor():
+    """A feedback mode at 1.00 on one held-out group (k = 2 of compose-s3 has one or two held-out
+    words) is too few groups: no verdict either way, and the k is named as such; at 8 groups the same
+    cells separate."""
     fb = {2: {"standard": 0.5, "recurrent:1": 1.0}}
     base = {2: {"standard": 0.5, "recurrent:1": 0.0}}
-    assert rules.depth_separation(_grid(fb, base, groups=1)).verdict == "does not separate"
+    one = rules.depth_separation(_grid(fb, base, groups=1))
+    assert one.verdict == "cannot say" and "k = 2: too few groups" in one.sentence and "**1.00**" not in one.sentence
     assert rules.depth_separation(_grid(fb, base, groups=8)).verdict == "separates at k = 2"
+    # beside k with enough groups, a k below the floor is listed and read for nothing
+    both = pd.concat([_grid(fb, base, groups=1), _grid({16: _all(0.5)}, {16: _all(0.5)}, groups=64)])
+    v = rules.depth_separation(both)
+    assert v.verdict == "does not separate" and "k = 2: too few groups" in v.sentence
     assert "depth" in rules.CRITERIA and "Wilson lower bound" in rules.CRITERIA["depth"]
 
 
@@ -256,14 +263,30 @@ def test_the_depth_figure_and_section_read_the_tables(small_study, tmp_path):
     assert titles[1].startswith("compose-s3, no-feedback baseline\nanswer accuracy")
     assert titles[2].startswith("compose-s3, both models\ncarried-state swap")
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert legend == [*DEPTH_MODES, "chance (0.5)", "swap, feedback model", "swap, no-feedback baseline"]
+    # six pairs per k: every cell below the floor of 8 groups, drawn hollow and unconnected
+    assert legend == [
+        *DEPTH_MODES,
+        "chance (0.5)",
+        "swap, feedback model",
+        "swap, no-feedback baseline",
+        "too few groups (n < 8): no interval, no line",
+    ]
+    mode_lines = [line for ax in fig.axes[:2] for line in ax.get_lines() if str(line.get_gid()).startswith("mode:")]
+    assert len(mode_lines) == 2 * len(DEPTH_MODES)  # each mode's line in each model's panel...
+    assert all(len(line.get_xdata()) == 0 for line in mode_lines)  # ...joins no cell of six groups
+    hollow = [line for ax in fig.axes[:2] for line in ax.get_lines() if line.get_markerfacecolor() == "none"]
+    assert len(hollow) == 2 * 2 * len(DEPTH_MODES)
+    assert any(t.get_text() == "n=6" for t in fig.axes[0].texts)
     assert "Serial depth" in figure_caption(stem)
     ((title, text, figs),) = depth_section(cfg, out, ["depth", "fig3-contraction"])
     assert figs == ["depth"] and "The demo runs a reduced range" in text and "Criterion:" in text
     assert rules.depth_separation(pd.read_parquet(out / "results" / "depth" / "accuracy.parquet")).sentence in text
     said = sentences(cfg, out)
     assert said[0].startswith("Serial depth (compose-s3") and "reduced range, k = 8, 16" in said[0]
-    assert "Swapping the carried state" in said[1] and "no-feedback baseline's" in said[1]
+    assert (
+        "cannot say" in said[0] and "too few groups" in said[0] and "(one training seed's numbers: seed 0)" in said[0]
+    )
+    assert "Swapping the carried state" in said[1] and "no-feedback baseline's at no k with enough groups" in said[1]
 
 
 # ----------------------------------------------------------------------------- the stages of each study

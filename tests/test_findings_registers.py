@@ -8,7 +8,7 @@ import pandas as pd
 from fbt_probe.reproduce.config import ReproConfig
 from fbt_probe.reproduce.parts.interventions import swap_sentences
 from fbt_probe.reproduce.parts.probes import register_findings
-from fbt_probe.reproduce.seeds import spread
+from fbt_probe.reproduce.seeds import quote
 from fbt_probe.reproduce.tables import depth0_modes
 
 
@@ -80,15 +80,19 @@ def test_register_findings_quote_each_probed_mode_the_baseline_and_the_swap(tmp_
     # the study's order; a mode without a depth-0 accuracy row (carried-state, recurrent:2 here) is left out
     assert depth0_modes(cfg, tmp_path, "feedback", "registers") == ["standard", "recurrent:1", "jacobi:2"]
     (line, depth) = register_findings(cfg, tmp_path, "registers", None)
-    (swap,) = swap_sentences(tmp_path, "registers", None)  # the interventions part's sentence on the same task
+    (swap,) = swap_sentences(cfg, tmp_path, "registers", None)  # the interventions part's sentence on the same task
     # Fig. 7b's verdict over depths 1..L: `full` was not probed here, so no verdict is claimed
     assert depth.startswith("Fig. 7b on registers: `full` was not probed (`standard` ")
+    assert depth.endswith("(one training seed's numbers: seed 0).")
 
-    def q(table, mode):
+    def pooled(table, mode):
         g = table[(table["mode"] == mode) & (table["depth"] == 0) & (table["metric"] == "accuracy")]
         p = (g["value"] * g["n_test"]).sum() / g["n_test"].sum()  # pooled over the cells, weighted by their tests
-        lo, hi = _wilson(p, 8)  # n = the 8 distinct groups
-        return f"**{p:.2f}** [{lo:.2f}, {hi:.2f}]"
+        return p, *_wilson(p, 8)  # n = the 8 distinct groups
+
+    def q(table, mode):  # without a seeds table every number is said to be one seed's
+        p, lo, hi = pooled(table, mode)
+        return f"**{p:.2f}** [{lo:.2f}, {hi:.2f}] (one seed's: seed 0, within run)"
 
     assert line.startswith(
         f"At depth 0, the registers answer is linearly decodable at {q(feedback, 'standard')} under "
@@ -97,13 +101,16 @@ def test_register_findings_quote_each_probed_mode_the_baseline_and_the_swap(tmp_
     )
     assert "of 8 groups; Wilson 95 % CI with n = groups" in line
     assert f"reads {q(baseline, 'recurrent:1')} under `recurrent:1`" in line and "Fig. 7b" in line
-    # per length with pairs and groups counted, then the pooled row named as pooled (the seeds table's
-    # number), never quoted as if it were a length
-    assert (
-        "by a normalized **0.70** [0.60, 0.75] at length 2 (10 pairs, 8 groups), **0.54** [0.44, 0.59] "
-        "at length 4 (10 pairs, 8 groups); pooled over lengths **0.62** [0.52, 0.67]"
-    ) in swap and swap.count("0.62") == 1
-    # with a seeds table each number carries its spread over seeds
+    # pooled first, named as pooled (the seeds table's number), then per length with its groups
+    assert swap.startswith(
+        "Swapping the carried state at the final position with the partner sample's moves registers's answer by a "
+        "normalized **0.62** [0.52, 0.67] (one seed's: seed 0, within run) pooled over lengths; by length, "
+        "**0.70** [0.60, 0.75] (one seed's: seed 0, within run) at length 2 (8 groups), **0.54** [0.44, 0.59] "
+        "(one seed's: seed 0, within run) at length 4 (8 groups)"
+    )
+    # with a seeds table a number is the mean over the seeds, with the between-seed t interval, each seed's
+    # value and this seed's within-run interval beside it
+    p, lo, hi = pooled(feedback, "recurrent:1")
     seeds = pd.DataFrame(
         [
             {
@@ -112,17 +119,21 @@ def test_register_findings_quote_each_probed_mode_the_baseline_and_the_swap(tmp_
                 "task": "registers",
                 "mode": "recurrent:1",
                 "value": v,
+                "ci_low": a,
+                "ci_high": b,
                 "seed": s,
             }
-            for s, v in enumerate((0.8, 0.9, 1.0))
+            for s, (v, a, b) in enumerate(((p, lo, hi), (0.9, 0.8, 0.95), (1.0, 0.9, 1.0)))
         ]
     )
     (line, *_) = register_findings(cfg, tmp_path, "registers", seeds)
-    assert (
-        f"{q(feedback, 'recurrent:1')} under `recurrent:1`{spread(seeds, 'feedback', 'depth0-decodability', 'registers', 'recurrent:1')}"
-        in line
+    vals = np.array([p, 0.9, 1.0])
+    half = 4.302652729911275 * vals.std(ddof=1) / np.sqrt(3)  # t(0.975, 2 df)
+    want = (
+        f"**{vals.mean():.2f}** [{max(vals.mean() - half, 0):.2f}, {min(vals.mean() + half, 1):.2f}] (mean over seeds "
+        f"0-2: {p:.2f} / 0.90 / 1.00; seed 0 within run [{lo:.2f}, {hi:.2f}]) under `recurrent:1`"
     )
-    assert "(seeds 0-2: mean 0.90, range 0.80-1.00, between-seed 95 % CI [0.65, 1.00])" in line  # 0.9 ± 4.30·0.1/√3
+    assert want in line
 
 
 def test_findings_quote_seeds_of_their_own_study_kind_only(tmp_path):
@@ -136,6 +147,8 @@ def test_findings_quote_seeds_of_their_own_study_kind_only(tmp_path):
                 "task": "t",
                 "mode": "m",
                 "value": v,
+                "ci_low": v - 0.1,
+                "ci_high": v + 0.1,
                 "seed": s,
                 "study": k,
             }
@@ -143,10 +156,12 @@ def test_findings_quote_seeds_of_their_own_study_kind_only(tmp_path):
         ]
     )
     assert same_kind(seeds, "demo")["seed"].tolist() == [0, 1]
-    assert spread(same_kind(seeds, "full"), "feedback", "answer-accuracy", "t", "m") == ""  # one full seed: no range
-    assert (
-        spread(same_kind(seeds, "demo"), "feedback", "answer-accuracy", "t", "m")
-        == " (seeds 0-1: mean 0.40, range 0.30-0.50, between-seed 95 % CI [0.00, 1.00])"
+    # one full seed: its number is one seed's
+    assert quote(same_kind(seeds, "full"), "feedback", "answer-accuracy", "t", "m", 2) == (
+        "**0.90** [0.80, 1.00] (one seed's: seed 2, within run)"
+    )
+    assert quote(same_kind(seeds, "demo"), "feedback", "answer-accuracy", "t", "m", 0) == (
+        "**0.40** [0.00, 1.00] (mean over seeds 0-1: 0.30 / 0.50; seed 0 within run [0.20, 0.40])"
     )
 
 
@@ -154,34 +169,51 @@ def test_no_probes_no_register_findings(tmp_path):
     assert register_findings(ReproConfig(), tmp_path, "registers", None) == []
 
 
-def test_contraction_ratio_spread_keeps_small_ratios_and_counts_contracting_seeds():
-    """A ratio of 2e-4 is not '0.00': the contraction spread uses significant digits, and the
-    count of contracting seeds (ratio below CONTRACTS_BELOW) is computed from the table."""
-    from fbt_probe.reproduce import rules
-
+def test_quote_keeps_small_ratios_and_says_where_the_seeds_agree():
+    """A ratio of 2e-4 is not '0.00' (`spec` ".2g"); seeds that agree to the quoted digits get no
+    zero-width interval; a seed without a within-run interval says so."""
     ratios = (1.85e-4, 0.278, 0.0064)
     seeds = pd.DataFrame(
-        [
-            {
-                "model": "feedback",
-                "quantity": "state-change-last/pass-2",
-                "task": "validation",
-                "mode": "full",
-                "value": v,
-                "seed": s,
-            }
-            for s, v in enumerate(ratios)
-        ]
+        {
+            "model": "feedback",
+            "quantity": "state-change-last/pass-2",
+            "task": "validation",
+            "mode": "full",
+            "value": ratios,
+            "ci_low": float("nan"),
+            "ci_high": float("nan"),
+            "seed": [0, 1, 2],
+        }
     )
-    got = spread(seeds, "feedback", "state-change-last/pass-2", "validation", "full", ".2g")
-    assert got.startswith(f" (seeds 0-2: mean {np.mean(ratios):.2g}, range 0.00018-0.28, between-seed 95 % CI [")
-    n = sum(r < rules.CONTRACTS_BELOW for r in ratios)
-    v = rules.contraction(1.0, ratios[0], 32, list(seeds["value"]))
-    assert n == 2 and v.verdict == "contracts on 2 of 3 seeds" and "contracts on 2 of 3" in v.sentence
-    assert "over training seeds" not in rules.contraction(1.0, ratios[0], 32, list(seeds["value"])[:1]).sentence
-    # the default spec is unchanged for accuracies
-    assert (
-        spread(seeds, "feedback", "state-change-last/pass-2", "validation", "full")
-        .split(", between")[0]
-        .endswith("range 0.00-0.28")
+    got = quote(seeds, "feedback", "state-change-last/pass-2", "validation", "full", 0, spec=".2g")
+    assert got.startswith(f"**{np.mean(ratios):.2g}** [") and "0.00018 / 0.28 / 0.0064" in got
+    assert got.endswith("seed 0 no within-run interval)")
+    same = seeds.assign(value=[1.0, 0.999, 1.0], ci_low=0.9, ci_high=1.0)
+    assert quote(same, "feedback", "state-change-last/pass-2", "validation", "full", 0) == (
+        "**1.00** on every seed (seeds 0-2; seed 0 within run [0.90, 1.00])"
+    )
+    assert quote(None, "feedback", "x", "t", "m", 0) == "n/a"
+
+
+def test_a_number_over_too_few_groups_is_listed_not_quoted():
+    seeds = pd.DataFrame(
+        {
+            "model": "feedback",
+            "quantity": "depth-accuracy-k2",
+            "task": "compose-s3",
+            "mode": "standard",
+            "value": [1.0, 0.5],
+            "ci_low": [0.21, 0.05],
+            "ci_high": [1.0, 0.95],
+            "n_groups": [1, 2],
+            "seed": [0, 1],
+        }
+    )
+    assert quote(seeds, "feedback", "depth-accuracy-k2", "compose-s3", "standard", 0) == (
+        "too few groups (1; at least 8)"
+    )
+    # this study's own number, where the table lacks it, is held to the same floor by its groups
+    assert quote(None, "feedback", "x", "t", "m", 0, (0.9, 0.8, 0.95, 3)) == "too few groups (3; at least 8)"
+    assert quote(None, "feedback", "x", "t", "m", 0, (0.9, 0.8, 0.95, 8)) == (
+        "**0.90** [0.80, 0.95] (one seed's: seed 0, within run)"
     )

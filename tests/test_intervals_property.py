@@ -281,8 +281,8 @@ def test_answer_accuracy_counts_groups_not_samples(tmp_path):
             "groups": [16, 16, 16],
         }
     ).to_parquet(tmp_path / "eval" / "accuracy.parquet")
-    p, lo, hi, n = answer_accuracy(tmp_path, "feedback", "completion")
-    assert (p, n) == (1.0, 96) and lo < hi == 1.0
+    p, lo, hi, n, groups = answer_accuracy(tmp_path, "feedback", "completion")
+    assert (p, n, groups) == (1.0, 96, 16) and lo < hi == 1.0
     assert lo == pytest.approx(wilson(1.0, 16)[0])  # n = the 16 groups, not the 96 samples
 
 

@@ -143,15 +143,17 @@ def test_probe_samples_hold_each_samples_held_out_prediction_and_match_the_fold_
 
 
 # ----------------------------------------------------------------------------- the stage's table
-def write_study(root, diff: float = 0.2, seed: int = 0):
+def write_study(root, diff: float = 0.2, seed: int = 0, baseline_gap: float = 2.0):
     """A study folder with per-sample probe tables and feedback-swap / state-replacement rows for both
-    models on the same samples and pairs: feedback right more often than the baseline by ~`diff`."""
+    models on the same samples and pairs: feedback right more often than the baseline by ~`diff`. Each
+    intervention row has its clean and corrupt logit differences (the normalized effect's gap: about 2
+    on the feedback model, about `baseline_gap` on the baseline)."""
     from fbt_probe.probes.sweep import SAMPLES_FILE
 
     rng = np.random.default_rng(seed)
     groups = [f"completion:g{i}" for i in range(16)]
     base = rng.uniform(0.3, 0.7, len(groups))
-    for m, lift in (("feedback", diff), ("baseline", 0.0)):
+    for m, lift, gap in (("feedback", diff, 2.0), ("baseline", 0.0, baseline_gap)):
         rows = []
         for mode, depth in (("recurrent:1", 0), ("recurrent:1", 1), ("carried-state", 4), ("standard", 0)):
             for length in (0, 8):
@@ -196,6 +198,8 @@ def write_study(root, diff: float = 0.2, seed: int = 0):
                                         "group_id": gname,
                                         "label": label,
                                         "tiny_gap": False,
+                                        "clean_logit_diff": gap + 0.25 * ((gi + pair + label) % 3),
+                                        "corrupt_logit_diff": 0.0,
                                         "value": value,
                                     }
                                 )
@@ -231,9 +235,47 @@ def test_the_paired_table_recomputes_from_the_per_unit_tables(tmp_path):
     )
     row = t[(t["what"] == "depth0-recurrent:1") & (t["length_knob"] == -1)].iloc[0]
     assert (row["difference"], row["ci_low"], row["ci_high"], row["n_groups"]) == pytest.approx(ref, abs=1e-12)
-    # the swap's pooled row: a pair's value is the mean of its rows
+    # the swap's pooled row: each model's ratio of means over pairs (a pair's numerator and gap the means of
+    # its rows), the same draws for both
     swap = t[(t["what"] == "swap-normalized") & (t["length_knob"] == -1)].iloc[0]
     assert swap["unit"] == "pairs" and swap["n_feedback"] == 16 * 2 * 2 and swap["difference"] > 0.1
+    sums = {}
+    for m in ("feedback", "baseline"):
+        r = pd.read_parquet(tmp_path / "results" / "interventions" / m / "feedback-swap" / "rows.parquet")
+        r = r[r["metric"] == "normalized"]
+        gap = r["clean_logit_diff"] - r["corrupt_logit_diff"]
+        per = (
+            r.assign(num=r["value"] * gap, den=gap)
+            .groupby(["pair_id"])
+            .agg(num=("num", "mean"), den=("den", "mean"), group_id=("group_id", "first"))
+        )
+        sums[m] = per
+    f, b = sums["feedback"], sums["baseline"]
+    assert swap["feedback"] == pytest.approx(f["num"].sum() / f["den"].sum())
+    ref = paired_difference(f["num"], f["group_id"], b["num"], b["group_id"], 300, a_den=f["den"], b_den=b["den"])
+    assert (swap["difference"], swap["ci_low"], swap["ci_high"], swap["n_groups"]) == pytest.approx(ref, abs=1e-12)
+    assert swap["gap"] == "both" and swap["interval"] == "paired-group-bootstrap-ratio"
+
+
+def test_a_normalized_effect_is_compared_only_where_both_models_have_the_gap(tmp_path):
+    from fbt_probe.reproduce.parts.paired import FOLDER, TABLE, paired_table
+    from fbt_probe.reproduce.parts.paired import sections as paired_sections
+    from fbt_probe.reproduce.tables import paired_clause
+
+    write_study(tmp_path, baseline_gap=-0.2)  # the baseline's gaps around 0.05: it does not separate the answers
+    t = paired_table(tmp_path, n_boot=200)
+    swap = t[t["what"] == "swap-normalized"]
+    assert swap["difference"].isna().all() and (swap["gap"] == "no gap: baseline").all()
+    assert swap["baseline"].isna().all() and swap["feedback"].notna().all()
+    acc = t[t["what"] == "swap-accuracy"]  # a proportion needs no gap
+    assert acc["difference"].notna().all() and (acc["gap"] == "").all()
+    folder = tmp_path.joinpath(*FOLDER)
+    folder.mkdir(parents=True)
+    t.to_parquet(folder / TABLE)
+    said = paired_clause(tmp_path, "completion", (("swap-normalized", "the normalized effect"),))
+    assert said.startswith("the normalized effect: not compared (no gap: baseline")
+    ((_, text, _),) = paired_sections(None, tmp_path, [])
+    assert "not compared (no gap: baseline" in text
 
 
 def test_a_study_with_the_same_model_twice_reads_the_same_everywhere(tmp_path):
@@ -284,8 +326,9 @@ def test_the_paired_rule_says_higher_only_when_the_interval_is_above_zero():
     )
     assert paired("x", (-0.12, -0.16, -0.08, 64)).verdict == "lower"
     opposite = paired("x", (0.12, -0.01, 0.25, 64))  # the same estimate, an interval that holds 0
-    assert opposite.verdict == "not-resolved" and "holds 0" in opposite.sentence
+    assert opposite.verdict == "cannot say" and "holds 0" in opposite.sentence
     assert paired("x", (0.05, 0.05, 0.05, 10)).verdict == "constant"
     assert paired("x", (0.0, 0.0, 0.0, 10)).verdict == "same"
     assert "[0.00, 0.03]" in paired("x", (0.01, -0.001, 0.03, 24)).sentence  # no '-0.00'
     assert paired("x", None).verdict == paired("x", (float("nan"),) * 3 + (0,)).verdict == "not-paired"
+    assert paired("x", (float("nan"),) * 3 + (12,), "no gap: baseline").verdict == "no gap"

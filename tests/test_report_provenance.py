@@ -78,7 +78,7 @@ def _write(tmp_path, monkeypatch, stems=()):
     monkeypatch.setattr(report, "PARTS", [stub])
     monkeypatch.setattr(report, "headline", lambda cfg, out: empty)
     monkeypatch.setattr(report, "spread_table", lambda cfg, out: None)
-    monkeypatch.setattr(report, "findings", lambda cfg, out, seeds: [])
+    monkeypatch.setattr(report, "findings", lambda cfg, out, seeds, own=None: [])
     monkeypatch.setattr(report, "_provenance", lambda cfg, out, times: RECORD)
     (tmp_path / "figures").mkdir()
     for stem in stems:

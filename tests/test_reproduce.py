@@ -164,11 +164,11 @@ def test_demo_config_is_the_full_study_lighter():
     assert "not run in the demo" in text and "fbt-probe sae train" in text and not figs
 
 
-def test_spread_over_seeds_is_the_mean_and_range():
+def test_a_headline_number_is_the_mean_over_seeds_with_its_between_seed_interval():
     import numpy as np
     import pandas as pd
 
-    from fbt_probe.reproduce.seeds import spread
+    from fbt_probe.reproduce.seeds import quote
 
     vals = [0.91, 0.875, 0.955]
     t = pd.DataFrame(
@@ -178,39 +178,47 @@ def test_spread_over_seeds_is_the_mean_and_range():
             "task": "completion",
             "mode": "standard",
             "value": vals,
+            "ci_low": [0.81, 0.7, 0.9],
+            "ci_high": [0.97, 0.95, 0.99],
             "seed": [0, 1, 2],
             "study": "demo",
         }
     )
-    text = spread(t, "feedback", "answer-accuracy", "completion", "standard")
+    text = quote(t, "feedback", "answer-accuracy", "completion", "standard", 0)
     half = 4.302652729911275 * np.std(vals, ddof=1) / np.sqrt(3)  # t(0.975, 2 df)
     lo, hi = max(np.mean(vals) - half, 0), min(np.mean(vals) + half, 1)
     assert text == (
-        f" (seeds 0-2: mean {np.mean(vals):.2f}, range {min(vals):.2f}-{max(vals):.2f}, "
-        f"between-seed 95 % CI [{lo:.2f}, {hi:.2f}])"
+        f"**{np.mean(vals):.2f}** [{lo:.2f}, {hi:.2f}] (mean over seeds 0-2: 0.91 / 0.88 / 0.95; seed 0 within run "
+        "[0.81, 0.97])"
     )
     # seeds that agree to the quoted digits get no zero-width interval, and one digit apart they do
     same = t.assign(value=[1.0, 0.999, 1.0])
-    assert spread(same, "feedback", "answer-accuracy", "completion", "standard") == " (seeds 0-2: 1.00 on every seed)"
+    assert quote(same, "feedback", "answer-accuracy", "completion", "standard", 1) == (
+        "**1.00** on every seed (seeds 0-2; seed 1 within run [0.70, 0.95])"
+    )
     apart = t.assign(value=[1.0, 0.99, 1.0])
-    assert "between-seed 95 % CI [0.98, 1.00]" in spread(apart, "feedback", "answer-accuracy", "completion", "standard")
+    assert quote(apart, "feedback", "answer-accuracy", "completion", "standard", 0).startswith("**1.00** [0.98, 1.00]")
     from fbt_probe.reproduce.report import seeds_table_text
 
     table = seeds_table_text(pd.concat([t, t.assign(task="memory", value=1.0)]))
     row = {line.split(" | ")[2]: line for line in table.splitlines() if line.startswith("| feedback")}
     assert row["completion"].endswith(f" | [{lo:.3g}, {hi:.3g}] |") and row["memory"].endswith(" |  |")
     # an accuracy's interval is cut to [0, 1]; a normalized effect's is not (it can leave [0, 1])
-    effect = t.assign(quantity="swap-effect", value=[0.41, 0.49, 0.03])
+    effect = t.assign(quantity="swap-normalized", value=[0.41, 0.49, 0.03])
     m, half = np.mean(effect["value"]), 4.302652729911275 * np.std(effect["value"], ddof=1) / np.sqrt(3)
-    assert (
-        spread(effect, "feedback", "swap-effect", "completion", "standard").endswith(
-            f"between-seed 95 % CI [{m - half:.2f}, {m + half:.2f}])"
-        )
-        and m - half < 0
+    assert quote(effect, "feedback", "swap-normalized", "completion", "standard", 0).startswith(
+        f"**{m:.2f}** [{m - half:.2f}, {m + half:.2f}] (mean over seeds 0-2: 0.41 / 0.49 / 0.03"
     )
-    assert spread(t, "baseline", "answer-accuracy", "completion", "standard") == ""  # not in the table
-    assert spread(t.iloc[:1], "feedback", "answer-accuracy", "completion", "standard") == ""  # one seed is no spread
-    assert spread(None, "feedback", "answer-accuracy", "completion", "standard") == ""
+    assert m - half < 0
+    # a number the table lacks, or holds for one seed, is said to be one seed's
+    own = (0.9, 0.8, 0.95)
+    assert quote(t, "baseline", "answer-accuracy", "completion", "standard", 0, own) == (
+        "**0.90** [0.80, 0.95] (one seed's: seed 0, within run)"
+    )
+    assert quote(t.iloc[:1], "feedback", "answer-accuracy", "completion", "standard", 0).endswith(
+        "(one seed's: seed 0, within run)"
+    )
+    assert quote(None, "feedback", "answer-accuracy", "completion", "standard", 0) == "n/a"
 
 
 def _depth0_numbers(report: str) -> list[float]:
@@ -264,7 +272,10 @@ def test_quick_study_end_to_end(tmp_path):
     # feedback − baseline over the samples and pairs both models share: the stage's table, quoted in the findings
     paired = pd.read_parquet(out / "results" / "paired" / "paired.parquet")
     assert {"depth0-recurrent:1", "carried-state", "swap-normalized"} <= set(paired["what"])
-    assert ((paired["ci_low"] <= paired["difference"]) & (paired["difference"] <= paired["ci_high"])).all()
+    compared = paired["difference"].notna()  # a normalized effect is compared only where both models have the gap
+    assert ((paired["ci_low"] <= paired["difference"]) & (paired["difference"] <= paired["ci_high"]))[compared].all()
+    assert paired.loc[~compared, "gap"].str.startswith("no gap: ").all()
+    assert set(paired.loc[~compared, "what"]) <= {"swap-normalized"}
     assert "(paired, n = " in report.split("## Figures")[0] and "### Feedback − baseline, paired" in report
     # the serial-depth part: its models trained here (the quick study's steps), measured, drawn and stated
     assert {"train-depth-feedback", "train-depth-baseline", "depth"} <= set(state)
@@ -320,14 +331,20 @@ def test_quick_study_end_to_end(tmp_path):
     res = runner.invoke(app, [*QUICK, "--out", str(multi / "seed-0")])
     assert res.exit_code == 0 and res.output.count("[run ]") == 1 and "[run ] report" in res.output, res.output
     seeded = (multi / "seed-0" / "report.md").read_text()
+    import numpy as np
+
+    from fbt_probe.reproduce.seeds import between_seeds
+
+    two = np.array([p, p * 0.5 + 0.25])
+    blo, bhi = between_seeds(two, True)
     assert (
-        f"completion **{p:.2f}** [{lo:.2f}, {hi:.2f}] (seeds 0-1: "
-        f"mean {(p + p * 0.5 + 0.25) / 2:.2f}, range {min(p, p * 0.5 + 0.25):.2f}-{max(p, p * 0.5 + 0.25):.2f}, "
-        "between-seed 95 % CI ["
+        f"completion **{two.mean():.2f}** [{blo:.2f}, {bhi:.2f}] (mean over seeds 0-1: {two[0]:.2f} / {two[1]:.2f}; "
+        f"seed 0 within run [{lo:.2f}, {hi:.2f}])"
     ) in seeded and "quick study of each" in seeded
     assert "### Over training seeds" in seeded
-    # the depth criterion applied to each seed's own table
-    assert "Serial depth over training seeds" in seeded and "training seeds (0, 1)" in seeded
+    # the depth criterion applied to each seed's own table, and the other rules seed by seed
+    assert "the criterion on each training seed's own table" in seeded and "training seeds" in seeded
+    assert "on every one of the 2 training seeds" in seeded or " of 2 seeds" in seeded
 
 
 @pytest.mark.slow

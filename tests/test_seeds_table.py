@@ -7,8 +7,9 @@ from __future__ import annotations
 import pandas as pd
 
 from fbt_probe.reference import record
-from fbt_probe.reproduce.parts.depth import ACCURACY_Q, SWAP_Q
-from fbt_probe.reproduce.seeds import KEY, packaged
+from fbt_probe.reproduce.part import HEADLINE, PAIRED_MODEL
+from fbt_probe.reproduce.parts.depth import DEPTH_Q
+from fbt_probe.reproduce.seeds import KEY, N_GROUPS, packaged
 
 
 def _shipped(name: str) -> str:
@@ -23,7 +24,7 @@ def test_the_shipped_seeds_table_has_seeds_0_to_2_per_kind_and_seed_0_is_the_shi
         assert not g.duplicated(["seed", *KEY]).any(), kind
         per_seed = g.groupby("seed").apply(lambda s: frozenset(map(tuple, s[KEY].to_numpy())), include_groups=False)
         assert len(set(per_seed)) == 1, f"{kind}: the seeds quote different numbers"
-        depth = g["quantity"].str.startswith(ACCURACY_Q) | g["quantity"].str.startswith(SWAP_Q)
+        depth = g["quantity"].str.startswith(DEPTH_Q)
         for model in ("feedback", "baseline"):
             rows = g[(g["model"] == model) & ~depth]
             for seed, s in rows.groupby("seed"):
@@ -38,5 +39,11 @@ def test_the_shipped_seeds_table_has_seeds_0_to_2_per_kind_and_seed_0_is_the_shi
 
 
 def test_the_seeds_tables_header_is_the_headline_tables():
+    """The headline's columns (`n_groups`, the groups a number rests on, is read where the table has it:
+    a table written before that column leaves the floor on evidence to this study's own counts)."""
     t = pd.read_csv(packaged("tiny"))
-    assert list(t.columns) == [*KEY, "value", "ci_low", "ci_high", "seed", "study", "checkpoint_sha256", "commit"]
+    want = [*KEY, "value", "ci_low", "ci_high", "seed", "study", "checkpoint_sha256", "commit"]
+    assert [c for c in t.columns if c != N_GROUPS] == want
+    assert set(HEADLINE) - {N_GROUPS} <= set(t.columns) and N_GROUPS in HEADLINE
+    # a paired difference's rows (both models) carry the feedback model's hash: they are no model of their own
+    assert not set(t["model"]) - {"feedback", "baseline", PAIRED_MODEL}

@@ -16,6 +16,9 @@ from fbt_probe.training.config import TrainConfig
 from fbt_probe.training.recipes import RECIPES, recipe
 
 STANDARD, RECURRENT_1, JACOBI_2, FULL = "standard", "recurrent:1", "jacobi:2", "full"
+# in the keys of the stages whose tables hold normalized effects: a summary's normalized effect is the
+# ratio of means over pairs, given where the mean gap clears min_gap (`interventions.metrics.summarize`)
+RATIO_OF_MEANS = "ratio-of-means"
 FEEDBACK_MODES = [STANDARD, RECURRENT_1, JACOBI_2]
 # the paper's register conditions; recurrent:k names the paper's k-token suffix, mapped to this
 # tokenizer's token count through the dataset manifest (`suffix_modes`; identity for the built-in one)

@@ -21,7 +21,9 @@ from fbt_probe.reproduce.config import ReproConfig, model_path
 from fbt_probe.reproduce.stages import Stage
 
 Job = tuple[str, str, pd.DataFrame, dict]  # (figure stem, registered figure, table, options)
-HEADLINE = ["model", "quantity", "task", "mode", "value", "ci_low", "ci_high", "checkpoint_sha256"]
+HEADLINE = ["model", "quantity", "task", "mode", "value", "ci_low", "ci_high", "checkpoint_sha256", "n_groups"]
+"""A headline row; `n_groups` counts the groups (documents for the contraction) a number rests on, NaN
+where no count applies (the floor on evidence reads it, seed by seed)."""
 
 
 class Section(NamedTuple):
@@ -77,10 +79,15 @@ def trained_stages(cfg: ReproConfig, name: str) -> list[str]:
 
 
 def headline_frame(rows: list[tuple], sha: dict[str, str]) -> pd.DataFrame:
-    """Headline rows (model, quantity, task, mode, value, ci_low, ci_high) with each model's checkpoint sha256."""
-    t = pd.DataFrame(rows, columns=HEADLINE[:-1])
-    return t.assign(checkpoint_sha256=t["model"].map(sha))
+    """Headline rows (model, quantity, task, mode, value, ci_low, ci_high[, n_groups]) with each model's
+    checkpoint sha256 (a row of both models, `feedback-baseline`, gets the feedback model's)."""
+    full = [tuple(r) + (float("nan"),) * (8 - len(r)) for r in rows]
+    t = pd.DataFrame(full, columns=[*HEADLINE[:7], "n_groups"])
+    models = t["model"].replace({PAIRED_MODEL: "feedback"})
+    return t.assign(checkpoint_sha256=models.map(sha))[HEADLINE]
 
+
+PAIRED_MODEL = "feedback-baseline"  # the headline rows of a paired difference (feedback − baseline)
 
 MODEL_WORDS = {"feedback": "feedback model", "baseline": "no-feedback baseline"}
 """How figure titles and captions name the study's models (a figure of one model must say which)."""

@@ -77,7 +77,10 @@ def _ratio(num: np.ndarray, den: np.ndarray, n_boot: int = N_BOOT, seed: int = 0
     return float(num.mean() / den.mean()), float(lo), float(hi)
 
 
-def _window(change: np.ndarray, passes: tuple[int, int]) -> np.ndarray:
+mean_interval, ratio_of_means = _boot, _ratio  # the task models' contraction reads them too (parts/contraction)
+
+
+def window(change: np.ndarray, passes: tuple[int, int]) -> np.ndarray:
     """Each document's mean state change over passes a..b (1-based, inclusive)."""
     return np.nanmean(change[passes[0] - 1 : passes[1]], axis=0)
 
@@ -97,8 +100,8 @@ def fig3_numbers(loss: np.ndarray, change: np.ndarray) -> dict:
         raise ValueError(f"fig3 needs at least {TAIL[1]} passes, got {n_pass}")
     return {
         "rise": _boot(loss[TAIL[1] - 1] - loss[0]),
-        "decay": _ratio(_window(change, TAIL), _window(change, EARLY)),
-        "level": _ratio(_window(change, TAIL), _window(change, MIDDLE)),
+        "decay": _ratio(window(change, TAIL), window(change, EARLY)),
+        "level": _ratio(window(change, TAIL), window(change, MIDDLE)),
         "documents": n_doc,
     }
 

@@ -20,7 +20,7 @@ from fbt_probe.reproduce.config import depth_name, depth_path, model_path, shipp
 from fbt_probe.reproduce.config import tokenizer as study_tokenizer
 from fbt_probe.reproduce.part import HEADLINE, MODEL_WORDS, Section, md_table
 from fbt_probe.reproduce.parts import PARTS
-from fbt_probe.reproduce.seeds import between_seeds_text, is_proportion, spread_table
+from fbt_probe.reproduce.seeds import between_seeds_text, is_proportion, spread_table, with_own
 from fbt_probe.reproduce.tables import same_kind, setting, study_kind
 from fbt_probe.tasks import tokenizer_sha256
 
@@ -191,12 +191,12 @@ def criteria_line() -> str:
 
 
 def seeds_note(cfg, seeds, other_seeds) -> str:
-    """What the findings' intervals are over: one training seed, or this seed beside the seeds table's."""
+    """What the findings' numbers are over: one training seed, or the seeds table's seeds."""
     other_kind = other_seeds is not None and len(other_seeds) > 0 and (seeds is None or len(seeds) == 0)
     if seeds is None or seeds["seed"].nunique() < 2:
         return (
-            f"Every number is one training seed ({cfg.seed}); the CIs are within the run (samples or groups), "
-            "not over training seeds"
+            f"Every number is one training seed's ({cfg.seed}); the CIs are within the run (samples or groups), "
+            "not over training seeds, and every verdict is that seed's"
             + (
                 f" (the seeds table holds {'/'.join(sorted(set(other_seeds['study'])))} studies only, whose numbers "
                 f"are not a {study_kind(cfg)} study's)"
@@ -205,22 +205,27 @@ def seeds_note(cfg, seeds, other_seeds) -> str:
             )
             + "."
         )
+    n = seeds["seed"].nunique()
     return (
-        f"Each number is this study's seed ({cfg.seed}) with its within-run CI (samples or groups); "
-        f'"seeds" gives the mean and range of the same number over {seeds["seed"].nunique()} models trained '
-        "with different seeds (data, initialisation and probes; "
-        f"{' / '.join(sorted(set(seeds['study'])))} study of each), so the range shows how much of a number is "
-        "the seed (table *Over training seeds*)."
+        f"The training seed is the unit: a number in bold is the mean over the {n} training seeds of the seeds "
+        f"table ({' / '.join(sorted(set(seeds['study'])))} study of each; data, initialisation and probes "
+        "changed) with its between-seed t interval in brackets, then each seed's value and this study's seed "
+        f"({cfg.seed}) with its within-run CI; a number the seeds table lacks is said to be one seed's. A verdict "
+        "is stated only where each seed's own numbers give it; otherwise the finding says on how many seeds it "
+        "holds, with each seed's numbers (table *Over training seeds*)."
     )
 
 
-def findings(cfg, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
+def findings(cfg, out: Path, seeds: pd.DataFrame | None = None, own: pd.DataFrame | None = None) -> list[str]:
     """One sentence per finding (Markdown), every part's in registry order, then how they are worded
-    and what their intervals are over; with `seeds` (a stacked headline table) each quotes its mean
-    and range over the training seeds of this study's kind too."""
+    and what their numbers are over. Each part reads every seed's numbers from `seeds` (a stacked
+    headline table) of this study's kind, this study's seed's rows being its own headline (`own`,
+    computed here unless given)."""
     out = Path(out)
     kind = same_kind(seeds, study_kind(cfg))
-    lines = [f for part in PARTS for f in part.findings(cfg, out, kind)]
+    own = headline(cfg, out) if own is None else own
+    every = with_own(kind, own, cfg.seed)
+    lines = [f for part in PARTS for f in part.findings(cfg, out, every)]
     return lines + [criteria_line(), seeds_note(cfg, kind, seeds)]
 
 
@@ -235,8 +240,9 @@ def headline(cfg, out: Path) -> pd.DataFrame:
 def stage_report(cfg, out: Path, times: dict) -> None:
     """Findings first (one sentence each, number, CI, figure), then every figure, then the full tables
     (collapsed in the HTML), then what was run."""
+    own = headline(cfg, out)
     with atomic_path(out / "headline.csv") as tmp:  # what a multi-seed run stacks (seeds.csv)
-        headline(cfg, out).to_csv(tmp, index=False, float_format="%.6g")
+        own.to_csv(tmp, index=False, float_format="%.6g")
 
     subject = f"checkpoint {Path(cfg.model).name}" if cfg.model else f"preset {cfg.preset}"
     title = f"fbt-probe reproduction — {subject}{' (quick)' if cfg.quick else ' (demo)' if cfg.demo else ''}"
@@ -269,7 +275,7 @@ def stage_report(cfg, out: Path, times: dict) -> None:
         + "."
     )
     seeds = spread_table(cfg, out)
-    found = findings(cfg, out, seeds)
+    found = findings(cfg, out, seeds, own)
     kind = same_kind(seeds, study_kind(cfg))
     if kind is not None and len(kind):
         tables.append(Section("Over training seeds", seeds_table_text(kind)))

@@ -1,11 +1,13 @@
 """Findings over training seeds.
 
 Each study writes its headline numbers as one tidy table (`OUT/headline.csv`, from
-`findings.headline`). `reproduce --train --seeds N` runs the study once per seed (`OUT/seed-S/`),
-stacks their tables (`OUT/seeds.csv`) and rewrites every seed's report so that each headline
-finding quotes, beside its within-run CI, the mean and range over the seeds. The shipped reference
-models come with the table of their preset's seeds (`fbt_probe/reference/seeds-<preset>.csv`), so a
-study of them shows the spread without training anything.
+`report.headline`). `reproduce --train --seeds N` runs the study once per seed (`OUT/seed-S/`),
+stacks their tables (`OUT/seeds.csv`) and rewrites every seed's report. The training seed is the
+unit of a claim: each headline number is quoted as its mean over the seeds with the between-seed
+interval, each seed's value and this seed's within-run interval beside it (`quote`), and each rule
+is applied to every seed's own rows (`per_seed`, then `rules.stated`). The shipped reference models
+come with the table of their preset's seeds (`fbt_probe/reference/seeds-<preset>.csv`), so a study of
+them quotes every seed without training anything.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import pandas as pd
 from scipy.stats import t as student
 
 from fbt_probe.io import sha256_file
+from fbt_probe.stats import MIN_GROUPS
 
 KEY = ["model", "quantity", "task", "mode"]
+N_GROUPS = "n_groups"  # the headline column counting a number's groups (absent from tables written before it)
 
 
 def packaged(preset: str) -> Path:
@@ -63,27 +67,21 @@ def rows(table: pd.DataFrame | None, model: str, quantity: str, task: str, mode:
     return g.dropna(subset=["value"])
 
 
-def spread(table: pd.DataFrame | None, model: str, quantity: str, task: str, mode: str, spec: str = ".2f") -> str:
-    """' (seeds 0-2: mean 0.91, range 0.88-0.95, between-seed 95 % CI [..])', ' (seeds 0-2: 1.00 on every
-    seed)' where the seeds agree to the quoted digits (no zero-width interval), or '' when the table
-    lacks the number or has one seed. `spec` formats the numbers (".2g" for a ratio that spans orders
-    of magnitude)."""
-    g = rows(table, model, quantity, task, mode)
-    if len(g) < 2:
-        return ""
-    seeds = sorted(int(s) for s in g["seed"])
-    label = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ",".join(map(str, seeds))
-    v = g["value"]
-    if f"{v.min():{spec}}" == f"{v.max():{spec}}":  # no spread to quote: a t interval would have zero width
-        return f" (seeds {label}: {v.max():{spec}} on every seed)"
-    lo, hi = between_seeds(v.to_numpy(dtype=float), is_proportion(quantity))
-    return (
-        f" (seeds {label}: mean {v.mean():{spec}}, range {v.min():{spec}}-{v.max():{spec}}, "
-        f"between-seed 95 % CI [{lo:{spec}}, {hi:{spec}}])"
-    )
-
-
-PROPORTIONS = ("answer-accuracy", "depth0-decodability", "depth-accuracy")
+PROPORTIONS = (
+    "answer-accuracy",
+    "depth0-decodability",
+    "depth-accuracy",
+    "carried-state-decodability",
+    "depth1-L-decodability",
+    "depth0-variant",
+    "swap-accuracy",
+    "swap-follows",
+    "bypass-accuracy",
+    "mean-state-accuracy",
+    "zero-input-accuracy",
+    "depth-swap-accuracy",
+    "das-",
+)
 
 
 def is_proportion(quantity: str) -> bool:
@@ -117,3 +115,115 @@ def between_seeds(values, proportion: bool) -> tuple[float, float]:
 def combine(out: Path, seeds: list[int]) -> pd.DataFrame:
     frames = [pd.read_csv(seed_folder(out, s) / "headline.csv") for s in seeds]
     return pd.concat(frames, ignore_index=True).sort_values(["seed", *KEY], kind="stable").reset_index(drop=True)
+
+
+def with_own(kind: pd.DataFrame | None, own: pd.DataFrame | None, seed: int) -> pd.DataFrame | None:
+    """The rows every seed's numbers are read from: the seeds table of this study's kind with this
+    study's seed's rows replaced by its own headline rows (`own`, the same numbers where the table was
+    made from this study; this study's where it was not)."""
+    frames = []
+    if kind is not None and len(kind):
+        frames.append(kind[kind["seed"] != seed])
+    if own is not None and len(own):
+        frames.append(own.assign(seed=seed))
+    if not frames:
+        return None
+    t = pd.concat(frames, ignore_index=True)
+    if N_GROUPS not in t.columns:
+        t[N_GROUPS] = np.nan
+    return t
+
+
+def seed_numbers(table: pd.DataFrame | None, model: str, quantity: str, task: str, mode: str) -> dict:
+    """{seed: (value, ci_low, ci_high, n_groups or None)} of one headline number."""
+    g = rows(table, model, quantity, task, mode)
+    out = {}
+    for r in g.itertuples():
+        n = getattr(r, N_GROUPS, float("nan"))
+        out[int(r.seed)] = (float(r.value), float(r.ci_low), float(r.ci_high), None if n != n else int(n))
+    return dict(sorted(out.items()))
+
+
+def _label(seeds: list[int]) -> str:
+    return f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ",".join(map(str, seeds))
+
+
+def within(lo: float, hi: float, spec: str = ".2f") -> str:
+    """'within run [lo, hi]', or what stands for an interval that has none or prints with zero width."""
+    if lo != lo or hi != hi:
+        return "no within-run interval"
+    if f"{lo:{spec}}" == f"{hi:{spec}}":
+        return "no spread within the run"
+    return f"within run [{lo:{spec}}, {hi:{spec}}]"
+
+
+def quote(
+    table: pd.DataFrame | None,
+    model: str,
+    quantity: str,
+    task: str,
+    mode: str,
+    seed: int,
+    own: tuple | None = None,
+    spec: str = ".2f",
+) -> str:
+    """A headline number as the findings quote it, the training seed being the unit: the mean over the
+    seeds that have it, in bold, with its between-seed t interval, then each seed's value and this
+    seed's within-run interval (`spec` formats them; ".2g" for a ratio over orders of magnitude):
+
+        **0.31** [-0.30, 0.92] (mean over seeds 0-2: 0.41 / 0.49 / 0.03; seed 0 within run [0.38, 0.44])
+        **1.00** on every seed (seeds 0-2; seed 0 within run [0.81, 1.00])
+        **0.41** [0.38, 0.44] (one seed's: seed 0, within run)
+
+    `own` (value, low, high[, groups]): this seed's number where the table lacks it. 'n/a' without any
+    number."""
+    got = seed_numbers(table, model, quantity, task, mode)
+    if seed not in got and own is not None and own[0] == own[0]:
+        n = own[3] if len(own) > 3 and own[3] == own[3] else None
+        got[seed] = (float(own[0]), float(own[1]), float(own[2]), None if n is None else int(n))
+    if not got:
+        return "n/a"
+    few = [n for _, _, _, n in got.values() if n is not None and n < MIN_GROUPS]
+    if few:  # the floor on evidence: a number over fewer groups is listed, not quoted
+        return f"too few groups ({min(few)}; at least {MIN_GROUPS})"
+    if len(got) == 1:
+        ((s, (v, lo, hi, _)),) = got.items()
+        if lo != lo or f"{lo:{spec}}" == f"{hi:{spec}}":
+            return f"**{v:{spec}}** (one seed's: seed {s}{'' if lo != lo else ', no spread within the run'})"
+        return f"**{v:{spec}}** [{lo:{spec}}, {hi:{spec}}] (one seed's: seed {s}, within run)"
+    seeds = sorted(got)
+    vals = np.array([got[s][0] for s in seeds])
+    mine = got.get(seed)
+    run = f"; seed {seed} {within(mine[1], mine[2], spec)}" if mine is not None else ""
+    if f"{vals.min():{spec}}" == f"{vals.max():{spec}}":
+        return f"**{vals.max():{spec}}** on every seed (seeds {_label(seeds)}{run})"
+    lo, hi = between_seeds(vals, is_proportion(quantity))
+    each = " / ".join(f"{x:{spec}}" for x in vals)
+    return f"**{vals.mean():{spec}}** [{lo:{spec}}, {hi:{spec}}] (mean over seeds {_label(seeds)}: {each}{run})"
+
+
+def seeds_with(table: pd.DataFrame | None, quantities: list[tuple]) -> list[int]:
+    """The seeds that have every (model, quantity, task, mode) of `quantities`."""
+    found = None
+    for key in quantities:
+        s = set(seed_numbers(table, *key))
+        found = s if found is None else found & s
+    return sorted(found or [])
+
+
+def per_seed(table: pd.DataFrame | None, keys: dict, seed: int | None = None, own: dict | None = None) -> dict:
+    """{seed: {name: (value, low, high, n)}} for every seed of `table` that has every number of `keys`
+    (name -> (model, quantity, task, mode)); `own` ({name: number}) stands for this study's `seed` where
+    the table lacks it (a study without a seeds table or headline rows). Seeds lacking a number map to
+    None, so that a finding can say which seeds the table does not cover."""
+    nums = {name: seed_numbers(table, *key) for name, key in keys.items()}
+    seeds = set().union(*(set(v) for v in nums.values())) if nums else set()
+    if seed is not None and own is not None:
+        seeds.add(seed)
+    out = {}
+    for s in sorted(seeds):
+        got = {name: v[s] for name, v in nums.items() if s in v}
+        if s == seed and own is not None:
+            got = {**{k: tuple(v) for k, v in own.items() if v is not None}, **got}
+        out[s] = got if len(got) == len(keys) else None
+    return out

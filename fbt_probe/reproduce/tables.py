@@ -10,9 +10,11 @@ from pathlib import Path
 import pandas as pd
 
 from fbt_probe.probes.robustness import pooled_by_variant
+from fbt_probe.reproduce import rules
 from fbt_probe.reproduce.config import LM_PRESETS, RECURRENT_1, STANDARD
-from fbt_probe.reproduce.rules import fmt
+from fbt_probe.reproduce.part import PAIRED_MODEL
 from fbt_probe.reproduce.rules import paired as paired_rule
+from fbt_probe.reproduce.seeds import seed_numbers
 from fbt_probe.stats import group_wilson, wilson
 
 PAPER_DEPTH0 = {"completion": 0.996, "memory": 1.0}  # one-step recurrent prefill, depth 0 (Fig. 7a)
@@ -166,21 +168,42 @@ def answer_groups(g: pd.DataFrame) -> int:
     return int(g["n"].max()) // 2 if len(g) else 0
 
 
-def answer_accuracy(out: Path, model: str, task: str, mode: str = STANDARD) -> tuple[float, float, float, int]:
-    """(accuracy over every length's samples, Wilson low, high, samples); the Wilson interval has
-    n = `answer_groups` (docs/statistics.md)."""
+def answer_accuracy(out: Path, model: str, task: str, mode: str = STANDARD) -> tuple[float, float, float, int, int]:
+    """(accuracy over every length's samples, Wilson low, high, samples, groups); the Wilson interval
+    has n = `answer_groups` (docs/statistics.md)."""
     acc = eval_table(out)
     g = acc[(acc["model"] == model) & (acc["task"] == task) & (acc["mode"] == mode)]
     c, n = int(g["correct"].sum()), int(g["n"].sum())
     if n == 0:
-        return (*wilson(c, n), n)
-    return (*group_wilson(c / n, answer_groups(g)), n)
+        return (*wilson(c, n), n, 0)
+    groups = answer_groups(g)
+    return (*group_wilson(c / n, groups), n, groups)
 
 
 def depth0(out: Path, model: str, task: str, mode: str) -> tuple[float, float, float]:
     """Depth-0 probe accuracy pooled over the length x fold cells, Wilson interval at n = groups."""
+    return depth0_number(out, model, task, mode)[:3]
+
+
+def depth0_number(out: Path, model: str, task: str, mode: str) -> tuple[float, float, float, int]:
+    """`depth0` with the groups it pools: (value, low, high, groups)."""
     r = pooled_accuracy(out, probe_cells(out, model, task, mode), task)
-    return r["value"], r["ci_low"], r["ci_high"]
+    return r["value"], r["ci_low"], r["ci_high"], r["groups"]
+
+
+def carried_state_number(out: Path, model: str, task: str) -> tuple[float, float, float, int]:
+    """The probe on the carried state h(T-1) (pseudo-mode `carried-state`), pooled over its cells:
+    (value, Wilson low, high, groups)."""
+    r = pooled_accuracy(out, probe_cells(out, model, task, "carried-state", depth=None), task)
+    return r["value"], r["ci_low"], r["ci_high"], r["groups"]
+
+
+def depth_mean_number(out: Path, model: str, task: str, mode: str, depths) -> tuple[float, float, float, int]:
+    """Probe accuracy over `depths` pooled (every depth's cells, the same samples at each depth, so the
+    mean over depths), with the Wilson interval at n = the groups pooled: what Fig. 7b's rule reads."""
+    cells = probe_cells(out, model, task, mode, depth=None)
+    r = pooled_accuracy(out, cells[cells["depth"].isin(list(depths))], task)
+    return r["value"], r["ci_low"], r["ci_high"], r["groups"]
 
 
 def depth0_scope(out: Path, model: str, task: str, mode: str = RECURRENT_1) -> str:
@@ -194,8 +217,9 @@ def depth0_scope(out: Path, model: str, task: str, mode: str = RECURRENT_1) -> s
     )
 
 
-def swap_effect(out: Path, model: str, task: str, condition: str = "state") -> tuple[float, float, float] | None:
-    """The pooled (length_knob = -1) normalized swap effect; `swap_by_length` gives each length."""
+def swap_effect(out: Path, model: str, task: str, condition: str = "state") -> tuple[float, float, float, int] | None:
+    """The pooled (length_knob = -1) normalized swap effect (a ratio of means over pairs) with its
+    groups; `per_length` gives each length. None where not run or where the pairs have no gap."""
     s = _summary(out, model, "feedback-swap")
     if s is None:
         return None
@@ -205,19 +229,7 @@ def swap_effect(out: Path, model: str, task: str, condition: str = "state") -> t
     if g.empty or g["mean"].isna().all():
         return None
     r = g.iloc[0]
-    return float(r["mean"]), float(r["ci_low"]), float(r["ci_high"])
-
-
-def swap_by_length(out: Path, model: str, task: str, condition: str = "state") -> str:
-    """'**0.56** [0.55, 0.57] at length 8 (10 pairs, 10 groups)', one entry per length run."""
-    g = per_length(_summary(out, model, "feedback-swap"), task, condition)
-    parts = [
-        f"{fmt(r.mean, r.ci_low, r.ci_high)} at length {int(r.length_knob)} ({int(r.n_pairs)} pairs, "
-        f"{int(getattr(r, 'n_groups', r.n_pairs))} groups)"
-        for r in g.itertuples()
-        if r.mean == r.mean
-    ]
-    return ", ".join(parts)
+    return float(r["mean"]), float(r["ci_low"]), float(r["ci_high"]), int(r.get("n_groups", r["n_pairs"]))
 
 
 def swap_pairs(out: Path, model: str, task: str, metric: str, by_label: bool = False) -> pd.DataFrame:
@@ -231,34 +243,84 @@ def swap_pairs(out: Path, model: str, task: str, metric: str, by_label: bool = F
     return r.groupby(keys, as_index=False)["value"].mean()
 
 
-def replacement_accuracy(out: Path, model: str, task: str, condition: str = "zero"):
-    """(answer accuracy, Wilson low, high) with the carried state replaced (`state-replacement`),
-    pooled over lengths; None where not run."""
-    s = _summary(out, model, "state-replacement")
+def swap_ratio_pairs(out: Path, model: str, task: str) -> pd.DataFrame:
+    """The feedback swap's normalized effect per pair as the two sums of a ratio of means: group_id,
+    length_knob, value (the pair's mean patched − corrupt) and den (its mean clean − corrupt), the
+    tiny-gap pairs left out (as the summaries)."""
+    r = _summary(out, model, "feedback-swap", "rows")
+    cols = ["group_id", "length_knob", "value", "den"]
+    if r is None:
+        return pd.DataFrame(columns=cols)
+    r = r[(r["task"] == task) & (r["condition"] == "state") & (r["metric"] == "normalized") & r["value"].notna()]
+    if r.empty:
+        return pd.DataFrame(columns=cols)
+    gap = r["clean_logit_diff"] - r["corrupt_logit_diff"]
+    r = r.assign(value=r["value"] * gap, den=gap)
+    return r.groupby(["group_id", "length_knob", "pair_id"], as_index=False)[["value", "den"]].mean()[cols]
+
+
+def summary_number(
+    out: Path, model: str, exp: str, task: str, condition: str, metric: str = "accuracy", decoding: str = "prefill"
+) -> tuple[float, float, float, int] | None:
+    """(mean, low, high, groups) of one experiment's summary row pooled over lengths (or its one
+    length), prefill decoding; None where not run."""
+    s = _summary(out, model, exp)
     if s is None:
         return None
-    g = s[(s["task"] == task) & (s["condition"] == condition) & (s["metric"] == "accuracy") & (s["length_knob"] == -1)]
-    if g.empty:
+    g = s[(s["task"] == task) & (s["condition"] == condition) & (s["metric"] == metric)]
+    if "decoding" in g.columns:
+        g = g[g["decoding"] == decoding]
+    if "position" in g.columns:
+        g = g[g["position"] == -1]
+    rows = g[g["length_knob"] == -1] if (g["length_knob"] == -1).any() else g
+    if len(rows) != 1 or rows["mean"].isna().all():
         return None
-    r = g.iloc[0]
-    return float(r["mean"]), float(r["ci_low"]), float(r["ci_high"])
+    r = rows.iloc[0]
+    return float(r["mean"]), float(r["ci_low"]), float(r["ci_high"]), int(r.get("n_groups", r["n_pairs"]))
 
 
-def depth_mean(out: Path, model: str, task: str, mode: str, depths) -> float:
-    """Probe accuracy averaged over `depths` (each depth pooled over lengths and folds)."""
-    vals = [tested_mean(c) for c in (probe_cells(out, model, task, mode, depth=d) for d in depths) if len(c)]
-    return float(sum(vals) / len(vals)) if vals else float("nan")
+def paired_gap(out: Path, what: str, task: str) -> str:
+    """The `gap` note of a paired row ('no gap: baseline'), '' where none."""
+    p = Path(out) / "results" / "paired" / "paired.parquet"
+    if not p.is_file():
+        return ""
+    t = _paired_table(p, p.stat().st_mtime)
+    t = t[(t["what"] == what) & (t["task"] == task)]
+    if t.empty or "gap" not in t.columns:
+        return ""
+    rows = t[t["length_knob"] == -1] if (t["length_knob"] == -1).any() else t
+    return str(rows["gap"].iloc[0] or "")
 
 
-def carried_state_accuracy(out: Path, model: str, task: str) -> float:
-    """Probe accuracy on the carried state h(T-1) itself (pseudo-mode `carried-state`, its one depth)."""
-    return tested_mean(probe_cells(out, model, task, "carried-state", depth=None))
+PAIRED_MODEL_ROWS = "paired"  # the headline rows' mode of a paired difference
 
 
-def paired_clause(out: Path, task: str, quantities) -> str:
+def paired_stated(cfg, out: Path, seeds, task: str, what: str, words: str) -> rules.Verdict:
+    """Rule `paired` on each training seed's feedback − baseline (this study's from its `paired` table,
+    the others from their headline rows), stated over seeds (`rules.stated`)."""
+    own = paired_diff(out, what, task)
+    key = (PAIRED_MODEL, f"paired-{what}", task, PAIRED_MODEL_ROWS)
+    nums = seed_numbers(seeds, *key)
+    if own is not None:
+        nums[cfg.seed] = own
+    gap = paired_gap(out, what, task)
+    verdicts = {s: paired_rule(words, n, gap if s == cfg.seed else "") for s, n in nums.items()}
+    verdicts = {s: v for s, v in verdicts.items() if v.verdict != "not-paired"}
+    if not verdicts:
+        return paired_rule(words, None)
+    return rules.stated(verdicts, cfg.seed, f"{words}, feedback − baseline (paired)")
+
+
+def paired_clause(out: Path, task: str, quantities, cfg=None, seeds=None) -> str:
     """'at depth 0: feedback − baseline **+0.12** [0.08, 0.16] (paired, n = 64 groups); ...' for each
-    (what, words) the `paired` table has on `task` (rule `paired`), '' where it has none."""
-    said = [paired_rule(words, paired_diff(out, what, task)) for what, words in quantities]
+    (what, words) the `paired` table has on `task` (rule `paired`), '' where it has none; with `cfg`,
+    each stated over the training seeds (`paired_stated`)."""
+    if cfg is not None:
+        said = [paired_stated(cfg, out, seeds, task, what, words) for what, words in quantities]
+    else:
+        said = [
+            paired_rule(words, paired_diff(out, what, task), paired_gap(out, what, task)) for what, words in quantities
+        ]
     return "; ".join(v.sentence for v in said if v.verdict != "not-paired")
 
 

@@ -16,6 +16,7 @@ import warnings
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from fbt_probe.interventions.combined import run_several
@@ -31,6 +32,7 @@ from fbt_probe.reproduce.config import (
     DEPTH_TASK,
     FULL_DEPTH,
     LM_PRESETS,
+    RATIO_OF_MEANS,
     RECURRENT_1,
     ReproConfig,
     depth_name,
@@ -39,8 +41,9 @@ from fbt_probe.reproduce.config import (
 )
 from fbt_probe.reproduce.part import HEADLINE, MODEL_WORDS, Part, Section, md_table
 from fbt_probe.reproduce.parts.training import train_run
+from fbt_probe.reproduce.seeds import quote, seed_numbers
 from fbt_probe.reproduce.stages import Stage
-from fbt_probe.stats import group_wilson
+from fbt_probe.stats import MIN_GROUPS, group_wilson
 from fbt_probe.tasks import build_tokenizer
 from fbt_probe.training.evaluate import answer_accuracy, eval_samples
 
@@ -62,6 +65,7 @@ def depth_settings(cfg: ReproConfig) -> dict:
         "swap_mode": SWAP_MODE,
         "n_boot": 300 if cfg.quick else 1000,
         "steps": cfg.depth_steps(),
+        "normalized": RATIO_OF_MEANS,
     }
 
 
@@ -175,40 +179,64 @@ def swap_table(out: Path) -> pd.DataFrame | None:
     return pd.read_parquet(p) if p.is_file() else None
 
 
-ACCURACY_Q, SWAP_Q = "depth-accuracy-k", "depth-swap-k"  # headline quantities (k appended)
+DEPTH_Q = "depth-"  # every headline quantity of the part starts so (its rows carry the depth models' hashes)
+# headline quantities (k appended): answer accuracy, the swap's normalized effect (a ratio of means over pairs,
+# named for that definition so that no seeds table averages it with another) and the swap accuracy
+ACCURACY_Q, SWAP_Q, SWAP_ACC_Q = "depth-accuracy-k", "depth-swap-normalized-k", "depth-swap-accuracy-k"
 
 
 def headline_rows(out: Path) -> pd.DataFrame:
     """The depth tables as headline rows (model, quantity, task, mode, value, ci_low, ci_high,
-    checkpoint_sha256): what `seeds.csv` stacks, so that the rule can be applied seed by seed."""
+    checkpoint_sha256, n_groups): what `seeds.csv` stacks, so that the rule can be applied seed by seed."""
     cols = HEADLINE
     frames = []
     acc, sw = accuracy_table(out), swap_table(out)
     if acc is not None:
         frames.append(
-            acc.assign(quantity=[f"{ACCURACY_Q}{int(k)}" for k in acc["k"]]).rename(columns={"accuracy": "value"})
+            acc.assign(quantity=[f"{ACCURACY_Q}{int(k)}" for k in acc["k"]], n_groups=acc["groups"]).rename(
+                columns={"accuracy": "value"}
+            )
         )
     if sw is not None and len(sw):
         frames.append(
-            sw.assign(quantity=[f"{SWAP_Q}{int(k)}" for k in sw["k"]]).rename(columns={"normalized": "value"})
+            sw.assign(quantity=[f"{SWAP_Q}{int(k)}" for k in sw["k"]], n_groups=sw["groups"]).rename(
+                columns={"normalized": "value"}
+            )
+        )
+        frames.append(
+            sw.assign(
+                quantity=[f"{SWAP_ACC_Q}{int(k)}" for k in sw["k"]],
+                n_groups=sw["groups"],
+                value=sw["swap_accuracy"],
+                ci_low=sw["swap_accuracy_low"],
+                ci_high=sw["swap_accuracy_high"],
+            )
         )
     return pd.concat([f[cols] for f in frames], ignore_index=True) if frames else pd.DataFrame(columns=cols)
 
 
-def seed_tables(seeds: pd.DataFrame | None) -> dict[int, pd.DataFrame]:
-    """Each training seed's depth accuracy table (model, k, mode, value, ci_low, ci_high), read back
-    from a stacked headline table; seeds without depth rows are left out."""
+def seed_tables(seeds: pd.DataFrame | None, groups: pd.DataFrame | None = None) -> dict[int, pd.DataFrame]:
+    """Each training seed's depth accuracy table (model, k, mode, value, ci_low, ci_high, groups), read
+    back from a stacked headline table; seeds without depth rows are left out. A table written before
+    the `n_groups` column takes each cell's groups from `groups` (this study's accuracy table: the
+    held-out groups of a cell are the task's design, not the seed's)."""
     if seeds is None or not len(seeds):
         return {}
     t = seeds[seeds["quantity"].astype(str).str.startswith(ACCURACY_Q)]
     t = t.assign(k=[int(q[len(ACCURACY_Q) :]) for q in t["quantity"]])
-    cols = ["model", "k", "mode", "value", "ci_low", "ci_high"]
+    n = t["n_groups"] if "n_groups" in t.columns else pd.Series(float("nan"), index=t.index)
+    t = t.assign(groups=n)
+    if groups is not None and t["groups"].isna().any():
+        own = groups.set_index(["model", "k", "mode"])["groups"]
+        fill = [own.get((m, int(k), mode), float("nan")) for m, k, mode in zip(t["model"], t["k"], t["mode"])]
+        t = t.assign(groups=t["groups"].fillna(pd.Series(fill, index=t.index)))
+    cols = ["model", "k", "mode", "value", "ci_low", "ci_high", "groups"]
     return {int(s): g[cols].reset_index(drop=True) for s, g in t.groupby("seed", sort=True)}
 
 
-def seeds_verdict(seeds: pd.DataFrame | None) -> rules.Verdict | None:
+def seeds_verdict(seeds: pd.DataFrame | None, groups: pd.DataFrame | None = None) -> rules.Verdict | None:
     """`rules.depth_over_seeds` over the seeds table's seeds (None with fewer than two)."""
-    tables = seed_tables(seeds)
+    tables = seed_tables(seeds, groups)
     if len(tables) < 2:
         return None
     return rules.depth_over_seeds({s: rules.depth_separation(t) for s, t in tables.items()})
@@ -219,42 +247,95 @@ def verdict(out: Path) -> rules.Verdict | None:
     return None if acc is None else rules.depth_separation(acc)
 
 
-def swap_sentence(out: Path, ks=None) -> str:
-    """The swap's normalized effect per k on both models (at `ks` only when given)."""
+def too_few(acc: pd.DataFrame) -> list[int]:
+    """The k whose cells have fewer than MIN_GROUPS held-out groups (listed, read for nothing)."""
+    return sorted(int(k) for k in acc.loc[acc["groups"] < MIN_GROUPS, "k"].unique())
+
+
+def cells_sentence(cfg: ReproConfig, out: Path, seeds) -> str:
+    """Per k with enough groups, each model's `standard` and its best mode, every number the mean over
+    the training seeds (`seeds.quote`); the k with too few groups named."""
+    acc = accuracy_table(out)
+    few = too_few(acc)
+    parts = []
+    for k in sorted(int(k) for k in acc["k"].unique() if int(k) not in few):
+        cells = []
+        for model in ("feedback", "baseline"):
+            g = acc[(acc["model"] == model) & (acc["k"] == k)]
+            if g.empty:
+                continue
+            means = {}
+            for r in g.itertuples():
+                got = seed_numbers(seeds, model, f"{ACCURACY_Q}{k}", DEPTH_TASK, r.mode)
+                means[r.mode] = np.mean([v[0] for v in got.values()]) if got else r.accuracy
+            shown = ["standard"] + [max((m for m in means if m != "standard"), key=means.get, default=None)]
+            said = [
+                f"`{m}` {quote(seeds, model, f'{ACCURACY_Q}{k}', DEPTH_TASK, m, cfg.seed, tuple(g[g['mode'] == m][['accuracy', 'ci_low', 'ci_high']].iloc[0]))}"
+                for m in shown
+                if m in means
+            ]
+            cells.append(f"the {MODEL_WORDS.get(model, model)} " + ", ".join(said))
+        parts.append(f"at k = {k} ({int(acc[acc['k'] == k]['groups'].max())} groups): " + "; ".join(cells))
+    if few:
+        parts.append(
+            f"k = {', '.join(map(str, few))}: too few groups ("
+            + ", ".join(str(int(acc[acc["k"] == k]["groups"].max())) for k in few)
+            + f" held-out groups; at least {MIN_GROUPS}), read for nothing"
+        )
+    return "; ".join(parts)
+
+
+def swap_sentence(cfg: ReproConfig, out: Path, seeds=None) -> str:
+    """The swap's normalized effect and swap accuracy per k on both models, each the mean over the
+    training seeds; the k with too few groups named, not quoted."""
     sw = swap_table(out)
     if sw is None or sw.empty:
         return ""
     parts = []
     for model, g in sw.groupby("model", sort=False):
-        g = g if ks is None else g[g["k"].isin(list(ks))]
-        cells = [
-            f"{rules.fmt(r.normalized, r.ci_low, r.ci_high)} at k = {r.k}"
-            + f" (swap accuracy {rules.fmt(r.swap_accuracy, r.swap_accuracy_low, r.swap_accuracy_high)}; "
-            + f"{r.pairs} pair{'s' if r.pairs != 1 else ''}"
-            + (f", {r.excluded} more with a tiny gap)" if r.excluded else ")")
-            for r in g.itertuples()
-            if r.normalized == r.normalized
-        ]
-        if cells:
-            parts.append(f"the {MODEL_WORDS.get(model, model)}'s by {', '.join(cells)}")
-        else:
-            parts.append(f"the {MODEL_WORDS.get(model, model)}'s not at all (every pair has a tiny clean–corrupt gap)")
+        few = sorted(int(k) for k in g.loc[g["groups"] < MIN_GROUPS, "k"])
+        cells = []
+        for r in g[g["groups"] >= MIN_GROUPS].itertuples():
+            acc = quote(
+                seeds, model, f"{SWAP_ACC_Q}{r.k}", DEPTH_TASK, SWAP_MODE, cfg.seed,
+                (r.swap_accuracy, r.swap_accuracy_low, r.swap_accuracy_high),
+            )  # fmt: skip
+            norm = (
+                quote(
+                    seeds, model, f"{SWAP_Q}{r.k}", DEPTH_TASK, SWAP_MODE, cfg.seed, (r.normalized, r.ci_low, r.ci_high)
+                )
+                if r.normalized == r.normalized
+                else "no normalized effect (the pairs' mean gap does not clear 0.1)"
+            )
+            cells.append(
+                f"{norm} at k = {r.k} (swap accuracy {acc}; {r.pairs} pair{'s' if r.pairs != 1 else ''}"
+                + (f", {r.excluded} more with a tiny gap)" if r.excluded else ")")
+            )
+        text = (
+            f"the {MODEL_WORDS.get(model, model)}'s by {', '.join(cells)}"
+            if cells
+            else f"the {MODEL_WORDS.get(model, model)}'s at no k with enough groups"
+        )
+        if few:
+            text += f" (k = {', '.join(map(str, few))}: too few groups)"
+        parts.append(text)
     return (
         f"Swapping the carried state at the final position with the partner sample's (`{SWAP_MODE}`) moves the "
-        f"{DEPTH_TASK} logit difference between the two label words: " + "; ".join(parts) + " (normalized: 1 = the "
-        "logit difference follows the swapped-in state, 0 = ignores it; group-bootstrap 95 % CI; figure *depth*, "
-        "right; the swap accuracy beside it is how often the answer becomes the swapped-in state's label, Wilson "
-        "95 % CI with n = groups: an effect without a swap accuracy above chance moves the logits but not the answer)"
+        f"{DEPTH_TASK} logit difference between the two label words: " + "; ".join(parts) + " (normalized, a ratio "
+        "of means over pairs: 1 = the logit difference follows the swapped-in state, 0 = ignores it; group-bootstrap "
+        "95 % CI; figure *depth*, right; the swap accuracy beside it is how often the answer becomes the swapped-in "
+        "state's label, Wilson 95 % CI with n = groups: an effect without a swap accuracy above chance moves the "
+        "logits but not the answer)"
     )
 
 
 def sentences(cfg: ReproConfig, out: Path, seeds: pd.DataFrame | None = None) -> list[str]:
-    """The findings' depth sentences: the rule's verdict (and, with a seeds table of two or more
-    seeds, the rule applied to each seed's table), then the swap per k."""
+    """The findings' depth sentences: the rule's verdict on each seed's table (over seeds, or this
+    seed's alone, said so), the cells per k as means over seeds, then the swap per k."""
     if cfg.model:
         return []
-    v = verdict(out)
-    if v is None:
+    acc = accuracy_table(out)
+    if acc is None:
         return []
     scope = (
         f" (the demo runs a reduced range, k = {', '.join(map(str, cfg.depth_knobs))}, at {cfg.depth_pairs} pairs "
@@ -262,14 +343,16 @@ def sentences(cfg: ReproConfig, out: Path, seeds: pd.DataFrame | None = None) ->
         if cfg.demo
         else ""
     )
-    lines = [
-        f"Serial depth ({DEPTH_TASK}, k dependent steps; held-out contexts, Wilson 95 % CI with n = groups; "
-        f"figure *depth*){scope}: {v.sentence}."
-    ]
-    over = seeds_verdict(seeds)
-    if over is not None:
-        lines.append(f"Serial depth over training seeds (the same criterion on each seed's table): {over.sentence}.")
-    swap = swap_sentence(out)
+    head = f"Serial depth ({DEPTH_TASK}, k dependent steps; held-out contexts, Wilson 95 % CI with n = groups; figure *depth*){scope}"
+    over = seeds_verdict(seeds, acc)
+    if over is None:
+        v = rules.depth_separation(acc)
+        lines = [f"{head}: {v.sentence} (one training seed's numbers: seed {cfg.seed})."]
+    else:
+        lines = [
+            f"{head}, the criterion on each training seed's own table: {over.sentence}; {cells_sentence(cfg, out, seeds)}."
+        ]
+    swap = swap_sentence(cfg, out, seeds)
     if swap:
         lines.append(swap + ".")
     return lines
@@ -279,7 +362,7 @@ def figure_jobs(cfg: ReproConfig, out: Path) -> list[tuple[str, str, pd.DataFram
     acc = accuracy_table(out)
     if cfg.model or acc is None:
         return []
-    return [("depth", "depth", acc, {"swap": swap_table(out), "task": DEPTH_TASK})]
+    return [("depth", "depth", acc, {"swap": swap_table(out), "task": DEPTH_TASK, "min_groups": MIN_GROUPS})]
 
 
 def _cell(p, lo, hi) -> str:
@@ -346,10 +429,10 @@ def sections(cfg: ReproConfig, out: Path, figures: list[str]) -> list[Section]:
         if reduced
         else ""
     )
-    few = [k for k in cfg.depth_knobs if int(k) in (2, 4)]
+    few = too_few(acc)
     few_note = (
-        f" (the `groups` column: k = {' and '.join(map(str, few))} ha{'s' if len(few) == 1 else 've'} only 1–4 "
-        "held-out words, so those rows say little)"
+        f" (the `groups` column: k = {', '.join(map(str, few))} ha{'s' if len(few) == 1 else 've'} fewer than "
+        f"{MIN_GROUPS} held-out groups, too few groups: listed, drawn as hollow unconnected markers and read for nothing)"
         if few
         else " (the `groups` column)"
     )

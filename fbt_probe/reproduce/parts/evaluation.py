@@ -15,7 +15,7 @@ from fbt_probe.reproduce import rules
 from fbt_probe.reproduce.config import RECURRENT_1, STANDARD, ReproConfig, model_path, study_contexts, study_training
 from fbt_probe.reproduce.config import tokenizer as study_tokenizer
 from fbt_probe.reproduce.part import Part, Section, headline_frame, md_table, study_model, trained_stages
-from fbt_probe.reproduce.seeds import spread
+from fbt_probe.reproduce.seeds import per_seed, quote
 from fbt_probe.reproduce.stages import Stage
 from fbt_probe.reproduce.tables import answer_accuracy
 from fbt_probe.training.config import TRAIN_KNOBS
@@ -55,21 +55,40 @@ def learned(out: Path, model: str, task: str) -> bool:
     return answer_accuracy(out, model, task)[1] > rules.CHANCE
 
 
+MEANING = {
+    "recomputable": (
+        "the answer can always be recomputed without the carried state, so an effect of the state shows that the "
+        "model reads it when it is there, not that the task needs it"
+    ),
+    "not-answered": "there the probes and causal tests read a model that has not learned the task",
+}
+
+
+def recomputable_verdict(cfg: ReproConfig, out: Path, seeds, m: str) -> rules.Verdict:
+    """Rule `recomputable` on each seed's standard answer accuracy of every task (`rules.stated`)."""
+    what = "The feedback model" if m == "feedback" else "The no-feedback baseline"
+    keys = {task: (m, "answer-accuracy", task, STANDARD) for task in cfg.modes}
+    own = {task: answer_accuracy(out, m, task) for task in cfg.modes}
+    own = {t: (*a[:3], a[4]) for t, a in own.items() if a[3]}
+    by_seed = per_seed(seeds, keys, cfg.seed, own)
+    verdicts = {s: None if nums is None else rules.recomputable(what, nums) for s, nums in by_seed.items()}
+    return rules.stated(verdicts, cfg.seed, f"{what}, whether it answers every task under standard prefill", MEANING)
+
+
 def findings(cfg: ReproConfig, out: Path, seeds) -> list[str]:
     lines = []
     for m in cfg.models():
         parts = []
         for task in cfg.modes:
-            p, lo, hi, n = answer_accuracy(out, m, task)
-            parts.append(f"{task} {rules.fmt(p, lo, hi)}" + spread(seeds, m, "answer-accuracy", task, STANDARD))
+            p, lo, hi, _, g = answer_accuracy(out, m, task)
+            parts.append(f"{task} {quote(seeds, m, 'answer-accuracy', task, STANDARD, cfg.seed, (p, lo, hi, g))}")
         what = "The feedback model" if m == "feedback" else "The no-feedback baseline"
         lines.append(
             f"{what} answers held-out samples under standard prefill with accuracy "
             + ", ".join(parts)
             + " (chance 0.50; Wilson 95 % CI with n = groups, the pairs of one group sharing a context; table *Answer accuracy*)."
         )
-        accs = {task: answer_accuracy(out, m, task)[:3] for task in cfg.modes}
-        lines.append(rules.recomputable(what, accs).sentence + ".")
+        lines.append(recomputable_verdict(cfg, out, seeds, m).sentence + ".")
     return lines
 
 
@@ -92,15 +111,16 @@ def sections(cfg: ReproConfig, out: Path, figs: list[str]) -> list[Section]:
 
 def headline(cfg: ReproConfig, out: Path) -> pd.DataFrame:
     tasks = list(cfg.modes)
-    rows = [
-        (m, "answer-accuracy", task, STANDARD, *answer_accuracy(out, m, task)[:3])
-        for m in cfg.models()
-        for task in tasks
-    ]
-    if "feedback" in cfg.models() and tasks:
-        rows.append(
-            ("feedback", "answer-accuracy", tasks[0], "full", *answer_accuracy(out, "feedback", tasks[0], "full")[:3])
-        )
+    rows = []
+    for m in cfg.models():
+        for task in tasks:
+            p, lo, hi, _, g = answer_accuracy(out, m, task)
+            rows.append((m, "answer-accuracy", task, STANDARD, p, lo, hi, g))
+    if "feedback" in cfg.models():  # what `full` recurrence answers, every task (the contraction finding)
+        for task in tasks:
+            p, lo, hi, n, g = answer_accuracy(out, "feedback", task, "full")
+            if n:
+                rows.append(("feedback", "answer-accuracy", task, "full", p, lo, hi, g))
     return headline_frame(rows, {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.models()})
 
 
@@ -110,5 +130,5 @@ PART = Part(
     findings=findings,
     sections=sections,
     headline=headline,
-    criteria=("recomputable",),
+    criteria=("seeds", "recomputable"),
 )

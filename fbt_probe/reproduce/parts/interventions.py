@@ -15,20 +15,20 @@ from fbt_probe.interventions.registry import EXPERIMENTS as REGISTRY
 from fbt_probe.interventions.registry import PatchConfig, options_for
 from fbt_probe.loading import checkpoint_hash, load_pairs
 from fbt_probe.reproduce import rules
-from fbt_probe.reproduce.config import EXPERIMENTS, RECURRENT_1, ReproConfig, model_path
+from fbt_probe.reproduce.config import EXPERIMENTS, RATIO_OF_MEANS, RECURRENT_1, ReproConfig, model_path
 from fbt_probe.reproduce.part import MODEL_WORDS, Part, Section, headline_frame, md_table, study_model, trained_stages
 from fbt_probe.reproduce.parts.evaluation import learned
-from fbt_probe.reproduce.seeds import spread
+from fbt_probe.reproduce.seeds import per_seed, quote
 from fbt_probe.reproduce.stages import Stage
 from fbt_probe.reproduce.tables import (
     PAIRED_TABLE,
     _summary,
     paired_clause,
     per_length,
-    replacement_accuracy,
-    swap_by_length,
+    summary_number,
     swap_effect,
     swap_pairs,
+    swap_ratio_pairs,
 )
 
 
@@ -63,7 +63,8 @@ def stages(cfg: ReproConfig, out: Path, ck: dict) -> list[Stage]:
     return [
         Stage(
             f"patch-{name}",
-            {**ck, "patch_pairs": cfg.patch_pairs, "patch_knobs": cfg.patch_knobs},
+            # "normalized": a summary's normalized effect is a ratio of means over pairs (the stage's tables changed)
+            {**ck, "patch_pairs": cfg.patch_pairs, "patch_knobs": cfg.patch_knobs, "normalized": RATIO_OF_MEANS},
             [out / "results" / "interventions" / name],
             partial(stage_patch, cfg, out, name),
             after=["data"] + trained_stages(cfg, name),
@@ -101,54 +102,132 @@ def figures(cfg: ReproConfig, out: Path) -> list:
     return jobs
 
 
-def swap_sentences(out: Path, task: str, seeds, answers: bool = True) -> list[str]:
-    """The feedback swap on `task`: the normalized effect per length and how it changes with length
-    (rule `trend`), the answer per swap direction (rule `directions`), zero replacement beside it
-    (rule `redundancy`, only where the model answers the task)."""
-    by_length = swap_by_length(out, "feedback", task)
-    if not by_length:
-        return []
-    norm = swap_pairs(out, "feedback", task, "normalized")
-    t = rules.trend(norm, "the effect") if len(norm) else None
-    # the seeds table holds the pooled effect, so its spread follows the pooled number, named as such
+SWAP_Q = "swap-normalized"  # the pooled effect; per length f"{SWAP_Q}-length-{k}", the slope f"{SWAP_Q}-slope"
+FOLLOWS_Q = "swap-follows-label-"  # + the receiving sample's label: the share whose answer follows the swap
+NEEDED_Q = {  # the runs without the state's information (rule `redundancy`) and the zero input it quotes
+    "bypass": ("gate-ablation", "bypass", "bypass-accuracy"),
+    "mean": ("state-replacement", "mean", "mean-state-accuracy"),
+    "zero": ("state-replacement", "zero", "zero-input-accuracy"),
+}
+
+
+def trend_numbers_of(out: Path, model: str, task: str) -> dict | None:
+    """This seed's trend numbers of the swap's normalized effect (a ratio of means per length)."""
+    pairs = swap_ratio_pairs(out, model, task)
+    return rules.trend_numbers(pairs) if len(pairs) else None
+
+
+def seed_trends(cfg: ReproConfig, out: Path, task: str, seeds) -> dict[int, dict | None]:
+    """{seed: trend numbers}: this study's from its pairs, the others from their headline rows (the
+    per-length effects and the slope with its interval; a seed without the slope gets none)."""
+    found: dict[int, dict | None] = {}
+    table = seeds if seeds is not None else None
+    if table is not None and len(table):
+        rows = table[(table["model"] == "feedback") & (table["task"] == task)]
+        for s, g in rows.groupby("seed"):
+            per = g[g["quantity"].str.startswith(f"{SWAP_Q}-length-")]
+            if per.empty:
+                found[int(s)] = None
+                continue
+            means = {int(q.rsplit("-", 1)[1]): float(v) for q, v in zip(per["quantity"], per["value"])}
+            slope = g[g["quantity"] == f"{SWAP_Q}-slope"]
+            n = per["n_groups"].max() if "n_groups" in per else float("nan")
+            found[int(s)] = {
+                "means": dict(sorted(means.items())),
+                "slope": None
+                if slope.empty
+                else tuple(float(x) for x in slope.iloc[0][["value", "ci_low", "ci_high"]]),
+                "groups": None if n != n else int(n),
+            }
+    own = trend_numbers_of(out, "feedback", task)
+    if own is not None:
+        found[cfg.seed] = own
+    return dict(sorted(found.items()))
+
+
+def swap_sentences(cfg: ReproConfig, out: Path, task: str, seeds, answers: bool = True) -> list[str]:
+    """The feedback swap on `task`: the normalized effect pooled and per length, each the mean over the
+    training seeds, and how it changes with length (rule `trend`, seed by seed), the answer per swap
+    direction (rule `directions`), and whether the state is needed (rule `redundancy`, only where the
+    model answers the task)."""
+    summary = _summary(out, "feedback", "feedback-swap")
+    lengths = per_length(summary, task, "state")
     eff = swap_effect(out, "feedback", task)
-    pooled = "" if eff is None else f"; pooled over lengths {rules.fmt(*eff)}"
+    if lengths.empty and eff is None:
+        return []
+
+    def q(quantity: str, own: tuple) -> str:
+        said = quote(seeds, "feedback", quantity, task, RECURRENT_1, cfg.seed, own)
+        return "no effect (the pairs' mean clean–corrupt gap does not clear 0.1)" if said == "n/a" else said
+
+    per = []
+    for r in lengths.itertuples():
+        groups = int(getattr(r, "n_groups", r.n_pairs))
+        number = q(f"{SWAP_Q}-length-{int(r.length_knob)}", (r.mean, r.ci_low, r.ci_high, groups))
+        per.append(f"{number} at length {int(r.length_knob)} ({groups} groups)")
+    by_length = ", ".join(per)
+    pooled = "" if eff is None else f"{q(SWAP_Q, eff)} pooled over lengths"
+    trends = {
+        s: None if n is None else rules.trend_verdict("the effect", n)
+        for s, n in seed_trends(cfg, out, task, seeds).items()
+    }
+    t = rules.stated(trends, cfg.seed, "With length, the effect") if trends else None
     line = (
         f"Swapping the carried state at the final position with the partner sample's moves {task}'s answer by a "
-        f"normalized {by_length}{pooled}{spread(seeds, 'feedback', 'swap-effect', task, RECURRENT_1)} (1 = the answer "
-        "follows the swapped-in state, 0 = ignores it; group-bootstrap 95 % CI, the pairs of one group resampled "
-        "together; Fig. *ablation-bars-feedback*)"
-        + (f"; {t.sentence}" if t is not None and t.verdict != "single-length" else "")
+        f"normalized {pooled}{'; by length, ' if pooled and by_length else ''}{by_length} (a ratio of means over "
+        "pairs, mean(patched − corrupt) / mean(clean − corrupt): 1 = the answer follows the swapped-in state, 0 = "
+        "ignores it; group-bootstrap 95 % CI, the pairs of one group resampled together; Fig. "
+        "*ablation-bars-feedback*)"
+        + (f". {t.sentence[0].upper()}{t.sentence[1:]}" if t is not None and t.verdict != "single-length" else "")
         + "."
     )
     lines = [line]
     contrast = paired_clause(
-        out, task, (("swap-normalized", "the normalized effect"), ("swap-accuracy", "the swap accuracy"))
+        out, task, (("swap-normalized", "the normalized effect"), ("swap-accuracy", "the swap accuracy")), cfg, seeds
     )
     if contrast:
         lines.append(
-            f"Against the same swap on the no-feedback baseline, over the pairs both models share on {task}, "
+            f"Against the same swap on the no-feedback baseline, over the pairs both models share on {task}: "
             + contrast
             + f" ({PAIRED_TABLE})."
         )
     follows = swap_pairs(out, "feedback", task, "accuracy", by_label=True)
     if len(follows):
-        d = rules.directions(follows, "the answer")
-        lines.append(f"Per swap direction on {task}, {d.sentence} (Wilson 95 % CI with n = groups).")
-    zero = replacement_accuracy(out, "feedback", task)
-    if zero is not None and answers:  # redundancy means something only where the model answers the task
-        mean = replacement_accuracy(out, "feedback", task, "mean")
-        v = rules.redundancy(zero, None if eff is None else eff[0], task, mean)
-        lines.append(v.sentence[0].upper() + v.sentence[1:] + " (table *Causal experiments*).")
+        rates = rules.direction_rates(follows)
+        keys = {lab: ("feedback", f"{FOLLOWS_Q}{lab}", task, RECURRENT_1) for lab in rates}
+        verdicts = {
+            s: None if n is None else rules.directions_verdict(n, "the answer")
+            for s, n in per_seed(seeds, keys, cfg.seed, rates).items()
+        }
+        d = rules.stated(
+            verdicts, cfg.seed, f"Per swap direction on {task}, whether the answer follows the swapped-in state"
+        )
+        lead = "" if len(verdicts) > 1 else f"Per swap direction on {task}, "
+        lines.append(f"{lead}{d.sentence} (Wilson 95 % CI with n = groups).")
+    if answers:  # whether the state is needed means something only where the model answers the task
+        own = {k: summary_number(out, "feedback", exp, task, cond) for k, (exp, cond, _) in NEEDED_Q.items()}
+        if own["bypass"] is not None or own["mean"] is not None:
+            keys = {k: ("feedback", q_, task, RECURRENT_1) for k, (_, _, q_) in NEEDED_Q.items() if own[k] is not None}
+            verdicts = {
+                s: None if n is None else rules.redundancy(task, n.get("bypass"), n.get("mean"), n.get("zero"))
+                for s, n in per_seed(seeds, keys, cfg.seed, {k: v for k, v in own.items() if v is not None}).items()
+            }
+            v = rules.stated(
+                verdicts,
+                cfg.seed,
+                f"Whether {task}'s answer needs the carried state (read from the gate bypassed and the mean state; "
+                "the fused input set to zero erases the token as well)",
+            )
+            lines.append(v.sentence[0].upper() + v.sentence[1:] + " (table *Causal experiments*).")
     return lines
 
 
 def findings(cfg: ReproConfig, out: Path, seeds) -> list[str]:
     lines = []
     for task in [t for t in ("completion", "memory") if t in cfg.modes]:
-        lines += swap_sentences(out, task, seeds, learned(out, "feedback", task))
+        lines += swap_sentences(cfg, out, task, seeds, learned(out, "feedback", task))
     for task in [t for t in cfg.modes if t.startswith("registers") and learned(out, "feedback", t)]:
-        lines += swap_sentences(out, task, seeds)
+        lines += swap_sentences(cfg, out, task, seeds)
     return lines
 
 
@@ -203,10 +282,15 @@ def sections(cfg: ReproConfig, out: Path, figs: list[str]) -> list[Section]:
             "partner's carried state, value or gate at the final position): 1 = the answer fully follows the swapped-in "
             "state, 0 = it ignores it (`gate` is an exact no-op control: both samples end in the same token). **State "
             "replacement / gate ablation** (noising): 1 = no effect, 0 = behaves like the partner; `accuracy` is the answer "
-            "accuracy with the replacement (under `soft` decoding for the gate rows). Pairs whose clean–corrupt gap is "
-            "below 0.1 are left out of `normalized` (counted). One row per length; `normalized` has a group-bootstrap "
-            "95 % CI (the pairs of one group resampled together), `accuracy` a Wilson 95 % CI with n = groups "
-            "(docs/statistics.md).\n\n" + md_table(causal_table(out, cfg.models())),
+            "accuracy with the replacement (under `soft` decoding for the gate rows). The fused input "
+            "RMSNorm((W_U h) ⊙ σ(W_G e)) *replaces* the token embedding, so the state replaced by zeros (`zero`) sets "
+            "the fused input to zero and erases the token as well, as the gate set to zero does (the same intervention, "
+            "drawn once) and the gate set to ones erases the token's gate; whether the state is *needed* is read from "
+            "the gate `bypass` (the plain token input, no state) and the `mean` state. Pairs whose clean–corrupt gap is "
+            "below 0.1 are left out of `normalized` (counted), which is a ratio of means over the kept pairs, "
+            "mean(patched − corrupt) / mean(clean − corrupt), given where their mean gap clears 0.1. One row per length; "
+            "`normalized` has a normal group-bootstrap 95 % CI (the pairs of one group resampled together), `accuracy` a "
+            "Wilson 95 % CI with n = groups (docs/statistics.md).\n\n" + md_table(causal_table(out, cfg.models())),
             pick("ablation-bars") + pick("patching") + pick("decodable-vs-used"),
         )
     ]
@@ -219,20 +303,44 @@ def headline(cfg: ReproConfig, out: Path) -> pd.DataFrame:
             eff = swap_effect(out, m, task)
             if eff is None:
                 continue
-            rows.append((m, "swap-effect", task, RECURRENT_1, *eff))
+            rows.append((m, SWAP_Q, task, RECURRENT_1, *eff))
             for r in per_length(_summary(out, m, "feedback-swap"), task, "state").itertuples():
                 rows.append(
-                    (m, f"swap-effect-length-{int(r.length_knob)}", task, RECURRENT_1, r.mean, r.ci_low, r.ci_high)
+                    (
+                        m,
+                        f"{SWAP_Q}-length-{int(r.length_knob)}",
+                        task,
+                        RECURRENT_1,
+                        r.mean,
+                        r.ci_low,
+                        r.ci_high,
+                        r.n_groups,
+                    )
                 )
+            if m != "feedback":
+                continue
+            t = trend_numbers_of(out, m, task)
+            if t is not None and t["slope"] is not None:
+                rows.append((m, f"{SWAP_Q}-slope", task, RECURRENT_1, *t["slope"], t["groups"]))
+            follows = swap_pairs(out, m, task, "accuracy", by_label=True)
+            if len(follows):
+                for lab, r in rules.direction_rates(follows).items():
+                    rows.append((m, f"{FOLLOWS_Q}{lab}", task, RECURRENT_1, *r))
+            for exp, cond, q in NEEDED_Q.values():
+                n = summary_number(out, m, exp, task, cond)
+                if n is not None:
+                    rows.append((m, q, task, RECURRENT_1, *n))
     return headline_frame(rows, {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.models()})
 
 
 CAPTIONS = {
     "ablation-bars": (
-        "Mean normalized effect of each intervention on the answer (feedback swap: 1 = the answer follows the "
-        "swapped-in state, 0 = it ignores it; state replacement / gate ablation: 1 = no effect, 0 = behaves like the "
-        "partner), group-bootstrap 95 % CIs, one colour per task. A × replaces a bar whose CI is too wide to read "
-        "(note under the panels)."
+        "Normalized effect of each intervention on the answer, a ratio of means over pairs (feedback swap: 1 = the "
+        "answer follows the swapped-in state, 0 = it ignores it; state replacement / gate ablation: 1 = no effect, 0 = "
+        "behaves like the partner), group-bootstrap 95 % CIs, one colour per task. Each bar is named for what it does: "
+        "the fused input set to zero erases the token as well (the zero gate is the same intervention and is drawn "
+        "once); the bypass (plain input, no state) and the mean state remove the state's information alone. A × "
+        "replaces a bar whose CI is too wide to read (note under the panels)."
     ),
     "patching": (
         "Exact residual patching: each cell is the mean normalized effect of patching one depth (row) at one "

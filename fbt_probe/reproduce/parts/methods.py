@@ -21,9 +21,11 @@ from fbt_probe.io import atomic_dir, read_json
 from fbt_probe.lens.sweep import LensConfig, run_lens, write_lens
 from fbt_probe.loading import checkpoint_hash, load_pairs
 from fbt_probe.reproduce import rules
-from fbt_probe.reproduce.config import JACOBI_2, RECURRENT_1, STANDARD, model_path
-from fbt_probe.reproduce.part import MODEL_WORDS, Part, Section, md_table, study_model, trained_stages
+from fbt_probe.reproduce.config import JACOBI_2, RATIO_OF_MEANS, RECURRENT_1, STANDARD, model_path
+from fbt_probe.reproduce.part import MODEL_WORDS, Part, Section, headline_frame, md_table, study_model, trained_stages
+from fbt_probe.reproduce.seeds import per_seed, spread_table, with_own
 from fbt_probe.reproduce.stages import Stage
+from fbt_probe.reproduce.tables import same_kind, study_kind
 from fbt_probe.tasks.generators import suffix_modes
 
 ATP_MODES = (STANDARD, RECURRENT_1, JACOBI_2)
@@ -337,28 +339,71 @@ def side_by_side(out: Path, models: list[str], knobs: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def das_sentences(out: Path, models: list[str], tasks) -> list[str]:
+DAS_Q = {"das": "das-k1-iia", "full": "das-full-iia"}  # headline rows: DAS k = 1 and the full swap's IIA
+
+
+def das_numbers(out: Path, name: str, task: str) -> dict | None:
+    """{"das": (DAS k = 1 IIA, Wilson low, high, groups), "full": (the full-vector swap's IIA, low,
+    high, groups)} on `fusion.hook_feedback`, pooled over lengths; None where DAS did not run."""
+    das = tables(out, name)["das"]
+    if das is None:
+        return None
+    got = {}
+    for key, where in (
+        ("das", dict(method="das", subspace_dim=1)),
+        ("full", dict(method="full-interchange")),
+    ):
+        sel = das[(das["task"] == task) & (das["condition"] == FEEDBACK) & (das["metric"] == "iia")]
+        sel = sel[sel["length_knob"] == -1]
+        for k, v in where.items():
+            sel = sel[sel[k] == v]
+        if sel.empty:
+            return None
+        r = sel.iloc[0]
+        got[key] = (float(r["mean"]), float(r["ci_low"]), float(r["ci_high"]), int(r.get("n_groups", r["n_pairs"])))
+    return got
+
+
+def das_sentences(cfg, out: Path, models: list[str], tasks, seeds=None) -> list[str]:
     """Per task, DAS k = 1 against the full-vector swap on the feedback model, with the untrained-fusion
-    baseline as its control where DAS ran on it (`rules.das_illusion`)."""
-
-    def pair(name, task):
-        das = tables(out, name)["das"]
-        k1 = _summary_value(
-            das, task=task, condition=FEEDBACK, method="das", subspace_dim=1, metric="iia", length_knob=-1
-        )
-        full = _summary_value(
-            das, task=task, condition=FEEDBACK, method="full-interchange", metric="iia", length_knob=-1
-        )
-        return None if k1[0] is None or full[0] is None else (tuple(float(x) for x in k1), float(full[0]))
-
+    baseline as its control where DAS ran on it (`rules.das_illusion`), seed by seed."""
     lines = []
     for task in tasks:
-        mine = pair("feedback", task) if "feedback" in models else None
+        mine = das_numbers(out, "feedback", task) if "feedback" in models else None
         if mine is None:
             continue
-        control = pair("baseline", task) if "baseline" in models else None
-        lines.append(rules.das_illusion(task, mine[0], mine[1], control).sentence + ".")
+        control = das_numbers(out, "baseline", task) if "baseline" in models else None
+        keys = {f"feedback-{k}": ("feedback", q, task, RECURRENT_1) for k, q in DAS_Q.items()}
+        own = {f"feedback-{k}": v for k, v in mine.items()}
+        if control is not None:
+            keys |= {f"baseline-{k}": ("baseline", q, task, RECURRENT_1) for k, q in DAS_Q.items()}
+            own |= {f"baseline-{k}": v for k, v in control.items()}
+        verdicts = {
+            s: None
+            if n is None
+            else rules.das_illusion(
+                task,
+                n["feedback-das"],
+                n["feedback-full"][0],
+                (n["baseline-das"], n["baseline-full"][0]) if control is not None else None,
+            )
+            for s, n in per_seed(seeds, keys, cfg.seed, own).items()
+        }
+        v = rules.stated(verdicts, cfg.seed, f"On {task}, DAS with k = 1 against the full-vector swap")
+        lines.append(v.sentence + ".")
     return lines
+
+
+def headline(cfg, out: Path) -> pd.DataFrame:
+    """DAS k = 1 and the full swap's IIA per task and model: the seeds table gives the DAS rule's numbers
+    seed by seed."""
+    rows = []
+    for name in cfg.methods_models() if cfg.methods else []:
+        for task in methods_knobs(cfg):
+            got = das_numbers(out, name, task)
+            if got is not None:
+                rows += [(name, DAS_Q[k], task, RECURRENT_1, *v) for k, v in got.items()]
+    return headline_frame(rows, {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.methods_models()})
 
 
 def _largest(s: pd.DataFrame | None, task: str, exp: str, where: str) -> str:
@@ -406,6 +451,8 @@ def sections(cfg, out: Path, figures: list[str]) -> list[Section]:
     if not any(tables(out, n)["atp"] is not None for n in models):
         return [Section("Attribution patching, DAS and the lens", "_(not run)_\n")]
     s = methods_settings(cfg)
+    seeds = with_own(same_kind(spread_table(cfg, out), study_kind(cfg)), headline(cfg, out), cfg.seed)
+    das = das_sentences(cfg, out, models, methods_knobs(cfg), seeds)
     text = (
         "**Attribution patching** (AtP) estimates residual patching for every hook × position (× Jacobi pass) "
         "from one forward and one backward, with the same metric and sign convention (normalized = "
@@ -435,8 +482,8 @@ def sections(cfg, out: Path, figures: list[str]) -> list[Section]:
         "untrained-fusion control. The last two columns give where exact residual patching (last positions only) "
         "and AtP (every cell) put the largest denoising effect.\n\n"
         + md_table(side_by_side(out, models, methods_knobs(cfg)))
-        + "".join(f"\n- {line}" for line in das_sentences(out, models, methods_knobs(cfg)))
-        + ("\n" if das_sentences(out, models, methods_knobs(cfg)) else "")
+        + "".join(f"\n- {line}" for line in das)
+        + ("\n" if das else "")
         + "\n**Lens**: probability of the correct label word at the final position read through the logit lens "
         "(final norm + tied unembedding) and a tuned lens (one affine translator per depth, identity init, KL to "
         "the final logits on half of the pair groups; shown on the other half), per prefill mode (Jacobi: its last "
@@ -457,7 +504,7 @@ def stages(cfg, out: Path, ck: dict) -> list[Stage]:
         st.append(
             Stage(
                 f"methods-{name}",
-                key,
+                {**key, "normalized": RATIO_OF_MEANS},  # AtP's normalized summaries: a ratio of means
                 [out / "results" / "methods" / name],
                 partial(stage_methods, cfg, out, name),
                 after=after,
@@ -506,6 +553,7 @@ PART = Part(
     stages=stages,
     figures=figure_jobs,
     sections=sections,
+    headline=headline,
     captions=CAPTIONS,
     criteria=("das",),
 )

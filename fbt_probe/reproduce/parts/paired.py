@@ -11,12 +11,19 @@ two models' separate intervals suggest.
 |-----------------------------|-------------------------------------------------------------------------------|
 | `depth0-recurrent:1`        | held-out probe correctness per sample, depth 0 under `recurrent:1`            |
 | `carried-state`             | held-out probe correctness per sample, the probe on h(T-1) itself             |
-| `swap-normalized`           | the feedback swap's normalized effect per pair (tiny-gap rows left out)       |
+| `swap-normalized`           | the feedback swap's normalized effect: a ratio of means over pairs (below)    |
 | `swap-accuracy`             | the feedback swap's answer accuracy per pair (the answer follows the swap)    |
-| `zero-replacement-accuracy` | answer accuracy per pair with the carried state replaced by zeros             |
+| `zero-replacement-accuracy` | answer accuracy per pair with the fused input set to zero (token erased too)  |
 
 One row per quantity x task x length (`length_knob`), and pooled over the lengths (`length_knob`
-= -1, a group's values at every length together)."""
+= -1, a group's values at every length together).
+
+A normalized effect is each model's ratio of means over the shared pairs, Σ(patched − corrupt) /
+Σ(clean − corrupt) (tiny-gap pairs left out, as the experiments' summaries), resampled with the same
+draws for both models. It is compared only where both models have the gap: each model's mean
+clean–corrupt gap over the shared groups has its group-bootstrap interval above `MIN_GAP`; elsewhere
+the row's difference is NaN (`gap` names the model without it), for a ratio over a near-zero gap is
+noise, and a difference of two such ratios more so."""
 
 from __future__ import annotations
 
@@ -30,14 +37,15 @@ from fbt_probe.io import atomic_dir, write_json
 from fbt_probe.loading import checkpoint_hash
 from fbt_probe.probes.sweep import SAMPLES_FILE
 from fbt_probe.provenance import git_commit, provenance
-from fbt_probe.reproduce.config import RECURRENT_1, ReproConfig, model_path
-from fbt_probe.reproduce.part import Part, Section, md_table
+from fbt_probe.reproduce.config import RATIO_OF_MEANS, RECURRENT_1, ReproConfig, model_path
+from fbt_probe.reproduce.part import PAIRED_MODEL, Part, Section, headline_frame, md_table
 from fbt_probe.reproduce.rules import bound, signed
 from fbt_probe.reproduce.stages import Stage
 from fbt_probe.reproduce.tables import _summary, study_kind
-from fbt_probe.stats import LEVEL, N_BOOT, paired_difference
+from fbt_probe.stats import LEVEL, N_BOOT, group_bootstrap_ratios, paired_difference
 
 MODELS = ("feedback", "baseline")
+MIN_GAP = 0.1  # logits: the experiments' min_gap, which each model's mean gap must clear for a normalized contrast
 PROBES = {  # what -> (probe mode, depth; None: the mode's one depth)
     "depth0-recurrent:1": (RECURRENT_1, 0),
     "carried-state": ("carried-state", None),
@@ -52,7 +60,7 @@ DESCRIPTION = {
     "carried-state": "probe accuracy on the carried state h(T-1)",
     "swap-normalized": "the feedback swap's normalized effect",
     "swap-accuracy": "the feedback swap's accuracy (the answer follows the swapped-in state)",
-    "zero-replacement-accuracy": "answer accuracy with the carried state replaced by zeros",
+    "zero-replacement-accuracy": "answer accuracy with the fused input set to zero (the token erased as well)",
 }
 COLUMNS = [
     "what",
@@ -68,6 +76,7 @@ COLUMNS = [
     "n_baseline",
     "unit",
     "interval",
+    "gap",
 ]
 FOLDER, TABLE = ("results", "paired"), "paired.parquet"
 
@@ -98,7 +107,9 @@ def probe_values(out: Path, model: str, mode: str, depth: int | None) -> pd.Data
 
 def pair_values(out: Path, model: str, exp: str, condition: str, metric: str) -> pd.DataFrame:
     """Per-pair values of one intervention condition and metric (a pair's value: the mean of its
-    rows, as the experiment's summary): task, length_knob, group_id, value. Empty where not run."""
+    rows, as the experiment's summary): task, length_knob, group_id, value. Empty where not run.
+    `normalized`: value is the pair's mean (patched − corrupt) and `den` its mean (clean − corrupt),
+    the two sums of a ratio of means."""
     empty = pd.DataFrame(columns=["task", "length_knob", "group_id", "value"])
     r = _summary(Path(out), model, exp, "rows")
     if r is None:
@@ -111,13 +122,16 @@ def pair_values(out: Path, model: str, exp: str, condition: str, metric: str) ->
     r = r[r["value"].notna()]
     if r.empty:
         return empty
+    cols = ["task", "length_knob", "group_id", "value"]
+    if metric == "normalized":
+        gap = r["clean_logit_diff"] - r["corrupt_logit_diff"]
+        r = r.assign(value=r["value"] * gap, den=gap)
+        cols.append("den")
     per = r.groupby(["task", "length_knob", "pair_id"], sort=True).agg(
-        group_id=("group_id", "first"), value=("value", "mean")
+        group_id=("group_id", "first"), **{c: (c, "mean") for c in cols[3:]}
     )
     per = per.reset_index()
-    return per.assign(group_id=per["group_id"].astype(str), length_knob=per["length_knob"].astype(np.int64))[
-        ["task", "length_knob", "group_id", "value"]
-    ]
+    return per.assign(group_id=per["group_id"].astype(str), length_knob=per["length_knob"].astype(np.int64))[cols]
 
 
 def paired_rows(what: str, unit: str, f: pd.DataFrame, b: pd.DataFrame, n_boot: int, seed: int) -> list[dict]:
@@ -131,13 +145,28 @@ def paired_rows(what: str, unit: str, f: pd.DataFrame, b: pd.DataFrame, n_boot: 
             bk = bt if knob == -1 else bt[bt["length_knob"] == knob]
             if knob == -1:  # pooled over the lengths both have
                 fk, bk = fk[fk["length_knob"].isin(knobs)], bk[bk["length_knob"].isin(knobs)]
+            ratio = "den" in fk.columns
+            dens = {"a_den": fk["den"], "b_den": bk["den"]} if ratio else {}
             d, lo, hi, g = paired_difference(
-                fk["value"], fk["group_id"], bk["value"], bk["group_id"], n_boot=n_boot, seed=seed
+                fk["value"], fk["group_id"], bk["value"], bk["group_id"], n_boot=n_boot, seed=seed, **dens
             )
             if g == 0:
                 continue
             shared = set(fk["group_id"]) & set(bk["group_id"])
             fs, bs = fk[fk["group_id"].isin(shared)], bk[bk["group_id"].isin(shared)]
+            means, missing = [], []
+            for name, t in (("feedback", fs), ("baseline", bs)):
+                if not ratio:
+                    means.append(float(t["value"].mean()))
+                    continue
+                ((v, *_, den_lo, _),) = group_bootstrap_ratios(
+                    [t["value"]], [t["den"]], [t["group_id"]], n_boot, seed=seed, min_den=MIN_GAP
+                )
+                means.append(v)
+                if v != v:
+                    missing.append(name)
+            if missing:  # a ratio over a near-zero gap is noise: no contrast
+                d = lo = hi = float("nan")
             rows.append(
                 {
                     "what": what,
@@ -147,12 +176,13 @@ def paired_rows(what: str, unit: str, f: pd.DataFrame, b: pd.DataFrame, n_boot: 
                     "ci_low": lo,
                     "ci_high": hi,
                     "n_groups": g,
-                    "feedback": float(fs["value"].mean()),
-                    "baseline": float(bs["value"].mean()),
+                    "feedback": means[0],
+                    "baseline": means[1],
                     "n_feedback": len(fs),
                     "n_baseline": len(bs),
                     "unit": unit,
-                    "interval": "paired-group-bootstrap",
+                    "interval": "paired-group-bootstrap-ratio" if ratio else "paired-group-bootstrap",
+                    "gap": ("no gap: " + " and ".join(missing)) if missing else ("both" if ratio else ""),
                 }
             )
     return rows
@@ -217,7 +247,7 @@ def stages(cfg: ReproConfig, out: Path, ck: dict) -> list[Stage]:
     return [
         Stage(
             "paired",
-            {**ck, **paired_settings(cfg)},
+            {**ck, **paired_settings(cfg), "normalized": RATIO_OF_MEANS},
             [out.joinpath(*FOLDER)],
             partial(stage_paired, cfg, out),
             after=after,
@@ -235,8 +265,11 @@ def report_table(out: Path) -> pd.DataFrame | None:
         return None
     rows = []
     for r in pd.read_parquet(p).itertuples():
+        gap = str(getattr(r, "gap", "") or "")
         diff = (
-            f"{signed(r.difference, 3)} (every group)"
+            f"not compared ({gap}: the mean clean–corrupt gap's interval is not above {MIN_GAP})"
+            if r.difference != r.difference and gap.startswith("no gap")
+            else f"{signed(r.difference, 3)} (every group)"
             if r.ci_low == r.ci_high
             else f"{signed(r.difference, 3)} [{bound(r.ci_low, 3)}, {bound(r.ci_high, 3)}]"
         )
@@ -246,8 +279,8 @@ def report_table(out: Path) -> pd.DataFrame | None:
                 "task": r.task,
                 "length": "pooled" if r.length_knob == -1 else int(r.length_knob),
                 "feedback − baseline [95% CI]": diff,
-                "feedback": f"{r.feedback:.3f}",
-                "baseline": f"{r.baseline:.3f}",
+                "feedback": "no gap" if r.feedback != r.feedback else f"{r.feedback:.3f}",
+                "baseline": "no gap" if r.baseline != r.baseline else f"{r.baseline:.3f}",
                 "groups": int(r.n_groups),
                 "values (feedback / baseline)": f"{int(r.n_feedback)} / {int(r.n_baseline)} {r.unit}",
             }
@@ -257,7 +290,9 @@ def report_table(out: Path) -> pd.DataFrame | None:
 
 NOTE = (
     "Each row is the feedback model's mean minus the baseline's over the groups both models share "
-    "(held-out probe predictions per sample; the swap and the zero replacement per pair), with a "
+    "(held-out probe predictions per sample; the swap and the zero replacement per pair; a normalized effect "
+    "is each model's ratio of means over the shared pairs, compared only where both models' mean clean–corrupt "
+    "gap clears 0.1), with a "
     "percentile group-bootstrap 95 % CI that draws the shared groups once and applies the draw to both "
     "models, so what a group shifts in both cancels (docs/statistics.md). `pooled` takes a group's values "
     "at every length together; `(every group)`: every resample gave the same difference, so there is no "
@@ -271,4 +306,33 @@ def sections(cfg: ReproConfig, out: Path, figs: list[str]) -> list[Section]:
     return [] if t is None else [Section("Feedback − baseline, paired", NOTE + "\n\n" + md_table(t))]
 
 
-PART = Part("paired", stages=stages, sections=sections, criteria=("paired",))
+def headline(cfg: ReproConfig, out: Path) -> pd.DataFrame:
+    """Each quantity's feedback − baseline per task (pooled over lengths, or its one length) as headline
+    rows of model `feedback-baseline`: the seeds table then gives every seed's paired difference, so the
+    rule `paired` is applied seed by seed."""
+    p = out.joinpath(*FOLDER, TABLE)
+    if not p.is_file():
+        return headline_frame([], {})
+    t = pd.read_parquet(p)
+    rows = []
+    for (what, task), g in t.groupby(["what", "task"], sort=True):
+        r = g[g["length_knob"] == -1] if (g["length_knob"] == -1).any() else g
+        if len(r) != 1:  # several lengths and no pooled row: no one number stands for the task
+            continue
+        r = r.iloc[0]
+        rows.append(
+            (
+                PAIRED_MODEL,
+                f"paired-{what}",
+                task,
+                "paired",
+                r["difference"],
+                r["ci_low"],
+                r["ci_high"],
+                int(r["n_groups"]),
+            )
+        )
+    return headline_frame(rows, {m: checkpoint_hash(model_path(cfg, out, m)) for m in MODELS})
+
+
+PART = Part("paired", stages=stages, sections=sections, headline=headline, criteria=("paired",))

@@ -17,21 +17,24 @@ from fbt_probe.probes.robustness import pooled_by_variant, robustness
 from fbt_probe.probes.sweep import ProbeConfig, probe_sweep, write_results
 from fbt_probe.reproduce import rules
 from fbt_probe.reproduce.config import EXTRACT_BATCH, RECURRENT_1, STANDARD, ReproConfig, model_path
-from fbt_probe.reproduce.part import MODEL_WORDS, Part, Section, headline_frame, md_table, trained_stages
+from fbt_probe.reproduce.part import MODEL_WORDS, PAIRED_MODEL, Part, Section, headline_frame, md_table, trained_stages
 from fbt_probe.reproduce.parts.evaluation import learned
-from fbt_probe.reproduce.seeds import spread
+from fbt_probe.reproduce.seeds import per_seed, quote
 from fbt_probe.reproduce.stages import Stage
 from fbt_probe.reproduce.tables import (
     DEPTH0_CI,
+    PAIRED_MODEL_ROWS,
     PAIRED_TABLE,
     PAPER_DEPTH0,
     answer_accuracy,
-    carried_state_accuracy,
+    carried_state_number,
     depth0,
     depth0_modes,
+    depth0_number,
     depth0_scope,
-    depth_mean,
+    depth_mean_number,
     paired_clause,
+    paired_diff,
     pooled_accuracy,
     probe_depths,
     setting,
@@ -39,6 +42,7 @@ from fbt_probe.reproduce.tables import (
 )
 from fbt_probe.tasks.generators import suffix_modes
 
+DEPTHS_Q = "depth1-L-decodability"  # headline: probe accuracy over depths 1..L (Fig. 7b's rule)
 ROBUSTNESS_TASKS = ("completion", "memory")  # Fig. 7a's tasks: depth 0 under recurrent:1 across probe variants
 
 
@@ -122,64 +126,109 @@ def figures(cfg: ReproConfig, out: Path) -> list:
     return jobs
 
 
-def _variants_sentence(out: Path, task: str) -> str:
+VARIANT_Q = ("depth0-variant-min", "depth0-variant-max")  # headline rows of the robustness panel's range
+
+
+def _variants_sentence(cfg: ReproConfig, out: Path, task: str, seeds) -> str:
+    """Rule `probe-variants` on each seed's range of the depth-0 reading over probe variants, both models."""
+    keys = {f"{m}-{q}": (m, q, task, RECURRENT_1) for m in ("baseline", "feedback") for q in VARIANT_Q}
     b, f = variant_range(out, "baseline", task), variant_range(out, "feedback", task)
-    if b is None or f is None:
-        return ""
-    return (
-        f" Across probe variants (standardised or raw features, C from 0.01 to 10) the baseline reads "
-        f"{b[0]:.2f}–{b[1]:.2f} and the feedback model {f[0]:.2f}–{f[1]:.2f}"
-        + (
-            ": the control's reading depends on the probe more than the feedback model's"
-            if b[1] - b[0] > max(0.02, 2 * (f[1] - f[0]))
-            else ""
+    own = None
+    if b is not None and f is not None:
+        n = depth0_number(out, "baseline", task, RECURRENT_1)[3]
+        own = {
+            f"{m}-{q}": (r[i], float("nan"), float("nan"), n)
+            for m, r in (("baseline", b), ("feedback", f))
+            for i, q in enumerate(VARIANT_Q)
+        }
+    verdicts = {
+        s: None
+        if nums is None
+        else rules.probe_dependence(
+            (nums["baseline-depth0-variant-min"][0], nums["baseline-depth0-variant-max"][0]),
+            (nums["feedback-depth0-variant-min"][0], nums["feedback-depth0-variant-max"][0]),
+            nums["baseline-depth0-variant-min"][3],
         )
-        + " (table *Robustness of depth-0 decodability*)."
+        for s, nums in per_seed(seeds, keys, cfg.seed, own).items()
+    }
+    if not any(v is not None for v in verdicts.values()):
+        return ""
+    v = rules.stated(
+        verdicts,
+        cfg.seed,
+        "The depth-0 reading across probe variants (standardised or raw features, C from 0.01 to 10)",
     )
+    return f" {v.sentence} (table *Robustness of depth-0 decodability*)."
 
 
 def fig7a_findings(cfg: ReproConfig, out: Path, task: str, seeds) -> list[str]:
-    """Depth-0 decodability of `task` under `recurrent:1` and `standard`, the read-out of h(T-1), and
-    the untrained-fusion baseline beside it."""
+    """Depth-0 decodability of `task` under `recurrent:1` and `standard`, Fig. 7a's verdict against the
+    untrained-fusion control, the read-out of h(T-1), and the control beside it; every number the mean
+    over the training seeds, every verdict stated where it holds on every seed."""
     lines, models = [], cfg.models()
-    rec, std = depth0(out, "feedback", task, RECURRENT_1), depth0(out, "feedback", task, STANDARD)
+    rec, std = depth0_number(out, "feedback", task, RECURRENT_1), depth0(out, "feedback", task, STANDARD)
     if rec[0] == rec[0]:
         paper = PAPER_DEPTH0.get(task)
+        q = lambda m, mode, own: quote(seeds, m, "depth0-decodability", task, mode, cfg.seed, own)  # noqa: E731
+        keys = {
+            "rec": ("feedback", "depth0-decodability", task, RECURRENT_1),
+            "gap": (PAIRED_MODEL, "paired-depth0-recurrent:1", task, PAIRED_MODEL_ROWS),
+        }
+        own = {"rec": rec, "gap": paired_diff(out, "depth0-recurrent:1", task)}
+        by_seed = per_seed(seeds, keys, cfg.seed, {k: v for k, v in own.items() if v is not None})
+        verdicts = {s: None if n is None else rules.fig7a(task, n["rec"], n["gap"], paper) for s, n in by_seed.items()}
+        if own["gap"] is None:  # no control measured here: nothing to contrast this seed's reading with
+            verdicts[cfg.seed] = rules.fig7a(task, rec, None, paper)
+        v = rules.stated(verdicts, cfg.seed, f"Fig. 7a on {task}, as a contrast with the untrained-fusion control")
         lines.append(
-            f"At depth 0, {task}'s label is linearly decodable at {rules.fmt(*rec)} after one recurrent prefill "
-            f"step (`recurrent:1`){spread(seeds, 'feedback', 'depth0-decodability', task, RECURRENT_1)} "
-            f"against {rules.fmt(*std)} under standard prefill{spread(seeds, 'feedback', 'depth0-decodability', task, STANDARD)}"
+            f"At depth 0, {task}'s label is linearly decodable at {q('feedback', RECURRENT_1, rec)} after one "
+            f"recurrent prefill step (`recurrent:1`) against {q('feedback', STANDARD, std)} under standard prefill, "
+            "chance by construction (every sample ends in the same token)"
             + (f" (paper: {paper:.3f} and chance, on its 1B general language model)" if paper else "")
             + f"; {depth0_scope(out, 'feedback', task)}; {DEPTH0_CI} (Fig. 7a). "
             + setting(cfg)
-            + (
-                f" By the criterion below, Fig. 7a's pattern {rules.fig7a(task, rec, std, paper).verdict}."
-                if paper
-                else ""
-            )
+            + f" {v.sentence[0].upper()}{v.sentence[1:]}."
         )
-        carried = {m: carried_state_accuracy(out, m, task) for m in models}
-        pairs = {m: (depth0(out, m, task, RECURRENT_1)[0], c) for m, c in carried.items() if c == c}
+        carried = {m: carried_state_number(out, m, task) for m in models}
+        pairs = {m: (depth0_number(out, m, task, RECURRENT_1), c) for m, c in carried.items() if c[0] == c[0]}
         if pairs:
+            keys = {
+                f"{m}-{k}": (m, q_, task, mode)
+                for m in pairs
+                for k, q_, mode in (
+                    ("depth0", "depth0-decodability", RECURRENT_1),
+                    ("carried", "carried-state-decodability", "carried-state"),
+                )
+            }
+            own = {f"{m}-{k}": v for m, (d, c) in pairs.items() for k, v in (("depth0", d), ("carried", c))}
+            verdicts = {
+                s: None if n is None else rules.readout(task, {m: (n[f"{m}-depth0"], n[f"{m}-carried"]) for m in pairs})
+                for s, n in per_seed(seeds, keys, cfg.seed, own).items()
+            }
+            ro = rules.stated(verdicts, cfg.seed, f"On {task}, whether depth 0 under `recurrent:1` reads h(T-1)")
             gaps = paired_clause(
-                out, task, (("depth0-recurrent:1", "at depth 0"), ("carried-state", "on h(T-1) itself"))
+                out,
+                task,
+                (("depth0-recurrent:1", "at depth 0"), ("carried-state", "on h(T-1) itself")),
+                cfg,
+                seeds,
             )
             lines.append(
-                rules.readout(task, pairs).sentence
+                ro.sentence
                 + " (Fig. 7a's carried-state line)."
-                + (f" Over the samples both models share, {gaps} ({PAIRED_TABLE})." if gaps else "")
+                + (f" Over the samples both models share: {gaps} ({PAIRED_TABLE})." if gaps else "")
             )
     if "baseline" in models:
         b = depth0(out, "baseline", task, RECURRENT_1)
-        gap = paired_clause(out, task, (("depth0-recurrent:1", "The gap to the feedback model"),))
+        gap = paired_clause(out, task, (("depth0-recurrent:1", "The gap to the feedback model"),), cfg, seeds)
         if b[0] == b[0]:
             lines.append(
-                f"The baseline, whose fusion weights were never trained, reads {rules.fmt(*b)}"
-                f"{spread(seeds, 'baseline', 'depth0-decodability', task, RECURRENT_1)} at depth 0 under "
+                f"The baseline, whose fusion weights were never trained, reads "
+                f"{quote(seeds, 'baseline', 'depth0-decodability', task, RECURRENT_1, cfg.seed, b)} at depth 0 under "
                 f"`recurrent:1` on {task}: a random map of a state that already encodes the label, so "
                 "decodability alone does not show that the feedback was learned (Fig. 7a, dashed)."
                 + (f" {gap} ({PAIRED_TABLE})." if gap else "")
-                + _variants_sentence(out, task)
+                + _variants_sentence(cfg, out, task, seeds)
             )
     return lines
 
@@ -191,8 +240,8 @@ def register_findings(cfg: ReproConfig, out: Path, task: str, seeds) -> list[str
     if not modes:
         return []
     parts = [
-        f"{rules.fmt(*depth0(out, 'feedback', task, mode))} under `{mode}`"
-        f"{spread(seeds, 'feedback', 'depth0-decodability', task, mode)}"
+        f"{quote(seeds, 'feedback', 'depth0-decodability', task, mode, cfg.seed, depth0(out, 'feedback', task, mode))}"
+        f" under `{mode}`"
         for mode in modes
     ]
     line = (
@@ -204,22 +253,33 @@ def register_findings(cfg: ReproConfig, out: Path, task: str, seeds) -> list[str
         b = depth0(out, "baseline", task, RECURRENT_1)
         if b[0] == b[0]:
             line += (
-                f" The baseline, whose fusion was never trained, reads {rules.fmt(*b)}"
-                f"{spread(seeds, 'baseline', 'depth0-decodability', task, RECURRENT_1)} under `recurrent:1`."
+                f" The baseline, whose fusion was never trained, reads "
+                f"{quote(seeds, 'baseline', 'depth0-decodability', task, RECURRENT_1, cfg.seed, b)} under `recurrent:1`."
             )
-            gap = paired_clause(out, task, (("depth0-recurrent:1", "The gap to the feedback model"),))
+            gap = paired_clause(out, task, (("depth0-recurrent:1", "The gap to the feedback model"),), cfg, seeds)
             line += f" {gap} ({PAIRED_TABLE})." if gap else ""
     lines = [line]
-    depths = sorted(
-        set(probe_depths(out, "feedback", task)) - {0}
-    )  # Fig. 7b's claim is about the layers above the input
+    depths = deeper(out, task)  # Fig. 7b's claim is about the layers above the input
     if depths:
-        by_mode = {m: depth_mean(out, "feedback", task, m, depths) for m in modes}
+        keys = {m: ("feedback", DEPTHS_Q, task, m) for m in modes}
+        own = {m: depth_mean_number(out, "feedback", task, m, depths) for m in modes}
         has_eval = (out / "eval" / "accuracy.parquet").is_file()
-        full = answer_accuracy(out, "feedback", task, "full") if has_eval else (0, 0, 0, 0)
-        v = rules.fig7b(task, by_mode, None if full[3] == 0 else full[:3])
+        full = answer_accuracy(out, "feedback", task, "full") if has_eval else (0, 0, 0, 0, 0)
+        if full[3]:
+            keys["answer"] = ("feedback", "answer-accuracy", task, "full")
+            own["answer"] = (*full[:3], full[4])
+        verdicts = {
+            s: None if n is None else rules.fig7b(task, {m: n[m] for m in modes}, n.get("answer"))
+            for s, n in per_seed(seeds, keys, cfg.seed, own).items()
+        }
+        v = rules.stated(verdicts, cfg.seed, f"Fig. 7b on {task} (table *Probe accuracy over depths 1..L*)")
         lines.append(v.sentence + ".")
     return lines
+
+
+def deeper(out: Path, task: str) -> list[int]:
+    """The probe depths above the input (1..L) of the feedback model on `task`: Fig. 7b's depths."""
+    return sorted(set(probe_depths(out, "feedback", task)) - {0})
 
 
 def findings(cfg: ReproConfig, out: Path, seeds) -> list[str]:
@@ -230,9 +290,9 @@ def findings(cfg: ReproConfig, out: Path, seeds) -> list[str]:
     dead = [t for t in regs if not learned(out, "feedback", t)]
     if dead:
         lines.append(
-            f"{' and '.join(dead).capitalize()}: the feedback model's answer accuracy is not above chance "
-            "(first finding), so Fig. 7b's panels probe a model that has not learned the task; a flat line "
-            "there says nothing about what latent feedback can carry."
+            f"{' and '.join(dead).capitalize()}: the feedback model's answer accuracy (seed {cfg.seed}) is not above "
+            "chance (the first findings give every seed's), so Fig. 7b's panels probe a model that has not learned "
+            "the task; a flat line there says nothing about what latent feedback can carry."
         )
     for task in [t for t in regs if t not in dead]:
         lines += register_findings(cfg, out, task, seeds)
@@ -312,6 +372,12 @@ def sections(cfg: ReproConfig, out: Path, figs: list[str]) -> list[Section]:
             [f for f in figs if f.startswith("fig7a")] + [f for f in figs if f.startswith("fig7b")],
         ),
         Section(
+            "Probe accuracy over depths 1..L",
+            "The feedback model's probe accuracy on each register task pooled over the depths above the input "
+            "(1..L) and the lengths (the same samples at every depth, so the mean over depths), with its Wilson "
+            "95 % CI at n = groups: what Fig. 7b's rule compares across modes.\n\n" + md_table(depths_table(cfg, out)),
+        ),
+        Section(
             "Robustness of depth-0 decodability",
             "Depth-0 accuracy under `recurrent:1`, pooled over lengths, refitted on "
             "the same folds with standardised or raw features and C from 0.01 to 10 (the main table's probe is "
@@ -327,8 +393,37 @@ def headline(cfg: ReproConfig, out: Path) -> pd.DataFrame:
         # completion and memory: Fig. 7a's two modes; the register tasks: every mode of Fig. 7b
         for task in [t for t in cfg.modes if t in ("completion", "memory") or t.startswith("registers")]:
             modes = depth0_modes(cfg, out, m, task) if task.startswith("registers") else (STANDARD, RECURRENT_1)
-            rows += [(m, "depth0-decodability", task, mode, *depth0(out, m, task, mode)) for mode in modes]
+            rows += [(m, "depth0-decodability", task, mode, *depth0_number(out, m, task, mode)) for mode in modes]
+            c = carried_state_number(out, m, task)
+            if c[0] == c[0]:
+                rows.append((m, "carried-state-decodability", task, "carried-state", *c))
+            if m == "feedback" and task.startswith("registers") and (depths := deeper(out, task)):
+                rows += [(m, DEPTHS_Q, task, mode, *depth_mean_number(out, m, task, mode, depths)) for mode in modes]
+            rng = variant_range(out, m, task)
+            if rng is not None:
+                n = depth0_number(out, m, task, RECURRENT_1)[3]
+                rows += [(m, q, task, RECURRENT_1, x, float("nan"), float("nan"), n) for q, x in zip(VARIANT_Q, rng)]
     return headline_frame(rows, {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.models()})
+
+
+def depths_table(cfg: ReproConfig, out: Path) -> pd.DataFrame:
+    """Per register task × mode, the feedback model's probe accuracy over depths 1..L (the number Fig. 7b's
+    rule reads) with its Wilson interval and groups."""
+    rows = []
+    for task in [t for t in cfg.modes if t.startswith("registers")]:
+        depths = deeper(out, task)
+        for mode in depth0_modes(cfg, out, "feedback", task) if depths else []:
+            p, lo, hi, g = depth_mean_number(out, "feedback", task, mode, depths)
+            rows.append(
+                {
+                    "task": task,
+                    "mode": mode,
+                    "depths": f"{min(depths)}-{max(depths)}",
+                    "accuracy [95% CI]": "n/a" if p != p else f"{p:.3f} [{lo:.3f}, {hi:.3f}]",
+                    "groups": g,
+                }
+            )
+    return pd.DataFrame(rows)
 
 
 CAPTIONS = {
@@ -353,5 +448,5 @@ PART = Part(
     sections=sections,
     headline=headline,
     captions=CAPTIONS,
-    criteria=("readout", "fig7a", "fig7b", "paired"),
+    criteria=("readout", "fig7a", "fig7b", "paired", "probe-variants"),
 )

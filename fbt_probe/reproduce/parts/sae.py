@@ -23,13 +23,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fbt_probe.io import atomic_dir, write_json
+from fbt_probe.io import atomic_dir, read_json, write_json
 from fbt_probe.loading import load_data
 from fbt_probe.modes import parse_modes
 from fbt_probe.provenance import git_commit, provenance
 from fbt_probe.reproduce import rules
-from fbt_probe.reproduce.config import DEMO_PLAN, JACOBI_2, RECURRENT_1
-from fbt_probe.reproduce.part import Part, Section, md_table, trained_stages
+from fbt_probe.reproduce.config import DEMO_PLAN, JACOBI_2, RATIO_OF_MEANS, RECURRENT_1
+from fbt_probe.reproduce.part import Part, Section, headline_frame, md_table, trained_stages
 from fbt_probe.reproduce.parts.methods import (
     FEEDBACK,
     _fmt,
@@ -44,7 +44,7 @@ from fbt_probe.reproduce.stages import Stage
 from fbt_probe.sae.analyze import TOP, analyze, fractions, quality
 from fbt_probe.sae.data import collect, saelens_metadata
 from fbt_probe.sae.features import feature_tests
-from fbt_probe.sae.metrics import reconstruction
+from fbt_probe.sae.metrics import RECOVERED_GAP, reconstruction
 from fbt_probe.sae.model import SparseAutoencoder
 from fbt_probe.sae.train import SAETrainConfig, train_sae
 
@@ -395,7 +395,9 @@ def _settings_text(cfg, t: dict) -> str:
         "pairs, the control at the same k; `all` swaps every latent (the full swap up to the two rows' "
         "reconstruction errors). **Loss recovered**: 1 − (loss with the SAE reconstruction in place of the "
         "carried state − clean) / (loss with the mean state − clean), for the answer's cross-entropy and its "
-        "logit difference."
+        f"logit difference, a ratio of means over samples given only where the mean state's cost (its interval) "
+        f"is above {RECOVERED_GAP} nats or logits: where the mean ablation costs the answer nothing there is "
+        "nothing to recover."
     )
 
 
@@ -432,13 +434,24 @@ def _loss_rows(t: dict) -> pd.DataFrame:
                     "SAE": arch,
                     "task": x.task,
                     "mode": x.mode,
-                    "CE recovered [95% CI]": _fmt(x.recovered_ce, x.recovered_ce_low, x.recovered_ce_high, 3),
-                    "logit diff. recovered [95% CI]": _fmt(x.recovered_ld, x.recovered_ld_low, x.recovered_ld_high, 3),
+                    "CE recovered [95% CI]": _recovered(x, "ce", "nats"),
+                    "logit diff. recovered [95% CI]": _recovered(x, "ld", "logits"),
                     "CE clean / SAE / mean": f"{x.ce_clean:.4f} / {x.ce_sae:.4f} / {x.ce_mean:.4f}",
                     "samples (groups)": f"{int(x.samples)} ({int(x.groups)})",
                 }
             )
     return pd.DataFrame(rows)
+
+
+def _recovered(x, what: str, unit: str) -> str:
+    """A recovered fraction [CI], or, where the mean ablation's cost does not clear the stated gap
+    (`sae.metrics.RECOVERED_GAP`), that cost with its interval and no fraction."""
+    v = getattr(x, f"recovered_{what}")
+    gap = getattr(x, f"{what}_gap", float("nan"))
+    if v == v or gap != gap:
+        return _fmt(v, getattr(x, f"recovered_{what}_low"), getattr(x, f"recovered_{what}_high"), 3)
+    lo, hi = getattr(x, f"{what}_gap_low"), getattr(x, f"{what}_gap_high")
+    return f"no gap: the mean ablation costs {_fmt(gap, lo, hi, 3)} {unit}, below {RECOVERED_GAP}"
 
 
 def _fraction_rows(fr: pd.DataFrame) -> pd.DataFrame:
@@ -596,7 +609,8 @@ def stages(cfg, out: Path, ck: dict) -> list[Stage]:
     return [
         Stage(
             f"sae-{NAME}",
-            {**ck, "sae": sae_settings(cfg)},
+            # "normalized" / "recovered": ratios of means, the recovered fractions only where the ablation costs
+            {**ck, "sae": sae_settings(cfg), "normalized": RATIO_OF_MEANS, "recovered": "gap"},
             [folder(out)],
             partial(stage_sae, cfg, out),
             after=["data"] + trained_stages(cfg, NAME),
@@ -605,14 +619,66 @@ def stages(cfg, out: Path, ck: dict) -> list[Stage]:
     ]
 
 
+SHARE_Q = {"features": "sae-label-share-k", "random": "sae-random-share-k"}  # + k: the analysed TopK SAE's shares
+
+
+def headline(cfg, out: Path) -> pd.DataFrame:
+    """The analysed TopK SAE's feature-swap shares per task and k (label latents and random active ones,
+    with their groups): the seeds table then judges its sparsity seed by seed."""
+    t = sae_tables(out)
+    fr = t.get("fractions") if t else None
+    if not fractions_ready(fr):
+        return headline_frame([], {})
+    rows = [
+        (NAME, f"{SHARE_Q[r.condition]}{int(r.k)}", r.task, RECURRENT_1, r.fraction, r.ci_low, r.ci_high, int(r.groups))
+        for r in fr[fr["condition"].isin(list(SHARE_Q))].itertuples()
+    ]
+    info = (
+        read_json(folder(out) / "sparsity.provenance.json")
+        if (folder(out) / "sparsity.provenance.json").is_file()
+        else {}
+    )
+    return headline_frame(rows, {NAME: info.get("checkpoint_sha256", "")})
+
+
+def seed_sparsity(cfg, out: Path, seeds, task: str) -> rules.Verdict | None:
+    """Rule `sae` on each training seed's analysed TopK SAE (its headline rows), stated over seeds."""
+    if seeds is None or not len(seeds):
+        return None
+    rows = seeds[(seeds["model"] == NAME) & (seeds["task"] == task) & seeds["quantity"].str.startswith("sae-")]
+    if rows["seed"].nunique() < 2:
+        return None
+    verdicts = {}
+    for s, g in rows.groupby("seed"):
+        cond = ["features" if q.startswith(SHARE_Q["features"]) else "random" for q in g["quantity"]]
+        k = [int(q.rsplit("k", 1)[1]) for q in g["quantity"]]
+        table = pd.DataFrame(
+            {"condition": cond, "k": k, "fraction": g["value"], "ci_low": g["ci_low"], "ci_high": g["ci_high"]}
+        )
+        if "n_groups" in g.columns:
+            table["groups"] = g["n_groups"].to_numpy()
+        verdicts[int(s)] = rules.sae_sparsity(task, table, None)
+    return rules.stated(verdicts, cfg.seed, f"{task}, the analysed TopK SAE of each training seed")
+
+
 def findings(cfg, out: Path, seeds) -> list[str]:
     said = sentences(out)
     if not said:
         return []
+    fr = sae_tables(out).get("fractions")
+    tasks = sorted({str(t) for t in fr["task"]}) if fr is not None else []
+    over = [v.sentence for task in tasks if (v := seed_sparsity(cfg, out, seeds, task)) is not None]
     return [
         "How many features carry what the model uses (TopK SAEs on the carried state, label latents chosen on "
         "the other half of the groups; share of the full-state swap's effect, normal group-bootstrap 95 % CI; "
-        "figure *sae-vs-das-feedback*): " + "; ".join(said) + "."
+        f"figure *sae-vs-das-feedback*; the SAEs of seed {cfg.seed}'s feedback model): "
+        + "; ".join(said)
+        + "."
+        + (
+            " Over training seeds: " + "; ".join(over) + "."
+            if over
+            else f" (one training seed's numbers: seed {cfg.seed}; the seeds table has no SAE rows)"
+        )
     ]
 
 
@@ -641,6 +707,7 @@ PART = Part(
     figures=figure_jobs,
     findings=findings,
     sections=sections,
+    headline=headline,
     captions=CAPTIONS,
     criteria=("sae", "sae-grid"),
 )

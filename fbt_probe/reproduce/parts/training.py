@@ -132,7 +132,7 @@ def shipped_comparison(cfg: ReproConfig, out: Path, seeds=None) -> list[str]:
         ship = ship[ship["mode"] == STANDARD].groupby("task")[["correct", "n"]].sum()
         parts = []
         for task in [t for t in cfg.modes if t in ship.index]:
-            p, lo, hi, _ = answer_accuracy(out, m, task)
+            p, lo, hi, _, _ = answer_accuracy(out, m, task)
             s = ship.loc[task, "correct"] / ship.loc[task, "n"]
             parts.append(
                 f"{task} {p:.2f} [{lo:.2f}, {hi:.2f}] vs {s:.2f}"
