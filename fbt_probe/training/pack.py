@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from fbt_probe.errors import FbtError
 from fbt_probe.formats.checkpoint import checkpoint_hash
@@ -19,18 +20,40 @@ from fbt_probe.reference import FILES, RECORD, ROOT, is_reference
 from fbt_probe.tasks import load_tokenizer
 from fbt_probe.training.arch import ARCHS
 from fbt_probe.training.checkpoint import load_run, load_trained
-from fbt_probe.training.config import TRAIN_KNOBS, TrainConfig
-from fbt_probe.training.evaluate import EVAL_MODES, answer_accuracy, eval_samples
+from fbt_probe.training.config import DEFAULT_TASKS, TRAIN_KNOBS, TrainConfig
+from fbt_probe.training.evaluate import EVAL_MODES, answer_accuracy, contraction, eval_samples
+from fbt_probe.training.lm import corpus_of, heldout_windows
 from fbt_probe.training.recipes import recipe_of
 
 CHECK_PAIRS = 4  # pairs per task x length cell of the check slice the tests recompute
 CHECK_SEED = 10_000  # eval_samples' default seed: contexts held out of training
 
 
+def task_config(cfg: TrainConfig) -> TrainConfig:
+    """The config the task samples are drawn with: the run's own, or for a corpus run (trained on no
+    task) the four tasks' defaults, read in context in the corpus tokenizer."""
+    return cfg if cfg.corpus is None else TrainConfig(preset=cfg.preset, tasks=DEFAULT_TASKS, seed=cfg.seed)
+
+
 def check_slice(model, cfg, tok) -> pd.DataFrame:
     """Held-out answer accuracy under standard prefill on the small check slice (task x length)."""
-    acc = answer_accuracy(model, eval_samples(cfg, tok, pairs=CHECK_PAIRS, seed=CHECK_SEED), tok, modes=("standard",))
+    samples = eval_samples(task_config(cfg), tok, pairs=CHECK_PAIRS, seed=CHECK_SEED)
+    acc = answer_accuracy(model, samples, tok, modes=("standard",))
     return acc[["task", "length_knob", "correct", "n"]]
+
+
+def lm_record(model, cfg: TrainConfig, tok, run: Path) -> dict:
+    """A corpus run's record: the corpus it trained on (pins, sha256) and its held-out loss after each
+    of 1..4 passes over every held-out file's first window (the corpus must be at `cfg.corpus`)."""
+    corpus = corpus_of(cfg)
+    tokens, targets, _ = heldout_windows(cfg)
+    table = contraction(model, tokens, targets, torch.ones(tokens.shape), n_passes=4)
+    return {
+        "pins": corpus.record["pins"],
+        "corpus_sha256": corpus.sha256,
+        "heldout_files": int(tokens.shape[0]),
+        "heldout_loss": {int(r["pass"]): round(float(r["val_loss"]), 6) for _, r in table.iterrows()},
+    }
 
 
 def cpu_name() -> str:
@@ -50,7 +73,20 @@ def retrain_command(cfg, name: str) -> str:
     if ARCHS[cfg.arch].needs_init:
         raise FbtError("a Hidden Decoding run records no --init: pass --command (the line that trained it)")
     named = recipe_of(cfg) if cfg.init is None else None
-    if named is not None:  # the recipe holds the steps and the rest
+    if cfg.corpus is not None:  # the run from scratch: a fork of a one-pass run gives the same bytes
+        parts = [
+            "fbt-probe train",
+            f"--preset {cfg.preset}",
+            f"--corpus {cfg.corpus}",
+            f"--tokens-per-step {cfg.tokens_per_step}",
+            f"--seq-len {cfg.seq_len}",
+            f"--steps {cfg.steps}",
+            f"--lr {cfg.lr:g}",
+            f"--seed {cfg.seed}",
+        ]
+        if not cfg.baseline:
+            parts += [f"--schedule {cfg.pass_mix}", f"--one-pass-steps {cfg.one_pass_steps}"]
+    elif named is not None:  # the recipe holds the steps and the rest
         parts = ["fbt-probe train", f"--recipe {named}", f"--preset {cfg.preset}", f"--seed {cfg.seed}"]
     elif cfg.init is not None or cfg.register_mix is not None:
         raise FbtError(
@@ -85,7 +121,7 @@ def pack(
     tok = load_tokenizer(run / "tokenizer.json")
     command = command or (prior["command"] if prior else retrain_command(cfg, name))
     modes = ARCHS[cfg.arch].eval_modes or EVAL_MODES
-    acc = answer_accuracy(model, eval_samples(cfg, tok, pairs=eval_pairs), tok, modes=modes)
+    acc = answer_accuracy(model, eval_samples(task_config(cfg), tok, pairs=eval_pairs), tok, modes=modes)
     check = check_slice(model, cfg, tok)
     metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if l.strip()]
     seconds = sum(m.get("step_s", 0.0) for m in metrics)
@@ -100,7 +136,7 @@ def pack(
         "checkpoint_sha256": checkpoint_hash(run),
         "command": command,
         "cpu": prior["cpu"] if prior else cpu_name(),  # the machine it was trained on
-        "knobs": {task: list((cfg.knobs or TRAIN_KNOBS)[task]) for task in cfg.tasks},
+        "knobs": {task: list((cfg.knobs or TRAIN_KNOBS)[task]) for task in task_config(cfg).tasks},
         "check": {"pairs": CHECK_PAIRS, "seed": CHECK_SEED, "mode": "standard", "rows": check.to_dict("records")},
         "accuracy": {
             "pairs": eval_pairs,
@@ -113,6 +149,10 @@ def pack(
         timing is not None
     ):  # how long the recipe takes alone, as measured (the summed step times are not, beside other runs)
         rec["timing"] = timing
+    if cfg.corpus is not None:
+        rec["corpus"] = (
+            (prior or {}).get("corpus") if prior and not Path(cfg.corpus).is_dir() else lm_record(model, cfg, tok, run)
+        )
     note = note if note is not None else (prior or {}).get("note")
     if note:  # what the card must say before its numbers (a model shipped as a negative result, say)
         rec["note"] = note
@@ -131,6 +171,8 @@ def card(rec: dict, acc: pd.DataFrame) -> str:
     arch = ARCHS[rec["arch"]]
     kind = arch.kind or ("no-feedback baseline (one pass, fusion unused)" if rec["baseline"] else "latent feedback")
     table = acc.pivot_table(index=["task", "length_knob"], columns="mode", values="accuracy").round(3)
+    if t.get("corpus") is not None:
+        return lm_card(rec, table)
     lines = [
         f"# ref:{rec['name']}",
         "",
@@ -171,3 +213,50 @@ def _md(df: pd.DataFrame) -> str:
     cols = [str(c) for c in df.columns]
     rows = ["| " + " | ".join(str(v) for v in r) + " |" for r in df.itertuples(index=False)]
     return "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + rows)
+
+
+def lm_card(rec: dict, table: pd.DataFrame) -> str:
+    """The card of a general language model (a corpus run): what it was trained on, how, and what it
+    reads; the task table is in-context accuracy, the tasks never trained on."""
+    t, c = rec["train"], rec["corpus"]
+    kind = (
+        "no-feedback baseline (one pass every step)"
+        if rec["baseline"]
+        else f"latent feedback, schedule {t['schedule']!r}"
+    )
+    pins = "; ".join(
+        f"{a['package']}=={a['version']} ({a['file']}, sha256 {a['sha256'][:12]}...)" for a in c["pins"]["archives"]
+    )
+    loss = " | ".join(f"{c['heldout_loss'][k]:.3f}" for k in sorted(c["heldout_loss"], key=int))
+    lines = [
+        f"# ref:{rec['name']}",
+        "",
+        f"A general language model ({t['preset']} preset, {kind}), trained from scratch by next-token prediction on "
+        f"the corpus {c['pins']['name']} ({rec['steps']} steps of {t['tokens_per_step']} tokens in windows of "
+        f"{t['seq_len']}, seed {rec['seed']}, {rec['train_seconds'] / 60:.1f} min of optimizer steps on {rec['cpu']}, "
+        "summed from its metrics). It never trained on the appendix-F tasks; the study reads them in context.",
+        "",
+        *([f"Training time alone: {rec['timing']}", ""] if rec.get("timing") else []),
+        *([f"**{rec['note']}**", ""] if rec.get("note") else []),
+        f"- checkpoint sha256: `{rec['checkpoint_sha256']}`",
+        f"- corpus: {pins}; the built corpus's sha256 `{c['corpus_sha256']}` (fbt-probe corpus fetch && fbt-probe corpus build)",
+        f"- lr {t['lr']} ({_lr_schedule(t)}), one-pass steps {t['one_pass_steps']}, noise {t['noise']}, seed {rec['seed']}",
+        f"- retrain: `{rec['command']}`",
+        f"- commit {rec['provenance']['git_commit']}, torch {rec['provenance']['versions'].get('torch')}",
+        "",
+        f"## Held-out loss (the first {t['seq_len']} tokens of each of {c['heldout_files']} held-out files)",
+        "",
+        "| passes | " + " | ".join(str(k) for k in sorted(c["heldout_loss"], key=int)) + " |",
+        "|---|" + "---|" * len(c["heldout_loss"]),
+        f"| loss (nats per token) | {loss} |",
+        "",
+        "Pass 1 is standard prefill; pass k has k − 1 feedback passes (a baseline's run a fusion it never trained).",
+        "",
+        f"## In-context answer accuracy ({rec['accuracy']['pairs']} minimal pairs per task x length)",
+        "",
+        _md(table.reset_index()),
+        "",
+        "Chance is 0.5 for a model that answers with a label word; a general LM may answer with other words (0.0).",
+        "",
+    ]
+    return "\n".join(lines)
