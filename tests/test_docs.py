@@ -114,7 +114,8 @@ def test_the_manual_builds_strict(tmp_path):
     figures, and the numbers it recorded passing their checks (tests/notebook_helpers.py), the
     first notebook's logit differences recomputed here from the tokens it recorded."""
     records = tmp_path / "records"
-    r = build_docs(ROOT / "mkdocs.yml", tmp_path / "site", env={RECORDS: str(records)})
+    # one BLAS thread in the notebooks' kernels, as in every worker of the suite (tests/conftest.py)
+    r = build_docs(ROOT / "mkdocs.yml", tmp_path / "site", env={RECORDS: str(records), "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stdout + r.stderr
     api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
     for name in ("fbt_probe.load_model", "FeedbackTransformer", "fbt_probe.surface.tl_native"):
