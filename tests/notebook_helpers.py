@@ -38,6 +38,32 @@ def execute(path: Path, cwd: Path, env: dict, timeout: int = 600):
     return nb
 
 
+def run_in_this_process(path: Path, records: Path) -> None:
+    """The notebook's code top to bottom as a script in this process, on the package this process
+    imports (its imports already paid), with one torch thread as in a kernel started with
+    OMP_NUM_THREADS=1; the process's environment, torch thread count and random state, warning
+    filters and pyplot figures are as before afterwards."""
+    import os
+    import runpy
+    import warnings
+
+    import matplotlib.pyplot as plt
+    import torch
+
+    environ, threads = dict(os.environ), torch.get_num_threads()
+    try:
+        os.environ[RECORDS] = str(records)
+        torch.set_num_threads(1)
+        with warnings.catch_warnings(), torch.random.fork_rng():
+            warnings.simplefilter("ignore")  # plt.show() without a display, progress-bar notes
+            runpy.run_path(str(path), run_name="__main__")
+    finally:
+        torch.set_num_threads(threads)
+        os.environ.clear()
+        os.environ.update(environ)
+        plt.close("all")
+
+
 def read_record(folder: Path, notebook: Path) -> dict:
     return json.loads((Path(folder) / f"{notebook.stem}.json").read_text())
 

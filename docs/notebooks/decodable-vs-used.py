@@ -48,7 +48,8 @@ from sklearn.preprocessing import StandardScaler
 
 import fbt_probe as fp
 from fbt_probe.activations import extract
-from fbt_probe.interventions import PatchConfig, load_pairs, run
+from fbt_probe.interventions import PatchConfig, load_pairs
+from fbt_probe.interventions.combined import run_several
 from fbt_probe.interventions.edits import set_at
 from fbt_probe.probes import ProbeConfig, probe_sweep
 from fbt_probe.stats import group_proportion, paired_difference
@@ -167,14 +168,17 @@ numbers["sklearn_refit"] = refits
 # - **bypass** (gate ablation `bypass`): the fusion is skipped at the last position, which then gets
 #   its plain embedding. Normalized as the replacement.
 #
-# `run` returns the per-sample rows and a summary with the study's intervals.
+# `run(model, pairs, PatchConfig(experiment))` runs one experiment and returns its per-sample rows
+# and a summary with the study's intervals; `run_several`, what `fbt-probe patch --experiment a,b,c`
+# runs, gives the same tables for several at once, computing each batch's prefix once for all of them.
 
 # %%
 EXPERIMENTS = {"feedback-swap": "state", "state-replacement": "mean", "gate-ablation": "bypass"}
 results = {}
 for name, model in models.items():
-    for experiment in EXPERIMENTS:
-        results[name, experiment] = run(model, pairs, PatchConfig(experiment, modes=("recurrent:1",)), figures=False)
+    configs = [PatchConfig(experiment, modes=("recurrent:1",)) for experiment in EXPERIMENTS]
+    for experiment, res in zip(EXPERIMENTS, run_several(model, pairs, configs, figures=False)):
+        results[name, experiment] = res
 
 
 def pick(frame, experiment, metric):
