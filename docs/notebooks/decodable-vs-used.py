@@ -229,7 +229,7 @@ plt.show()
 #
 # For every pair (a, b) and each side of it: run b with a's carried state written into
 # `fusion.hook_feedback` at the last position, read LD toward a's answer, and normalize with the clean
-# and corrupt runs. These must be the rows `run` returned.
+# and corrupt runs. These must be the rows the experiment returned.
 
 # %%
 by_hand = {}

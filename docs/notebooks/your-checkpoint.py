@@ -100,7 +100,8 @@ print(f"{enc.n_vocab} token ids; ' done' -> {enc.encode_ordinary(' done')}, ' mo
 # %% [markdown]
 # The checkpoint: nanochat's `GPTConfig` as `meta_<step>.json` and the state dict as `model_<step>.pt`,
 # here 4 layers of width 64 with its gated (`gate_product`) latent feedback, every matrix drawn at its
-# 1/√fan-in scale (random weights: a stand-in for a trained run). `to_theirs` gives the tensor names and shapes nanochat's `GPT` has.
+# 1/√fan-in scale (random weights: a stand-in for a trained run). `to_theirs` gives the tensor names
+# and shapes nanochat's `GPT` has.
 
 # %%
 meta = {
