@@ -248,12 +248,8 @@ def save_figure(
 
 
 def _draw_and_save(job: tuple, out_dir: Path, formats: tuple[str, ...], dpi: int) -> None:
-    import matplotlib.pyplot as plt
-
     stem, name, table, options = job
-    fig = draw(name, table, **options)
-    save_figure(fig, out_dir, stem, force=True, dpi=dpi, formats=formats)
-    plt.close(fig)
+    save_figure(draw(name, table, **options), out_dir, stem, force=True, dpi=dpi, formats=formats)
 
 
 def draw_all(
