@@ -69,6 +69,7 @@ def test_the_passes_part_writes_its_tables_figures_and_verdicts(lm_study):
     assert "The 3 % of three-pass batches:" in md and "75/22/3, seed 0:" in md
     assert "Contraction diagnostic" not in md and "Serial depth" not in md
     assert "never on these tasks" in md  # the setting a reader is told
+    assert "(a two-way choice, chance 0.50" in md and "| choice (standard) |" in md
     head = pd.read_csv(out / "headline.csv")
     rise = head[(head["quantity"] == "fig3-loss-rise") & (head["model"] == "feedback")].iloc[0]
     loss = t[t["run"] == "feedback"].pivot(index="pass", columns="document", values="loss")

@@ -22,7 +22,7 @@ from fbt_probe.tasks import load_tokenizer
 from fbt_probe.training.arch import ARCHS
 from fbt_probe.training.checkpoint import load_trained
 from fbt_probe.training.data import validation_batch
-from fbt_probe.training.evaluate import answer_accuracy, contraction, eval_samples
+from fbt_probe.training.evaluate import answer_accuracy, contraction, eval_samples, task_config
 from fbt_probe.training.passes import BASELINE_PASSES, pass_table, summarize
 
 diagnose_app = typer.Typer(help="Diagnostics of a trained run.", no_args_is_help=True)
@@ -52,8 +52,9 @@ def eval_cmd(
     tok = load_tokenizer(folder / "tokenizer.json")
     arch = ARCHS[cfg.arch]  # a Hidden Decoding run has one pass only: no feedback modes, no per-pass losses
     modes = {} if arch.eval_modes is None else {"modes": arch.eval_modes}
-    acc = answer_accuracy(model, eval_samples(cfg, tok, pairs=pairs), tok, **modes)
-    losses = arch.val_losses(model, cfg, tok, max_passes=4)
+    # a corpus run never trained on a task: its accuracy is in context, its losses on held-out corpus files
+    acc = answer_accuracy(model, eval_samples(task_config(cfg), tok, pairs=pairs), tok, **modes)
+    losses = arch.val_losses(model, cfg, tok, max_passes=4, **({"corpus": True} if cfg.corpus else {}))
     dest = out or run / "eval"
     _write_table(acc, dest / "accuracy", folder, cfg, force, extra={"val_loss_per_pass": losses})
     typer.echo(

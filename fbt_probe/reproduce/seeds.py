@@ -83,7 +83,7 @@ def spread(table: pd.DataFrame | None, model: str, quantity: str, task: str, mod
     )
 
 
-PROPORTIONS = ("answer-accuracy", "depth0-decodability", "depth-accuracy")
+PROPORTIONS = ("answer-accuracy", "answer-choice", "depth0-decodability", "depth-accuracy")
 
 
 def is_proportion(quantity: str) -> bool:

@@ -177,6 +177,19 @@ def answer_accuracy(out: Path, model: str, task: str, mode: str = STANDARD) -> t
     return (*group_wilson(c / n, answer_groups(g)), n)
 
 
+def choice_accuracy(out: Path, model: str, task: str, mode: str = STANDARD) -> tuple[float, float, float, int] | None:
+    """As `answer_accuracy`, for the two-way choice between the label words (None: an eval table
+    written before the choice was measured)."""
+    acc = eval_table(out)
+    if "choice_correct" not in acc.columns:
+        return None
+    g = acc[(acc["model"] == model) & (acc["task"] == task) & (acc["mode"] == mode)]
+    c, n = int(g["choice_correct"].sum()), int(g["n"].sum())
+    if n == 0:
+        return (*wilson(c, n), n)
+    return (*group_wilson(c / n, answer_groups(g)), n)
+
+
 def depth0(out: Path, model: str, task: str, mode: str) -> tuple[float, float, float]:
     """Depth-0 probe accuracy pooled over the length x fold cells, Wilson interval at n = groups."""
     r = pooled_accuracy(out, probe_cells(out, model, task, mode), task)

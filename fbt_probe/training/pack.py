@@ -20,19 +20,13 @@ from fbt_probe.reference import FILES, RECORD, ROOT, is_reference
 from fbt_probe.tasks import load_tokenizer
 from fbt_probe.training.arch import ARCHS
 from fbt_probe.training.checkpoint import load_run, load_trained
-from fbt_probe.training.config import DEFAULT_TASKS, TRAIN_KNOBS, TrainConfig
-from fbt_probe.training.evaluate import EVAL_MODES, answer_accuracy, contraction, eval_samples
+from fbt_probe.training.config import TRAIN_KNOBS, TrainConfig
+from fbt_probe.training.evaluate import EVAL_MODES, answer_accuracy, contraction, eval_samples, task_config
 from fbt_probe.training.lm import corpus_of, heldout_windows
 from fbt_probe.training.recipes import recipe_of
 
 CHECK_PAIRS = 4  # pairs per task x length cell of the check slice the tests recompute
 CHECK_SEED = 10_000  # eval_samples' default seed: contexts held out of training
-
-
-def task_config(cfg: TrainConfig) -> TrainConfig:
-    """The config the task samples are drawn with: the run's own, or for a corpus run (trained on no
-    task) the four tasks' defaults, read in context in the corpus tokenizer."""
-    return cfg if cfg.corpus is None else TrainConfig(preset=cfg.preset, tasks=DEFAULT_TASKS, seed=cfg.seed)
 
 
 def check_slice(model, cfg, tok) -> pd.DataFrame:
