@@ -10,6 +10,7 @@ import typer
 from fbt_probe.corpus import build, open_corpus, read_files, read_pins
 from fbt_probe.corpus.fetch import copy_from, fetch
 from fbt_probe.corpus.store import pin
+from fbt_probe.marker import mark_named, refuse_named, writing
 from fbt_probe.tasks.tokenizer import load_tokenizer
 
 app = typer.Typer(
@@ -36,11 +37,20 @@ def fetch_cmd(
     """
 
     pins = read_pins()
-    if from_ is not None:
-        for name in copy_from(from_, dir, pins):
-            typer.echo(f"copied {name} from {from_}")
-    for rec in fetch(dir, pins, say=typer.echo):
+    with writing(dir, FETCH_COMMAND):  # one writer of the folder at a time
+        refuse_named([dir / a.file for a in pins.archives if not (dir / a.file).exists()], command=FETCH_COMMAND)
+        copied = []
+        if from_ is not None:
+            for name in copy_from(from_, dir, pins):
+                copied.append(dir / name)
+                typer.echo(f"copied {name} from {from_}")
+        records = fetch(dir, pins, say=typer.echo)
+        mark_named(copied + [dir / r["file"] for r in records if r["status"] == "fetched"], FETCH_COMMAND)
+    for rec in records:
         typer.echo(f"{rec['status']:<8} {rec['file']}  sha256 {rec['sha256'][:16]}...")
+
+
+FETCH_COMMAND = "corpus fetch"  # the writer of the archives in their folder's marker
 
 
 @app.command("build")
