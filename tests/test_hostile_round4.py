@@ -627,8 +627,13 @@ def test_every_built_in_task_generates_exact_pairs_under_a_bpe_that_splits_numbe
 
 
 def test_completion_under_a_digit_splitting_bpe_draws_counts_of_one_length_and_says_so(bpes, tmp_path):
+    from fbt_probe.tasks.spec import builtin_spec_paths
+
     tok = save_tokenizer(bpes["every digit"], tmp_path / "bpe.json")
-    res = invoke("tasks", "generate", "completion", "--out", tmp_path / "d", "--tokenizer", tok)
+    spec = json.loads(builtin_spec_paths()["completion"].read_text()) | {"length_grid": [0, 8]}
+    completion = tmp_path / "completion.json"
+    completion.write_text(json.dumps(spec))
+    res = invoke("tasks", "generate", completion, "--out", tmp_path / "d", "--tokenizer", tok)
     assert res.exit_code == 0, res.output
     assert (
         f"note: completion: under tokenizer {tok} the header's length depends on the count (with 0-9: 14 tokens; "
@@ -636,7 +641,7 @@ def test_completion_under_a_digit_splitting_bpe_draws_counts_of_one_length_and_s
     )
     df = pd.read_parquet(tmp_path / "d" / "completion.parquet")
     assert exact(df) and df["group_id"].nunique() == 45 + 6  # {a, b} both of 0-9, or both of 10-13
-    res = invoke("tasks", "generate", "completion", "--out", tmp_path / "e", "--tokenizer", bpes_path(bpes, tmp_path))
+    res = invoke("tasks", "generate", completion, "--out", tmp_path / "e", "--tokenizer", bpes_path(bpes, tmp_path))
     assert res.exit_code == 0 and "(with 0-11: 14 tokens; with 12-13: 15 tokens)" in res.output, res.output
 
 
@@ -658,3 +663,31 @@ def test_a_pair_the_generator_cannot_keep_exact_is_refused_naming_its_pieces(bpe
     spec = load_spec("completion").replace(value_range=[9, 10])  # one pair of counts, of two lengths
     with pytest.raises(FbtError, match=r"no two counts of field 'value_range' give the header one length"):
         generate(spec, tokenizer=tok, tokenizer_name="the BPE")
+
+
+# ----------------------------------------------------------------------------- the other writers: corpus, bench
+def test_corpus_pin_and_fetch_write_nothing_of_the_users(tmp_path):
+    mine = tmp_path / "files.tsv"
+    mine.write_text("the user's list")
+    res = invoke("corpus", "pin", "--src", tmp_path / "src-never-read", "--out", mine, "--force")
+    one_line_error(res, f"error: {mine}: exists and was not written by fbt-probe")
+    assert mine.read_text() == "the user's list"
+    built = tmp_path / "corpus"
+    built.mkdir()
+    (built / MARKER).write_text(json.dumps({"command": "corpus build", "format": 1, "files": {}}))
+    res = invoke("corpus", "fetch", "--dir", built)  # refused before pip is run
+    one_line_error(res, f"error: {built}: its .fbt-output.json marker names fbt-probe corpus build")
+    assert [p.name for p in built.iterdir()] == [MARKER]
+
+
+def test_a_benchmark_report_replaces_only_its_own_files(tmp_path):
+    report = tmp_path / "probes.md"
+    report.write_text("the user's notes")
+    args = ["bench", "probes", "--n", "8", "--d", "2", "--depths", "1", "--folds", "2", "--out", report]
+    one_line_error(invoke(*args, "--force"), f"error: {report}: exists and was not written by fbt-probe")
+    assert report.read_text() == "the user's notes"
+    report.unlink()
+    assert invoke(*args).exit_code == 0
+    record = read_marker(tmp_path)
+    assert record["writers"] == {"probes.md": "bench", "probes.md.json": "bench"}
+    assert invoke(*args, "--force").exit_code == 0  # its own files, unchanged

@@ -10,7 +10,7 @@ import typer
 from fbt_probe.corpus import build, open_corpus, read_files, read_pins
 from fbt_probe.corpus.fetch import copy_from, fetch
 from fbt_probe.corpus.store import pin
-from fbt_probe.marker import mark_named, refuse_named, writing
+from fbt_probe.marker import mark_named, named_outputs, refuse_named, writing
 from fbt_probe.tasks.tokenizer import load_tokenizer
 
 app = typer.Typer(
@@ -51,6 +51,7 @@ def fetch_cmd(
 
 
 FETCH_COMMAND = "corpus fetch"  # the writer of the archives in their folder's marker
+PIN_COMMAND = "corpus pin"  # the writer of a files.tsv in its folder's marker
 
 
 @app.command("build")
@@ -101,6 +102,7 @@ def pin_cmd(
     src: Annotated[Path, typer.Option(help="Folder holding the pinned archives.")] = SRC,
     out: Annotated[Path, typer.Option(help="The files.tsv to write.")] = Path("files.tsv"),
     pins: Annotated[Optional[Path], typer.Option(help="A pins.json (default: the built-in one).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace a files.tsv this command wrote.")] = False,
 ) -> None:
     """List every file the pins choose, with its sha256 and split (how the built-in files.tsv was made).
 
@@ -108,6 +110,7 @@ def pin_cmd(
     Example: fbt-probe corpus pin --src data/corpus-src --out files.tsv
     """
 
-    n = pin(src, out, pins)
-    read_files(read_pins(pins), out)  # what was written reads back
+    with named_outputs([out], PIN_COMMAND, force):  # a file of the user's is never replaced
+        n = pin(src, out, pins)
+        read_files(read_pins(pins), out)  # what was written reads back
     typer.echo(f"listed {n:,} files in {out}")
