@@ -566,17 +566,18 @@ def test_a_pack_note_is_one_line_of_literal_text(trained, tmp_path):
 # ----------------------------------------------------------------------------- reproduce on a user's run
 def test_a_study_of_a_run_trained_on_some_tasks_studies_those_and_says_which_were_left_out(tmp_path):
     from fbt_probe.reproduce.config import ReproConfig, for_trained_tasks, training_note
-    from fbt_probe.reproduce.pipeline import build_stages, stage_data
+    from fbt_probe.reproduce.pipeline import build_stages, reproduce, stage_data
 
     run = tmp_path / "run"
-    run.mkdir()
-    trained_on = TrainConfig(steps=1, tasks=("completion", "memory"))
-    (run / "config.json").write_text(json.dumps({"model": {}, "train": trained_on.to_dict()}))
-    save_tokenizer(build_tokenizer(), run / "tokenizer.json")
+    two = dict(SMALL, tasks=("completion", "memory"), knobs={"completion": [0], "memory": [8]})
+    run_training(TrainConfig(steps=1, **two), run, progress=False, eval_pairs=2)
     cfg, left = for_trained_tasks(ReproConfig.demo_config(model=str(run)))
     assert left == ["registers", "registers-count"] and list(cfg.knobs) == ["completion", "memory"]
     assert "left out of the study: registers, registers-count (not trained on them)" in training_note(cfg)
     assert not [s.name for s in build_stages(cfg, tmp_path / "study") if "register" in s.name]
+    # every check a study makes before its first stage passes (the recipe's four-task shares stopped it)
+    with pytest.raises(FbtError, match=r"^--force bogus: unknown stage \(stages: data, "):
+        reproduce(cfg, tmp_path / "study", force={"bogus"})
     stage_data(cfg, tmp_path / "study")  # stopped here before: "registers: no group can be produced"
     assert sorted(p.name for p in (tmp_path / "study" / "data").glob("*.parquet")) == [
         "completion.parquet",

@@ -412,7 +412,8 @@ def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), 
         _tokenizer(cfg)  # a checkpoint without its own tokenizer is refused before anything is written
     if cfg.shipped:
         check_shipped(cfg)
-    train_config(cfg, False)  # an unusable --steps for the recipe is refused before anything is written
+    if not cfg.model:  # a checkpoint's study trains nothing (and may study fewer tasks than the recipe's)
+        train_config(cfg, False)  # an unusable --steps for the recipe is refused before anything is written
     out.mkdir(parents=True, exist_ok=True)
     stages = build_stages(cfg, out)
     names = {s.name for s in stages} | {"figures", "report"}
