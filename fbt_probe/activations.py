@@ -24,6 +24,7 @@ token's stream k at depth d as `stream.{k}.depth.{d}`, numbered stream-major
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import resource
@@ -49,12 +50,13 @@ from fbt_probe.hidden.streams import stream_depth, stream_position
 from fbt_probe.hooks import depth_name
 from fbt_probe.io import atomic_path, read_json, temp_sibling, write_json
 from fbt_probe.loading import check_compatible, load_data, open_model
-from fbt_probe.marker import swap_keeping
+from fbt_probe.marker import swap_keeping, writing
 from fbt_probe.model.transformer import FeedbackTransformer
 from fbt_probe.modes import Mode, parse_modes
 from fbt_probe.progress import bar
 from fbt_probe.provenance import provenance
 from fbt_probe.shards import (
+    COMMAND,
     FORMAT,
     check_out_dir,
     foreign_files,
@@ -361,15 +363,21 @@ def extract(
         "shards": _plan(df, modes, shard_rows),
         **extra,
     }
-    # rank 0 alone looks at and prepares the folder; the others wait for its answer (or its error)
-    action, work, keep = distributed.on_main(lambda: _prepare(model, df, plan, targets, out_dir, force, dtype))
-    try:
-        _run_plan(model, df, plan, targets, work, batch_size, dtype, progress, on_shard, lm.hash, data_hash)
-        if action == "replace":  # a forced run over an earlier extraction: built beside it, swapped in when done
-            distributed.on_main(lambda: swap_keeping(work, out_dir, keep))
-    finally:
-        if action == "replace" and distributed.world().main and work.exists():
-            shutil.rmtree(work)
+    with contextlib.ExitStack() as held:
+
+        def prepare():  # rank 0 alone holds the folder's lock, looks at it and prepares it
+            held.enter_context(writing(out_dir, COMMAND))
+            return _prepare(model, df, plan, targets, out_dir, force, dtype)
+
+        # the others wait for its answer (or its error)
+        action, work, keep = distributed.on_main(prepare)
+        try:
+            _run_plan(model, df, plan, targets, work, batch_size, dtype, progress, on_shard, lm.hash, data_hash)
+            if action == "replace":  # a forced run over an earlier extraction: built beside it, swapped in when done
+                distributed.on_main(lambda: swap_keeping(work, out_dir, keep))
+        finally:
+            if action == "replace" and distributed.world().main and work.exists():
+                shutil.rmtree(work)
     return ActivationStore(out_dir)
 
 

@@ -14,9 +14,9 @@ from fbt_probe.activations import extract as run_extract
 from fbt_probe.distributed import world
 from fbt_probe.errors import FbtError
 from fbt_probe.figures import FIGURES, draw, get_figure, save_figure
-from fbt_probe.io import refuse_existing
-from fbt_probe.marker import refuse_named
+from fbt_probe.marker import refuse_named, writing
 from fbt_probe.probes import ProbeConfig, probe_sweep, write_results
+from fbt_probe.probes.sweep import COMMAND as PROBE_COMMAND
 from fbt_probe.probes.sweep import CSV_FILE, PROVENANCE_FILE, SAMPLES_FILE, SUMMARY_FILE, TABLE_FILE
 from fbt_probe.shards import is_activation_folder
 
@@ -182,20 +182,24 @@ def probe(
         seed=seed,
         skip_small_cells=not strict,
     )
-    for name in (TABLE_FILE, CSV_FILE, SUMMARY_FILE, PROVENANCE_FILE, SAMPLES_FILE):  # refuse before hours of fitting
-        refuse_existing(out / name, force)
 
     def progress(done: int, total: int, cell: tuple) -> None:
         typer.echo(f"[{done}/{total}] {cell[1]:<11} {cell[0]:<14} length {cell[2]}", err=True)
 
-    result = probe_sweep(acts, cfg, progress=progress)
-    paths = write_results(result, out, force=force)
+    names = (TABLE_FILE, CSV_FILE, SUMMARY_FILE, PROVENANCE_FILE, SAMPLES_FILE)
+    with writing(out, PROBE_COMMAND):  # one writer of the folder from its check to the last table
+        refuse_named([out / name for name in names], force, PROBE_COMMAND)  # refuse before hours of fitting
+        result = probe_sweep(acts, cfg, progress=progress)
+        paths = write_results(result, out, force=force)
     for flag in result.flags:
         typer.echo(f"warning: {flag['task']} {flag['mode']} length {flag['length']}: {flag['message']}", err=True)
     typer.echo(
         f"wrote {len(result.table)} rows to {paths['table']} (+ {paths['csv'].name}, "
         f"{paths['summary'].name}, {paths['provenance'].name}, {paths['samples'].name})"
     )
+
+
+FIGURES_COMMAND = "figures"  # the writer of a figure's files in its folder's marker
 
 
 def figures(
@@ -227,9 +231,10 @@ def figures(
         options[key.strip()] = value
     if baseline is not None:
         options["baseline"] = baseline
-    refuse_named([out / f"{name}.{fmt}" for fmt in ("png", "svg")], force)  # before the table is read
-    fig = draw(name, results, **options)
-    paths = save_figure(fig, out, name, force=force, mark=True)
+    with writing(out, FIGURES_COMMAND):  # one writer of the folder from its check to the last file
+        refuse_named([out / f"{name}.{fmt}" for fmt in ("png", "svg")], force, FIGURES_COMMAND)  # before the table
+        fig = draw(name, results, **options)
+        paths = save_figure(fig, out, name, force=force, mark=True, command=FIGURES_COMMAND)
     typer.echo("wrote " + ", ".join(str(p) for p in paths))
 
 

@@ -13,7 +13,7 @@ from fbt_probe.config import check_device
 from fbt_probe.config import preset as check_preset
 from fbt_probe.errors import FbtError
 from fbt_probe.reproduce import ReproConfig, reproduce
-from fbt_probe.reproduce.config import LM_PRESETS
+from fbt_probe.reproduce.config import LM_PRESETS, for_trained_tasks
 from fbt_probe.reproduce.pipeline import build_stages, reproduce_seeds
 from fbt_probe.reproduce.stages import check_out, default_jobs, start_workers, time_table
 
@@ -135,6 +135,18 @@ def reproduce_cmd(
         )
     if baseline is not None and model is None:
         raise FbtError("--baseline: needs --model (the checkpoint it is the baseline of)")
+    if model is not None and (train or seeds is not None):
+        given = "--train" if train else "--seeds"
+        raise FbtError(
+            f"--model {model} {given}: {given} trains the study's own models, --model studies a checkpoint as it "
+            "is; give one of them"
+        )
+    for option, folder in (("--model", model), ("--baseline", baseline)):
+        if folder is not None and _inside(out, folder):
+            raise FbtError(
+                f"--out {out}: inside {option} {folder}; the study would write into the checkpoint's folder "
+                "(choose an --out outside it)"
+            )
     kw = {
         "baseline": str(baseline) if baseline else None,
         "preset": preset,
@@ -157,7 +169,11 @@ def reproduce_cmd(
         if long
         else ReproConfig
     )
-    cfg = make(**kw)
+    cfg, left = for_trained_tasks(make(**kw))
+    if left:
+        typer.echo(
+            f"note: --model {model} was trained on {', '.join(cfg.knobs)} only: the study leaves out {', '.join(left)}"
+        )
     _check_force(cfg, out, set(force or []))
     t0 = time.perf_counter()
     if seeds is not None:
@@ -170,6 +186,12 @@ def reproduce_cmd(
     res = reproduce(cfg, out, set(force or []), echo=typer.echo, jobs=jobs)
     typer.echo(time_table(res["times"], res["ran"]))
     typer.echo(f"finished in {time.perf_counter() - t0:.0f} s; report: {res['report']}")
+
+
+def _inside(out: Path, folder: Path) -> bool:
+    """`out` is `folder` or lies under it (links resolved)."""
+    out, folder = Path(out).resolve(), Path(folder).resolve()
+    return out == folder or out.is_relative_to(folder)
 
 
 def _check_force(cfg, out: Path, force: set[str]) -> None:

@@ -42,7 +42,13 @@ def task_config(cfg: TrainConfig) -> TrainConfig:
 
 
 def eval_samples(
-    cfg: TrainConfig, tokenizer, pairs: int = 32, knobs: dict | None = None, seed: int = 10_000, contexts=None
+    cfg: TrainConfig,
+    tokenizer,
+    pairs: int = 32,
+    knobs: dict | None = None,
+    seed: int = 10_000,
+    contexts=None,
+    option: str = "pairs",
 ) -> pd.DataFrame:
     """`pairs` minimal pairs per task x length cell, drawn only from contexts held out of training:
     one pair from each of as many groups, so a register cell mixes many schedules. The k-th group
@@ -50,12 +56,15 @@ def eval_samples(
     asked about: every query register of a register group (its first pair would always be
     `query = r0`), and both `required` counts of a completion group (its first pair would always
     have required = the smaller count). A memory group holds one pair per length. `contexts`
-    (default: `cfg`'s held-out split) restricts the contexts drawn from."""
+    (default: `cfg`'s held-out split) restricts the contexts drawn from; `option` names `pairs` in a
+    refusal or a note (a command's option)."""
     knobs = knobs or cfg.knobs or TRAIN_KNOBS
     frames = []
     for task in cfg.tasks:
         spec = dataclasses.replace(load_spec(task), length_grid=tuple(knobs[task]))
-        df = generate(spec, groups=pairs, seed=seed, tokenizer=tokenizer, contexts=contexts or heldout(cfg))
+        df = generate(
+            spec, groups=pairs, seed=seed, tokenizer=tokenizer, contexts=contexts or heldout(cfg), option=option
+        )
         frames.append(_one_pair_per_group(df).groupby("length_knob", sort=False).head(2 * pairs))
     return pd.concat(frames, ignore_index=True)
 

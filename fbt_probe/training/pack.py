@@ -14,7 +14,8 @@ import torch
 
 from fbt_probe.errors import FbtError
 from fbt_probe.formats.checkpoint import checkpoint_hash
-from fbt_probe.io import atomic_dir, read_json, sha256_file, write_json
+from fbt_probe.io import read_json, sha256_file, write_json
+from fbt_probe.marker import output_dir, refuse_unowned, writing
 from fbt_probe.provenance import provenance
 from fbt_probe.reference import FILES, RECORD, ROOT, is_reference
 from fbt_probe.tasks import load_tokenizer
@@ -25,6 +26,7 @@ from fbt_probe.training.evaluate import EVAL_MODES, answer_accuracy, contraction
 from fbt_probe.training.lm import corpus_of, heldout_windows
 from fbt_probe.training.recipes import recipe_of
 
+COMMAND, KIND = "model pack", "a reference model folder written by fbt-probe model pack"
 CHECK_PAIRS = 4  # pairs per task x length cell of the check slice the tests recompute
 CHECK_SEED = 10_000  # eval_samples' default seed: contexts held out of training
 
@@ -104,6 +106,41 @@ def pack(
     timing: str | None = None,
     note: str | None = None,
 ) -> Path:
+    for option, text in (("--note", note), ("--timing", timing), ("--command", command)):
+        if text is not None:
+            check_note(text, option)
+    dest = Path(out_root) / name
+    with writing(dest, COMMAND):  # one writer from the check of the folder to the swap
+        refuse_unowned(dest, COMMAND, force, KIND, legacy=_is_packed)  # before minutes of evaluation
+        return _pack(run, name, dest, eval_pairs, force, command, timing, note)
+
+
+def check_note(note: str, option: str = "--note") -> str:
+    """A card's note is one line of text (printed in bold before the card's numbers): a line break or
+    another control character would end the bold run and start Markdown of its own."""
+    bad = next((c for c in note if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise FbtError(
+            f"{option}: expected one line of text (it is printed in bold before the card's numbers), got the "
+            f"control character {bad!r} at position {note.index(bad)}"
+        )
+    return note
+
+
+MARKDOWN_SPECIAL = "\\`*_[]<>#|~"
+
+
+def md_text(text: str) -> str:
+    """`text` as literal Markdown: every character Markdown would read as markup escaped."""
+    return "".join("\\" + c if c in MARKDOWN_SPECIAL else c for c in text)
+
+
+def _is_packed(folder: Path) -> bool:
+    """A folder that looks like a reference model (before markers: its reference.json)."""
+    return (Path(folder) / RECORD).is_file()
+
+
+def _pack(run, name: str, dest: Path, eval_pairs: int, force: bool, command, timing, note) -> Path:
     prior = None
     if is_reference(str(run)):  # re-evaluate a shipped model (after an evaluation change): its training record stays
         model, cfg, run = load_trained(str(run))  # verifies every shipped file's sha256
@@ -150,8 +187,7 @@ def pack(
     note = note if note is not None else (prior or {}).get("note")
     if note:  # what the card must say before its numbers (a model shipped as a negative result, say)
         rec["note"] = note
-    dest = Path(out_root) / name
-    with atomic_dir(dest, force=force, own=lambda p: (p / RECORD).is_file(), kind="a reference model folder") as tmp:
+    with output_dir(dest, COMMAND, force, KIND, legacy=_is_packed) as tmp:
         for f in ("config.json", "model.safetensors", "tokenizer.json", "metrics.jsonl"):
             shutil.copyfile(run / f, tmp / f)
         (tmp / "card.md").write_text(card(rec, acc))
@@ -175,7 +211,7 @@ def card(rec: dict, acc: pd.DataFrame) -> str:
         f"{rec['train_seconds'] / 60:.1f} min of optimizer steps on {rec['cpu']}, summed from its metrics).",
         "",
         *([f"Training time alone: {rec['timing']}", ""] if rec.get("timing") else []),
-        *([f"**{rec['note']}**", ""] if rec.get("note") else []),
+        *([f"**{md_text(rec['note'])}**", ""] if rec.get("note") else []),
         f"- checkpoint sha256: `{rec['checkpoint_sha256']}`",
         f"- tasks and training lengths: {json.dumps(rec['knobs'])}; token shares {json.dumps(t['task_shares'])}",
         f"- schedule {t['schedule']!r}, lr {t['lr']} ({_lr_schedule(t)}), tokens/step {t['tokens_per_step']}, seed {rec['seed']}",
