@@ -566,7 +566,8 @@ def test_a_pack_note_is_one_line_of_literal_text(trained, tmp_path):
 # ----------------------------------------------------------------------------- reproduce on a user's run
 def test_a_study_of_a_run_trained_on_some_tasks_studies_those_and_says_which_were_left_out(tmp_path):
     from fbt_probe.reproduce.config import ReproConfig, for_trained_tasks, training_note
-    from fbt_probe.reproduce.pipeline import build_stages, reproduce, stage_data
+    from fbt_probe.reproduce.parts.data import stage_data
+    from fbt_probe.reproduce.pipeline import build_stages, reproduce
 
     run = tmp_path / "run"
     two = dict(SMALL, tasks=("completion", "memory"), knobs={"completion": [0], "memory": [8]})
