@@ -171,7 +171,9 @@ def _pack(run, name: str, dest: Path, eval_pairs: int, force: bool, command, tim
         "check": {"pairs": CHECK_PAIRS, "seed": CHECK_SEED, "mode": "standard", "rows": check.to_dict("records")},
         "accuracy": {
             "pairs": eval_pairs,
-            "rows": acc[["task", "length_knob", "mode", "correct", "n", "accuracy"]].to_dict("records"),
+            "rows": acc[["task", "length_knob", "mode", "correct", "n", "accuracy"]]
+            .assign(**({"choice_accuracy": acc["choice_accuracy"]} if cfg.corpus is not None else {}))
+            .to_dict("records"),
         },
         "provenance": provenance(seed=cfg.seed),
     }
@@ -201,8 +203,9 @@ def card(rec: dict, acc: pd.DataFrame) -> str:
     arch = ARCHS[rec["arch"]]
     kind = arch.kind or ("no-feedback baseline (one pass, fusion unused)" if rec["baseline"] else "latent feedback")
     table = acc.pivot_table(index=["task", "length_knob"], columns="mode", values="accuracy").round(3)
-    if t.get("corpus") is not None:
-        return lm_card(rec, table)
+    if t.get("corpus") is not None:  # in context: the two-way choice between the label words beside the top-1 answer
+        choice = acc[acc["mode"] == "standard"].set_index(["task", "length_knob"])["choice_accuracy"].round(3)
+        return lm_card(rec, table.assign(**{"choice (standard)": choice}))
     lines = [
         f"# ref:{rec['name']}",
         "",
@@ -248,11 +251,9 @@ def _md(df: pd.DataFrame) -> str:
 def lm_card(rec: dict, table: pd.DataFrame) -> str:
     """The card of a general language model (a corpus run): what it was trained on, how, and what it
     reads; the task table is in-context accuracy, the tasks never trained on."""
-    t, c = rec["train"], rec["corpus"]
+    t, c = TrainConfig.from_dict(rec["train"], "reference record's train config"), rec["corpus"]
     kind = (
-        "no-feedback baseline (one pass every step)"
-        if rec["baseline"]
-        else f"latent feedback, schedule {t['schedule']!r}"
+        "no-feedback baseline (one pass every step)" if rec["baseline"] else f"latent feedback, schedule {t.schedule!r}"
     )
     pins = "; ".join(
         f"{a['package']}=={a['version']} ({a['file']}, sha256 {a['sha256'][:12]}...)" for a in c["pins"]["archives"]
@@ -261,20 +262,27 @@ def lm_card(rec: dict, table: pd.DataFrame) -> str:
     lines = [
         f"# ref:{rec['name']}",
         "",
-        f"A general language model ({t['preset']} preset, {kind}), trained from scratch by next-token prediction on "
-        f"the corpus {c['pins']['name']} ({rec['steps']} steps of {t['tokens_per_step']} tokens in windows of "
-        f"{t['seq_len']}, seed {rec['seed']}, {rec['train_seconds'] / 60:.1f} min of optimizer steps on {rec['cpu']}, "
+        f"A general language model ({t.preset} preset, {kind}), trained from scratch by next-token prediction on "
+        f"the corpus {c['pins']['name']} ({rec['steps']} steps of {t.tokens_per_step} tokens in windows of "
+        f"{t.seq_len}, seed {rec['seed']}, {rec['train_seconds'] / 60:.1f} min of optimizer steps on {rec['cpu']}, "
         "summed from its metrics). It never trained on the appendix-F tasks; the study reads them in context.",
         "",
         *([f"Training time alone: {rec['timing']}", ""] if rec.get("timing") else []),
         *([f"**{rec['note']}**", ""] if rec.get("note") else []),
         f"- checkpoint sha256: `{rec['checkpoint_sha256']}`",
         f"- corpus: {pins}; the built corpus's sha256 `{c['corpus_sha256']}` (fbt-probe corpus fetch && fbt-probe corpus build)",
-        f"- lr {t['lr']} ({_lr_schedule(t)}), one-pass steps {t['one_pass_steps']}, noise {t['noise']}, seed {rec['seed']}",
+        f"- lr {t.lr:g} ({_lr_schedule(rec['train'])}), one-pass steps {t.one_pass_steps}, noise {t.noise}, seed {rec['seed']}",
+        *(
+            [
+                f"- its first steps were trained once, in `{t.fork}` (checkpoint sha256 `{t.fork_sha256}`), and forked: the same bytes as the retrain line's run from scratch"
+            ]
+            if t.fork
+            else []
+        ),
         f"- retrain: `{rec['command']}`",
         f"- commit {rec['provenance']['git_commit']}, torch {rec['provenance']['versions'].get('torch')}",
         "",
-        f"## Held-out loss (the first {t['seq_len']} tokens of each of {c['heldout_files']} held-out files)",
+        f"## Held-out loss (the first {t.seq_len} tokens of each of {c['heldout_files']} held-out files)",
         "",
         "| passes | " + " | ".join(str(k) for k in sorted(c["heldout_loss"], key=int)) + " |",
         "|---|" + "---|" * len(c["heldout_loss"]),
@@ -286,7 +294,8 @@ def lm_card(rec: dict, table: pd.DataFrame) -> str:
         "",
         _md(table.reset_index()),
         "",
-        "Chance is 0.5 for a model that answers with a label word; a general LM may answer with other words (0.0).",
+        "Each mode's column: the top-1 token is the answer word (a general LM may answer with other words: 0.0). "
+        "`choice (standard)`: the answer word's logit above the other label word's under standard prefill (chance 0.5).",
         "",
     ]
     return "\n".join(lines)
