@@ -311,13 +311,12 @@ def test_a_corpus_run_packs_with_its_corpus_loss_and_in_context_check(corpus, tm
     and the retrain line is the run's from scratch. The card's accuracy table is read under standard
     prefill alone here (decoding a toy model token by token over every task length is minutes of CPU
     and tested with the task models)."""
+    import fbt_probe.training.pack as pack_module
     from fbt_probe.loading import load_model
     from fbt_probe.training import run_training
     from fbt_probe.training.evaluate import contraction
     from fbt_probe.training.lm import heldout_windows
     from fbt_probe.training.pack import check_slice, pack
-
-    import fbt_probe.training.pack as pack_module
 
     monkeypatch.setattr(pack_module, "EVAL_MODES", ("standard",))
     cfg = _cfg(corpus / "corpus")
