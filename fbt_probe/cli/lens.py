@@ -84,8 +84,12 @@ def lens(
         model = lm.model
         res = run_lens(model, df, cfg)
         write_lens(res, out, df, lm.provenance(), force=force, figures=figures)
+    _report(res, model.cfg.n_layers, out, keep)
+
+
+def _report(res, top: int, out: Path, keep: list[str] | None) -> None:
+    """P(correct) at depth 0 and the top depth per mode and pass, the tuned lens's training, what OUT replaced."""
     s = res.summary
-    top = model.cfg.n_layers
     for r in s[(s.metric == "p_correct") & (s.length_knob == -1) & s.depth.isin([0, top])].itertuples():
         typer.echo(
             f"{r.mode:<12} pass {r.pass_index} {r.task:<11} {r.lens:<6} depth {r.depth}: P(correct) {r.mean:.3f} "
