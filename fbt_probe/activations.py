@@ -286,6 +286,49 @@ def _write_shard(
         return record_sha256(tmp, path)  # recorded before the shard itself appears
 
 
+def _arch_modes(arch: ArchTargets, modes: list | None, spec, source: str, extra_hooks, reference: bool) -> list:
+    """The modes to extract: the architecture's default where none were given, refused where it has
+    other modes or fixed targets, with the carried state added where it has one and `reference` asks."""
+    modes = parse_modes(arch.default_modes, also=(REFERENCE_MODE,)) if modes is None else modes
+    if arch.only_modes is not None and [m for m in modes if m != REFERENCE_MODE] != list(arch.only_modes):
+        raise FbtError(
+            f"modes '{spec}': {source} is {arch.label}, which has only mode "
+            f"{', '.join(repr(m) for m in arch.only_modes)}"
+        )
+    if extra_hooks and not arch.extra_hooks:
+        raise FbtError(f"hooks: not supported for {arch.label} ({source}): its targets are fixed")
+    if reference and arch.reference and REFERENCE_MODE not in modes:
+        modes.append(REFERENCE_MODE)
+    return modes
+
+
+def _manifest_plan(lm, model, arch: ArchTargets, df, modes, targets, dtype, shard_rows, batch_size) -> dict:
+    """The manifest of the extraction before it runs: model, dataset, modes, targets and shards."""
+    extra, data = arch.manifest(model), df.attrs
+    return {
+        "format": FORMAT,
+        "model": {
+            "source": lm.source,
+            "hash": lm.hash,
+            "n_layers": model.cfg.n_layers,
+            "d_model": model.cfg.d_model,
+            **extra.pop("model", {}),
+        },
+        "dataset": {
+            "paths": data["dataset_files"],
+            "hash": data["dataset_hash"],
+            "tokenizer_sha256": data["tokenizer_sha256"],
+        },
+        "modes": modes,
+        "dtype": dtype,
+        "shard_rows": shard_rows,
+        "batch_size": batch_size,
+        "targets": {m: [t.to_dict() for t in ts] for m, ts in targets.items()},
+        "shards": _plan(df, modes, shard_rows),
+        **extra,
+    }
+
+
 def extract(
     model,
     dataset,
@@ -330,39 +373,12 @@ def extract(
     if require_arch is not None and arch_of(model) != require_arch:
         raise FbtError(f"{lm.source}: not a {require_arch} model (use fbt_probe.activations.extract)")
     arch = ARCH_TARGETS[arch_of(model)]
-    modes = parse_modes(arch.default_modes, also=(REFERENCE_MODE,)) if modes is None else modes
-    if arch.only_modes is not None and [m for m in modes if m != REFERENCE_MODE] != list(arch.only_modes):
-        raise FbtError(
-            f"modes '{spec}': {lm.source} is {arch.label}, which has only mode "
-            f"{', '.join(repr(m) for m in arch.only_modes)}"
-        )
-    if extra_hooks and not arch.extra_hooks:
-        raise FbtError(f"hooks: not supported for {arch.label} ({lm.source}): its targets are fixed")
-    if reference and arch.reference and REFERENCE_MODE not in modes:
-        modes.append(REFERENCE_MODE)
+    modes = _arch_modes(arch, modes, spec, lm.source, extra_hooks, reference)
     targets = {m: arch.targets(m, model, extra_hooks) for m in modes}  # bad hook names refused before any data is read
     df = load_data(dataset)
-    data_hash, data_tok, data_paths = df.attrs["dataset_hash"], df.attrs["tokenizer_sha256"], df.attrs["dataset_files"]
+    data_hash, data_paths = df.attrs["dataset_hash"], df.attrs["dataset_files"]
     check_compatible(model, df, lm.tokenizer, where=str(data_paths[0]) if len(data_paths) == 1 else str(dataset))
-    extra = arch.manifest(model)
-    plan = {
-        "format": FORMAT,
-        "model": {
-            "source": lm.source,
-            "hash": lm.hash,
-            "n_layers": model.cfg.n_layers,
-            "d_model": model.cfg.d_model,
-            **extra.pop("model", {}),
-        },
-        "dataset": {"paths": data_paths, "hash": data_hash, "tokenizer_sha256": data_tok},
-        "modes": modes,
-        "dtype": dtype,
-        "shard_rows": shard_rows,
-        "batch_size": batch_size,
-        "targets": {m: [t.to_dict() for t in ts] for m, ts in targets.items()},
-        "shards": _plan(df, modes, shard_rows),
-        **extra,
-    }
+    plan = _manifest_plan(lm, model, arch, df, modes, targets, dtype, shard_rows, batch_size)
     with contextlib.ExitStack() as held:
 
         def prepare():  # rank 0 alone holds the folder's lock, looks at it and prepares it
