@@ -87,6 +87,19 @@ def extract(
     torchrun --standalone --nproc_per_node 4 -m fbt_probe extract runs/tiny data/tasks --out runs/tiny/acts
     """
 
+    report, use_bar = _progress_report(progress)
+    extra = [h.strip() for h in hooks.split(",") if h.strip()] if hooks else []
+    replacing = force and out.is_dir() and is_activation_folder(out)
+    options = dict(extra_hooks=extra, reference=reference, batch_size=batch_size, shard_rows=shard_rows, dtype=dtype)
+    with _exit_on_interrupt(out, replacing), report if use_bar else contextlib.nullcontext():
+        store = run_extract(run, dataset, modes, out, device=device, force=force, progress=report, **options)
+    if world().main:
+        _print_extracted(store, out, replacing)
+
+
+def _progress_report(progress: bool | None) -> tuple:
+    """(report, use_bar): the bar where someone watches a terminal (or --progress asks for it); one
+    line per shard in a log or a pipe, and under torchrun, whose processes share one terminal."""
     where = f"rank {world().rank} " if world().several else ""
 
     def lines(done: int, total: int, shard: dict) -> None:
@@ -96,29 +109,16 @@ def extract(
             err=True,
         )
 
-    # the bar where someone watches a terminal (or --progress asks for it); lines in a log or a pipe, and
-    # under torchrun, whose processes share one terminal
     console = Console(stderr=True)
     use_bar = (console.is_terminal if progress is None else progress) and not world().several
-    report = ExtractProgress(console) if use_bar else lines
-    extra = [h.strip() for h in hooks.split(",") if h.strip()] if hooks else []
-    replacing = force and out.is_dir() and is_activation_folder(out)
+    return (ExtractProgress(console) if use_bar else lines), use_bar
+
+
+@contextlib.contextmanager
+def _exit_on_interrupt(out: Path, replacing: bool):
+    """Ctrl-C: one line on stderr saying what becomes of OUT, exit code 130 (no traceback)."""
     try:
-        with report if use_bar else contextlib.nullcontext():
-            store = run_extract(
-                run,
-                dataset,
-                modes,
-                out,
-                extra_hooks=extra,
-                reference=reference,
-                batch_size=batch_size,
-                shard_rows=shard_rows,
-                dtype=dtype,
-                device=device,
-                force=force,
-                progress=report,
-            )
+        yield
     except KeyboardInterrupt:
         msg = (
             f"{out} is unchanged (a forced extraction replaces it only when done)"
@@ -127,8 +127,10 @@ def extract(
         )
         typer.echo(f"interrupted: {msg}", err=True)
         raise typer.Exit(130) from None
-    if not world().main:
-        return
+
+
+def _print_extracted(store, out: Path, replacing: bool) -> None:
+    """The extraction in one line: shards, samples, modes (a Hidden Decoding model's streams x depths), peak RSS."""
     if replacing:
         typer.echo(f"replaced the earlier activation folder {out}")
     m, n, rss = store.manifest["model"], store.manifest["n_samples"], store.manifest["peak_rss_mb"]
