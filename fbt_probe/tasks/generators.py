@@ -102,6 +102,49 @@ def _cells(spec: TaskSpec, n_groups: int, seed: int, contexts, widths=None) -> l
     return [(knob, [s for g in groups for s in render(knob, g)]) for knob in spec.length_grid]
 
 
+def _rows(spec: TaskSpec, n_groups: int, seed: int, contexts, widths) -> tuple[list[dict], dict]:
+    """The rows of every cell (a pair's two samples adjacent) and each cell's group counts; a warning
+    for a cell with fewer distinct groups than asked for (and its grid allows)."""
+    rows, counts = [], {}
+    for knob, samples in _cells(spec, n_groups, seed, contexts, widths):
+        n_cell_groups = len({s.group_id for s in samples})
+        counts[str(knob)] = {"groups": n_cell_groups, "requested_groups": n_groups}
+        for s in samples:
+            rows.append(
+                {
+                    "task": spec.task,
+                    "text": s.text,
+                    "label": s.label,
+                    "label_word": spec.label_words[s.label],
+                    "pair_id": len(rows) // 2,
+                    "group_id": s.group_id,
+                    "context_id": s.context_id,
+                    "length_knob": knob,
+                    "seed": seed,
+                    "_query": s.pair,
+                }
+            )
+        if n_cell_groups < min(n_groups, group_space(spec, knob)):
+            warnings.warn(
+                f"{spec.task}: {spec.knob_name}={knob} has only {n_cell_groups} distinct group(s) "
+                f"(asked for {n_groups})",
+                stacklevel=3,  # the caller of `generate`
+            )
+    return rows, counts
+
+
+def _count_cells(df: pd.DataFrame, counts: dict) -> None:
+    """Adds each cell's samples, pairs and token-length range to its `counts` entry."""
+    for knob, c in counts.items():
+        cell = df[df.length_knob == int(knob)]
+        c.update(
+            samples=len(cell),
+            pairs=len(cell) // 2,
+            n_tokens_min=int(cell.n_tokens.min()) if len(cell) else None,
+            n_tokens_max=int(cell.n_tokens.max()) if len(cell) else None,
+        )
+
+
 def generate(
     spec,
     groups: int | None = None,
@@ -133,31 +176,7 @@ def generate(
     widths = count_widths(spec, tok)
     if widths is not None:
         _note_widths(spec, widths, name)
-    rows, counts = [], {}
-    for knob, samples in _cells(spec, n_groups, seed, contexts, widths):
-        n_cell_groups = len({s.group_id for s in samples})
-        counts[str(knob)] = {"groups": n_cell_groups, "requested_groups": n_groups}
-        for i, s in enumerate(samples):
-            rows.append(
-                {
-                    "task": spec.task,
-                    "text": s.text,
-                    "label": s.label,
-                    "label_word": spec.label_words[s.label],
-                    "pair_id": len(rows) // 2,
-                    "group_id": s.group_id,
-                    "context_id": s.context_id,
-                    "length_knob": knob,
-                    "seed": seed,
-                    "_query": s.pair,
-                }
-            )
-        if n_cell_groups < min(n_groups, group_space(spec, knob)):
-            warnings.warn(
-                f"{spec.task}: {spec.knob_name}={knob} has only {n_cell_groups} distinct group(s) "
-                f"(asked for {n_groups})",
-                stacklevel=2,
-            )
+    rows, counts = _rows(spec, n_groups, seed, contexts, widths)
     if not rows and widths is not None:
         raise FbtError(
             f"{spec.task}: under {name} no two counts of field 'value_range' give the header one length "
@@ -182,14 +201,7 @@ def generate(
         r["token_ids"], r["n_tokens"] = row_ids, len(row_ids)
     suffix = _suffix_tokens(spec, tok, rows) if spec.suffix_spans else None
     df = pd.DataFrame(rows, columns=list(COLUMNS))
-    for knob, c in counts.items():
-        cell = df[df.length_knob == int(knob)]
-        c.update(
-            samples=len(cell),
-            pairs=len(cell) // 2,
-            n_tokens_min=int(cell.n_tokens.min()) if len(cell) else None,
-            n_tokens_max=int(cell.n_tokens.max()) if len(cell) else None,
-        )
+    _count_cells(df, counts)
     df.attrs.update(
         spec=spec.to_dict(),
         seed=seed,
