@@ -49,6 +49,15 @@ def subplots(n_rows: int, n_cols: int, panel_height_in: float = 2.0, width_in: f
     return fig, fig.subplots(n_rows, n_cols, squeeze=False, **kw)
 
 
+def legend_handles(axes) -> dict:
+    """{label: handle} of every series once, whichever panel draws it (a figure-level legend)."""
+    handles: dict = {}
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    return handles
+
+
 def model_words(table, label: str | None = None) -> str:
     """Which model a figure shows, for its title: `label` when given (the study names its models:
     "feedback model", "no-feedback baseline"), else the folder name of the table's one `model`
