@@ -6,6 +6,7 @@ latents solid and each SAE's random control dashed in its colour."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from fbt_probe.errors import FbtError
@@ -127,8 +128,6 @@ ACT_NEED = {"task", "rank", "latent", "label", "activation"}
 def sae_features(table: pd.DataFrame, model_label: str = "", bins: int = 20):
     """The feature browser's histograms: each task's top label latents (columns by rank), the latent's
     activation at every sample's final position, one histogram per label (`activations.parquet`)."""
-    import numpy as np
-
     missing = ACT_NEED - set(table.columns)
     if missing:
         raise FbtError(f"sae-features: not an SAE activations table (missing columns {sorted(missing)})")
