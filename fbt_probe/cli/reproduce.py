@@ -38,7 +38,12 @@ def reproduce_cmd(
     out: Annotated[
         Path, typer.Option(help="Study folder (datasets, models, activations, results, figures, report).")
     ] = Path("runs/repro"),
-    preset: Annotated[str, typer.Option(help="tiny (trains on this CPU) or paper-1b (needs --model).")] = "tiny",
+    preset: Annotated[
+        str,
+        typer.Option(
+            help="tiny (trains on this CPU), small-lm (the general language model; its corpus at data/corpus) or paper-1b (needs --model)."
+        ),
+    ] = "tiny",
     model: Annotated[
         Path | None, typer.Option(help="A checkpoint folder to study instead of training (required for paper-1b).")
     ] = None,
@@ -113,6 +118,7 @@ def reproduce_cmd(
 
     \b
     Example: fbt-probe reproduce --preset tiny --out runs/repro          (the shipped models)
+             fbt-probe reproduce --preset small-lm --out runs/lm          (the shipped general LMs)
              fbt-probe reproduce --preset tiny --train --out runs/retrained (from scratch)
              fbt-probe reproduce --model runs/d20 --baseline runs/d20-base --out runs/d20-study
     """

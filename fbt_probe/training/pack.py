@@ -288,7 +288,7 @@ def lm_card(rec: dict, table: pd.DataFrame) -> str:
         "|---|" + "---|" * len(c["heldout_loss"]),
         f"| loss (nats per token) | {loss} |",
         "",
-        "Pass 1 is standard prefill; pass k has k − 1 feedback passes (a baseline's run a fusion it never trained).",
+        "Pass 1 is standard prefill; pass k has k − 1 feedback passes (the baseline's go through a fusion it never trained).",
         "",
         f"## In-context answer accuracy ({rec['accuracy']['pairs']} minimal pairs per task x length)",
         "",
