@@ -656,8 +656,10 @@ def test_a_pair_the_generator_cannot_keep_exact_is_refused_naming_its_pieces(bpe
 
     tok = bpes["every digit"]
     monkeypatch.setattr(generators, "count_widths", lambda spec, tok: None)  # as before: counts drawn blind
-    with pytest.raises(FbtError) as err:
-        generate("completion", groups=80, tokenizer=tok, tokenizer_name="the BPE")
+    with pytest.raises(FbtError) as err:  # the two shortest lengths: a pair of counts of two widths is among them
+        generate(
+            load_spec("completion").replace(length_grid=[0, 8]), groups=80, tokenizer=tok, tokenizer_name="the BPE"
+        )
     msg = err.value.message
     assert msg.startswith("completion: pair ") and "is not exact under the BPE: its samples have" in msg
     assert "differing in" in msg and "'1' '" in msg and "\n" not in msg
