@@ -47,7 +47,8 @@ test: $(DEV_STAMP)
 	$(PY) -m pytest -m "not gpu" -q -n 2
 
 # The manual (docs/, mkdocs.yml) rendered with MkDocs Material into build/site/; --strict fails on
-# any warning (a broken link, a docstring mkdocstrings cannot render).
+# any warning (a broken link, a docstring mkdocstrings cannot render). The notebooks (docs/notebooks/)
+# run on the way, about a minute of CPU; a cell that raises fails the build.
 docs: $(DEV_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 

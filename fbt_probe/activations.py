@@ -24,6 +24,7 @@ token's stream k at depth d as `stream.{k}.depth.{d}`, numbered stream-major
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import resource
@@ -49,12 +50,13 @@ from fbt_probe.hidden.streams import stream_depth, stream_position
 from fbt_probe.hooks import depth_name
 from fbt_probe.io import atomic_path, read_json, temp_sibling, write_json
 from fbt_probe.loading import check_compatible, load_data, open_model
-from fbt_probe.marker import swap_keeping
+from fbt_probe.marker import swap_keeping, writing
 from fbt_probe.model.transformer import FeedbackTransformer
 from fbt_probe.modes import Mode, parse_modes
 from fbt_probe.progress import bar
 from fbt_probe.provenance import provenance
 from fbt_probe.shards import (
+    COMMAND,
     FORMAT,
     check_out_dir,
     foreign_files,
@@ -284,6 +286,49 @@ def _write_shard(
         return record_sha256(tmp, path)  # recorded before the shard itself appears
 
 
+def _arch_modes(arch: ArchTargets, modes: list | None, spec, source: str, extra_hooks, reference: bool) -> list:
+    """The modes to extract: the architecture's default where none were given, refused where it has
+    other modes or fixed targets, with the carried state added where it has one and `reference` asks."""
+    modes = parse_modes(arch.default_modes, also=(REFERENCE_MODE,)) if modes is None else modes
+    if arch.only_modes is not None and [m for m in modes if m != REFERENCE_MODE] != list(arch.only_modes):
+        raise FbtError(
+            f"modes '{spec}': {source} is {arch.label}, which has only mode "
+            f"{', '.join(repr(m) for m in arch.only_modes)}"
+        )
+    if extra_hooks and not arch.extra_hooks:
+        raise FbtError(f"hooks: not supported for {arch.label} ({source}): its targets are fixed")
+    if reference and arch.reference and REFERENCE_MODE not in modes:
+        modes.append(REFERENCE_MODE)
+    return modes
+
+
+def _manifest_plan(lm, model, arch: ArchTargets, df, modes, targets, dtype, shard_rows, batch_size) -> dict:
+    """The manifest of the extraction before it runs: model, dataset, modes, targets and shards."""
+    extra, data = arch.manifest(model), df.attrs
+    return {
+        "format": FORMAT,
+        "model": {
+            "source": lm.source,
+            "hash": lm.hash,
+            "n_layers": model.cfg.n_layers,
+            "d_model": model.cfg.d_model,
+            **extra.pop("model", {}),
+        },
+        "dataset": {
+            "paths": data["dataset_files"],
+            "hash": data["dataset_hash"],
+            "tokenizer_sha256": data["tokenizer_sha256"],
+        },
+        "modes": modes,
+        "dtype": dtype,
+        "shard_rows": shard_rows,
+        "batch_size": batch_size,
+        "targets": {m: [t.to_dict() for t in ts] for m, ts in targets.items()},
+        "shards": _plan(df, modes, shard_rows),
+        **extra,
+    }
+
+
 def extract(
     model,
     dataset,
@@ -328,48 +373,27 @@ def extract(
     if require_arch is not None and arch_of(model) != require_arch:
         raise FbtError(f"{lm.source}: not a {require_arch} model (use fbt_probe.activations.extract)")
     arch = ARCH_TARGETS[arch_of(model)]
-    modes = parse_modes(arch.default_modes, also=(REFERENCE_MODE,)) if modes is None else modes
-    if arch.only_modes is not None and [m for m in modes if m != REFERENCE_MODE] != list(arch.only_modes):
-        raise FbtError(
-            f"modes '{spec}': {lm.source} is {arch.label}, which has only mode "
-            f"{', '.join(repr(m) for m in arch.only_modes)}"
-        )
-    if extra_hooks and not arch.extra_hooks:
-        raise FbtError(f"hooks: not supported for {arch.label} ({lm.source}): its targets are fixed")
-    if reference and arch.reference and REFERENCE_MODE not in modes:
-        modes.append(REFERENCE_MODE)
+    modes = _arch_modes(arch, modes, spec, lm.source, extra_hooks, reference)
     targets = {m: arch.targets(m, model, extra_hooks) for m in modes}  # bad hook names refused before any data is read
     df = load_data(dataset)
-    data_hash, data_tok, data_paths = df.attrs["dataset_hash"], df.attrs["tokenizer_sha256"], df.attrs["dataset_files"]
+    data_hash, data_paths = df.attrs["dataset_hash"], df.attrs["dataset_files"]
     check_compatible(model, df, lm.tokenizer, where=str(data_paths[0]) if len(data_paths) == 1 else str(dataset))
-    extra = arch.manifest(model)
-    plan = {
-        "format": FORMAT,
-        "model": {
-            "source": lm.source,
-            "hash": lm.hash,
-            "n_layers": model.cfg.n_layers,
-            "d_model": model.cfg.d_model,
-            **extra.pop("model", {}),
-        },
-        "dataset": {"paths": data_paths, "hash": data_hash, "tokenizer_sha256": data_tok},
-        "modes": modes,
-        "dtype": dtype,
-        "shard_rows": shard_rows,
-        "batch_size": batch_size,
-        "targets": {m: [t.to_dict() for t in ts] for m, ts in targets.items()},
-        "shards": _plan(df, modes, shard_rows),
-        **extra,
-    }
-    # rank 0 alone looks at and prepares the folder; the others wait for its answer (or its error)
-    action, work, keep = distributed.on_main(lambda: _prepare(model, df, plan, targets, out_dir, force, dtype))
-    try:
-        _run_plan(model, df, plan, targets, work, batch_size, dtype, progress, on_shard, lm.hash, data_hash)
-        if action == "replace":  # a forced run over an earlier extraction: built beside it, swapped in when done
-            distributed.on_main(lambda: swap_keeping(work, out_dir, keep))
-    finally:
-        if action == "replace" and distributed.world().main and work.exists():
-            shutil.rmtree(work)
+    plan = _manifest_plan(lm, model, arch, df, modes, targets, dtype, shard_rows, batch_size)
+    with contextlib.ExitStack() as held:
+
+        def prepare():  # rank 0 alone holds the folder's lock, looks at it and prepares it
+            held.enter_context(writing(out_dir, COMMAND))
+            return _prepare(model, df, plan, targets, out_dir, force, dtype)
+
+        # the others wait for its answer (or its error)
+        action, work, keep = distributed.on_main(prepare)
+        try:
+            _run_plan(model, df, plan, targets, work, batch_size, dtype, progress, on_shard, lm.hash, data_hash)
+            if action == "replace":  # a forced run over an earlier extraction: built beside it, swapped in when done
+                distributed.on_main(lambda: swap_keeping(work, out_dir, keep))
+        finally:
+            if action == "replace" and distributed.world().main and work.exists():
+                shutil.rmtree(work)
     return ActivationStore(out_dir)
 
 

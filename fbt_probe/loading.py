@@ -38,7 +38,7 @@ from fbt_probe.hidden.config import ARCH as HIDDEN_ARCH
 from fbt_probe.io import read_json
 from fbt_probe.model.transformer import FeedbackTransformer
 from fbt_probe.reference import is_reference, resolve
-from fbt_probe.tasks import SAMPLE_COLUMNS, load_dataset, load_tokenizer, tokenizer_sha256
+from fbt_probe.tasks import SAMPLE_COLUMNS, check_tokenizer_fits, load_dataset, load_tokenizer, tokenizer_sha256
 from fbt_probe.tasks.tokenizer import encode, unk_id
 
 __all__ = [
@@ -179,9 +179,13 @@ def _with_default_mode(model, folder: Path):
 
 def _with_tokenizer(model, folder: Path):
     """`model.tokenizer` (what `to_tokens`, `to_str_tokens` and `generate` read): the folder's
-    tokenizer.json, where it has one."""
+    tokenizer.json, where it has one: every id it can produce must have a row of the embedding (its
+    largest id and its BOS / EOS, not its id count), so that no text it encodes indexes past it."""
     if (folder / "tokenizer.json").is_file():
         model.tokenizer = load_tokenizer(folder)
+        rows = getattr(getattr(model, "cfg", None), "d_vocab", None)
+        if rows is not None:
+            check_tokenizer_fits(model.tokenizer, rows, str(folder / "tokenizer.json"))
     return model
 
 

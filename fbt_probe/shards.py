@@ -16,7 +16,7 @@ import torch
 
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json, sha256_file
-from fbt_probe.marker import MARKER, is_marked, list_files, read_marker, refuse_changed, write_marker
+from fbt_probe.marker import MARKER, is_marked, list_files, read_marker, refuse_changed, refuse_links, write_marker
 
 FORMAT = "fbt-probe.activations/1"
 COMMAND = "extract"  # the output marker's command
@@ -85,7 +85,9 @@ def is_activation_folder(path: Path) -> bool:
 
 def check_out_dir(out_dir: Path, plan: dict, force: bool) -> str:
     """ "fresh" (absent or empty), "resume" (an interrupted extraction of the same plan) or, with
-    `force`, "replace" (an activation folder); refuses anything else."""
+    `force`, "replace" (an activation folder); refuses anything else, and a folder that is or holds
+    a link to a folder or outside it (a resumed extraction would write its shards through it)."""
+    refuse_links(out_dir)
     if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())):
         return "fresh"
     if not out_dir.is_dir() or not is_activation_folder(out_dir):

@@ -368,7 +368,9 @@ def test_import_hf_refuses_a_tokenizer_larger_than_the_embedding(qwen, tmp_path)
     cfg = json.loads((qwen / "config.json").read_text())
     assert tok.get_vocab_size() > cfg["vocab_size"]
     res = runner.invoke(app, ["model", "import-hf", str(qwen), str(tmp_path / "ckpt"), "--tokenizer", str(big)])
-    one_line_error(res, f"has {tok.get_vocab_size()} ids but the checkpoint's embedding has {cfg['vocab_size']} rows")
+    one_line_error(
+        res, f"the tokenizer's largest id is 199 ('w199'), but the checkpoint's embedding has {cfg['vocab_size']} rows"
+    )
     assert not (tmp_path / "ckpt").exists()
     small = save_tokenizer(build_tokenizer(), tmp_path / "small" / "tokenizer.json")
     res = runner.invoke(app, ["model", "import-hf", str(qwen), str(tmp_path / "ckpt"), "--tokenizer", str(small)])

@@ -103,12 +103,21 @@ def test_a_run_records_every_train_config_field(tmp_path):
         register_steps=1,
         register_ramp="2:1",
         decay_steps=1,
+        fork="x",
+        fork_sha256="0" * 64,
     )
+    corpus_only = {"corpus", "corpus_sha256", "seq_len"}  # a corpus run's fields, refused beside --tasks
     (tmp_path / "used").mkdir()
     save_run(model, opt, used, tmp_path / "used", 0)
-    assert set(json.loads((tmp_path / "used" / "config.json").read_text())["train"]) == set(
-        TrainConfig.__dataclass_fields__
+    assert (
+        set(json.loads((tmp_path / "used" / "config.json").read_text())["train"])
+        == set(TrainConfig.__dataclass_fields__) - corpus_only
     )
+    lm = TrainConfig(steps=2, corpus="c", corpus_sha256="0" * 64, seq_len=8, tokens_per_step=64)
+    (tmp_path / "lm").mkdir()
+    save_run(model, opt, lm, tmp_path / "lm", 0)
+    recorded = set(json.loads((tmp_path / "lm" / "config.json").read_text())["train"])
+    assert corpus_only <= recorded and not {"fork", "fork_sha256"} & recorded
     cfg = TrainConfig(steps=1)
     (tmp_path / "run").mkdir()
     save_run(model, opt, cfg, tmp_path / "run", 0)

@@ -303,3 +303,38 @@ def test_a_fork_is_refused_unless_its_steps_are_this_runs(corpus, tmp_path):
         with pytest.raises(FbtError, match=match):
             run_training(cfg, tmp_path / "fb", progress=False, fork=tmp_path / "base")
         assert not (tmp_path / "fb").exists()
+
+
+def test_a_corpus_run_packs_with_its_corpus_loss_and_in_context_check(corpus, tmp_path, monkeypatch):
+    """model pack of a corpus run: the record names the corpus and the held-out loss per pass (oracle:
+    the loss recomputed from the weights), the check slice is the tasks read in context and recomputes,
+    and the retrain line is the run's from scratch. The card's accuracy table is read under standard
+    prefill alone here (decoding a toy model token by token over every task length is minutes of CPU
+    and tested with the task models)."""
+    import fbt_probe.training.pack as pack_module
+    from fbt_probe.loading import load_model
+    from fbt_probe.training import run_training
+    from fbt_probe.training.evaluate import contraction
+    from fbt_probe.training.lm import heldout_windows
+    from fbt_probe.training.pack import check_slice, pack
+
+    monkeypatch.setattr(pack_module, "EVAL_MODES", ("standard",))
+    cfg = _cfg(corpus / "corpus")
+    run_training(cfg, tmp_path / "run", progress=False)
+    dest = pack(tmp_path / "run", "toy-lm", out_root=tmp_path / "refs", eval_pairs=2)
+    rec = json.loads((dest / "reference.json").read_text())
+    assert rec["corpus"]["corpus_sha256"] == open_corpus(corpus / "corpus").sha256
+    model = load_model(str(dest))
+    t, y, w = heldout_windows(json_cfg := _cfg(corpus / "corpus", corpus_sha256=rec["corpus"]["corpus_sha256"]))
+    table = contraction(model, t, y, w, n_passes=4)
+    assert [rec["corpus"]["heldout_loss"][str(k)] for k in (1, 2, 3, 4)] == pytest.approx(
+        list(table["val_loss"]), abs=1e-5
+    )
+    assert rec["corpus"]["heldout_files"] == t.shape[0] and json_cfg.corpus is not None
+    got = check_slice(model, cfg, open_corpus(corpus / "corpus").tokenizer())
+    want = {(r["task"], r["length_knob"]): r["correct"] for r in rec["check"]["rows"]}
+    assert {(r.task, r.length_knob) for r in got.itertuples()} == set(want) and len(want) >= 4
+    assert all(abs(r.correct - want[(r.task, r.length_knob)]) <= 1 for r in got.itertuples())
+    card = (dest / "card.md").read_text()
+    assert "never trained on the appendix-F tasks" in card and "choice (standard)" in card
+    assert rec["command"].startswith(f"fbt-probe train --preset tiny --corpus {corpus / 'corpus'} --tokens-per-step 64")

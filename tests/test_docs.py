@@ -1,7 +1,7 @@
 """The README is a front page and docs/ a manual that builds: the README's length and the two code
 blocks that `.ci/run` and newcomers rely on, `mkdocs build --strict` over mkdocs.yml, and no
 narration of the project's own history in its documents (README.md, BENCHMARKS.md, docs/**/*.md,
-and the comments and docstrings of fbt_probe/**/*.py).
+the notebooks, and the comments and docstrings of fbt_probe/**/*.py).
 
 Each check is a function of a text or a folder, applied to the real files and to a crafted bad
 input that it must reject."""
@@ -18,6 +18,16 @@ import tokenize
 from pathlib import Path
 
 import pytest
+
+from tests.notebook_helpers import (
+    NOTEBOOK_DIR,
+    RECORDS,
+    figure_calls,
+    notebooks,
+    png_images,
+    read_record,
+    record_problems,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 README_MAX_LINES = 300
@@ -83,33 +93,59 @@ def test_fenced_blocks():
 # ---- the rendered manual ---------------------------------------------------------------------
 
 
-def build_docs(config: Path, site: Path) -> subprocess.CompletedProcess:
-    """`mkdocs build --strict` (not -q: a quiet build does not count the warnings that --strict fails on)."""
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+def build_docs(config: Path, site: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`mkdocs build --strict` (not -q: a quiet build does not count the warnings that --strict fails on).
+    The build runs the notebooks (docs/notebooks/, about a minute of CPU): `env` adds to their environment."""
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", **(env or {}))
     return subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
         cwd=config.parent,
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=1200,
     )
 
 
 @pytest.mark.slow
 def test_the_manual_builds_strict(tmp_path):
-    """Every page in the nav, every link between pages, every `::: object` of docs/api.md."""
-    r = build_docs(ROOT / "mkdocs.yml", tmp_path / "site")
+    """Every page in the nav, every link between pages, every `::: object` of docs/api.md; every
+    notebook run top to bottom (a cell that raises fails the build), its page showing each of its
+    figures, and the numbers it recorded passing their checks (tests/notebook_helpers.py), the
+    first notebook's logit differences recomputed here from the tokens it recorded."""
+    records = tmp_path / "records"
+    # one BLAS thread in the notebooks' kernels, as in every worker of the suite (tests/conftest.py)
+    r = build_docs(ROOT / "mkdocs.yml", tmp_path / "site", env={RECORDS: str(records), "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stdout + r.stderr
     api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
     for name in ("fbt_probe.load_model", "FeedbackTransformer", "fbt_probe.surface.tl_native"):
         assert name in api, name
     assert (tmp_path / "site" / "research" / "index.html").exists()
+    assert len(notebooks()) == 3
+    for nb in notebooks():
+        page = (tmp_path / "site" / "notebooks" / nb.stem / "index.html").read_text(encoding="utf-8")
+        shown = figure_calls(nb.read_text(encoding="utf-8"))
+        assert shown >= 2 and png_images(page) == shown, (nb.name, png_images(page), shown)
+        assert record_problems(nb.stem, read_record(records, nb)) == [], nb.name
+    modes = read_record(records, NOTEBOOK_DIR / "model-and-modes.py")
+    import torch
+
+    from fbt_probe.loading import load_model
+    from fbt_probe.tasks import load_spec
+
+    model = load_model("ref:tiny-feedback").eval()
+    ids = [model.to_single_token(w) for w in load_spec("completion").label_words]  # the answers of labels 0, 1
+    with torch.no_grad():
+        for mode, recorded in modes["logit_diff"].items():
+            last = model(torch.tensor(modes["tokens"]), mode=mode)[:, -1]
+            own = [float(last[i, ids[y]] - last[i, ids[1 - y]]) for i, y in enumerate(modes["labels"])]
+            assert max(abs(a - b) for a, b in zip(own, recorded)) < 1e-4, (mode, own, recorded)
 
 
 def test_every_page_is_in_the_nav():
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     pages = [p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")]
+    pages += [p.relative_to(ROOT / "docs").as_posix() for p in notebooks()]
     assert [p for p in pages if p not in nav] == []
 
 
@@ -185,7 +221,7 @@ def prose_of_python(source: str) -> list[tuple[int, str]]:
 
 
 def documents() -> list[Path]:
-    return [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md")), *notebooks()]
 
 
 def test_no_history_narration_in_the_documents():

@@ -245,3 +245,30 @@ def test_fig3_marks_each_runs_trained_depth_in_its_colour():
     assert dotted(fig3(table, trained_passes=1)) == []
     assert dotted(fig3(table, trained_passes=3)) == [(3, to_hex("grey"))]
     assert dotted(fig3(table)) == []
+
+
+def test_the_package_leaves_the_matplotlib_backend_alone(monkeypatch, tmp_path):
+    """A Jupyter kernel chooses its inline backend before a notebook imports the package: importing
+    the figures' style module does not switch the backend (matplotlib.use refuses here), and a figure
+    the package draws is not pyplot's (a notebook's inline display shows only its own plots), yet it
+    draws and saves. The manual's build checks the end of it: every plot of a notebook that imports
+    the interventions is on its page (tests/test_docs.py)."""
+    import importlib
+
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    from fbt_probe.figures import style
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"the package switched matplotlib's backend: use{args}")
+
+    monkeypatch.setattr(matplotlib, "use", refuse)
+    importlib.reload(style)  # the module's import, as a notebook's `import fbt_probe.interventions` runs it
+    open_before = plt.get_fignums()
+    fig, axes = style.subplots(1, 2)
+    axes[0, 1].plot([0, 1], [1, 0])
+    fig.canvas.draw()
+    assert fig.canvas.get_renderer().width > 0 and plt.get_fignums() == open_before
+    fig.savefig(tmp_path / "f.png")
+    assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

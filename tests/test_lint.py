@@ -1,4 +1,5 @@
-"""The code is linted and formatted by ruff with the settings in pyproject.toml ([tool.ruff])."""
+"""The code (the package, the tests and the manual's notebooks) is linted and formatted by ruff
+with the settings in pyproject.toml ([tool.ruff])."""
 
 import subprocess
 import sys
@@ -12,12 +13,12 @@ def _ruff(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 
 def test_ruff_check_passes():
-    r = _ruff("check", "fbt_probe", "tests", "--output-format", "concise")
+    r = _ruff("check", "fbt_probe", "tests", "docs/notebooks", "--output-format", "concise")
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_ruff_format_leaves_every_file_as_it_is():
-    r = _ruff("format", "--check", "fbt_probe", "tests")
+    r = _ruff("format", "--check", "fbt_probe", "tests", "docs/notebooks")
     assert r.returncode == 0, r.stdout + r.stderr
 
 

@@ -15,6 +15,13 @@ from tests.corpus_helpers import build_test_corpus
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 RECIPE = dict(tokens_per_step=64, seq_len=16, steps=6, lr=1e-3, one_pass_steps=3)
+# one task at one length: every part of the LM study runs, on the fewest samples that exercise it
+ONE_TASK = dict(
+    groups={"completion": 12},
+    knobs={"completion": [8]},
+    modes={"completion": ["standard", "recurrent:1"]},
+    patch_knobs={"completion": [8]},
+)
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +29,7 @@ def lm_study(tmp_path_factory):
     base = tmp_path_factory.mktemp("lm")
     build_test_corpus(base / "src", base / "corpus")
     cfg = ReproConfig.quick_config(
-        preset="small-lm", corpus=str(base / "corpus"), lm_recipe=RECIPE, lm_passes=33, methods=False
+        preset="small-lm", corpus=str(base / "corpus"), lm_recipe=RECIPE, lm_passes=33, methods=False, **ONE_TASK
     )
     reproduce(cfg, base / "study", echo=lambda _: None)
     return cfg, base
@@ -69,6 +76,7 @@ def test_the_passes_part_writes_its_tables_figures_and_verdicts(lm_study):
     assert "The 3 % of three-pass batches:" in md and "75/22/3, seed 0:" in md
     assert "Contraction diagnostic" not in md and "Serial depth" not in md
     assert "never on these tasks" in md  # the setting a reader is told
+    assert "(a two-way choice, chance 0.50" in md and "| choice (standard) |" in md
     head = pd.read_csv(out / "headline.csv")
     rise = head[(head["quantity"] == "fig3-loss-rise") & (head["model"] == "feedback")].iloc[0]
     loss = t[t["run"] == "feedback"].pivot(index="pass", columns="document", values="loss")

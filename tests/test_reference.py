@@ -12,6 +12,7 @@ from fbt_probe.cli import app
 from fbt_probe.errors import FbtError
 from fbt_probe.formats.checkpoint import checkpoint_hash
 from fbt_probe.io import sha256_file
+from fbt_probe.marker import write_marker
 from fbt_probe.training import TrainConfig, run_training
 
 runner = CliRunner()
@@ -124,6 +125,7 @@ def test_pack_re_evaluates_a_shipped_model_by_name_and_keeps_its_training_record
     rec["command"], rec["cpu"] = "fbt-probe train --the-line-that-trained-it", "the training machine"
     rec["timing"] = "1,234 s, measured alone"
     (root / "toy" / reference.RECORD).write_text(json.dumps(rec))
+    write_marker(root / "toy", "model pack")  # as an earlier pack wrote it (an edit by hand is refused)
     res = runner.invoke(app, ["model", "pack", "ref:toy", "--name", "toy", "--eval-pairs", "2", "--force"])
     assert res.exit_code == 0, res.output
     got = reference.record("toy", root)

@@ -80,7 +80,10 @@ def test_generate_heldout_and_tokenizer(tmp_path, small_spec):
             ["generate", "{spec}", "--out", "{tmp}/o", "--tokenizer", "{tmp}/none.json"],
             "none.json: tokenizer file not found",
         ),
-        (["generate", "{spec}", "--out", "{tmp}/o", "--groups", "0"], "groups: expected an integer >= 1"),
+        (
+            ["generate", "{spec}", "--out", "{tmp}/o", "--groups", "0"],
+            "--groups: expected an integer 1..100000 (structural groups), got 0",
+        ),
         (["generate", "{bad}", "--out", "{tmp}/o"], "bad.json: field 'length_grid[0]': -4 is not a distractor count"),
         (["show", "{tmp}/missing.parquet"], "missing.parquet: dataset file not found"),
         (["tokenizer", "--out", "{spec}"], "already exists"),

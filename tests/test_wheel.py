@@ -13,6 +13,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.notebook_helpers import (
+    NOTEBOOK_DIR,
+    RECORDS,
+    execute,
+    leaves,
+    read_record,
+    record_problems,
+    run_in_this_process,
+)
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -180,3 +190,28 @@ def test_provenance_inside_a_users_repository_names_the_package_not_the_reposito
     assert rec["package"]["kind"] == "local folder or file" and rec["package"]["url"].endswith(
         ".whl"
     )  # pip's direct_url.json
+
+
+@pytest.mark.slow
+def test_a_notebook_outside_the_checkout_gives_the_checkouts_numbers(installed, tmp_path):
+    """The notebook `model-and-modes` copied into a folder outside the checkout and run there in a
+    Jupyter kernel on the installed wheel records the numbers its code records in the checkout (run
+    here, as a script on the checkout's package: the imports this process has already paid for), one
+    torch thread each: the same arithmetic. Both records pass their checks; the wheel's names the
+    wheel's package."""
+    _, target, work, wheel_env = installed
+    notebook = NOTEBOOK_DIR / "model-and-modes.py"
+    outside = work / "notebook"
+    outside.mkdir()
+    shutil.copy(notebook, outside / notebook.name)
+    execute(outside / notebook.name, outside, {**wheel_env, RECORDS: str(tmp_path / "wheel")})
+    run_in_this_process(notebook, tmp_path / "checkout")
+    for side in ("checkout", "wheel"):
+        assert record_problems(notebook.stem, read_record(tmp_path / side, notebook)) == [], side
+    here, there = (leaves(read_record(tmp_path / side, notebook)) for side in ("checkout", "wheel"))
+    assert Path(here.pop("/fbt_probe_file")).is_relative_to(REPO)
+    assert Path(there.pop("/fbt_probe_file")).is_relative_to(target)  # the wheel's package, not the checkout's
+    assert sorted(here) == sorted(there) and len(here) > 100
+    differ = {k: (here[k], there[k]) for k in here if abs(here[k] - there[k]) > 1e-6 * max(1.0, abs(here[k]))}
+    assert differ == {}
+    assert sorted(p.name for p in outside.iterdir()) == [notebook.name]  # it wrote nothing beside itself

@@ -58,3 +58,41 @@ def write_tokenizer_dir(folder: Path, vocab_size: int = 2048) -> tuple[Path, obj
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "tokenizer.pkl").write_bytes(pickle.dumps(enc))
     return folder, enc
+
+
+def task_corpus(keep_numbers: bool = True) -> list[str]:
+    """Every built-in task's text with its answer word, a few groups each (what a BPE needs to keep
+    the task words and ` done`-style answers whole); `keep_numbers=False` drops every digit."""
+    import re
+
+    from fbt_probe.tasks import generate, load_spec
+    from fbt_probe.tasks.spec import builtin_spec_paths
+
+    out = []
+    for name in builtin_spec_paths():
+        spec = load_spec(name)
+        df = generate(spec.replace(length_grid=[min(spec.length_grid)]), groups=4, seed=0)
+        out += [f"{text} {word}\n" for text, word in zip(df.text, df.label_word)]
+    return out if keep_numbers else [re.sub(r"[0-9]", "", t) for t in out]
+
+
+def digit_bpe(split_every_digit: bool = True):
+    """A byte-level BPE trained on the task text with the `tokenizers` library (no download).
+    `split_every_digit`: every digit its own token, as Qwen3's pre-tokenizer makes them; else digit
+    runs kept together but only 10 and 11 merged (they alone are in its training text), so 12 and 13
+    split into two tokens while the other numbers up to 11 are one: a small vocabulary's pattern."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=split_every_digit), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    text = task_corpus(keep_numbers=split_every_digit)
+    if not split_every_digit:
+        text += [" ".join(["10", "11"] * 50)] * 20
+    trainer = trainers.BpeTrainer(
+        vocab_size=1000, min_frequency=2, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(text, trainer)
+    return tok

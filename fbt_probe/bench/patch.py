@@ -114,6 +114,34 @@ def compare_reuse(run: str, dataset: Path, experiments, mode: str, pairs: int, s
     return rows
 
 
+def _patch_command(run: str, data: Path, experiment: str, mode: str, out: Path, seed: int, peak_file: Path) -> dict:
+    """`fbt-probe patch` of `experiment` (one or comma-separated) into `out`, run by `run_command`."""
+    args = ["patch", str(run), str(data), "--experiment", experiment, "--mode", mode, "--out", str(out)]
+    args += ["--seed", str(seed)]
+    return {"command": " ".join(["fbt-probe"] + args), **run_command(args, peak_file)}
+
+
+def _together(run: str, data: Path, experiments, mode: str, seed: int, tmp: Path) -> dict:
+    """The experiments as one command (they share each batch's prefill), and the largest difference
+    of its summaries from those of the separate commands (in `tmp/out`); NaN where it failed."""
+    together = _patch_command(run, data, ",".join(experiments), mode, tmp / "together", seed, tmp / "peak-together.txt")
+    together["max_summary_diff"] = (
+        max(
+            (
+                _summary_diff(
+                    pd.read_parquet(tmp / "out" / e / "summary.parquet"),
+                    pd.read_parquet(tmp / "together" / e / "summary.parquet"),
+                )
+                for e in experiments
+            ),
+            default=float("nan"),
+        )
+        if together["exit_code"] == 0
+        else float("nan")
+    )
+    return together
+
+
 def run_patch_bench(
     run: str = "tiny",
     dataset: Path | None = None,
@@ -133,59 +161,13 @@ def run_patch_bench(
         )
         commands = []
         for exp in experiments:
-            args = [
-                "patch",
-                str(run),
-                str(data),
-                "--experiment",
-                exp,
-                "--mode",
-                mode,
-                "--out",
-                str(tmp / "out"),
-                "--seed",
-                str(seed),
-            ]
-            commands.append(
-                {
-                    "experiment": exp,
-                    "command": " ".join(["fbt-probe"] + args),
-                    **run_command(args, tmp / f"peak-{exp}.txt"),
-                }
-            )
+            c = _patch_command(run, data, exp, mode, tmp / "out", seed, tmp / f"peak-{exp}.txt")
+            commands.append({"experiment": exp, **c})
             if progress is not None:
-                c = commands[-1]
                 progress(f"{exp}: {c['seconds']:.1f} s, peak RSS {c['peak_rss_mb']:.0f} MB, exit {c['exit_code']}")
         together = None
-        if len(experiments) > 1:  # the same experiments as one command (they share each batch's prefill)
-            args = [
-                "patch",
-                str(run),
-                str(data),
-                "--experiment",
-                ",".join(experiments),
-                "--mode",
-                mode,
-                "--out",
-                str(tmp / "together"),
-                "--seed",
-                str(seed),
-            ]
-            together = {"command": " ".join(["fbt-probe"] + args), **run_command(args, tmp / "peak-together.txt")}
-            together["max_summary_diff"] = (
-                max(
-                    (
-                        _summary_diff(
-                            pd.read_parquet(tmp / "out" / e / "summary.parquet"),
-                            pd.read_parquet(tmp / "together" / e / "summary.parquet"),
-                        )
-                        for e in experiments
-                    ),
-                    default=float("nan"),
-                )
-                if together["exit_code"] == 0
-                else float("nan")
-            )
+        if len(experiments) > 1:
+            together = _together(run, data, experiments, mode, seed, tmp)
             if progress is not None:
                 progress(
                     f"all in one command: {together['seconds']:.1f} s, peak RSS {together['peak_rss_mb']:.0f} MB, "

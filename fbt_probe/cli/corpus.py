@@ -10,6 +10,7 @@ import typer
 from fbt_probe.corpus import build, open_corpus, read_files, read_pins
 from fbt_probe.corpus.fetch import copy_from, fetch
 from fbt_probe.corpus.store import pin
+from fbt_probe.marker import mark_named, named_outputs, refuse_named, writing
 from fbt_probe.tasks.tokenizer import load_tokenizer
 
 app = typer.Typer(
@@ -36,11 +37,21 @@ def fetch_cmd(
     """
 
     pins = read_pins()
-    if from_ is not None:
-        for name in copy_from(from_, dir, pins):
-            typer.echo(f"copied {name} from {from_}")
-    for rec in fetch(dir, pins, say=typer.echo):
+    with writing(dir, FETCH_COMMAND):  # one writer of the folder at a time
+        refuse_named([dir / a.file for a in pins.archives if not (dir / a.file).exists()], command=FETCH_COMMAND)
+        copied = []
+        if from_ is not None:
+            for name in copy_from(from_, dir, pins):
+                copied.append(dir / name)
+                typer.echo(f"copied {name} from {from_}")
+        records = fetch(dir, pins, say=typer.echo)
+        mark_named(copied + [dir / r["file"] for r in records if r["status"] == "fetched"], FETCH_COMMAND)
+    for rec in records:
         typer.echo(f"{rec['status']:<8} {rec['file']}  sha256 {rec['sha256'][:16]}...")
+
+
+FETCH_COMMAND = "corpus fetch"  # the writer of the archives in their folder's marker
+PIN_COMMAND = "corpus pin"  # the writer of a files.tsv in its folder's marker
 
 
 @app.command("build")
@@ -91,6 +102,7 @@ def pin_cmd(
     src: Annotated[Path, typer.Option(help="Folder holding the pinned archives.")] = SRC,
     out: Annotated[Path, typer.Option(help="The files.tsv to write.")] = Path("files.tsv"),
     pins: Annotated[Optional[Path], typer.Option(help="A pins.json (default: the built-in one).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace a files.tsv this command wrote.")] = False,
 ) -> None:
     """List every file the pins choose, with its sha256 and split (how the built-in files.tsv was made).
 
@@ -98,6 +110,7 @@ def pin_cmd(
     Example: fbt-probe corpus pin --src data/corpus-src --out files.tsv
     """
 
-    n = pin(src, out, pins)
-    read_files(read_pins(pins), out)  # what was written reads back
+    with named_outputs([out], PIN_COMMAND, force):  # a file of the user's is never replaced
+        n = pin(src, out, pins)
+        read_files(read_pins(pins), out)  # what was written reads back
     typer.echo(f"listed {n:,} files in {out}")

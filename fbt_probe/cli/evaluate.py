@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -14,17 +15,19 @@ from fbt_probe.figures.contraction import fig3
 from fbt_probe.figures.passes import fig3_lm, fig4_lm
 from fbt_probe.formats.checkpoint import checkpoint_hash
 from fbt_probe.io import atomic_path, write_json
-from fbt_probe.marker import mark_named, output_dir, refuse_named, refuse_unowned
+from fbt_probe.marker import named_outputs, output_dir, refuse_named, refuse_unowned, writing
 from fbt_probe.provenance import provenance
 from fbt_probe.reference import is_reference
 from fbt_probe.reproduce.passes_rules import passes_verdicts
 from fbt_probe.tasks import load_tokenizer
+from fbt_probe.tasks.spec import MAX_GROUPS
 from fbt_probe.training.arch import ARCHS
 from fbt_probe.training.checkpoint import load_trained
 from fbt_probe.training.data import validation_batch
-from fbt_probe.training.evaluate import answer_accuracy, contraction, eval_samples
+from fbt_probe.training.evaluate import answer_accuracy, contraction, eval_samples, task_config
 from fbt_probe.training.passes import BASELINE_PASSES, pass_table, summarize
 
+EVAL_COMMAND, CONTRACTION_COMMAND = "eval", "diagnose contraction"  # their tables' writers in the marker
 diagnose_app = typer.Typer(help="Diagnostics of a trained run.", no_args_is_help=True)
 
 
@@ -46,16 +49,29 @@ def eval_cmd(
     Example: fbt-probe eval runs/tiny
     """
 
+    if isinstance(pairs, bool) or not 1 <= pairs <= MAX_GROUPS:
+        raise FbtError(
+            f"--pairs {pairs}: expected an integer 1..{MAX_GROUPS} (held-out minimal pairs per task x length cell)"
+        )
     if is_reference(str(run)) and out is None:
         raise FbtError(f"eval {run}: a shipped model needs --out (its folder is part of the package)")
-    model, cfg, folder = load_trained(run)
-    tok = load_tokenizer(folder / "tokenizer.json")
-    arch = ARCHS[cfg.arch]  # a Hidden Decoding run has one pass only: no feedback modes, no per-pass losses
-    modes = {} if arch.eval_modes is None else {"modes": arch.eval_modes}
-    acc = answer_accuracy(model, eval_samples(cfg, tok, pairs=pairs), tok, **modes)
-    losses = arch.val_losses(model, cfg, tok, max_passes=4)
     dest = out or run / "eval"
-    _write_table(acc, dest / "accuracy", folder, cfg, force, extra={"val_loss_per_pass": losses})
+    with writing(dest, EVAL_COMMAND):  # one writer of the folder from its check to the last file
+        refuse_named(_table_paths(dest / "accuracy"), force, EVAL_COMMAND)  # before the model runs
+        model, cfg, folder = load_trained(run)
+        tok = load_tokenizer(folder / "tokenizer.json")
+        arch = ARCHS[cfg.arch]  # a Hidden Decoding run has one pass only: no feedback modes, no per-pass losses
+        modes = {} if arch.eval_modes is None else {"modes": arch.eval_modes}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            # a corpus run never trained on a task: its accuracy is in context, its losses on held-out corpus files
+            samples = eval_samples(task_config(cfg), tok, pairs=pairs, option="--pairs")
+        for w in caught:
+            typer.echo(f"note: {w.message}", err=True)
+        acc = answer_accuracy(model, samples, tok, **modes)
+        losses = arch.val_losses(model, cfg, tok, max_passes=4, **({"corpus": True} if cfg.corpus else {}))
+        extra = {"val_loss_per_pass": losses}
+        _write_table(acc, dest / "accuracy", folder, cfg, force, extra=extra, command=EVAL_COMMAND)
     typer.echo(
         acc.pivot_table(index=["task", "length_knob"], columns="decoding", values="accuracy").round(3).to_string()
     )
@@ -105,6 +121,27 @@ def contraction_cmd(
         )
     if len({r.name for r in runs}) < len(runs):
         raise FbtError("diagnose contraction: run folders must have distinct names (they label the figure)")
+    dest = out or runs[0] / "diagnostics"
+    names = [dest / f"contraction.{s}" for s in ("parquet", "csv", "json", "png", "svg")]
+    with writing(dest, CONTRACTION_COMMAND):  # one writer of the folder from its check to the last file
+        refuse_named(names, force, CONTRACTION_COMMAND)  # before the passes run
+        table, loaded, folders = _contraction(runs, passes, rows)
+        cfgs = [c for _, _, c in loaded]
+        many = len(runs) > 1  # several runs in one table: every provenance field becomes a list
+        stem = dest / "contraction"
+        _write_table(
+            table, stem, folders if many else folders[0], cfgs if many else cfgs[0], force, command=CONTRACTION_COMMAND
+        )
+        depths = {run.name: c.pass_mix.max_passes for run, c in zip(runs, cfgs)}  # a dotted line per trained depth
+        fig = fig3(table, trained_passes=depths)
+        save_figure(fig, dest, "contraction", force, mark=True, command=CONTRACTION_COMMAND)
+    typer.echo(table[["run", "pass", "val_loss", "answer_accuracy", "state_change"]].round(4).to_string(index=False))
+    typer.echo(f"wrote {dest}/contraction.{{parquet,csv,json,png,svg}}")
+
+
+def _contraction(runs: list[Path], passes: int, rows: int):
+    """The contraction table of `runs`, each on the first run's held-out validation rows: (table,
+    [(run, model, cfg)], checkpoint folders)."""
     trained = [load_trained(run) for run in runs]  # (model, cfg, folder); a ref:<name> resolves to its verified folder
     folders = [folder for _, _, folder in trained]
     tok = load_tokenizer(folders[0] / "tokenizer.json")
@@ -119,44 +156,35 @@ def contraction_cmd(
         t.insert(0, "schedule", "constant:1 (baseline)" if cfg.baseline else str(cfg.pass_mix))
         t.insert(0, "run", run.name)
         tables.append(t)
-    table = pd.concat(tables, ignore_index=True)
-    dest = out or runs[0] / "diagnostics"
-    cfgs = [c for _, _, c in loaded]
-    refuse_named([dest / f"contraction.{s}" for s in ("parquet", "csv", "json", "png", "svg")], force)
-    if len(runs) == 1:
-        _write_table(table, dest / "contraction", folders[0], cfgs[0], force)
-    else:
-        _write_table(table, dest / "contraction", folders, cfgs, force)
-    depths = {run.name: c.pass_mix.max_passes for run, c in zip(runs, cfgs)}  # a dotted line per trained depth
-    save_figure(fig3(table, trained_passes=depths), dest, "contraction", force, mark=True)
-    typer.echo(table[["run", "pass", "val_loss", "answer_accuracy", "state_change"]].round(4).to_string(index=False))
-    typer.echo(f"wrote {dest}/contraction.{{parquet,csv,json,png,svg}}")
+    return pd.concat(tables, ignore_index=True), loaded, folders
 
 
-def _write_table(df, stem: Path, run: Path, cfg, force: bool, extra: dict | None = None) -> None:
+def _table_paths(stem: Path) -> list[Path]:
+    return [stem.with_suffix(suffix) for suffix in (".parquet", ".csv", ".json")]
 
-    paths = [stem.with_suffix(suffix) for suffix in (".parquet", ".csv", ".json")]
-    refuse_named(paths, force)
-    with atomic_path(stem.with_suffix(".parquet")) as tmp:
-        df.to_parquet(tmp, index=False)
-    with atomic_path(stem.with_suffix(".csv")) as tmp:
-        df.to_csv(tmp, index=False)
-    if isinstance(run, list):  # several runs in one table: every field becomes a list
-        fields = {
-            "runs": [str(r) for r in run],
-            "checkpoint_sha256": [checkpoint_hash(r) for r in run],
-            "train_config": [c.to_dict() for c in cfg],
-            "seed": [c.seed for c in cfg],
-        }
-    else:
-        fields = {
-            "run": str(run),
-            "checkpoint_sha256": checkpoint_hash(run),
-            "train_config": cfg.to_dict(),
-            "seed": cfg.seed,
-        }
-    write_json(stem.with_suffix(".json"), provenance(**fields, **(extra or {})))
-    mark_named(paths)
+
+def _write_table(df, stem: Path, run, cfg, force: bool, extra: dict | None = None, command: str = EVAL_COMMAND) -> None:
+    """stem.parquet, stem.csv and stem.json (provenance) as `command`'s named outputs."""
+    with named_outputs(_table_paths(stem), command, force):
+        with atomic_path(stem.with_suffix(".parquet")) as tmp:
+            df.to_parquet(tmp, index=False)
+        with atomic_path(stem.with_suffix(".csv")) as tmp:
+            df.to_csv(tmp, index=False)
+        if isinstance(run, list):  # several runs in one table: every field becomes a list
+            fields = {
+                "runs": [str(r) for r in run],
+                "checkpoint_sha256": [checkpoint_hash(r) for r in run],
+                "train_config": [c.to_dict() for c in cfg],
+                "seed": [c.seed for c in cfg],
+            }
+        else:
+            fields = {
+                "run": str(run),
+                "checkpoint_sha256": checkpoint_hash(run),
+                "train_config": cfg.to_dict(),
+                "seed": cfg.seed,
+            }
+        write_json(stem.with_suffix(".json"), provenance(**fields, **(extra or {})))
 
 
 PASSES_COMMAND, PASSES_KIND = "diagnose passes", "a folder written by fbt-probe diagnose passes"
@@ -195,29 +223,32 @@ def passes_cmd(
     shas = {cfg.corpus_sha256 for _, cfg, _ in trained}
     if None in shas or len(shas) > 1:
         raise FbtError("diagnose passes: every run must be a corpus run of the same corpus build (train --corpus)")
-    refuse_unowned(out, PASSES_COMMAND, force, PASSES_KIND)  # before the minutes of passes
-    tables = []
-    for run, (model, cfg, _) in zip(runs, trained):
-        typer.echo(f"{run}: {min(passes, BASELINE_PASSES) if cfg.baseline else passes} passes over the held-out files")
-        tables.append(pass_table(str(run), model, cfg, passes))
-    table = pd.concat(tables, ignore_index=True)
-    summary = summarize(table)
-    verdicts = passes_verdicts(table)
-    with output_dir(out, PASSES_COMMAND, force=force, kind=PASSES_KIND) as tmp:
-        table.to_parquet(tmp / "passes.parquet", index=False)
-        summary.to_csv(tmp / "passes_summary.csv", index=False)
-        summary.to_parquet(tmp / "passes_summary.parquet", index=False)
-        write_json(
-            tmp / "passes.json",
-            provenance(
-                runs=[str(r) for r in runs],
-                checkpoint_sha256=[checkpoint_hash(f) for _, _, f in trained],
-                train_config=[c.to_dict() for _, c, _ in trained],
-                verdicts=[v.__dict__ for v in verdicts],
-            ),
-        )
-        save_figure(fig3_lm(summary), tmp, "fig3-lm", False)
-        save_figure(fig4_lm(summary), tmp, "fig4-lm", False)
+    with writing(out, PASSES_COMMAND):  # one writer of OUT from its check to the swap
+        refuse_unowned(out, PASSES_COMMAND, force, PASSES_KIND)  # before the minutes of passes
+        tables = []
+        for run, (model, cfg, _) in zip(runs, trained):
+            typer.echo(
+                f"{run}: {min(passes, BASELINE_PASSES) if cfg.baseline else passes} passes over the held-out files"
+            )
+            tables.append(pass_table(str(run), model, cfg, passes))
+        table = pd.concat(tables, ignore_index=True)
+        summary = summarize(table)
+        verdicts = passes_verdicts(table)
+        with output_dir(out, PASSES_COMMAND, force=force, kind=PASSES_KIND) as tmp:
+            table.to_parquet(tmp / "passes.parquet", index=False)
+            summary.to_csv(tmp / "passes_summary.csv", index=False)
+            summary.to_parquet(tmp / "passes_summary.parquet", index=False)
+            write_json(
+                tmp / "passes.json",
+                provenance(
+                    runs=[str(r) for r in runs],
+                    checkpoint_sha256=[checkpoint_hash(f) for _, _, f in trained],
+                    train_config=[c.to_dict() for _, c, _ in trained],
+                    verdicts=[v.__dict__ for v in verdicts],
+                ),
+            )
+            save_figure(fig3_lm(summary), tmp, "fig3-lm", False)
+            save_figure(fig4_lm(summary), tmp, "fig4-lm", False)
     for v in verdicts:
         typer.echo(f"[{v.rule}] {v.sentence}")
     typer.echo(f"wrote {out}/passes.parquet, passes_summary.csv, fig3-lm.png, fig4-lm.png")

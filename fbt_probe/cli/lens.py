@@ -11,7 +11,7 @@ from fbt_probe.cli.fromconfig import INTS_OR_ALL
 from fbt_probe.cli.options import DeviceOption, NBootOption
 from fbt_probe.lens.sweep import COMMAND, LENS_KIND, LensConfig, run_lens, write_lens
 from fbt_probe.loading import open_pairs
-from fbt_probe.marker import refuse_unowned
+from fbt_probe.marker import refuse_unowned, writing
 from fbt_probe.modes import parse_modes
 
 
@@ -71,20 +71,25 @@ def lens(
         n_boot=n_boot,
         seed=seed,
     )
-    keep = refuse_unowned(out, COMMAND, force, LENS_KIND)  # before loading anything
-    lm, df = open_pairs(
-        run,
-        dataset,
-        [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
-        device=device,
-        seed=seed,
-        command="lens",
-    )
-    model = lm.model
-    res = run_lens(model, df, cfg)
-    write_lens(res, out, df, lm.provenance(), force=force, figures=figures)
+    with writing(out, COMMAND):  # one writer of OUT from its check to the swap
+        keep = refuse_unowned(out, COMMAND, force, LENS_KIND)  # before loading anything
+        lm, df = open_pairs(
+            run,
+            dataset,
+            [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
+            device=device,
+            seed=seed,
+            command="lens",
+        )
+        model = lm.model
+        res = run_lens(model, df, cfg)
+        write_lens(res, out, df, lm.provenance(), force=force, figures=figures)
+    _report(res, model.cfg.n_layers, out, keep)
+
+
+def _report(res, top: int, out: Path, keep: list[str] | None) -> None:
+    """P(correct) at depth 0 and the top depth per mode and pass, the tuned lens's training, what OUT replaced."""
     s = res.summary
-    top = model.cfg.n_layers
     for r in s[(s.metric == "p_correct") & (s.length_knob == -1) & s.depth.isin([0, top])].itertuples():
         typer.echo(
             f"{r.mode:<12} pass {r.pass_index} {r.task:<11} {r.lens:<6} depth {r.depth}: P(correct) {r.mean:.3f} "

@@ -14,9 +14,9 @@ from fbt_probe.activations import extract as run_extract
 from fbt_probe.distributed import world
 from fbt_probe.errors import FbtError
 from fbt_probe.figures import FIGURES, draw, get_figure, save_figure
-from fbt_probe.io import refuse_existing
-from fbt_probe.marker import refuse_named
+from fbt_probe.marker import refuse_named, writing
 from fbt_probe.probes import ProbeConfig, probe_sweep, write_results
+from fbt_probe.probes.sweep import COMMAND as PROBE_COMMAND
 from fbt_probe.probes.sweep import CSV_FILE, PROVENANCE_FILE, SAMPLES_FILE, SUMMARY_FILE, TABLE_FILE
 from fbt_probe.shards import is_activation_folder
 
@@ -87,6 +87,19 @@ def extract(
     torchrun --standalone --nproc_per_node 4 -m fbt_probe extract runs/tiny data/tasks --out runs/tiny/acts
     """
 
+    report, use_bar = _progress_report(progress)
+    extra = [h.strip() for h in hooks.split(",") if h.strip()] if hooks else []
+    replacing = force and out.is_dir() and is_activation_folder(out)
+    options = dict(extra_hooks=extra, reference=reference, batch_size=batch_size, shard_rows=shard_rows, dtype=dtype)
+    with _exit_on_interrupt(out, replacing), report if use_bar else contextlib.nullcontext():
+        store = run_extract(run, dataset, modes, out, device=device, force=force, progress=report, **options)
+    if world().main:
+        _print_extracted(store, out, replacing)
+
+
+def _progress_report(progress: bool | None) -> tuple:
+    """(report, use_bar): the bar where someone watches a terminal (or --progress asks for it); one
+    line per shard in a log or a pipe, and under torchrun, whose processes share one terminal."""
     where = f"rank {world().rank} " if world().several else ""
 
     def lines(done: int, total: int, shard: dict) -> None:
@@ -96,29 +109,16 @@ def extract(
             err=True,
         )
 
-    # the bar where someone watches a terminal (or --progress asks for it); lines in a log or a pipe, and
-    # under torchrun, whose processes share one terminal
     console = Console(stderr=True)
     use_bar = (console.is_terminal if progress is None else progress) and not world().several
-    report = ExtractProgress(console) if use_bar else lines
-    extra = [h.strip() for h in hooks.split(",") if h.strip()] if hooks else []
-    replacing = force and out.is_dir() and is_activation_folder(out)
+    return (ExtractProgress(console) if use_bar else lines), use_bar
+
+
+@contextlib.contextmanager
+def _exit_on_interrupt(out: Path, replacing: bool):
+    """Ctrl-C: one line on stderr saying what becomes of OUT, exit code 130 (no traceback)."""
     try:
-        with report if use_bar else contextlib.nullcontext():
-            store = run_extract(
-                run,
-                dataset,
-                modes,
-                out,
-                extra_hooks=extra,
-                reference=reference,
-                batch_size=batch_size,
-                shard_rows=shard_rows,
-                dtype=dtype,
-                device=device,
-                force=force,
-                progress=report,
-            )
+        yield
     except KeyboardInterrupt:
         msg = (
             f"{out} is unchanged (a forced extraction replaces it only when done)"
@@ -127,8 +127,10 @@ def extract(
         )
         typer.echo(f"interrupted: {msg}", err=True)
         raise typer.Exit(130) from None
-    if not world().main:
-        return
+
+
+def _print_extracted(store, out: Path, replacing: bool) -> None:
+    """The extraction in one line: shards, samples, modes (a Hidden Decoding model's streams x depths), peak RSS."""
     if replacing:
         typer.echo(f"replaced the earlier activation folder {out}")
     m, n, rss = store.manifest["model"], store.manifest["n_samples"], store.manifest["peak_rss_mb"]
@@ -182,20 +184,24 @@ def probe(
         seed=seed,
         skip_small_cells=not strict,
     )
-    for name in (TABLE_FILE, CSV_FILE, SUMMARY_FILE, PROVENANCE_FILE, SAMPLES_FILE):  # refuse before hours of fitting
-        refuse_existing(out / name, force)
 
     def progress(done: int, total: int, cell: tuple) -> None:
         typer.echo(f"[{done}/{total}] {cell[1]:<11} {cell[0]:<14} length {cell[2]}", err=True)
 
-    result = probe_sweep(acts, cfg, progress=progress)
-    paths = write_results(result, out, force=force)
+    names = (TABLE_FILE, CSV_FILE, SUMMARY_FILE, PROVENANCE_FILE, SAMPLES_FILE)
+    with writing(out, PROBE_COMMAND):  # one writer of the folder from its check to the last table
+        refuse_named([out / name for name in names], force, PROBE_COMMAND)  # refuse before hours of fitting
+        result = probe_sweep(acts, cfg, progress=progress)
+        paths = write_results(result, out, force=force)
     for flag in result.flags:
         typer.echo(f"warning: {flag['task']} {flag['mode']} length {flag['length']}: {flag['message']}", err=True)
     typer.echo(
         f"wrote {len(result.table)} rows to {paths['table']} (+ {paths['csv'].name}, "
         f"{paths['summary'].name}, {paths['provenance'].name}, {paths['samples'].name})"
     )
+
+
+FIGURES_COMMAND = "figures"  # the writer of a figure's files in its folder's marker
 
 
 def figures(
@@ -227,9 +233,10 @@ def figures(
         options[key.strip()] = value
     if baseline is not None:
         options["baseline"] = baseline
-    refuse_named([out / f"{name}.{fmt}" for fmt in ("png", "svg")], force)  # before the table is read
-    fig = draw(name, results, **options)
-    paths = save_figure(fig, out, name, force=force, mark=True)
+    with writing(out, FIGURES_COMMAND):  # one writer of the folder from its check to the last file
+        refuse_named([out / f"{name}.{fmt}" for fmt in ("png", "svg")], force, FIGURES_COMMAND)  # before the table
+        fig = draw(name, results, **options)
+        paths = save_figure(fig, out, name, force=force, mark=True, command=FIGURES_COMMAND)
     typer.echo("wrote " + ", ".join(str(p) for p in paths))
 
 

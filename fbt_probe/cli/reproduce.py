@@ -13,7 +13,7 @@ from fbt_probe.config import check_device
 from fbt_probe.config import preset as check_preset
 from fbt_probe.errors import FbtError
 from fbt_probe.reproduce import ReproConfig, reproduce
-from fbt_probe.reproduce.config import LM_PRESETS
+from fbt_probe.reproduce.config import LM_PRESETS, for_trained_tasks
 from fbt_probe.reproduce.pipeline import build_stages, reproduce_seeds
 from fbt_probe.reproduce.stages import check_out, default_jobs, start_workers, time_table
 
@@ -38,7 +38,12 @@ def reproduce_cmd(
     out: Annotated[
         Path, typer.Option(help="Study folder (datasets, models, activations, results, figures, report).")
     ] = Path("runs/repro"),
-    preset: Annotated[str, typer.Option(help="tiny (trains on this CPU) or paper-1b (needs --model).")] = "tiny",
+    preset: Annotated[
+        str,
+        typer.Option(
+            help="tiny (trains on this CPU), small-lm (the general language model; its corpus at data/corpus) or paper-1b (needs --model)."
+        ),
+    ] = "tiny",
     model: Annotated[
         Path | None, typer.Option(help="A checkpoint folder to study instead of training (required for paper-1b).")
     ] = None,
@@ -113,6 +118,7 @@ def reproduce_cmd(
 
     \b
     Example: fbt-probe reproduce --preset tiny --out runs/repro          (the shipped models)
+             fbt-probe reproduce --preset small-lm --out runs/lm          (the shipped general LMs)
              fbt-probe reproduce --preset tiny --train --out runs/retrained (from scratch)
              fbt-probe reproduce --model runs/d20 --baseline runs/d20-base --out runs/d20-study
     """
@@ -135,6 +141,18 @@ def reproduce_cmd(
         )
     if baseline is not None and model is None:
         raise FbtError("--baseline: needs --model (the checkpoint it is the baseline of)")
+    if model is not None and (train or seeds is not None):
+        given = "--train" if train else "--seeds"
+        raise FbtError(
+            f"--model {model} {given}: {given} trains the study's own models, --model studies a checkpoint as it "
+            "is; give one of them"
+        )
+    for option, folder in (("--model", model), ("--baseline", baseline)):
+        if folder is not None and _inside(out, folder):
+            raise FbtError(
+                f"--out {out}: inside {option} {folder}; the study would write into the checkpoint's folder "
+                "(choose an --out outside it)"
+            )
     kw = {
         "baseline": str(baseline) if baseline else None,
         "preset": preset,
@@ -157,7 +175,11 @@ def reproduce_cmd(
         if long
         else ReproConfig
     )
-    cfg = make(**kw)
+    cfg, left = for_trained_tasks(make(**kw))
+    if left:
+        typer.echo(
+            f"note: --model {model} was trained on {', '.join(cfg.knobs)} only: the study leaves out {', '.join(left)}"
+        )
     _check_force(cfg, out, set(force or []))
     t0 = time.perf_counter()
     if seeds is not None:
@@ -170,6 +192,12 @@ def reproduce_cmd(
     res = reproduce(cfg, out, set(force or []), echo=typer.echo, jobs=jobs)
     typer.echo(time_table(res["times"], res["ran"]))
     typer.echo(f"finished in {time.perf_counter() - t0:.0f} s; report: {res['report']}")
+
+
+def _inside(out: Path, folder: Path) -> bool:
+    """`out` is `folder` or lies under it (links resolved)."""
+    out, folder = Path(out).resolve(), Path(folder).resolve()
+    return out == folder or out.is_relative_to(folder)
 
 
 def _check_force(cfg, out: Path, force: set[str]) -> None:

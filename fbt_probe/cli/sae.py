@@ -11,7 +11,7 @@ from fbt_probe.cli.fromconfig import INTS_OR_ALL
 from fbt_probe.cli.options import DeviceOption, NBootOption
 from fbt_probe.errors import FbtError
 from fbt_probe.loading import load_data, open_model, open_pairs
-from fbt_probe.marker import refuse_unowned
+from fbt_probe.marker import refuse_unowned, writing
 from fbt_probe.modes import parse_mode, parse_modes
 from fbt_probe.provenance import provenance
 from fbt_probe.sae.analyze import COMMAND as ANALYZE_COMMAND
@@ -85,27 +85,30 @@ def train(
         l0_coeff=l0_coeff,
     )
     cfg.check()
-    keep = refuse_unowned(out, TRAIN_COMMAND, force, SAE_KIND)
-    df = load_data(dataset, _tasks(tasks), pairs=False, command="sae train")
-    lm = open_model(run, device, seed)
-    x, index = collect(lm.model, df, hook, mode, positions)
-    typer.echo(f"{len(x)} rows of {hook} ({positions} positions under {mode}), d_in {x.shape[1]}")
-    meta = {
-        "hook_name": hook,
-        "model_name": run,
-        "checkpoint_sha256": lm.hash,
-        "mode": mode,
-        "positions": positions,
-        "dataset": str(dataset),
-        "dataset_hash": df.attrs.get("dataset_hash"),
-        "provenance": provenance(**lm.provenance(), dataset_hash=df.attrs.get("dataset_hash")),
-    }
-    meta |= saelens_metadata(index, str(dataset))
-    sae, record = train_sae(x, cfg, meta, log=lambda r: typer.echo("  " + ", ".join(f"{a} {b}" for a, b in r.items())))
-    sae.cfg.metadata["training"] = record
-    r = reconstruction(sae, x)
-    sae.cfg.metadata["reconstruction"] = r
-    sae.save(out, force=force)
+    with writing(out, TRAIN_COMMAND):  # one writer of OUT from its check to the swap
+        keep = refuse_unowned(out, TRAIN_COMMAND, force, SAE_KIND)
+        df = load_data(dataset, _tasks(tasks), pairs=False, command="sae train")
+        lm = open_model(run, device, seed)
+        x, index = collect(lm.model, df, hook, mode, positions)
+        typer.echo(f"{len(x)} rows of {hook} ({positions} positions under {mode}), d_in {x.shape[1]}")
+        meta = {
+            "hook_name": hook,
+            "model_name": run,
+            "checkpoint_sha256": lm.hash,
+            "mode": mode,
+            "positions": positions,
+            "dataset": str(dataset),
+            "dataset_hash": df.attrs.get("dataset_hash"),
+            "provenance": provenance(**lm.provenance(), dataset_hash=df.attrs.get("dataset_hash")),
+        }
+        meta |= saelens_metadata(index, str(dataset))
+        sae, record = train_sae(
+            x, cfg, meta, log=lambda r: typer.echo("  " + ", ".join(f"{a} {b}" for a, b in r.items()))
+        )
+        sae.cfg.metadata["training"] = record
+        r = reconstruction(sae, x)
+        sae.cfg.metadata["reconstruction"] = r
+        sae.save(out, force=force)
     typer.echo(
         f"FVU {r['fvu']:.4f}, L0 {r['l0']:.2f}, dead latents {r['dead_latents']} of {r['d_sae']} (training rows)"
     )
@@ -156,32 +159,35 @@ def analyze(
         raise FbtError(f"--max-pairs {max_pairs}: expected an integer >= 1")
     if n_boot < 1:
         raise FbtError(f"--n-boot {n_boot}: expected an integer >= 1")
-    keep = refuse_unowned(out, ANALYZE_COMMAND, force, ANALYZE_KIND)
-    model_sae = SparseAutoencoder.load(sae)
-    lm, df = open_pairs(run, dataset, _tasks(tasks), device=device, seed=seed, command="sae analyze")
-    if model_sae.cfg.d_in != lm.model.cfg.d_model:
-        raise FbtError(f"{sae}: d_in {model_sae.cfg.d_in} does not match the model's d_model {lm.model.cfg.d_model}")
-    recorded = model_sae.cfg.metadata.get("checkpoint_sha256")
-    if recorded is not None and recorded != lm.hash:
-        raise FbtError(
-            f"{sae}/cfg.json: field 'metadata.checkpoint_sha256': the SAE was trained on "
-            f"{model_sae.cfg.metadata.get('model_name')} (sha256 {str(recorded)[:12]}...), not on {run} "
-            f"(sha256 {lm.hash[:12]}...); analyze it with the model it was trained on"
+    with writing(out, ANALYZE_COMMAND):  # one writer of OUT from its check to the swap
+        keep = refuse_unowned(out, ANALYZE_COMMAND, force, ANALYZE_KIND)
+        model_sae = SparseAutoencoder.load(sae)
+        lm, df = open_pairs(run, dataset, _tasks(tasks), device=device, seed=seed, command="sae analyze")
+        if model_sae.cfg.d_in != lm.model.cfg.d_model:
+            raise FbtError(
+                f"{sae}: d_in {model_sae.cfg.d_in} does not match the model's d_model {lm.model.cfg.d_model}"
+            )
+        recorded = model_sae.cfg.metadata.get("checkpoint_sha256")
+        if recorded is not None and recorded != lm.hash:
+            raise FbtError(
+                f"{sae}/cfg.json: field 'metadata.checkpoint_sha256': the SAE was trained on "
+                f"{model_sae.cfg.metadata.get('model_name')} (sha256 {str(recorded)[:12]}...), not on {run} "
+                f"(sha256 {lm.hash[:12]}...); analyze it with the model it was trained on"
+            )
+        res = run_analysis(
+            lm.model,
+            model_sae,
+            df,
+            out,
+            mode_list[0],
+            mode_list[1:],
+            k_list,
+            max_pairs,
+            seed=seed,
+            n_boot=n_boot,
+            force=force,
+            info={"model": run, "sae_folder": str(sae), **lm.provenance()},
         )
-    res = run_analysis(
-        lm.model,
-        model_sae,
-        df,
-        out,
-        mode_list[0],
-        mode_list[1:],
-        k_list,
-        max_pairs,
-        seed=seed,
-        n_boot=n_boot,
-        force=force,
-        info={"model": run, "sae_folder": str(sae), **lm.provenance()},
-    )
     for r in res["reconstruction"].itertuples():
         typer.echo(f"{r.mode:<12} FVU {r.fvu:.4f}  L0 {r.l0:.2f}  dead {r.dead_latents}/{r.d_sae}  ({r.rows} rows)")
     for r in res["loss_recovered"].itertuples():

@@ -9,7 +9,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from fbt_probe.errors import FbtError
-from fbt_probe.io import refuse_existing
+from fbt_probe.marker import named_outputs, writing
 from fbt_probe.tasks import (
     build_tokenizer,
     heldout_groups,
@@ -20,7 +20,7 @@ from fbt_probe.tasks import (
     write_dataset,
 )
 from fbt_probe.tasks import generate as gen
-from fbt_probe.tasks.dataset import dataset_paths
+from fbt_probe.tasks.dataset import COMMAND, dataset_files
 from fbt_probe.tasks.display import format_pairs
 from fbt_probe.tasks.spec import builtin_spec_paths, load_spec
 
@@ -78,34 +78,34 @@ def generate(
     """
 
     loaded = [load_spec(s) for s in specs]
-    for s in loaded:  # refuse before generating anything
-        parquet, manifest, _ = dataset_paths(out, s.task)
-        refuse_existing(parquet, force)
-        refuse_existing(manifest, force)
-    tok = load_tokenizer(tokenizer) if tokenizer else build_tokenizer(loaded)
-    frames = []
-    for s in loaded:  # generate (and check) everything before writing anything
-        contexts = heldout_groups(s, heldout, heldout_seed) if heldout is not None else None
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            frames.append(
-                gen(
-                    s,
-                    groups=groups,
-                    seed=seed,
-                    tokenizer=tok,
-                    contexts=contexts,
-                    tokenizer_name=f"tokenizer {tokenizer}" if tokenizer else "the built-in tokenizer",
+    with writing(out, COMMAND):  # one writer of the folder from its check to the last file
+        tok = load_tokenizer(tokenizer) if tokenizer else build_tokenizer(loaded)
+        for s in loaded:  # refuse before generating anything
+            dataset_files(out, s.task, tok, force)
+        frames = []
+        for s in loaded:  # generate (and check) everything before writing anything
+            contexts = heldout_groups(s, heldout, heldout_seed) if heldout is not None else None
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                frames.append(
+                    gen(
+                        s,
+                        groups=groups,
+                        seed=seed,
+                        tokenizer=tok,
+                        contexts=contexts,
+                        tokenizer_name=f"tokenizer {tokenizer}" if tokenizer else "the built-in tokenizer",
+                        option="--groups",
+                    )
                 )
+            for w in caught:
+                typer.echo(f"note: {w.message}", err=True)
+        for s, df in zip(loaded, frames):
+            path = write_dataset(df, out, tok, force=force, tokenizer_source=str(tokenizer) if tokenizer else "builtin")
+            typer.echo(
+                f"{s.task}: {len(df)} samples ({len(df) // 2} pairs, {df.group_id.nunique()} groups), "
+                f"{df.n_tokens.min()}-{df.n_tokens.max()} tokens -> {path}"
             )
-        for w in caught:
-            typer.echo(f"note: {w.message}", err=True)
-    for s, df in zip(loaded, frames):
-        path = write_dataset(df, out, tok, force=force, tokenizer_source=str(tokenizer) if tokenizer else "builtin")
-        typer.echo(
-            f"{s.task}: {len(df)} samples ({len(df) // 2} pairs, {df.group_id.nunique()} groups), "
-            f"{df.n_tokens.min()}-{df.n_tokens.max()} tokens -> {path}"
-        )
 
 
 @app.command()
@@ -154,7 +154,7 @@ def tokenizer_cmd(
     Example: fbt-probe tasks tokenizer --out runs/tokenizer.json
     """
 
-    refuse_existing(out, force)
     tok = build_tokenizer(specs or None)
-    save_tokenizer(tok, out)
+    with named_outputs([out], "tasks tokenizer", force):
+        save_tokenizer(tok, out)
     typer.echo(f"{out}: {tok.get_vocab_size()} tokens, sha256 {tokenizer_sha256(tok)}")

@@ -88,26 +88,42 @@ def train_cmd(
     check_preset(values["preset"])
     parse_schedule(values["schedule"])
     dev = process_device(device)  # a missing GPU is refused before anything is written
-    hidden = hidden_options(values["arch"], given)
+    cfg = _config(out, values["arch"], recipe, init, resume, given, defaults)
+    if cfg is None:
+        return
+    res = _train(cfg, out, None if resume else init, resume, force, fsdp, dev, stop_at, fork)
+    if world().main:
+        _print_trained(res, cfg, out)
+
+
+def _config(
+    out: Path, arch: str, recipe: str | None, init: Path | None, resume: bool, given: dict, defaults: dict
+) -> TrainConfig | None:
+    """The run's config: the options given over a recipe's fields over the defaults; with --resume
+    the run's record, checked against what was given (None, said in one line, where it is finished)."""
+    hidden = hidden_options(arch, given)
     recipe_set = {} if recipe is None else recipe_fields(recipe)
     fields = {**defaults, **recipe_set, **given, **hidden}  # a recipe under the options given
-    if resume:
-        named = {k: fields[k] for k in (*given, *recipe_set) if k != "steps"}  # a recipe names its fields
-        try:
-            cfg = resume_config(out, named | ({} if init is None else {"init": str(init)}), given.get("steps"))
-        except RunFinished as done:
-            typer.echo(str(done))
-            return
-        init = None
-    else:
-        cfg = TrainConfig(**fields)
+    if not resume:
+        return TrainConfig(**fields)
+    named = {k: fields[k] for k in (*given, *recipe_set) if k != "steps"}  # a recipe names its fields
+    try:
+        return resume_config(out, named | ({} if init is None else {"init": str(init)}), given.get("steps"))
+    except RunFinished as done:
+        typer.echo(str(done))
+        return None
+
+
+def _train(cfg: TrainConfig, out: Path, init, resume: bool, force: bool, fsdp: bool, dev, stop_at, fork) -> dict:
+    """`run_training` after the checks of --fork and --stop-at; Ctrl-C exits with code 130 and one line
+    on what becomes of OUT."""
     replacing = force and not resume and out.is_dir() and any(out.iterdir())
     try:
         if fork is not None and (resume or init is not None):
             raise FbtError("--fork starts a new run from another run's checkpoint: not with --resume or --init")
         if stop_at is not None and stop_at < 1:
             raise FbtError(f"--stop-at {stop_at}: expected a step >= 1")
-        res = run_training(
+        return run_training(
             cfg, out, init=init, resume=resume, force=force, fsdp=fsdp, device=dev, stop_at=stop_at, fork=fork
         )
     except KeyboardInterrupt:
@@ -115,8 +131,8 @@ def train_cmd(
         typer.echo(f"interrupted: {out}: {msg}", err=True)
         raise typer.Exit(130) from None
 
-    if not world().main:
-        return
+
+def _print_trained(res: dict, cfg: TrainConfig, out: Path) -> None:
     if res.get("replaced"):
         typer.echo(f"replaced the earlier run in {out}")
     typer.echo(

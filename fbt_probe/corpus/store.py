@@ -35,7 +35,7 @@ from fbt_probe.corpus.pins import (
     write_files,
 )
 from fbt_probe.errors import FbtError
-from fbt_probe.io import sha256_file
+from fbt_probe.io import atomic_path, sha256_file
 from fbt_probe.marker import output_dir
 from fbt_probe.provenance import provenance
 
@@ -235,5 +235,6 @@ def pin(src: str | Path, out: str | Path, pins_path: str | Path | None = None) -
     for a in pins.archives:
         verify_archive(a, Path(src))
     rows = scan(pins, Path(src))
-    write_files(rows, Path(out))
+    with atomic_path(Path(out)) as tmp:  # complete or absent
+        write_files(rows, tmp)
     return len(rows)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, refuse_existing
-from fbt_probe.marker import mark_named, refuse_named
+from fbt_probe.marker import named_outputs
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -228,32 +228,32 @@ def save_figure(
     formats: tuple[str, ...] = ("png", "svg"),
     dpi: int = 200,
     mark: bool = False,
+    command: str = "figures",
 ) -> list[Path]:
     """Write `stem.png` / `stem.svg` into `out_dir` (atomically; existing files need `force`). `mark`
-    (a command's named output): the files are recorded in the folder's marker, and `force` replaces
-    only files recorded there (`fbt_probe.marker.refuse_named`)."""
+    (a command's named output): the files are recorded in the folder's marker as `command`'s, under
+    the folder's lock, and `force` replaces only files recorded there (`fbt_probe.marker.refuse_named`)."""
     out_dir = Path(out_dir)
     paths = [out_dir / f"{stem}.{fmt}" for fmt in formats]
-    if mark:
-        refuse_named(paths, force)
-    else:
+    if not mark:  # a file of a folder its caller writes (a temporary one, a study stage's)
         for p in paths:
             refuse_existing(p, force)
-    for p, fmt in zip(paths, formats):
-        with atomic_path(p) as tmp:
-            fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
-    if mark:
-        mark_named(paths)
+        _save(fig, paths, formats, dpi)
+        return paths
+    with named_outputs(paths, command, force):
+        _save(fig, paths, formats, dpi)
     return paths
 
 
-def _draw_and_save(job: tuple, out_dir: Path, formats: tuple[str, ...], dpi: int) -> None:
-    import matplotlib.pyplot as plt
+def _save(fig, paths: list[Path], formats: tuple[str, ...], dpi: int) -> None:
+    for p, fmt in zip(paths, formats):
+        with atomic_path(p) as tmp:
+            fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
 
+
+def _draw_and_save(job: tuple, out_dir: Path, formats: tuple[str, ...], dpi: int) -> None:
     stem, name, table, options = job
-    fig = draw(name, table, **options)
-    save_figure(fig, out_dir, stem, force=True, dpi=dpi, formats=formats)
-    plt.close(fig)
+    save_figure(draw(name, table, **options), out_dir, stem, force=True, dpi=dpi, formats=formats)
 
 
 def draw_all(

@@ -24,6 +24,86 @@ STYLE = {  # colour, marker, line style: distinguishable in grey print too
     "full": ("#d62728", "D", ":"),
 }
 MODEL_WORDS = {"feedback": "feedback model", "baseline": "no-feedback baseline"}
+MAX_K = 2**16  # serial steps k: far past any a task spec asks for (256), and a point on a log2 axis
+MAX_PANELS = 400  # a figure of more panels is no figure (and takes minutes to lay out)
+INT, TEXT, SHARE, NUMBER = "int", "text", "share", "number"
+# column -> (kind, low, high, NaN allowed): what each column of the figures' tables must hold
+COLUMNS = {
+    "design": (TEXT, None, None, False),
+    "schedule": (TEXT, None, None, False),
+    "model": (TEXT, None, None, False),
+    "mode": (TEXT, None, None, False),
+    "seed": (INT, 0, 2**63 - 1, False),
+    "k": (INT, 1, MAX_K, False),
+    "groups": (INT, 0, 2**53, False),
+    "accuracy": (SHARE, 0.0, 1.0, False),
+    "ci_low": (SHARE, 0.0, 1.0, True),  # no interval where a cell has no groups
+    "ci_high": (SHARE, 0.0, 1.0, True),
+    "normalized": (NUMBER, None, None, False),
+}
+SWAP_COLUMNS = {"ci_low": (NUMBER, None, None, True), "ci_high": (NUMBER, None, None, True)}  # an effect's interval
+
+
+def check_table(
+    table: pd.DataFrame, figure: str, need: tuple[str, ...], optional: tuple[str, ...] = (), kinds: dict | None = None
+) -> pd.DataFrame:
+    """`table` with the columns `need` (and `optional` where present), each checked value by value (`COLUMNS`: integers, shares in
+    [0, 1], finite numbers, text) and converted to its kind; else a one-line FbtError naming the
+    column, the row and the value. A table without rows is refused too."""
+    kinds = {**COLUMNS, **(kinds or {})}
+    missing = sorted(set(need) - set(table.columns))
+    if missing:
+        raise FbtError(f"figure '{figure}': the table has no column {missing}")
+    if len(table) == 0:
+        raise FbtError(f"figure '{figure}': the table has no rows (a header only?); nothing to draw")
+    out = table.reset_index(drop=True).copy()
+    for col in [c for c in (*need, *optional) if c in out.columns]:
+        kind, lo, hi, nan_ok = kinds[col]
+        values = out[col]
+        if kind == TEXT:
+            ok = values.map(
+                lambda v: isinstance(v, (str, int, np.integer)) and not isinstance(v, bool) and str(v) != ""
+            )
+            what = "a text"
+        else:
+            num = pd.to_numeric(values.map(lambda v: np.nan if isinstance(v, bool) else v), errors="coerce")
+            num = num.astype(float)
+            finite = np.isfinite(num)
+            ok = finite & (num >= (-np.inf if lo is None else lo)) & (num <= (np.inf if hi is None else hi))
+            if kind == INT:
+                ok &= num == np.floor(num)
+            if nan_ok:
+                ok |= values.isna()
+            if kind == INT:
+                what = f"an integer {lo}..{hi:,}"
+            else:
+                what = ("a number in [0, 1]" if kind == SHARE else "a finite number") + (
+                    " (or empty)" if nan_ok else ""
+                )
+        if not ok.all():
+            row = int(np.flatnonzero(~ok.to_numpy())[0])
+            raise FbtError(f"figure '{figure}': column '{col}', row {row}: {_shown(values.iloc[row])}: expected {what}")
+        if kind == TEXT:
+            out[col] = values.map(str)
+        elif kind == INT:
+            out[col] = num.astype("int64")
+        else:
+            out[col] = num
+    return out
+
+
+def _shown(value) -> str:
+    """A table's value as the message quotes it: an empty field as such, a number as Python writes it."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return "an empty field"
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def check_panels(n: int, figure: str, what: str) -> None:
+    if n > MAX_PANELS:
+        raise FbtError(f"figure '{figure}': {n:,} panels ({what}); expected at most {MAX_PANELS} (draw a subset)")
+
+
 MODEL_COLOURS = {"feedback": "#1f77b4", "baseline": "#7f7f7f"}
 
 
@@ -45,6 +125,10 @@ def depth(
     `min_groups` groups is a hollow, unconnected marker without error bars (too few groups)."""
     import matplotlib.lines as mlines
 
+    table = check_table(table, "depth", ("model", "k", "mode", "accuracy", "ci_low", "ci_high"), ("groups",))
+    if swap is not None and len(swap) > 0:
+        swap = check_table(swap, "depth", ("model", "k", "normalized", "ci_low", "ci_high"), kinds=SWAP_COLUMNS)
+    check_panels(table["model"].nunique() + 1, "depth", "one per model and the swap")
     models = [m for m in ("feedback", "baseline") if m in set(table["model"])] + sorted(
         set(table["model"]) - {"feedback", "baseline"}
     )
@@ -185,15 +269,18 @@ def depth_grid(table: pd.DataFrame, chance: float = 0.5, min_groups: int = 0):
     cell of 1-4 words says nothing); the figure's legend title says how many were left out."""
     import matplotlib.lines as mlines
 
-    missing = sorted({*GRID_KEYS, "seed", "k", "mode", "accuracy", "ci_low", "ci_high", "groups"} - set(table.columns))
-    if missing:
-        raise FbtError(f"figure 'depth-grid': the table has no column {missing}")
+    table = check_table(
+        table, "depth-grid", (*GRID_KEYS, "seed", "k", "mode", "accuracy", "ci_low", "ci_high", "groups")
+    )
     kept = table[table["groups"] >= min_groups]
     dropped = table.loc[table["groups"] < min_groups, [*GRID_KEYS, "seed", "k"]].drop_duplicates()
     settings = list(kept[list(GRID_KEYS)].drop_duplicates().itertuples(index=False, name=None))
     seeds = sorted(int(s) for s in kept["seed"].unique())
     ks = sorted(int(k) for k in kept["k"].unique())
     modes = [m for m in MODES if m in set(kept["mode"])] + sorted(set(kept["mode"]) - set(MODES))
+    check_panels(len(settings) * len(seeds), "depth-grid", f"{len(settings)} runs x {len(seeds)} seeds")
+    if not settings:
+        raise FbtError(f"figure 'depth-grid': no cell has {min_groups} or more held-out groups; nothing to draw")
     with paper_style():
         fig, axes = subplots(len(settings), len(seeds), panel_height_in=1.55, sharey=True)
         handles, labels = [], []

@@ -525,8 +525,6 @@ BY_EXPERIMENT = {
 
 def draw_for(summary: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Draw the figures of the experiment(s) in `summary` into `out_dir` as PNG; returns the paths."""
-    import matplotlib.pyplot as plt
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     names = dict.fromkeys(n for e in summary["experiment"].unique() for n in BY_EXPERIMENT.get(e, ()))
@@ -537,6 +535,5 @@ def draw_for(summary: pd.DataFrame, out_dir: Path) -> list[Path]:
         fig = get_figure(name)(summary)
         path = out_dir / f"{name}.png"
         fig.savefig(path, dpi=150, bbox_inches="tight")
-        plt.close(fig)
         paths.append(path)
     return paths

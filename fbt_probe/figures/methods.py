@@ -18,7 +18,7 @@ import pandas as pd
 
 from fbt_probe.errors import FbtError
 from fbt_probe.figures.interventions import _check, _modes, _tasks, position_labels
-from fbt_probe.figures.style import model_words, paper_style, subplots, titled
+from fbt_probe.figures.style import legend_handles, model_words, paper_style, subplots, titled
 
 
 def short_hook(name: str) -> str:
@@ -305,76 +305,73 @@ def das_iia(table: pd.DataFrame, metric: str = "iia", length: int = -1, model_la
         (task, mode) for task in _tasks(t) for mode in _modes(t) if not t[(t.task == task) & (t["mode"] == mode)].empty
     ]
     hooks = sorted(t["condition"].unique(), key=_hook_rank)
-    styles = (("das", "o", True), ("random-rotation", "s", False))
     with paper_style():
         fig, axes = subplots(1, len(panels), panel_height_in=2.5, sharey=True)
         for ax, (task, mode) in zip(axes.flat, panels):
-            sub = t[(t.task == task) & (t["mode"] == mode)]
-            ks = sorted(int(k) for k in sub.loc[sub.method.isin(["das", "random-rotation"]), "subspace_dim"].unique())
-            full = sub[sub.method == "full-interchange"]
-            slots = {k: i for i, k in enumerate(ks)}
-            n_series = len(hooks) * len(styles)
-            step = 0.7 / max(n_series, 1)
-            for i, hook in enumerate(hooks):
-                color = f"C{i}"
-                for m, (method, marker, filled) in enumerate(styles):
-                    r = sub[(sub.condition == hook) & (sub.method == method)].sort_values("subspace_dim")
-                    if r.empty:
-                        continue
-                    off = (i * len(styles) + m - (n_series - 1) / 2) * step
-                    x = np.array([slots[int(k)] for k in r["subspace_dim"]]) + off
-                    y = r["mean"].to_numpy(float)
-                    ax.errorbar(
-                        x,
-                        y,
-                        yerr=np.nan_to_num(np.vstack([y - r["ci_low"], r["ci_high"] - y])),
-                        ls="none",
-                        marker=marker,
-                        color=color,
-                        mfc=color if filled else "white",
-                        capsize=1.5,
-                        elinewidth=0.8,
-                        label=f"{short_hook(hook)} · {'DAS' if method == 'das' else 'random rotation'}",
-                    )
-                f = full[full.condition == hook]
-                if len(f):
-                    off = (i - (len(hooks) - 1) / 2) * (0.7 / max(len(hooks), 1))
-                    y = float(f["mean"].iloc[0])
-                    ax.errorbar(
-                        [len(ks) + off],
-                        [y],
-                        yerr=[[y - float(f["ci_low"].iloc[0])], [float(f["ci_high"].iloc[0]) - y]],
-                        ls="none",
-                        marker="D",
-                        color=color,
-                        capsize=1.5,
-                        elinewidth=0.8,
-                        label=f"{short_hook(hook)} · full-vector interchange",
-                    )
-            null = rotation_null(sub)
-            if null is not None:
-                ax.axhline(null, color="0.35", lw=0.8, ls="--", label="random-rotation null (mean over k and hooks)")
-                ax.annotate(
-                    f"null {null:.2f}",
-                    (1.0, null),
-                    xycoords=("axes fraction", "data"),
-                    ha="right",
-                    va="bottom",
-                    fontsize=6,
-                )
-            ticks = list(range(len(ks))) + ([len(ks)] if len(full) else [])
-            ax.set_xticks(ticks, [str(k) for k in ks] + (["full\nvector"] if len(full) else []))
-            ax.set_xlim(-0.6, max(ticks) + 0.6)
-            ax.set_ylim(-0.03, 1.03)
-            ax.set_xlabel("subspace dimension k")
+            _iia_panel(ax, t[(t.task == task) & (t["mode"] == mode)], hooks)
             ax.set_title(f"{task} · {mode}")
         axes.flat[0].set_ylabel(f"{metric} on held-out groups")
-        handles = {}
-        for ax in axes.flat:  # every series once, whichever panel has it
-            for h, lab in zip(*ax.get_legend_handles_labels()):
-                handles.setdefault(lab, h)
+        handles = legend_handles(axes)
         order = sorted(handles, key=lambda lab: lab.startswith("random-rotation null"))  # the series, then the null
         fig.legend([handles[lab] for lab in order], order, loc="outside lower center", ncols=3, frameon=False)
         shown = model_words(t, model_label)
         fig.suptitle(titled("DAS: interchange intervention accuracy by subspace dimension (Wilson 95 % CI)", shown))
     return fig
+
+
+def _iia_panel(ax, sub: pd.DataFrame, hooks: list[str]) -> None:
+    """One task x mode of `das_iia`: each hook's DAS and random-rotation points side by side at each
+    k, its full-vector interchange after the largest k, and the panel's random-rotation null."""
+    styles = (("das", "o", True), ("random-rotation", "s", False))
+    ks = sorted(int(k) for k in sub.loc[sub.method.isin(["das", "random-rotation"]), "subspace_dim"].unique())
+    full = sub[sub.method == "full-interchange"]
+    slots = {k: i for i, k in enumerate(ks)}
+    n_series = len(hooks) * len(styles)
+    step = 0.7 / max(n_series, 1)
+    for i, hook in enumerate(hooks):
+        color = f"C{i}"
+        for m, (method, marker, filled) in enumerate(styles):
+            r = sub[(sub.condition == hook) & (sub.method == method)].sort_values("subspace_dim")
+            if r.empty:
+                continue
+            off = (i * len(styles) + m - (n_series - 1) / 2) * step
+            x = np.array([slots[int(k)] for k in r["subspace_dim"]]) + off
+            y = r["mean"].to_numpy(float)
+            ax.errorbar(
+                x,
+                y,
+                yerr=np.nan_to_num(np.vstack([y - r["ci_low"], r["ci_high"] - y])),
+                ls="none",
+                marker=marker,
+                color=color,
+                mfc=color if filled else "white",
+                capsize=1.5,
+                elinewidth=0.8,
+                label=f"{short_hook(hook)} · {'DAS' if method == 'das' else 'random rotation'}",
+            )
+        f = full[full.condition == hook]
+        if len(f):
+            off = (i - (len(hooks) - 1) / 2) * (0.7 / max(len(hooks), 1))
+            y = float(f["mean"].iloc[0])
+            ax.errorbar(
+                [len(ks) + off],
+                [y],
+                yerr=[[y - float(f["ci_low"].iloc[0])], [float(f["ci_high"].iloc[0]) - y]],
+                ls="none",
+                marker="D",
+                color=color,
+                capsize=1.5,
+                elinewidth=0.8,
+                label=f"{short_hook(hook)} · full-vector interchange",
+            )
+    null = rotation_null(sub)
+    if null is not None:
+        ax.axhline(null, color="0.35", lw=0.8, ls="--", label="random-rotation null (mean over k and hooks)")
+        ax.annotate(
+            f"null {null:.2f}", (1.0, null), xycoords=("axes fraction", "data"), ha="right", va="bottom", fontsize=6
+        )
+    ticks = list(range(len(ks))) + ([len(ks)] if len(full) else [])
+    ax.set_xticks(ticks, [str(k) for k in ks] + (["full\nvector"] if len(full) else []))
+    ax.set_xlim(-0.6, max(ticks) + 0.6)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("subspace dimension k")

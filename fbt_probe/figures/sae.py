@@ -6,11 +6,12 @@ latents solid and each SAE's random control dashed in its colour."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from fbt_probe.errors import FbtError
 from fbt_probe.figures.methods import rotation_null
-from fbt_probe.figures.style import paper_style, subplots
+from fbt_probe.figures.style import legend_handles, paper_style, subplots
 
 NEED = {"task", "condition", "k", "fraction", "ci_low", "ci_high"}
 LINES = (("features", "top-k label latents", "C0", "o"), ("random", "k random active latents", "0.55", "s"))
@@ -127,8 +128,6 @@ ACT_NEED = {"task", "rank", "latent", "label", "activation"}
 def sae_features(table: pd.DataFrame, model_label: str = "", bins: int = 20):
     """The feature browser's histograms: each task's top label latents (columns by rank), the latent's
     activation at every sample's final position, one histogram per label (`activations.parquet`)."""
-    import numpy as np
-
     missing = ACT_NEED - set(table.columns)
     if missing:
         raise FbtError(f"sae-features: not an SAE activations table (missing columns {sorted(missing)})")
@@ -195,22 +194,7 @@ def sae_vs_das(
         fig, axes = subplots(2, len(tasks), panel_height_in=2.0, sharex="col")
         for j, task in enumerate(tasks):
             top, bottom = axes[0, j], axes[1, j]
-            t = table[table["task"] == task]
-            for cond, label, colour, marker in LINES:
-                s = t[t["condition"] == cond].sort_values("k")
-                if len(s):
-                    err = [s["fraction"] - s["ci_low"], s["ci_high"] - s["fraction"]]
-                    top.errorbar(s["k"], s["fraction"], yerr=err, color=colour, marker=marker, capsize=2, label=label)
-            full = t[t["condition"] == "all"]
-            if len(full):
-                top.axhline(
-                    float(full["fraction"].iloc[0]), color="C3", ls="--", lw=1, label="every latent (error kept)"
-                )
-            top.axhline(1.0, color="black", lw=0.6)
-            shown = t[t["condition"].isin(["features", "random"])]
-            lo = min([float(shown["ci_low"].min())] + [float(v) for v in full["fraction"]])
-            hi = max([float(shown["ci_high"].max())] + [float(v) for v in full["fraction"]])
-            top.set_ylim(min(-0.05, lo - 0.05), max(1.1, hi + 0.05))
+            _fraction_panel(top, table[table["task"] == task])
             top.set_title(task)
             top.set_xlabel("k latents", fontsize=7)
             top.tick_params(labelbottom=True)
@@ -218,42 +202,54 @@ def sae_vs_das(
                 top.set_ylabel("feature swap:\nshare of full-state swap")
                 bottom.set_ylabel(f"DAS on {hook.split('.')[-1]}:\nheld-out IIA")
             d = das[das["task"] == task] if das is not None else None
-            if d is not None and len(d):
-                for method, label, colour, marker in (
-                    ("das", "DAS k-dim subspace", "C2", "o"),
-                    ("random-rotation", "random k-dim subspace", "0.55", "s"),
-                ):
-                    s = d[d["method"] == method].sort_values("subspace_dim")
-                    if len(s):
-                        err = [(s["mean"] - s["ci_low"]).clip(lower=0), (s["ci_high"] - s["mean"]).clip(lower=0)]
-                        bottom.errorbar(
-                            s["subspace_dim"], s["mean"], yerr=err, color=colour, marker=marker, capsize=2, label=label
-                        )
-                full = d[d["method"] == "full-interchange"]
-                if len(full):
-                    bottom.axhline(
-                        float(full["mean"].iloc[0]), color="C1", ls="--", lw=1, label="DAS: full-vector swap"
-                    )
-            else:
-                bottom.text(0.5, 0.5, "DAS not run", ha="center", va="center", transform=bottom.transAxes)
-            if probe is not None:
-                p = probe[probe["task"] == task]
-                if len(p):
-                    bottom.axhline(
-                        float(p["accuracy"].iloc[0]), color="C4", ls=":", lw=1.2, label="depth-0 probe accuracy"
-                    )
-            null = rotation_null(d) if d is not None and len(d) else None
-            if null is not None:
-                bottom.axhline(null, color="0.35", lw=0.8, ls="--", label="random-rotation null (mean over k)")
-            bottom.set_ylim(0, 1.05)
-            bottom.set_xscale("log", base=2)
-            bottom.set_xlabel("k dimensions", fontsize=7)
-        handles = {}
-        for ax in axes.flat:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
-                handles.setdefault(lab, h)
+            _das_panel(bottom, d, None if probe is None else probe[probe["task"] == task])
+        handles = legend_handles(axes)
         fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=4)
         fig.suptitle(
             f"How much of what the model uses lies in k features / k dimensions{' — ' + model_label if model_label else ''}"
         )
     return fig
+
+
+def _fraction_panel(ax, t) -> None:
+    """One task's share of the full-state swap per k: top-k label latents, random latents, every latent."""
+    for cond, label, colour, marker in LINES:
+        s = t[t["condition"] == cond].sort_values("k")
+        if len(s):
+            err = [s["fraction"] - s["ci_low"], s["ci_high"] - s["fraction"]]
+            ax.errorbar(s["k"], s["fraction"], yerr=err, color=colour, marker=marker, capsize=2, label=label)
+    full = t[t["condition"] == "all"]
+    if len(full):
+        ax.axhline(float(full["fraction"].iloc[0]), color="C3", ls="--", lw=1, label="every latent (error kept)")
+    ax.axhline(1.0, color="black", lw=0.6)
+    shown = t[t["condition"].isin(["features", "random"])]
+    lo = min([float(shown["ci_low"].min())] + [float(v) for v in full["fraction"]])
+    hi = max([float(shown["ci_high"].max())] + [float(v) for v in full["fraction"]])
+    ax.set_ylim(min(-0.05, lo - 0.05), max(1.1, hi + 0.05))
+
+
+def _das_panel(ax, d, p) -> None:
+    """One task's DAS IIA per k (random rotation and the full-vector swap beside it, "DAS not run"
+    without `d`), the depth-0 probe's accuracy `p` and the random-rotation null."""
+    if d is not None and len(d):
+        for method, label, colour, marker in (
+            ("das", "DAS k-dim subspace", "C2", "o"),
+            ("random-rotation", "random k-dim subspace", "0.55", "s"),
+        ):
+            s = d[d["method"] == method].sort_values("subspace_dim")
+            if len(s):
+                err = [(s["mean"] - s["ci_low"]).clip(lower=0), (s["ci_high"] - s["mean"]).clip(lower=0)]
+                ax.errorbar(s["subspace_dim"], s["mean"], yerr=err, color=colour, marker=marker, capsize=2, label=label)
+        full = d[d["method"] == "full-interchange"]
+        if len(full):
+            ax.axhline(float(full["mean"].iloc[0]), color="C1", ls="--", lw=1, label="DAS: full-vector swap")
+    else:
+        ax.text(0.5, 0.5, "DAS not run", ha="center", va="center", transform=ax.transAxes)
+    if p is not None and len(p):
+        ax.axhline(float(p["accuracy"].iloc[0]), color="C4", ls=":", lw=1.2, label="depth-0 probe accuracy")
+    null = rotation_null(d) if d is not None and len(d) else None
+    if null is not None:
+        ax.axhline(null, color="0.35", lw=0.8, ls="--", label="random-rotation null (mean over k)")
+    ax.set_ylim(0, 1.05)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k dimensions", fontsize=7)

@@ -1,14 +1,17 @@
-"""Shared look of every figure: sized for a paper page (7 in wide), fonts readable when printed."""
+"""Shared look of every figure: sized for a paper page (7 in wide), fonts readable when printed.
+
+Figures are `matplotlib.figure.Figure` objects on an Agg canvas, made without pyplot: they are
+files and need no display, so importing the package leaves matplotlib's backend as the caller set it
+(a Jupyter kernel's inline plots keep working), and a figure the package draws is never shown by
+pyplot. A notebook displays one by evaluating it (`fig` as a cell's last line)."""
 
 from __future__ import annotations
 
 import contextlib
 
 import matplotlib
-
-matplotlib.use("Agg")  # figures are files; never needs a display
-
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 PAGE_WIDTH_IN = 7.0  # a two-column paper's full text width
 
@@ -35,14 +38,24 @@ RC = {
 
 @contextlib.contextmanager
 def paper_style():
-    with plt.rc_context(RC):
+    with matplotlib.rc_context(RC):
         yield
 
 
 def subplots(n_rows: int, n_cols: int, panel_height_in: float = 2.0, width_in: float = PAGE_WIDTH_IN, **kw):
-    return plt.subplots(
-        n_rows, n_cols, figsize=(width_in, panel_height_in * n_rows), squeeze=False, constrained_layout=True, **kw
-    )
+    """(figure, axes [n_rows, n_cols]) of a new figure on an Agg canvas, not registered with pyplot."""
+    fig = Figure(figsize=(width_in, panel_height_in * n_rows), layout="constrained")
+    FigureCanvasAgg(fig)  # attaches itself as fig.canvas: draw() and get_renderer() work as under pyplot's Agg
+    return fig, fig.subplots(n_rows, n_cols, squeeze=False, **kw)
+
+
+def legend_handles(axes) -> dict:
+    """{label: handle} of every series once, whichever panel draws it (a figure-level legend)."""
+    handles: dict = {}
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    return handles
 
 
 def model_words(table, label: str | None = None) -> str:

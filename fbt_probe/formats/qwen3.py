@@ -8,7 +8,9 @@ checkpoint has no depth scaling, so its pre-norm top state is not O(1).
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from safetensors import SafetensorError
@@ -44,42 +46,68 @@ def _name_map(n_layers: int) -> dict[str, str]:
     return names
 
 
-def config_from_qwen3(hf: dict, source: str = "config.json") -> ModelConfig:
-    """Translate a Qwen3 config dict; refuse what this model cannot represent."""
+def _refuse(source: str, field: str, why: str) -> NoReturn:
+    raise FbtError(f"{source}: field '{field}' {why}")
 
-    def refuse(field: str, why: str):
-        raise FbtError(f"{source}: field '{field}' {why}")
 
-    def need(field: str, kind: str = "int", default=_REQUIRED):
-        """A typed field: missing (without a default) or of the wrong type is a one-line error."""
-        if field not in hf or hf[field] is None:
-            if default is _REQUIRED:
-                refuse(field, "missing (a Qwen3 config.json records it)")
-            return default
-        v = hf[field]
-        if kind == "int" and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
-            raise FbtError(f"{source}: field '{field}': expected an integer >= 1, got {v!r}")
-        if kind == "number" and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
-            raise FbtError(f"{source}: field '{field}': expected a number > 0, got {v!r}")
-        return v
+def _need(hf: dict, source: str, field: str, kind: str = "int", default=_REQUIRED):
+    """A typed field: missing (without a default) or of the wrong type is a one-line error."""
+    if field not in hf or hf[field] is None:
+        if default is _REQUIRED:
+            _refuse(source, field, "missing (a Qwen3 config.json records it)")
+        return default
+    v = hf[field]
+    if kind == "int" and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+        raise FbtError(f"{source}: field '{field}': expected an integer >= 1, got {v!r}")
+    if kind == "number" and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
+        raise FbtError(f"{source}: field '{field}': expected a number > 0, got {v!r}")
+    return v
 
-    if not isinstance(hf, dict):
-        raise FbtError(f"{source}: expected a JSON object (a Qwen3 config)")
 
+def _rope_theta(hf: dict, source: str) -> float:
+    """Refuse the Qwen3 features this model does not have; the RoPE base of what is left."""
     if hf.get("model_type") != "qwen3":
-        refuse("model_type", f"is {hf.get('model_type')!r}; only 'qwen3' can be imported")
+        _refuse(source, "model_type", f"is {hf.get('model_type')!r}; only 'qwen3' can be imported")
     if not hf.get("tie_word_embeddings", False):
-        refuse("tie_word_embeddings", "must be true (this model ties input and output embeddings)")
+        _refuse(source, "tie_word_embeddings", "must be true (this model ties input and output embeddings)")
     if hf.get("attention_bias", False):
-        refuse("attention_bias", "must be false (no attention biases in this model)")
+        _refuse(source, "attention_bias", "must be false (no attention biases in this model)")
     if hf.get("hidden_act", "silu") != "silu":
-        refuse("hidden_act", f"is {hf.get('hidden_act')!r}; only 'silu' is supported")
+        _refuse(source, "hidden_act", f"is {hf.get('hidden_act')!r}; only 'silu' is supported")
     rope = hf.get("rope_parameters") or {}
     if hf.get("rope_scaling") or rope.get("rope_type", "default") != "default":
-        refuse("rope_parameters", "uses RoPE scaling; only plain RoPE ('default') is supported")
+        _refuse(source, "rope_parameters", "uses RoPE scaling; only plain RoPE ('default') is supported")
     theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
     if not (isinstance(theta, (int, float)) and not isinstance(theta, bool) and theta > 0):
-        refuse("rope_theta", f"must be a number > 0, got {theta!r}")
+        _refuse(source, "rope_theta", f"must be a number > 0, got {theta!r}")
+    return float(theta)
+
+
+def _attention_layout(hf: dict, source: str, n_layers: int) -> tuple[int | None, list]:
+    """The sliding window and each layer's attention type (`layer_types`, else the older
+    `use_sliding_window` / `max_window_layers` pair)."""
+    window = hf.get("sliding_window") if hf.get("use_sliding_window", False) else None
+    layer_types = hf.get("layer_types")
+    if layer_types is None:
+        layer_types = [
+            "sliding_attention" if window is not None and i >= hf.get("max_window_layers", 28) else "full_attention"
+            for i in range(n_layers)
+        ]
+    if "sliding_attention" in layer_types and window is None:
+        window = hf.get("sliding_window")
+        if window is None:
+            _refuse(source, "sliding_window", "is null but layer_types has sliding layers")
+    if not isinstance(layer_types, list):
+        _refuse(source, "layer_types", f"must be a list of {n_layers} layer types, got {layer_types!r}")
+    return window, layer_types
+
+
+def config_from_qwen3(hf: dict, source: str = "config.json") -> ModelConfig:
+    """Translate a Qwen3 config dict; refuse what this model cannot represent."""
+    if not isinstance(hf, dict):
+        raise FbtError(f"{source}: expected a JSON object (a Qwen3 config)")
+    theta = _rope_theta(hf, source)
+    need = partial(_need, hf, source)
     n_layers = need("num_hidden_layers")
     vocab, d_model, d_mlp, n_heads = (
         need("vocab_size"),
@@ -91,22 +119,11 @@ def config_from_qwen3(hf: dict, source: str = "config.json") -> ModelConfig:
     d_head = need("head_dim", default=None)
     if d_head is None:
         if d_model % n_heads:
-            refuse("head_dim", f"missing, and hidden_size {d_model} is not a multiple of num_attention_heads {n_heads}")
+            why = f"missing, and hidden_size {d_model} is not a multiple of num_attention_heads {n_heads}"
+            _refuse(source, "head_dim", why)
         d_head = d_model // n_heads
     n_ctx, eps = need("max_position_embeddings", default=2048), need("rms_norm_eps", "number", default=1e-6)
-    window = hf.get("sliding_window") if hf.get("use_sliding_window", False) else None
-    layer_types = hf.get("layer_types")
-    if layer_types is None:
-        layer_types = [
-            "sliding_attention" if window is not None and i >= hf.get("max_window_layers", 28) else "full_attention"
-            for i in range(n_layers)
-        ]
-    if "sliding_attention" in layer_types and window is None:
-        window = hf.get("sliding_window")
-        if window is None:
-            refuse("sliding_window", "is null but layer_types has sliding layers")
-    if not isinstance(layer_types, list):
-        refuse("layer_types", f"must be a list of {n_layers} layer types, got {layer_types!r}")
+    window, layer_types = _attention_layout(hf, source, n_layers)
     try:
         return ModelConfig(
             d_vocab=vocab,
@@ -119,7 +136,7 @@ def config_from_qwen3(hf: dict, source: str = "config.json") -> ModelConfig:
             n_ctx=n_ctx,
             window=window,
             layer_types=tuple(layer_types),
-            rope_theta=float(theta),
+            rope_theta=theta,
             rms_eps=float(eps),
             depth_scaling="none",
             feedback_source="post_norm",

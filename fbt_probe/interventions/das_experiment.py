@@ -119,6 +119,32 @@ def _fit_all(
     return out
 
 
+def _cells(batches, device) -> dict:
+    """(task, length knob, T) -> that cell's batches, on `device`."""
+    cells: dict = {}
+    for b in batches:
+        b = b.to(device)
+        cells.setdefault((str(b.meta["task"].iloc[0]), int(b.meta["length_knob"].iloc[0]), b.T), []).append(b)
+    return cells
+
+
+def _fold_masks(meta: pd.DataFrame, n_folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train, test) row masks per fold: folds of whole pairs, no group on both sides
+    (`pair_components`); an FbtError where the cell cannot be split."""
+    comp = pair_components(meta)
+    first = meta.groupby("pair_id", sort=True).head(1)
+    y_pairs, g_pairs, pair_ids = first["label"].to_numpy(), comp[first.index], first["pair_id"].to_numpy()
+    if len(np.unique(g_pairs)) < 2:
+        raise FbtError("needs pairs from >= 2 groups")
+    if len(np.unique(y_pairs)) < 2:  # y only balances the folds: every pair trains in both directions
+        y_pairs = np.arange(len(y_pairs)) % 2
+    with warnings.catch_warnings():  # few groups per label class: sklearn warns, folds stay valid
+        warnings.simplefilter("ignore", UserWarning)
+        splits = grouped_folds(y_pairs, g_pairs, n_folds, seed)
+    in_pairs = meta["pair_id"].isin
+    return [(in_pairs(pair_ids[tr]).to_numpy(), in_pairs(pair_ids[te]).to_numpy()) for tr, te in splits]
+
+
 def das(
     fw,
     batches,
@@ -137,26 +163,11 @@ def das(
     `max_rows`: rows per training forward (the (fold, k) rotations of a hook train side by side).
     Its forwards are its own (`FinalStep`: the final position's pass, with gradients for training)."""
     model = forwards(fw).model
-    cells: dict = {}
-    for b in batches:
-        b = b.to(device_of(model))
-        cells.setdefault((str(b.meta["task"].iloc[0]), int(b.meta["length_knob"].iloc[0]), b.T), []).append(b)
     out, fold_rows, notes = [], [], []
-    for (task, knob, T), items in sorted(cells.items()):
+    for (task, knob, T), items in sorted(_cells(batches, device_of(model)).items()):
         batch = merge(items)
-        comp = pair_components(batch.meta)
-        first = batch.meta.groupby("pair_id", sort=True).head(1)
-        y_pairs, g_pairs, pair_ids = first["label"].to_numpy(), comp[first.index], first["pair_id"].to_numpy()
-        if len(np.unique(g_pairs)) < 2:
-            notes.append(f"das {mode} {task} length {knob}: skipped (needs pairs from >= 2 groups)")
-            continue
-        if len(np.unique(y_pairs)) < 2:  # y only balances the folds: every pair trains in both directions
-            y_pairs = np.arange(len(y_pairs)) % 2
-
         try:
-            with warnings.catch_warnings():  # few groups per label class: sklearn warns, folds stay valid
-                warnings.simplefilter("ignore", UserWarning)
-                splits = grouped_folds(y_pairs, g_pairs, n_folds, seed)
+            masks = _fold_masks(batch.meta, n_folds, seed)
         except FbtError as exc:
             notes.append(f"das {mode} {task} length {knob}: skipped ({exc})")
             continue
@@ -165,10 +176,6 @@ def das(
             ref = step()
         names = check_hooks(model, hooks) if hooks is not None else das_hooks(model, mode, T)
         y = batch.meta["label"].to_numpy()
-        masks = [
-            (batch.meta["pair_id"].isin(pair_ids[tr]).to_numpy(), batch.meta["pair_id"].isin(pair_ids[te]).to_numpy())
-            for tr, te in splits
-        ]
         for name in names:
             acts = step.activation(name)
             D = acts.shape[-1]

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
@@ -310,7 +309,6 @@ def write_lens(
             (tmp / "figures").mkdir()
             fig = lens_depth(res.summary)
             fig.savefig(tmp / "figures" / "lens.png", dpi=150, bbox_inches="tight")
-            plt.close(fig)
             files.append("figures/lens.png")
         cfg = res.manifest["config"]
         write_json(

@@ -14,7 +14,8 @@ import torch
 from fbt_probe.activations import ActivationStore
 from fbt_probe.config import check_device
 from fbt_probe.errors import FbtError
-from fbt_probe.io import atomic_path, refuse_existing, write_json
+from fbt_probe.io import atomic_path, write_json
+from fbt_probe.marker import named_outputs
 from fbt_probe.probes.estimator import LinearProbe
 from fbt_probe.probes.fit_cpu import fit_cells_sklearn
 from fbt_probe.probes.fit_torch import fit_cells_torch
@@ -315,10 +316,14 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     return g.agg(mean="mean", std="std", min="min", max="max", n_folds="count").reset_index()
 
 
+COMMAND = "probe"  # the writer of the tables in their folder's marker
+
+
 def write_results(result: SweepResult, out_dir: str | Path, force: bool = False) -> dict[str, Path]:
     """probes.parquet, probes.csv, probes_summary.csv, probes.provenance.json and (with per-sample
     results) probes_samples.parquet in `out_dir` (which other stages may share); existing files are
-    refused without `force`."""
+    refused without `force`, and with it replaced only where the folder's marker lists them as
+    written by `probe`, unchanged (`fbt_probe.marker.refuse_named`)."""
     out_dir = Path(out_dir)
     paths = {
         "table": out_dir / TABLE_FILE,
@@ -328,16 +333,15 @@ def write_results(result: SweepResult, out_dir: str | Path, force: bool = False)
     }
     if result.samples is not None:
         paths["samples"] = out_dir / SAMPLES_FILE
-    for p in paths.values():
-        refuse_existing(p, force)
-    with atomic_path(paths["table"]) as tmp:
-        result.table.to_parquet(tmp, index=False)
-    with atomic_path(paths["csv"]) as tmp:
-        result.table.to_csv(tmp, index=False)
-    with atomic_path(paths["summary"]) as tmp:
-        result.summary().to_csv(tmp, index=False)
-    if result.samples is not None:
-        with atomic_path(paths["samples"]) as tmp:
-            result.samples.to_parquet(tmp, index=False)
-    write_json(paths["provenance"], {**result.provenance, "files": {k: v.name for k, v in paths.items()}})
+    with named_outputs(list(paths.values()), COMMAND, force):
+        with atomic_path(paths["table"]) as tmp:
+            result.table.to_parquet(tmp, index=False)
+        with atomic_path(paths["csv"]) as tmp:
+            result.table.to_csv(tmp, index=False)
+        with atomic_path(paths["summary"]) as tmp:
+            result.summary().to_csv(tmp, index=False)
+        if result.samples is not None:
+            with atomic_path(paths["samples"]) as tmp:
+                result.samples.to_parquet(tmp, index=False)
+        write_json(paths["provenance"], {**result.provenance, "files": {k: v.name for k, v in paths.items()}})
     return paths

@@ -387,8 +387,43 @@ def schedule_label(cfg: ReproConfig, name: str) -> str:
     return "constant:1" if t.baseline else t.schedule
 
 
+def for_trained_tasks(cfg: ReproConfig) -> tuple[ReproConfig, list[str]]:
+    """A user checkpoint's study of the tasks its training record names: (the config without the
+    tasks a study model was not trained on, those tasks). A model trained on completion and memory
+    alone has no held-out register contexts (every one is unseen, none held out of its split), and
+    its answers there would say nothing; a checkpoint without a record (an import) is studied on
+    every task. Refused in one line when no study task is left."""
+    if not cfg.model:
+        return cfg, []
+    trained = [t for t in (trained_as(cfg, name) for name in cfg.models()) if t is not None]
+    if not trained:
+        return cfg, []
+    tasks = set.intersection(*(set(t.tasks) for t in trained))
+    kept = [t for t in cfg.knobs if t in tasks]
+    left = [t for t in cfg.knobs if t not in tasks]
+    if not kept:
+        raise FbtError(
+            f"--model {cfg.model}: trained on {', '.join(sorted(tasks)) or 'no task'}, none of the study's tasks "
+            f"({', '.join(cfg.knobs)}); study it with the commands of the tasks it was trained on"
+        )
+    if not left:
+        return cfg, []
+
+    def only(d: dict) -> dict:
+        return {t: v for t, v in d.items() if t in tasks}
+
+    fields = {f: only(getattr(cfg, f)) for f in ("groups", "knobs", "modes", "patch_knobs")}
+    return dataclasses.replace(cfg, **fields), left
+
+
+def left_out(cfg: ReproConfig) -> list[str]:
+    """The study's tasks a user checkpoint's study leaves out (its models were not trained on them)."""
+    return [t for t in FULL_PLAN if t not in cfg.knobs] if cfg.model else []
+
+
 def training_note(cfg: ReproConfig) -> str:
-    """What the study knows of a user checkpoint's training (empty for the preset's models)."""
+    """What the study knows of a user checkpoint's training (empty for the preset's models), and the
+    tasks left out of the study because it was not trained on them."""
     if not cfg.model:
         return ""
     said = []
@@ -400,6 +435,9 @@ def training_note(cfg: ReproConfig) -> str:
             else f"{name}: trained here on {', '.join(t.tasks)} (seed {t.seed}, {t.steps} steps, schedule "
             f"{'constant:1' if t.baseline else t.schedule}); its held-out contexts only"
         )
+    left = left_out(cfg)
+    if left:
+        said.append(f"left out of the study: {', '.join(left)} (not trained on them)")
     return "; ".join(said)
 
 

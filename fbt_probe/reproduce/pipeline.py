@@ -103,7 +103,7 @@ def reproduce(cfg: ReproConfig, out: str | Path, force: set[str] = frozenset(), 
         _tokenizer(cfg)  # a checkpoint without its own tokenizer is refused before anything is written
     if cfg.shipped:
         check_shipped(cfg)
-    if not is_lm(cfg):
+    if not cfg.model and not is_lm(cfg):  # a checkpoint's study trains nothing; an LM's recipe is its own
         train_config(cfg, False)  # an unusable --steps for the recipe is refused before anything is written
     out.mkdir(parents=True, exist_ok=True)
     stages = build_stages(cfg, out)

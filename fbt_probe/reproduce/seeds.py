@@ -69,6 +69,7 @@ def rows(table: pd.DataFrame | None, model: str, quantity: str, task: str, mode:
 
 PROPORTIONS = (
     "answer-accuracy",
+    "answer-choice",
     "depth0-decodability",
     "depth-accuracy",
     "carried-state-decodability",

@@ -36,7 +36,7 @@ from typing import Callable, Iterator
 
 from fbt_probe.errors import FbtError
 from fbt_probe.io import is_empty_dir, read_json, sha256_file, write_json
-from fbt_probe.marker import MARKER, carry, files_of, is_marked, list_files, read_marker, write_marker
+from fbt_probe.marker import MARKER, carry, files_of, is_marked, list_files, read_marker, refuse_links, write_marker
 
 STATE = "stages.json"
 COMMAND = "reproduce"  # the study folder's marker
@@ -69,6 +69,11 @@ class Runner:
         self.out, self.force, self.echo = Path(out), set(force), echo
         self.out.mkdir(parents=True, exist_ok=True)
         self._lock = lock_study(self.out)
+        try:  # a stage's outputs are moved aside and back: never through a link into another folder
+            refuse_links(self.out)
+        except FbtError:
+            self.close()
+            raise
         if not is_marked(self.out, COMMAND):  # a fresh study (check_out let only an empty folder through)
             write_marker(self.out, COMMAND, files={})
         self.files = dict(read_marker(self.out)["files"])
@@ -165,6 +170,8 @@ class Runner:
                 f"{self.out}: stage {stage.name}'s inputs changed since {stage.outputs[0]} was made; "
                 f"pass --force {stage.name} to redo it (deletes it) or choose another --out"
             )
+        for p in stage.outputs:  # a link made since the study started is not moved through either
+            refuse_links(p)
         aside, keep = None, self._keep(stage, rec)
         if not (stage.resumable and rec.get("key") == key) or stage.name in self.force:
             # stale or forced: the outputs are made afresh (a model from its first step), the old ones kept aside until then
@@ -357,6 +364,8 @@ def check_out(out: Path, seeds: bool = False) -> None:
     """Refuse an OUT the study may not write into: a file, or a folder with content that is not a
     study (`seeds`: nor a study over seeds) - its files would be replaced by the stages' outputs."""
     out = Path(out)
+    if out.is_symlink():
+        refuse_links(out)
     if out.exists() and not out.is_dir():
         raise FbtError(f"--out {out}: is a file; expected a study folder (absent, empty, or an earlier study's)")
     if not out.is_dir() or is_empty_dir(out) or is_study(out) or (seeds and is_seeds_study(out)):

@@ -180,6 +180,22 @@ def answer_accuracy(out: Path, model: str, task: str, mode: str = STANDARD) -> t
     return (*group_wilson(c / n, groups), n, groups)
 
 
+def choice_accuracy(
+    out: Path, model: str, task: str, mode: str = STANDARD
+) -> tuple[float, float, float, int, int] | None:
+    """As `answer_accuracy` (value, Wilson low, high, samples, groups), for the two-way choice between
+    the label words (None: an eval table written before the choice was measured)."""
+    acc = eval_table(out)
+    if "choice_correct" not in acc.columns:
+        return None
+    g = acc[(acc["model"] == model) & (acc["task"] == task) & (acc["mode"] == mode)]
+    c, n = int(g["choice_correct"].sum()), int(g["n"].sum())
+    if n == 0:
+        return (*wilson(c, n), n, 0)
+    groups = answer_groups(g)
+    return (*group_wilson(c / n, groups), n, groups)
+
+
 def depth0(out: Path, model: str, task: str, mode: str) -> tuple[float, float, float]:
     """Depth-0 probe accuracy pooled over the length x fold cells, Wilson interval at n = groups."""
     return depth0_number(out, model, task, mode)[:3]

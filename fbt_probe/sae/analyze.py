@@ -193,12 +193,9 @@ def analyze(
             raise no_pairs_above_gap(wide, mode)
         fr.to_parquet(tmp / "fractions.parquet", index=False)
         if figures and len(fr):
-            import matplotlib.pyplot as plt
-
             fig = sae_swap(fr, model_label=str((info or {}).get("model", "")))
             (tmp / "figures").mkdir()
             save_figure(fig, tmp / "figures", "sae-swap", formats=("png",), dpi=150)
-            plt.close(fig)
         label_ids = label_token_ids(df)
         batches = list(pair_batches(df, label_ids, batch_size, max_pairs))
         order = rankings(sae, final_states(model, batches, hook, mode), fold=False)

@@ -92,6 +92,23 @@ def _mask(order_rows: list[np.ndarray], k: int, d_sae: int) -> torch.Tensor:
     return M
 
 
+def _edits(sae, h, z, p, orders, rand_orders, ks, mean_code, ablations: bool):
+    """(swapped, condition, k, state at T−1) of each run of one batch, in the rows' order: swapped
+    into the partner's run, the full state (`state`, k −1), every latent (`all`), then per k the
+    top-k label latents (`features`) and k random active ones (`random`); on the row's own run,
+    with `ablations`, the top-k set to 0 (`zero`) and to their dataset mean (`mean`)."""
+    d_sae = z.shape[-1]
+    yield True, "state", -1, h
+    yield True, "all", d_sae, _edited(sae, h[p], z[p], z, torch.ones(len(h), d_sae, dtype=torch.float64))
+    for k in ks:
+        for condition, ords in (("features", orders), ("random", rand_orders)):
+            yield True, condition, k, _edited(sae, h[p], z[p], z, _mask(ords, k, d_sae))
+        if ablations:
+            M = _mask(orders, k, d_sae)
+            for condition, target in (("zero", torch.zeros_like(z)), ("mean", mean_code.expand_as(z))):
+                yield False, condition, k, _edited(sae, h, z, target, M)
+
+
 @torch.no_grad()
 def feature_tests(
     model,
@@ -122,65 +139,19 @@ def feature_tests(
     rng = np.random.default_rng(seed)
     ks = sorted({int(k) for k in ks if 1 <= int(k) <= d_sae})
     rows = []
+    swap = dict(experiment="sae-feature-swap", mode=mode, hook_rule="one-pass", direction="denoising")
+    ablation = dict(experiment="sae-feature-ablation", mode=mode, hook_rule="one-pass", direction="noising")
     for (b, ref, h), z in zip(runs, codes):
         task = str(b.meta["task"].iloc[0])
-        h = h.double()
         p = b.partner
         folds = fold_of(b.meta["group_id"].to_numpy())
         orders = [ranks[(task, int(f))] for f in folds]
         active = ((z > 0) | (z[p] > 0)).cpu().numpy()
         rand_orders = [rng.permutation(np.flatnonzero(a)) if a.any() else rng.permutation(d_sae) for a in active]
-        T, tokens_p = b.T, b.tokens[p]
-
-        def run(tokens, values):
-            logits = model.run_with_hooks(
-                tokens, mode=mode, serial=False, fwd_hooks=[(hook, set_at(values, T - 1, model))]
-            )
-            return logits[:, -1]
-
-        base = dict(experiment="sae-feature-swap", mode=mode, hook_rule="one-pass", direction="denoising")
-        rows.append(score(b, ref, run(tokens_p, h), min_gap, condition="state", subspace_dim=-1, **base))
-        all_mask = torch.ones(len(h), d_sae, dtype=torch.float64)
-        rows.append(
-            score(
-                b,
-                ref,
-                run(tokens_p, _edited(sae, h[p], z[p], z, all_mask)),
-                min_gap,
-                condition="all",
-                subspace_dim=d_sae,
-                **base,
-            )
-        )
-        for k in ks:
-            for cond, ords in (("features", orders), ("random", rand_orders)):
-                M = _mask(ords, k, d_sae)
-                rows.append(
-                    score(
-                        b,
-                        ref,
-                        run(tokens_p, _edited(sae, h[p], z[p], z, M)),
-                        min_gap,
-                        condition=cond,
-                        subspace_dim=k,
-                        **base,
-                    )
-                )
-            if not ablations:
-                continue
-            M = _mask(orders, k, d_sae)
-            abl = dict(experiment="sae-feature-ablation", mode=mode, hook_rule="one-pass", direction="noising")
-            zero = torch.zeros_like(z)
-            for cond, target in (("zero", zero), ("mean", mean_code.expand_as(z))):
-                rows.append(
-                    score(
-                        b,
-                        ref,
-                        run(b.tokens, _edited(sae, h, z, target, M)),
-                        min_gap,
-                        condition=cond,
-                        subspace_dim=k,
-                        **abl,
-                    )
-                )
+        edits = _edits(sae, h.double(), z, p, orders, rand_orders, ks, mean_code, ablations)
+        for swapped, condition, k, state in edits:
+            tokens, axes = (b.tokens[p], swap) if swapped else (b.tokens, ablation)
+            hooks = [(hook, set_at(state, b.T - 1, model))]
+            logits = model.run_with_hooks(tokens, mode=mode, serial=False, fwd_hooks=hooks)[:, -1]
+            rows.append(score(b, ref, logits, min_gap, condition=condition, subspace_dim=k, **axes))
     return pd.concat(rows, ignore_index=True)

@@ -10,7 +10,13 @@ from fbt_probe.tasks.dataset import SAMPLE_COLUMNS, load_dataset, write_dataset
 from fbt_probe.tasks.generators import COLUMNS, generate
 from fbt_probe.tasks.spec import BUILTIN, TaskSpec, list_specs, load_spec, spec_from_dict
 from fbt_probe.tasks.streams import HeldOut, heldout_groups, training_documents
-from fbt_probe.tasks.tokenizer import build_tokenizer, load_tokenizer, save_tokenizer, tokenizer_sha256
+from fbt_probe.tasks.tokenizer import (
+    build_tokenizer,
+    check_tokenizer_fits,
+    load_tokenizer,
+    save_tokenizer,
+    tokenizer_sha256,
+)
 
 __all__ = [
     "BUILTIN",
@@ -19,6 +25,7 @@ __all__ = [
     "SAMPLE_COLUMNS",
     "TaskSpec",
     "build_tokenizer",
+    "check_tokenizer_fits",
     "generate",
     "heldout_groups",
     "interpret",

@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 
 from fbt_probe._version import __version__
 from fbt_probe.errors import FbtError
-from fbt_probe.io import atomic_path, read_json, refuse_existing, sha256_file, write_json
+from fbt_probe.io import atomic_path, read_json, sha256_file, write_json
+from fbt_probe.marker import named_outputs, refuse_named
 from fbt_probe.provenance import provenance
 from fbt_probe.tasks.checker import disagreement
 from fbt_probe.tasks.generators import COLUMNS
@@ -23,6 +24,7 @@ from fbt_probe.tasks.spec import spec_from_dict
 from fbt_probe.tasks.tokenizer import answer_ids, save_tokenizer, tokenizer_sha256
 
 FORMAT = "fbt-probe.tasks.dataset/1"
+COMMAND = "tasks generate"  # the writer of a dataset's files in its folder's marker
 # what every later stage keeps of a sample beside its token ids (activation folders, probe tables)
 SAMPLE_COLUMNS = ("task", "pair_id", "group_id", "label", "label_word", "length_knob", "n_tokens")
 
@@ -72,22 +74,49 @@ def _label_token_ids(tok, query_line: str, words) -> dict:
     return out
 
 
-def write_dataset(df: pd.DataFrame, out_dir, tokenizer, force: bool = False, tokenizer_source: str = "builtin") -> Path:
+def dataset_files(out_dir, task: str, tokenizer, force: bool = False, command: str = COMMAND) -> list[Path]:
+    """The files `write_dataset` writes for `task` into `out_dir`, checked (`fbt_probe.marker.
+    refuse_named`): the Parquet and its manifest, and tokenizer.json unless the folder holds this very
+    tokenizer already. A tokenizer.json of another tokenizer is replaced only with `force`, and only
+    where the folder's marker lists it as written by `command`, unchanged."""
+    parquet, manifest, tok_path = dataset_paths(out_dir, task)
+    same = tok_path.is_file() and not tok_path.is_symlink() and sha256_file(tok_path) == tokenizer_sha256(tokenizer)
+    if tok_path.exists() and not same and not force:
+        raise FbtError(
+            f"{tok_path}: already exists and holds another tokenizer; refusing to overwrite (pass --force, or "
+            "another --out folder, for a dataset with a different tokenizer)"
+        )
+    files = [parquet, manifest] + ([] if same else [tok_path])
+    refuse_named(files, force, command)
+    return files
+
+
+def write_dataset(
+    df: pd.DataFrame,
+    out_dir,
+    tokenizer,
+    force: bool = False,
+    tokenizer_source: str = "builtin",
+    command: str = COMMAND,
+) -> Path:
     """Write `df` (from `generate`) and its manifest into `out_dir`; return the Parquet path.
 
-    Refuses to replace an existing Parquet/manifest, or a different `tokenizer.json`, without `force`."""
+    Refuses to replace an existing Parquet/manifest, or a different `tokenizer.json`, without `force`;
+    with it, only files the folder's marker lists as written by `command` (`dataset_files`). The
+    files are recorded in the folder's marker, under the folder's lock."""
 
     task = df.attrs["spec"]["task"]
     parquet, manifest, tok_path = dataset_paths(out_dir, task)
-    refuse_existing(parquet, force)
-    refuse_existing(manifest, force)
+    files = dataset_files(out_dir, task, tokenizer, force, command)
     tok_sha = tokenizer_sha256(tokenizer)
-    if tok_path.exists() and sha256_file(tok_path) != tok_sha:
-        refuse_existing(
-            tok_path, force, hint="--force, or another --out folder, for a dataset with a different tokenizer"
-        )
-    if not tok_path.exists() or sha256_file(tok_path) != tok_sha:
-        save_tokenizer(tokenizer, tok_path)
+    with named_outputs(files, command, force):
+        if tok_path in files:
+            save_tokenizer(tokenizer, tok_path)
+        _write_files(df, parquet, manifest, tok_path, tokenizer, tok_sha, task, tokenizer_source)
+    return parquet
+
+
+def _write_files(df, parquet: Path, manifest: Path, tok_path: Path, tokenizer, tok_sha: str, task: str, source: str):
     table = pa.Table.from_pydict({c: df[c].tolist() for c in COLUMNS}, schema=arrow_schema())
     with atomic_path(parquet) as tmp:
         pq.write_table(table, tmp, compression="zstd")
@@ -112,7 +141,7 @@ def write_dataset(df: pd.DataFrame, out_dir, tokenizer, force: bool = False, tok
             "tokenizer": {
                 "file": tok_path.name,
                 "sha256": tok_sha,
-                "source": tokenizer_source,
+                "source": source,
                 "vocab_size": tokenizer.get_vocab_size(),
                 "final_token_id": df.attrs["final_token_id"],
                 "final_token": df.attrs["final_token"],
@@ -124,7 +153,6 @@ def write_dataset(df: pd.DataFrame, out_dir, tokenizer, force: bool = False, tok
             "provenance": provenance(),
         },
     )
-    return parquet
 
 
 def _manifest_for(path: Path) -> tuple[Path, Path]:

@@ -27,6 +27,7 @@ Ids spell their content out (no hashing), so different groups never share an id.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from fbt_probe.tasks.rng import StableRng
@@ -51,6 +52,25 @@ class Sample:
 def draw_group(spec: TaskSpec, knob: int, rng: StableRng) -> Group:
     """One random group (completion and memory groups do not depend on the length knob)."""
     return _DRAW[spec.kind](spec, knob, rng)
+
+
+def group_space(spec: TaskSpec, knob: int) -> int:
+    """How many distinct groups `draw_group` can draw at `knob` (before any context filter): what
+    a request for more groups is capped at. Exact, and computed from the spec's sizes alone."""
+    if spec.kind == "completion":  # the unordered pairs {a, b} of distinct counts
+        lo, hi = spec.value_range
+        return math.comb(hi - lo + 1, 2)
+    if spec.kind == "memory":  # the bits of the context lines
+        return 2**spec.context_updates
+    if spec.kind == "registers":  # write orders x values (named by the member whose first is 0) x scratch
+        m, w = spec.registers_and_writes(knob)
+        orders = math.factorial(m * w) // math.factorial(w) ** m
+        lo, hi = spec.scratch_range
+        return orders * 2 ** (m * w - 1) * (hi - lo + 1)
+    n = len(spec.permutations)  # compose: words of k generator indices
+    if identity_generator(spec) is None:
+        return n**knob
+    return math.comb(spec.step_lines, knob) * (n - 1) ** knob
 
 
 def render_group(spec: TaskSpec, knob: int, group: Group, rng: StableRng, contexts=None) -> list[Sample] | None:

@@ -420,7 +420,11 @@ def _registers_extra(raw, tpl, bad) -> dict:
 def _compose_extra(raw, tpl, bad) -> dict:
     _assigned(tpl["start"], {"A": 0}, bad, "template.start")
     perms = raw["permutations"]
-    ok = isinstance(perms, list) and 2 <= len(perms) <= MAX_GENERATORS and all(isinstance(p, list) for p in perms)
+    ok = (
+        isinstance(perms, list)
+        and 2 <= len(perms) <= MAX_GENERATORS
+        and all(isinstance(p, list) and all(type(x) is int for x in p) for p in perms)  # 1.0 is no point
+    )
     n = len(perms[0]) if ok and perms[0] else 0
     ok = ok and 2 <= n <= MAX_POINTS and all(sorted(p) == list(range(n)) and len(p) == n for p in perms)
     if not ok or len({tuple(p) for p in perms}) != len(perms):

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from fbt_probe.errors import FbtError
-from fbt_probe.formats.nanochat.tokenizer import load_tokenizer_file
+from fbt_probe.formats.nanochat.tokenizer import check_ids_fit, check_vocabulary, load_tokenizer_file
 from fbt_probe.io import atomic_path
 from fbt_probe.tasks.spec import load_spec
 
@@ -147,17 +147,30 @@ def load_tokenizer(path):
     if not path.is_file():
         raise FbtError(f"{path}: tokenizer file not found (expected a Hugging Face tokenizer.json)")
     try:
-        return Tokenizer.from_file(str(path))
+        tok = Tokenizer.from_file(str(path))
     except Exception as exc:  # the Rust side raises a bare Exception for every parse failure
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise FbtError(f"{path}: not a valid Hugging Face tokenizer.json ({first})") from None
+    check_vocabulary(tok, str(path))
+    return tok
+
+
+def check_tokenizer_fits(tok, rows: int, source: str) -> int:
+    """Every id `tok` can produce has one of the model's `rows` embedding rows (its largest id, its
+    template's BOS / EOS); returns its id count. See `fbt_probe.formats.nanochat.tokenizer.check_ids_fit`."""
+    return check_ids_fit(tok, rows, source)
 
 
 def encode(tok, texts: list[str]) -> list[list[int]]:
     """Token ids of each text under the tokenizer's own template: a tokenizer whose model was trained
     on documents that start with a BOS (nanochat's, converted) prepends it; the built-in one and a
-    Qwen3 tokenizer add nothing."""
-    return [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=True)]
+    Qwen3 tokenizer add nothing. A tokenizer that cannot encode the text (a word-level model without
+    its unknown token, say) is a one-line FbtError."""
+    try:
+        return [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=True)]
+    except Exception as exc:  # noqa: BLE001 - the Rust side raises a bare Exception
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise FbtError(f"tokenizer: cannot encode the text ({first}); use a tokenizer of this text's words") from None
 
 
 def token_name(tok, token_id: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 from pathlib import Path
@@ -10,7 +11,7 @@ from fbt_probe import distributed
 from fbt_probe.errors import FbtError
 from fbt_probe.io import read_json, refuse_existing, temp_sibling
 from fbt_probe.loading import checkpoint_hash
-from fbt_probe.marker import is_marked, list_files, swap_keeping, write_marker
+from fbt_probe.marker import is_marked, list_files, refuse_links, swap_keeping, write_marker, writing
 from fbt_probe.model.loss import weighted_ce
 from fbt_probe.reference import resolve
 from fbt_probe.tasks import build_tokenizer, load_tokenizer, save_tokenizer
@@ -78,8 +79,23 @@ def run_training(
     `stop_at`: train only to that step (a checkpoint there; `resume` continues the run).
     `fork`: start from that run's checkpoint and optimizer state at step N, a run of this config but
     for its schedule (e.g. the baseline stopped at N), where N <= `one_pass_steps`: its steps are
-    then this run's, bit for bit (`fbt_probe.training.fork`); recorded as `fork` and `fork_sha256`."""
-    out, replacing = Path(out), False
+    then this run's, bit for bit (`fbt_probe.training.fork`); recorded as `fork` and `fork_sha256`.
+    The run folder's lock is held from its check to the end (`fbt_probe.marker.writing`): a second
+    `train` into the same folder is refused in one line instead of writing beside this one."""
+    out = Path(out)
+    main = distributed.world().main  # under torchrun, rank 0 alone writes into the run folder
+    with contextlib.ExitStack() as held:
+
+        def hold() -> None:  # on rank 0, which alone writes; a refusal reaches every rank
+            held.enter_context(writing(out, COMMAND))
+            refuse_links(out)  # no checkpoint or log written through a link in the folder
+
+        distributed.on_main(hold)
+        return _run_training(cfg, out, init, resume, force, progress, eval_pairs, fsdp, device, stop_at, fork, main)
+
+
+def _run_training(cfg, out: Path, init, resume, force, progress, eval_pairs, fsdp, device, stop_at, fork, main) -> dict:
+    replacing = False
     if resume:
         model, cfg, tokenizer, opt, step = _resumed(out, cfg, device)
     else:

@@ -21,7 +21,7 @@ from fbt_probe.engine.walk import passes
 from fbt_probe.model.loss import weighted_ce
 from fbt_probe.tasks import generate, load_spec
 from fbt_probe.tasks.tokenizer import answer_ids
-from fbt_probe.training.config import TRAIN_KNOBS, TrainConfig
+from fbt_probe.training.config import DEFAULT_TASKS, TRAIN_KNOBS, TrainConfig
 from fbt_probe.training.data import heldout, validation_batch
 from fbt_probe.training.lm import heldout_windows
 
@@ -35,8 +35,20 @@ DECODING_OF_MODE = {
 }
 
 
+def task_config(cfg: TrainConfig) -> TrainConfig:
+    """The config task samples are drawn with: the run's own, or for a corpus run (trained on no task)
+    the four tasks' defaults, read in context in the corpus tokenizer."""
+    return cfg if cfg.corpus is None else TrainConfig(preset=cfg.preset, tasks=DEFAULT_TASKS, seed=cfg.seed)
+
+
 def eval_samples(
-    cfg: TrainConfig, tokenizer, pairs: int = 32, knobs: dict | None = None, seed: int = 10_000, contexts=None
+    cfg: TrainConfig,
+    tokenizer,
+    pairs: int = 32,
+    knobs: dict | None = None,
+    seed: int = 10_000,
+    contexts=None,
+    option: str = "pairs",
 ) -> pd.DataFrame:
     """`pairs` minimal pairs per task x length cell, drawn only from contexts held out of training:
     one pair from each of as many groups, so a register cell mixes many schedules. The k-th group
@@ -44,12 +56,15 @@ def eval_samples(
     asked about: every query register of a register group (its first pair would always be
     `query = r0`), and both `required` counts of a completion group (its first pair would always
     have required = the smaller count). A memory group holds one pair per length. `contexts`
-    (default: `cfg`'s held-out split) restricts the contexts drawn from."""
+    (default: `cfg`'s held-out split) restricts the contexts drawn from; `option` names `pairs` in a
+    refusal or a note (a command's option)."""
     knobs = knobs or cfg.knobs or TRAIN_KNOBS
     frames = []
     for task in cfg.tasks:
         spec = dataclasses.replace(load_spec(task), length_grid=tuple(knobs[task]))
-        df = generate(spec, groups=pairs, seed=seed, tokenizer=tokenizer, contexts=contexts or heldout(cfg))
+        df = generate(
+            spec, groups=pairs, seed=seed, tokenizer=tokenizer, contexts=contexts or heldout(cfg), option=option
+        )
         frames.append(_one_pair_per_group(df).groupby("length_knob", sort=False).head(2 * pairs))
     return pd.concat(frames, ignore_index=True)
 
@@ -76,19 +91,40 @@ def _answer_ids(samples: pd.DataFrame, tokenizer) -> np.ndarray:
     return np.array([ids[key] for key in zip(samples["task"], samples["label_word"])], dtype=np.int64)
 
 
+def _other_ids(samples: pd.DataFrame, tokenizer) -> np.ndarray:
+    """Each row's other label word's token (its task's label word that is not the row's answer), -1
+    where that is not one token."""
+    ids = {}
+    for task, cell in samples.groupby("task", sort=False):
+        words = sorted(cell["label_word"].unique())
+        for word in words:
+            full, pos = answer_ids(tokenizer, cell["text"].iloc[0], word)
+            ids[(task, word)] = -1 if pos is None else full[pos]
+        if len(words) == 2:
+            ids[(task, words[0])], ids[(task, words[1])] = ids[(task, words[1])], ids[(task, words[0])]
+    return np.array([ids.get(key, -1) for key in zip(samples["task"], samples["label_word"])], dtype=np.int64)
+
+
 def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, batch: int = 64) -> pd.DataFrame:
-    """One row per task × length_knob × mode: accuracy of the greedy answer at the final colon, and
-    `groups`, the distinct groups the cell's samples come from (with `group_id` in `samples`)."""
-    answer = _answer_ids(samples, tokenizer)
+    """One row per task × length_knob × mode: accuracy of the greedy answer at the final colon
+    (`correct`, `accuracy`: the top-1 token is the answer word), of the two-way choice between the
+    label words (`choice_correct`, `choice_accuracy`: the answer word's logit above the other's, the
+    measure for a model that may answer with other words, such as a general LM reading the task in
+    context; chance 0.5), and `groups`, the distinct groups the cell's samples come from (with
+    `group_id` in `samples`)."""
+    answer, other = _answer_ids(samples, tokenizer), _other_ids(samples, tokenizer)
     device = next(model.parameters()).device
     rows = []
     for (task, knob, n_tok), cell in samples.groupby(["task", "length_knob", "n_tokens"], sort=True):
         toks = torch.tensor(cell["token_ids"].tolist(), dtype=torch.long, device=device)
+        idx = cell.index.to_numpy()
         for mode in modes:
-            preds = torch.cat(
-                [model(toks[i : i + batch], mode=mode)[:, -1].argmax(-1) for i in range(0, len(toks), batch)]
-            ).cpu()
-            hits = preds.numpy() == answer[cell.index.to_numpy()]
+            last = torch.cat([model(toks[i : i + batch], mode=mode)[:, -1] for i in range(0, len(toks), batch)]).cpu()
+            hits = last.argmax(-1).numpy() == answer[idx]
+            rows_ = torch.arange(len(idx))
+            chose = (
+                (last[rows_, answer[idx]] > last[rows_, other[idx]]).numpy() & (answer[idx] >= 0) & (other[idx] >= 0)
+            )
             rows.append(
                 {
                     "task": task,
@@ -96,11 +132,14 @@ def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, b
                     "mode": mode,
                     "decoding": DECODING_OF_MODE.get(mode, mode),
                     "correct": int(hits.sum()),
+                    "choice_correct": int(chose.sum()),
                     "n": len(hits),
                 }
             )
-    df = pd.DataFrame(rows).groupby(["task", "length_knob", "mode", "decoding"], as_index=False)[["correct", "n"]].sum()
+    keys = ["task", "length_knob", "mode", "decoding"]
+    df = pd.DataFrame(rows).groupby(keys, as_index=False)[["correct", "choice_correct", "n"]].sum()
     df["accuracy"] = df["correct"] / df["n"]
+    df["choice_accuracy"] = df["choice_correct"] / df["n"]  # the two label words' logits compared: chance 0.5
     if "group_id" in samples.columns:  # the independent unit of the cell: the two samples of a pair share a context
         groups = samples.groupby(["task", "length_knob"])["group_id"].nunique().rename("groups").reset_index()
         df = df.merge(groups, on=["task", "length_knob"], how="left")

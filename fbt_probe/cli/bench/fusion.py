@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from fbt_probe.bench import fusion as fusion_bench
-from fbt_probe.cli.bench.report import ForceOption, OutOption, write_report
+from fbt_probe.cli.bench.report import ForceOption, OutOption, check_report, write_report
 
 
 def fusion(
@@ -43,6 +43,7 @@ def fusion(
     Example: fbt-probe bench fusion --rows 1,64,4k,64k --out reports/bench/fusion.md
     """
 
+    check_report(out, force)  # before the benchmark runs
     cfg = fusion_bench.FusionBenchConfig(
         rows=fusion_bench.parse_rows(rows),
         d_model=d_model,

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from fbt_probe.bench import model as model_bench
-from fbt_probe.cli.bench.report import ForceOption, OutOption, write_report
+from fbt_probe.cli.bench.report import ForceOption, OutOption, check_report, write_report
 from fbt_probe.config import check_device
 from fbt_probe.errors import FbtError
 
@@ -37,6 +37,7 @@ def model(
     Example: fbt-probe bench model --out reports/bench/model.md
     """
 
+    check_report(out, force)  # before the benchmark runs
     try:
         fb = tuple(int(x) for x in full_batches.split(",") if x.strip())
     except ValueError:

@@ -7,9 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from fbt_probe.bench import nnsight as nnsight_bench
-from fbt_probe.cli.bench.report import ForceOption, OutOption, write_report
+from fbt_probe.cli.bench.report import ForceOption, OutOption, check_report, write_report
 from fbt_probe.errors import FbtError
-from fbt_probe.io import refuse_existing
 
 
 def nnsight(
@@ -32,8 +31,7 @@ def nnsight(
 
     if min(batch, seq, repeats) < 1 or seq < 2:
         raise FbtError("--batch and --repeats must be >= 1, --seq >= 2")
-    if out is not None:
-        refuse_existing(out, force)
+    check_report(out, force)
     write_report(
         nnsight_bench.run_nnsight_bench(model, batch, seq, repeats, layer), nnsight_bench.to_markdown, out, force
     )

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from fbt_probe.bench import patch as patch_bench
-from fbt_probe.cli.bench.report import ForceOption, OutOption, write_report
+from fbt_probe.cli.bench.report import ForceOption, OutOption, check_report, write_report
 from fbt_probe.errors import FbtError
 from fbt_probe.modes import parse_mode
 
@@ -36,6 +36,7 @@ def patch(
     Example: fbt-probe bench patch --out reports/bench/patch.md
     """
 
+    check_report(out, force)  # before the benchmark runs
     names = (
         patch_bench.EXPERIMENTS
         if experiments.strip() == "all"

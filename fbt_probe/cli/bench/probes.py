@@ -7,9 +7,8 @@ from typing import Annotated
 import typer
 
 from fbt_probe.bench import probes as probes_bench
-from fbt_probe.cli.bench.report import ForceOption, OutOption, write_report
+from fbt_probe.cli.bench.report import ForceOption, OutOption, check_report, write_report
 from fbt_probe.errors import FbtError
-from fbt_probe.io import refuse_existing
 
 
 def probes(
@@ -37,8 +36,7 @@ def probes(
             raise FbtError(f"--{name} {value}: expected an integer >= {low}")
     if n < 2 * folds:
         raise FbtError(f"--n {n}: expected at least 2 x --folds ({2 * folds}) samples (pairs of two per fold)")
-    if out is not None:  # before minutes of fitting
-        refuse_existing(out, force)
+    check_report(out, force)  # before minutes of fitting
     write_report(
         probes_bench.bench_probe_sweep(n, d, depths, folds, jobs, seed, torch_path, device),
         probes_bench.to_markdown,

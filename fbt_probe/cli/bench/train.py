@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from fbt_probe.bench import train as train_bench
-from fbt_probe.cli.bench.report import ForceOption, OutOption, write_report
+from fbt_probe.cli.bench.report import ForceOption, OutOption, check_report, write_report
 from fbt_probe.errors import FbtError
 
 
@@ -28,6 +28,7 @@ def train(
     Example: OMP_NUM_THREADS=1 fbt-probe bench train --corpus data/corpus --out reports/bench/train.md
     """
 
+    check_report(out, force)  # before the benchmark runs
     try:
         ks = tuple(int(x) for x in passes.split(",") if x.strip())
     except ValueError:

@@ -8,8 +8,10 @@ from typing import Annotated
 import typer
 
 from fbt_probe.formats.qwen3 import export_qwen3, is_qwen3_folder
-from fbt_probe.io import atomic_dir, refuse_existing
 from fbt_probe.loading import load_model
+from fbt_probe.marker import output_dir, refuse_unowned, replaced_note, writing
+
+COMMAND, KIND = "model export-hf", "a Qwen3-format folder written by fbt-probe model export-hf"
 
 
 def export_hf(
@@ -23,12 +25,12 @@ def export_hf(
     Example: fbt-probe model export-hf runs/imported ./qwen3-again
     """
 
-    own = dict(own=is_qwen3_folder, kind="a Qwen3-format folder")
-    replacing = refuse_existing(out, force, **own)
-    model = load_model(source)
-    with atomic_dir(out, force, **own) as tmp:
-        export_qwen3(model, tmp, force=True)
-    typer.echo(f"{'replaced the earlier export in' if replacing else 'wrote'} {out}")
+    with writing(out, COMMAND):  # one writer from the check of OUT to the swap
+        keep = refuse_unowned(out, COMMAND, force, KIND, legacy=is_qwen3_folder)
+        model = load_model(source)
+        with output_dir(out, COMMAND, force, KIND, legacy=is_qwen3_folder) as tmp:
+            export_qwen3(model, tmp, force=True)
+    typer.echo(f"{'replaced the earlier export in' if keep is not None else 'wrote'} {out}{replaced_note(keep)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -7,11 +7,12 @@ from typing import Annotated
 
 import typer
 
-from fbt_probe.errors import FbtError
 from fbt_probe.formats.checkpoint import is_own_checkpoint, save_checkpoint
 from fbt_probe.formats.qwen3 import import_qwen3
-from fbt_probe.io import atomic_dir, refuse_existing
-from fbt_probe.tasks import load_tokenizer, tokenizer_sha256
+from fbt_probe.marker import output_dir, refuse_unowned, replaced_note, writing
+from fbt_probe.tasks import check_tokenizer_fits, load_tokenizer, tokenizer_sha256
+
+COMMAND, KIND = "model import-hf", "a checkpoint folder written by fbt-probe model import-hf"
 
 
 def import_hf(
@@ -30,23 +31,19 @@ def import_hf(
     Example: fbt-probe model import-hf ./qwen3-small runs/imported
     """
 
-    own = dict(own=is_own_checkpoint, kind="an fbt-probe checkpoint folder")
-    replacing = refuse_existing(out, force, **own)  # before the (possibly large) weights are read
-    model = import_qwen3(path, seed=seed)
-    tok = tokenizer or (path / "tokenizer.json" if (path / "tokenizer.json").is_file() else None)
-    extra = {"imported_from": str(path), "fusion_seed": seed}
-    if tok is not None:
-        loaded = load_tokenizer(tok)
-        n = loaded.get_vocab_size(with_added_tokens=True)
-        if n > model.cfg.d_vocab:  # Qwen3 pads its embedding: fewer ids than rows is its normal layout
-            raise FbtError(
-                f"{tok}: the tokenizer has {n:,} ids but the checkpoint's embedding has {model.cfg.d_vocab:,} rows; "
-                "not the tokenizer of this checkpoint"
-            )
-        extra["tokenizer"] = {"source": str(tok), "sha256": tokenizer_sha256(loaded), "n_ids": n}
-    with atomic_dir(out, force, **own) as tmp:
-        save_checkpoint(model, tmp, tok, extra=extra)
-    typer.echo(f"{'replaced the earlier checkpoint in' if replacing else 'wrote'} {out}")
+    with writing(out, COMMAND):  # one writer from the check of OUT to the swap
+        keep = refuse_unowned(out, COMMAND, force, KIND, legacy=is_own_checkpoint)  # before the weights are read
+        model = import_qwen3(path, seed=seed)
+        tok = tokenizer or (path / "tokenizer.json" if (path / "tokenizer.json").is_file() else None)
+        extra = {"imported_from": str(path), "fusion_seed": seed}
+        if tok is not None:
+            loaded = load_tokenizer(tok)
+            # Qwen3 pads its embedding: fewer ids than rows is its normal layout; every id must have a row
+            n = check_tokenizer_fits(loaded, model.cfg.d_vocab, str(tok))
+            extra["tokenizer"] = {"source": str(tok), "sha256": tokenizer_sha256(loaded), "n_ids": n}
+        with output_dir(out, COMMAND, force, KIND, legacy=is_own_checkpoint) as tmp:
+            save_checkpoint(model, tmp, tok, extra=extra)
+    typer.echo(f"{'replaced the earlier checkpoint in' if keep is not None else 'wrote'} {out}{replaced_note(keep)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -9,9 +9,11 @@ import typer
 
 from fbt_probe.errors import FbtError
 from fbt_probe.formats.checkpoint import is_own_checkpoint
-from fbt_probe.formats.nanochat.checkpoint import write_import
+from fbt_probe.formats.nanochat.checkpoint import read_import, write_read_import
 from fbt_probe.formats.nanochat.tokenizer import find_tokenizer
-from fbt_probe.io import atomic_dir, refuse_existing
+from fbt_probe.marker import output_dir, refuse_unowned, replaced_note, writing
+
+COMMAND, KIND = "model import-nanochat", "a checkpoint folder written by fbt-probe model import-nanochat"
 
 
 def import_nanochat(
@@ -48,14 +50,16 @@ def import_nanochat(
             "(nanochat's layout) or in the folder; pass --tokenizer DIR (nanochat's tokenizer folder), "
             "or --no-tokenizer for the weights alone"
         )
-    own = dict(own=is_own_checkpoint, kind="an fbt-probe checkpoint folder")
-    replacing = refuse_existing(out, force, **own)
-    with atomic_dir(out, force, **own) as tmp:
-        record, notes = write_import(ckpt_dir, tmp, step=step, seed=seed, tokenizer=found)
+    with writing(out, COMMAND):  # one writer from the check of OUT to the swap
+        keep = refuse_unowned(out, COMMAND, force, KIND, legacy=is_own_checkpoint)
+        # everything is read and checked before the temporary folder exists: a refusal leaves nothing
+        model, record, notes, text = read_import(ckpt_dir, step=step, seed=seed, tokenizer=found)
+        with output_dir(out, COMMAND, force, KIND, legacy=is_own_checkpoint) as tmp:
+            write_read_import(model, record, text, ckpt_dir, tmp)
     for note in notes:
         typer.echo(f"note: {note}")
     typer.echo(
-        f"{'replaced the earlier checkpoint in' if replacing else 'wrote'} {out} "
+        f"{'replaced the earlier checkpoint in' if keep is not None else 'wrote'} {out}{replaced_note(keep)} "
         f"(step {record['step']}, fusion {record['model_config']['latent_feedback_mode']}, "
         + (f"tokenizer {found}: {record['tokenizer']['n_ids']:,} ids)" if found else "no tokenizer)")
     )

@@ -35,7 +35,7 @@ from fbt_probe.errors import FbtError
 from fbt_probe.formats.checkpoint import load_checkpoint, save_checkpoint
 from fbt_probe.formats.nanochat.config import NanochatConfig
 from fbt_probe.formats.nanochat.model import NanochatTransformer
-from fbt_probe.formats.nanochat.tokenizer import bos_id, check_fits, load_tokenizer_file
+from fbt_probe.formats.nanochat.tokenizer import bos_id, check_count, check_fits, load_tokenizer_file, read_pickle
 from fbt_probe.io import atomic_path, read_json, sha256_file
 
 DEFAULTS = {  # their GPTConfig defaults, and what their loader patches into an old meta
@@ -382,20 +382,20 @@ def load_nanochat(folder: str | Path, device: str = "cpu", seed: int = 0, step: 
     return model.to(device)
 
 
-def write_import(folder: str | Path, out: Path, step: int | None = None, seed: int = 0, tokenizer: Path | None = None):
-    """Import and write our checkpoint folder into `out` (an empty or temporary folder), with the
-    tokenizer file `tokenizer` (nanochat's tokenizer.pkl, converted, or a tokenizer.json) as
-    tokenizer.json once it is shown to fit the checkpoint's vocabulary. Returns (record, notes)."""
+def read_import(folder: str | Path, step: int | None = None, seed: int = 0, tokenizer: Path | None = None):
+    """Everything `fbt-probe model import-nanochat` writes, read and checked before anything is:
+    (model, record, notes, tokenizer.json text or None). The tokenizer file `tokenizer` (nanochat's
+    tokenizer.pkl, converted, or a tokenizer.json) must fit the checkpoint's vocabulary: a pickle's
+    id count is compared before its merges are built."""
     model, record, notes = import_nanochat(folder, step=step, seed=seed)
-    tok_path = None
+    text = None
     if tokenizer is not None:
-        tok = load_tokenizer_file(tokenizer)
         rows = -(-model.cfg.d_vocab // PAD_TO) * PAD_TO
+        if Path(tokenizer).suffix == ".pkl":  # the id count first: cheap, where the merge table is not
+            check_count(read_pickle(tokenizer).n_ids, model.cfg.d_vocab, rows, str(tokenizer))
+        tok = load_tokenizer_file(tokenizer)
         n = check_fits(tok, model.cfg.d_vocab, rows, str(tokenizer))
         text = tok.to_str(pretty=True)
-        tok_path = Path(out) / "tokenizer.json"
-        with atomic_path(tok_path) as tmp:
-            tmp.write_text(text)
         record["tokenizer"] = {
             "source": str(tokenizer),
             "source_sha256": sha256_file(tokenizer),
@@ -405,10 +405,27 @@ def write_import(folder: str | Path, out: Path, step: int | None = None, seed: i
         }
     else:
         record["tokenizer"] = None
+    return model, record, notes, text
+
+
+def write_import(folder: str | Path, out: Path, step: int | None = None, seed: int = 0, tokenizer: Path | None = None):
+    """Import and write our checkpoint folder into `out` (an empty or temporary folder), with the
+    tokenizer as tokenizer.json once it is shown to fit (`read_import`). Returns (record, notes)."""
+    model, record, notes, text = read_import(folder, step, seed, tokenizer)
+    write_read_import(model, record, text, folder, out)
+    return record, notes
+
+
+def write_read_import(model, record: dict, text: str | None, folder: str | Path, out: Path) -> None:
+    """Write what `read_import` read into `out`."""
+    tok_path = None
+    if text is not None:
+        tok_path = Path(out) / "tokenizer.json"
+        with atomic_path(tok_path) as tmp:
+            tmp.write_text(text)
     save_checkpoint(
         model, out, tok_path, extra={"imported_from": str(folder), "nanochat": json.loads(json.dumps(record))}
     )
-    return record, notes
 
 
 def load_imported(folder: str | Path, device: str = "cpu"):

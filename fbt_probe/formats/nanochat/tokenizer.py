@@ -27,6 +27,11 @@ from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path
 
 BOS = "<|bos|>"  # nanochat's document delimiter, prepended to every training document
+# Bounds checked before a pickle is read and before its merges are enumerated (each token's splits):
+# tiktoken's own encodings hold ~2 MB pickles with tokens of at most 128 bytes.
+MAX_PICKLE_BYTES = 64 * 2**20
+MAX_TOKEN_BYTES = 1024
+MAX_MERGE_WORK = 2 * 10**8  # the bytes the merge enumeration slices: sum of len(token)^2 over the ranks
 _GLOBAL = ("tiktoken.core", "Encoding")
 _STATE_KEYS = {"name", "pat_str", "mergeable_ranks", "special_tokens"}
 
@@ -82,6 +87,13 @@ def read_pickle(path: str | Path) -> EncodingData:
     def refuse(why: str):
         raise FbtError(f"{path}: not a pickled tiktoken Encoding ({why}); refused unread")
 
+    size = path.stat().st_size
+    if size > MAX_PICKLE_BYTES:
+        raise FbtError(
+            f"{path}: {size / 2**20:,.1f} MiB, more than a tokenizer pickle holds (at most "
+            f"{MAX_PICKLE_BYTES // 2**20} MiB); refused unread"
+        )
+
     try:
         obj = _Reader(io.BytesIO(path.read_bytes())).load()
     except _Refused as exc:
@@ -110,6 +122,21 @@ def check_encoding(data: EncodingData, source: str) -> EncodingData:
     """Refuse (one line) what a byte-level BPE cannot mirror: ranks other than 0..n-1, a byte with
     no token of its own, special-token ids that collide with ranks."""
     n = len(data.ranks)
+    if not n:
+        raise FbtError(f"{source}: field 'mergeable_ranks' is empty (no token ids); expected a tokenizer with tokens")
+    longest = max(data.ranks, key=len)
+    if len(longest) > MAX_TOKEN_BYTES:
+        raise FbtError(
+            f"{source}: field 'mergeable_ranks': the token of rank {data.ranks[longest]:,} is {len(longest):,} bytes; "
+            f"expected tokens of at most {MAX_TOKEN_BYTES:,} bytes (a BPE's merge table is built from every split "
+            "of every token)"
+        )
+    work = sum(len(t) * len(t) for t in data.ranks)
+    if work > MAX_MERGE_WORK:
+        raise FbtError(
+            f"{source}: field 'mergeable_ranks': {n:,} tokens of {sum(map(len, data.ranks)):,} bytes in all; their "
+            f"merge table would take {work:,} byte steps to build, past the bound of {MAX_MERGE_WORK:,}"
+        )
     if sorted(data.ranks.values()) != list(range(n)):
         raise FbtError(f"{source}: field 'mergeable_ranks': ranks are not 0..{n - 1}, one each")
     missing = [b for b in range(256) if bytes([b]) not in data.ranks]
@@ -226,18 +253,28 @@ def load_tokenizer_file(path: str | Path):
     if path.suffix == ".pkl":
         return to_tokenizer(read_pickle(path), str(path))
     try:
-        return Tokenizer.from_file(str(path))
+        tok = Tokenizer.from_file(str(path))
     except Exception as exc:  # noqa: BLE001 - the Rust side raises a bare Exception for every parse failure
         raise FbtError(
             f"{path}: not a valid Hugging Face tokenizer.json ({(str(exc).splitlines() or [''])[0]})"
         ) from None
+    check_vocabulary(tok, str(path))
+    return tok
 
 
 def check_fits(tok, vocab_size: int, rows: int, source: str) -> int:
     """The tokenizer's id count, which must be the checkpoint's vocab_size: nanochat sets vocab_size to
     its tokenizer's size and pads the embedding to `rows` (a multiple of 64), so the ids from
-    vocab_size to rows - 1 are padding that never occurs in training."""
+    vocab_size to rows - 1 are padding that never occurs in training. Every id must be below
+    vocab_size too (`check_ids_fit`: a count says nothing of where the ids lie)."""
     n = tok.get_vocab_size(with_added_tokens=True)
+    check_count(n, vocab_size, rows, source)
+    check_ids_fit(tok, vocab_size, source, what="the checkpoint's vocab_size")
+    return n
+
+
+def check_count(n: int, vocab_size: int, rows: int, source: str) -> None:
+    """A tokenizer of `n` ids against a checkpoint's vocab_size (and its padded embedding's `rows`)."""
     if n > vocab_size:
         where = f"beyond the embedding's {rows} rows" if n > rows else f"into the {rows - vocab_size} padding rows"
         raise FbtError(
@@ -249,7 +286,41 @@ def check_fits(tok, vocab_size: int, rows: int, source: str) -> int:
             f"{source}: the tokenizer has {n:,} ids, fewer than the checkpoint's vocab_size {vocab_size:,} "
             "(nanochat sets vocab_size to its tokenizer's size); not the tokenizer this checkpoint was trained with"
         )
-    return n
+
+
+def check_vocabulary(tok, source: str) -> None:
+    """A tokenizer with no token at all is refused (nothing can be encoded with it)."""
+    if tok.get_vocab_size(with_added_tokens=True) == 0:
+        raise FbtError(
+            f"{source}: the tokenizer has an empty vocabulary (no token ids); expected a tokenizer with tokens"
+        )
+
+
+def check_ids_fit(tok, rows: int, source: str, what: str = "the checkpoint's embedding") -> int:
+    """Every id the tokenizer can produce has a row of the embedding: its largest id (vocabulary and
+    added tokens) and the ids its template adds (a BOS, an EOS) are below `rows`; an empty
+    vocabulary is refused. Checked by the ids, not their count: a vocabulary of 2,048 tokens can
+    hold the id 5,000. Returns the number of ids."""
+    check_vocabulary(tok, source)
+    vocab = tok.get_vocab(with_added_tokens=True)
+    name, top = max(vocab.items(), key=lambda kv: kv[1])
+    limit = f"{what} has {rows:,} rows (ids 0..{rows - 1:,})" if "embedding" in what else f"{what} is {rows:,}"
+    if top >= rows:
+        raise FbtError(
+            f"{source}: the tokenizer's largest id is {top:,} ({name!r}), but {limit}; not the tokenizer of this "
+            "checkpoint"
+        )
+    try:
+        added = tok.encode("", add_special_tokens=True).ids  # what its template puts around every text
+    except Exception as exc:  # noqa: BLE001 - the Rust side raises a bare Exception
+        raise FbtError(f"{source}: the tokenizer cannot encode text ({(str(exc).splitlines() or [''])[0]})") from None
+    over = [i for i in added if i >= rows]
+    if over:
+        raise FbtError(
+            f"{source}: the tokenizer's template adds the id {over[0]:,} (a BOS or EOS) to every text, but {limit}; "
+            "not the tokenizer of this checkpoint"
+        )
+    return len(vocab)
 
 
 def bos_id(tok) -> int | None:

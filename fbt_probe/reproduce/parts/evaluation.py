@@ -12,12 +12,20 @@ import pandas as pd
 from fbt_probe.io import atomic_path
 from fbt_probe.loading import checkpoint_hash
 from fbt_probe.reproduce import rules
-from fbt_probe.reproduce.config import RECURRENT_1, STANDARD, ReproConfig, model_path, study_contexts, study_training
+from fbt_probe.reproduce.config import (
+    RECURRENT_1,
+    STANDARD,
+    ReproConfig,
+    is_lm,
+    model_path,
+    study_contexts,
+    study_training,
+)
 from fbt_probe.reproduce.config import tokenizer as study_tokenizer
 from fbt_probe.reproduce.part import Part, Section, headline_frame, md_table, study_model, trained_stages
 from fbt_probe.reproduce.seeds import per_seed, quote
 from fbt_probe.reproduce.stages import Stage
-from fbt_probe.reproduce.tables import answer_accuracy
+from fbt_probe.reproduce.tables import answer_accuracy, choice_accuracy
 from fbt_probe.training.config import TRAIN_KNOBS
 from fbt_probe.training.data import heldout
 from fbt_probe.training.evaluate import answer_accuracy as measure_accuracy
@@ -89,6 +97,20 @@ def findings(cfg: ReproConfig, out: Path, seeds) -> list[str]:
             + " (chance 0.50; Wilson 95 % CI with n = groups, the pairs of one group sharing a context; table *Answer accuracy*)."
         )
         lines.append(recomputable_verdict(cfg, out, seeds, m).sentence + ".")
+        if is_lm(cfg):  # a general LM may answer with other words: the choice between the label words
+            choice = [(task, choice_accuracy(out, m, task)) for task in cfg.modes]
+            parts = [
+                f"{task} {quote(seeds, m, 'answer-choice', task, STANDARD, cfg.seed, (c[0], c[1], c[2], c[4]))}"
+                for task, c in choice
+                if c is not None and c[3]
+            ]
+            if parts:
+                lines.append(
+                    f"Read in context, {what[0].lower() + what[1:]}'s logit for the right label word is above the "
+                    "other's (a two-way choice, chance 0.50; Wilson 95 % CI with n = groups) on "
+                    + ", ".join(parts)
+                    + " (table *Answer accuracy*)."
+                )
     return lines
 
 
@@ -96,15 +118,20 @@ def accuracy_table(out: Path) -> pd.DataFrame:
     acc = pd.read_parquet(out / "eval" / "accuracy.parquet")
     t = acc.pivot_table(index=["model", "task", "length_knob"], columns="decoding", values="accuracy").round(3)
     order = [c for c in ("Std/Soft", "Fused", RECURRENT_1, "jacobi:3", "full") if c in t.columns]
-    return t[order + [c for c in t.columns if c not in order]].reset_index()
+    t = t[order + [c for c in t.columns if c not in order]]
+    if "choice_accuracy" in acc.columns:  # the two-way choice between the label words, under standard prefill
+        std = acc[acc["mode"] == STANDARD].set_index(["model", "task", "length_knob"])["choice_accuracy"].round(3)
+        t = t.assign(**{"choice (standard)": std})
+    return t.reset_index()
 
 
 def sections(cfg: ReproConfig, out: Path, figs: list[str]) -> list[Section]:
     return [
         Section(
             "Answer accuracy (held-out contexts)",
-            "Greedy answer at the final colon. `Std/Soft` are identical for the first "
-            "generated token; `Fused` is `jacobi:2` prefill.\n\n" + md_table(accuracy_table(out)),
+            "Greedy answer at the final colon (the top-1 token is the answer word). `Std/Soft` are identical for "
+            "the first generated token; `Fused` is `jacobi:2` prefill. `choice (standard)`: the answer word's logit "
+            "above the other label word's under standard prefill (chance 0.5).\n\n" + md_table(accuracy_table(out)),
         )
     ]
 
@@ -121,6 +148,12 @@ def headline(cfg: ReproConfig, out: Path) -> pd.DataFrame:
             p, lo, hi, n, g = answer_accuracy(out, "feedback", task, "full")
             if n:
                 rows.append(("feedback", "answer-accuracy", task, "full", p, lo, hi, g))
+    if is_lm(cfg):
+        for m in cfg.models():
+            for t in tasks:
+                c = choice_accuracy(out, m, t)
+                if c is not None and c[3]:
+                    rows.append((m, "answer-choice", t, STANDARD, c[0], c[1], c[2], c[4]))
     return headline_frame(rows, {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.models()})
 
 
