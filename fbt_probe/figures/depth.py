@@ -41,7 +41,11 @@ COLUMNS = {
     "ci_high": (SHARE, 0.0, 1.0, True),
     "normalized": (NUMBER, None, None, False),
 }
-SWAP_COLUMNS = {"ci_low": (NUMBER, None, None, True), "ci_high": (NUMBER, None, None, True)}  # an effect's interval
+SWAP_COLUMNS = {  # an effect and its interval: empty at a k whose pairs' mean gap does not clear the minimum
+    "normalized": (NUMBER, None, None, True),
+    "ci_low": (NUMBER, None, None, True),
+    "ci_high": (NUMBER, None, None, True),
+}
 
 
 def check_table(
