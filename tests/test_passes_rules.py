@@ -32,11 +32,19 @@ def diverging(seed=0):
     return curves(lambda k: 2.5 + 0.2 * np.maximum(k - 3, 0), lambda k: 0.1 * 1.1**k, seed=seed)
 
 
+def settling(seed=0):  # the state converges (its change decays) to a point where the loss is 1 nat higher
+    return curves(lambda k: 2.5 + 1.0 * (1 - 0.8 ** (k - 1)), lambda k: 0.5**k + 0.001, seed=seed)
+
+
 def test_fig3_run_names_a_contraction_a_plateau_and_its_opposite():
     assert R.fig3_run("a", R.fig3_numbers(*contracting())).verdict == "contracts to a plateau"
     assert R.fig3_run("a", R.fig3_numbers(*decaying())).verdict == "contracts, still decaying"
     v = R.fig3_run("a", R.fig3_numbers(*diverging()))
     assert v.verdict == "diverges" and "nats" in v.sentence and f"{D} held-out documents" in v.sentence
+    # a fixed point with a worse loss is neither: the map converges, the paper's flat loss is not reached
+    assert R.fig3_run("a", R.fig3_numbers(*settling())).verdict == R.SETTLES
+    growing = curves(lambda k: 2.5 + 1.0 * (1 - 0.8 ** (k - 1)), lambda k: 0.1 * 1.1**k)  # the same loss, state grows
+    assert R.fig3_run("a", R.fig3_numbers(*growing)).verdict == "diverges"
 
 
 def test_fig3_run_cannot_say_on_noise_at_its_threshold_or_on_few_documents():
@@ -51,9 +59,9 @@ def test_fig3_run_cannot_say_on_noise_at_its_threshold_or_on_few_documents():
 
 
 def test_a_mutated_threshold_flips_fig3_run(monkeypatch):
-    """The loss rise of a run that rises by 0.15 nats: diverging at FLAT_LOSS 0.1, stable at 0.3."""
+    """The loss rise of a run that rises by 0.15 nats: a worse fixed point at FLAT_LOSS 0.1, stable at 0.3."""
     loss, change = curves(lambda k: 2.5 + 0.15 * (k > 1), lambda k: 0.5**k + 0.001, noise=0.005)
-    assert R.fig3_run("r", R.fig3_numbers(loss, change)).verdict == "diverges"
+    assert R.fig3_run("r", R.fig3_numbers(loss, change)).verdict == R.SETTLES
     monkeypatch.setattr(R, "FLAT_LOSS", 0.3)
     assert R.fig3_run("r", R.fig3_numbers(loss, change)).verdict == "contracts to a plateau"
 
@@ -88,6 +96,11 @@ def test_fig4_falls_front_loaded_and_the_opposites():
     assert R.fig4(rises).verdict == "rises with passes on every seed"
     mixed = {0: front[0], 1: rises[1]}
     assert R.fig4(mixed).verdict == "falls with passes on 1 of 2 seeds and rises on 1"
+    one = R.fig4({0: rises[0]})  # a verdict on one seed says so
+    assert (
+        one.verdict == "rises with passes on the one seed studied"
+        and "loss at 0 passes minus at 4 -0.398 " in one.sentence
+    )
 
 
 def test_fig4_cannot_say_on_noise_or_few_documents():

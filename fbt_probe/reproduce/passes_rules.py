@@ -7,7 +7,7 @@ where it holds on every seed. Nothing here reads files or runs a model (tests/te
 
 | rule          | arrays it reads (passes x documents)                    | verdicts                                           |
 |---------------|---------------------------------------------------------|----------------------------------------------------|
-| fig3-run      | loss rise and state-change ratios (intervals), one run   | contracts (plateau / still decaying) / diverges / cannot say |
+| fig3-run      | loss rise and state-change ratios (intervals), one run   | contracts (plateau / still decaying) / converges to a worse state / diverges / cannot say |
 | three-pass    | fig3-run's verdict per seed for 75/22/3 and for 75/25    | the 3 % turns divergence into contraction on every seed / on m of n / ... |
 | fig4          | loss per pass (feedback model), pass 1 (baseline)        | falls with passes (front-loaded or not) / does not fall / cannot say |
 """
@@ -25,6 +25,8 @@ DECAYED = 0.5  # the tail's state change below this share of the early passes' (
 PLATEAU = 0.5  # the tail's change below this share of the middle passes' (upper end): "still decaying", else a plateau
 EARLY, MIDDLE, TAIL = (2, 4), (9, 16), (25, 32)  # passes (inclusive) whose mean state change the rule compares
 MIN_DOCUMENTS = 8  # no verdict rests on fewer held-out documents
+# the state change decays (the map converges) while the loss climbs: a fixed point, but a worse one than pass 1
+SETTLES = "converges to a state whose loss is higher"
 
 CRITERIA = {
     "fig3-run": (
@@ -33,8 +35,11 @@ CRITERIA = {
         f"end) and the mean state change over passes {TAIL[0]}-{TAIL[1]} is below {DECAYED} of its mean over "
         f"passes {EARLY[0]}-{EARLY[1]} (the ratio's upper end); it is still decaying when the change over "
         f"passes {TAIL[0]}-{TAIL[1]} is below {PLATEAU} of passes {MIDDLE[0]}-{MIDDLE[1]}'s (upper end), and has "
-        f"reached a plateau otherwise. It diverges when the loss rise's lower end is above {FLAT_LOSS} nats or the "
-        f"state-change ratio's lower end is above 1; otherwise the table cannot say"
+        f"reached a plateau otherwise. It converges to a state whose loss is higher when the loss rise's lower end is "
+        f"above {FLAT_LOSS} nats while the state change decays (the ratio's upper end below {DECAYED}: the paper's "
+        f"flat loss is then not reached, though the map has a fixed point); it diverges when the state-change "
+        f"ratio's lower end is above 1, or the loss rises while the ratio's lower end is above {DECAYED}; "
+        f"otherwise the table cannot say"
     ),
     "three-pass": (
         "the 3 % of three-pass batches is said to turn divergence into a contraction only when, on every "
@@ -114,8 +119,10 @@ def fig3_run(label: str, numbers: dict) -> Verdict:
             "fig3-run", "cannot say", f"{label}: {n_doc} held-out documents (too few; at least {MIN_DOCUMENTS})"
         )
     rise, decay, level = numbers["rise"], numbers["decay"], numbers["level"]
-    if rise[1] > FLAT_LOSS or decay[1] > 1:
+    if decay[1] > 1 or (rise[1] > FLAT_LOSS and decay[1] > DECAYED):
         verdict = "diverges"
+    elif rise[1] > FLAT_LOSS and decay[2] < DECAYED:
+        verdict = SETTLES
     elif rise[2] < FLAT_LOSS and decay[2] < DECAYED:
         verdict = "contracts, still decaying" if level[2] < PLATEAU else "contracts to a plateau"
     else:
@@ -128,13 +135,18 @@ def fig3_run(label: str, numbers: dict) -> Verdict:
     return Verdict("fig3-run", verdict, text)
 
 
+def every(n: int) -> str:
+    """'every seed', or where one seed was studied 'the one seed studied': a verdict over seeds says how many it rests on."""
+    return "every seed" if n > 1 else "the one seed studied"
+
+
 def three_pass(by_seed: dict[int, tuple[Verdict, Verdict]]) -> Verdict:
     """{seed: (the 75/22/3 run's fig3-run verdict, the 75/25 run's)} -> the paper's 3 % claim over seeds."""
     n = len(by_seed)
     holds = [s for s, (a, b) in by_seed.items() if a.verdict.startswith("contracts") and b.verdict == "diverges"]
     per = "; ".join(f"seed {s}: 75/22/3 {a.verdict}, 75/25 {b.verdict}" for s, (a, b) in sorted(by_seed.items()))
     if n and len(holds) == n:
-        verdict = "replicates on every seed"
+        verdict = f"replicates on {every(n)}"
         text = f"on every one of {n} seeds the 75/22/3 run contracts and the 75/25 run diverges ({per})"
     elif holds:
         verdict = f"replicates on {len(holds)} of {n} seeds"
@@ -167,12 +179,13 @@ def fig4(by_seed: dict[int, dict]) -> Verdict:
     front = [s for s, v in by_seed.items() if v["front"][1] > 0]
     back = [s for s, v in by_seed.items() if v["front"][2] < 0]
     per = "; ".join(
-        f"seed {s}: drop {fmt(v['drop'], 3)}, first minus passes 2-4 {fmt(v['front'], 3)}"
+        f"seed {s}: loss at 0 passes minus at 4 {fmt(v['drop'], 3)}, the first pass's drop minus passes 2-4's "
+        f"{fmt(v['front'], 3)}"
         for s, v in sorted(by_seed.items())
     )
     if len(falls) == n:
         shape = (
-            "front-loaded on every seed"
+            f"front-loaded on {every(n)}"
             if len(front) == n
             else "not front-loaded on any seed"
             if len(back) == n
@@ -180,7 +193,7 @@ def fig4(by_seed: dict[int, dict]) -> Verdict:
         )
         verdict = f"falls with passes, {shape}"
     elif len(rises) == n:
-        verdict = "rises with passes on every seed"
+        verdict = f"rises with passes on {every(n)}"
     elif not falls and not rises:
         verdict = "cannot say (no seed's interval excludes 0)"
     else:

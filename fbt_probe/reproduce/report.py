@@ -16,7 +16,15 @@ from fbt_probe.io import atomic_dir, atomic_path
 from fbt_probe.loading import checkpoint_hash
 from fbt_probe.provenance import git_commit, provenance
 from fbt_probe.reproduce import rules
-from fbt_probe.reproduce.config import depth_name, depth_path, model_path, shipped_name, training_note
+from fbt_probe.reproduce.config import (
+    LM_MODELS,
+    depth_name,
+    depth_path,
+    is_lm,
+    model_path,
+    shipped_name,
+    training_note,
+)
 from fbt_probe.reproduce.config import tokenizer as study_tokenizer
 from fbt_probe.reproduce.part import HEADLINE, MODEL_WORDS, Section, md_table
 from fbt_probe.reproduce.parts import PARTS
@@ -237,6 +245,17 @@ def headline(cfg, out: Path) -> pd.DataFrame:
     return t.assign(seed=cfg.seed, study=study_kind(cfg), commit=git_commit())
 
 
+def _other_models(cfg) -> str:
+    """The shipped models a part reads beside the study's two: the serial-depth pair, or an LM
+    preset's 75/25 run (the `passes` part's schedule comparison)."""
+    if is_lm(cfg):
+        extra = [n for n in LM_MODELS if n not in cfg.models()]
+        return "".join(f", and for the passes part `ref:{shipped_name(cfg, n)}`" for n in extra)
+    if not cfg.depth_models():
+        return ""
+    return ", and for the serial-depth part " + ", ".join(f"`ref:{depth_name(cfg, n)}`" for n in cfg.depth_models())
+
+
 def stage_report(cfg, out: Path, times: dict) -> None:
     """Findings first (one sentence each, number, CI, figure), then every figure, then the full tables
     (collapsed in the HTML), then what was run."""
@@ -251,8 +270,7 @@ def stage_report(cfg, out: Path, times: dict) -> None:
         (
             "the reference models shipped with the package ("
             + ", ".join(f"`ref:{shipped_name(cfg, n)}`" for n in cfg.models())
-            + ", and for the serial-depth part "
-            + ", ".join(f"`ref:{depth_name(cfg, n)}`" for n in cfg.depth_models())
+            + _other_models(cfg)
             + "); `fbt-probe reproduce --train` retrains them"
         )
         if cfg.shipped
