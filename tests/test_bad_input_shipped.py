@@ -29,13 +29,26 @@ EXPERIMENTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("shipped")
-    tok = build_tokenizer()
+def _dataset(root: Path, tok) -> Path:
     df = generate(dataclasses.replace(load_spec("completion"), length_grid=(0,)), groups=2, seed=0, tokenizer=tok)
     write_dataset(df, root / "data", tok)
     return root / "data"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return _dataset(tmp_path_factory.mktemp("shipped"), build_tokenizer())
+
+
+def own_data(name: str, data: Path, tmp_path: Path) -> Path:
+    """The dataset in the model's own tokenizer: the shared one, or (a model with a tokenizer of its
+    own, the general LMs') one generated in it."""
+    from fbt_probe.tasks import load_tokenizer, tokenizer_sha256
+
+    tok = load_tokenizer(reference.folder(f"ref:{name}") / "tokenizer.json")
+    if tokenizer_sha256(tok) == tokenizer_sha256(build_tokenizer()):
+        return data
+    return _dataset(tmp_path / "own", tok)
 
 
 def commands(ref: str, data: Path, out: Path) -> list[list[str]]:
@@ -61,7 +74,7 @@ def test_every_command_runs_or_refuses_in_one_line_on_every_shipped_model(data, 
     a Hidden Decoding model runs the others and is refused by patch, lens and the contraction diagnostic."""
     ref = f"ref:{name}"
     hidden = reference.record(name)["arch"] == "hidden-decoding"
-    for args in commands(ref, data, tmp_path):
+    for args in commands(ref, own_data(name, data, tmp_path), tmp_path):
         res = runner.invoke(app, args)
         if res.exit_code == 0:
             continue
@@ -70,6 +83,9 @@ def test_every_command_runs_or_refuses_in_one_line_on_every_shipped_model(data, 
             one_line_error(res, f"{ref}: a hidden-decoding model")
         elif args[0] == "diagnose" and hidden:
             one_line_error(res, "a hidden-decoding model has no feedback passes")
+        elif args[0] == "diagnose" and "corpus" in reference.record(name):
+            one_line_error(res, f"{ref}: a general language model (trained on a corpus) has no task validation rows")
+            assert f"fbt-probe diagnose passes {ref} --out DIR" in res.output
         elif args[:2] == ["model", "export-hf"]:
             one_line_error(res, "only 'none' is a Qwen3 function")
         else:

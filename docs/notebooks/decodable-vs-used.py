@@ -271,20 +271,27 @@ for name, model in models.items():
 # %% [markdown]
 # ### The intervals, written out
 #
-# A pair's value is the mean of its two rows. The **group bootstrap** draws the 32 groups with
-# replacement, 1000 times (`numpy.random.default_rng(0)`), and takes each resample's mean over the
-# pairs of the drawn groups (a pair counted as often as its group was drawn); the interval is the
-# 2.5 % and 97.5 % quantiles. The **Wilson** interval of an accuracy p uses n = the groups, never the
-# samples: the samples of a group share a context and count as one draw.
+# The normalized effect is a **ratio of means over pairs**, mean(patched − corrupt) / mean(clean −
+# corrupt), so that no pair with a near-zero gap can drive it; a pair contributes the mean of its two
+# rows to the numerator and to the denominator. The **group bootstrap** draws the 32 groups with
+# replacement, 1000 times (`numpy.random.default_rng(0)`), a pair counted as often as its group was
+# drawn; the ratio's interval is the estimate ± 1.96 standard deviations of the resampled ratios, and
+# it is reported only where the 2.5 % quantile of the resampled mean gap clears 0.1. The **Wilson**
+# interval of an accuracy p uses n = the groups, never the samples: the samples of a group share a
+# context and count as one draw.
 
 
 # %%
-def group_bootstrap(values, groups, n_boot=1000, seed=0):
+def ratio_of_means(num, den, groups, n_boot=1000, seed=0, min_gap=0.1, z=1.959963984540054):
     names, codes = np.unique(groups, return_inverse=True)  # the groups in sorted order, each pair's group
     draws = np.random.default_rng(seed).integers(0, len(names), size=(n_boot, len(names)))
     counts = np.stack([np.bincount(d, minlength=len(names)) for d in draws])[:, codes]  # [n_boot, pairs]
-    means = (counts * values).sum(1) / counts.sum(1)
-    return values.mean(), *np.quantile(means, [0.025, 0.975])
+    theta = num.sum() / den.sum()
+    gap_low = np.quantile((counts * den).sum(1) / counts.sum(1), 0.025)
+    if not gap_low > min_gap:  # the pairs' mean gap does not clear the minimum: no ratio is reported
+        return np.nan, np.nan, np.nan
+    half = z * np.std((counts * num).sum(1) / (counts * den).sum(1), ddof=1)
+    return theta, theta - half, theta + half
 
 
 def wilson(p, n, z=1.959963984540054):
@@ -297,10 +304,16 @@ for name in models:
     for experiment in EXPERIMENTS:
         res = results[name, experiment]
         rows = pick(res.rows, experiment, "normalized")
-        per_pair = rows[~rows["tiny_gap"]].groupby("pair_id").agg(value=("value", "mean"), group=("group_id", "first"))
-        mean, lo, hi = group_bootstrap(per_pair["value"].to_numpy(), per_pair["group"].to_numpy())
+        kept = rows[~rows["tiny_gap"]]
+        gap = kept["clean_logit_diff"] - kept["corrupt_logit_diff"]
+        per_pair = kept.assign(num=kept["value"] * gap, den=gap).groupby("pair_id")
+        per_pair = per_pair.agg(num=("num", "mean"), den=("den", "mean"), group=("group_id", "first"))
+        mean, lo, hi = ratio_of_means(*(per_pair[c].to_numpy() for c in ("num", "den", "group")))
         s = pick(res.summary, experiment, "normalized").iloc[0]
-        assert np.allclose([mean, lo, hi], [s["mean"], s["ci_low"], s["ci_high"]], atol=1e-9), (name, experiment)
+        assert np.allclose([mean, lo, hi], [s["mean"], s["ci_low"], s["ci_high"]], atol=1e-9, equal_nan=True), (
+            name,
+            experiment,
+        )
         acc = pick(res.summary, experiment, "accuracy").iloc[0]
         assert np.allclose(wilson(acc["mean"], acc["n_groups"]), [acc["ci_low"], acc["ci_high"]], atol=1e-9)
 print("every interval above equals its formula")

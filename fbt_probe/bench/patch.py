@@ -74,8 +74,9 @@ def run_command(cli_args: list[str], peak_file: Path) -> dict:
 
 
 def _summary_diff(a: pd.DataFrame, b: pd.DataFrame) -> float:
-    """Largest |difference| of the summary numbers; inf if the tables differ in shape or keys."""
-    cols = ["mean", "ci_low", "ci_high"]
+    """Largest |difference| of the summary numbers (the effect, its interval and the pairs' mean gap
+    with its interval); inf if the tables differ in shape or keys."""
+    cols = [c for c in ("mean", "ci_low", "ci_high", "gap", "gap_low", "gap_high") if c in a.columns]
     keys = [c for c in a.columns if c not in cols]
     if list(a.columns) != list(b.columns) or len(a) != len(b) or not a[keys].equals(b[keys]):
         return float("inf")

@@ -149,6 +149,12 @@ def _contraction(runs: list[Path], passes: int, rows: int):
         if load_tokenizer(folder / "tokenizer.json").get_vocab() != tok.get_vocab():
             raise FbtError(f"{folder / 'tokenizer.json'}: tokenizer differs from {folders[0] / 'tokenizer.json'}")
     loaded = [(run, model, cfg) for run, (model, cfg, _) in zip(runs, trained)]
+    for run, _, cfg in loaded:
+        if cfg.corpus is not None:  # no task validation documents: its held-out documents are corpus files
+            raise FbtError(
+                f"{run}: a general language model (trained on a corpus) has no task validation rows; "
+                f"its contraction is on the corpus's held-out files: fbt-probe diagnose passes {run} --out DIR"
+            )
     batch = validation_batch(loaded[0][2], tok, rows=rows)
     tables = []
     for run, model, cfg in loaded:
