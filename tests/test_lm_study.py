@@ -81,3 +81,14 @@ def test_the_passes_part_writes_its_tables_figures_and_verdicts(lm_study):
     rise = head[(head["quantity"] == "fig3-loss-rise") & (head["model"] == "feedback")].iloc[0]
     loss = t[t["run"] == "feedback"].pivot(index="pass", columns="document", values="loss")
     assert rise["value"] == pytest.approx((loss.loc[32] - loss.loc[1]).mean(), rel=1e-5)  # headline.csv: 6 digits
+
+
+def test_the_report_names_every_shipped_model_the_study_reads():
+    """The LM study's two models, and the 75/25 run the passes part reads beside them; a tiny study's
+    serial-depth pair; never an empty clause."""
+    from fbt_probe.reproduce.report import _other_models
+
+    lm = _other_models(ReproConfig(preset="small-lm", corpus="c", shipped=True))
+    assert lm == ", and for the passes part `ref:small-lm-feedback-75-25`"
+    tiny = _other_models(ReproConfig(preset="tiny", shipped=True))
+    assert tiny == ", and for the serial-depth part `ref:tiny-depth-feedback`, `ref:tiny-depth-baseline`"
