@@ -16,7 +16,7 @@ from typing import Callable, NamedTuple
 
 import pandas as pd
 
-from fbt_probe.loading import load_model
+from fbt_probe.loading import checkpoint_hash, load_model
 from fbt_probe.reproduce.config import ReproConfig, model_path
 from fbt_probe.reproduce.stages import Stage
 
@@ -85,6 +85,12 @@ def headline_frame(rows: list[tuple], sha: dict[str, str]) -> pd.DataFrame:
     t = pd.DataFrame(full, columns=[*HEADLINE[:7], "n_groups"])
     models = t["model"].replace({PAIRED_MODEL: "feedback"})
     return t.assign(checkpoint_sha256=models.map(sha))[HEADLINE]
+
+
+def model_hashes(cfg: ReproConfig, out: Path, names=None) -> dict[str, str]:
+    """Each study model's checkpoint sha256 (`names`, default `cfg.models()`): the identity every
+    headline row and result table carries."""
+    return {n: checkpoint_hash(model_path(cfg, out, n)) for n in (cfg.models() if names is None else names)}
 
 
 PAIRED_MODEL = "feedback-baseline"  # the headline rows of a paired difference (feedback − baseline)

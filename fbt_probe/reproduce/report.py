@@ -21,12 +21,11 @@ from fbt_probe.reproduce.config import (
     depth_name,
     depth_path,
     is_lm,
-    model_path,
     shipped_name,
     training_note,
 )
 from fbt_probe.reproduce.config import tokenizer as study_tokenizer
-from fbt_probe.reproduce.part import HEADLINE, MODEL_WORDS, Section, md_table
+from fbt_probe.reproduce.part import HEADLINE, MODEL_WORDS, Section, md_table, model_hashes
 from fbt_probe.reproduce.parts import PARTS
 from fbt_probe.reproduce.seeds import between_seeds_text, is_proportion, spread_table, with_own
 from fbt_probe.reproduce.tables import same_kind, setting, study_kind
@@ -84,7 +83,7 @@ def _provenance(cfg, out: Path, times: dict) -> dict:
             **{n: f"ref:{p.name}" if cfg.shipped else f"trained here: models/{n}" for n, p in depth.items()},
         },
         checkpoints={
-            **{n: checkpoint_hash(model_path(cfg, out, n)) for n in cfg.models()},
+            **model_hashes(cfg, out),
             **{n: checkpoint_hash(p) for n, p in depth.items()},
         },
         stage_seconds={k: round(v, 1) for k, v in times.items()},

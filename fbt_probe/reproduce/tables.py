@@ -171,13 +171,7 @@ def answer_groups(g: pd.DataFrame) -> int:
 def answer_accuracy(out: Path, model: str, task: str, mode: str = STANDARD) -> tuple[float, float, float, int, int]:
     """(accuracy over every length's samples, Wilson low, high, samples, groups); the Wilson interval
     has n = `answer_groups` (docs/statistics.md)."""
-    acc = eval_table(out)
-    g = acc[(acc["model"] == model) & (acc["task"] == task) & (acc["mode"] == mode)]
-    c, n = int(g["correct"].sum()), int(g["n"].sum())
-    if n == 0:
-        return (*wilson(c, n), n, 0)
-    groups = answer_groups(g)
-    return (*group_wilson(c / n, groups), n, groups)
+    return _share(eval_table(out), "correct", model, task, mode)
 
 
 def choice_accuracy(
@@ -186,10 +180,13 @@ def choice_accuracy(
     """As `answer_accuracy` (value, Wilson low, high, samples, groups), for the two-way choice between
     the label words (None: an eval table written before the choice was measured)."""
     acc = eval_table(out)
-    if "choice_correct" not in acc.columns:
-        return None
+    return _share(acc, "choice_correct", model, task, mode) if "choice_correct" in acc.columns else None
+
+
+def _share(acc: pd.DataFrame, column: str, model: str, task: str, mode: str) -> tuple[float, float, float, int, int]:
+    """(share of `column`'s counts over every length's samples, Wilson low, high, samples, groups)."""
     g = acc[(acc["model"] == model) & (acc["task"] == task) & (acc["mode"] == mode)]
-    c, n = int(g["choice_correct"].sum()), int(g["n"].sum())
+    c, n = int(g[column].sum()), int(g["n"].sum())
     if n == 0:
         return (*wilson(c, n), n, 0)
     groups = answer_groups(g)

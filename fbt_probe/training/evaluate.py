@@ -80,29 +80,23 @@ def _one_pair_per_group(df: pd.DataFrame) -> pd.DataFrame:
     return df[rank == group_k % pairs.transform("nunique")]
 
 
-@torch.no_grad()
-def _answer_ids(samples: pd.DataFrame, tokenizer) -> np.ndarray:
-    """Each row's answer token: its label word as the tokenizer encodes it after the query (in a BPE,
-    the word with its leading space), -1 where that is not one token."""
-    ids = {}
+def _label_ids(samples: pd.DataFrame, tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's answer token (its label word as the tokenizer encodes it after the query: in a BPE,
+    the word with its leading space) and the other label word's token (its task's label word that is
+    not the row's answer); -1 where that is not one token."""
+    ids, other = {}, {}
     for (task, word), cell in samples.groupby(["task", "label_word"], sort=False):
         full, pos = answer_ids(tokenizer, cell["text"].iloc[0], word)
         ids[(task, word)] = -1 if pos is None else full[pos]
-    return np.array([ids[key] for key in zip(samples["task"], samples["label_word"])], dtype=np.int64)
-
-
-def _other_ids(samples: pd.DataFrame, tokenizer) -> np.ndarray:
-    """Each row's other label word's token (its task's label word that is not the row's answer), -1
-    where that is not one token."""
-    ids = {}
     for task, cell in samples.groupby("task", sort=False):
         words = sorted(cell["label_word"].unique())
-        for word in words:
-            full, pos = answer_ids(tokenizer, cell["text"].iloc[0], word)
-            ids[(task, word)] = -1 if pos is None else full[pos]
         if len(words) == 2:
-            ids[(task, words[0])], ids[(task, words[1])] = ids[(task, words[1])], ids[(task, words[0])]
-    return np.array([ids.get(key, -1) for key in zip(samples["task"], samples["label_word"])], dtype=np.int64)
+            other[(task, words[0])], other[(task, words[1])] = ids[(task, words[1])], ids[(task, words[0])]
+    keys = list(zip(samples["task"], samples["label_word"]))
+    return (
+        np.array([ids[k] for k in keys], dtype=np.int64),
+        np.array([other.get(k, -1) for k in keys], dtype=np.int64),
+    )
 
 
 def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, batch: int = 64) -> pd.DataFrame:
@@ -112,7 +106,7 @@ def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, b
     measure for a model that may answer with other words, such as a general LM reading the task in
     context; chance 0.5), and `groups`, the distinct groups the cell's samples come from (with
     `group_id` in `samples`)."""
-    answer, other = _answer_ids(samples, tokenizer), _other_ids(samples, tokenizer)
+    answer, other = _label_ids(samples, tokenizer)
     device = next(model.parameters()).device
     rows = []
     for (task, knob, n_tok), cell in samples.groupby(["task", "length_knob", "n_tokens"], sort=True):

@@ -14,11 +14,10 @@ import numpy as np
 import pandas as pd
 
 from fbt_probe.io import atomic_path
-from fbt_probe.loading import checkpoint_hash
 from fbt_probe.reproduce import rules
-from fbt_probe.reproduce.config import NOT_RECORDED, ReproConfig, is_lm, model_path, schedule_label, study_training
+from fbt_probe.reproduce.config import NOT_RECORDED, ReproConfig, is_lm, schedule_label, study_training
 from fbt_probe.reproduce.config import tokenizer as study_tokenizer
-from fbt_probe.reproduce.part import Part, Section, headline_frame, md_table, study_model, trained_stages
+from fbt_probe.reproduce.part import Part, Section, headline_frame, md_table, model_hashes, study_model, trained_stages
 from fbt_probe.reproduce.passes_rules import ratio_of_means, window
 from fbt_probe.reproduce.rules import contraction_windows
 from fbt_probe.reproduce.seeds import per_seed, quote
@@ -280,7 +279,7 @@ def headline(cfg: ReproConfig, out: Path) -> pd.DataFrame:
         rows.append(
             ("feedback", "contraction-documents", "validation", "full", t["documents"], float("nan"), float("nan"))
         )
-    return headline_frame(rows, {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.models()})
+    return headline_frame(rows, model_hashes(cfg, out))
 
 
 CAPTIONS = {

@@ -10,19 +10,17 @@ from pathlib import Path
 import pandas as pd
 
 from fbt_probe.io import atomic_path
-from fbt_probe.loading import checkpoint_hash
 from fbt_probe.reproduce import rules
 from fbt_probe.reproduce.config import (
     RECURRENT_1,
     STANDARD,
     ReproConfig,
     is_lm,
-    model_path,
     study_contexts,
     study_training,
 )
 from fbt_probe.reproduce.config import tokenizer as study_tokenizer
-from fbt_probe.reproduce.part import Part, Section, headline_frame, md_table, study_model, trained_stages
+from fbt_probe.reproduce.part import Part, Section, headline_frame, md_table, model_hashes, study_model, trained_stages
 from fbt_probe.reproduce.seeds import per_seed, quote
 from fbt_probe.reproduce.stages import Stage
 from fbt_probe.reproduce.tables import answer_accuracy, choice_accuracy
@@ -154,7 +152,7 @@ def headline(cfg: ReproConfig, out: Path) -> pd.DataFrame:
                 c = choice_accuracy(out, m, t)
                 if c is not None and c[3]:
                     rows.append((m, "answer-choice", t, STANDARD, c[0], c[1], c[2], c[4]))
-    return headline_frame(rows, {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.models()})
+    return headline_frame(rows, model_hashes(cfg, out))
 
 
 PART = Part(

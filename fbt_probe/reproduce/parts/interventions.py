@@ -16,7 +16,16 @@ from fbt_probe.interventions.registry import PatchConfig, options_for
 from fbt_probe.loading import checkpoint_hash, load_pairs
 from fbt_probe.reproduce import rules
 from fbt_probe.reproduce.config import EXPERIMENTS, RATIO_OF_MEANS, RECURRENT_1, ReproConfig, model_path
-from fbt_probe.reproduce.part import MODEL_WORDS, Part, Section, headline_frame, md_table, study_model, trained_stages
+from fbt_probe.reproduce.part import (
+    MODEL_WORDS,
+    Part,
+    Section,
+    headline_frame,
+    md_table,
+    model_hashes,
+    study_model,
+    trained_stages,
+)
 from fbt_probe.reproduce.parts.evaluation import learned
 from fbt_probe.reproduce.seeds import per_seed, quote
 from fbt_probe.reproduce.stages import Stage
@@ -330,7 +339,7 @@ def headline(cfg: ReproConfig, out: Path) -> pd.DataFrame:
                 n = summary_number(out, m, exp, task, cond)
                 if n is not None:
                     rows.append((m, q, task, RECURRENT_1, *n))
-    return headline_frame(rows, {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.models()})
+    return headline_frame(rows, model_hashes(cfg, out))
 
 
 CAPTIONS = {

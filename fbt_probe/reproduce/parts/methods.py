@@ -22,7 +22,16 @@ from fbt_probe.lens.sweep import LensConfig, run_lens, write_lens
 from fbt_probe.loading import checkpoint_hash, load_pairs
 from fbt_probe.reproduce import rules
 from fbt_probe.reproduce.config import JACOBI_2, RATIO_OF_MEANS, RECURRENT_1, STANDARD, model_path
-from fbt_probe.reproduce.part import MODEL_WORDS, Part, Section, headline_frame, md_table, study_model, trained_stages
+from fbt_probe.reproduce.part import (
+    MODEL_WORDS,
+    Part,
+    Section,
+    headline_frame,
+    md_table,
+    model_hashes,
+    study_model,
+    trained_stages,
+)
 from fbt_probe.reproduce.seeds import per_seed, spread_table, with_own
 from fbt_probe.reproduce.stages import Stage
 from fbt_probe.reproduce.tables import same_kind, study_kind
@@ -403,7 +412,7 @@ def headline(cfg, out: Path) -> pd.DataFrame:
             got = das_numbers(out, name, task)
             if got is not None:
                 rows += [(name, DAS_Q[k], task, RECURRENT_1, *v) for k, v in got.items()]
-    return headline_frame(rows, {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.methods_models()})
+    return headline_frame(rows, model_hashes(cfg, out, cfg.methods_models()))
 
 
 def _largest(s: pd.DataFrame | None, task: str, exp: str, where: str) -> str:

@@ -34,11 +34,10 @@ import numpy as np
 import pandas as pd
 
 from fbt_probe.io import atomic_dir, write_json
-from fbt_probe.loading import checkpoint_hash
 from fbt_probe.probes.sweep import SAMPLES_FILE
 from fbt_probe.provenance import git_commit, provenance
-from fbt_probe.reproduce.config import RATIO_OF_MEANS, RECURRENT_1, ReproConfig, model_path
-from fbt_probe.reproduce.part import PAIRED_MODEL, Part, Section, headline_frame, md_table
+from fbt_probe.reproduce.config import RATIO_OF_MEANS, RECURRENT_1, ReproConfig
+from fbt_probe.reproduce.part import PAIRED_MODEL, Part, Section, headline_frame, md_table, model_hashes
 from fbt_probe.reproduce.rules import bound, signed
 from fbt_probe.reproduce.stages import Stage
 from fbt_probe.reproduce.tables import _summary, study_kind
@@ -211,7 +210,7 @@ def stage_paired(cfg: ReproConfig, out: Path) -> None:
     out = Path(out)
     s = paired_settings(cfg)
     t = paired_table(out, s["n_boot"], s["seed"])
-    sha = {m: checkpoint_hash(model_path(cfg, out, m)) for m in MODELS}
+    sha = model_hashes(cfg, out, MODELS)
     t = t.assign(
         seed=cfg.seed,
         study=study_kind(cfg),
@@ -332,7 +331,7 @@ def headline(cfg: ReproConfig, out: Path) -> pd.DataFrame:
                 int(r["n_groups"]),
             )
         )
-    return headline_frame(rows, {m: checkpoint_hash(model_path(cfg, out, m)) for m in MODELS})
+    return headline_frame(rows, model_hashes(cfg, out, MODELS))
 
 
 PART = Part("paired", stages=stages, sections=sections, headline=headline, criteria=("paired",))

@@ -17,11 +17,10 @@ import pandas as pd
 
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_dir, write_json
-from fbt_probe.loading import checkpoint_hash
 from fbt_probe.provenance import provenance
 from fbt_probe.reproduce import passes_rules as R
 from fbt_probe.reproduce.config import LM_MODELS, ReproConfig, is_lm, model_path
-from fbt_probe.reproduce.part import Part, Section, headline_frame, md_table, study_model
+from fbt_probe.reproduce.part import Part, Section, headline_frame, md_table, model_hashes, study_model
 from fbt_probe.reproduce.stages import Stage
 from fbt_probe.training.checkpoint import load_trained
 from fbt_probe.training.passes import BASELINE_PASSES, pass_table, summarize
@@ -56,11 +55,11 @@ def trained_config(cfg: ReproConfig, out: Path, name: str):
 def stage_passes(cfg: ReproConfig, out: Path) -> None:
     """results/passes/: passes.parquet (per held-out file x pass x model), summary.parquet (per model x
     pass, the interval over files), passes.provenance.json."""
-    tables, sha = [], {}
+    tables = []
     for name in LM_MODELS:
         tcfg = trained_config(cfg, out, name)
         tables.append(pass_table(name, study_model(cfg, out, name), tcfg, cfg.lm_passes))
-        sha[name] = checkpoint_hash(model_path(cfg, out, name))
+    sha = model_hashes(cfg, out, LM_MODELS)
     table = pd.concat(tables, ignore_index=True)
     with atomic_dir(folder(out), force=True) as tmp:
         table.to_parquet(tmp / "passes.parquet", index=False)
@@ -118,7 +117,7 @@ def headline(cfg: ReproConfig, out: Path) -> pd.DataFrame:
     rows += [(n, "fig3-documents", TASK, "jacobi", v["documents"], float("nan"), float("nan")) for n, v in fig3.items()]
     rows += [("feedback", FIG4[q], TASK, "jacobi", *fig4[q]) for q in FIG4 if q in fig4]
     rows.append(("feedback", "fig4-documents", TASK, "jacobi", fig4["documents"], float("nan"), float("nan")))
-    return headline_frame(rows, {n: checkpoint_hash(model_path(cfg, out, n)) for n in LM_MODELS})
+    return headline_frame(rows, model_hashes(cfg, out, LM_MODELS))
 
 
 def _from_rows(g: pd.DataFrame, model: str, names: dict) -> dict | None:

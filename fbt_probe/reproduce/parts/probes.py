@@ -12,12 +12,20 @@ import pandas as pd
 
 from fbt_probe.activations import extract
 from fbt_probe.io import atomic_path, read_json
-from fbt_probe.loading import checkpoint_hash
 from fbt_probe.probes.robustness import pooled_by_variant, robustness
 from fbt_probe.probes.sweep import ProbeConfig, probe_sweep, write_results
 from fbt_probe.reproduce import rules
 from fbt_probe.reproduce.config import EXTRACT_BATCH, RECURRENT_1, STANDARD, ReproConfig, model_path
-from fbt_probe.reproduce.part import MODEL_WORDS, PAIRED_MODEL, Part, Section, headline_frame, md_table, trained_stages
+from fbt_probe.reproduce.part import (
+    MODEL_WORDS,
+    PAIRED_MODEL,
+    Part,
+    Section,
+    headline_frame,
+    md_table,
+    model_hashes,
+    trained_stages,
+)
 from fbt_probe.reproduce.parts.evaluation import learned
 from fbt_probe.reproduce.seeds import per_seed, quote
 from fbt_probe.reproduce.stages import Stage
@@ -403,7 +411,7 @@ def headline(cfg: ReproConfig, out: Path) -> pd.DataFrame:
             if rng is not None:
                 n = depth0_number(out, m, task, RECURRENT_1)[3]
                 rows += [(m, q, task, RECURRENT_1, x, float("nan"), float("nan"), n) for q, x in zip(VARIANT_Q, rng)]
-    return headline_frame(rows, {m: checkpoint_hash(model_path(cfg, out, m)) for m in cfg.models()})
+    return headline_frame(rows, model_hashes(cfg, out))
 
 
 def depths_table(cfg: ReproConfig, out: Path) -> pd.DataFrame:

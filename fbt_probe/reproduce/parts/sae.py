@@ -401,46 +401,42 @@ def _settings_text(cfg, t: dict) -> str:
     )
 
 
-def _recon_rows(t: dict) -> pd.DataFrame:
-    rows = []
-    for arch, key in (("topk", "reconstruction"), ("jumprelu", "jumprelu_reconstruction")):
-        r = t.get(key)
-        if r is None:
-            continue
-        for x in r.itertuples():
-            rows.append(
-                {
-                    "SAE": arch,
-                    "task": x.task,
-                    "mode": x.mode,
-                    "FVU": f"{x.fvu:.4f}",
-                    "L0": f"{x.l0:.2f}",
-                    "dead latents": f"{int(x.dead_latents)} / {int(x.d_sae)}",
-                    "rows": int(x.rows),
-                }
-            )
+def _per_sae(t: dict, key: str, cells) -> pd.DataFrame:
+    """One row per (SAE, task, mode) of table `key` (the TopK SAE's) and `jumprelu_<key>` where
+    present: the SAE, task and mode, then `cells(row)`."""
+    rows = [
+        {"SAE": arch, "task": x.task, "mode": x.mode, **cells(x)}
+        for arch, name in (("topk", key), ("jumprelu", f"jumprelu_{key}"))
+        if t.get(name) is not None
+        for x in t[name].itertuples()
+    ]
     return pd.DataFrame(rows)
+
+
+def _recon_rows(t: dict) -> pd.DataFrame:
+    return _per_sae(
+        t,
+        "reconstruction",
+        lambda x: {
+            "FVU": f"{x.fvu:.4f}",
+            "L0": f"{x.l0:.2f}",
+            "dead latents": f"{int(x.dead_latents)} / {int(x.d_sae)}",
+            "rows": int(x.rows),
+        },
+    )
 
 
 def _loss_rows(t: dict) -> pd.DataFrame:
-    rows = []
-    for arch, key in (("topk", "loss_recovered"), ("jumprelu", "jumprelu_loss_recovered")):
-        r = t.get(key)
-        if r is None:
-            continue
-        for x in r.itertuples():
-            rows.append(
-                {
-                    "SAE": arch,
-                    "task": x.task,
-                    "mode": x.mode,
-                    "CE recovered [95% CI]": _recovered(x, "ce", "nats"),
-                    "logit diff. recovered [95% CI]": _recovered(x, "ld", "logits"),
-                    "CE clean / SAE / mean": f"{x.ce_clean:.4f} / {x.ce_sae:.4f} / {x.ce_mean:.4f}",
-                    "samples (groups)": f"{int(x.samples)} ({int(x.groups)})",
-                }
-            )
-    return pd.DataFrame(rows)
+    return _per_sae(
+        t,
+        "loss_recovered",
+        lambda x: {
+            "CE recovered [95% CI]": _recovered(x, "ce", "nats"),
+            "logit diff. recovered [95% CI]": _recovered(x, "ld", "logits"),
+            "CE clean / SAE / mean": f"{x.ce_clean:.4f} / {x.ce_sae:.4f} / {x.ce_mean:.4f}",
+            "samples (groups)": f"{int(x.samples)} ({int(x.groups)})",
+        },
+    )
 
 
 def _recovered(x, what: str, unit: str) -> str:
