@@ -47,8 +47,13 @@ def test_bench_model_reports_ratios(tmp_path):
 
 @pytest.mark.slow
 def test_bench_patch_runs_the_commands_and_compares_reuse(tmp_path):
-    data = tmp_path / "data"
-    assert runner.invoke(app, ["tasks", "generate", "completion", "--groups", "1", "--out", str(data)]).exit_code == 0
+    import dataclasses
+
+    from fbt_probe.tasks import build_tokenizer, generate, load_spec, write_dataset
+
+    data, tok = tmp_path / "data", build_tokenizer()  # two groups at lengths 0 and 8: what `tasks generate` writes
+    df = generate(dataclasses.replace(load_spec("completion"), length_grid=(0, 8)), groups=2, seed=0, tokenizer=tok)
+    write_dataset(df, data, tok)
     res = runner.invoke(
         app,
         [
@@ -68,7 +73,7 @@ def test_bench_patch_runs_the_commands_and_compares_reuse(tmp_path):
     r = json.loads((tmp_path / "patch.md.json").read_text())
     assert [c["experiment"] for c in r["commands"]] == ["feedback-swap", "residual"]
     assert all(c["exit_code"] == 0 and c["peak_rss_mb"] > 50 for c in r["commands"]), r["commands"]
-    assert r["samples"] == 20 and r["tokens"][1] > 1000
+    assert r["samples"] == len(df) and r["tokens"] == [df["n_tokens"].min(), df["n_tokens"].max()]
     t = r["together"]  # both in one command: the same tables (same shapes, so rounding at most)
     assert (
         t["exit_code"] == 0 and "--experiment feedback-swap,residual" in t["command"] and t["max_summary_diff"] < 1e-6

@@ -348,8 +348,13 @@ def test_quick_study_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_checkpoint_path_skips_training(tmp_path):
-    """The paper-1b path on a tiny stand-in checkpoint: the study runs on the given model, no training."""
+def test_checkpoint_path_skips_training(tmp_path, monkeypatch):
+    """The paper-1b path on a tiny stand-in checkpoint: the study runs on the given model, no training.
+    The command builds the study's config; the pipeline then runs it on two of its tasks (every stage
+    of a checkpoint study, at a third of the quick study's cost)."""
+    import dataclasses
+
+    import fbt_probe.cli.reproduce as cli_reproduce
     from fbt_probe.formats.checkpoint import save_checkpoint
     from fbt_probe.tasks import build_tokenizer, save_tokenizer
 
@@ -358,10 +363,22 @@ def test_checkpoint_path_skips_training(tmp_path):
     save_tokenizer(tok, ckpt / "tokenizer.json")
     save_checkpoint(fp.load_model("tiny", d_vocab=tok.get_vocab_size()), ckpt)
     out = tmp_path / "repro"
-    res = runner.invoke(
-        app, ["reproduce", "--quick", "--no-methods", "--preset", "paper-1b", "--model", str(ckpt), "--out", str(out)]
-    )
+    seen = []
+
+    def two_tasks(cfg, *args, **kw):
+        seen.append(cfg)
+        keep = ("completion", "registers")
+        cut = {f: {t: v for t, v in getattr(cfg, f).items() if t in keep} for f in ("groups", "knobs", "modes")}
+        return real(dataclasses.replace(cfg, **cut, patch_knobs={"completion": [8]}), *args, **kw)
+
+    real = cli_reproduce.reproduce
+    monkeypatch.setattr(cli_reproduce, "reproduce", two_tasks)
+    args = ["--quick", "--no-methods", "--preset", "paper-1b", "--model", str(ckpt), "--jobs", "1"]
+    res = runner.invoke(app, ["reproduce", *args, "--out", str(out)])
     assert res.exit_code == 0, res.output
+    (cfg,) = seen  # what the command asked for: the quick study of the checkpoint as it is, every task
+    assert cfg.model == str(ckpt) and cfg.preset == "paper-1b" and cfg.quick and not cfg.methods and not cfg.shipped
+    assert set(cfg.knobs) == {"completion", "memory", "registers", "registers-count"}
     state = json.loads((out / "stages.json").read_text())
     assert not any(k.startswith("train") for k in state) and "probe-feedback" in state
     assert not any(k.startswith(("methods", "lens")) for k in state)  # --no-methods (the quick study runs them)

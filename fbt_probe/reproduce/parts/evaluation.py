@@ -39,7 +39,8 @@ def _train_knobs(cfg: ReproConfig) -> dict:
 def stage_eval(cfg: ReproConfig, out: Path) -> None:
     tok, frames = study_tokenizer(cfg), []
     tcfg = study_training(cfg)
-    knobs = _train_knobs(cfg) if not cfg.model else None  # a user run's own training lengths
+    # a checkpoint's own training lengths (from its run), but the quick study's at its probe lengths
+    knobs = _train_knobs(cfg) if (cfg.quick or not cfg.model) else None
     samples = eval_samples(tcfg, tok, pairs=cfg.eval_pairs, knobs=knobs, contexts=study_contexts(cfg, heldout))
     for name in cfg.models():
         acc = measure_accuracy(study_model(cfg, out, name), samples, tok)
