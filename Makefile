@@ -43,8 +43,10 @@ reference-report: setup
 
 # Two worker processes (pytest-xdist), each pinned to one BLAS thread (tests/conftest.py), the slow
 # tests scheduled first so that they do not form the tail: about half the serial wall time on 2 cores.
+# --dist worksteal: a worker that runs out takes tests queued on the other (602 s -> 560 s of pytest,
+# BENCHMARKS.md).
 test: $(DEV_STAMP)
-	$(PY) -m pytest -m "not gpu" -q -n 2
+	$(PY) -m pytest -m "not gpu" -q -n 2 --dist worksteal
 
 # The manual (docs/, mkdocs.yml) rendered with MkDocs Material into build/site/; --strict fails on
 # any warning (a broken link, a docstring mkdocstrings cannot render). The notebooks (docs/notebooks/)
