@@ -11,6 +11,7 @@ the table gives the median step's data tokens per second (a K-pass step counts i
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import time
@@ -57,8 +58,6 @@ def _plain_steps(cfg: TrainConfig, K: int, steps: int, vocab: int) -> list[float
 
 
 def _ours_steps(cfg: TrainConfig, K: int, steps: int) -> list[float]:
-    import json
-
     with tempfile.TemporaryDirectory() as tmp:
         run = dict(cfg.__dict__)
         run.update(schedule=f"constant:{K}", steps=steps, baseline=False, corpus_sha256=None)
