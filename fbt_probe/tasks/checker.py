@@ -73,8 +73,9 @@ def _template_pattern(template: str, field: str) -> re.Pattern:
 
 
 def _run_compose(spec, text: str) -> int:
-    """compose: the start line sets the point, each step line applies its generator (the spec's
-    table, read point by point here), and the query asks whether the final point is accepted."""
+    """compose: the start line sets the point, each step line (with `inline_steps`, each word of the
+    one step line) applies its generator (the spec's table, read point by point here), and the query
+    asks whether the final point is accepted."""
     lines = [line for line in text.split("\n") if not _COMMENT.match(line)]
     tpl = spec.template
     if len(lines) < 2 or lines[-1] != tpl["query"]:
@@ -86,7 +87,12 @@ def _run_compose(spec, text: str) -> int:
     if point >= n:
         raise FbtError(f"start value {point} is not a point of 0..{n - 1}")
     step = _template_pattern(tpl["step"], "g")
-    for line in lines[1:-1]:
+    steps = lines[1:-1]
+    if spec.inline_steps:  # the steps are the space-separated words of one line
+        if len(steps) != 1:
+            raise FbtError(f"expected one line of steps between the start and the query, got {len(steps)}")
+        steps = steps[0].split(" ")
+    for line in steps:
         m = step.match(line)
         if m is None or int(m.group(1)) >= len(spec.permutations):
             raise FbtError(f"line {line!r} is not a step {tpl['step']!r} with a generator of the spec")

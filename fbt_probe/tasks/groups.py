@@ -20,7 +20,8 @@ samples, two per minimal pair:
   length one pair per accepted point b: a start a1 with π(a1) = b (label 1) and a start a0 with
   π(a0) outside the accepted set (label 0), π the word's composed permutation; the pair differs
   only in the start value. Group = context = `<task>:k<k>:<hex digit per step>`. With `step_lines`
-  the word has that many lines, k of them dependent steps and the rest the identity generator.
+  the word has that many lines, k of them dependent steps and the rest the identity generator. With
+  `inline_steps` the steps are the words of one line (one token a step), the pairs the same.
 
 Ids spell their content out (no hashing), so different groups never share an id.
 """
@@ -200,7 +201,10 @@ def _draw_compose(spec: TaskSpec, knob: int, rng: StableRng) -> Group:
 
 def compose_text(spec: TaskSpec, start: int, word) -> str:
     tpl = spec.template
-    return "\n".join([tpl["start"].format(A=start)] + [tpl["step"].format(g=g) for g in word] + [tpl["query"]])
+    steps = [tpl["step"].format(g=g) for g in word]
+    if spec.inline_steps:  # one line of step words
+        steps = [" ".join(steps)]
+    return "\n".join([tpl["start"].format(A=start)] + steps + [tpl["query"]])
 
 
 def _render_compose(spec: TaskSpec, knob: int, group: Group, rng: StableRng, contexts) -> list[Sample] | None:

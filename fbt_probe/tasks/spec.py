@@ -60,9 +60,9 @@ _EXTRA = {
     "completion": {"relation", "value_range", "scratch_range"},
     "memory": {"answer", "context_updates"},
     "registers": {"registers", "assignments", "empty_updates", "scratch_range", "pad_to", "suffix_spans"},
-    "compose": {"permutations", "accept", "step_lines"},
+    "compose": {"permutations", "accept", "step_lines", "inline_steps"},
 }
-_OPTIONAL = {"description", "registers", "assignments", "pad_to", "suffix_spans", "step_lines"}
+_OPTIONAL = {"description", "registers", "assignments", "pad_to", "suffix_spans", "step_lines", "inline_steps"}
 _STATEMENT = re.compile(r"^\s*([A-Za-z_]\w*)\s*(=|\+=|-=|\^=)\s*(-?\d+)\s*$")
 _RELATION = re.compile(r"^\s*([A-Za-z_]\w*)\s*(==|!=)\s*([A-Za-z_]\w*)\s*$")
 _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
@@ -95,6 +95,9 @@ class TaskSpec:
     step_lines: int | None = None
     """compose: every sample has this many step lines, k of them (the knob) non-identity generators
     and the rest the spec's identity generator, so the text length does not change with k (None: k lines)."""
+    inline_steps: bool | None = None
+    """compose: the steps are written as words of one line, separated by spaces (the step template is
+    one word: with the built-in tokenizer a generator index `{g}` is one token a step), not a line each."""
     source: str = field(default="", compare=False)  # file it was read from
 
     @property
@@ -454,7 +457,19 @@ def _compose_extra(raw, tpl, bad) -> dict:
                 "among the generators to fill the lines that are not dependent steps",
                 lines,
             )
-    return {"permutations": tuple(tuple(p) for p in perms), "accept": tuple(sorted(acc)), "step_lines": lines}
+    inline = raw.get("inline_steps")
+    if inline is not None and not isinstance(inline, bool):
+        raise bad("inline_steps", "true (the steps are words of one line) or false (a line each)", inline)
+    if inline and any(c.isspace() for c in tpl["step"]):
+        raise bad(
+            "template.step", "one word without spaces (inline_steps writes the steps as words of one line)", tpl["step"]
+        )
+    return {
+        "permutations": tuple(tuple(p) for p in perms),
+        "accept": tuple(sorted(acc)),
+        "step_lines": lines,
+        "inline_steps": inline or None,
+    }
 
 
 def identity_generator(spec: TaskSpec) -> int | None:
