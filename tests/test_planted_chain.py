@@ -347,3 +347,19 @@ def test_the_twin_claims_fail_once_the_twin_has_a_state_path(even):
     assert not gates_find_none(gate_ablation(leaky, batches(even), mode))
     res = residual_patching(leaky, batches(even), mode)
     assert not residual_is_exact(res, TOKEN_CELLS) and residual_cells(res) > TOKEN_CELLS  # the chain's cells move
+
+
+def test_logit_lens_reads_the_chain_at_every_depth_and_the_twin_only_after_attention(even):
+    from fbt_probe.lens.sweep import LensConfig, run_lens
+
+    for model, form in ((chain_model(), lambda ids: closed_form(ids, M)), (token_twin(), None)):
+        res = run_lens(model, even, LensConfig(modes=("full",), steps=0, n_boot=10))
+        ld = res.rows[(res.rows["metric"] == "logit_diff") & (res.rows["lens"] == "logit")]
+        assert set(ld["depth"]) == {0, 1, 2}
+        for depth in (0, 1, 2):
+            r = ld[ld["depth"] == depth]
+            if form is not None:  # no block writes: every depth of the colon holds the fused input
+                want = [oriented(form(ids), lab) for ids, lab in zip(ids_of(r, even), r["label"])]
+            else:  # the twin's colon input is 0; attention writes c_1 (the label here) at depth 1
+                want = np.zeros(len(r)) if depth == 0 else np.full(len(r), 32.0)
+            np.testing.assert_allclose(r["value"], want, atol=ATOL, err_msg=f"depth {depth}")
