@@ -20,6 +20,7 @@ from fbt_probe.provenance import provenance
 from fbt_probe.reference import is_reference
 from fbt_probe.reproduce.passes_rules import passes_verdicts
 from fbt_probe.tasks import load_tokenizer
+from fbt_probe.tasks.fewshot import MAX_SHOTS, with_shots
 from fbt_probe.tasks.spec import MAX_GROUPS
 from fbt_probe.training.arch import ARCHS
 from fbt_probe.training.checkpoint import load_trained
@@ -41,18 +42,26 @@ def eval_cmd(
     pairs: Annotated[int, typer.Option(help="Held-out minimal pairs per task × length cell.")] = 64,
     out: Annotated[Path | None, typer.Option(help="Output folder (default RUN/eval).")] = None,
     force: Annotated[bool, typer.Option(help="Replace existing outputs.")] = False,
+    shots: Annotated[
+        int,
+        typer.Option(
+            help="Solved examples of each task written before every sample (few-shot: for a model that never trained on the tasks, such as a general LM reading them in context; 0: zero-shot)."
+        ),
+    ] = 0,
 ) -> None:
     """Answer accuracy per task × length under Std/Soft, Fused, recurrent:1, jacobi:3 and full, on
     contexts held out of training, plus validation loss per pass.
 
     \b
-    Example: fbt-probe eval runs/tiny
+    Example: fbt-probe eval runs/tiny ;  fbt-probe eval ref:small-lm-feedback --shots 4 --out runs/lm-eval
     """
 
     if isinstance(pairs, bool) or not 1 <= pairs <= MAX_GROUPS:
         raise FbtError(
             f"--pairs {pairs}: expected an integer 1..{MAX_GROUPS} (held-out minimal pairs per task x length cell)"
         )
+    if not 0 <= shots <= MAX_SHOTS:
+        raise FbtError(f"--shots {shots}: expected an integer 0..{MAX_SHOTS} (solved examples before each sample)")
     if is_reference(str(run)) and out is None:
         raise FbtError(f"eval {run}: a shipped model needs --out (its folder is part of the package)")
     dest = out or run / "eval"
@@ -65,16 +74,25 @@ def eval_cmd(
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             # a corpus run never trained on a task: its accuracy is in context, its losses on held-out corpus files
-            samples = eval_samples(task_config(cfg), tok, pairs=pairs, option="--pairs")
+            samples = with_shots(eval_samples(task_config(cfg), tok, pairs=pairs, option="--pairs"), tok, shots)
         for w in caught:
             typer.echo(f"note: {w.message}", err=True)
-        acc = answer_accuracy(model, samples, tok, **modes)
+        acc = answer_accuracy(model, samples, tok, **modes).assign(shots=shots)
         losses = arch.val_losses(model, cfg, tok, max_passes=4, **({"corpus": True} if cfg.corpus else {}))
-        extra = {"val_loss_per_pass": losses}
+        extra = {"val_loss_per_pass": losses, "shots": shots}
         _write_table(acc, dest / "accuracy", folder, cfg, force, extra=extra, command=EVAL_COMMAND)
+    if shots:
+        typer.echo(f"{shots}-shot: {shots} solved examples of each task before every sample")
     typer.echo(
         acc.pivot_table(index=["task", "length_knob"], columns="decoding", values="accuracy").round(3).to_string()
     )
+    if shots or cfg.corpus:  # a model reading the tasks in context may answer other words: the label choice too
+        typer.echo("label choice (the answer word's logit above the other's; chance 0.5):")
+        typer.echo(
+            acc.pivot_table(index=["task", "length_knob"], columns="decoding", values="choice_accuracy")
+            .round(3)
+            .to_string()
+        )
     typer.echo(arch.val_label + ", ".join(f"{k.removeprefix('val_loss_')}={v:.3f}" for k, v in losses.items()))
     typer.echo(f"wrote {dest}/accuracy.{{parquet,csv,json}}")
 
