@@ -11,6 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from fbt_probe.cli import app
+from fbt_probe.config import preset
 from fbt_probe.errors import FbtError
 from fbt_probe.tasks import build_tokenizer
 from fbt_probe.training import TrainConfig, multipass_loss, run_training
@@ -175,3 +176,8 @@ def test_answer_only_supervision_ignores_every_other_target():
             grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
         assert torch.equal(grads[0][0], grads[1][0])
         assert all(torch.equal(a, b) for a, b in zip(grads[0][1], grads[1][1]))
+
+
+def test_the_deeper_control_is_tiny_with_twice_the_layers():
+    tiny, deep = preset("tiny"), preset("tiny-deep")
+    assert deep.n_layers == 2 * tiny.n_layers and deep.replace(n_layers=tiny.n_layers) == tiny

@@ -203,7 +203,7 @@ class TrainConfig:
     fewer than 64 held-out words reads every word of k instead, trained ones too. It runs in the
     deepest mode the schedule trains (jacobi:K, = full for K >= T; standard for one pass), the lowest
     accuracy over the tasks counting. Each k must be a training length of every task, the last the
-    longest. Every measure and advance is logged in metrics.jsonl (`curriculum`), the advances saved
+    longest (in the fixed form any: a replayed run may have stopped short of it). Every measure and advance is logged in metrics.jsonl (`curriculum`), the advances saved
     in the train state, so a resumed run continues bit for bit (docs/training.md)."""
 
     def __post_init__(self) -> None:
@@ -570,7 +570,7 @@ def check_k_curriculum(text, knobs: dict, steps: int) -> str:
         if missing:
             raise FbtError(f"{KC_WHERE} '{text}': k {missing[0]} is not a training length of {task} ({list(lengths)})")
     top = max(max(lengths) for lengths in knobs.values())
-    if cur.ks[-1] != top:
+    if cur.starts is None and cur.ks[-1] != top:
         raise FbtError(f"{KC_WHERE} '{text}': the last k must be the longest training length ({top}), got {cur.ks[-1]}")
     if cur.starts is not None and cur.starts[-1] >= steps:
         raise FbtError(f"{KC_WHERE} '{text}': step {cur.starts[-1]} is past the run's last step ({steps - 1})")
