@@ -313,6 +313,9 @@ def _checker(source: str):
 PRESETS: dict[str, ModelConfig] = {
     # 4 layers, d_model 128: trains on a 2-core CPU in minutes (2 layers never learned completion).
     "tiny": ModelConfig(qk_norm_init=3.0, fusion_norm_init=1.0),
+    # tiny with twice the layers (8): the deeper no-feedback control of the carried-state runs on the
+    # chain tasks (docs/training.md, "Training a model that needs its carried state").
+    "tiny-deep": ModelConfig(n_layers=8, qk_norm_init=3.0, fusion_norm_init=1.0),
     # The general language model (fbt-probe train --corpus): the tiny shape over the corpus tokenizer's
     # vocabulary (d_vocab is set from the tokenizer when a run starts); why this size:
     # docs/research/general-lm-size.md.

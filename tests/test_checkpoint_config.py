@@ -105,6 +105,7 @@ def test_a_run_records_every_train_config_field(tmp_path):
         decay_steps=1,
         fork="x",
         fork_sha256="0" * 64,
+        k_curriculum="2,4,8@0.9",
     )
     corpus_only = {"corpus", "corpus_sha256", "seq_len"}  # a corpus run's fields, refused beside --tasks
     (tmp_path / "used").mkdir()

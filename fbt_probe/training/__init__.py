@@ -16,8 +16,9 @@ from fbt_probe.model.loss import weighted_ce
 from fbt_probe.reference import resolve
 from fbt_probe.tasks import build_tokenizer, load_tokenizer, save_tokenizer
 from fbt_probe.training.arch import ARCHS
-from fbt_probe.training.checkpoint import load_run, truncate_metrics
+from fbt_probe.training.checkpoint import load_curriculum, load_run, truncate_metrics
 from fbt_probe.training.config import PAPER_SCHEDULE, TRAIN_KNOBS, PassMix, TrainConfig, parse_schedule
+from fbt_probe.training.curriculum import Progress
 from fbt_probe.training.evaluate import answer_accuracy, eval_samples, loss_per_pass
 from fbt_probe.training.fork import copy_log, load_fork
 from fbt_probe.training.lm import corpus_of
@@ -239,5 +240,8 @@ def _train(
             rec.update(ARCHS[cfg.arch].val_losses(m, cfg, tokenizer, max_passes=min(3, cfg.pass_mix.max_passes + 1)))
             return rec
 
-    result = train(model, tokenizer, cfg, out, step, opt, progress, on_eval, fsdp, stop_at)
+    curriculum = None
+    if cfg.k_curriculum is not None:  # a resumed run continues from the advances its train state records
+        curriculum = Progress(cfg, tokenizer, load_curriculum(out) if (out / "train_state.pt").is_file() else ())
+    result = train(model, tokenizer, cfg, out, step, opt, progress, on_eval, fsdp, stop_at, curriculum)
     return {**result, "step": cfg.steps if stop_at is None else min(stop_at, cfg.steps)}

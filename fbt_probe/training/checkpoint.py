@@ -19,9 +19,12 @@ from fbt_probe.reference import resolve
 from fbt_probe.training.config import TrainConfig
 
 
-def save_run(model, opt, cfg: TrainConfig, out: Path, step: int, world_size: int = 1, device: str = "cpu") -> None:
+def save_run(
+    model, opt, cfg: TrainConfig, out: Path, step: int, world_size: int = 1, device: str = "cpu", curriculum=None
+) -> None:
     """Write the run's checkpoint and train state; `opt` an optimizer or its (full) state dict,
-    `world_size` the processes that trained it and `device` where (config.json's provenance).
+    `world_size` the processes that trained it and `device` where (config.json's provenance);
+    `curriculum` the steps at which the k curriculum advanced (train state field `curriculum`).
     Every tensor is written from the CPU, so a run trained on a GPU loads and resumes on a CPU."""
     # torch.save names the zip's records after the file it writes to (here a random temporary name);
     # a buffer's records are always "archive/...", so identical runs write identical bytes
@@ -29,7 +32,8 @@ def save_run(model, opt, cfg: TrainConfig, out: Path, step: int, world_size: int
     state = tree_map(
         lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, opt if isinstance(opt, dict) else opt.state_dict()
     )
-    torch.save({"step": step, "optimizer": state}, buffer)
+    extra = {} if curriculum is None else {"curriculum": [int(s) for s in curriculum]}
+    torch.save({"step": step, "optimizer": state, **extra}, buffer)
     with atomic_path(out / "train_state.pt") as tmp:
         tmp.write_bytes(buffer.getvalue())
     tok = out / "tokenizer.json"
@@ -109,6 +113,15 @@ def check_train_state(state, path: Path) -> None:
         isinstance(g, dict) and isinstance(g.get("params"), list) for g in opt["param_groups"]
     ):
         raise bad("field 'optimizer.param_groups' must list groups with their 'params'")
+    at = state.get("curriculum", [])
+    if not isinstance(at, list) or not all(isinstance(s, int) and 0 < s <= state["step"] for s in at):
+        raise bad("field 'curriculum' must list the steps (1..step) at which the k curriculum advanced")
+
+
+def load_curriculum(out: Path) -> list[int]:
+    """The steps at which the run's k curriculum advanced, as its train state records them."""
+    state = torch.load(Path(out) / "train_state.pt", map_location="cpu", weights_only=True)
+    return list(state.get("curriculum", []))
 
 
 def truncate_metrics(out: Path, step: int) -> None:

@@ -193,6 +193,18 @@ class TrainConfig:
     A warm-up-stable-decay schedule. Until the decay starts, the lr (and so the run) is that of the same config
     with a constant lr; in the reference recipe 300 decay steps removed the misses a constant lr left
     (docs/research/reference-recipe.md)."""
+    k_curriculum: str | None = None
+    """A curriculum on the length knob k: '2,4,8,16,24@0.9' draws at first only the cells of k = 2,
+    and every `eval_every` steps (100) measures the held-out answer accuracy at the current k, adding the
+    next k (cells up to it drawn) once it reaches 0.9; 'k:step,...' (e.g. 2:0,4:1200,8:3000) adds
+    each k at the step given: another run's advancements replayed, on the same tokens.
+
+    The measure reads one pair per word, the current k's held-out words (at most 256); a k with
+    fewer than 64 held-out words reads every word of k instead, trained ones too. It runs in the
+    deepest mode the schedule trains (jacobi:K, = full for K >= T; standard for one pass), the lowest
+    accuracy over the tasks counting. Each k must be a training length of every task, the last the
+    longest (in the fixed form any: a replayed run may have stopped short of it). Every measure and advance is logged in metrics.jsonl (`curriculum`), the advances saved
+    in the train state, so a resumed run continues bit for bit (docs/training.md)."""
 
     def __post_init__(self) -> None:
         mix = self.pass_mix  # validates
@@ -211,6 +223,9 @@ class TrainConfig:
                 raise FbtError(f"train config: field '{name}' must be >= 1")
         if self.corpus is None:
             self._check_tasks()
+            if self.k_curriculum is not None:
+                knobs = {t: (self.knobs or TRAIN_KNOBS)[t] for t in self.tasks}
+                object.__setattr__(self, "k_curriculum", check_k_curriculum(self.k_curriculum, knobs, self.steps))
         else:
             self._check_corpus()
         if self.answer_share is not None and not 0 < self.answer_share <= 1:
@@ -460,9 +475,10 @@ ADDED_FIELDS = {
     "seq_len": 256,
     "fork": None,
     "fork_sha256": None,
+    "k_curriculum": None,
 }
 # fields of task training that a corpus run leaves at their "not used" value
-TASK_ONLY = ("register_mix", "copy_steps", "register_steps", "register_ramp")
+TASK_ONLY = ("register_mix", "copy_steps", "register_steps", "register_ramp", "k_curriculum")
 DEFAULT_TASKS = ("completion", "memory", "registers", "registers-count")
 
 
@@ -481,6 +497,84 @@ def parse_ramp(text, where: str) -> list[tuple[int, int]]:
     if not out:
         raise FbtError(f"{where}: expected one or more windows M:N (at most M registers for N steps)")
     return out
+
+
+# ---- the k curriculum's text form (`TrainConfig.k_curriculum`; the run's progress: training/curriculum.py)
+KC_WHERE = "train config: field 'k_curriculum' (--k-curriculum)"
+
+
+@dataclass(frozen=True)
+class KCurriculum:
+    """The stages' k, ascending, and either the accuracy `threshold` that advances a stage or the
+    fixed `starts` (the step each k is first drawn at; the first is 0)."""
+
+    ks: tuple[int, ...]
+    threshold: float | None = None
+    starts: tuple[int, ...] | None = None
+
+    def __str__(self) -> str:
+        if self.starts is not None:
+            return ",".join(f"{k}:{s}" for k, s in zip(self.ks, self.starts))
+        return ",".join(map(str, self.ks)) + f"@{self.threshold:g}"
+
+
+def parse_k_curriculum(text) -> KCurriculum:
+    """'2,4,8,16,24@0.9' (advance when the held-out accuracy at the current k reaches 0.9) or
+    '2:0,4:1200,8:3000' (k drawn from the step given: a run's advancements replayed)."""
+    if not isinstance(text, str) or not text.strip():
+        raise FbtError(f"{KC_WHERE}: expected 'k,k,...@accuracy' (e.g. 2,4,8,16,24@0.9) or 'k:step,...', got {text!r}")
+    text = text.strip()
+    if "@" in text:
+        ks_text, _, thr_text = text.partition("@")
+        ks = _ints(ks_text.split(","), text)
+        try:
+            threshold = float(thr_text)
+        except ValueError:
+            threshold = math.nan
+        if not (math.isfinite(threshold) and 0 < threshold <= 1):
+            raise FbtError(f"{KC_WHERE} '{text}': the accuracy after '@' must be a number in (0, 1], got {thr_text!r}")
+        cur = KCurriculum(ks, threshold=threshold)
+    else:
+        items = [item.split(":") for item in text.split(",")]
+        if any(len(item) != 2 for item in items):
+            raise FbtError(
+                f"{KC_WHERE} '{text}': expected 'k,k,...@accuracy' (e.g. 2,4,8,16,24@0.9) or 'k:step,...' "
+                "(e.g. 2:0,4:1200,8:3000)"
+            )
+        ks, starts = _ints([k for k, _ in items], text), _ints([s for _, s in items], text, what="step", low=0)
+        if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+            raise FbtError(f"{KC_WHERE} '{text}': the steps must start at 0 and increase, got {list(starts)}")
+        cur = KCurriculum(ks, starts=starts)
+    if any(b <= a for a, b in zip(cur.ks, cur.ks[1:])):
+        raise FbtError(f"{KC_WHERE} '{text}': the k must increase, got {list(cur.ks)}")
+    return cur
+
+
+def _ints(items, text: str, what: str = "k", low: int = 1) -> tuple[int, ...]:
+    out = []
+    for item in items:
+        item = item.strip()
+        if not item.isdigit() or int(item) < low:
+            raise FbtError(f"{KC_WHERE} '{text}': each {what} must be an integer >= {low}, got {item!r}")
+        out.append(int(item))
+    return tuple(out)
+
+
+def check_k_curriculum(text, knobs: dict, steps: int) -> str:
+    """The curriculum of a task run, checked against its tasks' lengths: every k a length of every
+    task, the last the longest (the curriculum ends on the whole grid), fixed steps below `steps`.
+    Returns its normal form."""
+    cur = parse_k_curriculum(text)
+    for task, lengths in knobs.items():
+        missing = [k for k in cur.ks if k not in lengths]
+        if missing:
+            raise FbtError(f"{KC_WHERE} '{text}': k {missing[0]} is not a training length of {task} ({list(lengths)})")
+    top = max(max(lengths) for lengths in knobs.values())
+    if cur.starts is None and cur.ks[-1] != top:
+        raise FbtError(f"{KC_WHERE} '{text}': the last k must be the longest training length ({top}), got {cur.ks[-1]}")
+    if cur.starts is not None and cur.starts[-1] >= steps:
+        raise FbtError(f"{KC_WHERE} '{text}': step {cur.starts[-1]} is past the run's last step ({steps - 1})")
+    return str(cur)
 
 
 ARCH_NAMES = ("feedback", HIDDEN_ARCH)  # each has its row in fbt_probe.training.arch.ARCHS

@@ -168,7 +168,7 @@ def cell_probabilities(cfg: TrainConfig, tokenizer):
     return cells, lengths, p / p.sum()
 
 
-def batches_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train") -> list:
+def batches_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train", max_k: int | None = None) -> list:
     """The micro-batches of `step`: documents drawn one by one, each from a (task, length) cell (or
     a register-mix kind, `TrainConfig.register_mix`) chosen
     with probability ∝ token share / length (`task_shares`: a task's expected share of the tokens,
@@ -179,7 +179,9 @@ def batches_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train
     from them. The first `copy_steps` training steps are one micro-batch of copy documents instead
     (`fbt_probe.training.copy`); the `register_steps` after them draw the register tasks' cells only (under
     `register_ramp`, at first only the mix's kinds with few registers). A corpus run
-    (`TrainConfig.corpus`) draws one micro-batch of windows of its stored tokens instead."""
+    (`TrainConfig.corpus`) draws one micro-batch of windows of its stored tokens instead. `max_k` (the k curriculum's
+    current k, `TrainConfig.k_curriculum`): training draws only the cells of length knob <= max_k,
+    their probabilities renormalised."""
     if cfg.corpus is not None:  # next-token prediction on the corpus: one micro-batch of windows
         part = "train" if split == "train" else "heldout"
         return [corpus_batch(cfg, step_seed(cfg.seed, step, "corpus-" + split), part)]
@@ -193,6 +195,9 @@ def batches_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train
         if bound is not None:  # the register ramp: only the kinds with at most `bound` registers
             kinds = cfg.register_kinds  # parsed from the config's string on each access
             p = np.where([t != MIX or kinds[k].registers <= bound for t, k in cells], p, 0.0)
+        p = p / p.sum()
+    if split == "train" and max_k is not None:  # the k curriculum: the cells up to the current k
+        p = np.where([t == MIX or k <= max_k for t, k in cells], p, 0.0)
         p = p / p.sum()
     rng = np.random.default_rng(step_seed(cfg.seed, step, split + "-cells"))
     counts, used = np.zeros(len(cells), dtype=int), 0

@@ -63,6 +63,7 @@ def train(
     on_eval=None,
     fsdp: bool = False,
     stop_at: int | None = None,
+    curriculum=None,
 ) -> dict:
     """Train `model` in place from `start_step` to `cfg.steps` (or only to `stop_at`, with a
     checkpoint there: the run resumes from it), checkpointing into `out`.
@@ -77,19 +78,38 @@ def train(
 
     Under torchrun each rank takes its rows of every step (`fbt_probe.training.parallel`): DDP, or
     with `fsdp` the parameters, gradients and optimizer state sharded by FSDP2; rank 0 writes the
-    log and the (consolidated) checkpoint."""
+    log and the (consolidated) checkpoint.
+
+    `curriculum` (a `fbt_probe.training.curriculum.Progress`, under `TrainConfig.k_curriculum`): the
+    k each step draws up to; at the eval cadence its measure may advance it (on every rank, whose
+    weights are the same under DDP), logged as the record's `curriculum` and saved in the train state."""
     with use_path(model, "explicit" if cfg.corpus is None else "auto"):
-        return _train(model, tokenizer, cfg, out, start_step, optimizer, progress, on_eval, fsdp, stop_at)
+        return _train(model, tokenizer, cfg, out, start_step, optimizer, progress, on_eval, fsdp, stop_at, curriculum)
 
 
 def _train(
-    model, tokenizer, cfg: TrainConfig, out: Path, start_step: int, optimizer, progress, on_eval, fsdp, stop_at=None
+    model,
+    tokenizer,
+    cfg: TrainConfig,
+    out: Path,
+    start_step: int,
+    optimizer,
+    progress,
+    on_eval,
+    fsdp,
+    stop_at=None,
+    curriculum=None,
 ) -> dict:
     world = distributed.world()
     if fsdp and not torch.distributed.is_initialized():
         raise FbtError(
             "--fsdp: shards the model over torchrun's processes; launch with torchrun "
             "(torchrun --nproc_per_node N -m fbt_probe train ... --fsdp)"
+        )
+    if fsdp and curriculum is not None and curriculum.cur.threshold is not None:
+        raise FbtError(
+            "--fsdp: no rank holds the whole model to measure the k curriculum's accuracy; replay a run's "
+            "advances with the fixed form --k-curriculum 'k:step,...' or train under DDP"
         )
     opt = optimizer or make_optimizer(model, cfg)
     # DDP (or FSDP2) over the objective (training/parallel.py); alone: the model itself
@@ -107,8 +127,17 @@ def _train(
     try:
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
         for step in range(start_step, end):
-            rec, n_tok = _step(model, engine, opt, tokenizer, cfg, step)
+            max_k = None if curriculum is None else curriculum.k(step)
+            rec, n_tok = _step(model, engine, opt, tokenizer, cfg, step, max_k)
             tokens_seen += n_tok
+            if max_k is not None:
+                rec["k"] = max_k
+                if (step + 1) % cfg.eval_every == 0:  # a function of the step alone: a resume measures the same
+                    model.eval()
+                    measured = curriculum.update(model, step + 1)
+                    model.train()
+                    if measured is not None:
+                        rec["curriculum"] = measured
             # under FSDP2 no rank holds the whole model between steps: evaluate the run afterwards (fbt-probe eval)
             if (
                 on_eval is not None
@@ -122,7 +151,7 @@ def _train(
             if world.main:  # one log and one checkpoint, written by rank 0
                 _append(log_path, rec)
             if (step + 1) % cfg.save_every == 0 or step + 1 in (cfg.steps, end):
-                _save(engine, model, opt, cfg, out, step + 1, fsdp)
+                _save(engine, model, opt, cfg, out, step + 1, fsdp, curriculum)
             if bar:
                 bar[0].update(
                     bar[1], completed=step + 1, loss=rec["loss"], tps=tokens_seen / (time.perf_counter() - t0)
@@ -134,7 +163,7 @@ def _train(
     return {"seconds": time.perf_counter() - t0, "tokens": tokens_seen}
 
 
-def _step(model, engine, opt, tokenizer, cfg: TrainConfig, step: int) -> tuple[dict, int]:
+def _step(model, engine, opt, tokenizer, cfg: TrainConfig, step: int, max_k: int | None = None) -> tuple[dict, int]:
     """One optimizer step: K drawn from the pass mix, eq. 12 summed over the step's micro-batches
     (each rank its rows), clipped; returns (its log record, the positions that predicted a token)."""
     world = distributed.world()
@@ -144,7 +173,7 @@ def _step(model, engine, opt, tokenizer, cfg: TrainConfig, step: int) -> tuple[d
     K = cfg.pass_mix.draw(float(torch.rand(1, generator=gen)))  # drawn every step, so the stream of draws never shifts
     if cfg.baseline or step < cfg.one_pass_steps:
         K = 1
-    micro = batches_for_step(cfg, tokenizer, step)
+    micro = batches_for_step(cfg, tokenizer, step, max_k=max_k)
     total_w = sum(float(w.sum()) for _, _, w in micro)
     device = next(model.parameters()).device  # the batches are drawn on the CPU and moved there
     for group in opt.param_groups:
@@ -179,12 +208,15 @@ def _step(model, engine, opt, tokenizer, cfg: TrainConfig, step: int) -> tuple[d
     return {**rec, "grad_norm": float(gnorm), "step_s": seconds, "tokens_per_s": n_tok / max(seconds, 1e-9)}, n_tok
 
 
-def _save(engine, model, opt, cfg: TrainConfig, out: Path, step: int, fsdp: bool) -> None:
+def _save(engine, model, opt, cfg: TrainConfig, out: Path, step: int, fsdp: bool, curriculum=None) -> None:
     """The checkpoint, written once by rank 0 (FSDP2: consolidated from the shards first)."""
     world = distributed.world()
+    advanced = None if curriculum is None or curriculum.cur.threshold is None else list(curriculum.advanced)
     if not fsdp:
         if world.main:
-            save_run(model, opt, cfg, out, step, world_size=world.size, device=str(model.cfg.device))
+            save_run(
+                model, opt, cfg, out, step, world_size=world.size, device=str(model.cfg.device), curriculum=advanced
+            )
     else:
         full, opt_state = (
             parallel.full_state_dict(engine, model, True),
