@@ -99,21 +99,28 @@ def _label_ids(samples: pd.DataFrame, tokenizer) -> tuple[np.ndarray, np.ndarray
     )
 
 
+EVAL_TOKENS = 16_384  # tokens a forward of `answer_accuracy` holds at most: a long prompt takes fewer rows
+
+
 def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, batch: int = 64) -> pd.DataFrame:
     """One row per task × length_knob × mode: accuracy of the greedy answer at the final colon
     (`correct`, `accuracy`: the top-1 token is the answer word), of the two-way choice between the
     label words (`choice_correct`, `choice_accuracy`: the answer word's logit above the other's, the
     measure for a model that may answer with other words, such as a general LM reading the task in
     context; chance 0.5), and `groups`, the distinct groups the cell's samples come from (with
-    `group_id` in `samples`)."""
+    `group_id` in `samples`). A forward takes `batch` rows, fewer where they would pass `EVAL_TOKENS`
+    tokens (its logits are rows x tokens x vocabulary: a general LM's few-shot prompts)."""
     answer, other = _label_ids(samples, tokenizer)
     device = next(model.parameters()).device
     rows = []
     for (task, knob, n_tok), cell in samples.groupby(["task", "length_knob", "n_tokens"], sort=True):
         toks = torch.tensor(cell["token_ids"].tolist(), dtype=torch.long, device=device)
         idx = cell.index.to_numpy()
+        rows_per = max(1, min(batch, EVAL_TOKENS // int(n_tok)))
         for mode in modes:
-            last = torch.cat([model(toks[i : i + batch], mode=mode)[:, -1] for i in range(0, len(toks), batch)]).cpu()
+            last = torch.cat(
+                [model(toks[i : i + rows_per], mode=mode)[:, -1] for i in range(0, len(toks), rows_per)]
+            ).cpu()
             hits = last.argmax(-1).numpy() == answer[idx]
             rows_ = torch.arange(len(idx))
             chose = (
