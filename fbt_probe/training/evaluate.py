@@ -102,6 +102,7 @@ def _label_ids(samples: pd.DataFrame, tokenizer) -> tuple[np.ndarray, np.ndarray
 EVAL_TOKENS = 16_384  # tokens a forward of `answer_accuracy` holds at most: a long prompt takes fewer rows
 
 
+@torch.no_grad()
 def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, batch: int = 64) -> pd.DataFrame:
     """One row per task × length_knob × mode: accuracy of the greedy answer at the final colon
     (`correct`, `accuracy`: the top-1 token is the answer word), of the two-way choice between the
