@@ -86,12 +86,6 @@ def fetch(folder: str | Path, pins: Pins | None = None, say=None) -> list[dict]:
     return out
 
 
-def located(folder: str | Path, pins: Pins | None = None) -> bool:
-    """Whether every pinned archive is in `folder` (not hash-checked: the build checks)."""
-    pins = pins or read_pins()
-    return all((Path(folder) / a.file).is_file() for a in pins.archives)
-
-
 def copy_from(source: str | Path, folder: str | Path, pins: Pins | None = None) -> list[str]:
     """Copy the pinned archives found in `source` (a folder a user already has, e.g. a pip download
     cache) into `folder`, each checked by sha256 first; returns the files copied."""

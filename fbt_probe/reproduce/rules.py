@@ -705,10 +705,6 @@ def _sae_at(feats: pd.DataFrame, rand: pd.DataFrame, k) -> str:
     return "unsure"
 
 
-def _sae_holds(feats: pd.DataFrame, rand: pd.DataFrame, k) -> bool:
-    return _sae_at(feats, rand, k) == "holds"
-
-
 def sae_sparsity(task: str, table: pd.DataFrame, max_active: int | None) -> Verdict:
     """table: rows of one task with columns condition ("features": the top-k label latents, "random": k
     random active latents), k, fraction, ci_low, ci_high (shares of the full-state swap's effect) and,

@@ -203,15 +203,6 @@ def quote(
     return f"**{vals.mean():{spec}}** [{lo:{spec}}, {hi:{spec}}] (mean over seeds {_label(seeds)}: {each}{run})"
 
 
-def seeds_with(table: pd.DataFrame | None, quantities: list[tuple]) -> list[int]:
-    """The seeds that have every (model, quantity, task, mode) of `quantities`."""
-    found = None
-    for key in quantities:
-        s = set(seed_numbers(table, *key))
-        found = s if found is None else found & s
-    return sorted(found or [])
-
-
 def per_seed(table: pd.DataFrame | None, keys: dict, seed: int | None = None, own: dict | None = None) -> dict:
     """{seed: {name: (value, low, high, n)}} for every seed of `table` that has every number of `keys`
     (name -> (model, quantity, task, mode)); `own` ({name: number}) stands for this study's `seed` where
