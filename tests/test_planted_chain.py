@@ -9,7 +9,10 @@ latter (its answer is c_1, which there is the label, so its gap is +64 logits on
 claim is a predicate (`finds_swap`, `swap_finds_none`, ...) asserted true on the model it is about
 and false on that model's mutation: the chain with its fusion cut (W_U = 0), the twin given the
 chain's state path. So the tests are shown to fail without the mechanism, and to fail when a
-state path appears where the twin claims none.
+state path appears where the twin claims none. Every method has its row on both models: feedback
+swap, state replacement, gate ablation, residual patching, the logit lens, attribution patching
+(its first-order estimate from a numpy gradient of the chain), DAS, the probe direction and the SAE
+feature swap; DAS and the probe are fitted, so their chain claims are thresholds (said where).
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ import pandas as pd
 import pytest
 import torch
 
+from fbt_probe.interventions.attribution import FUSION_HOOKS, exact_cells, traced_attribution
+from fbt_probe.interventions.das_experiment import das
 from fbt_probe.interventions.experiments import feedback_swap, gate_ablation, residual_patching, state_replacement
 from fbt_probe.interventions.metrics import summarize, to_long
 from fbt_probe.interventions.pairs import pair_batches
+from fbt_probe.interventions.probe_edits import probe_direction
 from fbt_probe.modes import parse_mode
 from fbt_probe.reference.planted_chain import chain_model, chain_pairs, token_twin
 
@@ -363,3 +369,236 @@ def test_logit_lens_reads_the_chain_at_every_depth_and_the_twin_only_after_atten
             else:  # the twin's colon input is 0; attention writes c_1 (the label here) at depth 1
                 want = np.zeros(len(r)) if depth == 0 else np.full(len(r), 32.0)
             np.testing.assert_allclose(r["value"], want, atol=ATOL, err_msg=f"depth {depth}")
+
+
+# ----------------------------------------------------------------------------- attribution patching
+FEEDBACK = "fusion.hook_feedback"
+
+
+def state_into(ids, t: int) -> np.ndarray:
+    """The post-norm state fed into position t (1 <= t <= T-1) under ``full``: c_1 plain, then fused."""
+    s = unit_rms(embed(ids[0]))
+    for u in range(1, t):
+        s = unit_rms(unit_rms((w_u(False) @ s) * gate(ids[u])))
+    return s
+
+
+def ld_from(ids, t: int, s: np.ndarray) -> float:
+    """LD at the colon when state s is fed into position t and the chain runs on from there."""
+    for u in range(t, T - 1):
+        s = unit_rms(unit_rms((w_u(False) @ s) * gate(ids[u])))
+    return ld_of_state(s)
+
+
+def grad(f, x: np.ndarray, h: float = 1e-6) -> np.ndarray:
+    """Central differences (float64): the gradient AtP takes, computed without the model."""
+    return np.array([(f(x + h * e) - f(x - h * e)) / (2 * h) for e in np.eye(len(x))])
+
+
+def atp_expected(rows: pd.DataFrame, df: pd.DataFrame) -> np.ndarray:
+    """Denoising AtP at the carried state (row i's state into p(i)'s run), LD oriented to row i's label:
+    F(a_p) + ∇F(a_p)·(a_i − a_p), F = the chain from position t on (the same tokens in both runs)."""
+    partner = {}
+    for ids, pair, label in zip(df["token_ids"], df["pair_id"], df["label"]):
+        partner[(pair, 1 - label)] = list(ids)
+    out = []
+    for ids, pair, label, t in zip(ids_of(rows, df), rows["pair_id"], rows["label"], rows["position"]):
+        other = partner[(pair, label)]
+        a_i, a_p = state_into(ids, t), state_into(other, t)
+        f = lambda s: ld_from(other, t, s)  # noqa: E731
+        out.append(oriented(f(a_p) + grad(f, a_p) @ (a_i - a_p), label))
+    return np.array(out)
+
+
+def atp_finds_state(rows) -> bool:
+    """AtP: no pair dropped; the state, the value and the fusion output attribute at every fused
+    position (|normalized| > 0.1), the gate (the same token in both runs) exactly 0."""
+    fused = rows[rows["hook"].isin(FUSION_HOOKS)]
+    gate_rows = fused["hook"] == "fusion.hook_gate"
+    return (
+        not rows["tiny_gap"].any()
+        and set(fused["position"]) == set(range(1, T))
+        and bool((fused[~gate_rows]["normalized"].abs() > 0.1).all())
+        and close(fused[gate_rows]["normalized"], 0.0)
+    )
+
+
+def atp_finds_none(rows) -> bool:
+    """AtP: no pair dropped, and every fusion cell's estimate is the corrupt LD (normalized 0)."""
+    fused = rows[rows["hook"].isin(FUSION_HOOKS)]
+    return (
+        not rows["tiny_gap"].any()
+        and len(fused) > 0
+        and close(fused["normalized"], 0.0)
+        and close(fused["logit_diff"], fused["corrupt_logit_diff"])
+    )
+
+
+def attribution(model, df):
+    """AtP rows at the fusion hooks under ``full`` and exact patching of the carried state's cells."""
+    mode = parse_mode("full")
+    rows, traces = traced_attribution(model, batches(df), mode, 0.1, FUSION_HOOKS, None, ("denoising",), None)
+    cells = [(FEEDBACK, 1, p) for p in range(1, T)]
+    exact = pd.concat([exact_cells(model, b, tr, mode, cells, "denoising", s, 0.1) for b, tr, s in traces])
+    return rows, exact
+
+
+def test_attribution_gives_the_chains_first_order_closed_form_and_zero_in_the_twin(even):
+    rows, exact = attribution(chain_model(), even)
+    state = rows[rows["hook"] == FEEDBACK]
+    assert len(state) == (T - 1) * len(even)
+    np.testing.assert_allclose(state["logit_diff"], atp_expected(state, even), atol=1e-6)
+    assert atp_finds_state(rows) and not atp_finds_none(rows)
+    # exact patching of the same cells: the state is all a fused position keeps of c_1, so it moves the
+    # answer fully (1); AtP's linearisation of the sign flip of r gets only part of the way
+    assert not exact["tiny_gap"].any() and close(exact["normalized"], 1.0)
+    assert state["normalized"].max() < 0.9
+    twin, twin_exact = attribution(token_twin(), even)
+    assert atp_finds_none(twin) and not atp_finds_state(twin)  # W_U = 0: no gradient reaches the state
+    assert not twin_exact["tiny_gap"].any() and close(twin_exact["normalized"], 0.0)
+
+
+# ----------------------------------------------------------------------------- DAS
+def das_rows(model, df):
+    return das(model, batches(df), parse_mode("full"), hooks=("fusion.hook_out",), ks=(1,), steps=50, n_folds=2)
+
+
+def das_finds_readout(rows) -> bool:
+    """DAS on the colon's fusion output: no pair dropped; the full interchange gives the partner's LD
+    exactly (normalized 0: the colon's answer is a function of its fusion output alone); a trained
+    one-dimensional subspace flips the answer on >= 90% of held-out pairs. No closed form for a trained
+    rotation, but one exists (the readout coordinate 4: swapping it flips the sign of LD), so a
+    working DAS reaches it; a broken one (no training, the wrong position or hook) stays at the
+    random rotation's level, 0 here."""
+    das_k1 = rows[(rows["method"] == "das") & (rows["subspace_dim"] == 1)]
+    full = rows[rows["method"] == "full-interchange"]
+    return (
+        not rows["tiny_gap"].any()
+        and close(full["iia_choice"], 1.0)
+        and close(full["normalized"], 0.0)
+        and das_k1["iia_choice"].mean() >= 0.9
+    )
+
+
+def das_finds_none(rows) -> bool:
+    """DAS: no pair dropped, and no interchange (trained, random or full) moves the answer at all."""
+    return not rows["tiny_gap"].any() and close(rows["iia_choice"], 0.0) and close(rows["normalized"], 1.0)
+
+
+def test_das_finds_the_chains_readout_in_one_dimension_and_nothing_in_the_twin(even):
+    chain = das_rows(chain_model(), even)
+    assert das_finds_readout(chain) and not das_finds_none(chain)
+    twin = das_rows(token_twin(), even)
+    assert das_finds_none(twin) and not das_finds_readout(twin)
+
+
+# ----------------------------------------------------------------------------- probe direction
+def probe_rows(model, df):
+    """Probe edits at depth 0 of the colon under ``full``: its fused input, what the carried state writes."""
+    return probe_direction(model, batches(df), parse_mode("full"), depths=(0,), scales=(1.0, 2.0), n_folds=2)
+
+
+def probe_moves_the_answer(rows) -> bool:
+    """No pair dropped; the probe is right on every held-out sample (the chain's colon input takes one
+    value per label, r = ±ρ^(M−1)); steering along it moves the answer toward the partner, further at
+    the larger scale. No closed form (a fitted probe); a steer that is not applied gives exactly 1."""
+    probe = rows[rows["condition"] == "probe"]
+    steer = rows[rows["condition"] == "steer"].groupby("scale")["normalized"].max()
+    return (
+        not rows["tiny_gap"].any()
+        and close(probe["probe_accuracy"], 1.0)
+        and bool((steer < 0.9).all())
+        and steer[2.0] < steer[1.0]
+    )
+
+
+def probe_moves_nothing(rows) -> bool:
+    """No pair dropped, and no erasure or steer moves the answer (normalized 1)."""
+    return not rows["tiny_gap"].any() and len(rows) > 0 and close(rows["normalized"], 1.0)
+
+
+def test_probe_direction_moves_the_chains_answer_and_nothing_in_the_twin(even):
+    chain = probe_rows(chain_model(), even)
+    assert probe_moves_the_answer(chain) and not probe_moves_nothing(chain)
+    twin = probe_rows(token_twin(), even)  # its colon input is 0 for every sample: nothing to read or move
+    assert probe_moves_nothing(twin) and not probe_moves_the_answer(twin)
+
+
+# ----------------------------------------------------------------------------- SAE feature swap
+def signed_sae():
+    """A top-k SAE set by hand with one latent per sign of every coordinate (d_sae = 16, k = 16): it
+    reconstructs any state exactly, so it fits the chain's carried state and the twin's alike."""
+    from fbt_probe.sae.model import SAEConfig, SparseAutoencoder
+
+    sae = SparseAutoencoder(SAEConfig(d_in=D, d_sae=2 * D, architecture="topk", k=2 * D, dtype="float64"))
+    directions = torch.cat([torch.eye(D), -torch.eye(D)]).double()
+    with torch.no_grad():
+        sae.W_enc.copy_(directions.T)
+        sae.W_dec.copy_(directions)
+    return sae
+
+
+def sae_rows(model, df, ks):
+    from fbt_probe.sae.features import feature_tests
+
+    rows = feature_tests(model, signed_sae(), df, FEEDBACK, parse_mode("full"), ks=ks, ablations=False)
+    return rows[rows["experiment"] == "sae-feature-swap"]
+
+
+def n_differing_latents(df) -> int:
+    """The latents active in either state of a pair carried into the colon (numpy, one number for all
+    pairs: E and O swap between the two samples, so coordinates 0..3 and both signs of 4 differ)."""
+
+    def active(x):
+        return {(j, sign) for j in range(D) for sign in (1, -1) if sign * x[j] > 1e-12}
+
+    ns = {
+        len(set.union(*(active(carried(list(ids), M)) for ids in pair["token_ids"])))
+        for _, pair in df.groupby("pair_id")
+    }
+    assert len(ns) == 1
+    return ns.pop()
+
+
+def sae_swap_finds_state(rows, k: int) -> bool:
+    """No pair dropped; swapping the whole state, every latent, or the k latents that differ gives
+    the clean answer exactly (normalized 1)."""
+    full = rows[
+        rows["condition"].isin(["state", "all"]) | ((rows["condition"] == "features") & (rows["subspace_dim"] == k))
+    ]
+    return (
+        not rows["tiny_gap"].any()
+        and len(full) == 3 * len(rows[rows["condition"] == "state"])
+        and close(full["normalized"], 1.0)
+    )
+
+
+def sae_swap_finds_none(rows) -> bool:
+    """No pair dropped, and no swap moves the partner's answer (normalized 0)."""
+    return not rows["tiny_gap"].any() and len(rows) > 0 and close(rows["normalized"], 0.0)
+
+
+def test_sae_feature_swap_restores_the_chains_answer_with_the_differing_latents_and_nothing_in_the_twin(even):
+    k = n_differing_latents(even)
+    assert k == 6
+    chain = sae_rows(chain_model(), even, ks=(1, k))
+    assert sae_swap_finds_state(chain, k) and not sae_swap_finds_none(chain)
+    twin = sae_rows(token_twin(), even, ks=(1, k))
+    assert sae_swap_finds_none(twin) and not sae_swap_finds_state(twin, k)
+
+
+# ----------------------------------------------------------------------------- the mutations, every method
+def test_every_methods_chain_claim_fails_with_the_chain_cut(even):
+    cut = chain_model(cut=True)
+    assert not atp_finds_state(attribution(cut, even)[0])
+    assert not das_finds_readout(das_rows(cut, even))
+    assert not probe_moves_the_answer(probe_rows(cut, even))
+    assert not sae_swap_finds_state(sae_rows(cut, even, ks=(1, 6)), 6)
+
+
+def test_every_methods_twin_claim_fails_once_the_twin_has_a_state_path(even):
+    leaky = token_twin(state_path=True)
+    assert not atp_finds_none(attribution(leaky, even)[0])
+    assert not das_finds_none(das_rows(leaky, even))
+    assert not probe_moves_nothing(probe_rows(leaky, even))
+    assert not sae_swap_finds_none(sae_rows(leaky, even, ks=(1, 6)))
