@@ -99,7 +99,7 @@ def _label_ids(samples: pd.DataFrame, tokenizer) -> tuple[np.ndarray, np.ndarray
     )
 
 
-EVAL_TOKENS = 16_384  # tokens a forward of `answer_accuracy` holds at most: a long prompt takes fewer rows
+EVAL_TOKENS = 65_536  # tokens a forward of `answer_accuracy` holds at most (64 rows of the tasks up to 1,024)
 
 
 @torch.no_grad()
