@@ -95,3 +95,26 @@ def test_mode_and_modes_name_the_same_option(cmd):
 
 def test_train_help_counts_four_tasks():
     assert "on the four tasks" in runner.invoke(app, ["train", "--help"], terminal_width=200).output
+
+
+def test_the_commands_show_the_packages_own_warnings_as_one_note_line(capsys, monkeypatch):
+    """`fbt-probe` (its `main`) prints a warning of the package as `note: MESSAGE`, one line, and
+    leaves another library's warning as Python shows it."""
+    import warnings
+
+    import fbt_probe.cli as cli
+
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # restored after the test
+    monkeypatch.setattr(sys, "argv", ["fbt-probe", "--version"])
+    with pytest.raises(SystemExit):
+        cli.main()
+    assert warnings.showwarning is cli._note
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = cli._note  # catch_warnings restores its own on exit
+        warnings.warn_explicit("cell capped at 4 groups", UserWarning, "/x/fbt_probe/tasks/generators.py", 9)
+        warnings.warn_explicit("deprecated thing", UserWarning, "/x/site-packages/other/mod.py", 3)
+    err = capsys.readouterr().err
+    assert err.startswith("note: cell capped at 4 groups\n") and "generators.py" not in err.splitlines()[0]
+    assert "mod.py:3: UserWarning: deprecated thing" in err

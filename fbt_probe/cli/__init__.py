@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import warnings
 from typing import NamedTuple
 
 import typer
@@ -217,7 +218,18 @@ def _root(
     """fbt-probe: build, train, probe and intervene on latent-feedback transformers."""
 
 
+def _note(message, category, filename, lineno, file=None, line=None) -> None:
+    """The package's own warnings (a cell capped at the groups it has, a length cut) as one `note:`
+    line on stderr; anything else's as Python shows it."""
+    out = sys.stderr if file is None else file
+    if issubclass(category, UserWarning) and "fbt_probe" in str(filename):
+        print(f"note: {message}", file=out)
+    else:
+        out.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def main() -> None:
+    warnings.showwarning = _note
     try:
         if "WORLD_SIZE" in os.environ:  # torchrun: one process group for the whole command
             from fbt_probe.distributed import session  # imports torch, which `--help` does not need
