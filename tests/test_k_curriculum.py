@@ -143,11 +143,14 @@ def test_bad_curricula_are_refused_in_one_line_naming_the_field(tmp_path):
         TrainConfig(corpus="some-corpus", tasks=(), k_curriculum=CURRICULUM)
 
 
-def test_the_measure_reads_held_out_words_and_every_word_where_too_few_are_held_out():
+def test_the_measure_reads_held_out_words_and_the_trained_ones_where_too_few_are_held_out():
     tok, cfg = build_tokenizer(), TrainConfig(k_curriculum=CURRICULUM, **CHAIN)
     progress = curriculum_mod.Progress(cfg, tok)
-    small, words, held = progress.samples(2)  # 4 words in all (one held out at seed 0): every word read
-    assert (words, held) == (4, False) and set(small["length_knob"]) == {2}
+    small, words, held = progress.samples(2)  # 4 words in all, one held out at seed 0: the other three read
+    assert (words, held) == (3, False) and set(small["length_knob"]) == {2}
+    assert not any(c in heldout(cfg) for c in small["context_id"])
+    mid, words, held = progress.samples(8)  # 46-54 of 256 held out: the trained ones read
+    assert not held and not any(c in heldout(cfg) for c in mid["context_id"]) and words > 150
     big, words, held = progress.samples(16)  # thousands held out: the first CURRICULUM_WORDS of them
     assert (words, held) == (curriculum_mod.CURRICULUM_WORDS, True)
     assert all(c in heldout(cfg) for c in big["context_id"]) and set(big["length_knob"]) == {16}

@@ -200,11 +200,12 @@ class TrainConfig:
     each k at the step given: another run's advancements replayed, on the same tokens.
 
     The measure reads one pair per word, the current k's held-out words (at most 256); a k with
-    fewer than 64 held-out words reads every word of k instead, trained ones too. It runs in the
-    deepest mode the schedule trains (jacobi:K, = full for K >= T; standard for one pass), the lowest
+    fewer than 64 held-out words reads the words the run trains on instead. It runs in the deepest
+    mode the schedule trains (jacobi:K, = full for K >= T; standard for one pass), the lowest
     accuracy over the tasks counting. Each k must be a training length of every task, the last the
-    longest (in the fixed form any: a replayed run may have stopped short of it). Every measure and advance is logged in metrics.jsonl (`curriculum`), the advances saved
-    in the train state, so a resumed run continues bit for bit (docs/training.md)."""
+    longest (in the fixed form any: a replayed run may have stopped short of it). Every measure and
+    advance is logged in metrics.jsonl (`curriculum`), the advances saved in the train state, so a
+    resumed run continues bit for bit (docs/training.md)."""
 
     def __post_init__(self) -> None:
         mix = self.pass_mix  # validates

@@ -12,12 +12,11 @@ from __future__ import annotations
 import warnings
 
 from fbt_probe.errors import FbtError
-from fbt_probe.tasks.streams import HeldOut
 from fbt_probe.training.config import KCurriculum, TrainConfig, parse_k_curriculum
 from fbt_probe.training.evaluate import answer_accuracy, eval_samples
 
 CURRICULUM_WORDS = 256  # the most words (groups) of a k the measure reads
-MIN_HELDOUT = 64  # a k with fewer held-out words is read on every one of its words (see `Progress.samples`)
+MIN_HELDOUT = 64  # a k with fewer held-out words is read on its trained words (see `Progress.samples`)
 
 
 def k_at(cur: KCurriculum, advanced, step: int) -> int:
@@ -54,21 +53,22 @@ class Progress:
     def samples(self, k: int):
         """(samples, words, held out) the measure at k reads: one pair per word, the held-out words of
         k (at most CURRICULUM_WORDS); a k with fewer than MIN_HELDOUT held-out words (k <= 8 of the
-        chain tasks, whose 2^k words a fifth of are held out) is read on every word of k instead, the
-        trained ones too (at most CURRICULUM_WORDS): there the words are few enough to be read all,
-        and a held-out handful (none at k = 2 for some seeds) would advance on one or two words."""
+        chain tasks, whose 2^k words a fifth of are held out) is read on the words the run trains on
+        instead: a handful of held-out words (none at k = 2 for some seeds) would advance on one or
+        two, and one never-seen word among four (k = 2) would hold the stage back for good, a model
+        having no way to learn a word it never saw from three others."""
         if k not in self._samples:
             from fbt_probe.training.data import heldout
 
             knobs = {t: [k] for t in self.cfg.tasks}
-            held, every = heldout(self.cfg), HeldOut(1.0, self.cfg.seed, frozenset(self.cfg.tasks))
+            held = heldout(self.cfg)
             df, is_held = None, True
             try:
                 df = self._draw(knobs, held)
             except FbtError:  # no held-out word at this k
                 pass
             if df is None or _fewest_words(df) < MIN_HELDOUT:
-                df, is_held = self._draw(knobs, every), False
+                df, is_held = self._draw(knobs, Trained(held)), False
             self._samples[k] = (df, _fewest_words(df), is_held)
         return self._samples[k]
 
@@ -91,6 +91,16 @@ class Progress:
             self.advanced.append(step)
             rec["advanced_to"] = self.k(step)
         return rec
+
+
+class Trained:
+    """The contexts a run trains on: those its held-out split does not hold out."""
+
+    def __init__(self, held):
+        self.held = held
+
+    def __contains__(self, context_id) -> bool:
+        return context_id not in self.held
 
 
 def _fewest_words(df) -> int:
