@@ -106,26 +106,32 @@ def planted_pairs(n_pairs: int = 16, n_fillers: int = 6, seed: int = 0) -> pd.Da
     """Minimal pairs ``fillers CUE :`` (same fillers, cue yes / no) in the dataset schema
     (docs/tasks.md), each pair its own group; `attrs['label_token_ids']` names the answer words."""
     rng = np.random.default_rng(seed)
-    rows = []
+    samples = []
     for p in range(n_pairs):
         fill = [int(f) for f in rng.choice(FILLERS, size=n_fillers)]
-        for label, cue in ((1, YES), (0, NO)):
-            ids = [*fill, cue, COLON]
-            rows.append(
-                dict(
-                    task=TASK,
-                    text=" ".join(WORDS[i] for i in ids),
-                    token_ids=ids,
-                    label=label,
-                    label_word=WORDS[ONE if label else ZERO],
-                    pair_id=f"{TASK}:{p}",
-                    group_id=f"{TASK}:g{p}",
-                    context_id=f"{TASK}:g{p}",
-                    length_knob=n_fillers,
-                    n_tokens=len(ids),
-                    seed=seed,
-                )
-            )
+        samples += [(p, [*fill, cue, COLON], label) for label, cue in ((1, YES), (0, NO))]
+    return pair_frame(TASK, WORDS, samples, n_fillers, seed)
+
+
+def pair_frame(task: str, words, samples, knob: int, seed: int) -> pd.DataFrame:
+    """Samples `(pair index, token ids, label)` as a dataset frame (docs/tasks.md), each pair its own
+    group, the answer words `zero` / `one` named in `attrs['label_token_ids']`."""
+    rows = [
+        dict(
+            task=task,
+            text=" ".join(words[i] for i in ids),
+            token_ids=ids,
+            label=label,
+            label_word=words[ONE if label else ZERO],
+            pair_id=f"{task}:{p}",
+            group_id=f"{task}:g{p}",
+            context_id=f"{task}:g{p}",
+            length_knob=knob,
+            n_tokens=len(ids),
+            seed=seed,
+        )
+        for p, ids, label in samples
+    ]
     df = pd.DataFrame(rows)
-    df.attrs["label_token_ids"] = {TASK: (ZERO, ONE)}
+    df.attrs["label_token_ids"] = {task: (ZERO, ONE)}
     return df

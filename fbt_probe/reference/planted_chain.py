@@ -77,7 +77,7 @@ import torch
 
 from fbt_probe.config import ModelConfig
 from fbt_probe.model.transformer import FeedbackTransformer
-from fbt_probe.reference.planted import BETA, COLON, KAPPA, NO, ONE, YES, ZERO, planted_config
+from fbt_probe.reference.planted import BETA, COLON, KAPPA, NO, ONE, YES, ZERO, pair_frame, planted_config
 
 TASK = "planted-chain"
 WORDS = (":", "yes", "no", "zero", "one")
@@ -158,7 +158,7 @@ def chain_pairs(n_pairs: int = 16, n_cues: int = N_CUES, seed: int = 0, rest_eve
     if n_cues < 2:
         raise ValueError(f"n_cues: a chain needs at least 2 cues, got {n_cues}")
     rng = np.random.default_rng(seed)
-    rows = []
+    samples = []
     for p in range(n_pairs):
         bits = rng.integers(0, 2, size=n_cues - 1)
         if rest_even:
@@ -166,22 +166,5 @@ def chain_pairs(n_pairs: int = 16, n_cues: int = N_CUES, seed: int = 0, rest_eve
         rest = [YES if b else NO for b in bits]
         for first in (YES, NO):
             ids = [first, *rest, COLON]
-            label = sum(i == YES for i in ids) % 2
-            rows.append(
-                dict(
-                    task=TASK,
-                    text=" ".join(WORDS[i] for i in ids),
-                    token_ids=ids,
-                    label=label,
-                    label_word=WORDS[ONE if label else ZERO],
-                    pair_id=f"{TASK}:{p}",
-                    group_id=f"{TASK}:g{p}",
-                    context_id=f"{TASK}:g{p}",
-                    length_knob=n_cues,
-                    n_tokens=len(ids),
-                    seed=seed,
-                )
-            )
-    df = pd.DataFrame(rows)
-    df.attrs["label_token_ids"] = {TASK: (ZERO, ONE)}
-    return df
+            samples.append((p, ids, sum(i == YES for i in ids) % 2))
+    return pair_frame(TASK, WORDS, samples, n_cues, seed)
