@@ -20,7 +20,7 @@ from fbt_probe.provenance import provenance
 from fbt_probe.reference import is_reference
 from fbt_probe.reproduce.passes_rules import passes_verdicts
 from fbt_probe.tasks import load_tokenizer
-from fbt_probe.tasks.fewshot import MAX_SHOTS, with_shots
+from fbt_probe.tasks.fewshot import check_shots, with_shots
 from fbt_probe.tasks.spec import MAX_GROUPS
 from fbt_probe.training.arch import ARCHS
 from fbt_probe.training.checkpoint import load_trained
@@ -60,8 +60,7 @@ def eval_cmd(
         raise FbtError(
             f"--pairs {pairs}: expected an integer 1..{MAX_GROUPS} (held-out minimal pairs per task x length cell)"
         )
-    if not 0 <= shots <= MAX_SHOTS:
-        raise FbtError(f"--shots {shots}: expected an integer 0..{MAX_SHOTS} (solved examples before each sample)")
+    check_shots(shots)  # before the model is read
     if is_reference(str(run)) and out is None:
         raise FbtError(f"eval {run}: a shipped model needs --out (its folder is part of the package)")
     dest = out or run / "eval"

@@ -65,12 +65,17 @@ def prefix_text(demos: list[tuple]) -> str:
     return "".join(f"{d[0]} {d[1]}\n\n" for d in demos)
 
 
+def check_shots(shots) -> None:
+    """A shot count is an integer 0..MAX_SHOTS; otherwise one line naming `--shots`."""
+    if isinstance(shots, bool) or not isinstance(shots, int) or not 0 <= shots <= MAX_SHOTS:
+        raise FbtError(f"--shots {shots!r}: expected an integer 0..{MAX_SHOTS} (solved examples before each sample)")
+
+
 def with_shots(samples: pd.DataFrame, tokenizer, shots: int, seed: int = DEMO_SEED) -> pd.DataFrame:
     """`samples` (a dataset or `eval_samples` frame) with `shots` demonstrations before each sample:
     `text`, `token_ids` and `n_tokens` rewritten, `shots` recorded in a column; 0 returns the frame
     unchanged but for that column."""
-    if isinstance(shots, bool) or not isinstance(shots, int) or not 0 <= shots <= MAX_SHOTS:
-        raise FbtError(f"--shots {shots!r}: expected an integer 0..{MAX_SHOTS} (solved examples before each sample)")
+    check_shots(shots)
     out = samples.copy()
     out["shots"] = shots
     if shots == 0:
