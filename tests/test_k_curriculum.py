@@ -95,6 +95,26 @@ def test_a_resume_across_an_advance_is_bit_for_bit(tmp_path, monkeypatch):
     assert load_curriculum(tmp_path / "straight") == [2, 4]
 
 
+def test_the_full_schedule_measures_in_full_logs_both_terms_and_resumes_bit_for_bit(tmp_path, monkeypatch):
+    """`--schedule full` (pass 1 and the exact recurrence by its serial scan): the curriculum measures
+    under `full`, every step logs its two loss terms, and a resume (the scan's state noise drawn
+    from the step's seed) is the uninterrupted run, bit for bit."""
+    acc = Scripted(by_k={2: 1.0, 4: 0.2})
+    monkeypatch.setattr(curriculum_mod, "measure_accuracy", acc)
+    cfg = TrainConfig(steps=3, eval_every=2, save_every=100, k_curriculum=CURRICULUM, **{**CHAIN, "schedule": "full"})
+    assert str(cfg.pass_mix) == "full" and cfg.pass_mix.deepest_mode == "full"
+    run_training(cfg, tmp_path / "straight", progress=False, eval_pairs=2)
+    run_training(cfg, tmp_path / "split", progress=False, eval_pairs=2, stop_at=2)  # at the advance
+    run_training(cfg, tmp_path / "split", resume=True, progress=False, eval_pairs=2)
+    assert (tmp_path / "straight" / "model.safetensors").read_bytes() == (
+        tmp_path / "split" / "model.safetensors"
+    ).read_bytes()
+    steps = [r for r in log_of(tmp_path / "straight") if "pass_losses" in r]
+    assert [r["passes"] for r in steps] == ["full"] * 3
+    assert all(len(r["pass_losses"]) == 2 and abs(r["loss"] - sum(r["pass_losses"])) < 1e-4 for r in steps)  # lam 1
+    assert {c[1] for c in acc.calls} == {"full"} and [r["k"] for r in steps] == [2, 2, 4]
+
+
 def test_the_fixed_form_replays_a_runs_advances_on_the_same_tokens(tmp_path, monkeypatch):
     """'k:step,...' draws the k an adaptive run drew at every step, measuring nothing: the controls
     (the baseline, a deeper baseline) train on the feedback run's tokens."""

@@ -120,6 +120,8 @@ def test_a_step_mixes_cells_in_unpadded_micro_batches():
         ("constant:0", False),
         ("1:a", False),
         ("1:.5,1:.5", False),
+        ("full", True),
+        ("full:2", False),
     ],
 )
 def test_schedule_parsing(text, ok):
@@ -129,6 +131,27 @@ def test_schedule_parsing(text, ok):
     else:
         with pytest.raises(FbtError, match="schedule"):
             parse_schedule(text)
+
+
+def test_the_full_schedule_names_itself_and_trains_every_depth():
+    """'full' round-trips through the recorded string, its curriculum and diagnostics read `full`,
+    and no trained depth is marked on a contraction figure for it (it trains every depth)."""
+    import pandas as pd
+
+    from fbt_probe.reproduce.parts.contraction import trained_passes
+
+    full, paper = parse_schedule("full"), parse_schedule("paper")
+    assert str(full) == "full" and str(parse_schedule(str(full))) == "full" and full.serial and not paper.serial
+    assert (full.deepest_mode, paper.deepest_mode, parse_schedule("constant:1").deepest_mode) == (
+        "full",
+        "jacobi:3",
+        "standard",
+    )
+    assert full.max_passes == 2 and full.draw(0.3) == "full"
+    t = pd.DataFrame(
+        {"run": ["a", "b", "c"], "schedule": ["full", "1:0.75,2:0.25", "constant:1 (baseline)"], "pass": 1}
+    )
+    assert trained_passes(t) == {"b": 2, "c": 1}
 
 
 def test_resume_is_bit_for_bit(tmp_path):

@@ -174,3 +174,39 @@ def test_the_engine_calls_only_the_declared_primitives(make, toks):
     passes(m, toks, 3, each=lambda chunk, state, lg, prev: walked.append(lg))
     for a, b in zip(walked, logits):
         torch.testing.assert_close(a, b, **TOL)
+
+
+def test_the_full_schedule_trains_pass_one_and_the_recurrence(toks):
+    """Training's `full` schedule: L_1 + lam * L_full, L_full on the reference recurrence fed only
+    where a per-row `has` says (the prefix mixin's plain prompt prefix), values and gradients; the
+    serial scan equals the last of T Jacobi passes fed at the same positions."""
+    model = make_model(feedback_noise=0.0).train()  # no noise: the scan and the reference draw none
+    has = torch.arange(T)[None, :] >= torch.tensor([[1], [5]])  # row 1 keeps positions 0..4 plain
+    targets = tokens(2, T, seed=5)
+    weights = torch.rand(2, T, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    ce = lambda lg: -(torch.log_softmax(lg, -1).gather(-1, targets[..., None])[..., 0] * weights).sum() / weights.sum()  # noqa: E731
+
+    def recurrence(fed):  # the states built out of place: the gradient flows through each
+        states = torch.zeros(2, 1, model.cfg.d_model, dtype=torch.float64)
+        for t in range(1, T):
+            top = whole(model, toks[:, :t], states, fed[:, :t], silent)[0][:, t - 1]
+            states = torch.cat([states, top[:, None]], dim=1)
+        return whole(model, toks, states, fed, silent)[1]
+
+    total, parts = feedback_loss(model, toks, targets, weights, "full", 0.5, has)
+    got = [p.grad for p in (total.backward(), model.parameters())[1]]
+    model.zero_grad(set_to_none=True)
+    full = recurrence(has)
+    one, want = ce(whole(model, toks, None, None, silent)[1]), ce(full)
+    torch.testing.assert_close(torch.stack(parts).detach(), torch.stack([one, want]).detach(), **TOL)
+    (one + 0.5 * want).backward()
+    for a, (name, p) in zip(got, model.named_parameters()):
+        torch.testing.assert_close(a, p.grad, **TOL, msg=name)
+    assert model.fusion.W_U.weight.grad.abs().max() > 0  # the gradient reaches the fusion through the scan
+    with torch.no_grad():  # the per-row plain prefix matters (a scan that fed it would be caught)...
+        assert (recurrence(has) - recurrence(torch.arange(T)[None, :].expand(2, T) >= 1))[1].abs().max() > 1e-3
+        # ...and the scan is the last of T Jacobi passes fed at the same positions
+        torch.testing.assert_close(
+            model.recurrence_logits(toks, has), model.jacobi_passes(toks, T, has_state=has)[-1], **TOL
+        )
+    model.zero_grad(set_to_none=True)

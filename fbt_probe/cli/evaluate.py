@@ -149,7 +149,8 @@ def contraction_cmd(
         _write_table(
             table, stem, folders if many else folders[0], cfgs if many else cfgs[0], force, command=CONTRACTION_COMMAND
         )
-        depths = {run.name: c.pass_mix.max_passes for run, c in zip(runs, cfgs)}  # a dotted line per trained depth
+        # a dotted line per trained depth (none for the `full` schedule: it trains every depth)
+        depths = {run.name: c.pass_mix.max_passes for run, c in zip(runs, cfgs) if not c.pass_mix.serial}
         fig = fig3(table, trained_passes=depths)
         save_figure(fig, dest, "contraction", force, mark=True, command=CONTRACTION_COMMAND)
     typer.echo(table[["run", "pass", "val_loss", "answer_accuracy", "state_change"]].round(4).to_string(index=False))

@@ -10,6 +10,7 @@ and it calls the model only through `Primitives`.
                          serial, exact     Schedule.serial(); .exact() under GradTaps    -
     prefix reuse (engine.prefix)           Schedule.cut(.., 0, upto) silent, then (.., start)   -
     training (eq. 12), contraction, Fig. 4 jacobi_chunks(T, K)                           each pass
+    training (schedule `full`)             Schedule(full).serial() silent, per-row `has`   -
 
 A chunk over a range of positions is one pass (through a KV cache holding the positions before it,
 or over the whole sequence without one); a `step` chunk is one position through the cache, on the
@@ -29,7 +30,7 @@ from fbt_probe.engine.graph_scan import GraphedScan
 from fbt_probe.engine.hooks import Hk, HookContext, hooked, silent
 from fbt_probe.engine.schedule import Chunk, Schedule, jacobi_chunks, run_chunk
 from fbt_probe.engine.step import DecodePlan
-from fbt_probe.modes import Mode
+from fbt_probe.modes import Mode, parse_mode
 
 SILENT_CHUNK_TOKENS = 8192  # batch x positions per chunk of a silent pass through the KV cache (memory bound)
 
@@ -89,13 +90,14 @@ def decode_plan(m: Primitives) -> DecodePlan | None:
     return DecodePlan(m) if dispatch.step(m) == "plan" else None
 
 
-def step(m: Primitives, token, cache: KVCache, state, hk: Hk = silent):
+def step(m: Primitives, token, cache: KVCache, state, hk: Hk = silent, has=None):
     """One position through the KV cache: token [batch], state [batch, d_model] carried in (None: a
-    plain embedding) -> (logits [batch, d_vocab], top state). Hooks off: the lean step where it applies."""
-    plan = decode_plan(m) if hk is silent else None
+    plain embedding) -> (logits [batch, d_vocab], top state); `has` [batch, 1]: the rows fused (None:
+    every row). Hooks off and every row fused: the lean step where it applies."""
+    plan = decode_plan(m) if hk is silent and has is None else None
     if plan is not None:
         return plan.step(token, cache, state)
-    new, logits = extend(m, token[:, None], cache, None if state is None else state[:, None], None, hk)
+    new, logits = extend(m, token[:, None], cache, None if state is None else state[:, None], has, hk)
     return logits[:, 0], new[:, 0]
 
 
@@ -110,7 +112,8 @@ def shift(top: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
 class Walk:
     """Chunks of `tokens` [batch, T] run in order, hooks calling `hk` in the chunks that fire.
 
-    has: [T] or [batch, T], the positions a fed pass fuses; states: [batch, T, d_model], what a
+    has: [T] or [batch, T], the positions a fed pass fuses (a step fuses a row's position only
+    where a [batch, T] `has` says so: training's plain prompt prefixes); states: [batch, T, d_model], what a
     `carried` chunk is fed; caches: one KV cache per pass (pass k's at k - 1) or one for all (a
     scan without one makes it); entry: pass -> [batch, d_model], its top state at the position
     before the first chunk (prefix reuse); each(chunk, state, logits, previous) after every chunk
@@ -151,7 +154,8 @@ class Walk:
         if chunk.feeds == "previous-pass":
             return shift(self.top, self.entry[chunk.pass_index - 1] if a > 0 else None), has
         if chunk.feeds == "previous-step":
-            return (self.entry[chunk.pass_index] if self.top is None else self.top[:, -1]), None
+            rows = None if self.has is None or self.has.dim() == 1 else self.has[:, a:b]  # [T]: every step is fed
+            return (self.entry[chunk.pass_index] if self.top is None else self.top[:, -1]), rows
         return None, None
 
     def _cache(self, chunk: Chunk) -> KVCache | None:
@@ -166,7 +170,7 @@ class Walk:
         hk, ctx = (self.hk, chunk) if chunk.hooked and self.hk is not silent else (silent, None)
         states, has = self.feed(chunk)
         if chunk.phase == "step":
-            logits, state = run_chunk(self.m, ctx, step, self.m, self.tokens[:, a], cache, states, hk)
+            logits, state = run_chunk(self.m, ctx, step, self.m, self.tokens[:, a], cache, states, hk, has)
             state, logits = state[:, None], logits[:, None]
         elif cache is None or stop is not None:
             state, logits = run_chunk(
@@ -189,7 +193,10 @@ class Walk:
         """The silent steps `chunks` as one scan on the lean step (one plan: the weights are fixed),
         CUDA-graphed where `dispatch.scan` says so; False where each step runs by itself (hooks on,
         a callback, or no plan applies)."""
-        plan = None if self.hk is not silent or self.each is not None or self.top is None else decode_plan(self.m)
+        rows = self.has is not None and self.has.dim() == 2  # per-row fusing: each step by itself
+        plan = (
+            None if self.hk is not silent or self.each is not None or self.top is None or rows else decode_plan(self.m)
+        )
         if plan is None:
             return False
         a, b, prev = chunks[0].positions.start, chunks[-1].positions.stop, self.top[:, -1]
@@ -214,6 +221,15 @@ def passes(m: Primitives, tokens, K: int, hk: Hk = hooked, every: bool = False, 
     only, or in `every` pass."""
     has = torch.arange(tokens.shape[1], device=tokens.device) >= 1 if has is None else has
     return Walk(m, tokens, hk, has=has, each=each).run(jacobi_chunks(tokens.shape[1], K, every))
+
+
+def recurrence(m: Primitives, tokens, has=None) -> Walk:
+    """The exact recurrence `full` by its serial scan, silent: position t fused with position t - 1's
+    top state where `has` ([T] or [batch, T]; default every position from 1 on) says so. Equal to
+    the last of T Jacobi passes fed at the same `has` (`passes`), at the cost of one."""
+    sched = Schedule(parse_mode("full"), tokens.shape[1])
+    has = sched.has_state(tokens.device) if has is None else has
+    return Walk(m, tokens, silent, has=has).run(sched.serial())
 
 
 def carried_states(m: Primitives, tokens, mode: Mode):

@@ -257,6 +257,11 @@ class FeedbackTransformer(TransformerLensSurface, HookedRootModule):
         walk.passes(self, tokens, K, every=serial_hooks, has=has_state, each=lambda c, s, logits, p: out.append(logits))
         return out
 
+    def recurrence_logits(self, tokens: torch.Tensor, has_state: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of the exact recurrence (`full`, = the last of T Jacobi passes) by its serial scan,
+        hooks off, with `has_state` as `jacobi_passes`'s (training's `full` schedule)."""
+        return walk.recurrence(self, tokens, has_state).logits
+
     def carried_states(self, tokens: torch.Tensor, mode: Mode):
         """(states, has_state) that `mode` feeds into its final pass; (None, None) for no feedback.
         Module-level `forward` wrappers (nnsight's) are lifted meanwhile: they see the final pass only."""

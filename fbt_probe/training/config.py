@@ -20,25 +20,41 @@ PAPER_SCHEDULE = "1:0.75,2:0.22,3:0.03"
 @dataclass(frozen=True)
 class PassMix:
     """The pass mix: K (number of feedback passes of a batch) -> probability (`parse_schedule` reads
-    it from the `schedule` field). Not `fbt_probe.engine.schedule.Schedule`, a mode's chunks."""
+    it from the `schedule` field), or `full`: every batch trains pass 1 and the exact recurrence
+    (`FULL_PASSES`). Not `fbt_probe.engine.schedule.Schedule`, a mode's chunks."""
 
-    probs: tuple[tuple[int, float], ...]
+    probs: tuple[tuple[int | str, float], ...]
+
+    @property
+    def serial(self) -> bool:
+        """The `full` schedule: pass 1 and the exact recurrence, by its serial scan."""
+        return self.probs == ((FULL_PASSES, 1.0),)
 
     @property
     def max_passes(self) -> int:
-        return max(k for k, _ in self.probs)
+        """The deepest Jacobi pass trained; for `full`, 2 (its two loss terms: the recurrence is
+        trained at every depth, `deepest_mode`)."""
+        return 2 if self.serial else max(k for k, _ in self.probs)
 
-    def draw(self, u: float) -> int:
-        """K for a uniform draw u in [0, 1)."""
+    @property
+    def deepest_mode(self) -> str:
+        """The mode of the deepest pass trained: `full`, `jacobi:K`, or `standard` for one pass."""
+        return "full" if self.serial else "standard" if self.max_passes == 1 else f"jacobi:{self.max_passes}"
+
+    def draw(self, u: float) -> int | str:
+        """K for a uniform draw u in [0, 1) (`FULL_PASSES` for the `full` schedule)."""
         cum = np.cumsum([p for _, p in self.probs])
         return self.probs[min(int(np.searchsorted(cum, u, side="right")), len(self.probs) - 1)][0]
 
     def __str__(self) -> str:
+        if self.serial:
+            return FULL_PASSES
         if len(self.probs) == 1:
             return f"constant:{self.probs[0][0]}"
         return ",".join(f"{k}:{p:g}" for k, p in self.probs)
 
 
+FULL_PASSES = "full"  # the schedule (and a step's drawn K) that trains L_1 + lam * L_full (`objective.feedback_loss`)
 MAX_PASSES = 64  # K passes make a step K forwards long: the paper trains K <= 3
 
 
@@ -52,10 +68,12 @@ def _check_k(text: str, k: int) -> None:
 
 def parse_schedule(text: str) -> PassMix:
     """The pass mix a `schedule` field names: '1:.75,2:.22,3:.03' (K:probability, summing to 1),
-    'constant:K', or 'paper'."""
+    'constant:K', 'paper', or 'full' (pass 1 and the exact recurrence, every batch)."""
     text = text.strip()
     if text == "paper":
         text = PAPER_SCHEDULE
+    if text == FULL_PASSES:
+        return PassMix(((FULL_PASSES, 1.0),))
     if text.startswith("constant:"):
         k = text.split(":", 1)[1]
         if not k.isdigit() or int(k) < 1:
@@ -69,7 +87,7 @@ def parse_schedule(text: str) -> PassMix:
             k, p = int(k), float(p)
         except ValueError:
             raise FbtError(
-                f"schedule '{text}': expected 'K:p,K:p,...' (e.g. {PAPER_SCHEDULE}) or 'constant:K'"
+                f"schedule '{text}': expected 'K:p,K:p,...' (e.g. {PAPER_SCHEDULE}), 'constant:K' or 'full'"
             ) from None
         if k < 1 or not (math.isfinite(p) and p >= 0) or k in probs:
             raise FbtError(f"schedule '{text}': each K must be a distinct integer >= 1 with a finite p >= 0")
@@ -111,7 +129,9 @@ class TrainConfig:
     weight_decay: float = 0.01  # on matrices only
     clip: float = 1.0
     schedule: str = PAPER_SCHEDULE
-    """Passes per batch: 'K:p,...' summing to 1, 'constant:K' or 'paper' (1:.75,2:.22,3:.03)."""
+    """Passes per batch: 'K:p,...' summing to 1, 'constant:K', 'paper' (1:.75,2:.22,3:.03), or 'full':
+    pass 1 and the exact recurrence on every batch, L_1 + lam * L_full (eq. 12 with its passes
+    k >= 2 replaced by their fixed point, computed by the serial scan at the cost of one pass)."""
     lam: float = 1.0
     """λ of eq. 12 (weight of the passes k >= 2)."""
     noise: float = 0.02

@@ -27,9 +27,9 @@ def k_at(cur: KCurriculum, advanced, step: int) -> int:
 
 def eval_mode(cfg: TrainConfig) -> str:
     """The mode the curriculum measures in: the deepest iteration the schedule trains (`jacobi:K`,
-    the exact recurrence `full` where K >= T), `standard` for a one-pass model."""
-    K = cfg.pass_mix.max_passes
-    return "standard" if K == 1 or cfg.baseline or cfg.arch != "feedback" else f"jacobi:{K}"
+    the exact recurrence `full` where K >= T or under the `full` schedule), `standard` for a
+    one-pass model."""
+    return "standard" if cfg.baseline or cfg.arch != "feedback" else cfg.pass_mix.deepest_mode
 
 
 def measure_accuracy(model, samples, tokenizer, mode: str) -> float:

@@ -22,7 +22,7 @@ from fbt_probe.errors import FbtError
 from fbt_probe.progress import bar
 from fbt_probe.training import parallel
 from fbt_probe.training.checkpoint import save_run
-from fbt_probe.training.config import TrainConfig
+from fbt_probe.training.config import FULL_PASSES, TrainConfig
 from fbt_probe.training.data import batches_for_step, step_seed
 from fbt_probe.training.objective import multipass_loss
 
@@ -180,7 +180,7 @@ def _step(model, engine, opt, tokenizer, cfg: TrainConfig, step: int, max_k: int
         group["lr"] = lr_at(cfg, step)
     ts = time.perf_counter()
     opt.zero_grad(set_to_none=True)
-    loss, parts = 0.0, [0.0] * K
+    loss, parts = 0.0, [0.0] * (2 if K == FULL_PASSES else K)
     for m, (tokens, targets, weights) in enumerate(micro):  # gradient accumulation over the step's cells
         has = prefix_mask(*tokens.shape, cfg.prefix_mix, gen)  # drawn for the whole micro-batch on every rank
         if engine is None:
@@ -202,7 +202,8 @@ def _step(model, engine, opt, tokenizer, cfg: TrainConfig, step: int, max_k: int
         loss, *parts = (float(x) for x in _sum_ranks([loss, *parts]))
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
     opt.step()
-    n_tok = sum(t.shape[0] * (t.shape[1] - 1) for t, _, _ in micro) * K  # positions that predict a token (unpadded)
+    terms = 2 if K == FULL_PASSES else K  # `full`: pass 1 and the serial scan, each position once
+    n_tok = sum(t.shape[0] * (t.shape[1] - 1) for t, _, _ in micro) * terms  # positions that predict a token (unpadded)
     seconds = time.perf_counter() - ts
     rec = {"step": step + 1, "loss": loss, "passes": K, "pass_losses": parts, "lr": lr_at(cfg, step)}
     return {**rec, "grad_norm": float(gnorm), "step_s": seconds, "tokens_per_s": n_tok / max(seconds, 1e-9)}, n_tok

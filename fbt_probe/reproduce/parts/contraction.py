@@ -84,8 +84,9 @@ def trained_passes(contraction: pd.DataFrame) -> dict:
     if "run" not in contraction or "schedule" not in contraction:
         return {}
     first = contraction.groupby("run", sort=False)["schedule"].first()
-    # an imported checkpoint's schedule is not recorded: no trained depth to mark
-    return {run: parse_schedule(str(s).split(" ")[0]).max_passes for run, s in first.items() if s != NOT_RECORDED}
+    # an imported checkpoint's schedule is not recorded, and `full` trains every depth: no line to mark
+    mixes = {run: parse_schedule(str(s).split(" ")[0]) for run, s in first.items() if s != NOT_RECORDED}
+    return {run: mix.max_passes for run, mix in mixes.items() if not mix.serial}
 
 
 def figures(cfg: ReproConfig, out: Path) -> list:
