@@ -226,7 +226,7 @@ def passes(m: Primitives, tokens, K: int, hk: Hk = hooked, every: bool = False, 
 def recurrence(m: Primitives, tokens, has=None) -> Walk:
     """The exact recurrence `full` by its serial scan, silent: position t fused with position t - 1's
     top state where `has` ([T] or [batch, T]; default every position from 1 on) says so. Equal to
-    the last of T Jacobi passes fed at the same `has` (`passes`), at the cost of one."""
+    the last of T Jacobi passes fed at the same `has` (`passes`), with the arithmetic of one pass."""
     sched = Schedule(parse_mode("full"), tokens.shape[1])
     has = sched.has_state(tokens.device) if has is None else has
     return Walk(m, tokens, silent, has=has).run(sched.serial())

@@ -131,7 +131,7 @@ class TrainConfig:
     schedule: str = PAPER_SCHEDULE
     """Passes per batch: 'K:p,...' summing to 1, 'constant:K', 'paper' (1:.75,2:.22,3:.03), or 'full':
     pass 1 and the exact recurrence on every batch, L_1 + lam * L_full (eq. 12 with its passes
-    k >= 2 replaced by their fixed point, computed by the serial scan at the cost of one pass)."""
+    k >= 2 replaced by their fixed point, computed by the serial scan: the arithmetic of one pass, in T steps)."""
     lam: float = 1.0
     """λ of eq. 12 (weight of the passes k >= 2)."""
     noise: float = 0.02
