@@ -348,7 +348,7 @@ def test_a_verdict_is_stated_only_where_it_holds_on_every_seed():
     flat = {"means": {0: 0.78, 8: 0.52, 32: 0.75}, "slope": (-0.01, -0.05, 0.03), "groups": 40}
     every = {s: rules.trend_verdict("the effect", falls) for s in range(3)}
     v = rules.stated(every, 0, "With length, the effect")
-    assert v.verdict == "falls on every seed" and "falls on every one of the 3 training seeds" in v.sentence
+    assert v.verdict == "falls on every seed" and "falls, on every one of the 3 training seeds" in v.sentence
     mixed = {0: every[0], 1: rules.trend_verdict("the effect", flat), 2: None}
     v = rules.stated(mixed, 0, "With length, the effect")
     assert v.verdict == "falls on 1 of 3 seeds, cannot say on 1 of 3 seeds"

@@ -1101,7 +1101,7 @@ def over_seeds(verdicts: dict[int, Verdict | None]) -> Verdict:
         (v,) = counts
         if v == CANNOT:
             return Verdict(rule, CANNOT, f"on none of the {n} training seeds can the table say ({per})")
-        return Verdict(rule, f"{v} on every seed", f"{v} on every one of the {n} training seeds ({per})")
+        return Verdict(rule, f"{v} on every seed", f"{v}, on every one of the {n} training seeds ({per})")
     if set(counts) == {CANNOT}:
         return Verdict(
             rule, CANNOT, f"on none of the {n} training seeds with the numbers can the table say ({per}{lacking})"
