@@ -37,8 +37,11 @@ def wilson(p: float, n: int) -> tuple[float, float]:
 
 
 def is_proportion(name: str) -> bool:
+    """A proportion's name; a paired feedback − baseline difference (`paired-*`, e.g.
+    `paired-swap-accuracy`) is a difference of two, in [-1, 1], whose group bootstrap has no width
+    exactly where every group's difference is the same (the findings then say "in every group")."""
     name = str(name).lower()
-    return any(k in name for k in PROPORTION_NAMES)
+    return not name.startswith("paired-") and any(k in name for k in PROPORTION_NAMES)
 
 
 def violations(t: pd.DataFrame, value: str, name: pd.Series, n: pd.Series | None = None) -> list[str]:
