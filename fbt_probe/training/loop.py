@@ -180,7 +180,8 @@ def _step(model, engine, opt, tokenizer, cfg: TrainConfig, step: int, max_k: int
         group["lr"] = lr_at(cfg, step)
     ts = time.perf_counter()
     opt.zero_grad(set_to_none=True)
-    loss, parts = 0.0, [0.0] * (2 if K == FULL_PASSES else K)
+    terms = 2 if K == FULL_PASSES else K  # the loss terms; `full`: pass 1 and the serial scan, each position once
+    loss, parts = 0.0, [0.0] * terms
     for m, (tokens, targets, weights) in enumerate(micro):  # gradient accumulation over the step's cells
         has = prefix_mask(*tokens.shape, cfg.prefix_mix, gen)  # drawn for the whole micro-batch on every rank
         if engine is None:
@@ -202,7 +203,6 @@ def _step(model, engine, opt, tokenizer, cfg: TrainConfig, step: int, max_k: int
         loss, *parts = (float(x) for x in _sum_ranks([loss, *parts]))
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
     opt.step()
-    terms = 2 if K == FULL_PASSES else K  # `full`: pass 1 and the serial scan, each position once
     n_tok = sum(t.shape[0] * (t.shape[1] - 1) for t, _, _ in micro) * terms  # positions that predict a token (unpadded)
     seconds = time.perf_counter() - ts
     rec = {"step": step + 1, "loss": loss, "passes": K, "pass_losses": parts, "lr": lr_at(cfg, step)}
