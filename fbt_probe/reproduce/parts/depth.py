@@ -40,7 +40,7 @@ from fbt_probe.reproduce.config import (
     depth_train_config,
 )
 from fbt_probe.reproduce.part import HEADLINE, MODEL_WORDS, Part, Section, md_table
-from fbt_probe.reproduce.parts.training import train_run
+from fbt_probe.reproduce.parts.training import log_pairs, train_run
 from fbt_probe.reproduce.seeds import quote, seed_numbers
 from fbt_probe.reproduce.stages import Stage
 from fbt_probe.stats import MIN_GROUPS, group_wilson
@@ -462,7 +462,8 @@ def sections(cfg: ReproConfig, out: Path, figures: list[str]) -> list[Section]:
 
 def stage_train_depth(cfg: ReproConfig, out: Path, name: str) -> None:
     """A depth model as `fbt-probe train --tasks compose-s3 --steps 800 --seed S [--baseline]` trains it."""
-    train_run(depth_train_config(cfg, name == "baseline"), out / "models" / f"depth-{name}", f"train-depth-{name}")
+    folder, stage = out / "models" / f"depth-{name}", f"train-depth-{name}"
+    train_run(depth_train_config(cfg, name == "baseline"), folder, stage, eval_pairs=log_pairs(cfg))
 
 
 def stages(cfg: ReproConfig, out: Path, ck: dict) -> list[Stage]:

@@ -56,19 +56,20 @@ def methods_knobs(cfg) -> dict:
 def methods_settings(cfg) -> dict:
     """What the stages run (part of their keys): the full study's settings, lighter under --demo
     (fewer DAS subspace sizes, steps and folds, a shorter lens fit, no `full` lens) and lightest
-    under --quick (a pipeline check)."""
+    under --quick (a pipeline check: AtP and the lens under standard and recurrent:1 only, one DAS
+    subspace size)."""
     tier = "quick" if cfg.quick else "demo" if cfg.demo else "full"
     pick = lambda quick, demo, full: {"quick": quick, "demo": demo, "full": full}[tier]  # noqa: E731
     return {
-        "atp_modes": list(ATP_MODES),
+        "atp_modes": pick([STANDARD, RECURRENT_1], list(ATP_MODES), list(ATP_MODES)),
         "check": pick(3, 4, 10),
-        "das_ks": pick([1, 2], [1, 4], [1, 2, 4, 8]),
+        "das_ks": pick([1], [1, 4], [1, 2, 4, 8]),
         "das_hooks": [FEEDBACK, "blocks.0.hook_resid_pre"],  # the feedback channel and the fused input it makes
-        "das_steps": pick(20, 40, 60),
+        "das_steps": pick(10, 40, 60),
         "das_lr": 0.02,
         "das_folds": pick(2, 2, 3),
-        "lens_modes": pick([STANDARD, RECURRENT_1, JACOBI_2], [STANDARD, RECURRENT_1, "jacobi:3"], list(LENS_MODES)),
-        "lens_steps": pick(30, 100, 300),
+        "lens_modes": pick([STANDARD, RECURRENT_1], [STANDARD, RECURRENT_1, "jacobi:3"], list(LENS_MODES)),
+        "lens_steps": pick(15, 100, 300),
         "knobs": methods_knobs(cfg),
     }
 
@@ -118,7 +119,7 @@ def stage_methods(cfg, out: Path, name: str) -> None:
                 df,
                 PatchConfig(
                     "attribution",
-                    modes=_mapped(ATP_MODES, mapping),
+                    modes=_mapped(s["atp_modes"], mapping),
                     options=AttributionOptions(check=s["check"]),
                     batch_size=160,
                     **common,

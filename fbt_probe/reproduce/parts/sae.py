@@ -68,7 +68,7 @@ def sae_settings(cfg) -> dict | None:
         "expansion": expansion,
         "k": 4 if quick else 8,
         "l0_coeff": 0.03,
-        "steps": 100 if quick else 2000,
+        "steps": 50 if quick else 2000,
         "batch_size": 256,
         "lr": 2e-3,
         "mode": RECURRENT_1,

@@ -31,10 +31,13 @@ from fbt_probe.training.resume import differing, normal, recorded
 RECORD_ONLY = ("fork", "fork_sha256", "corpus_sha256")  # what a run records of where it came from, not how it trains
 
 
-def train_run(tcfg, folder: Path, stage: str, stop_at: int | None = None, fork: Path | None = None) -> None:
+def train_run(
+    tcfg, folder: Path, stage: str, stop_at: int | None = None, fork: Path | None = None, eval_pairs: int = 16
+) -> None:
     """Train a study model in `folder`, resuming the run there when it has a training state: only a
     run of this stage's own training config (a run of another recipe, seed or task mix is refused in
-    one line, naming the first field that differs). `stop_at` and `fork` as `run_training`'s."""
+    one line, naming the first field that differs). `stop_at`, `fork` and `eval_pairs` (the pairs per
+    cell of the run's own accuracy log) as `run_training`'s."""
     resume = (folder / "train_state.pt").is_file()
     if resume:
         saved = recorded(folder)[0]
@@ -47,12 +50,25 @@ def train_run(tcfg, folder: Path, stage: str, stop_at: int | None = None, fork: 
                 f"{normal(tcfg, k)!r}: not this study's run; pass --force {stage} to train it afresh (replaces it)"
             )
     run_training(
-        tcfg, folder, resume=resume, force=not resume, progress=True, stop_at=stop_at, fork=None if resume else fork
+        tcfg,
+        folder,
+        resume=resume,
+        force=not resume,
+        progress=True,
+        eval_pairs=eval_pairs,
+        stop_at=stop_at,
+        fork=None if resume else fork,
     )
 
 
 def stage_train(cfg: ReproConfig, out: Path, name: str) -> None:
-    train_run(train_config(cfg, name == "baseline"), out / "models" / name, f"train-{name}")
+    train_run(train_config(cfg, name == "baseline"), out / "models" / name, f"train-{name}", eval_pairs=log_pairs(cfg))
+
+
+def log_pairs(cfg: ReproConfig) -> int:
+    """Pairs per cell of a study model's own accuracy log (its metrics.jsonl): the quick study, a
+    pipeline check whose `eval` stage measures the model, logs a few; the study the default 16."""
+    return 4 if cfg.quick else 16
 
 
 def stage_one_pass(cfg: ReproConfig, out: Path) -> None:
