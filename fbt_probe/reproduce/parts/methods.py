@@ -62,14 +62,14 @@ def methods_settings(cfg) -> dict:
     pick = lambda quick, demo, full: {"quick": quick, "demo": demo, "full": full}[tier]  # noqa: E731
     return {
         "atp_modes": pick([STANDARD, RECURRENT_1], list(ATP_MODES), list(ATP_MODES)),
-        "check": pick(3, 4, 10),
+        "check": pick(3, 3, 10),
         "das_ks": pick([1], [1, 4], [1, 2, 4, 8]),
         "das_hooks": [FEEDBACK, "blocks.0.hook_resid_pre"],  # the feedback channel and the fused input it makes
-        "das_steps": pick(10, 40, 60),
+        "das_steps": pick(10, 30, 60),
         "das_lr": 0.02,
         "das_folds": pick(2, 2, 3),
         "lens_modes": pick([STANDARD, RECURRENT_1], [STANDARD, RECURRENT_1, "jacobi:3"], list(LENS_MODES)),
-        "lens_steps": pick(15, 100, 300),
+        "lens_steps": pick(15, 60, 300),
         "knobs": methods_knobs(cfg),
     }
 
