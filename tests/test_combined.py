@@ -16,7 +16,7 @@ from tests.helpers import assert_same_rows, make_model
 pytestmark = pytest.mark.usefixtures("one_thread")
 FIVE = ("feedback-swap", "state-replacement", "gate-ablation", "residual", "probe-direction")
 OPTS = dict(n_boot=50, batch_size=8)
-KNOBS = dict(depths=(0, 3), scales=(1.0,), n_folds=2)
+KNOBS = dict(depths=(0, 3), scales=(1.0,), n_folds=2, last_k=8)  # residual: the last 8 positions and the differing one
 
 
 def config(experiment, **kw) -> PatchConfig:
