@@ -103,7 +103,7 @@ def test_exact_cells_are_residual_patching(pairs, mode):
     tr = trace(model, batch, parse_mode(mode), names, serial)
     cells = [(n, 1, p) for n in names for p in (batch.T - 3, batch.T - 1)]
     for direction in ("denoising", "noising"):
-        ours = exact_cells(model, batch, tr, mode, cells, direction, serial, 0.0)
+        ours = exact_cells(model, batch, tr, parse_mode(mode), cells, direction, serial, 0.0)
         ref = residual_patching(
             model, [batch], mode=parse_mode(mode), min_gap=0.0, depths=[0, L], last_k=3, directions=(direction,)
         )
@@ -114,6 +114,35 @@ def test_exact_cells_are_residual_patching(pairs, mode):
         np.testing.assert_allclose(both["logit_diff"], both["logit_diff_ref"], rtol=0, atol=1e-10)
         np.testing.assert_allclose(both["normalized"], both["normalized_ref"], rtol=0, atol=1e-8)
         assert (both["hook_rule"] == both["hook_rule_ref"]).all()
+
+
+@pytest.mark.parametrize("mode", ["standard", "recurrent:1", "jacobi:2", "full"])
+def test_exact_cells_from_a_reused_prefix_are_the_whole_sequence_rerun(pairs, mode):
+    """A forward of the check reruns from its first cell's position on (the cells taken by position);
+    oracle: every cell patched over the whole sequence (`Forwards(reuse=False)`), float64. Cells at
+    early, middle and final positions, on the fused input and the top block, in every pass the mode
+    runs, given out of position order (the rows come back in the given order)."""
+    from fbt_probe.interventions.forwards import Forwards
+
+    model = make_model()
+    batch = pairs[0]
+    L, T = model.cfg.n_layers, batch.T
+    serial = mode != "standard"
+    names = [depth_name(0), depth_name(L)] + (["fusion.hook_out"] if serial else [])
+    tr = trace(model, batch, parse_mode(mode), names, serial)
+    cells = [(n, k, p) for p in (T - 1, 1, T // 2, T - 2) for (n, k) in sorted(tr.acts) if tr.covered[(n, k)][p]]
+    assert len({c[2] for c in cells}) == 4 and len(cells) >= 8
+    for direction in ("denoising", "noising"):
+        per = 3 * batch.n  # three cells a forward: a chunk holds cells at several positions
+        reused = exact_cells(Forwards(model), batch, tr, parse_mode(mode), cells, direction, serial, 0.0, per)
+        whole = exact_cells(
+            Forwards(model, reuse=False), batch, tr, parse_mode(mode), cells, direction, serial, 0.0, per
+        )
+        assert list(zip(reused["hook"], reused["pass_index"], reused["position"])) == [
+            c for c in cells for _ in range(batch.n)
+        ]
+        np.testing.assert_allclose(reused["logit_diff"], whole["logit_diff"], rtol=0, atol=1e-10)
+        assert (reused["logit_diff"] - reused["clean_logit_diff"]).abs().max() > 1e-6  # the patches move the answer
 
 
 @pytest.mark.parametrize("mode", ["standard", "recurrent:1", "jacobi:2"])

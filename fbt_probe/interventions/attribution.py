@@ -249,40 +249,44 @@ def exact_cells(
     batch_size: int = 64,
 ) -> pd.DataFrame:
     """Exact patching (method `exact`) of the given (hook, pass, position) cells, scored by `score`
-    exactly as `residual_patching` scores its cells. Many cells share a forward (replicas); each runs
-    the whole sequence (`edit_from` unclaimed), as the traced forward AtP linearises."""
+    exactly as `residual_patching` scores its cells; rows in the order of `cells`. Many cells share a
+    forward (replicas): the cells taken by position, a forward reruns from its first cell's position
+    on (`edit_from`; the positions before it are the unedited prefix, reused where `fw` reuses one),
+    as `residual_patching` runs its chunks."""
     fw = forwards(fw)
     model, N = fw.model, batch.n
     own = torch.arange(N, device=batch.tokens.device)
     run_rows, src = (batch.partner, own) if direction == "denoising" else (None, batch.partner)
     per = max(1, batch_size // N)
-    out = []
+    by_position = sorted(range(len(cells)), key=lambda i: cells[i][2])
+    out: list = [None] * len(cells)
     for s in range(0, len(cells), per):
-        chunk = cells[s : s + per]
+        at = by_position[s : s + per]
+        chunk = [cells[i] for i in at]
         hooks = []
         for name, k in dict.fromkeys((c[0], c[1]) for c in chunk):
             js = [j for j, c in enumerate(chunk) if (c[0], c[1]) == (name, k)]
             rows = torch.cat([j * N + own for j in js])
             pos = torch.tensor([chunk[j][2] for j in js], device=own.device).repeat_interleave(N)
             hooks.append((name, _cell_hook(model, tr.acts[(name, k)], rows, pos, k, src.repeat(len(js)))))
-        logits = fw.final_logits(batch.tokens, mode, hooks, serial=serial, rows=run_rows, replicas=len(chunk))
+        logits = fw.final_logits(
+            batch.tokens, mode, hooks, edit_from=chunk[0][2], serial=serial, rows=run_rows, replicas=len(chunk)
+        )
         for j, (name, k, p) in enumerate(chunk):
-            out.append(
-                score(
-                    batch,
-                    tr.logits,
-                    logits[j * N : (j + 1) * N],
-                    min_gap,
-                    experiment="attribution",
-                    condition=name,
-                    mode=mode,
-                    hook_rule=SERIAL if serial else ONE_PASS,
-                    direction=direction,
-                    method="exact",
-                    depth=depth_of(name, model.cfg.n_layers),
-                    position=p,
-                    hook=name,
-                    pass_index=k,
-                )
+            out[at[j]] = score(
+                batch,
+                tr.logits,
+                logits[j * N : (j + 1) * N],
+                min_gap,
+                experiment="attribution",
+                condition=name,
+                mode=mode,
+                hook_rule=SERIAL if serial else ONE_PASS,
+                direction=direction,
+                method="exact",
+                depth=depth_of(name, model.cfg.n_layers),
+                position=p,
+                hook=name,
+                pass_index=k,
             )
     return pd.concat(out, ignore_index=True)
