@@ -136,7 +136,7 @@ def test_long_config_adds_the_long_lengths_only():
 
 def test_demo_config_is_the_full_study_lighter():
     """--demo keeps every task, length, stage and the shipped models' seed/steps; it drops only `full`
-    on the register tasks, halves (or quarters) the probe groups and lightens the methods."""
+    and `jacobi:2` on the register tasks, halves (or quarters) the probe groups and lightens the methods."""
     from fbt_probe.reproduce.config import ReproConfig
     from fbt_probe.reproduce.parts.methods import methods_settings
 
@@ -147,7 +147,9 @@ def test_demo_config_is_the_full_study_lighter():
         and demo.models() == full.models()
     )
     for task, modes in full.modes.items():
-        assert demo.modes[task] == [m for m in modes if not (task.startswith("registers") and m == "full")]
+        assert demo.modes[task] == [
+            m for m in modes if not (task.startswith("registers") and m in ("full", "jacobi:2"))
+        ]
         assert 0 < demo.groups[task] < full.groups[task]
     a, b = methods_settings(full), methods_settings(demo)
     assert set(b["das_ks"]) < set(a["das_ks"]) and b["lens_steps"] < a["lens_steps"] and "full" not in b["lens_modes"]
@@ -474,7 +476,7 @@ def test_report_markdown_is_rendered_not_escaped():
 
 def test_each_study_kind_is_one_plan_per_task():
     """The four task-keyed fields of a study config come from one TaskPlan per task."""
-    from fbt_probe.reproduce.config import DEMO_PLAN, FULL, FULL_PLAN, QUICK_PLAN, ReproConfig, TaskPlan, plan_fields
+    from fbt_probe.reproduce.config import DEMO_PLAN, FULL_PLAN, QUICK_PLAN, ReproConfig, TaskPlan, plan_fields
 
     for cfg, plan in (
         (ReproConfig(), FULL_PLAN),
@@ -485,5 +487,6 @@ def test_each_study_kind_is_one_plan_per_task():
         fields = plan_fields(plan)
         assert {k: getattr(cfg, k) for k in fields} == fields
         assert list(cfg.modes) == list(cfg.groups) == list(cfg.knobs) == list(plan)
-    assert all(FULL not in p.modes for t, p in DEMO_PLAN.items() if t.startswith("registers"))
+    demo_registers = [p.modes for t, p in DEMO_PLAN.items() if t.startswith("registers")]
+    assert demo_registers == [("standard", "recurrent:1", "recurrent:2", "recurrent:4")] * 2  # the suffixes of Fig. 7b
     assert "registers-count" not in ReproConfig().patch_knobs  # a plan without causal lengths leaves the task out
