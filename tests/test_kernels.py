@@ -119,11 +119,15 @@ def test_interpreted_suite_in_subprocess():
 @needs_triton
 def test_a_cpu_process_does_not_import_triton():
     """Triton is imported only where its kernel can run (CUDA, or the interpreter asked for): loading
-    and running a model on CPU leaves it out (it costs ~0.2 s and ~75 MB resident)."""
+    and running a model on CPU leaves it out (it costs ~0.2 s and ~75 MB resident). Loading a
+    checkpoint (its shapes checked on a meta-device shell) leaves out the compiler stack too
+    (torch._dynamo and sympy: ~1.5 s a process, `fbt_probe.model.meta`)."""
     code = (
         "import sys, torch; from fbt_probe.loading import load_model; "
         "m = load_model('tiny'); m(torch.zeros(1, 4, dtype=torch.long), mode='recurrent:1'); "
-        "assert not torch.cuda.is_available(); print(sorted(n for n in sys.modules if n.split('.')[0] == 'triton'))"
+        "r = load_model('ref:tiny-feedback'); r(torch.zeros(1, 4, dtype=torch.long), mode='jacobi:2'); "
+        "assert not torch.cuda.is_available(); "
+        "print(sorted(n for n in sys.modules if n.split('.')[0] in ('triton', 'sympy') or n == 'torch._dynamo'))"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"CUDA_VISIBLE_DEVICES": ""}
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

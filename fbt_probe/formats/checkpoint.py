@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 from fbt_probe.config import ModelConfig
 from fbt_probe.errors import FbtError
 from fbt_probe.io import atomic_path, read_json, sha256_file, write_json
+from fbt_probe.model.meta import on_meta
 from fbt_probe.model.transformer import FeedbackTransformer
 
 FORMAT = "fbt-probe/3"
@@ -105,7 +106,7 @@ def _check_shapes(model_cls, cfg, state: dict[str, torch.Tensor], weights: Path)
             "layers; the config does not describe these weights"
         )
     try:
-        with torch.device("meta"):
+        with on_meta():
             shell = model_cls(cfg)
     except FbtError:
         raise

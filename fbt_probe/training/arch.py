@@ -18,6 +18,7 @@ from fbt_probe.hidden.config import HiddenConfig
 from fbt_probe.hidden.loss import hidden_loss
 from fbt_probe.hidden.model import HiddenDecodingTransformer
 from fbt_probe.loading import load_model
+from fbt_probe.model.meta import on_meta
 from fbt_probe.model.transformer import FeedbackTransformer
 from fbt_probe.training.config import TrainConfig
 from fbt_probe.training.data import validation_batch
@@ -39,7 +40,7 @@ def _check_preset_shapes(model, name: str, init) -> None:
     """FbtError unless `model`'s parameters have the names and shapes of preset `name` (built on the
     meta device: no memory, no initialisation)."""
     vocab = getattr(model.cfg, "d_vocab", None)
-    with torch.device("meta"):
+    with on_meta():
         want = {k: tuple(v.shape) for k, v in FeedbackTransformer(preset(name, d_vocab=vocab)).state_dict().items()}
     got = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     if got != want:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import torch
 import typer
 
 from fbt_probe.config import PRESETS
 from fbt_probe.loading import load_model
+from fbt_probe.model.meta import on_meta
 
 
 def model_summary(model) -> dict:
@@ -38,7 +38,7 @@ def info(
     """
 
     if source in PRESETS and source != "tiny":
-        with torch.device("meta"):
+        with on_meta():
             model = load_model(source, device="meta")
     else:
         model = load_model(source)
