@@ -177,6 +177,22 @@ def _rows(
     return pd.DataFrame(data)
 
 
+def _cell_axes(model, mode: Mode, serial: bool, direction: str, method: str, name: str, k: int) -> dict:
+    """The columns that name an attribution cell (hook `name` in pass `k`), AtP's rows and the exact
+    check's alike, so the parity table joins them."""
+    return dict(
+        experiment="attribution",
+        condition=name,
+        mode=mode,
+        hook_rule=SERIAL if serial else ONE_PASS,
+        direction=direction,
+        method=method,
+        depth=depth_of(name, model.cfg.n_layers),
+        hook=name,
+        pass_index=k,
+    )
+
+
 def traced_attribution(model, batches, mode, min_gap, hooks, last_k, directions, serial, keep: bool = True):
     """(AtP rows, [(batch, Traced, serial)] if `keep`): the traces let the parity check patch chosen
     cells exactly with the same source activations."""
@@ -193,24 +209,8 @@ def traced_attribution(model, batches, mode, min_gap, hooks, last_k, directions,
         for direction in directions:
             for (name, k), est in estimates(tr, batch, direction).items():
                 pos = sorted(positions & set(np.flatnonzero(tr.covered[(name, k)].numpy()).tolist()))
-                out.append(
-                    _rows(
-                        batch,
-                        tr.logits,
-                        est,
-                        pos,
-                        min_gap,
-                        experiment="attribution",
-                        condition=name,
-                        mode=mode,
-                        hook_rule=SERIAL if use_serial else ONE_PASS,
-                        direction=direction,
-                        method="atp",
-                        depth=depth_of(name, model.cfg.n_layers),
-                        hook=name,
-                        pass_index=k,
-                    )
-                )
+                axes = _cell_axes(model, mode, use_serial, direction, "atp", name, k)
+                out.append(_rows(batch, tr.logits, est, pos, min_gap, **axes))
     return pd.concat(out, ignore_index=True), traces
 
 
@@ -273,20 +273,6 @@ def exact_cells(
             batch.tokens, mode, hooks, edit_from=chunk[0][2], serial=serial, rows=run_rows, replicas=len(chunk)
         )
         for j, (name, k, p) in enumerate(chunk):
-            out[at[j]] = score(
-                batch,
-                tr.logits,
-                logits[j * N : (j + 1) * N],
-                min_gap,
-                experiment="attribution",
-                condition=name,
-                mode=mode,
-                hook_rule=SERIAL if serial else ONE_PASS,
-                direction=direction,
-                method="exact",
-                depth=depth_of(name, model.cfg.n_layers),
-                position=p,
-                hook=name,
-                pass_index=k,
-            )
+            axes = _cell_axes(model, mode, serial, direction, "exact", name, k)
+            out[at[j]] = score(batch, tr.logits, logits[j * N : (j + 1) * N], min_gap, position=p, **axes)
     return pd.concat(out, ignore_index=True)
