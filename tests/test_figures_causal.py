@@ -423,9 +423,9 @@ def test_the_lens_and_parity_titles_name_their_model():
     assert lens_depth(lens)._suptitle.get_text().startswith("what each depth")  # no model known, no name
 
 
-def probe_direction_table(spike: float | None = None) -> pd.DataFrame:
+def probe_direction_table(spike: float | None = None, depths=range(3)) -> pd.DataFrame:
     rows = []
-    for depth in range(3):
+    for depth in depths:
         for cond, metric, m in (("probe", "probe_accuracy", 0.9), ("erase-orth", "normalized", 0.4)):
             lo, hi = m - 0.05, m + 0.05
             if spike is not None and cond == "erase-orth" and depth == 1:
@@ -459,6 +459,13 @@ def test_decodable_vs_used_has_a_title_and_annotates_the_band_it_cuts():
     assert "cut" in fig.legends[0].get_title().get_text()
     calm = draw("decodable-vs-used", probe_direction_table())
     assert not calm.axes[0].texts and not calm.legends[0].get_title().get_text()
+
+
+def test_decodable_vs_used_plots_depths_and_leaves_the_carried_states_rows_out():
+    """Rows at depth -1 (`probe_direction(feedback=True)`: the carried state) are not a depth."""
+    xs = lambda fig: sorted({float(x) for line in fig.axes[0].lines for x in line.get_xdata()})  # noqa: E731
+    assert xs(draw("decodable-vs-used", probe_direction_table(depths=range(-1, 3)))) == [0.0, 1.0, 2.0]
+    assert xs(draw("decodable-vs-used", probe_direction_table(depths=range(3)))) == [0.0, 1.0, 2.0]
 
 
 def das_table(ks=(1, 4), task="completion") -> pd.DataFrame:

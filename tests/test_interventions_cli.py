@@ -167,3 +167,27 @@ def test_patch_cli_refuses_a_repeated_experiment_in_one_line(workdir):
     )
     assert res.exit_code == 2 and "each experiment at most once" in res.output
     assert len(res.output.strip().splitlines()) == 1 and not (workdir / "dup").exists()
+
+
+def test_probe_direction_edits_the_carried_state_with_feedback_and_refuses_it_under_standard(workdir):
+    """--feedback adds the carried state fed to the final position (depth -1) to the probed depths,
+    with the steering figure drawn for it; under standard prefill no state is fed, so it is refused in
+    one line and nothing is written."""
+    base = ["patch", str(workdir / "run"), str(workdir / "data"), "--experiment", "probe-direction"]
+    few = ["--depths", "0", "--scales", "1", "--folds", "2", "--erase", "orth", "--n-boot", "20", "--min-gap", "0"]
+    out = workdir / "carried"
+    res = runner.invoke(app, [*base, *few, "--feedback", "--mode", "recurrent:1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = pd.read_parquet(out / "probe-direction" / "rows.parquet")
+    assert sorted(set(rows["depth"])) == [-1, 0]
+    assert {"probe", "erase-orth", "steer", "steer-random"} <= set(rows.loc[rows["depth"] == -1, "condition"])
+    summary = out / "probe-direction" / "summary.parquet"
+    res = runner.invoke(
+        app, ["figures", "steering-sweep", str(summary), "--option", "depth=-1", "--out", str(workdir / "carried-fig")]
+    )
+    assert res.exit_code == 0, res.output
+    assert (workdir / "carried-fig" / "steering-sweep.png").is_file()
+    refused = workdir / "carried-standard"
+    res = runner.invoke(app, [*base, *few, "--feedback", "--mode", "standard", "--out", str(refused)])
+    assert res.exit_code != 0 and "feeds no state into the final position" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and not refused.exists()

@@ -24,6 +24,7 @@ import pandas as pd
 import pytest
 import torch
 
+from fbt_probe.errors import FbtError
 from fbt_probe.interventions.attribution import FUSION_HOOKS, exact_cells, traced_attribution
 from fbt_probe.interventions.das_experiment import das
 from fbt_probe.interventions.experiments import feedback_swap, gate_ablation, residual_patching, state_replacement
@@ -524,6 +525,34 @@ def test_probe_direction_moves_the_chains_answer_and_nothing_in_the_twin(even):
     assert probe_moves_nothing(twin) and not probe_moves_the_answer(twin)
 
 
+def carried_probe_rows(model, df):
+    """Probe edits of the carried state fed to the colon (fusion.hook_feedback, depth -1) under ``full``."""
+    rows = probe_direction(
+        model, batches(df), parse_mode("full"), depths=(), scales=(1.0, 2.0), n_folds=2, feedback=True
+    )
+    assert set(rows["depth"]) == {-1}
+    return rows
+
+
+def decodable_but_unused(rows) -> bool:
+    """The probe reads the label from the carried state on every held-out sample, and no erasure or
+    steer of that state moves the answer (normalized 1), no pair dropped."""
+    probe = rows[rows["condition"] == "probe"]
+    return not rows["tiny_gap"].any() and close(probe["probe_accuracy"], 1.0) and close(rows["normalized"], 1.0)
+
+
+def test_the_twins_carried_state_is_decodable_and_unused_the_chains_is_used(even):
+    """The twin's top state, fed to the colon, holds c_1 (its attention output: position 0 is the
+    only plain one under ``full``), which is the label on these pairs, but W_U = 0 reads none of it:
+    decodable, not used. The chain's carried state is r, which the colon reads: steering moves it."""
+    twin = carried_probe_rows(token_twin(), even)
+    assert decodable_but_unused(twin) and not probe_moves_the_answer(twin)
+    chain = carried_probe_rows(chain_model(), even)
+    assert probe_moves_the_answer(chain) and not decodable_but_unused(chain)
+    with pytest.raises(FbtError, match="feeds no state into the final position"):
+        probe_direction(chain_model(), batches(even), parse_mode("standard"), depths=(0,), feedback=True)
+
+
 # ----------------------------------------------------------------------------- SAE feature swap
 def signed_sae():
     """A top-k SAE set by hand with one latent per sign of every coordinate (d_sae = 16, k = 16): it
@@ -593,6 +622,7 @@ def test_every_methods_chain_claim_fails_with_the_chain_cut(even):
     assert not atp_finds_state(attribution(cut, even)[0])
     assert not das_finds_readout(das_rows(cut, even))
     assert not probe_moves_the_answer(probe_rows(cut, even))
+    assert not probe_moves_the_answer(carried_probe_rows(cut, even))
     assert not sae_swap_finds_state(sae_rows(cut, even, ks=(1, 6)), 6)
 
 
@@ -601,4 +631,5 @@ def test_every_methods_twin_claim_fails_once_the_twin_has_a_state_path(even):
     assert not atp_finds_none(attribution(leaky, even)[0])
     assert not das_finds_none(das_rows(leaky, even))
     assert not probe_moves_nothing(probe_rows(leaky, even))
+    assert not decodable_but_unused(carried_probe_rows(leaky, even))
     assert not sae_swap_finds_none(sae_rows(leaky, even, ks=(1, 6)))

@@ -384,7 +384,7 @@ def decodable_vs_used(
     at the axis, and its far end is written at the edge, so that no value is hidden."""
     t = _check(table, ("probe-direction",), "decodable-vs-used")
     shown_model = model_words(t, model_label)
-    t = t[t["length_knob"] == int(length)]
+    t = t[(t["length_knob"] == int(length)) & (t["depth"] >= 0)]  # depth -1, the carried state: steering-sweep
     modes = _modes(t) if mode is None else [mode]
     panels = [(task, m) for task in _tasks(t) for m in modes if not t[(t.task == task) & (t["mode"] == m)].empty]
     if not panels:
@@ -482,7 +482,8 @@ def _line(ax, rows: pd.DataFrame, label: str, color: str, flip: bool = False, ls
 
 
 def steering_sweep(table: pd.DataFrame, depth: int = 0, length: int = POOLED):
-    """Answer movement 1 - normalized vs steering scale α at one depth, probe direction vs random."""
+    """Answer movement 1 - normalized vs steering scale α at one depth (-1: the carried state,
+    `probe_direction(feedback=True)`), probe direction vs random."""
     t = _check(table, ("probe-direction",), "steering-sweep")
     depth = int(depth)
     t = t[(t["length_knob"] == int(length)) & (t["depth"] == depth)]
@@ -503,7 +504,8 @@ def steering_sweep(table: pd.DataFrame, depth: int = 0, length: int = POOLED):
                     ax, sub[(sub.condition == cond) & (sub.metric == "normalized")], cond, color, flip=True, x="scale"
                 )
             acc = sub[(sub.condition == "probe") & (sub.metric == "probe_accuracy")]["mean"]
-            ax.set_title(f"{task} · {m}\ndepth {depth}" + (f", probe accuracy {acc.iloc[0]:.2f}" if len(acc) else ""))
+            where = "carried state" if depth < 0 else f"depth {depth}"
+            ax.set_title(f"{task} · {m}\n{where}" + (f", probe accuracy {acc.iloc[0]:.2f}" if len(acc) else ""))
             ax.set_xlabel("steering scale α")
         axes.flat[0].set_ylabel("answer moved (1 - normalized)")
         axes.flat[0].legend()

@@ -3,7 +3,10 @@
 For each task × length cell and each probe depth d, probes are cross-fitted with grouped folds
 (no group on both sides): each sample is edited with the probe / eraser fitted on the folds that do
 not hold its group, at the final position of depth d in the one hooked pass (**one-pass** rule,
-exact: nothing later depends on the final position). Conditions:
+exact: nothing later depends on the final position). With `feedback=True` the carried state the final
+position is fed (`fusion.hook_feedback`, what the feedback swap replaces) is edited the same way, its
+rows at depth -1 (the axis's "no depth"): a state that is decodable there but not read by the fusion
+moves nothing. Conditions:
 - `probe`: the held-out probe's correctness on the unedited activation (probe accuracy of the cell);
 - `erase-leace`: LEACE (EleutherAI `concept-erasure`), the least-squares edit after which no linear
   classifier beats a constant; `erase-orth`: orthogonal projection off the probe's unit direction
@@ -25,7 +28,7 @@ from concept_erasure import LeaceFitter
 from fbt_probe.errors import FbtError
 from fbt_probe.hooks import depth_name
 from fbt_probe.interventions.edits import edit_at, rank_one_edit
-from fbt_probe.interventions.experiments import ONE_PASS, device_of, reference
+from fbt_probe.interventions.experiments import FEEDBACK, ONE_PASS, device_of, reference, require_feedback
 from fbt_probe.interventions.forwards import forwards
 from fbt_probe.interventions.metrics import score
 from fbt_probe.modes import Mode
@@ -104,17 +107,23 @@ def probe_direction(
     erase: str = "auto",
     C: float = 1.0,
     seed: int = 0,
+    feedback: bool = False,
 ) -> pd.DataFrame:
-    """Erase / steer the probe direction at the final position of each depth (see module doc).
-    Cells with fewer than two groups are skipped and listed in `df.attrs['notes']`. A cell's batches
-    keep their prefixes while the cell runs (`Forwards.holding`)."""
+    """Erase / steer the probe direction at the final position of each depth, and with `feedback` of
+    the carried state fed to it (depth -1; see module doc). Cells with fewer than two groups are
+    skipped and listed in `df.attrs['notes']`. A cell's batches keep their prefixes while the cell runs
+    (`Forwards.holding`)."""
     fw = forwards(fw)
     methods = erase_methods(erase)
     depths = list(depths) if depths is not None else list(range(fw.model.cfg.n_layers + 1))
     names = [depth_name(d) for d in depths]
+    if feedback:
+        depths, names = [*depths, -1], [*names, FEEDBACK]
     cells: dict = {}
     for batch in batches:  # task x length-knob cells, in order of first appearance
         key = (str(batch.meta["task"].iloc[0]), int(batch.meta["length_knob"].iloc[0]))
+        if feedback:
+            require_feedback(mode, batch.T, "probe-direction --feedback")
         cells.setdefault(key, []).append(batch.to(device_of(fw.model)))
     out, notes = [], []
     for (task, knob), cell in cells.items():
@@ -132,7 +141,8 @@ def probe_direction(
                 continue
             for d, name in zip(depths, names):
                 X = torch.cat([a[name] for a in acts]).double().cpu().numpy()
-                edits = fold_edits(X, y, splits, methods, C, seed + d)
+                # the random steer's stream: seed + depth, the carried state's after the last depth's
+                edits = fold_edits(X, y, splits, methods, C, seed + (d if d >= 0 else fw.model.cfg.n_layers + 1))
                 erased_acc = {m: cv_correct(apply_edit(X, *edits[m]), y, splits, C) for m in methods}
                 out.extend(_cell_rows(fw, cell, mode, d, name, edits, erased_acc, methods, scales, min_gap))
     df = pd.concat(out, ignore_index=True) if out else pd.DataFrame()

@@ -89,6 +89,8 @@ class ProbeDirectionOptions:
     """Grouped folds for cross-fitting."""
     erase: str = "auto"
     """Erasure: auto (LEACE and orth), leace, orth or leace,orth."""
+    feedback: bool = False
+    """Also edit the carried state fed to the final position (fusion.hook_feedback; rows at depth -1)."""
 
     def __post_init__(self) -> None:
         _check_depths(self.depths)
