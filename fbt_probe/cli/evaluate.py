@@ -9,6 +9,7 @@ from typing import Annotated
 import pandas as pd
 import typer
 
+from fbt_probe.cli.running import running_cmd  # its own module, in the diagnose group
 from fbt_probe.errors import FbtError
 from fbt_probe.figures import save_figure
 from fbt_probe.figures.contraction import fig3
@@ -33,6 +34,7 @@ diagnose_app = typer.Typer(help="Diagnostics of a trained run.", no_args_is_help
 
 
 def register(app: typer.Typer) -> None:
+    diagnose_app.command("running")(running_cmd)
     app.command("eval")(eval_cmd)
     app.add_typer(diagnose_app, name="diagnose")
 

@@ -72,10 +72,10 @@ def _template_pattern(template: str, field: str) -> re.Pattern:
     return re.compile("^" + r"\s*(\d+)\s*".join(re.escape(p) for p in parts) + "$")
 
 
-def _run_compose(spec, text: str) -> int:
-    """compose: the start line sets the point, each step line (with `inline_steps`, each word of the
-    one step line) applies its generator (the spec's table, read point by point here), and the query
-    asks whether the final point is accepted."""
+def compose_points(spec, text: str) -> list[int]:
+    """compose: the point after each step, from the text alone: the start line sets it (p_0), each
+    step line (with `inline_steps`, each word of the one step line) applies its generator (the spec's
+    table, read point by point here): [p_0, p_1, ..., p_k]. The query asks whether p_k is accepted."""
     lines = [line for line in text.split("\n") if not _COMMENT.match(line)]
     tpl = spec.template
     if len(lines) < 2 or lines[-1] != tpl["query"]:
@@ -86,6 +86,7 @@ def _run_compose(spec, text: str) -> int:
     point, n = int(m.group(1)), len(spec.permutations[0])
     if point >= n:
         raise FbtError(f"start value {point} is not a point of 0..{n - 1}")
+    points = [point]
     step = _template_pattern(tpl["step"], "g")
     steps = lines[1:-1]
     if spec.inline_steps:  # the steps are the space-separated words of one line
@@ -97,7 +98,12 @@ def _run_compose(spec, text: str) -> int:
         if m is None or int(m.group(1)) >= len(spec.permutations):
             raise FbtError(f"line {line!r} is not a step {tpl['step']!r} with a generator of the spec")
         point = spec.permutations[int(m.group(1))][point]
-    return int(point in spec.accept)
+        points.append(point)
+    return points
+
+
+def _run_compose(spec, text: str) -> int:
+    return int(compose_points(spec, text)[-1] in spec.accept)
 
 
 def interpret(spec, text: str) -> int:
