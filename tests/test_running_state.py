@@ -126,6 +126,9 @@ def test_the_command_writes_the_table_with_its_provenance_and_refuses_in_one_lin
     t = pd.read_parquet(out / "running.parquet")
     assert set(t["task"]) == {"chain-s3"} and set(t["mode"]) == {"standard", "full"} and set(t["depth"]) == {0, 1}
     assert set(t["length_knob"]) == {4} and set(t["step"]) <= {1, 2, 3, 4} and t["n_groups"].min() >= 2
+    lens = pd.read_parquet(out / "running_lens.parquet")
+    assert len(lens) == 2 * 4 * 2  # every mode x step x depth (the lens skips no step)
+    assert set(lens["depth"]) == {0, 1} and lens["choice"].between(0, 1).all()
     rec = json.loads((out / "running.json").read_text())
     assert (
         rec["checkpoint_sha256"]
@@ -147,3 +150,27 @@ def test_the_command_writes_the_table_with_its_provenance_and_refuses_in_one_lin
         res = runner.invoke(app, ["diagnose", "running", *args])
         assert res.exit_code != 0 and says in res.output and len(res.output.strip().splitlines()) == 1, res.output
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("mode", ["standard", "full"])
+def test_the_lens_at_the_top_depth_is_the_models_own_logits_at_each_step(mode):
+    """At depth L the logit lens is the model's output at that position: its label-word logit
+    difference, and its sign against the answer after each step (the points composed in numpy)."""
+    from fbt_probe.interventions.pairs import label_token_ids
+    from fbt_probe.lens.running import running_lens
+
+    spec, tok, df = chain(groups=6)
+    model = make_model()
+    L = model.cfg.n_layers
+    t = running_lens(model, df, spec, tok, modes=(mode,), depths=[0, L])
+    lo, hi = label_token_ids(df, tok)["chain-s3"]
+    for knob, cell in df.groupby("length_knob"):
+        with torch.no_grad():
+            logits = model(torch.tensor(np.stack(cell["token_ids"].to_numpy())), mode=mode)
+        pos = [step_positions(spec, tok, a, b) for a, b in zip(cell["text"], cell["token_ids"])]
+        ld = np.array([[float(logits[n, p, hi] - logits[n, p, lo]) for p in ps] for n, ps in enumerate(pos)])
+        y = np.array([[p == 0 for p in compose_points(spec, text)[1:]] for text in cell["text"]])
+        top = t[(t["length_knob"] == knob) & (t["depth"] == L)].sort_values("step")
+        np.testing.assert_allclose(top["mean_logit_diff"], ld.mean(0), rtol=0, atol=1e-9)
+        np.testing.assert_allclose(top["choice"], ((ld > 0) == y).mean(0), rtol=0, atol=1e-12)
+        assert (top["n_groups"] == cell["group_id"].nunique()).all()

@@ -1,4 +1,5 @@
-"""`fbt-probe diagnose running`: a compose run's running state, read by a probe at every step."""
+"""`fbt-probe diagnose running`: a compose run's running state, read at every step by a probe and by
+the logit lens."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import typer
 from fbt_probe.errors import FbtError
 from fbt_probe.formats.checkpoint import checkpoint_hash
 from fbt_probe.io import atomic_path, write_json
+from fbt_probe.lens.running import running_lens
 from fbt_probe.marker import named_outputs, refuse_named, writing
 from fbt_probe.modes import parse_modes
 from fbt_probe.probes.running import running_state
@@ -55,7 +57,8 @@ def running_cmd(
 ) -> None:
     """The point after every step of a one-token-a-step compose task (chain-s3, chain-a5), read at
     that step's token by a linear probe per depth under each mode, on words held out of training:
-    accuracy with its Wilson interval at n = words, beside chance (docs/probes.md).
+    accuracy with its Wilson interval at n = words, beside chance; and the logit lens at the same
+    cells: whether the answer word the lens prefers is the answer after that step (docs/probes.md).
 
     \b
     Example: fbt-probe diagnose running runs/chain-s3 --modes standard,full
@@ -70,8 +73,9 @@ def running_cmd(
     if is_reference(str(run)) and out is None:
         raise FbtError(f"diagnose running {run}: a shipped model needs --out (its folder is part of the package)")
     dest = out or run / "eval"
-    stem = dest / "running"
+    stem, lens_stem = dest / "running", dest / "running_lens"
     paths = [stem.with_suffix(s) for s in (".parquet", ".csv", ".json")]
+    paths += [lens_stem.with_suffix(s) for s in (".parquet", ".csv")]
     with writing(dest, RUNNING_COMMAND):
         refuse_named(paths, force, RUNNING_COMMAND)  # before the model runs
         model, cfg, folder = load_trained(run)
@@ -106,11 +110,24 @@ def running_cmd(
             for t in tasks
         ]
         table = pd.concat(frames, ignore_index=True)
+        lens = pd.concat(
+            [
+                running_lens(
+                    model, samples[samples["task"] == t], specs[t], tok, [str(m) for m in parsed], depths=ds
+                ).assign(task=t)
+                for t in tasks
+            ],
+            ignore_index=True,
+        )
         with named_outputs(paths, RUNNING_COMMAND, force):
             with atomic_path(paths[0]) as tmp:
                 table.to_parquet(tmp, index=False)
             with atomic_path(paths[1]) as tmp:
                 table.to_csv(tmp, index=False)
+            with atomic_path(paths[3]) as tmp:
+                lens.to_parquet(tmp, index=False)
+            with atomic_path(paths[4]) as tmp:
+                lens.to_csv(tmp, index=False)
             write_json(
                 paths[2],
                 provenance(
@@ -127,4 +144,5 @@ def running_cmd(
     typer.echo(
         best.pivot_table(index=["task", "length_knob", "step"], columns="mode", values="accuracy").round(3).to_string()
     )
-    typer.echo(f"(the best depth's held-out accuracy per step; every depth in {stem}.parquet)")
+    typer.echo(f"(the best depth's held-out probe accuracy per step; every depth in {stem}.parquet, the logit lens's")
+    typer.echo(f"choice of the answer after each step in {lens_stem}.parquet)")

@@ -1,0 +1,47 @@
+"""The logit lens along a serial task's steps: does the answer form step by step?
+
+At step j's token of a one-token-a-step compose task (chain-s3, chain-a5), the logit lens (final
+norm + tied unembedding, `lenses.logit_lens`) reads at each depth the answer the model would give
+if the query came now: the label-1 word's logit minus the label-0 word's. The running label
+y_j = [p_j accepted] is the task's answer after j steps (`tasks.checker.compose_points`); `choice`
+is the share of samples whose lens logit difference has y_j's sign, with the Wilson interval at
+n = words, beside chance (the commoner running label's share)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fbt_probe.interventions.pairs import label_token_ids
+from fbt_probe.lens.lenses import logit_lens
+from fbt_probe.modes import parse_mode
+from fbt_probe.probes.running import running_activations
+from fbt_probe.stats import group_wilson
+
+LENS_COLUMNS = [
+    "mode", "length_knob", "step", "depth", "choice", "ci_low", "ci_high", "chance", "mean_logit_diff",
+    "n_samples", "n_groups",
+]  # fmt: skip
+
+
+def running_lens(model, df: pd.DataFrame, spec, tok, modes=("standard", "full"), depths=None) -> pd.DataFrame:
+    """A row per mode x length knob x step x depth (`LENS_COLUMNS`; see module doc)."""
+    depths = list(range(model.cfg.n_layers + 1)) if depths is None else list(depths)
+    lo_id, hi_id = label_token_ids(df, tok)[spec.task]
+    dtype = next(model.parameters()).dtype
+    rows = []
+    for mode in modes:
+        for knob, (acts, points, groups) in running_activations(model, df, spec, tok, mode, depths).items():
+            with torch.no_grad():
+                logits = logit_lens(model, torch.as_tensor(acts, dtype=dtype))  # [depths, N, k, V]
+            ld = (logits[..., hi_id] - logits[..., lo_id]).double().numpy()
+            y = np.isin(points[:, 1:], spec.accept)  # [N, k]: the answer after each step
+            n_groups = len(np.unique(groups))
+            for j in range(1, y.shape[1] + 1):
+                chance = float(max(y[:, j - 1].mean(), 1 - y[:, j - 1].mean()))
+                for i, d in enumerate(depths):
+                    p, lo, hi = group_wilson(float(np.mean((ld[i, :, j - 1] > 0) == y[:, j - 1])), n_groups)
+                    rows.append((str(parse_mode(mode)), int(knob), j, int(d), p, lo, hi, chance,
+                                 float(ld[i, :, j - 1].mean()), len(y), n_groups))  # fmt: skip
+    return pd.DataFrame(rows, columns=LENS_COLUMNS)
