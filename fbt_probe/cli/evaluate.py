@@ -10,13 +10,14 @@ import pandas as pd
 import typer
 
 from fbt_probe.cli.running import running_cmd  # its own module, in the diagnose group
+from fbt_probe.cli.tables import table_paths, write_table
 from fbt_probe.errors import FbtError
 from fbt_probe.figures import save_figure
 from fbt_probe.figures.contraction import fig3
 from fbt_probe.figures.passes import fig3_lm, fig4_lm
 from fbt_probe.formats.checkpoint import checkpoint_hash
-from fbt_probe.io import atomic_path, write_json
-from fbt_probe.marker import named_outputs, output_dir, refuse_named, refuse_unowned, writing
+from fbt_probe.io import write_json
+from fbt_probe.marker import output_dir, refuse_named, refuse_unowned, writing
 from fbt_probe.provenance import provenance
 from fbt_probe.reference import is_reference
 from fbt_probe.reproduce.passes_rules import passes_verdicts
@@ -67,7 +68,7 @@ def eval_cmd(
         raise FbtError(f"eval {run}: a shipped model needs --out (its folder is part of the package)")
     dest = out or run / "eval"
     with writing(dest, EVAL_COMMAND):  # one writer of the folder from its check to the last file
-        refuse_named(_table_paths(dest / "accuracy"), force, EVAL_COMMAND)  # before the model runs
+        refuse_named(table_paths(dest / "accuracy"), force, EVAL_COMMAND)  # before the model runs
         model, cfg, folder = load_trained(run)
         tok = load_tokenizer(folder / "tokenizer.json")
         arch = ARCHS[cfg.arch]  # a Hidden Decoding run has one pass only: no feedback modes, no per-pass losses
@@ -81,7 +82,7 @@ def eval_cmd(
         acc = answer_accuracy(model, samples, tok, **modes).assign(shots=shots)
         losses = arch.val_losses(model, cfg, tok, max_passes=4, **({"corpus": True} if cfg.corpus else {}))
         extra = {"val_loss_per_pass": losses, "shots": shots}
-        _write_table(acc, dest / "accuracy", folder, cfg, force, extra=extra, command=EVAL_COMMAND)
+        write_table(acc, dest / "accuracy", folder, cfg, force, extra=extra, command=EVAL_COMMAND)
     if shots:
         typer.echo(f"{shots}-shot: {shots} solved examples of each task before every sample")
     typer.echo(
@@ -148,7 +149,7 @@ def contraction_cmd(
         cfgs = [c for _, _, c in loaded]
         many = len(runs) > 1  # several runs in one table: every provenance field becomes a list
         stem = dest / "contraction"
-        _write_table(
+        write_table(
             table, stem, folders if many else folders[0], cfgs if many else cfgs[0], force, command=CONTRACTION_COMMAND
         )
         # a dotted line per trained depth (none for the `full` schedule: it trains every depth)
@@ -183,34 +184,6 @@ def _contraction(runs: list[Path], passes: int, rows: int):
         t.insert(0, "run", run.name)
         tables.append(t)
     return pd.concat(tables, ignore_index=True), loaded, folders
-
-
-def _table_paths(stem: Path) -> list[Path]:
-    return [stem.with_suffix(suffix) for suffix in (".parquet", ".csv", ".json")]
-
-
-def _write_table(df, stem: Path, run, cfg, force: bool, extra: dict | None = None, command: str = EVAL_COMMAND) -> None:
-    """stem.parquet, stem.csv and stem.json (provenance) as `command`'s named outputs."""
-    with named_outputs(_table_paths(stem), command, force):
-        with atomic_path(stem.with_suffix(".parquet")) as tmp:
-            df.to_parquet(tmp, index=False)
-        with atomic_path(stem.with_suffix(".csv")) as tmp:
-            df.to_csv(tmp, index=False)
-        if isinstance(run, list):  # several runs in one table: every field becomes a list
-            fields = {
-                "runs": [str(r) for r in run],
-                "checkpoint_sha256": [checkpoint_hash(r) for r in run],
-                "train_config": [c.to_dict() for c in cfg],
-                "seed": [c.seed for c in cfg],
-            }
-        else:
-            fields = {
-                "run": str(run),
-                "checkpoint_sha256": checkpoint_hash(run),
-                "train_config": cfg.to_dict(),
-                "seed": cfg.seed,
-            }
-        write_json(stem.with_suffix(".json"), provenance(**fields, **(extra or {})))
 
 
 PASSES_COMMAND, PASSES_KIND = "diagnose passes", "a folder written by fbt-probe diagnose passes"

@@ -11,14 +11,12 @@ from typing import Annotated
 import pandas as pd
 import typer
 
+from fbt_probe.cli.tables import table_paths, write_table
 from fbt_probe.errors import FbtError
-from fbt_probe.formats.checkpoint import checkpoint_hash
-from fbt_probe.io import atomic_path, write_json
 from fbt_probe.lens.running import running_lens
-from fbt_probe.marker import named_outputs, refuse_named, writing
+from fbt_probe.marker import refuse_named, writing
 from fbt_probe.modes import parse_modes
-from fbt_probe.probes.running import running_state
-from fbt_probe.provenance import provenance
+from fbt_probe.probes.running import activations_by_mode, running_state
 from fbt_probe.reference import is_reference
 from fbt_probe.tasks import load_spec, load_tokenizer
 from fbt_probe.tasks.spec import MAX_GROUPS
@@ -74,10 +72,8 @@ def running_cmd(
         raise FbtError(f"diagnose running {run}: a shipped model needs --out (its folder is part of the package)")
     dest = out or run / "eval"
     stem, lens_stem = dest / "running", dest / "running_lens"
-    paths = [stem.with_suffix(s) for s in (".parquet", ".csv", ".json")]
-    paths += [lens_stem.with_suffix(s) for s in (".parquet", ".csv")]
     with writing(dest, RUNNING_COMMAND):
-        refuse_named(paths, force, RUNNING_COMMAND)  # before the model runs
+        refuse_named(table_paths(stem) + table_paths(lens_stem), force, RUNNING_COMMAND)  # before the model runs
         model, cfg, folder = load_trained(run)
         specs = {t: load_spec(t) for t in cfg.tasks}
         tasks = [t for t, s in specs.items() if s.kind == "compose" and s.inline_steps]
@@ -96,50 +92,18 @@ def running_cmd(
             )
         for w in caught:
             typer.echo(f"note: {w.message}", err=True)
-        frames = [
-            running_state(
-                model,
-                samples[samples["task"] == t],
-                specs[t],
-                tok,
-                [str(m) for m in parsed],
-                depths=ds,
-                n_folds=folds,
-                seed=cfg.seed,
-            ).assign(task=t)
-            for t in tasks
-        ]
-        table = pd.concat(frames, ignore_index=True)
-        lens = pd.concat(
-            [
-                running_lens(
-                    model, samples[samples["task"] == t], specs[t], tok, [str(m) for m in parsed], depths=ds
-                ).assign(task=t)
-                for t in tasks
-            ],
-            ignore_index=True,
-        )
-        with named_outputs(paths, RUNNING_COMMAND, force):
-            with atomic_path(paths[0]) as tmp:
-                table.to_parquet(tmp, index=False)
-            with atomic_path(paths[1]) as tmp:
-                table.to_csv(tmp, index=False)
-            with atomic_path(paths[3]) as tmp:
-                lens.to_parquet(tmp, index=False)
-            with atomic_path(paths[4]) as tmp:
-                lens.to_csv(tmp, index=False)
-            write_json(
-                paths[2],
-                provenance(
-                    run=str(run),
-                    checkpoint_sha256=checkpoint_hash(folder),
-                    train_config=cfg.to_dict(),
-                    seed=cfg.seed,
-                    pairs=pairs,
-                    folds=folds,
-                    modes=[str(m) for m in parsed],
-                ),
+        tables, lenses = [], []
+        for t in tasks:  # one forward per task x mode x length: the probes and the lens read the same activations
+            sub = samples[samples["task"] == t]
+            acts = activations_by_mode(model, sub, specs[t], tok, parsed, ds)
+            tables.append(
+                running_state(model, sub, specs[t], tok, n_folds=folds, seed=cfg.seed, activations=acts).assign(task=t)
             )
+            lenses.append(running_lens(model, sub, specs[t], tok, activations=acts).assign(task=t))
+        table, lens = pd.concat(tables, ignore_index=True), pd.concat(lenses, ignore_index=True)
+        extra = {"pairs": pairs, "folds": folds, "modes": [str(m) for m in parsed]}
+        write_table(table, stem, folder, cfg, force, command=RUNNING_COMMAND, extra=extra)
+        write_table(lens, lens_stem, folder, cfg, force, command=RUNNING_COMMAND, extra=extra)
     best = table.loc[table.groupby(["task", "mode", "length_knob", "step"])["accuracy"].idxmax()]
     typer.echo(
         best.pivot_table(index=["task", "length_knob", "step"], columns="mode", values="accuracy").round(3).to_string()

@@ -15,8 +15,7 @@ import torch
 
 from fbt_probe.interventions.pairs import label_token_ids
 from fbt_probe.lens.lenses import logit_lens
-from fbt_probe.modes import parse_mode
-from fbt_probe.probes.running import running_activations
+from fbt_probe.probes.running import activations_by_mode
 from fbt_probe.stats import group_wilson
 
 LENS_COLUMNS = [
@@ -25,14 +24,17 @@ LENS_COLUMNS = [
 ]  # fmt: skip
 
 
-def running_lens(model, df: pd.DataFrame, spec, tok, modes=("standard", "full"), depths=None) -> pd.DataFrame:
-    """A row per mode x length knob x step x depth (`LENS_COLUMNS`; see module doc)."""
-    depths = list(range(model.cfg.n_layers + 1)) if depths is None else list(depths)
+def running_lens(
+    model, df: pd.DataFrame, spec, tok, modes=("standard", "full"), depths=None, activations: tuple | None = None
+) -> pd.DataFrame:
+    """A row per mode x length knob x step x depth (`LENS_COLUMNS`; see module doc). `activations`:
+    `probes.running.activations_by_mode`'s, already taken (the probe table reads the same)."""
+    depths, by_mode = activations or activations_by_mode(model, df, spec, tok, modes, depths)
     lo_id, hi_id = label_token_ids(df, tok)[spec.task]
     dtype = next(model.parameters()).dtype
     rows = []
-    for mode in modes:
-        for knob, (acts, points, groups) in running_activations(model, df, spec, tok, mode, depths).items():
+    for mode, by_knob in by_mode.items():
+        for knob, (acts, points, groups) in by_knob.items():
             with torch.no_grad():
                 logits = logit_lens(model, torch.as_tensor(acts, dtype=dtype))  # [depths, N, k, V]
             ld = (logits[..., hi_id] - logits[..., lo_id]).double().numpy()
@@ -42,6 +44,6 @@ def running_lens(model, df: pd.DataFrame, spec, tok, modes=("standard", "full"),
                 chance = float(max(y[:, j - 1].mean(), 1 - y[:, j - 1].mean()))
                 for i, d in enumerate(depths):
                     p, lo, hi = group_wilson(float(np.mean((ld[i, :, j - 1] > 0) == y[:, j - 1])), n_groups)
-                    rows.append((str(parse_mode(mode)), int(knob), j, int(d), p, lo, hi, chance,
+                    rows.append((mode, int(knob), j, int(d), p, lo, hi, chance,
                                  float(ld[i, :, j - 1].mean()), len(y), n_groups))  # fmt: skip
     return pd.DataFrame(rows, columns=LENS_COLUMNS)

@@ -111,17 +111,32 @@ def running_probes(
     return pd.DataFrame(rows)
 
 
+def activations_by_mode(model, df: pd.DataFrame, spec, tok, modes, depths=None) -> tuple[list[int], dict]:
+    """(depths, {mode name: `running_activations`}): every depth where `depths` is None; what the
+    probe table and the lens table (`lens.running`) both read, taken once."""
+    depths = list(range(model.cfg.n_layers + 1)) if depths is None else list(depths)
+    return depths, {str(parse_mode(m)): running_activations(model, df, spec, tok, m, depths) for m in modes}
+
+
 def running_state(
-    model, df: pd.DataFrame, spec, tok, modes=("standard", "full"), depths=None, n_folds: int = 4, seed: int = 0
+    model,
+    df: pd.DataFrame,
+    spec,
+    tok,
+    modes=("standard", "full"),
+    depths=None,
+    n_folds: int = 4,
+    seed: int = 0,
+    activations: tuple | None = None,
 ) -> pd.DataFrame:
     """The running-state table of `df` (one compose task) under each mode: a row per mode x length
-    knob x step x depth (`COLUMNS`)."""
-    depths = list(range(model.cfg.n_layers + 1)) if depths is None else list(depths)
+    knob x step x depth (`COLUMNS`). `activations`: `activations_by_mode`'s, already taken."""
+    depths, by_mode = activations or activations_by_mode(model, df, spec, tok, modes, depths)
     frames = []
-    for mode in modes:
-        for knob, (acts, points, groups) in running_activations(model, df, spec, tok, mode, depths).items():
+    for mode, by_knob in by_mode.items():
+        for knob, (acts, points, groups) in by_knob.items():
             t = running_probes(acts, points, groups, depths, n_folds, seed)
-            frames.append(t.assign(mode=str(parse_mode(mode)), length_knob=knob))
+            frames.append(t.assign(mode=mode, length_knob=knob))
     t = pd.concat(frames, ignore_index=True)[COLUMNS] if frames else pd.DataFrame(columns=COLUMNS)
     ints = ["length_knob", "step", "depth", "n_samples", "n_groups"]
     return t.astype({c: "int64" for c in ints})
