@@ -51,16 +51,28 @@ def step_positions(spec, tok, text: str, token_ids) -> list[int]:
     return out
 
 
-def running_activations(model, df: pd.DataFrame, spec, tok, mode: str, depths, batch_size: int = 32) -> dict:
-    """length knob -> (acts [depths, N, k, d] float64, points [N, k + 1], groups [N]): the residual
-    stream at every step's token under `mode`, one run with cache per batch of equal length."""
-    names = [depth_name(d) for d in depths]
-    m = parse_mode(mode)
+def step_cells(df: pd.DataFrame, spec, tok) -> dict:
+    """length knob -> (cell, step token positions [N, k], points [N, k + 1], groups [N]): what every
+    mode's activations are read at, independent of the mode."""
     out = {}
     for knob, cell in df.groupby("length_knob", sort=True):
         cell = cell.reset_index(drop=True)
         pos = np.array([step_positions(spec, tok, t, ids) for t, ids in zip(cell["text"], cell["token_ids"])])
         points = np.array([compose_points(spec, t) for t in cell["text"]])
+        out[int(knob)] = (cell, pos, points, cell["group_id"].astype(str).to_numpy())
+    return out
+
+
+def running_activations(
+    model, df: pd.DataFrame, spec, tok, mode: str, depths, batch_size: int = 32, cells: dict | None = None
+) -> dict:
+    """length knob -> (acts [depths, N, k, d] float64, points [N, k + 1], groups [N]): the residual
+    stream at every step's token under `mode`, one run with cache per batch of equal length.
+    `cells`: `step_cells(df, spec, tok)`, already taken (the same for every mode)."""
+    names = [depth_name(d) for d in depths]
+    m = parse_mode(mode)
+    out = {}
+    for knob, (cell, pos, points, groups) in (cells or step_cells(df, spec, tok)).items():
         chunks = []
         for lo in range(0, len(cell), batch_size):
             tokens = torch.tensor(np.stack(cell["token_ids"].iloc[lo : lo + batch_size].to_numpy()))
@@ -69,7 +81,7 @@ def running_activations(model, df: pd.DataFrame, spec, tok, mode: str, depths, b
             rows = torch.arange(len(tokens))[:, None]
             at = torch.as_tensor(pos[lo : lo + batch_size])
             chunks.append(torch.stack([cache[n][rows, at].double() for n in names]))
-        out[int(knob)] = (torch.cat(chunks, 1).cpu().numpy(), points, cell["group_id"].astype(str).to_numpy())
+        out[knob] = (torch.cat(chunks, 1).cpu().numpy(), points, groups)
     return out
 
 
@@ -113,9 +125,13 @@ def running_probes(
 
 def activations_by_mode(model, df: pd.DataFrame, spec, tok, modes, depths=None) -> tuple[list[int], dict]:
     """(depths, {mode name: `running_activations`}): every depth where `depths` is None; what the
-    probe table and the lens table (`lens.running`) both read, taken once."""
+    probe table and the lens table (`lens.running`) both read, taken once, the step positions and
+    points once for every mode."""
     depths = list(range(model.cfg.n_layers + 1)) if depths is None else list(depths)
-    return depths, {str(parse_mode(m)): running_activations(model, df, spec, tok, m, depths) for m in modes}
+    cells = step_cells(df, spec, tok)  # the steps' positions and points, read once for every mode
+    return depths, {
+        str(parse_mode(m)): running_activations(model, df, spec, tok, m, depths, cells=cells) for m in modes
+    }
 
 
 def running_state(
