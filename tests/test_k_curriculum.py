@@ -4,6 +4,7 @@ measured accuracy reaches the threshold, a resume across an advance is bit for b
 are one line naming the field, and under `answer_share` 1 no token but the answer reaches the loss."""
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from fbt_probe.training import TrainConfig, multipass_loss, run_training
 from fbt_probe.training import curriculum as curriculum_mod
 from fbt_probe.training.arch import ARCHS
 from fbt_probe.training.checkpoint import load_curriculum
-from fbt_probe.training.data import batches_for_step, cell_length, heldout
+from fbt_probe.training.data import batches_for_step, cell_length, heldout, validation_batch
 from tests.test_bad_input import one_line_error
 
 runner = CliRunner()
@@ -175,6 +176,24 @@ def test_the_measure_reads_held_out_words_and_the_trained_ones_where_too_few_are
     assert (words, held) == (curriculum_mod.CURRICULUM_WORDS, True)
     assert all(c in heldout(cfg) for c in big["context_id"]) and set(big["length_knob"]) == {16}
     assert big.groupby("group_id").size().eq(2).all()  # one pair a word
+
+
+def test_validation_leaves_out_a_cell_with_no_held_out_word_and_says_so():
+    tok = build_tokenizer()
+    answer_at = {}  # seed -> the answer positions of the validation rows (one per cell length)
+    for seed in (0, 1):  # seed 0 holds out one of k = 2's 4 words, seed 1 none
+        cfg = TrainConfig(seed=seed, k_curriculum=CURRICULUM, **CHAIN)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            tokens, _, weights = validation_batch(cfg, tok)
+        said = [str(w.message) for w in caught if "validation:" in str(w.message)]
+        assert said == ([] if seed == 0 else ["validation: no held-out context at chain-s3 k=2 under seed 1; left out"])
+        assert tokens.shape[0] == (15 if seed == 0 else 12)  # 3 rows for each of the 5 cells that have one
+        answer_at[seed] = set(weights.gt(0).float().argmax(1).tolist())
+    assert len(answer_at[0]) == 5 and answer_at[1] == answer_at[0] - {min(answer_at[0])}
+    none_held = TrainConfig(seed=0, heldout_fraction=0.0, **CHAIN)
+    with pytest.raises(FbtError, match="validation: no held-out context in any training cell"):
+        validation_batch(none_held, tok)
 
 
 def test_answer_only_supervision_ignores_every_other_target():
