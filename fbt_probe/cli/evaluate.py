@@ -26,11 +26,13 @@ from fbt_probe.tasks.fewshot import check_shots, with_shots
 from fbt_probe.tasks.spec import MAX_GROUPS
 from fbt_probe.training.arch import ARCHS
 from fbt_probe.training.checkpoint import load_trained
-from fbt_probe.training.data import validation_batch
+from fbt_probe.training.curriculum import Trained
+from fbt_probe.training.data import heldout, validation_batch
 from fbt_probe.training.evaluate import answer_accuracy, contraction, eval_samples, task_config
 from fbt_probe.training.passes import BASELINE_PASSES, pass_table, summarize
 
 EVAL_COMMAND, CONTRACTION_COMMAND = "eval", "diagnose contraction"  # their tables' writers in the marker
+EVAL_CONTEXTS = ("held-out", "trained")
 diagnose_app = typer.Typer(help="Diagnostics of a trained run.", no_args_is_help=True)
 
 
@@ -51,9 +53,16 @@ def eval_cmd(
             help="Solved examples of each task written before every sample (few-shot: for a model that never trained on the tasks, such as a general LM reading them in context; 0: zero-shot)."
         ),
     ] = 0,
+    contexts: Annotated[
+        str,
+        typer.Option(
+            help="held-out: contexts the run's split keeps out of training; trained: the contexts it trains on (a model that fits its training words but not the held-out ones memorised them; one that fits neither did not learn the cell)."
+        ),
+    ] = "held-out",
 ) -> None:
-    """Answer accuracy per task × length under Std/Soft, Fused, recurrent:1, jacobi:3 and full, on
-    contexts held out of training, plus validation loss per pass.
+    """Answer accuracy and answer loss per task × length under Std/Soft, Fused, recurrent:1, jacobi:3
+    and full, on contexts held out of training (or, with --contexts trained, on those it trains on),
+    plus validation loss per pass.
 
     \b
     Example: fbt-probe eval runs/tiny ;  fbt-probe eval ref:small-lm-feedback --shots 4 --out runs/lm-eval
@@ -64,29 +73,42 @@ def eval_cmd(
             f"--pairs {pairs}: expected an integer 1..{MAX_GROUPS} (held-out minimal pairs per task x length cell)"
         )
     check_shots(shots)  # before the model is read
+    if contexts not in EVAL_CONTEXTS:
+        raise FbtError(f"--contexts {contexts}: expected one of {', '.join(EVAL_CONTEXTS)}")
     if is_reference(str(run)) and out is None:
         raise FbtError(f"eval {run}: a shipped model needs --out (its folder is part of the package)")
     dest = out or run / "eval"
     with writing(dest, EVAL_COMMAND):  # one writer of the folder from its check to the last file
         refuse_named(table_paths(dest / "accuracy"), force, EVAL_COMMAND)  # before the model runs
         model, cfg, folder = load_trained(run)
+        if contexts == "trained" and cfg.corpus is not None:
+            raise FbtError(
+                f"--contexts trained: {run} trained on a corpus, never on a task's words; "
+                "its task accuracy is in context (--contexts held-out)"
+            )
         tok = load_tokenizer(folder / "tokenizer.json")
         arch = ARCHS[cfg.arch]  # a Hidden Decoding run has one pass only: no feedback modes, no per-pass losses
         modes = {} if arch.eval_modes is None else {"modes": arch.eval_modes}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             # a corpus run never trained on a task: its accuracy is in context, its losses on held-out corpus files
-            samples = with_shots(eval_samples(task_config(cfg), tok, pairs=pairs, option="--pairs"), tok, shots)
+            drawn = None if contexts == "held-out" else Trained(heldout(cfg))
+            samples = eval_samples(task_config(cfg), tok, pairs=pairs, option="--pairs", contexts=drawn)
+            samples = with_shots(samples, tok, shots)
         for w in caught:
             typer.echo(f"note: {w.message}", err=True)
-        acc = answer_accuracy(model, samples, tok, **modes).assign(shots=shots)
+        acc = answer_accuracy(model, samples, tok, **modes).assign(shots=shots, contexts=contexts)
         losses = arch.val_losses(model, cfg, tok, max_passes=4, **({"corpus": True} if cfg.corpus else {}))
-        extra = {"val_loss_per_pass": losses, "shots": shots}
+        extra = {"val_loss_per_pass": losses, "shots": shots, "contexts": contexts}
         write_table(acc, dest / "accuracy", folder, cfg, force, extra=extra, command=EVAL_COMMAND)
     if shots:
         typer.echo(f"{shots}-shot: {shots} solved examples of each task before every sample")
     typer.echo(
         acc.pivot_table(index=["task", "length_knob"], columns="decoding", values="accuracy").round(3).to_string()
+    )
+    typer.echo(f"answer loss (nats; {contexts} contexts):")
+    typer.echo(
+        acc.pivot_table(index=["task", "length_knob"], columns="decoding", values="answer_loss").round(3).to_string()
     )
     if shots or cfg.corpus:  # a model reading the tasks in context may answer other words: the label choice too
         typer.echo("label choice (the answer word's logit above the other's; chance 0.5):")

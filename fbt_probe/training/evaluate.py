@@ -108,7 +108,9 @@ def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, b
     (`correct`, `accuracy`: the top-1 token is the answer word), of the two-way choice between the
     label words (`choice_correct`, `choice_accuracy`: the answer word's logit above the other's, the
     measure for a model that may answer with other words, such as a general LM reading the task in
-    context; chance 0.5), and `groups`, the distinct groups the cell's samples come from (with
+    context; chance 0.5), `answer_loss` (the mean cross-entropy of the answer token over the whole
+    vocabulary, in nats: what training minimises at the answer; NaN where the answer word is not one
+    token), and `groups`, the distinct groups the cell's samples come from (with
     `group_id` in `samples`). A forward takes `batch` rows, fewer where they would pass `EVAL_TOKENS`
     tokens (its logits are rows x tokens x vocabulary: a general LM's few-shot prompts)."""
     answer, other = _label_ids(samples, tokenizer)
@@ -124,6 +126,9 @@ def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, b
             ).cpu()
             hits = last.argmax(-1).numpy() == answer[idx]
             rows_ = torch.arange(len(idx))
+            own = torch.as_tensor(answer[idx]).clamp(min=0)  # a row whose answer is not one token: NaN below
+            ce = torch.logsumexp(last.double(), -1) - last.double()[rows_, own]
+            ce = torch.where(torch.as_tensor(answer[idx] >= 0), ce, torch.nan)
             chose = (
                 (last[rows_, answer[idx]] > last[rows_, other[idx]]).numpy() & (answer[idx] >= 0) & (other[idx] >= 0)
             )
@@ -135,13 +140,18 @@ def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, b
                     "decoding": DECODING_OF_MODE.get(mode, mode),
                     "correct": int(hits.sum()),
                     "choice_correct": int(chose.sum()),
+                    "loss_sum": float(ce.sum()),
                     "n": len(hits),
                 }
             )
     keys = ["task", "length_knob", "mode", "decoding"]
-    df = pd.DataFrame(rows).groupby(keys, as_index=False)[["correct", "choice_correct", "n"]].sum()
+    sums = {c: (c, "sum") for c in ("correct", "choice_correct", "n")}
+    nan_kept = (lambda x: float(x.to_numpy().sum()),)  # numpy's sum: a NaN cell stays NaN (pandas' would skip it)
+    df = pd.DataFrame(rows).groupby(keys, as_index=False).agg(**sums, loss_sum=("loss_sum", *nan_kept))
     df["accuracy"] = df["correct"] / df["n"]
     df["choice_accuracy"] = df["choice_correct"] / df["n"]  # the two label words' logits compared: chance 0.5
+    # the training objective at the answer: cross-entropy of the answer token over the whole vocabulary
+    df["answer_loss"] = df.pop("loss_sum") / df["n"]
     if "group_id" in samples.columns:  # the independent unit of the cell: the two samples of a pair share a context
         groups = samples.groupby(["task", "length_knob"])["group_id"].nunique().rename("groups").reset_index()
         df = df.merge(groups, on=["task", "length_knob"], how="left")
