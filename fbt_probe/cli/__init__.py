@@ -56,7 +56,7 @@ COMMANDS: dict[str, Command | Group] = {
     ),
     "eval": Command(
         "fbt_probe.cli.evaluate",
-        "Answer accuracy per task × length under Std/Soft, Fused, recurrent:1, jacobi:3 and full, on contexts held out of training, plus validation loss per pass.",
+        "Answer accuracy and answer loss per task × length under Std/Soft, Fused, recurrent:1, jacobi:3 and full, on contexts held out of training (or, with --contexts trained, on those it trains on), plus validation loss per pass.",
     ),
     "reproduce": Command(
         "fbt_probe.cli.reproduce",
