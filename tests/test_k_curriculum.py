@@ -5,6 +5,7 @@ are one line naming the field, and under `answer_share` 1 no token but the answe
 
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from fbt_probe.training.data import batches_for_step, cell_length, heldout, vali
 from tests.test_bad_input import one_line_error
 
 runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
 CHAIN = dict(tasks=("chain-s3",), answer_share=1.0, tokens_per_step=120, warmup=1, schedule="constant:2")
 CURRICULUM = "2,4,8,16,24@0.9"
 TIMING = ("step_s", "tokens_per_s")  # the log's wall-clock fields
@@ -176,6 +178,28 @@ def test_the_measure_reads_held_out_words_and_the_trained_ones_where_too_few_are
     assert (words, held) == (curriculum_mod.CURRICULUM_WORDS, True)
     assert all(c in heldout(cfg) for c in big["context_id"]) and set(big["length_knob"]) == {16}
     assert big.groupby("group_id").size().eq(2).all()  # one pair a word
+
+
+def test_a_spec_file_trains_under_a_curriculum_as_its_task_name(tmp_path):
+    """`--tasks SPEC.json` (a built-in task or a spec file, as the option says): the knobs are keyed by
+    the file's path, the documents carry the spec's task name, and a run trains and validates."""
+    spec = json.loads((ROOT / "fbt_probe" / "tasks" / "specs" / "chain-s3.json").read_text())
+    path = tmp_path / "my-chain.json"
+    path.write_text(json.dumps({**spec, "task": "my-chain"}))
+    cfg = TrainConfig(
+        **{**CHAIN, "tasks": (str(path),)}, steps=2, eval_every=100, save_every=100, k_curriculum="2:0,4:1"
+    )
+    assert list(cfg.knobs) == [str(path)]
+    tok = build_tokenizer([str(path)])
+    widths = [
+        {int(t.shape[1]) for t, _, _ in batches_for_step(cfg, tok, step, max_k=k)} for step, k in ((0, 2), (1, 4))
+    ]
+    assert widths == [
+        {cell_length(str(path), 2, tok)},
+        {cell_length(str(path), 2, tok), cell_length(str(path), 4, tok)},
+    ]
+    run_training(cfg, tmp_path / "run", progress=False, eval_pairs=2)
+    assert [r["k"] for r in log_of(tmp_path / "run")] == [2, 4]
 
 
 def test_validation_leaves_out_a_cell_with_no_held_out_word_and_says_so():

@@ -34,7 +34,8 @@ def heldout(cfg: TrainConfig):
 
 
 def _spec(task: str):
-    """The built-in spec of `task`, read once per process (documents are drawn every step)."""
+    """The spec of `task` (a built-in name or a spec file), read once per process (documents are drawn
+    every step); its `.task` is the name the documents carry, which a file's path is not."""
     if task not in _SPECS:
         _SPECS[task] = load_spec(task)
     return _SPECS[task]
@@ -129,7 +130,9 @@ def cell_length(task: str, knob: int, tokenizer) -> int:
     key = (task, knob, id(tokenizer))
     if key not in _LENGTHS:
         _LENGTHS[key] = len(
-            next(iter(training_documents([task], tokenizer, n=1, seed=0, knobs={task: [knob]})))["token_ids"]
+            next(iter(training_documents([task], tokenizer, n=1, seed=0, knobs={_spec(task).task: [knob]})))[
+                "token_ids"
+            ]
         )
     return _LENGTHS[key]
 
@@ -219,7 +222,7 @@ def batches_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train
                 tokenizer,
                 n=int(n),
                 seed=step_seed(cfg.seed, step * 1000 + i, split),
-                knobs={task: [knob]},
+                knobs={_spec(task).task: [knob]},
                 exclude_groups=_exclusion(cfg, split),
             )
             out.append(one_per_row(docs, cfg.answer_weight, answer_share=cfg.answer_share))
@@ -243,12 +246,12 @@ def validation_batch(cfg: TrainConfig, tokenizer, rows: int = 16, per_task: int 
                     tokenizer,
                     n=per if per_task is None else -(-per_task // n_cells[task]),
                     seed=step_seed(cfg.seed, i, "val"),
-                    knobs={task: [knob]},
+                    knobs={_spec(task).task: [knob]},
                     exclude_groups=_exclusion(cfg, "val"),
                 )
             )
         except FbtError:  # a small cell (a chain task's 4 words at k = 2) may have no held-out context
-            empty.append(f"{task} k={knob}")
+            empty.append(f"{_spec(task).task} k={knob}")
     if empty:
         if not docs:
             raise FbtError(f"validation: no held-out context in any training cell ({', '.join(empty)})")
