@@ -154,3 +154,27 @@ def test_force_still_refuses_a_folder_with_other_files(tmp_path):
     res = runner.invoke(app, ["train", "--out", str(run), "--steps", "2", *SMALL, "--force"])
     one_line_error(res, f"{run}: exists and is not a training run folder")
     assert (run / "notes.txt").read_text() == "mine"
+
+
+def test_a_killed_force_run_is_named_where_its_checkpoint_lies(tmp_path):
+    """A `--force` run trains in a hidden sibling and swaps it in when finished; killed before that
+    (SIGKILL: no clean-up), the sibling holds its checkpoints. `--resume` of the old folder names the
+    sibling and its step in one line, and the sibling moved over the folder resumes."""
+    import shutil
+
+    run = stopped_before_first_checkpoint(tmp_path / "run")
+    done = tmp_path / "done"
+    assert runner.invoke(app, ["train", "--out", str(done), "--steps", "2", *SMALL]).exit_code == 0
+    left = tmp_path / ".run.k1ll3d.tmp"  # what the killed forced run left: its folder at its step-2 checkpoint
+    shutil.copytree(done, left)
+    res = runner.invoke(app, ["train", "--resume", "--out", str(run)])
+    one_line_error(
+        res,
+        f"{run}: no run to resume (config.json missing); a --force run of it was interrupted at its step-2 "
+        f"checkpoint in {left}: move that folder over {run} to resume it",
+    )
+    shutil.rmtree(run)
+    left.rename(run)
+    res = runner.invoke(app, ["train", "--resume", "--out", str(run), "--steps", "3"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((run / "config.json").read_text())["step"] == 3

@@ -4,6 +4,8 @@ run's config.json, and the steps default to the recorded total."""
 from __future__ import annotations
 
 import dataclasses
+import glob
+import json
 from pathlib import Path
 
 from fbt_probe.errors import FbtError
@@ -22,6 +24,12 @@ def recorded(out: Path) -> tuple[TrainConfig, int]:
     path = out / "config.json"
     if not path.is_file():
         hint = "; it stopped before its first checkpoint: start it again with --force" if unfinished_run(out) else ""
+        left = interrupted_replacement(out)
+        if left is not None:  # a forced run trains beside the old folder and is swapped in only when finished
+            hint = (
+                f"; a --force run of it was interrupted at its step-{left[1]} checkpoint in {left[0]}: "
+                f"move that folder over {out} to resume it"
+            )
         raise FbtError(f"{out}: no run to resume (config.json missing){hint}")
     meta = read_json(path, "run config")
     if not isinstance(meta, dict) or "train" not in meta:
@@ -30,6 +38,20 @@ def recorded(out: Path) -> tuple[TrainConfig, int]:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise FbtError(f"{path}: field 'step' missing or not an integer >= 0 (got {step!r})")
     return TrainConfig.from_dict(meta["train"], source=f"{path}: field 'train'"), step
+
+
+def interrupted_replacement(out: Path) -> tuple[Path, int] | None:
+    """(folder, step) of the latest checkpoint a `--force` run of `out` left in its temporary sibling
+    when it was killed before the swap (the folder `fbt_probe.io.temp_sibling` names), or None."""
+    found = []
+    for tmp in Path(out).parent.glob(f".{glob.escape(Path(out).name)}.*.tmp"):
+        try:
+            step = json.loads((tmp / "config.json").read_text())["step"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(step, int) and not isinstance(step, bool):
+            found.append((step, tmp))
+    return (max(found)[1], max(found)[0]) if found else None
 
 
 def resume_config(out: Path, given: dict, steps: int | None) -> TrainConfig:
