@@ -205,17 +205,18 @@ def test_a_spec_file_trains_under_a_curriculum_as_its_task_name(tmp_path):
 def test_validation_leaves_out_a_cell_with_no_held_out_word_and_says_so():
     tok = build_tokenizer()
     answer_at = {}  # seed -> the answer positions of the validation rows (one per cell length)
+    short = {"chain-s3": [2, 4]}  # two cells: k = 2 (4 words) and k = 4 (16)
     for seed in (0, 1):  # seed 0 holds out one of k = 2's 4 words, seed 1 none
-        cfg = TrainConfig(seed=seed, k_curriculum=CURRICULUM, **CHAIN)
+        cfg = TrainConfig(seed=seed, knobs=short, **CHAIN)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             tokens, _, weights = validation_batch(cfg, tok)
         said = [str(w.message) for w in caught if "validation:" in str(w.message)]
         assert said == ([] if seed == 0 else ["validation: no held-out context at chain-s3 k=2 under seed 1; left out"])
-        assert tokens.shape[0] == (15 if seed == 0 else 12)  # 3 rows for each of the 5 cells that have one
+        assert tokens.shape[0] == (16 if seed == 0 else 8)  # 8 rows for each of the cells that have one
         answer_at[seed] = set(weights.gt(0).float().argmax(1).tolist())
-    assert len(answer_at[0]) == 5 and answer_at[1] == answer_at[0] - {min(answer_at[0])}
-    none_held = TrainConfig(seed=0, heldout_fraction=0.0, **CHAIN)
+    assert len(answer_at[0]) == 2 and answer_at[1] == answer_at[0] - {min(answer_at[0])}
+    none_held = TrainConfig(seed=0, heldout_fraction=0.0, knobs=short, **CHAIN)
     with pytest.raises(FbtError, match="validation: no held-out context in any training cell"):
         validation_batch(none_held, tok)
 
