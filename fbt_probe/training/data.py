@@ -35,7 +35,7 @@ def heldout(cfg: TrainConfig):
 
 def _spec(task: str):
     """The spec of `task` (a built-in name or a spec file), read once per process (documents are drawn
-    every step); its `.task` is the name the documents carry, which a file's path is not."""
+    every step)."""
     if task not in _SPECS:
         _SPECS[task] = load_spec(task)
     return _SPECS[task]
@@ -129,11 +129,7 @@ def cell_length(task: str, knob: int, tokenizer) -> int:
     """Tokens of a training document of a cell (every document of a cell has the same length)."""
     key = (task, knob, id(tokenizer))
     if key not in _LENGTHS:
-        _LENGTHS[key] = len(
-            next(iter(training_documents([task], tokenizer, n=1, seed=0, knobs={_spec(task).task: [knob]})))[
-                "token_ids"
-            ]
-        )
+        _LENGTHS[key] = len(next(iter(training_documents([task], tokenizer, n=1, seed=0, knobs=[knob])))["token_ids"])
     return _LENGTHS[key]
 
 
@@ -222,7 +218,7 @@ def batches_for_step(cfg: TrainConfig, tokenizer, step: int, split: str = "train
                 tokenizer,
                 n=int(n),
                 seed=step_seed(cfg.seed, step * 1000 + i, split),
-                knobs={_spec(task).task: [knob]},
+                knobs=[knob],
                 exclude_groups=_exclusion(cfg, split),
             )
             out.append(one_per_row(docs, cfg.answer_weight, answer_share=cfg.answer_share))
@@ -246,7 +242,7 @@ def validation_batch(cfg: TrainConfig, tokenizer, rows: int = 16, per_task: int 
                     tokenizer,
                     n=per if per_task is None else -(-per_task // n_cells[task]),
                     seed=step_seed(cfg.seed, i, "val"),
-                    knobs={_spec(task).task: [knob]},
+                    knobs=[knob],
                     exclude_groups=_exclusion(cfg, "val"),
                 )
             )

@@ -126,9 +126,9 @@ def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, b
             ).cpu()
             hits = last.argmax(-1).numpy() == answer[idx]
             rows_ = torch.arange(len(idx))
-            own = torch.as_tensor(answer[idx]).clamp(min=0)  # a row whose answer is not one token: NaN below
-            ce = torch.logsumexp(last.double(), -1) - last.double()[rows_, own]
-            ce = torch.where(torch.as_tensor(answer[idx] >= 0), ce, torch.nan)
+            own = torch.as_tensor(answer[idx])
+            ce = torch.logsumexp(last.double(), -1) - last.double()[rows_, own.clamp(min=0)]
+            ce = ce.where(own >= 0, torch.nan)  # a row whose answer is not one token
             chose = (
                 (last[rows_, answer[idx]] > last[rows_, other[idx]]).numpy() & (answer[idx] >= 0) & (other[idx] >= 0)
             )
@@ -146,8 +146,12 @@ def answer_accuracy(model, samples: pd.DataFrame, tokenizer, modes=EVAL_MODES, b
             )
     keys = ["task", "length_knob", "mode", "decoding"]
     sums = {c: (c, "sum") for c in ("correct", "choice_correct", "n")}
-    nan_kept = (lambda x: float(x.to_numpy().sum()),)  # numpy's sum: a NaN cell stays NaN (pandas' would skip it)
-    df = pd.DataFrame(rows).groupby(keys, as_index=False).agg(**sums, loss_sum=("loss_sum", *nan_kept))
+    # numpy's sum: a cell with a NaN row stays NaN (pandas' sum would skip it)
+    df = (
+        pd.DataFrame(rows)
+        .groupby(keys, as_index=False)
+        .agg(**sums, loss_sum=("loss_sum", lambda x: x.to_numpy().sum()))
+    )
     df["accuracy"] = df["correct"] / df["n"]
     df["choice_accuracy"] = df["choice_correct"] / df["n"]  # the two label words' logits compared: chance 0.5
     # the training objective at the answer: cross-entropy of the answer token over the whole vocabulary

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 from pathlib import Path
 
 from fbt_probe.errors import FbtError
@@ -46,12 +45,13 @@ def interrupted_replacement(out: Path) -> tuple[Path, int] | None:
     found = []
     for tmp in Path(out).parent.glob(f".{glob.escape(Path(out).name)}.*.tmp"):
         try:
-            step = json.loads((tmp / "config.json").read_text())["step"]
-        except (OSError, ValueError, KeyError, TypeError):
+            found.append((recorded(tmp)[1], tmp))
+        except FbtError:  # no checkpoint there yet, or not a run
             continue
-        if isinstance(step, int) and not isinstance(step, bool):
-            found.append((step, tmp))
-    return (max(found)[1], max(found)[0]) if found else None
+    if not found:
+        return None
+    step, tmp = max(found)
+    return tmp, step
 
 
 def resume_config(out: Path, given: dict, steps: int | None) -> TrainConfig:
